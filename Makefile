@@ -1,0 +1,56 @@
+# shardlm build. `make` builds build/shardlm; `make test` builds and runs every test, first
+# normally and then under AddressSanitizer + UndefinedBehaviorSanitizer; `make bench` runs benchmarks.
+CC      ?= gcc
+BLAS_DIR ?= /usr/lib/x86_64-linux-gnu/openblas-openmp
+BLAS_INC ?= /usr/include/x86_64-linux-gnu/openblas-openmp
+WARN    := -std=c17 -Wall -Wextra -Werror -D_GNU_SOURCE
+CPPFLAGS := -Iinclude -Isrc -I$(BLAS_INC)
+OPT     ?= -O3 -march=native -fno-fast-math
+LDLIBS  := -L$(BLAS_DIR) -Wl,-rpath,$(BLAS_DIR) -lopenblas -lcjson -lpcre2-8 -lm
+B       ?= build
+
+LIB_SRC  := $(shell find src -name '*.c' -not -path 'src/cli/*' | sort)
+CLI_SRC  := $(shell find src/cli -name '*.c' | sort)
+TEST_SRC := $(shell find tests/unit -name 'test_*.c' | sort)
+
+LIB_OBJ  := $(LIB_SRC:%.c=$(B)/obj/%.o)
+CLI_OBJ  := $(CLI_SRC:%.c=$(B)/obj/%.o)
+TEST_BIN := $(TEST_SRC:tests/unit/%.c=$(B)/tests/%)
+
+CFLAGS_ALL = $(WARN) $(OPT) -fopenmp -g -MMD -MP
+
+.PHONY: all test test-plain test-asan bench clean
+all: $(B)/shardlm $(TEST_BIN)
+
+$(B)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(CFLAGS_ALL) -c $< -o $@
+
+$(B)/libshardlm.a: $(LIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(B)/shardlm: $(CLI_OBJ) $(B)/libshardlm.a
+	$(CC) $(CFLAGS_ALL) $^ -o $@ $(LDLIBS)
+
+$(B)/tests/%: tests/unit/%.c tests/unit/test.h $(B)/libshardlm.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(CFLAGS_ALL) -Itests/unit $< $(B)/libshardlm.a -o $@ $(LDLIBS)
+
+# The full test run: plain build, then the sanitizer build, one summary line at the end.
+test:
+	@bash scripts/setup.sh --quiet
+	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory B=build/asan OPT="-O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined" all
+	@bash tests/run.sh build build/asan
+
+test-plain: all
+	@bash tests/run.sh build
+
+bench: all
+	@bash bench/run.sh
+
+clean:
+	rm -rf build
+
+-include $(shell find $(B) -name '*.d' 2>/dev/null)

@@ -1,0 +1,9 @@
+// commands.h: one entry point per subcommand; each parses its own flags, returns a process exit code.
+#ifndef SHARDLM_CLI_COMMANDS_H
+#define SHARDLM_CLI_COMMANDS_H
+
+int cmd_prepare(int argc, char **argv);   // src/cli/prepare.c
+int cmd_train(int argc, char **argv);     // src/cli/train.c
+int cmd_generate(int argc, char **argv);  // src/cli/generate.c
+
+#endif
