@@ -1,0 +1,82 @@
+// ops.h: the ops table. Model code calls ops->matmul_forward(...) and never knows the backend.
+// Each op has a forward/backward pair with the same argument order (llm.c style). Shapes are in
+// the comments; N = B*T rows. Conventions for gradients:
+//   * parameter gradients (dweight, dbias, dwte, ...) ACCUMULATE (+=), so micro-batches add up;
+//   * layernorm/rmsnorm backward ACCUMULATE into dinp (it is the residual stream's gradient);
+//   * every other dinp / dqkv output is OVERWRITTEN (=).
+// Attention reads q, k, v straight out of the fused qkv activation (N, (NH + 2*NKV) * HD):
+// query head h at column h*HD, key head g at NH*HD + g*HD, value head g at (NH+NKV)*HD + g*HD;
+// query head h uses key/value head h / (NH/NKV) (grouped-query attention).
+#ifndef SHARDLM_OPS_H
+#define SHARDLM_OPS_H
+
+#include <stddef.h>
+
+typedef struct sl_ops {
+    const char *name;
+
+    // out (B,T,C) = wte[inp] (+ wpe[t]); wpe may be NULL (LLaMA).
+    void (*encoder_forward)(float *out, const int *inp, const float *wte, const float *wpe, int B, int T, int C);
+    // dwte[inp] += dout; dwpe[t] += dout (dwpe may be NULL).
+    void (*encoder_backward)(float *dwte, float *dwpe, const float *dout, const int *inp, int B, int T, int C);
+
+    // out (N,OC) = inp (N,IC) @ weight^T (OC,IC) + bias (OC) (bias may be NULL).
+    void (*matmul_forward)(float *out, const float *inp, const float *weight, const float *bias, int N, int IC, int OC);
+    // dinp (N,IC) = dout @ weight (skipped if dinp NULL); dweight += dout^T @ inp; dbias += colsum(dout).
+    void (*matmul_backward)(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                            const float *weight, int N, int IC, int OC);
+
+    // out (N,C) = (inp - mean) * rstd * w + b; saves mean, rstd (N).
+    void (*layernorm_forward)(float *out, float *mean, float *rstd, const float *inp, const float *w, const float *b,
+                              int N, int C, float eps);
+    void (*layernorm_backward)(float *dinp, float *dw, float *db, const float *dout, const float *inp, const float *w,
+                               const float *mean, const float *rstd, int N, int C);
+    // out (N,C) = inp * rstd * w with rstd = 1/sqrt(mean(inp^2) + eps); saves rstd (N).
+    void (*rmsnorm_forward)(float *out, float *rstd, const float *inp, const float *w, int N, int C, float eps);
+    void (*rmsnorm_backward)(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
+                             const float *rstd, int N, int C);
+
+    // out = a + b (n)
+    void (*residual_forward)(float *out, const float *a, const float *b, size_t n);
+
+    // tanh-approximate GELU ("gelu_new").
+    void (*gelu_forward)(float *out, const float *inp, size_t n);
+    void (*gelu_backward)(float *dinp, const float *inp, const float *dout, size_t n);
+    // out (N,I) = silu(inp[:, :I]) * inp[:, I:]; inp (N, 2I) is the fused gate|up projection.
+    void (*swiglu_forward)(float *out, const float *inp, int N, int I);
+    void (*swiglu_backward)(float *dinp, const float *inp, const float *dout, int N, int I);
+
+    // Rotary embeddings (rotate-half convention of LlamaForCausalLM), in place on the q and k heads of
+    // qkv (B,T,(NH+2NKV)*HD) for positions pos0..pos0+T-1; cos/sin are (max_T, HD/2) tables.
+    void (*rope_forward)(float *qkv, const float *cos, const float *sin, int B, int T, int NH, int NKV, int HD, int pos0);
+    // The transpose rotation on dq, dk inside dqkv (in place).
+    void (*rope_backward)(float *dqkv, const float *cos, const float *sin, int B, int T, int NH, int NKV, int HD);
+
+    // Causal attention. out (B,T,NH*HD); lse (B,NH,T) = log-sum-exp of each query's scaled scores.
+    // Never materialises more than a tile of the T x T scores.
+    void (*attention_forward)(float *out, float *lse, const float *qkv, int B, int T, int NH, int NKV, int HD);
+    // dqkv (B,T,(NH+2NKV)*HD) is overwritten.
+    void (*attention_backward)(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
+                               int B, int T, int NH, int NKV, int HD);
+    // One query position against a KV cache: q (NH*HD), k_cache/v_cache (n_ctx, NKV*HD) holding
+    // positions 0..n_ctx-1 (the current one included); out (NH*HD).
+    void (*attention_decode)(float *out, const float *q, const float *k_cache, const float *v_cache, int n_ctx,
+                             int NH, int NKV, int HD);
+
+    // Fused softmax + cross-entropy over the first V of Vp columns of logits (N,Vp). targets < 0 are
+    // ignored. Returns the summed loss over counted rows (in double precision); if dloss != 0 the
+    // logits are overwritten with their gradient (softmax - onehot) * dloss (padded columns 0).
+    double (*crossentropy_forward_backward)(float *logits, const int *targets, int N, int V, int Vp, float dloss);
+} sl_ops;
+
+extern const sl_ops sl_ops_cpu;
+
+// Thread count for the CPU backend (OpenMP and OpenBLAS); <= 0 keeps OMP_NUM_THREADS / the default.
+void sl_ops_cpu_set_threads(int n);
+int sl_ops_cpu_threads(void);
+
+// Builds the RoPE cos/sin tables (max_T, HD/2) exactly as transformers' LlamaRotaryEmbedding does
+// in float32: inv_freq[i] = 1 / theta^(2i/HD), angle = t * inv_freq[i].
+void sl_rope_tables(float *cos, float *sin, int max_T, int HD, float theta);
+
+#endif

@@ -1,0 +1,240 @@
+// model.c: transformer forward and backward over the flat parameter buffer (see model.h).
+// One batch flows: encoder -> n_layer x [norm, qkv GEMM, (RoPE), attention, proj GEMM, residual,
+// norm, MLP GEMMs, activation, residual] -> final norm -> head GEMM -> fused cross-entropy.
+// Backward walks the same path in reverse; dresid carries the residual stream's gradient.
+#include "shardlm/model.h"
+#include "shardlm/error.h"
+#include "shardlm/rng.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define P(m, idx) ((m)->params + (m)->layout.tensors[(idx)].offset)
+#define G(m, idx) ((m)->grads + (m)->layout.tensors[(idx)].offset)
+// Optional tensors (biases) are -1 in the layout: NULL pointers for the ops.
+#define P_OPT(m, idx) ((idx) >= 0 ? P(m, idx) : NULL)
+#define G_OPT(m, idx) ((idx) >= 0 ? G(m, idx) : NULL)
+
+static int qkv_width(const sl_model_config *c) { return (c->n_head + 2 * c->n_kv_head) * sl_config_head_dim(c); }
+static int fc_width(const sl_model_config *c) { return c->arch == SL_ARCH_LLAMA ? 2 * c->n_inner : c->n_inner; }
+
+int sl_model_create(sl_model *m, const sl_model_config *cfg, const sl_ops *ops) {
+    memset(m, 0, sizeof *m);
+    m->cfg = *cfg;
+    m->ops = ops;
+    if (sl_layout_build(&m->layout, cfg)) return -1;
+    m->params = sl_calloc(m->layout.total, sizeof(float), "parameters");
+    m->grads = sl_calloc(m->layout.total, sizeof(float), "gradients");
+    if (!m->params || !m->grads) { sl_model_free(m); return -1; }
+    if (cfg->arch == SL_ARCH_LLAMA) {
+        size_t n = (size_t)cfg->max_seq_len * (size_t)(sl_config_head_dim(cfg) / 2);
+        m->rope_cos = sl_malloc(n * sizeof(float), "rope tables");
+        m->rope_sin = sl_malloc(n * sizeof(float), "rope tables");
+        if (!m->rope_cos || !m->rope_sin) { sl_model_free(m); return -1; }
+        sl_rope_tables(m->rope_cos, m->rope_sin, cfg->max_seq_len, sl_config_head_dim(cfg), cfg->rope_theta);
+    }
+    return 0;
+}
+
+static void free_acts(sl_model *m) {
+    free(m->act_memory);
+    free(m->layers);
+    free(m->inputs);
+    free(m->targets);
+    m->act_memory = NULL;
+    m->layers = NULL;
+    m->inputs = m->targets = NULL;
+    m->act_B = m->act_T = 0;
+}
+
+void sl_model_free(sl_model *m) {
+    free_acts(m);
+    free(m->params);
+    free(m->grads);
+    free(m->rope_cos);
+    free(m->rope_sin);
+    sl_layout_free(&m->layout);
+    memset(m, 0, sizeof *m);
+}
+
+void sl_model_zero_grad(sl_model *m) { memset(m->grads, 0, m->layout.total * sizeof(float)); }
+
+void sl_model_init_weights(sl_model *m, uint64_t seed) {
+    const sl_param_layout *L = &m->layout;
+    float resid_std = 0.02f / sqrtf(2.0f * (float)m->cfg.n_layer);
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int i = 0; i < L->n_tensors; i++) {
+        const sl_tensor_info *t = &L->tensors[i];
+        float *p = m->params + t->offset;
+        if (t->ndim == 1) {  // norms weight 1, biases 0
+            int is_bias = strstr(t->name, ".bias") != NULL;
+            for (size_t j = 0; j < t->numel; j++) p[j] = is_bias ? 0.0f : 1.0f;
+            continue;
+        }
+        float std = 0.02f;
+        if (m->cfg.arch == SL_ARCH_GPT2 && strstr(t->name, "c_proj.weight")) std = resid_std;
+        sl_rng rng = sl_rng_make(seed, 0, (uint64_t)i, SL_RNG_INIT);
+        size_t real = (size_t)t->hf_rows * (size_t)t->shape[1];
+        for (size_t j = 0; j < t->numel; j++) p[j] = j < real ? std * sl_rng_normal(&rng) : 0.0f;
+    }
+}
+
+// Plans every activation for (B, T) in one allocation.
+static int alloc_acts(sl_model *m, int B, int T) {
+    if (m->act_memory && B <= m->act_B && T <= m->act_T && (size_t)B * T <= (size_t)m->act_B * m->act_T) return 0;
+    free_acts(m);
+    const sl_model_config *c = &m->cfg;
+    size_t N = (size_t)B * T, C = (size_t)c->n_embd, F = (size_t)c->n_inner, QKV = (size_t)qkv_width(c);
+    size_t FC = (size_t)fc_width(c), NH = (size_t)c->n_head, Vp = (size_t)c->padded_vocab_size;
+    size_t per_layer = N * C + 2 * N + N * QKV + N * C + NH * N + N * C + N * C + 2 * N + N * FC + N * F + N * C;
+    size_t big = QKV > FC ? QKV : FC, mid = C > F ? C : F;
+    size_t total = N * C + per_layer * (size_t)c->n_layer + N * C + 2 * N + N * Vp + N * C + N * C + N * big + N * mid;
+    m->act_memory = sl_malloc(total * sizeof(float), "activations");
+    m->layers = sl_calloc((size_t)c->n_layer, sizeof(sl_layer_acts), "activations");
+    m->inputs = sl_malloc(N * sizeof(int), "batch");
+    m->targets = sl_malloc(N * sizeof(int), "batch");
+    if (!m->act_memory || !m->layers || !m->inputs || !m->targets) {
+        free_acts(m);
+        return sl_error_context("planning activations for B=%d T=%d (%.1f MB)", B, T, total * 4.0 / 1e6);
+    }
+    float *p = m->act_memory;
+#define TAKE(ptr, n) do { (ptr) = p; p += (n); } while (0)
+    TAKE(m->encoded, N * C);
+    for (int l = 0; l < c->n_layer; l++) {
+        sl_layer_acts *a = &m->layers[l];
+        TAKE(a->ln1, N * C); TAKE(a->ln1_mean, N); TAKE(a->ln1_rstd, N);
+        TAKE(a->qkv, N * QKV); TAKE(a->att, N * C); TAKE(a->lse, NH * N); TAKE(a->resid2, N * C);
+        TAKE(a->ln2, N * C); TAKE(a->ln2_mean, N); TAKE(a->ln2_rstd, N);
+        TAKE(a->fch, N * FC); TAKE(a->fch_act, N * F); TAKE(a->resid3, N * C);
+    }
+    TAKE(m->lnf, N * C); TAKE(m->lnf_mean, N); TAKE(m->lnf_rstd, N); TAKE(m->logits, N * Vp);
+    TAKE(m->dresid, N * C); TAKE(m->dln, N * C); TAKE(m->dA, N * big); TAKE(m->dB, N * mid);
+#undef TAKE
+    m->act_B = B;
+    m->act_T = T;
+    return 0;
+}
+
+// Norm forward of either family: LayerNorm (weight, bias) for GPT-2, RMSNorm (weight) for LLaMA.
+static void norm_forward(const sl_model *m, float *out, float *mean, float *rstd, const float *inp, int w_idx,
+                         int b_idx, int N) {
+    const sl_model_config *c = &m->cfg;
+    if (c->arch == SL_ARCH_GPT2)
+        m->ops->layernorm_forward(out, mean, rstd, inp, P(m, w_idx), P(m, b_idx), N, c->n_embd, c->norm_eps);
+    else
+        m->ops->rmsnorm_forward(out, rstd, inp, P(m, w_idx), N, c->n_embd, c->norm_eps);
+}
+
+static void norm_backward(sl_model *m, float *dinp, const float *dout, const float *inp, int w_idx, int b_idx,
+                          const float *mean, const float *rstd, int N) {
+    const sl_model_config *c = &m->cfg;
+    if (c->arch == SL_ARCH_GPT2)
+        m->ops->layernorm_backward(dinp, G(m, w_idx), G(m, b_idx), dout, inp, P(m, w_idx), mean, rstd, N, c->n_embd);
+    else
+        m->ops->rmsnorm_backward(dinp, G(m, w_idx), dout, inp, P(m, w_idx), rstd, N, c->n_embd);
+}
+
+static const float *head_weight(const sl_model *m) { return P(m, m->layout.lm_head >= 0 ? m->layout.lm_head : m->layout.wte); }
+
+int sl_model_forward(sl_model *m, const int *inputs, const int *targets, int B, int T, float *loss) {
+    const sl_model_config *c = &m->cfg;
+    const sl_ops *ops = m->ops;
+    if (B <= 0 || T <= 0) return sl_errorf("forward: batch %d x %d must be positive", B, T);
+    if (T > c->max_seq_len)
+        return sl_errorf("forward: sequence length %d exceeds the model's maximum positions %d", T, c->max_seq_len);
+    size_t N = (size_t)B * T;
+    for (size_t i = 0; i < N; i++) {
+        if (inputs[i] < 0 || inputs[i] >= c->vocab_size)
+            return sl_errorf("forward: input token %d at batch row %zu position %zu is outside the vocabulary [0, %d)",
+                             inputs[i], i / T, i % T, c->vocab_size);
+        if (targets && targets[i] >= c->vocab_size)
+            return sl_errorf("forward: target token %d at batch row %zu position %zu is outside the vocabulary [0, %d)",
+                             targets[i], i / T, i % T, c->vocab_size);
+    }
+    if (alloc_acts(m, B, T)) return -1;
+    m->B = B;
+    m->T = T;
+    memcpy(m->inputs, inputs, N * sizeof(int));
+    m->have_targets = targets != NULL;
+    if (targets) memcpy(m->targets, targets, N * sizeof(int));
+
+    int C = c->n_embd, F = c->n_inner, NH = c->n_head, NKV = c->n_kv_head, HD = sl_config_head_dim(c);
+    int QKV = qkv_width(c), FC = fc_width(c);
+    const sl_param_layout *L = &m->layout;
+    ops->encoder_forward(m->encoded, inputs, P(m, L->wte), L->wpe >= 0 ? P(m, L->wpe) : NULL, B, T, C);
+    const float *resid = m->encoded;
+    for (int l = 0; l < c->n_layer; l++) {
+        const sl_block_tensors *k = &L->blocks[l];
+        sl_layer_acts *a = &m->layers[l];
+        norm_forward(m, a->ln1, a->ln1_mean, a->ln1_rstd, resid, k->ln1_w, k->ln1_b, (int)N);
+        ops->matmul_forward(a->qkv, a->ln1, P(m, k->qkv_w), P_OPT(m, k->qkv_b), (int)N, C, QKV);
+        if (c->arch == SL_ARCH_LLAMA) ops->rope_forward(a->qkv, m->rope_cos, m->rope_sin, B, T, NH, NKV, HD, 0);
+        ops->attention_forward(a->att, a->lse, a->qkv, B, T, NH, NKV, HD);
+        ops->matmul_forward(a->resid2, a->att, P(m, k->attn_proj_w), P_OPT(m, k->attn_proj_b), (int)N, C, C);
+        ops->residual_forward(a->resid2, a->resid2, resid, N * C);
+        norm_forward(m, a->ln2, a->ln2_mean, a->ln2_rstd, a->resid2, k->ln2_w, k->ln2_b, (int)N);
+        ops->matmul_forward(a->fch, a->ln2, P(m, k->fc_w), P_OPT(m, k->fc_b), (int)N, C, FC);
+        if (c->arch == SL_ARCH_GPT2) ops->gelu_forward(a->fch_act, a->fch, N * F);
+        else ops->swiglu_forward(a->fch_act, a->fch, (int)N, F);
+        ops->matmul_forward(a->resid3, a->fch_act, P(m, k->mlp_proj_w), P_OPT(m, k->mlp_proj_b), (int)N, F, C);
+        ops->residual_forward(a->resid3, a->resid3, a->resid2, N * C);
+        resid = a->resid3;
+    }
+    norm_forward(m, m->lnf, m->lnf_mean, m->lnf_rstd, resid, L->lnf_w, L->lnf_b, (int)N);
+    ops->matmul_forward(m->logits, m->lnf, head_weight(m), NULL, (int)N, C, c->padded_vocab_size);
+
+    m->n_valid_targets = 0;
+    m->loss = 0.0f;
+    if (targets) {
+        for (size_t i = 0; i < N; i++) m->n_valid_targets += targets[i] >= 0;
+        // the loss alone here (logits kept); backward recomputes the softmax and writes dlogits in place
+        double total = ops->crossentropy_forward_backward(m->logits, targets, (int)N, c->vocab_size,
+                                                          c->padded_vocab_size, 0.0f);
+        m->loss = m->n_valid_targets ? (float)(total / m->n_valid_targets) : 0.0f;
+        if (loss) *loss = m->loss;
+    }
+    return 0;
+}
+
+int sl_model_backward(sl_model *m, float grad_scale) {
+    if (!m->have_targets) return sl_errorf("backward: the last forward had no targets");
+    const sl_model_config *c = &m->cfg;
+    const sl_ops *ops = m->ops;
+    const sl_param_layout *L = &m->layout;
+    int B = m->B, T = m->T, N = B * T;
+    int C = c->n_embd, F = c->n_inner, NH = c->n_head, NKV = c->n_kv_head, HD = sl_config_head_dim(c);
+    int QKV = qkv_width(c), FC = fc_width(c), Vp = c->padded_vocab_size;
+    float dloss = m->n_valid_targets ? grad_scale / (float)m->n_valid_targets : 0.0f;
+
+    // logits -> dlogits in place, then the head and the final norm
+    ops->crossentropy_forward_backward(m->logits, m->targets, N, c->vocab_size, Vp, dloss);
+    int head = L->lm_head >= 0 ? L->lm_head : L->wte;
+    ops->matmul_backward(m->dln, G(m, head), NULL, m->logits, m->lnf, P(m, head), N, C, Vp);
+    memset(m->dresid, 0, (size_t)N * C * sizeof(float));
+    const float *last = c->n_layer > 0 ? m->layers[c->n_layer - 1].resid3 : m->encoded;
+    norm_backward(m, m->dresid, m->dln, last, L->lnf_w, L->lnf_b, m->lnf_mean, m->lnf_rstd, N);
+
+    for (int l = c->n_layer - 1; l >= 0; l--) {
+        const sl_block_tensors *k = &L->blocks[l];
+        sl_layer_acts *a = &m->layers[l];
+        const float *resid_in = l > 0 ? m->layers[l - 1].resid3 : m->encoded;
+        // MLP: dresid is d(resid3) and flows unchanged into d(resid2) through the residual
+        ops->matmul_backward(m->dB, G(m, k->mlp_proj_w), G_OPT(m, k->mlp_proj_b), m->dresid, a->fch_act,
+                             P(m, k->mlp_proj_w), N, F, C);
+        if (c->arch == SL_ARCH_GPT2) ops->gelu_backward(m->dA, a->fch, m->dB, (size_t)N * F);
+        else ops->swiglu_backward(m->dA, a->fch, m->dB, N, F);
+        ops->matmul_backward(m->dln, G(m, k->fc_w), G_OPT(m, k->fc_b), m->dA, a->ln2, P(m, k->fc_w), N, C, FC);
+        norm_backward(m, m->dresid, m->dln, a->resid2, k->ln2_w, k->ln2_b, a->ln2_mean, a->ln2_rstd, N);
+        // attention
+        ops->matmul_backward(m->dB, G(m, k->attn_proj_w), G_OPT(m, k->attn_proj_b), m->dresid, a->att,
+                             P(m, k->attn_proj_w), N, C, C);
+        ops->attention_backward(m->dA, m->dB, a->qkv, a->att, a->lse, B, T, NH, NKV, HD);
+        if (c->arch == SL_ARCH_LLAMA) ops->rope_backward(m->dA, m->rope_cos, m->rope_sin, B, T, NH, NKV, HD);
+        ops->matmul_backward(m->dln, G(m, k->qkv_w), G_OPT(m, k->qkv_b), m->dA, a->ln1, P(m, k->qkv_w), N, C, QKV);
+        norm_backward(m, m->dresid, m->dln, resid_in, k->ln1_w, k->ln1_b, a->ln1_mean, a->ln1_rstd, N);
+    }
+    ops->encoder_backward(G(m, L->wte), L->wpe >= 0 ? G(m, L->wpe) : NULL, m->dresid, m->inputs, B, T, C);
+    m->have_targets = 0;  // logits now hold gradients; a second backward would be wrong
+    return 0;
+}

@@ -1,0 +1,116 @@
+// elementwise.c: embeddings, residual add, GELU, SwiGLU and rotary embeddings on the CPU.
+#include "ops/cpu/cpu_ops.h"
+#include "ops/cpu/vec_math.h"
+
+#include <math.h>
+#include <string.h>
+
+void cpu_encoder_forward(float *out, const int *inp, const float *wte, const float *wpe, int B, int T, int C) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < B * T; n++) {
+        float *o = out + (size_t)n * C;
+        const float *e = wte + (size_t)inp[n] * C;
+        if (!wpe) {
+            memcpy(o, e, sizeof(float) * (size_t)C);
+            continue;
+        }
+        const float *p = wpe + (size_t)(n % T) * C;
+#pragma omp simd
+        for (int c = 0; c < C; c++) o[c] = e[c] + p[c];
+    }
+}
+
+void cpu_encoder_backward(float *dwte, float *dwpe, const float *dout, const int *inp, int B, int T, int C) {
+    // each thread owns a block of columns, so repeated tokens never race and order is fixed
+#pragma omp parallel
+    {
+        size_t c0, c1;
+        cpu_thread_range((size_t)C, &c0, &c1);
+        for (int n = 0; n < B * T; n++) {
+            const float *d = dout + (size_t)n * C;
+            float *e = dwte + (size_t)inp[n] * C;
+            for (size_t c = c0; c < c1; c++) e[c] += d[c];
+            if (dwpe) {
+                float *p = dwpe + (size_t)(n % T) * C;
+                for (size_t c = c0; c < c1; c++) p[c] += d[c];
+            }
+        }
+    }
+}
+
+void cpu_residual_forward(float *out, const float *a, const float *b, size_t n) {
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+}
+
+#define GELU_K 0.7978845608028654f  // sqrt(2/pi)
+
+void cpu_gelu_forward(float *out, const float *inp, size_t n) {
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        float x = inp[i];
+        out[i] = 0.5f * x * (1.0f + vtanhf(GELU_K * (x + 0.044715f * x * x * x)));
+    }
+}
+
+void cpu_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n) {
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        float x = inp[i], th = vtanhf(GELU_K * (x + 0.044715f * x * x * x));
+        float du = GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
+        dinp[i] = dout[i] * (0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * du);
+    }
+}
+
+void cpu_swiglu_forward(float *out, const float *inp, int N, int I) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float *g = inp + (size_t)n * 2 * I, *u = g + I;
+        float *o = out + (size_t)n * I;
+#pragma omp simd
+        for (int i = 0; i < I; i++) o[i] = g[i] / (1.0f + vexpf(-g[i])) * u[i];
+    }
+}
+
+void cpu_swiglu_backward(float *dinp, const float *inp, const float *dout, int N, int I) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float *g = inp + (size_t)n * 2 * I, *u = g + I, *d = dout + (size_t)n * I;
+        float *dg = dinp + (size_t)n * 2 * I, *du = dg + I;
+#pragma omp simd
+        for (int i = 0; i < I; i++) {
+            float s = 1.0f / (1.0f + vexpf(-g[i]));
+            dg[i] = d[i] * u[i] * s * (1.0f + g[i] * (1.0f - s));
+            du[i] = d[i] * g[i] * s;
+        }
+    }
+}
+
+// Rotates the q and k heads of each row by the angles of its position; sign -1 applies the transpose.
+static void rope_apply(float *qkv, const float *cos_t, const float *sin_t, int B, int T, int NH, int NKV, int HD,
+                       int pos0, float sign) {
+    int W = (NH + 2 * NKV) * HD, half = HD / 2;
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++) {
+            const float *c = cos_t + (size_t)(pos0 + t) * half, *s = sin_t + (size_t)(pos0 + t) * half;
+            for (int h = 0; h < NH + NKV; h++) {
+                float *x = qkv + ((size_t)b * T + t) * W + (size_t)h * HD;
+#pragma omp simd
+                for (int i = 0; i < half; i++) {
+                    float x1 = x[i], x2 = x[i + half], si = sign * s[i];
+                    x[i] = x1 * c[i] - x2 * si;
+                    x[i + half] = x2 * c[i] + x1 * si;
+                }
+            }
+        }
+}
+
+void cpu_rope_forward(float *qkv, const float *cos_t, const float *sin_t, int B, int T, int NH, int NKV, int HD,
+                      int pos0) {
+    rope_apply(qkv, cos_t, sin_t, B, T, NH, NKV, HD, pos0, 1.0f);
+}
+
+void cpu_rope_backward(float *dqkv, const float *cos_t, const float *sin_t, int B, int T, int NH, int NKV, int HD) {
+    rope_apply(dqkv, cos_t, sin_t, B, T, NH, NKV, HD, 0, -1.0f);
+}

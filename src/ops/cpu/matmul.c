@@ -1,0 +1,35 @@
+// matmul.c: linear layers through OpenBLAS sgemm. Weights are (OC, IC) as nn.Linear stores them.
+#include "ops/cpu/cpu_ops.h"
+
+#include <cblas.h>
+#include <string.h>
+
+void cpu_matmul_forward(float *out, const float *inp, const float *weight, const float *bias, int N, int IC, int OC) {
+    float beta = 0.0f;
+    if (bias) {
+#pragma omp parallel for schedule(static)
+        for (int n = 0; n < N; n++) memcpy(out + (size_t)n * OC, bias, sizeof(float) * (size_t)OC);
+        beta = 1.0f;
+    }
+    // out (N,OC) = inp (N,IC) @ weight^T
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, IC, 1.0f, inp, IC, weight, IC, beta, out, OC);
+}
+
+void cpu_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                         const float *weight, int N, int IC, int OC) {
+    // dinp (N,IC) = dout (N,OC) @ weight (OC,IC)
+    if (dinp) cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, IC, OC, 1.0f, dout, OC, weight, IC, 0.0f, dinp, IC);
+    // dweight (OC,IC) += dout^T (OC,N) @ inp (N,IC)
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, IC, N, 1.0f, dout, OC, inp, IC, 1.0f, dweight, IC);
+    if (!dbias) return;
+    // column sums, each thread owning a block of columns: deterministic for any thread count
+#pragma omp parallel
+    {
+        size_t o0, o1;
+        cpu_thread_range((size_t)OC, &o0, &o1);
+        for (int n = 0; n < N; n++) {
+            const float *d = dout + (size_t)n * OC;
+            for (size_t o = o0; o < o1; o++) dbias[o] += d[o];
+        }
+    }
+}

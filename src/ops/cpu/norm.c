@@ -1,0 +1,102 @@
+// norm.c: LayerNorm (GPT-2) and RMSNorm (LLaMA), forward and backward. Rows are parallel; the
+// weight/bias gradients are column sums computed by column blocks, so results do not depend on
+// the thread count.
+#include "ops/cpu/cpu_ops.h"
+
+#include <math.h>
+
+void cpu_layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *w, const float *b,
+                           int N, int C, float eps) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float *x = inp + (size_t)n * C;
+        float *y = out + (size_t)n * C;
+        float m = 0.0f;
+#pragma omp simd reduction(+ : m)
+        for (int c = 0; c < C; c++) m += x[c];
+        m /= (float)C;
+        float v = 0.0f;
+#pragma omp simd reduction(+ : v)
+        for (int c = 0; c < C; c++) v += (x[c] - m) * (x[c] - m);
+        v /= (float)C;
+        float r = 1.0f / sqrtf(v + eps);
+#pragma omp simd
+        for (int c = 0; c < C; c++) y[c] = (x[c] - m) * r * w[c] + b[c];
+        mean[n] = m;
+        rstd[n] = r;
+    }
+}
+
+void cpu_layernorm_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp, const float *w,
+                            const float *mean, const float *rstd, int N, int C) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float *x = inp + (size_t)n * C, *dy = dout + (size_t)n * C;
+        float *dx = dinp + (size_t)n * C;
+        float m = mean[n], r = rstd[n], mean_dnorm = 0.0f, mean_dnorm_xhat = 0.0f;
+#pragma omp simd reduction(+ : mean_dnorm, mean_dnorm_xhat)
+        for (int c = 0; c < C; c++) {
+            float dnorm = dy[c] * w[c];
+            mean_dnorm += dnorm;
+            mean_dnorm_xhat += dnorm * (x[c] - m) * r;
+        }
+        mean_dnorm /= (float)C;
+        mean_dnorm_xhat /= (float)C;
+#pragma omp simd
+        for (int c = 0; c < C; c++) dx[c] += (dy[c] * w[c] - mean_dnorm - (x[c] - m) * r * mean_dnorm_xhat) * r;
+    }
+#pragma omp parallel
+    {
+        size_t c0, c1;
+        cpu_thread_range((size_t)C, &c0, &c1);
+        for (int n = 0; n < N; n++) {
+            const float *x = inp + (size_t)n * C, *dy = dout + (size_t)n * C;
+            float m = mean[n], r = rstd[n];
+            for (size_t c = c0; c < c1; c++) {
+                dw[c] += dy[c] * (x[c] - m) * r;
+                db[c] += dy[c];
+            }
+        }
+    }
+}
+
+void cpu_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *w, int N, int C, float eps) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float *x = inp + (size_t)n * C;
+        float *y = out + (size_t)n * C;
+        float ss = 0.0f;
+#pragma omp simd reduction(+ : ss)
+        for (int c = 0; c < C; c++) ss += x[c] * x[c];
+        float r = 1.0f / sqrtf(ss / (float)C + eps);
+        // transformers computes (x * rstd) first, then multiplies by the weight
+#pragma omp simd
+        for (int c = 0; c < C; c++) y[c] = w[c] * (x[c] * r);
+        rstd[n] = r;
+    }
+}
+
+void cpu_rmsnorm_backward(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
+                          const float *rstd, int N, int C) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float *x = inp + (size_t)n * C, *dy = dout + (size_t)n * C;
+        float *dx = dinp + (size_t)n * C;
+        float r = rstd[n], dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+        for (int c = 0; c < C; c++) dot += dy[c] * w[c] * x[c];
+        float k = dot * r * r * r / (float)C;
+#pragma omp simd
+        for (int c = 0; c < C; c++) dx[c] += dy[c] * w[c] * r - x[c] * k;
+    }
+#pragma omp parallel
+    {
+        size_t c0, c1;
+        cpu_thread_range((size_t)C, &c0, &c1);
+        for (int n = 0; n < N; n++) {
+            const float *x = inp + (size_t)n * C, *dy = dout + (size_t)n * C;
+            float r = rstd[n];
+            for (size_t c = c0; c < c1; c++) dw[c] += dy[c] * x[c] * r;
+        }
+    }
+}

@@ -1,0 +1,55 @@
+// ops_cpu.c: the CPU ops table and thread control (OpenMP and OpenBLAS share one count).
+#include "ops/cpu/cpu_ops.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <omp.h>
+
+const sl_ops sl_ops_cpu = {
+    .name = "cpu",
+    .encoder_forward = cpu_encoder_forward,
+    .encoder_backward = cpu_encoder_backward,
+    .matmul_forward = cpu_matmul_forward,
+    .matmul_backward = cpu_matmul_backward,
+    .layernorm_forward = cpu_layernorm_forward,
+    .layernorm_backward = cpu_layernorm_backward,
+    .rmsnorm_forward = cpu_rmsnorm_forward,
+    .rmsnorm_backward = cpu_rmsnorm_backward,
+    .residual_forward = cpu_residual_forward,
+    .gelu_forward = cpu_gelu_forward,
+    .gelu_backward = cpu_gelu_backward,
+    .swiglu_forward = cpu_swiglu_forward,
+    .swiglu_backward = cpu_swiglu_backward,
+    .rope_forward = cpu_rope_forward,
+    .rope_backward = cpu_rope_backward,
+    .attention_forward = cpu_attention_forward,
+    .attention_backward = cpu_attention_backward,
+    .attention_decode = cpu_attention_decode,
+    .crossentropy_forward_backward = cpu_crossentropy_forward_backward,
+};
+
+void sl_ops_cpu_set_threads(int n) {
+    if (n <= 0) return;
+    omp_set_num_threads(n);
+    openblas_set_num_threads(n);
+}
+
+int sl_ops_cpu_threads(void) { return omp_get_max_threads(); }
+
+void cpu_thread_range(size_t n, size_t *begin, size_t *end) {
+    size_t t = (size_t)omp_get_thread_num(), nt = (size_t)omp_get_num_threads();
+    *begin = n * t / nt;
+    *end = n * (t + 1) / nt;
+}
+
+void sl_rope_tables(float *cos_t, float *sin_t, int max_T, int HD, float theta) {
+    int half = HD / 2;
+    for (int i = 0; i < half; i++) {
+        float inv_freq = 1.0f / powf(theta, (float)(2 * i) / (float)HD);
+        for (int t = 0; t < max_T; t++) {
+            float angle = (float)t * inv_freq;
+            cos_t[(size_t)t * half + i] = cosf(angle);
+            sin_t[(size_t)t * half + i] = sinf(angle);
+        }
+    }
+}

@@ -1,0 +1,333 @@
+// test_ops.c: every op's backward against central finite differences of its forward, computed in
+// double precision (the reference ops), and every CPU op (float) against the double reference,
+// forward and backward. Finite differences probe a random subset of each input's elements.
+#include "test.h"
+
+#include "ops/cpu/cpu_ops.h"
+#include "ops/ref/ref_ops.h"
+#include "shardlm/ops.h"
+#include "shardlm/rng.h"
+
+static sl_rng rng;
+
+static double *drand_vec(size_t n, double scale) {
+    double *v = malloc(sizeof(double) * n);
+    for (size_t i = 0; i < n; i++) v[i] = scale * sl_rng_normal(&rng);
+    return v;
+}
+static double *dzeros(size_t n) { return calloc(n, sizeof(double)); }
+static float *to_f(const double *d, size_t n) {
+    float *f = malloc(sizeof(float) * n);
+    for (size_t i = 0; i < n; i++) f[i] = (float)d[i];
+    return f;
+}
+static float *fzeros(size_t n) { return calloc(n, sizeof(float)); }
+static double dotd(const double *a, const double *b, size_t n) {
+    double s = 0.0;
+    for (size_t i = 0; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+// max |got - want| / max(|want|) over n values: a relative error of the whole tensor.
+static double rel_err_f(const float *got, const double *want, size_t n) {
+    double num = 0.0, den = 1e-30;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)got[i] - want[i]);
+        if (d > num) num = d;
+        if (fabs(want[i]) > den) den = fabs(want[i]);
+    }
+    return num / den;
+}
+
+// A scalar function of one double buffer: returns L = sum(r * forward(x)).
+typedef double (*loss_fn)(void *ctx);
+
+// Checks analytic gradient `grad` of L w.r.t. `x` (n elements) by central differences on
+// up to `probes` random elements. Returns the worst relative error.
+static double fd_check(loss_fn f, void *ctx, double *x, const double *grad, size_t n, int probes) {
+    double worst = 0.0, h = 1e-5;
+    for (int p = 0; p < probes; p++) {
+        size_t i = (size_t)sl_rng_below(&rng, n);
+        double orig = x[i];
+        x[i] = orig + h;
+        double lp = f(ctx);
+        x[i] = orig - h;
+        double lm = f(ctx);
+        x[i] = orig;
+        double num = (lp - lm) / (2 * h);
+        double err = fabs(num - grad[i]) / fmax(1e-3, fabs(num) + fabs(grad[i]));
+        if (err > worst) worst = err;
+    }
+    return worst;
+}
+
+#define FD_TOL 1e-6
+#define F32_TOL 2e-5
+
+// ---------------------------------------------------------------- matmul
+typedef struct { double *inp, *w, *b, *r, *out; int N, IC, OC; } mm_ctx;
+static double mm_loss(void *v) {
+    mm_ctx *c = v;
+    ref_matmul_forward(c->out, c->inp, c->w, c->b, c->N, c->IC, c->OC);
+    return dotd(c->out, c->r, (size_t)c->N * c->OC);
+}
+
+TEST(matmul_backward_matches_finite_differences_and_cpu) {
+    int N = 7, IC = 13, OC = 11;
+    mm_ctx c = {drand_vec((size_t)N * IC, 1), drand_vec((size_t)OC * IC, 1), drand_vec(OC, 1),
+                drand_vec((size_t)N * OC, 1), dzeros((size_t)N * OC), N, IC, OC};
+    double *dinp = dzeros((size_t)N * IC), *dw = dzeros((size_t)OC * IC), *db = dzeros(OC);
+    ref_matmul_backward(dinp, dw, db, c.r, c.inp, c.w, N, IC, OC);
+    CHECK(fd_check(mm_loss, &c, c.inp, dinp, (size_t)N * IC, 40) < FD_TOL);
+    CHECK(fd_check(mm_loss, &c, c.w, dw, (size_t)OC * IC, 40) < FD_TOL);
+    CHECK(fd_check(mm_loss, &c, c.b, db, OC, 11) < FD_TOL);
+    mm_loss(&c);
+    float *fi = to_f(c.inp, (size_t)N * IC), *fw = to_f(c.w, (size_t)OC * IC), *fb = to_f(c.b, OC);
+    float *fr = to_f(c.r, (size_t)N * OC), *fo = fzeros((size_t)N * OC);
+    float *fdi = fzeros((size_t)N * IC), *fdw = fzeros((size_t)OC * IC), *fdb = fzeros(OC);
+    cpu_matmul_forward(fo, fi, fw, fb, N, IC, OC);
+    cpu_matmul_backward(fdi, fdw, fdb, fr, fi, fw, N, IC, OC);
+    CHECK(rel_err_f(fo, c.out, (size_t)N * OC) < F32_TOL);
+    CHECK(rel_err_f(fdi, dinp, (size_t)N * IC) < F32_TOL);
+    CHECK(rel_err_f(fdw, dw, (size_t)OC * IC) < F32_TOL);
+    CHECK(rel_err_f(fdb, db, OC) < F32_TOL);
+    // gradients accumulate: a second backward doubles dweight
+    cpu_matmul_backward(fdi, fdw, fdb, fr, fi, fw, N, IC, OC);
+    for (int i = 0; i < OC * IC; i++) dw[i] *= 2;
+    CHECK(rel_err_f(fdw, dw, (size_t)OC * IC) < F32_TOL);
+    free(c.inp); free(c.w); free(c.b); free(c.r); free(c.out); free(dinp); free(dw); free(db);
+    free(fi); free(fw); free(fb); free(fr); free(fo); free(fdi); free(fdw); free(fdb);
+}
+
+// ---------------------------------------------------------------- layernorm / rmsnorm
+typedef struct { double *inp, *w, *b, *r, *out, *mean, *rstd; int N, C, rms; } ln_ctx;
+static double ln_loss(void *v) {
+    ln_ctx *c = v;
+    if (c->rms) ref_rmsnorm_forward(c->out, c->rstd, c->inp, c->w, c->N, c->C, 1e-5);
+    else ref_layernorm_forward(c->out, c->mean, c->rstd, c->inp, c->w, c->b, c->N, c->C, 1e-5);
+    return dotd(c->out, c->r, (size_t)c->N * c->C);
+}
+
+static void check_norm(int rms) {
+    int N = 6, C = 37;
+    size_t n = (size_t)N * C;
+    ln_ctx c = {drand_vec(n, 2), drand_vec(C, 1), drand_vec(C, 1), drand_vec(n, 1), dzeros(n), dzeros(N), dzeros(N), N, C, rms};
+    ln_loss(&c);
+    double *dinp = dzeros(n), *dw = dzeros(C), *db = dzeros(C);
+    if (rms) ref_rmsnorm_backward(dinp, dw, c.r, c.inp, c.w, c.rstd, N, C);
+    else ref_layernorm_backward(dinp, dw, db, c.r, c.inp, c.w, c.mean, c.rstd, N, C);
+    CHECK(fd_check(ln_loss, &c, c.inp, dinp, n, 60) < FD_TOL);
+    CHECK(fd_check(ln_loss, &c, c.w, dw, C, 20) < FD_TOL);
+    if (!rms) CHECK(fd_check(ln_loss, &c, c.b, db, C, 20) < FD_TOL);
+    ln_loss(&c);
+    float *fi = to_f(c.inp, n), *fw = to_f(c.w, C), *fb = to_f(c.b, C), *fr = to_f(c.r, n), *fo = fzeros(n);
+    float *fm = fzeros(N), *fs = fzeros(N), *fdi = fzeros(n), *fdw = fzeros(C), *fdb = fzeros(C);
+    if (rms) {
+        cpu_rmsnorm_forward(fo, fs, fi, fw, N, C, 1e-5f);
+        cpu_rmsnorm_backward(fdi, fdw, fr, fi, fw, fs, N, C);
+    } else {
+        cpu_layernorm_forward(fo, fm, fs, fi, fw, fb, N, C, 1e-5f);
+        cpu_layernorm_backward(fdi, fdw, fdb, fr, fi, fw, fm, fs, N, C);
+        CHECK(rel_err_f(fdb, db, C) < F32_TOL);
+    }
+    CHECK(rel_err_f(fo, c.out, n) < F32_TOL);
+    CHECK(rel_err_f(fdi, dinp, n) < F32_TOL);
+    CHECK(rel_err_f(fdw, dw, C) < F32_TOL);
+    free(c.inp); free(c.w); free(c.b); free(c.r); free(c.out); free(c.mean); free(c.rstd); free(dinp); free(dw); free(db);
+    free(fi); free(fw); free(fb); free(fr); free(fo); free(fm); free(fs); free(fdi); free(fdw); free(fdb);
+}
+
+TEST(layernorm_backward_matches_finite_differences_and_cpu) { check_norm(0); }
+TEST(rmsnorm_backward_matches_finite_differences_and_cpu) { check_norm(1); }
+
+// ---------------------------------------------------------------- gelu / swiglu
+typedef struct { double *inp, *r, *out; int N, I, swiglu; } act_ctx;
+static double act_loss(void *v) {
+    act_ctx *c = v;
+    if (c->swiglu) ref_swiglu_forward(c->out, c->inp, c->N, c->I);
+    else ref_gelu_forward(c->out, c->inp, (size_t)c->N * c->I);
+    return dotd(c->out, c->r, (size_t)c->N * c->I);
+}
+
+static void check_activation(int swiglu) {
+    int N = 5, I = 29;
+    size_t nin = (size_t)N * I * (swiglu ? 2 : 1), nout = (size_t)N * I;
+    act_ctx c = {drand_vec(nin, 3), drand_vec(nout, 1), dzeros(nout), N, I, swiglu};
+    act_loss(&c);
+    double *dinp = dzeros(nin);
+    if (swiglu) ref_swiglu_backward(dinp, c.inp, c.r, N, I);
+    else ref_gelu_backward(dinp, c.inp, c.r, nout);
+    CHECK(fd_check(act_loss, &c, c.inp, dinp, nin, 60) < FD_TOL);
+    float *fi = to_f(c.inp, nin), *fr = to_f(c.r, nout), *fo = fzeros(nout), *fdi = fzeros(nin);
+    if (swiglu) {
+        cpu_swiglu_forward(fo, fi, N, I);
+        cpu_swiglu_backward(fdi, fi, fr, N, I);
+    } else {
+        cpu_gelu_forward(fo, fi, nout);
+        cpu_gelu_backward(fdi, fi, fr, nout);
+    }
+    CHECK(rel_err_f(fo, c.out, nout) < F32_TOL);
+    CHECK(rel_err_f(fdi, dinp, nin) < F32_TOL);
+    free(c.inp); free(c.r); free(c.out); free(dinp); free(fi); free(fr); free(fo); free(fdi);
+}
+
+TEST(gelu_backward_matches_finite_differences_and_cpu) { check_activation(0); }
+TEST(swiglu_backward_matches_finite_differences_and_cpu) { check_activation(1); }
+
+// ---------------------------------------------------------------- rope
+typedef struct { double *inp, *work, *r, *cos, *sin; int B, T, NH, NKV, HD; size_t n; } rope_ctx;
+static double rope_loss(void *v) {
+    rope_ctx *c = v;
+    memcpy(c->work, c->inp, sizeof(double) * c->n);
+    ref_rope_forward(c->work, c->cos, c->sin, c->B, c->T, c->NH, c->NKV, c->HD, 0);
+    return dotd(c->work, c->r, c->n);
+}
+
+TEST(rope_backward_matches_finite_differences_and_cpu) {
+    int B = 2, T = 9, NH = 4, NKV = 2, HD = 8, half = HD / 2;
+    size_t n = (size_t)B * T * (NH + 2 * NKV) * HD;
+    float *fcos = malloc(sizeof(float) * T * half), *fsin = malloc(sizeof(float) * T * half);
+    sl_rope_tables(fcos, fsin, T, HD, 10000.0f);
+    double *dcos = malloc(sizeof(double) * T * half), *dsin = malloc(sizeof(double) * T * half);
+    for (int i = 0; i < T * half; i++) { dcos[i] = fcos[i]; dsin[i] = fsin[i]; }
+    rope_ctx c = {drand_vec(n, 1), dzeros(n), drand_vec(n, 1), dcos, dsin, B, T, NH, NKV, HD, n};
+    double *dinp = malloc(sizeof(double) * n);
+    memcpy(dinp, c.r, sizeof(double) * n);
+    ref_rope_backward(dinp, dcos, dsin, B, T, NH, NKV, HD);
+    CHECK(fd_check(rope_loss, &c, c.inp, dinp, n, 80) < FD_TOL);
+    rope_loss(&c);
+    float *fx = to_f(c.inp, n), *fd = to_f(c.r, n);
+    cpu_rope_forward(fx, fcos, fsin, B, T, NH, NKV, HD, 0);
+    cpu_rope_backward(fd, fcos, fsin, B, T, NH, NKV, HD);
+    CHECK(rel_err_f(fx, c.work, n) < F32_TOL);
+    CHECK(rel_err_f(fd, dinp, n) < F32_TOL);
+    // v heads are untouched
+    CHECK(fx[(NH + NKV) * HD] == (float)c.inp[(NH + NKV) * HD]);
+    // the tables match transformers' float32 formula at a known point: t=1, i=1 -> angle 10000^(-2/8)
+    CHECK_CLOSE(fcos[half + 1], cos(pow(10000.0, -0.25)), 1e-6);
+    free(fcos); free(fsin); free(dcos); free(dsin); free(c.inp); free(c.work); free(c.r); free(dinp); free(fx); free(fd);
+}
+
+// ---------------------------------------------------------------- attention
+typedef struct { double *qkv, *r, *out; int B, T, NH, NKV, HD; } att_ctx;
+static double att_loss(void *v) {
+    att_ctx *c = v;
+    ref_attention_forward(c->out, c->qkv, c->B, c->T, c->NH, c->NKV, c->HD);
+    return dotd(c->out, c->r, (size_t)c->B * c->T * c->NH * c->HD);
+}
+
+static void check_attention(int B, int T, int NH, int NKV, int HD, int probes) {
+    size_t nq = (size_t)B * T * (NH + 2 * NKV) * HD, no = (size_t)B * T * NH * HD;
+    att_ctx c = {drand_vec(nq, 1), drand_vec(no, 1), dzeros(no), B, T, NH, NKV, HD};
+    att_loss(&c);
+    double *dqkv = dzeros(nq);
+    ref_attention_backward(dqkv, c.r, c.qkv, B, T, NH, NKV, HD);
+    if (probes) CHECK(fd_check(att_loss, &c, c.qkv, dqkv, nq, probes) < FD_TOL);
+    float *fq = to_f(c.qkv, nq), *fr = to_f(c.r, no), *fo = fzeros(no), *flse = fzeros((size_t)B * NH * T);
+    float *fdq = malloc(sizeof(float) * nq);
+    for (size_t i = 0; i < nq; i++) fdq[i] = 1e9f;  // backward must overwrite every element
+    cpu_attention_forward(fo, flse, fq, B, T, NH, NKV, HD);
+    cpu_attention_backward(fdq, fr, fq, fo, flse, B, T, NH, NKV, HD);
+    CHECK_MSG(rel_err_f(fo, c.out, no) < F32_TOL, "forward rel err %g", rel_err_f(fo, c.out, no));
+    CHECK_MSG(rel_err_f(fdq, dqkv, nq) < F32_TOL, "backward rel err %g", rel_err_f(fdq, dqkv, nq));
+    // decode: the last position of batch 0 against a cache of its keys/values
+    int W = (NH + 2 * NKV) * HD;
+    float *kc = malloc(sizeof(float) * T * NKV * HD), *vc = malloc(sizeof(float) * T * NKV * HD);
+    for (int t = 0; t < T; t++) {
+        memcpy(kc + (size_t)t * NKV * HD, fq + (size_t)t * W + NH * HD, sizeof(float) * NKV * HD);
+        memcpy(vc + (size_t)t * NKV * HD, fq + (size_t)t * W + (NH + NKV) * HD, sizeof(float) * NKV * HD);
+    }
+    float *dec = fzeros((size_t)NH * HD);
+    cpu_attention_decode(dec, fq + (size_t)(T - 1) * W, kc, vc, T, NH, NKV, HD);
+    CHECK(rel_err_f(dec, c.out + (size_t)(T - 1) * NH * HD, (size_t)NH * HD) < F32_TOL);
+    free(c.qkv); free(c.r); free(c.out); free(dqkv); free(fq); free(fr); free(fo); free(flse); free(fdq);
+    free(kc); free(vc); free(dec);
+}
+
+TEST(attention_backward_matches_finite_differences_and_cpu) { check_attention(2, 11, 2, 2, 4, 120); }
+TEST(attention_gqa_matches_finite_differences_and_cpu) { check_attention(2, 9, 4, 2, 4, 120); }
+// longer than one key tile (64): the online softmax crosses tile boundaries
+TEST(attention_multi_tile_matches_reference) { check_attention(1, 150, 4, 1, 8, 0); }
+
+// ---------------------------------------------------------------- encoder
+typedef struct { double *wte, *wpe, *r, *out; int *inp; int B, T, C; } enc_ctx;
+static double enc_loss(void *v) {
+    enc_ctx *c = v;
+    ref_encoder_forward(c->out, c->inp, c->wte, c->wpe, c->B, c->T, c->C);
+    return dotd(c->out, c->r, (size_t)c->B * c->T * c->C);
+}
+
+TEST(encoder_backward_matches_finite_differences_and_cpu) {
+    int B = 2, T = 5, C = 6, V = 7;
+    int inp[10] = {1, 3, 3, 0, 6, 3, 1, 1, 2, 5};  // repeated tokens accumulate
+    enc_ctx c = {drand_vec((size_t)V * C, 1), drand_vec((size_t)T * C, 1), drand_vec((size_t)B * T * C, 1),
+                 dzeros((size_t)B * T * C), inp, B, T, C};
+    double *dwte = dzeros((size_t)V * C), *dwpe = dzeros((size_t)T * C);
+    ref_encoder_backward(dwte, dwpe, c.r, inp, B, T, C);
+    CHECK(fd_check(enc_loss, &c, c.wte, dwte, (size_t)V * C, 40) < FD_TOL);
+    CHECK(fd_check(enc_loss, &c, c.wpe, dwpe, (size_t)T * C, 30) < FD_TOL);
+    enc_loss(&c);
+    float *fte = to_f(c.wte, (size_t)V * C), *fpe = to_f(c.wpe, (size_t)T * C), *fr = to_f(c.r, (size_t)B * T * C);
+    float *fo = fzeros((size_t)B * T * C), *fdte = fzeros((size_t)V * C), *fdpe = fzeros((size_t)T * C);
+    cpu_encoder_forward(fo, inp, fte, fpe, B, T, C);
+    cpu_encoder_backward(fdte, fdpe, fr, inp, B, T, C);
+    CHECK(rel_err_f(fo, c.out, (size_t)B * T * C) < F32_TOL);
+    CHECK(rel_err_f(fdte, dwte, (size_t)V * C) < F32_TOL);
+    CHECK(rel_err_f(fdpe, dwpe, (size_t)T * C) < F32_TOL);
+    free(c.wte); free(c.wpe); free(c.r); free(c.out); free(dwte); free(dwpe);
+    free(fte); free(fpe); free(fr); free(fo); free(fdte); free(fdpe);
+}
+
+// ---------------------------------------------------------------- cross-entropy
+typedef struct { double *logits; int *targets; int N, V, Vp; } ce_ctx;
+static double ce_loss(void *v) {
+    ce_ctx *c = v;
+    return ref_crossentropy(NULL, c->logits, c->targets, c->N, c->V, c->Vp);
+}
+
+TEST(crossentropy_backward_matches_finite_differences_and_cpu) {
+    int N = 6, V = 19, Vp = 24;
+    int targets[6] = {3, 18, -1, 0, 7, 7};  // -1 is ignored
+    ce_ctx c = {drand_vec((size_t)N * Vp, 3), targets, N, V, Vp};
+    double *dl = dzeros((size_t)N * Vp);
+    double loss = ref_crossentropy(dl, c.logits, targets, N, V, Vp);
+    CHECK(fd_check(ce_loss, &c, c.logits, dl, (size_t)N * Vp, 80) < FD_TOL);
+    float *fl = to_f(c.logits, (size_t)N * Vp);
+    double total = cpu_crossentropy_forward_backward(fl, targets, N, V, Vp, 0.0f);
+    CHECK_CLOSE(total / 5.0, loss, 1e-6);
+    total = cpu_crossentropy_forward_backward(fl, targets, N, V, Vp, 1.0f / 5.0f);
+    CHECK_CLOSE(total / 5.0, loss, 1e-6);
+    CHECK(rel_err_f(fl, dl, (size_t)N * Vp) < F32_TOL);
+    free(c.logits); free(dl); free(fl);
+}
+
+TEST(thread_count_does_not_change_results) {
+    // the same attention + layernorm backward with 1 and 2 threads gives identical bits
+    int B = 2, T = 33, NH = 2, NKV = 1, HD = 8, C = 16;
+    size_t nq = (size_t)B * T * (NH + 2 * NKV) * HD, no = (size_t)B * T * NH * HD;
+    double *dq = drand_vec(nq, 1), *dr = drand_vec(no, 1);
+    float *q = to_f(dq, nq), *r = to_f(dr, no), *o[2], *lse[2], *g[2];
+    for (int k = 0; k < 2; k++) {
+        sl_ops_cpu_set_threads(k + 1);
+        o[k] = fzeros(no); lse[k] = fzeros((size_t)B * NH * T); g[k] = fzeros(nq);
+        cpu_attention_forward(o[k], lse[k], q, B, T, NH, NKV, HD);
+        cpu_attention_backward(g[k], r, q, o[k], lse[k], B, T, NH, NKV, HD);
+    }
+    CHECK(memcmp(o[0], o[1], sizeof(float) * no) == 0);
+    CHECK(memcmp(g[0], g[1], sizeof(float) * nq) == 0);
+    (void)C;
+    for (int k = 0; k < 2; k++) { free(o[k]); free(lse[k]); free(g[k]); }
+    free(dq); free(dr); free(q); free(r);
+}
+
+int main(void) {
+    rng = sl_rng_make(1234, 0, 0, SL_RNG_TEST);
+    int failed = 0;
+    for (int i = 0; i < test_count; i++) {
+        test_failed_checks = 0;
+        test_cases[i].fn();
+        printf("%s %s\n", test_failed_checks ? "FAIL" : "PASS", test_cases[i].name);
+        failed += test_failed_checks != 0;
+    }
+    return failed ? 1 : 0;
+}
