@@ -1,0 +1,59 @@
+// engine.h: the training step, DeepSpeed-style. The engine owns gradient accumulation, clipping,
+// the learning-rate schedule, the optimizer and its state, and checkpoints of all of it:
+//   sl_engine_init(engine, model, config)
+//   sl_engine_forward_backward(engine, inputs, targets, B, T, &loss)   once per micro-batch
+//   sl_engine_step(engine)                                              once per optimizer step
+//   sl_engine_save(engine, root, tag, client_state) / sl_engine_load(engine, path, &client_state)
+// The model never learns how it is being trained; the next issue's parallel strategies live here.
+#ifndef SHARDLM_ENGINE_H
+#define SHARDLM_ENGINE_H
+
+#include <stdint.h>
+#include "shardlm/model.h"
+#include "shardlm/optim.h"
+#include "shardlm/schedule.h"
+
+typedef struct {
+    int micro_batch;          // train_micro_batch_size_per_gpu
+    int grad_accum_steps;     // gradient_accumulation_steps
+    float gradient_clipping;  // max global norm; 0 = off
+    sl_optim_config optim;
+    sl_schedule schedule;
+} sl_engine_config;
+
+typedef struct {
+    sl_model *model;
+    sl_engine_config cfg;
+    sl_decay_mask decay_mask;
+    float *optim_state[2];    // exp_avg / exp_avg_sq (Adam), momentum_buffer (SGD), as needed
+    int n_optim_state;
+    int64_t step;             // optimizer steps completed
+    int micro_step;           // micro-batches accumulated toward the next step
+    double loss_sum;          // sum of micro-batch losses since the last step
+    float last_loss;          // mean micro-batch loss of the last completed step
+    float last_lr;
+    float last_grad_norm;     // before clipping
+} sl_engine;
+
+int sl_engine_init(sl_engine *e, sl_model *model, const sl_engine_config *cfg);
+void sl_engine_free(sl_engine *e);
+
+// Forward + backward of one micro-batch; gradients accumulate scaled by 1/grad_accum_steps.
+int sl_engine_forward_backward(sl_engine *e, const int *inputs, const int *targets, int B, int T, float *loss);
+
+// True when grad_accum_steps micro-batches have been accumulated and a step is due.
+int sl_engine_step_due(const sl_engine *e);
+
+// Clips, applies the optimizer at the scheduled lr, zeroes gradients, advances the step.
+int sl_engine_step(sl_engine *e);
+
+// Writes ROOT/<tag>/ {model.safetensors, config.json (Hugging Face), optimizer.safetensors,
+// trainer_state.json (step, optimizer/schedule settings, and client_state: any JSON object the
+// caller wants back, e.g. loader position and resolved config)}, atomically, then moves ROOT/latest.
+int sl_engine_save(sl_engine *e, const char *root, const char *tag, const char *client_state_json);
+
+// Loads a checkpoint root (its latest) or a tag directory into an engine built for the same model
+// shape. *client_state_json (malloc'd, may be NULL) returns what save was given.
+int sl_engine_load(sl_engine *e, const char *path, char **client_state_json);
+
+#endif
