@@ -5,7 +5,7 @@ BLAS_DIR ?= /usr/lib/x86_64-linux-gnu/openblas-openmp
 BLAS_INC ?= /usr/include/x86_64-linux-gnu/openblas-openmp
 WARN    := -std=c17 -Wall -Wextra -Werror -D_GNU_SOURCE
 CPPFLAGS := -Iinclude -Isrc -I$(BLAS_INC)
-OPT     ?= -O3 -march=native -fno-fast-math
+OPT     ?= -O3 -march=native -fno-fast-math -fno-math-errno
 LDLIBS  := -L$(BLAS_DIR) -Wl,-rpath,$(BLAS_DIR) -lopenblas -lcjson -lpcre2-8 -lm
 B       ?= build
 

@@ -100,6 +100,12 @@ static int parse_gpt2(sl_model_config *c, const cJSON *r, const char *w) {
     if (act && (!cJSON_IsString(act) || (strcmp(act->valuestring, "gelu_new") && strcmp(act->valuestring, "gelu_pytorch_tanh"))))
         return sl_errorf("%s: activation_function must be \"gelu_new\" (tanh GELU)", w);
     if (!c->tie_word_embeddings) return sl_errorf("%s: GPT-2 models must tie word embeddings", w);
+    const char *unsupported[] = {"scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn", "add_cross_attention"};
+    for (int i = 0; i < 3; i++) {
+        int on = 0;
+        if (json_bool(r, unsupported[i], &on, w)) return -1;
+        if (on) return sl_errorf("%s: %s=true is not supported", w, unsupported[i]);
+    }
     return 0;
 }
 
@@ -154,6 +160,16 @@ int sl_config_load_json(sl_model_config *cfg, const char *path) {
     return rc;
 }
 
+// The shortest decimal that reads back as the same float (1e-6f -> 1e-06, not 9.99999997e-07).
+static double float_for_json(float f) {
+    char buf[32];
+    for (int digits = 1; digits <= 9; digits++) {
+        snprintf(buf, sizeof buf, "%.*g", digits, (double)f);
+        if (strtof(buf, NULL) == f) break;
+    }
+    return strtod(buf, NULL);
+}
+
 char *sl_config_to_json_text(const sl_model_config *c) {
     cJSON *r = cJSON_CreateObject();
     cJSON *arch = cJSON_AddArrayToObject(r, "architectures");
@@ -167,7 +183,7 @@ char *sl_config_to_json_text(const sl_model_config *c) {
         cJSON_AddNumberToObject(r, "n_layer", c->n_layer);
         cJSON_AddNumberToObject(r, "n_head", c->n_head);
         cJSON_AddNumberToObject(r, "n_inner", c->n_inner);
-        cJSON_AddNumberToObject(r, "layer_norm_epsilon", c->norm_eps);
+        cJSON_AddNumberToObject(r, "layer_norm_epsilon", float_for_json(c->norm_eps));
         cJSON_AddStringToObject(r, "activation_function", "gelu_new");
         cJSON_AddNumberToObject(r, "resid_pdrop", 0.0);
         cJSON_AddNumberToObject(r, "embd_pdrop", 0.0);
@@ -182,8 +198,8 @@ char *sl_config_to_json_text(const sl_model_config *c) {
         cJSON_AddNumberToObject(r, "num_hidden_layers", c->n_layer);
         cJSON_AddNumberToObject(r, "num_attention_heads", c->n_head);
         cJSON_AddNumberToObject(r, "num_key_value_heads", c->n_kv_head);
-        cJSON_AddNumberToObject(r, "rms_norm_eps", c->norm_eps);
-        cJSON_AddNumberToObject(r, "rope_theta", c->rope_theta);
+        cJSON_AddNumberToObject(r, "rms_norm_eps", float_for_json(c->norm_eps));
+        cJSON_AddNumberToObject(r, "rope_theta", float_for_json(c->rope_theta));
         cJSON_AddStringToObject(r, "hidden_act", "silu");
         cJSON_AddFalseToObject(r, "attention_bias");
         cJSON_AddFalseToObject(r, "mlp_bias");

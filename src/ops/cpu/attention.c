@@ -57,7 +57,7 @@ void cpu_attention_forward(float *out, float *lse, const float *qkv, int B, int 
     size_t W = (size_t)(NH + 2 * NKV) * HD;
     int group = NH / NKV;
     float scale = 1.0f / sqrtf((float)HD);
-#pragma omp parallel for collapse(2) schedule(static)
+#pragma omp parallel for collapse(2) schedule(static) if((size_t)B * NH * T * T * HD >= 2 * SL_PAR_MIN_WORK)
     for (int b = 0; b < B; b++)
         for (int h = 0; h < NH; h++) {
             int g = h / group;
@@ -76,7 +76,7 @@ void cpu_attention_backward(float *dqkv, const float *dout, const float *qkv, co
     size_t W = (size_t)(NH + 2 * NKV) * HD;
     int group = NH / NKV;
     float scale = 1.0f / sqrtf((float)HD);
-#pragma omp parallel for collapse(2) schedule(static)
+#pragma omp parallel for collapse(2) schedule(static) if((size_t)B * NH * T * T * HD >= 2 * SL_PAR_MIN_WORK)
     for (int b = 0; b < B; b++)
         for (int g = 0; g < NKV; g++) {
             const float *base = qkv + (size_t)b * T * W;
@@ -114,7 +114,7 @@ void cpu_attention_decode(float *out, const float *q, const float *k_cache, cons
     int group = NH / NKV;
     float scale = 1.0f / sqrtf((float)HD);
     size_t stride = (size_t)NKV * HD;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if((size_t)n_ctx * NH * HD >= SL_PAR_MIN_WORK)
     for (int h = 0; h < NH; h++) {
         int g = h / group;
         attend_row(out + (size_t)h * HD, q + (size_t)h * HD, k_cache + (size_t)g * HD, v_cache + (size_t)g * HD,

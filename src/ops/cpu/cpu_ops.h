@@ -6,6 +6,9 @@
 
 #include "shardlm/ops.h"
 
+// Below this much work (elements touched) an op runs on the calling thread: waking the team costs more.
+#define SL_PAR_MIN_WORK ((size_t)32768)
+
 void cpu_encoder_forward(float *out, const int *inp, const float *wte, const float *wpe, int B, int T, int C);
 void cpu_encoder_backward(float *dwte, float *dwpe, const float *dout, const int *inp, int B, int T, int C);
 void cpu_matmul_forward(float *out, const float *inp, const float *weight, const float *bias, int N, int IC, int OC);

@@ -9,7 +9,7 @@
 
 double cpu_crossentropy_forward_backward(float *logits, const int *targets, int N, int V, int Vp, float dloss) {
     float *row_loss = malloc(sizeof(float) * (size_t)(N > 0 ? N : 1));
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if((size_t)N * V >= SL_PAR_MIN_WORK)
     for (int n = 0; n < N; n++) {
         float *x = logits + (size_t)n * Vp;
         int target = targets[n];

@@ -6,7 +6,7 @@
 #include <string.h>
 
 void cpu_encoder_forward(float *out, const int *inp, const float *wte, const float *wpe, int B, int T, int C) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if((size_t)B * T * C >= SL_PAR_MIN_WORK)
     for (int n = 0; n < B * T; n++) {
         float *o = out + (size_t)n * C;
         const float *e = wte + (size_t)inp[n] * C;
@@ -22,7 +22,7 @@ void cpu_encoder_forward(float *out, const int *inp, const float *wte, const flo
 
 void cpu_encoder_backward(float *dwte, float *dwpe, const float *dout, const int *inp, int B, int T, int C) {
     // each thread owns a block of columns, so repeated tokens never race and order is fixed
-#pragma omp parallel
+#pragma omp parallel if((size_t)B * T * C >= SL_PAR_MIN_WORK)
     {
         size_t c0, c1;
         cpu_thread_range((size_t)C, &c0, &c1);
@@ -39,14 +39,14 @@ void cpu_encoder_backward(float *dwte, float *dwpe, const float *dout, const int
 }
 
 void cpu_residual_forward(float *out, const float *a, const float *b, size_t n) {
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if(n >= SL_PAR_MIN_WORK)
     for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
 }
 
 #define GELU_K 0.7978845608028654f  // sqrt(2/pi)
 
 void cpu_gelu_forward(float *out, const float *inp, size_t n) {
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if(n >= SL_PAR_MIN_WORK)
     for (size_t i = 0; i < n; i++) {
         float x = inp[i];
         out[i] = 0.5f * x * (1.0f + vtanhf(GELU_K * (x + 0.044715f * x * x * x)));
@@ -54,7 +54,7 @@ void cpu_gelu_forward(float *out, const float *inp, size_t n) {
 }
 
 void cpu_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n) {
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if(n >= SL_PAR_MIN_WORK)
     for (size_t i = 0; i < n; i++) {
         float x = inp[i], th = vtanhf(GELU_K * (x + 0.044715f * x * x * x));
         float du = GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
@@ -63,7 +63,7 @@ void cpu_gelu_backward(float *dinp, const float *inp, const float *dout, size_t 
 }
 
 void cpu_swiglu_forward(float *out, const float *inp, int N, int I) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if((size_t)N * I >= SL_PAR_MIN_WORK)
     for (int n = 0; n < N; n++) {
         const float *g = inp + (size_t)n * 2 * I, *u = g + I;
         float *o = out + (size_t)n * I;
@@ -73,7 +73,7 @@ void cpu_swiglu_forward(float *out, const float *inp, int N, int I) {
 }
 
 void cpu_swiglu_backward(float *dinp, const float *inp, const float *dout, int N, int I) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if((size_t)N * I >= SL_PAR_MIN_WORK)
     for (int n = 0; n < N; n++) {
         const float *g = inp + (size_t)n * 2 * I, *u = g + I, *d = dout + (size_t)n * I;
         float *dg = dinp + (size_t)n * 2 * I, *du = dg + I;
@@ -90,7 +90,7 @@ void cpu_swiglu_backward(float *dinp, const float *inp, const float *dout, int N
 static void rope_apply(float *qkv, const float *cos_t, const float *sin_t, int B, int T, int NH, int NKV, int HD,
                        int pos0, float sign) {
     int W = (NH + 2 * NKV) * HD, half = HD / 2;
-#pragma omp parallel for collapse(2) schedule(static)
+#pragma omp parallel for collapse(2) schedule(static) if((size_t)B * T * (NH + NKV) * HD >= SL_PAR_MIN_WORK)
     for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++) {
             const float *c = cos_t + (size_t)(pos0 + t) * half, *s = sin_t + (size_t)(pos0 + t) * half;

@@ -7,7 +7,7 @@
 void cpu_matmul_forward(float *out, const float *inp, const float *weight, const float *bias, int N, int IC, int OC) {
     float beta = 0.0f;
     if (bias) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if((size_t)N * OC >= SL_PAR_MIN_WORK)
         for (int n = 0; n < N; n++) memcpy(out + (size_t)n * OC, bias, sizeof(float) * (size_t)OC);
         beta = 1.0f;
     }
@@ -23,7 +23,7 @@ void cpu_matmul_backward(float *dinp, float *dweight, float *dbias, const float 
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, IC, N, 1.0f, dout, OC, inp, IC, 1.0f, dweight, IC);
     if (!dbias) return;
     // column sums, each thread owning a block of columns: deterministic for any thread count
-#pragma omp parallel
+#pragma omp parallel if((size_t)N * OC >= SL_PAR_MIN_WORK)
     {
         size_t o0, o1;
         cpu_thread_range((size_t)OC, &o0, &o1);

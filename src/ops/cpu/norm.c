@@ -7,7 +7,7 @@
 
 void cpu_layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *w, const float *b,
                            int N, int C, float eps) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if((size_t)N * C >= SL_PAR_MIN_WORK)
     for (int n = 0; n < N; n++) {
         const float *x = inp + (size_t)n * C;
         float *y = out + (size_t)n * C;
@@ -29,7 +29,7 @@ void cpu_layernorm_forward(float *out, float *mean, float *rstd, const float *in
 
 void cpu_layernorm_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp, const float *w,
                             const float *mean, const float *rstd, int N, int C) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if((size_t)N * C >= SL_PAR_MIN_WORK)
     for (int n = 0; n < N; n++) {
         const float *x = inp + (size_t)n * C, *dy = dout + (size_t)n * C;
         float *dx = dinp + (size_t)n * C;
@@ -45,7 +45,7 @@ void cpu_layernorm_backward(float *dinp, float *dw, float *db, const float *dout
 #pragma omp simd
         for (int c = 0; c < C; c++) dx[c] += (dy[c] * w[c] - mean_dnorm - (x[c] - m) * r * mean_dnorm_xhat) * r;
     }
-#pragma omp parallel
+#pragma omp parallel if((size_t)N * C >= SL_PAR_MIN_WORK)
     {
         size_t c0, c1;
         cpu_thread_range((size_t)C, &c0, &c1);
@@ -61,7 +61,7 @@ void cpu_layernorm_backward(float *dinp, float *dw, float *db, const float *dout
 }
 
 void cpu_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *w, int N, int C, float eps) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if((size_t)N * C >= SL_PAR_MIN_WORK)
     for (int n = 0; n < N; n++) {
         const float *x = inp + (size_t)n * C;
         float *y = out + (size_t)n * C;
@@ -78,7 +78,7 @@ void cpu_rmsnorm_forward(float *out, float *rstd, const float *inp, const float 
 
 void cpu_rmsnorm_backward(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
                           const float *rstd, int N, int C) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if((size_t)N * C >= SL_PAR_MIN_WORK)
     for (int n = 0; n < N; n++) {
         const float *x = inp + (size_t)n * C, *dy = dout + (size_t)n * C;
         float *dx = dinp + (size_t)n * C;
@@ -89,7 +89,7 @@ void cpu_rmsnorm_backward(float *dinp, float *dw, const float *dout, const float
 #pragma omp simd
         for (int c = 0; c < C; c++) dx[c] += dy[c] * w[c] * r - x[c] * k;
     }
-#pragma omp parallel
+#pragma omp parallel if((size_t)N * C >= SL_PAR_MIN_WORK)
     {
         size_t c0, c1;
         cpu_thread_range((size_t)C, &c0, &c1);

@@ -1,0 +1,29 @@
+// hf_weights.h: Hugging Face weight directories (config.json + model.safetensors, or a sharded set
+// with model.safetensors.index.json) <-> the flat parameter buffer described by layout.h.
+//
+// Names are exactly those of GPT2LMHeadModel / LlamaForCausalLM state_dict(). On save and load,
+// GPT-2 Conv1D weights (hf_transposed) are transposed between HF's (in, out) and our (out, in);
+// embedding / lm_head rows past vocab_size (padding) are not written and are zero after load.
+#ifndef SHARDLM_HF_WEIGHTS_H
+#define SHARDLM_HF_WEIGHTS_H
+
+#include "shardlm/config.h"
+#include "shardlm/layout.h"
+
+// Writes the weights. `dir_or_file` ending in ".safetensors" writes that one file; otherwise it is a
+// directory (created if needed) that receives model.safetensors and config.json. The safetensors
+// carries "__metadata__": {"format": "pt"}; tied lm_head is not written (HF drops it too).
+int sl_hf_save(const char *dir_or_file, const sl_param_layout *L, const float *params);
+
+// Reads DIR/config.json (or the file itself if given a .json path).
+int sl_hf_load_config(const char *dir, sl_model_config *cfg);
+
+// Fills params (L->total floats) from a directory holding model.safetensors or
+// model.safetensors.index.json, or from a single .safetensors / .index.json path.
+// Accepts GPT-2 names with or without the "transformer." prefix, F32/F16/BF16/F64 data, and ignores
+// non-parameter buffers (*.attn.bias, *.attn.masked_bias, *rotary_emb.inv_freq) and a tied
+// lm_head.weight. Missing, unexpected or duplicated tensors, shape and dtype mismatches are errors
+// (named); all names and shapes are checked before params is written.
+int sl_hf_load(const char *dir, const sl_param_layout *L, float *params);
+
+#endif

@@ -1,0 +1,116 @@
+// optim.h: optimizers over flat fp32 buffers (AdamW, Adam with L2 decay, SGD), the DeepSpeed
+// "optimizer" config block, the weight-decay mask, and global-norm gradient clipping.
+//
+// Buffers: parameters, gradients and optimizer state are flat float buffers in the layout's order
+// (layout.h). A step works on a sub-range [begin, end) of the flat buffer, so a ZeRO rank can update
+// only its own shard: every pointer passed to a step function points at element `begin` (it holds
+// end - begin floats), while the decay mask speaks absolute flat offsets. Calling with begin = 0,
+// end = layout->total and the full buffers updates everything.
+//
+// Arithmetic follows torch.optim.AdamW / Adam / SGD (foreach=False) operation by operation: scalar
+// coefficients are computed in double, as Python floats are, then used in float32 element maths.
+#ifndef SHARDLM_OPTIM_H
+#define SHARDLM_OPTIM_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <cjson/cJSON.h>
+
+#include "shardlm/layout.h"
+
+typedef enum {
+    SL_OPTIM_ADAMW = 0,   // DeepSpeed "AdamW", or "Adam" with adam_w_mode true (the default)
+    SL_OPTIM_ADAM = 1,    // DeepSpeed "Adam" with "adam_w_mode": false: L2 decay added to the gradient
+    SL_OPTIM_SGD = 2,     // torch.optim.SGD: momentum, dampening, nesterov, L2 weight decay
+} sl_optim_type;
+
+typedef struct {
+    sl_optim_type type;
+    // Hyperparameters are doubles, as Python floats are in torch/DeepSpeed, so derived scalars
+    // (1 - beta1, 1 - lr*wd, lr / bias_correction1) round exactly as torch's do.
+    double lr;            // params.lr (default 1e-3); a scheduler may override it per step
+    double beta1, beta2;  // params.betas (default [0.9, 0.999])
+    double eps;           // params.eps (default 1e-8)
+    double weight_decay;  // params.weight_decay (default 0)
+    double momentum;      // SGD params.momentum (default 0)
+    double dampening;     // SGD params.dampening (default 0)
+    int nesterov;         // SGD params.nesterov (default false; needs momentum > 0, dampening 0)
+    int decay_all;        // params.decay_all (shardlm extension): decay norms/biases/embeddings too
+    char warning[256];    // after sl_optim_parse: unknown params keys, "" when none
+} sl_optim_config;
+
+// Defaults: AdamW, lr 1e-3, betas (0.9, 0.999), eps 1e-8, no weight decay.
+void sl_optim_defaults(sl_optim_config *cfg);
+
+// Parses DeepSpeed's block {"type": "AdamW"|"Adam"|"SGD", "params": {...}} (type names are
+// case-insensitive, as in DeepSpeed). NULL block -> defaults. Wrong types or values are errors that
+// name `where` and the key; unknown keys in params are not errors but are listed in cfg->warning.
+int sl_optim_parse(sl_optim_config *cfg, const cJSON *optimizer_block, const char *where);
+
+// "AdamW", "Adam" or "SGD".
+const char *sl_optim_name(sl_optim_type type);
+
+// Number of state buffers (each `n` floats, zero-initialised by the caller) the optimizer needs:
+// 2 for Adam/AdamW (exp_avg, exp_avg_sq), 1 for SGD with momentum (momentum_buffer), else 0.
+int sl_optim_num_state_buffers(const sl_optim_config *cfg);
+
+// ---- weight-decay mask -------------------------------------------------------------------------
+
+typedef struct { size_t begin, end; } sl_range;  // [begin, end) in floats of the flat buffer
+
+// Sorted, disjoint, merged ranges of the flat buffer that receive weight decay.
+typedef struct {
+    sl_range *ranges;
+    int n;
+} sl_decay_mask;
+
+// Ranges of every tensor with weight_decay == 1 (or every tensor when decay_all). Adjacent ranges
+// are merged. Free with sl_decay_mask_free.
+int sl_decay_mask_from_layout(sl_decay_mask *mask, const sl_param_layout *layout, int decay_all);
+void sl_decay_mask_free(sl_decay_mask *mask);
+
+// ---- steps -------------------------------------------------------------------------------------
+// `step` is this step's number, counting from 1 (torch's state["step"] after its increment).
+// `mask` NULL means every element decays. Elements in [begin, end) not covered by the mask do not
+// decay (ZeRO padding past layout->total included).
+
+// torch.optim.AdamW (decoupled: p *= 1 - lr*wd) or torch.optim.Adam (L2: g += wd*p), per cfg->type.
+void sl_adam_step(const sl_optim_config *cfg, double lr, int64_t step,
+                  float *params,          // (end-begin,) updated in place
+                  const float *grads,     // (end-begin,)
+                  float *exp_avg,         // (end-begin,) first moment
+                  float *exp_avg_sq,      // (end-begin,) second moment
+                  const sl_decay_mask *mask, size_t begin, size_t end);
+
+// torch.optim.SGD. momentum_buf may be NULL when cfg->momentum == 0. On step 1 the buffer is set
+// to the (decayed) gradient, as torch does when it creates the buffer.
+void sl_sgd_step(const sl_optim_config *cfg, double lr, int64_t step,
+                 float *params,           // (end-begin,)
+                 const float *grads,      // (end-begin,)
+                 float *momentum_buf,     // (end-begin,) or NULL
+                 const sl_decay_mask *mask, size_t begin, size_t end);
+
+// Dispatches on cfg->type; state[0..num_state_buffers) as above. Returns -1 (with a message) when
+// a needed state buffer is NULL, step < 1, or begin > end.
+int sl_optim_step(const sl_optim_config *cfg, double lr, int64_t step, float *params, const float *grads,
+                  float *const *state, const sl_decay_mask *mask, size_t begin, size_t end);
+
+// ---- gradient norm and clipping (DeepSpeed "gradient_clipping", torch clip_grad_norm_) ----------
+
+// Sum of squares of g[0..n) in double. Deterministic and independent of the thread count: the
+// buffer is cut into a fixed number of blocks that depend only on n, each summed in a fixed order,
+// and the block sums are added in index order. For a sharded buffer, add the ranks' sums (allreduce)
+// and take the square root.
+double sl_grad_sumsq(const float *g, size_t n);
+
+// max_norm / (norm + 1e-6) when that is < 1, else 1 (no clipping). max_norm <= 0 disables: 1.
+double sl_clip_coef(double norm, float max_norm);
+
+// g[0..n) *= coef (as float), skipped when coef == 1.
+void sl_grad_scale(float *g, size_t n, double coef);
+
+// Whole-buffer convenience: norm = sqrt(sumsq), clip by sl_clip_coef. Returns the norm before
+// clipping (what DeepSpeed and torch report).
+double sl_clip_grad_norm(float *g, size_t n, float max_norm);
+
+#endif

@@ -1,0 +1,67 @@
+// tokenizer.h: GPT-2 byte-level BPE. Loads the two-file format Hugging Face and OpenAI use
+// (vocab.json / encoder.json: token string -> id; merges.txt / vocab.bpe: "#version: 0.2" then one
+// merge "A B" per line, in priority order), encodes text to ids exactly as HF's GPT2TokenizerFast
+// does, decodes ids to bytes, and trains a new vocabulary of the same kind (bpe_train.c).
+//
+// Pre-tokenisation is GPT-2's regex, run by PCRE2 with Unicode properties:
+//   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
+// Bytes are mapped to printable code points by GPT-2's bytes_to_unicode before lookup; in memory the
+// tokenizer keeps every token as its raw bytes, so decode is a concatenation.
+// A loaded tokenizer is immutable: encode/decode may run concurrently from many threads.
+#ifndef SHARDLM_TOKENIZER_H
+#define SHARDLM_TOKENIZER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct sl_tokenizer sl_tokenizer;
+
+#define SL_EOT_STRING "<|endoftext|>"
+
+// Loads vocab + merges. Every id in 0..n-1 must appear exactly once in the vocab; every merge's two
+// halves and their concatenation must be in the vocab. *out is NULL on failure.
+int sl_tokenizer_load(sl_tokenizer **out, const char *vocab_path, const char *merges_path);
+// Loads DIR/vocab.json + DIR/merges.txt, or else DIR/encoder.json + DIR/vocab.bpe.
+int sl_tokenizer_load_dir(sl_tokenizer **out, const char *dir);
+void sl_tokenizer_free(sl_tokenizer *tok);
+
+// Encodes `len` bytes of UTF-8 text into a malloc'd id array (*ids, caller frees; non-NULL even when
+// *n_ids is 0). The literal "<|endoftext|>" becomes the end-of-text id, as in HF's tokenizer; use
+// sl_tokenizer_encode_ordinary to treat it as plain text. Invalid UTF-8 is never lost: bytes the
+// regex cannot match are encoded as their own piece, so decode(encode(x)) == x for any bytes.
+int sl_tokenizer_encode(const sl_tokenizer *tok, const char *text, size_t len, int32_t **ids, size_t *n_ids);
+int sl_tokenizer_encode_ordinary(const sl_tokenizer *tok, const char *text, size_t len, int32_t **ids,
+                                 size_t *n_ids);
+
+// Decodes ids into a malloc'd NUL-terminated byte string (*text, caller frees). Ids out of range fail.
+int sl_tokenizer_decode(const sl_tokenizer *tok, const int32_t *ids, size_t n, char **text, size_t *len);
+// The raw bytes of one token (not NUL-terminated; valid while tok lives), NULL if id is out of range.
+// A token may be part of a multi-byte UTF-8 character: streaming printers should write bytes as-is.
+const char *sl_tokenizer_token_bytes(const sl_tokenizer *tok, int32_t id, size_t *len);
+
+int sl_tokenizer_vocab_size(const sl_tokenizer *tok);  // number of ids (50257 for GPT-2)
+int sl_tokenizer_eot_id(const sl_tokenizer *tok);      // id of "<|endoftext|>", -1 if absent
+int sl_tokenizer_num_merges(const sl_tokenizer *tok);
+
+// GPT-2's bytes_to_unicode: the code point that stands for byte b in vocab/merges files.
+uint32_t sl_byte_to_unicode(uint8_t b);
+
+// Runs GPT-2's pre-tokenisation regex over text, calling piece(ctx, p, n) for each piece in order
+// (the pieces tile the text exactly). With split_special != 0 the literal "<|endoftext|>" is cut out
+// first and reported by special(ctx) (may be NULL) instead of being pre-tokenised.
+// A non-zero return from a callback stops the scan and is returned.
+typedef int (*sl_piece_fn)(void *ctx, const char *p, size_t n);
+typedef int (*sl_special_fn)(void *ctx);
+int sl_pretokenize(const char *text, size_t len, int split_special, sl_piece_fn piece, sl_special_fn special,
+                   void *ctx);
+
+// Trains a byte-level BPE of `vocab_size` ids (>= 257) on the texts: ids 0..255 are the bytes
+// (id = byte value), then one id per merge in the order learned, and "<|endoftext|>" last.
+// Ties between equally frequent pairs go to the smaller (left id, right id). Training stops early
+// when no pair occurs at least twice (the vocab is then smaller). Writes OUT_DIR/vocab.json and
+// OUT_DIR/merges.txt atomically (creating OUT_DIR). "<|endoftext|>" in the texts is a boundary.
+// verbose != 0 prints progress to stderr.
+int sl_bpe_train(const char *const *texts, const size_t *lens, size_t n_texts, int vocab_size,
+                 const char *out_dir, int verbose);
+
+#endif

@@ -1,0 +1,62 @@
+// train_config.h: the one path configuration takes for `shardlm train`:
+//   built-in defaults  <-  JSON config (DeepSpeed's keys where DeepSpeed has them)  <-  flags.
+// DeepSpeed keys read: train_batch_size, train_micro_batch_size_per_gpu,
+// gradient_accumulation_steps (batch = micro x accumulation x data-parallel size; any two infer
+// the third), optimizer, scheduler, gradient_clipping, steps_per_print. shardlm's own settings
+// live under the key "shardlm" (model, data, seq_len, steps, ...). Unknown keys are warned about.
+// The resolved configuration serialises back to the same JSON shape (saved with checkpoints).
+#ifndef SHARDLM_TRAIN_CONFIG_H
+#define SHARDLM_TRAIN_CONFIG_H
+
+#include <stdint.h>
+#include <cjson/cJSON.h>
+#include "shardlm/optim.h"
+#include "shardlm/schedule.h"
+
+#define SL_PATH_MAX 1024
+
+typedef struct {
+    // model and data
+    char model[SL_PATH_MAX];      // preset name, config.json, or Hugging Face directory (weights loaded)
+    char data[SL_PATH_MAX];       // prepared data directory (train_*.bin, val_*.bin, tokenizer/)
+    char tokenizer[SL_PATH_MAX];  // "" = DATA/tokenizer
+    int seq_len;                  // T
+    // batch (DeepSpeed's rule)
+    int train_batch_size;         // micro_batch x grad_accum x world
+    int micro_batch;              // train_micro_batch_size_per_gpu
+    int grad_accum;               // gradient_accumulation_steps
+    int world_size;               // data-parallel size (1 in a single process)
+    // optimisation
+    int64_t steps;                // optimizer steps to train for
+    float gradient_clipping;
+    sl_optim_config optim;
+    cJSON *scheduler_block;       // DeepSpeed "scheduler" block (owned), NULL = constant lr
+    sl_schedule schedule;
+    // run control
+    uint64_t seed;
+    int threads;                  // 0 = OMP_NUM_THREADS / all cores
+    int steps_per_print;
+    int eval_interval, eval_batches;
+    int save_interval;            // 0 = only at the end
+    char save_dir[SL_PATH_MAX];
+    char resume[SL_PATH_MAX];     // "" = fresh start; a checkpoint root or tag directory
+    char metrics[SL_PATH_MAX];    // JSON-lines file; "" = SAVE_DIR/metrics.jsonl
+    int sample_tokens;            // tokens generated after training (0 = none)
+    int no_save;                  // 1 = never write checkpoints (benchmarks)
+} sl_train_config;
+
+void sl_train_config_defaults(sl_train_config *c);
+void sl_train_config_free(sl_train_config *c);
+
+// Applies a JSON config file. Unknown keys produce a warning line on stderr naming them.
+int sl_train_config_load_json(sl_train_config *c, const char *path);
+int sl_train_config_apply_json(sl_train_config *c, const cJSON *root, const char *where);
+
+// Resolves the batch rule and the schedule once flags have been applied; errors say what is impossible.
+// `given` flags mark which of train_batch_size / micro / accum the user set (bit 0, 1, 2).
+int sl_train_config_resolve(sl_train_config *c, int given);
+
+// The resolved configuration as JSON text (malloc'd).
+char *sl_train_config_to_json(const sl_train_config *c);
+
+#endif

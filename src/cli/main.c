@@ -1,0 +1,27 @@
+// main.c: `shardlm <command> [flags]`: dispatches to one file per subcommand.
+#include "cli/commands.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: shardlm <command> [flags]\n\n"
+            "commands:\n"
+            "  prepare    tokenize text files into train/val token shards (llm.c format)\n"
+            "  train      train or fine-tune a GPT-2 / LLaMA model (DeepSpeed-style JSON config + flags)\n"
+            "  generate   sample text from a checkpoint or Hugging Face model directory\n\n"
+            "Run `shardlm <command> --help` for the command's flags.\n");
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) { usage(stderr); return 2; }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) { usage(stdout); return 0; }
+    if (!strcmp(cmd, "prepare")) return cmd_prepare(argc - 1, argv + 1);
+    if (!strcmp(cmd, "train")) return cmd_train(argc - 1, argv + 1);
+    if (!strcmp(cmd, "generate")) return cmd_generate(argc - 1, argv + 1);
+    fprintf(stderr, "shardlm: unknown command '%s'\n\n", cmd);
+    usage(stderr);
+    return 2;
+}

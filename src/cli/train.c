@@ -1,0 +1,446 @@
+// train.c: `shardlm train`: builds the resolved configuration (defaults <- --config JSON <- flags),
+// the model (preset, config.json, Hugging Face directory or checkpoint), the loaders and the engine,
+// then runs the loop: micro-batches -> engine step -> progress line + metrics JSON line, validation
+// every eval_interval steps, checkpoints every save_interval steps and at the end, and a sample.
+// SIGINT/SIGTERM finish the current step, save a checkpoint and exit non-zero.
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "shardlm/engine.h"
+#include "shardlm/error.h"
+#include "shardlm/fileio.h"
+#include "shardlm/generate.h"
+#include "shardlm/hf_weights.h"
+#include "shardlm/loader.h"
+#include "shardlm/metrics.h"
+#include "shardlm/model_source.h"
+#include "shardlm/train_config.h"
+
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+static volatile sig_atomic_t stop_signal = 0;
+static void on_signal(int sig) { stop_signal = sig; }
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void usage(FILE *f) {
+    fprintf(f,
+        "usage: shardlm train [--config ds_config.json] [flags]\n\n"
+        "Trains a GPT-2 or LLaMA model on prepared token shards (see `shardlm prepare`).\n"
+        "Configuration: built-in defaults <- --config (DeepSpeed keys + a \"shardlm\" block) <- flags.\n\n"
+        "model and data:\n"
+        "  --model SPEC            preset (gpt2, gpt2-medium, gpt2-large, gpt2-xl, gpt2-demo, gpt2-tiny,\n"
+        "                          llama-demo, llama-tiny), a config.json, a Hugging Face directory or a\n"
+        "                          checkpoint to start from (default gpt2-demo)\n"
+        "  --data DIR              prepared data directory with train_*.bin / val_*.bin (default data/sotu)\n"
+        "  --tokenizer DIR         tokenizer for the sample (default DATA/tokenizer)\n"
+        "  --seq-len T             sequence length (default 128)\n"
+        "batch (DeepSpeed's rule: train_batch_size = micro x accumulation x data-parallel size):\n"
+        "  --batch-size B          train_micro_batch_size_per_gpu (default 8)\n"
+        "  --grad-accum N          gradient_accumulation_steps (default 1)\n"
+        "  --train-batch-size N    train_batch_size\n"
+        "optimisation:\n"
+        "  --steps N               optimizer steps (default 200)\n"
+        "  --optimizer NAME        adamw | adam | sgd (default adamw, betas 0.9/0.95)\n"
+        "  --lr LR                 peak learning rate (default 1e-3)\n"
+        "  --weight-decay WD       (default 0.1; linear weights only unless --decay-all)\n"
+        "  --decay-all             also decay norms, biases and embeddings\n"
+        "  --momentum M            SGD momentum\n"
+        "  --grad-clip NORM        gradient_clipping, 0 = off (default 1.0)\n"
+        "  --lr-schedule KIND      constant | cosine (WarmupCosineLR) | linear (WarmupDecayLR) | warmup (WarmupLR)\n"
+        "                          (default cosine when no scheduler block is configured)\n"
+        "  --warmup-steps N        linear warmup steps for --lr-schedule (default steps/10)\n"
+        "run control:\n"
+        "  --seed S                (default 1337)\n"
+        "  --threads N             CPU threads (default OMP_NUM_THREADS or all cores)\n"
+        "  --log-interval N        steps_per_print (default 1)\n"
+        "  --eval-interval N       validation every N steps, 0 = never (default 50)\n"
+        "  --eval-batches N        validation batches (default 8)\n"
+        "  --save-dir DIR          checkpoint root (default runs/demo)\n"
+        "  --save-interval N       checkpoint every N steps (default: only at the end)\n"
+        "  --no-save               never write checkpoints\n"
+        "  --resume [PATH]         continue from PATH (a checkpoint root or tag); `--resume auto` or a bare\n"
+        "                          --resume uses SAVE_DIR if it holds a checkpoint\n"
+        "  --metrics FILE          JSON-lines metrics (default SAVE_DIR/metrics.jsonl)\n"
+        "  --sample-tokens N       tokens to generate after training (default 64, 0 = none)\n");
+}
+
+typedef struct {
+    char schedule_kind[32];
+    int warmup_steps;       // -1 = steps/10
+    char optimizer[16];
+    float lr, weight_decay, momentum;
+    int decay_all;
+    int given;              // DeepSpeed batch triple bits (1 train_batch_size, 2 micro, 4 accum)
+    int lr_given, wd_given, momentum_given;
+} flag_extras;
+
+// Parses flags into c (after the JSON config, so flags win). Returns 0, 1 for --help, -1 on error.
+static int parse_flags(int argc, char **argv, sl_train_config *c, flag_extras *x) {
+    char config_path[SL_PATH_MAX] = "";
+    // the config file applies first, wherever --config stands
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return 1;
+        if (!strncmp(argv[i], "--config=", 9)) snprintf(config_path, sizeof config_path, "%s", argv[i] + 9);
+        else if (!strcmp(argv[i], "--config") && i + 1 < argc) snprintf(config_path, sizeof config_path, "%s", argv[i + 1]);
+    }
+    if (config_path[0]) {
+        if (sl_train_config_load_json(c, config_path)) return -1;
+        x->given |= (c->train_batch_size ? 1 : 0) | (c->micro_batch ? 2 : 0) | (c->grad_accum ? 4 : 0);
+    }
+    sl_args a = {argc, argv, 1, NULL, 0};
+    int64_t steps = -1;
+    int seed = -1;
+    char resume_flag = 0;
+    for (; a.i < argc && !a.error; a.i++) {
+        if (sl_arg_str(&a, "--config", config_path, sizeof config_path)) continue;
+        if (sl_arg_str(&a, "--model", c->model, sizeof c->model)) continue;
+        if (sl_arg_str(&a, "--data", c->data, sizeof c->data)) continue;
+        if (sl_arg_str(&a, "--tokenizer", c->tokenizer, sizeof c->tokenizer)) continue;
+        if (sl_arg_int(&a, "--seq-len", &c->seq_len)) continue;
+        if (sl_arg_int(&a, "--batch-size", &c->micro_batch)) { x->given |= 2; continue; }
+        if (sl_arg_int(&a, "--grad-accum", &c->grad_accum)) { x->given |= 4; continue; }
+        if (sl_arg_int(&a, "--train-batch-size", &c->train_batch_size)) { x->given |= 1; continue; }
+        if (sl_arg_i64(&a, "--steps", &steps)) continue;
+        if (sl_arg_str(&a, "--optimizer", x->optimizer, sizeof x->optimizer)) continue;
+        if (sl_arg_float(&a, "--lr", &x->lr)) { x->lr_given = 1; continue; }
+        if (sl_arg_float(&a, "--weight-decay", &x->weight_decay)) { x->wd_given = 1; continue; }
+        if (sl_arg_float(&a, "--momentum", &x->momentum)) { x->momentum_given = 1; continue; }
+        if (sl_arg_switch(&a, "--decay-all")) { x->decay_all = 1; continue; }
+        if (sl_arg_float(&a, "--grad-clip", &c->gradient_clipping)) continue;
+        if (sl_arg_str(&a, "--lr-schedule", x->schedule_kind, sizeof x->schedule_kind)) continue;
+        if (sl_arg_int(&a, "--warmup-steps", &x->warmup_steps)) continue;
+        if (sl_arg_int(&a, "--seed", &seed)) continue;
+        if (sl_arg_int(&a, "--threads", &c->threads)) continue;
+        if (sl_arg_int(&a, "--log-interval", &c->steps_per_print)) continue;
+        if (sl_arg_int(&a, "--eval-interval", &c->eval_interval)) continue;
+        if (sl_arg_int(&a, "--eval-batches", &c->eval_batches)) continue;
+        if (sl_arg_str(&a, "--save-dir", c->save_dir, sizeof c->save_dir)) continue;
+        if (sl_arg_int(&a, "--save-interval", &c->save_interval)) continue;
+        if (sl_arg_switch(&a, "--no-save")) { c->no_save = 1; continue; }
+        if (sl_arg_switch(&a, "--resume")) {
+            // optional value: a following argument that is not a flag
+            if (a.i + 1 < argc && strncmp(argv[a.i + 1], "--", 2) != 0) snprintf(c->resume, sizeof c->resume, "%s", argv[++a.i]);
+            else snprintf(c->resume, sizeof c->resume, "auto");
+            resume_flag = 1;
+            continue;
+        }
+        if (sl_arg_str(&a, "--resume", c->resume, sizeof c->resume)) { resume_flag = 1; continue; }
+        if (sl_arg_str(&a, "--metrics", c->metrics, sizeof c->metrics)) continue;
+        if (sl_arg_int(&a, "--sample-tokens", &c->sample_tokens)) continue;
+        fprintf(stderr, "error: unknown flag '%s' (see shardlm train --help)\n", argv[a.i]);
+        return -1;
+    }
+    (void)resume_flag;
+    if (a.error) return -1;
+    if (steps >= 0) c->steps = steps;
+    if (seed >= 0) c->seed = (uint64_t)seed;
+    if (x->optimizer[0]) {
+        cJSON *blk = cJSON_CreateObject();
+        cJSON_AddStringToObject(blk, "type", !strcasecmp(x->optimizer, "sgd") ? "SGD"
+                                            : !strcasecmp(x->optimizer, "adam") ? "Adam" : x->optimizer);
+        cJSON *p = cJSON_AddObjectToObject(blk, "params");
+        if (!strcasecmp(x->optimizer, "adam")) cJSON_AddFalseToObject(p, "adam_w_mode");
+        sl_optim_config keep = c->optim;
+        int rc = sl_optim_parse(&c->optim, blk, "--optimizer");
+        cJSON_Delete(blk);
+        if (rc) return -1;
+        c->optim.lr = keep.lr;
+        c->optim.weight_decay = keep.weight_decay;
+        if (c->optim.type != SL_OPTIM_SGD) { c->optim.beta1 = keep.beta1; c->optim.beta2 = keep.beta2; }
+    }
+    if (x->lr_given) c->optim.lr = x->lr;
+    if (x->wd_given) c->optim.weight_decay = x->weight_decay;
+    if (x->momentum_given) c->optim.momentum = x->momentum;
+    if (x->decay_all) c->optim.decay_all = 1;
+    if (!c->scheduler_block && !x->schedule_kind[0]) snprintf(x->schedule_kind, sizeof x->schedule_kind, "cosine");
+    if (x->schedule_kind[0] && strcmp(x->schedule_kind, "constant") != 0) {
+        int warmup = x->warmup_steps >= 0 ? x->warmup_steps : (int)(c->steps / 10);
+        if (warmup < 1) warmup = 1;
+        cJSON *blk = cJSON_CreateObject(), *p;
+        if (!strcmp(x->schedule_kind, "cosine")) {
+            cJSON_AddStringToObject(blk, "type", "WarmupCosineLR");
+            p = cJSON_AddObjectToObject(blk, "params");
+            cJSON_AddNumberToObject(p, "total_num_steps", (double)(c->steps > warmup ? c->steps : warmup + 1));
+            cJSON_AddNumberToObject(p, "warmup_num_steps", warmup);
+            cJSON_AddNumberToObject(p, "cos_min_ratio", 0.1);
+            cJSON_AddStringToObject(p, "warmup_type", "linear");
+        } else if (!strcmp(x->schedule_kind, "linear") || !strcmp(x->schedule_kind, "warmup")) {
+            int decay = !strcmp(x->schedule_kind, "linear");
+            cJSON_AddStringToObject(blk, "type", decay ? "WarmupDecayLR" : "WarmupLR");
+            p = cJSON_AddObjectToObject(blk, "params");
+            if (decay) cJSON_AddNumberToObject(p, "total_num_steps", (double)(c->steps > warmup ? c->steps : warmup + 1));
+            cJSON_AddNumberToObject(p, "warmup_min_lr", 0.0);
+            cJSON_AddNumberToObject(p, "warmup_max_lr", c->optim.lr);
+            cJSON_AddNumberToObject(p, "warmup_num_steps", warmup);
+            cJSON_AddStringToObject(p, "warmup_type", "linear");
+        } else {
+            cJSON_Delete(blk);
+            fprintf(stderr, "error: --lr-schedule must be constant, cosine, linear or warmup (got '%s')\n", x->schedule_kind);
+            return -1;
+        }
+        cJSON_Delete(c->scheduler_block);
+        c->scheduler_block = blk;
+    } else if (x->schedule_kind[0]) {
+        cJSON_Delete(c->scheduler_block);
+        c->scheduler_block = NULL;
+    }
+    return 0;
+}
+
+static int dir_has_checkpoint(const char *dir) {
+    char p[SL_PATH_MAX + 16];
+    struct stat st;
+    snprintf(p, sizeof p, "%s/latest", dir);
+    return stat(p, &st) == 0;
+}
+
+static int val_shards_exist(const char *data) {
+    char p[SL_PATH_MAX + 32];
+    struct stat st;
+    snprintf(p, sizeof p, "%s/val_000000.bin", data);
+    return stat(p, &st) == 0;
+}
+
+// Mean loss over n batches of the validation loader (from its start).
+static int evaluate(sl_model *m, sl_loader *val, int n, int B, int T, int *in, int *tg, float *out) {
+    sl_loader_reset(val);
+    double sum = 0.0;
+    int64_t avail = sl_loader_batches_per_epoch(val);
+    if (n > avail) n = (int)avail;
+    for (int i = 0; i < n; i++) {
+        float loss;
+        if (sl_loader_next(val, in, tg) || sl_model_forward(m, in, tg, B, T, &loss)) return -1;
+        sum += loss;
+    }
+    *out = n > 0 ? (float)(sum / n) : NAN;
+    return 0;
+}
+
+static int save_checkpoint(sl_engine *e, const sl_train_config *c, sl_loader *train, sl_progress *prog) {
+    char tag[64], pos[256], *cfg_json = sl_train_config_to_json(c);
+    snprintf(tag, sizeof tag, "step_%08lld", (long long)e->step);
+    sl_loader_position p = sl_loader_tell(train);
+    sl_loader_position_to_json(&p, pos, sizeof pos);
+    size_t need = strlen(pos) + (cfg_json ? strlen(cfg_json) : 4) + 64;
+    char *client = malloc(need);
+    if (!client) { free(cfg_json); return sl_errorf("out of memory"); }
+    snprintf(client, need, "{\"loader\": %s, \"config\": %s}", pos, cfg_json ? cfg_json : "null");
+    free(cfg_json);
+    int rc = sl_engine_save(e, c->save_dir, tag, client);
+    free(client);
+    if (rc == 0) {
+        char line[SL_PATH_MAX + 128];
+        snprintf(line, sizeof line, "saved checkpoint %s/%s", c->save_dir, tag);
+        sl_progress_message(prog, line);
+    }
+    return rc;
+}
+
+// Restores the loader position saved in a checkpoint's client state.
+static int restore_loader(sl_loader *train, const char *client) {
+    cJSON *root = client ? cJSON_Parse(client) : NULL;
+    const cJSON *ld = root ? cJSON_GetObjectItemCaseSensitive(root, "loader") : NULL;
+    int rc;
+    if (!ld) {
+        rc = sl_errorf("checkpoint has no saved loader position");
+    } else {
+        char *s = cJSON_PrintUnformatted(ld);
+        sl_loader_position pos;
+        rc = sl_loader_position_from_json(s, &pos) || sl_loader_seek(train, &pos) ? -1 : 0;
+        free(s);
+    }
+    cJSON_Delete(root);
+    return rc;
+}
+
+static int run(sl_train_config *c) {
+    int rc = -1;
+    sl_model model;
+    sl_engine engine;
+    sl_loader *train = NULL, *val = NULL;
+    sl_metrics *metrics = NULL;
+    sl_tokenizer *tok = NULL;
+    int *in = NULL, *tg = NULL, have_model = 0, have_engine = 0;
+    memset(&model, 0, sizeof model);
+    sl_progress prog;
+    sl_progress_init(&prog, stdout);
+
+    sl_model_source src;
+    if (sl_model_source_resolve(&src, c->model)) return -1;
+    char tok_dir[SL_PATH_MAX + 16];
+    if (c->tokenizer[0]) snprintf(tok_dir, sizeof tok_dir, "%s", c->tokenizer);
+    else snprintf(tok_dir, sizeof tok_dir, "%s/tokenizer", c->data);
+    if (sl_tokenizer_load_dir(&tok, tok_dir)) {
+        fprintf(stderr, "warning: no tokenizer (%s); training continues without a text sample\n", sl_error());
+        tok = NULL;
+    }
+    // a preset (no weights) adopts the data's vocabulary so the demo works with any tokenizer
+    if (!src.has_weights && tok && src.cfg.vocab_size != sl_tokenizer_vocab_size(tok)) {
+        src.cfg.vocab_size = sl_tokenizer_vocab_size(tok);
+        int eot = sl_tokenizer_eot_id(tok);
+        if (eot >= 0) src.cfg.bos_token_id = src.cfg.eos_token_id = eot;
+        if (sl_config_validate(&src.cfg, c->model)) goto done;
+    }
+    if (c->seq_len > src.cfg.max_seq_len) {
+        sl_errorf("--seq-len %d exceeds the model's maximum positions %d", c->seq_len, src.cfg.max_seq_len);
+        goto done;
+    }
+    if (sl_model_create(&model, &src.cfg, &sl_ops_cpu)) goto done;
+    have_model = 1;
+    if (src.has_weights) {
+        if (sl_hf_load(src.weights_dir, &model.layout, model.params)) goto done;
+    } else {
+        sl_model_init_weights(&model, c->seed);
+    }
+
+    sl_loader_config lc = {c->data, "train", c->micro_batch, c->seq_len, 0, 1, c->seed, 1, src.cfg.vocab_size};
+    if (sl_loader_open(&train, &lc)) goto done;
+    if (c->eval_interval > 0 && val_shards_exist(c->data)) {
+        sl_loader_config vc = {c->data, "val", c->micro_batch, c->seq_len, 0, 1, c->seed, 0, src.cfg.vocab_size};
+        if (sl_loader_open(&val, &vc)) {
+            fprintf(stderr, "warning: validation disabled: %s\n", sl_error());
+            val = NULL;
+        }
+    }
+
+    sl_engine_config ec = {c->micro_batch, c->grad_accum, c->gradient_clipping, c->optim, c->schedule};
+    if (sl_engine_init(&engine, &model, &ec)) goto done;
+    have_engine = 1;
+
+    if (c->resume[0]) {
+        const char *from = c->resume;
+        if (!strcmp(from, "auto")) from = dir_has_checkpoint(c->save_dir) ? c->save_dir : NULL;
+        if (from) {
+            char *client = NULL;
+            if (sl_engine_load(&engine, from, &client)) goto done;
+            int lr = restore_loader(train, client);
+            free(client);
+            if (lr) { sl_error_context("resuming from %s", from); goto done; }
+            printf("resumed from %s at step %lld\n", from, (long long)engine.step);
+        } else {
+            printf("no checkpoint in %s: starting fresh\n", c->save_dir);
+        }
+    }
+
+    char *resolved = sl_train_config_to_json(c);
+    printf("model: %s (%s, %zu parameters, %d layers, %d heads, C=%d, vocab %d)\n", c->model,
+           src.cfg.arch == SL_ARCH_GPT2 ? "GPT-2" : "LLaMA", sl_layout_num_parameters(&model.layout),
+           src.cfg.n_layer, src.cfg.n_head, src.cfg.n_embd, src.cfg.vocab_size);
+    printf("data: %s (%lld training tokens, %lld batches per epoch)\n", c->data,
+           (long long)sl_loader_num_tokens(train), (long long)sl_loader_batches_per_epoch(train));
+    printf("threads: %d\nresolved config:\n%s\n", sl_ops_cpu_threads(), resolved ? resolved : "?");
+    free(resolved);
+    fflush(stdout);
+
+    {
+        char parent[SL_PATH_MAX];
+        snprintf(parent, sizeof parent, "%s", c->metrics);
+        char *slash = strrchr(parent, '/');
+        if (slash) *slash = '\0';
+        if (!slash || sl_mkdirs(parent) == 0) metrics = sl_metrics_open(c->metrics);
+        if (!metrics) fprintf(stderr, "warning: no metrics file: %s\n", sl_error());
+    }
+    size_t BT = (size_t)c->micro_batch * c->seq_len;
+    in = malloc(BT * sizeof(int));
+    tg = malloc(BT * sizeof(int));
+    if (!in || !tg) { sl_errorf("out of memory"); goto done; }
+
+    signal(SIGINT, on_signal);
+    signal(SIGTERM, on_signal);
+    double t_start = now_s(), t_last = t_start;
+    int64_t first_step = engine.step;
+    int64_t tokens_per_step = (int64_t)BT * c->grad_accum;
+    while (engine.step < c->steps && !stop_signal) {
+        for (int k = 0; k < c->grad_accum; k++) {
+            if (sl_loader_next(train, in, tg) || sl_engine_forward_backward(&engine, in, tg, c->micro_batch, c->seq_len, NULL))
+                goto done;
+        }
+        if (sl_engine_step(&engine)) goto done;
+        double t = now_s();
+        double tok_s = (double)tokens_per_step / (t - t_last);
+        t_last = t;
+        if (!isfinite(engine.last_loss)) {
+            sl_errorf("loss is %f at step %lld: training diverged", engine.last_loss, (long long)engine.step);
+            goto done;
+        }
+        if (metrics) sl_metrics_log_train(metrics, engine.step, engine.last_loss, engine.last_lr, tok_s, t - t_start);
+        if (c->steps_per_print > 0 && (engine.step % c->steps_per_print == 0 || engine.step == c->steps)) {
+            char line[256];
+            double eta = sl_eta_seconds(engine.step - first_step, c->steps - first_step, t - t_start);
+            sl_format_progress(line, sizeof line, engine.step, c->steps, engine.last_loss, engine.last_lr, tok_s, eta);
+            sl_progress_update(&prog, line);
+        }
+        if (val && (engine.step % c->eval_interval == 0 || engine.step == c->steps)) {
+            float vl;
+            if (evaluate(&model, val, c->eval_batches, c->micro_batch, c->seq_len, in, tg, &vl)) goto done;
+            char line[128];
+            snprintf(line, sizeof line, "step %lld | val loss %.4f", (long long)engine.step, vl);
+            sl_progress_message(&prog, line);
+            if (metrics) sl_metrics_log_val(metrics, engine.step, vl);
+            t_last = now_s();  // evaluation time does not count against training throughput
+        }
+        if (!c->no_save && c->save_interval > 0 && engine.step % c->save_interval == 0 && engine.step < c->steps) {
+            if (save_checkpoint(&engine, c, train, &prog)) goto done;
+            t_last = now_s();
+        }
+    }
+    sl_progress_finish(&prog);
+    if (!c->no_save && engine.step > first_step && save_checkpoint(&engine, c, train, &prog)) goto done;
+    if (stop_signal) {
+        sl_errorf("stopped by signal %d after step %lld (checkpoint saved)", (int)stop_signal, (long long)engine.step);
+        goto done;
+    }
+    if (c->sample_tokens > 0 && tok) {
+        int prompt = sl_tokenizer_eot_id(tok) >= 0 ? sl_tokenizer_eot_id(tok) : 0;
+        sl_generate_config gc = {c->sample_tokens, {1.0f, 40, 1.0f}, c->seed, 0};
+        if (c->sample_tokens + 1 > model.cfg.max_seq_len) gc.max_new_tokens = model.cfg.max_seq_len - 1;
+        printf("sample (%d tokens, temperature 1.0, top-k 40):\n---\n", gc.max_new_tokens);
+        if (sl_generate(&model, tok, &prompt, 1, &gc, NULL, NULL, stdout)) goto done;
+        printf("\n---\n");
+    }
+    rc = 0;
+done:
+    if (rc) sl_progress_finish(&prog);
+    free(in);
+    free(tg);
+    if (metrics) sl_metrics_close(metrics);
+    if (have_engine) sl_engine_free(&engine);
+    if (have_model) sl_model_free(&model);
+    sl_loader_close(train);
+    sl_loader_close(val);
+    sl_tokenizer_free(tok);
+    return rc;
+}
+
+int cmd_train(int argc, char **argv) {
+    sl_train_config c;
+    sl_train_config_defaults(&c);
+    flag_extras x;
+    memset(&x, 0, sizeof x);
+    x.warmup_steps = -1;
+    x.weight_decay = c.optim.weight_decay;
+    int p = parse_flags(argc, argv, &c, &x);
+    if (p == 1) { usage(stdout); sl_train_config_free(&c); return 0; }
+    int rc = p;
+    if (rc == 0) rc = sl_train_config_resolve(&c, x.given);
+    if (rc == 0) {
+        sl_ops_cpu_set_threads(c.threads);
+        rc = run(&c);
+    }
+    if (rc) {
+        const char *msg = sl_error();
+        if (msg[0]) fprintf(stderr, "error: %s\n", msg);
+    }
+    sl_train_config_free(&c);
+    return rc ? 1 : 0;
+}

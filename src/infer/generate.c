@@ -1,0 +1,36 @@
+// generate.c: prompt -> KV cache -> sampled tokens, streamed as decoded bytes.
+#include "shardlm/generate.h"
+#include "shardlm/error.h"
+#include "shardlm/kv_cache.h"
+
+int sl_generate(const sl_model *m, const sl_tokenizer *tok, const int *prompt, int n_prompt,
+                const sl_generate_config *cfg, int *out_ids, int *n_out, FILE *stream) {
+    if (n_out) *n_out = 0;
+    if (n_prompt < 1) return sl_errorf("generate: the prompt must hold at least one token");
+    int ctx = n_prompt + cfg->max_new_tokens;
+    if (ctx > m->cfg.max_seq_len)
+        return sl_errorf("generate: prompt (%d tokens) + max_new_tokens (%d) exceeds the model's %d positions",
+                         n_prompt, cfg->max_new_tokens, m->cfg.max_seq_len);
+    sl_kv_cache kv;
+    if (sl_kv_cache_init(&kv, m, ctx)) return -1;
+    sl_rng rng = sl_rng_make(cfg->seed, 0, 0, SL_RNG_SAMPLE);
+    const float *logits = NULL;
+    int rc = 0, eot = tok ? sl_tokenizer_eot_id(tok) : -1;
+    for (int i = 0; i < n_prompt && rc == 0; i++) rc = sl_kv_cache_forward(&kv, prompt[i], &logits);
+    for (int i = 0; i < cfg->max_new_tokens && rc == 0; i++) {
+        int next = sl_sample(logits, m->cfg.vocab_size, &cfg->sampler, &rng);
+        if (next < 0) { rc = -1; break; }
+        if (out_ids) out_ids[i] = next;
+        if (n_out) *n_out = i + 1;
+        if (cfg->stop_at_eot && next == eot) break;
+        if (stream && tok) {
+            size_t len;
+            const char *bytes = sl_tokenizer_token_bytes(tok, next, &len);
+            if (bytes) fwrite(bytes, 1, len, stream);
+            fflush(stream);
+        }
+        if (i + 1 < cfg->max_new_tokens) rc = sl_kv_cache_forward(&kv, next, &logits);
+    }
+    sl_kv_cache_free(&kv);
+    return rc;
+}

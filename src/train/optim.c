@@ -1,0 +1,409 @@
+// optim.c: AdamW / Adam / SGD steps over flat fp32 buffers, the DeepSpeed "optimizer" block parser,
+// the weight-decay mask built from the layout, and deterministic global-norm clipping.
+// Invariants: a step touches only [begin, end) of the flat buffer; the element arithmetic is the same
+// sequence of float32 operations torch.optim performs (foreach=False), with scalar coefficients from
+// double maths; sl_grad_sumsq's result depends only on the data, never on the thread count.
+#include "shardlm/optim.h"
+#include "shardlm/error.h"
+
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+// torch's CPU kernels for add(alpha=) and lerp use fused multiply-add (Vectorized::fmadd); fmaf()
+// here reproduces their rounding (the fixtures match only with it). It is one instruction with
+// -march=native / -mfma, a slower libm call without.
+
+// Speed note: GCC vectorizes the Adam loop only under -fno-math-errno (otherwise every sqrtf keeps
+// a scalar errno path): about 5x faster, and no result changes (sqrt of v >= 0 never sets errno).
+
+// Loops shorter than this run on one thread (OpenMP start-up costs more than the work).
+#define SL_OMP_MIN 32768
+
+// ---- config ------------------------------------------------------------------------------------
+
+void sl_optim_defaults(sl_optim_config *cfg) {
+    memset(cfg, 0, sizeof *cfg);
+    cfg->type = SL_OPTIM_ADAMW;
+    cfg->lr = 1e-3;
+    cfg->beta1 = 0.9;
+    cfg->beta2 = 0.999;
+    cfg->eps = 1e-8;
+}
+
+const char *sl_optim_name(sl_optim_type type) {
+    switch (type) {
+    case SL_OPTIM_ADAMW: return "AdamW";
+    case SL_OPTIM_ADAM: return "Adam";
+    case SL_OPTIM_SGD: return "SGD";
+    }
+    return "?";
+}
+
+int sl_optim_num_state_buffers(const sl_optim_config *cfg) {
+    if (cfg->type == SL_OPTIM_SGD) return cfg->momentum != 0.0 ? 1 : 0;
+    return 2;
+}
+
+static int get_number(const cJSON *obj, const char *key, double *out, const char *where) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+    if (!v || cJSON_IsNull(v)) return 0;
+    if (!cJSON_IsNumber(v))
+        return sl_errorf("%s: optimizer.params.%s must be a number", where, key);
+    if (!isfinite(v->valuedouble))
+        return sl_errorf("%s: optimizer.params.%s must be finite", where, key);
+    *out = v->valuedouble;
+    return 0;
+}
+
+static int get_bool(const cJSON *obj, const char *key, int *out, const char *where) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+    if (!v || cJSON_IsNull(v)) return 0;
+    if (!cJSON_IsBool(v)) return sl_errorf("%s: optimizer.params.%s must be true or false", where, key);
+    *out = cJSON_IsTrue(v) ? 1 : 0;
+    return 0;
+}
+
+static int key_known(const char *key, const char *const *known) {
+    for (int i = 0; known[i]; i++)
+        if (strcmp(key, known[i]) == 0) return 1;
+    return 0;
+}
+
+// Appends "key" to a comma-separated list of unknown keys in `warning`, truncating quietly.
+static void note_unknown(char *warning, size_t cap, const char *prefix, const char *key) {
+    size_t len = strlen(warning);
+    if (len == 0) snprintf(warning, cap, "%s%s", prefix, key);
+    else if (len < cap) snprintf(warning + len, cap - len, ", %s", key);
+}
+
+int sl_optim_parse(sl_optim_config *cfg, const cJSON *block, const char *where) {
+    sl_optim_defaults(cfg);
+    if (!block || cJSON_IsNull(block)) return 0;
+    if (!cJSON_IsObject(block)) return sl_errorf("%s: \"optimizer\" must be an object", where);
+
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(block, "type");
+    if (!type || !cJSON_IsString(type))
+        return sl_errorf("%s: optimizer.type must be a string (\"AdamW\", \"Adam\" or \"SGD\")", where);
+    int is_adam = 0;
+    if (strcasecmp(type->valuestring, "adamw") == 0) cfg->type = SL_OPTIM_ADAMW;
+    else if (strcasecmp(type->valuestring, "adam") == 0) cfg->type = SL_OPTIM_ADAMW, is_adam = 1;
+    else if (strcasecmp(type->valuestring, "sgd") == 0) cfg->type = SL_OPTIM_SGD;
+    else
+        return sl_errorf("%s: optimizer.type \"%s\" is not supported (expected \"AdamW\", \"Adam\" or \"SGD\")",
+                         where, type->valuestring);
+    for (const cJSON *it = block->child; it; it = it->next)
+        if (strcmp(it->string, "type") != 0 && strcmp(it->string, "params") != 0)
+            note_unknown(cfg->warning, sizeof cfg->warning, "unknown optimizer keys ignored: ", it->string);
+
+    const cJSON *params = cJSON_GetObjectItemCaseSensitive(block, "params");
+    if (!params || cJSON_IsNull(params)) return 0;
+    if (!cJSON_IsObject(params)) return sl_errorf("%s: optimizer.params must be an object", where);
+    if (cJSON_GetObjectItemCaseSensitive(params, "max_grad_norm"))
+        return sl_errorf("%s: optimizer.params.max_grad_norm is not supported; use the top-level "
+                         "\"gradient_clipping\" key (as DeepSpeed requires)", where);
+
+    static const char *const adam_keys[] = {"lr", "betas", "eps", "weight_decay", "adam_w_mode",
+                                            "decay_all", "bias_correction", "torch_adam", NULL};
+    static const char *const sgd_keys[] = {"lr", "momentum", "dampening", "nesterov", "weight_decay",
+                                           "decay_all", NULL};
+    const char *const *known = cfg->type == SL_OPTIM_SGD ? sgd_keys : adam_keys;
+    char unknown[256] = "";
+    for (const cJSON *it = params->child; it; it = it->next)
+        if (!key_known(it->string, known)) note_unknown(unknown, sizeof unknown, "", it->string);
+    if (unknown[0]) {
+        size_t len = strlen(cfg->warning);
+        snprintf(cfg->warning + len, sizeof cfg->warning - len, "%sunknown optimizer.params keys ignored: %s",
+                 len ? "; " : "", unknown);
+    }
+
+    if (get_number(params, "lr", &cfg->lr, where) || get_number(params, "eps", &cfg->eps, where) ||
+        get_number(params, "weight_decay", &cfg->weight_decay, where) ||
+        get_number(params, "momentum", &cfg->momentum, where) ||
+        get_number(params, "dampening", &cfg->dampening, where) ||
+        get_bool(params, "nesterov", &cfg->nesterov, where) ||
+        get_bool(params, "decay_all", &cfg->decay_all, where))
+        return -1;
+    if (cfg->type != SL_OPTIM_SGD) {
+        int adam_w_mode = 1, bias_correction = 1, torch_adam = 0;
+        if (get_bool(params, "adam_w_mode", &adam_w_mode, where) ||
+            get_bool(params, "bias_correction", &bias_correction, where) ||
+            get_bool(params, "torch_adam", &torch_adam, where))
+            return -1;
+        if (!bias_correction)
+            return sl_errorf("%s: optimizer.params.bias_correction false is not supported", where);
+        // DeepSpeed: "AdamW" always decouples; "Adam" decouples unless adam_w_mode is false.
+        if (is_adam && !adam_w_mode) cfg->type = SL_OPTIM_ADAM;
+        const cJSON *betas = cJSON_GetObjectItemCaseSensitive(params, "betas");
+        if (betas && !cJSON_IsNull(betas)) {
+            if (!cJSON_IsArray(betas) || cJSON_GetArraySize(betas) != 2 ||
+                !cJSON_IsNumber(cJSON_GetArrayItem(betas, 0)) || !cJSON_IsNumber(cJSON_GetArrayItem(betas, 1)))
+                return sl_errorf("%s: optimizer.params.betas must be an array of two numbers [beta1, beta2]", where);
+            cfg->beta1 = cJSON_GetArrayItem(betas, 0)->valuedouble;
+            cfg->beta2 = cJSON_GetArrayItem(betas, 1)->valuedouble;
+        }
+        if (!(cfg->beta1 >= 0.0 && cfg->beta1 < 1.0 && cfg->beta2 >= 0.0 && cfg->beta2 < 1.0))
+            return sl_errorf("%s: optimizer.params.betas must lie in [0, 1), got [%g, %g]", where,
+                             cfg->beta1, cfg->beta2);
+        if (!(cfg->eps >= 0.0)) return sl_errorf("%s: optimizer.params.eps must be >= 0", where);
+    }
+    if (!(cfg->lr >= 0.0)) return sl_errorf("%s: optimizer.params.lr must be >= 0, got %g", where, cfg->lr);
+    if (!(cfg->weight_decay >= 0.0))
+        return sl_errorf("%s: optimizer.params.weight_decay must be >= 0, got %g", where, cfg->weight_decay);
+    if (cfg->type == SL_OPTIM_SGD) {
+        if (!(cfg->momentum >= 0.0)) return sl_errorf("%s: optimizer.params.momentum must be >= 0", where);
+        if (cfg->nesterov && (cfg->momentum <= 0.0 || cfg->dampening != 0.0))
+            return sl_errorf("%s: optimizer.params.nesterov requires momentum > 0 and dampening 0 "
+                             "(as torch.optim.SGD)", where);
+    }
+    return 0;
+}
+
+// ---- decay mask --------------------------------------------------------------------------------
+
+int sl_decay_mask_from_layout(sl_decay_mask *mask, const sl_param_layout *layout, int decay_all) {
+    mask->ranges = NULL;
+    mask->n = 0;
+    sl_range *r = sl_malloc((size_t)(layout->n_tensors > 0 ? layout->n_tensors : 1) * sizeof *r, "decay mask");
+    if (!r) return -1;
+    int n = 0;
+    for (int i = 0; i < layout->n_tensors; i++) {
+        const sl_tensor_info *t = &layout->tensors[i];
+        if (!(decay_all || t->weight_decay) || t->numel == 0) continue;
+        if (n > 0 && r[n - 1].end == t->offset) r[n - 1].end += t->numel;  // merge adjacent
+        else r[n++] = (sl_range){t->offset, t->offset + t->numel};
+    }
+    mask->ranges = r;
+    mask->n = n;
+    return 0;
+}
+
+void sl_decay_mask_free(sl_decay_mask *mask) {
+    free(mask->ranges);
+    mask->ranges = NULL;
+    mask->n = 0;
+}
+
+// Calls fn(a, b, decay) for consecutive segments covering [begin, end), in order, where `decay`
+// says whether the segment lies inside the mask. a, b are absolute offsets.
+typedef void (*segment_fn)(void *ctx, size_t a, size_t b, int decay);
+
+static void for_each_segment(const sl_decay_mask *mask, size_t begin, size_t end, segment_fn fn, void *ctx) {
+    if (begin >= end) return;
+    if (!mask) { fn(ctx, begin, end, 1); return; }
+    size_t pos = begin;
+    // First range that ends after `begin` (binary search; ranges are sorted and disjoint).
+    int lo = 0, hi = mask->n;
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        if (mask->ranges[mid].end <= begin) lo = mid + 1;
+        else hi = mid;
+    }
+    for (int i = lo; i < mask->n && pos < end; i++) {
+        size_t a = mask->ranges[i].begin, b = mask->ranges[i].end;
+        if (a >= end) break;
+        if (a > pos) { fn(ctx, pos, a, 0); pos = a; }
+        size_t stop = b < end ? b : end;
+        fn(ctx, pos, stop, 1);
+        pos = stop;
+    }
+    if (pos < end) fn(ctx, pos, end, 0);
+}
+
+// ---- Adam / AdamW ------------------------------------------------------------------------------
+
+typedef struct {
+    float *p; const float *g; float *m; float *v; size_t base;  // pointers at absolute offset `base`
+    int decoupled;
+    float decay_factor;   // 1 - lr*wd (AdamW)
+    float l2;             // wd (Adam)
+    float w1;             // 1 - beta1, lerp weight
+    float beta2, one_minus_beta2;
+    float bc2_sqrt, eps, neg_step_size;
+} adam_ctx;
+
+// One branch-free loop over [lo, hi) (so it vectorizes); `lerp_low` is a constant at each call site.
+// With l2 == 0 and decay_factor == 1 the decay operations are exact no-ops for finite parameters.
+typedef struct {
+    float *p; const float *g; float *m; float *v;
+    float decay_factor, l2, w1, beta2, omb2, bc2_sqrt, eps, neg_step;
+} adam_args;
+
+static inline __attribute__((always_inline)) void adam_loop(const adam_args *a, long lo, long hi, const int lerp_low) {
+    float *restrict p = a->p, *restrict m = a->m, *restrict v = a->v;
+    const float *restrict g = a->g;
+    const float decay_factor = a->decay_factor, l2 = a->l2, w1 = a->w1, beta2 = a->beta2, omb2 = a->omb2;
+    const float bc2_sqrt = a->bc2_sqrt, eps = a->eps, neg_step = a->neg_step;
+    for (long i = lo; i < hi; i++) {
+        float gi = fmaf(l2, p[i], g[i]);                       // Adam: grad.add(param, alpha=wd)
+        float pi = p[i] * decay_factor;                        // AdamW: param.mul_(1 - lr*wd)
+        float mi = m[i];                                       // exp_avg.lerp_(grad, 1 - beta1)
+        mi = lerp_low ? fmaf(w1, gi - mi, mi) : fmaf(w1 - 1.0f, gi - mi, gi);
+        float vi = v[i] * beta2;                               // exp_avg_sq.mul_(beta2)
+        vi = vi + omb2 * gi * gi;                              //   .addcmul_(grad, grad, 1 - beta2)
+        float denom = sqrtf(vi) / bc2_sqrt + eps;              // (sqrt(v) / sqrt(bc2)).add_(eps)
+        p[i] = pi + neg_step * (mi / denom);                   // param.addcdiv_(m, denom, -step_size)
+        m[i] = mi;
+        v[i] = vi;
+    }
+}
+
+static void adam_range(const adam_args *a, long lo, long hi) {
+    if (a->w1 < 0.5f) adam_loop(a, lo, hi, 1);
+    else adam_loop(a, lo, hi, 0);
+}
+
+// Splits [0, n) evenly over the threads (elementwise work: the result does not depend on the split).
+static void adam_parallel(const adam_args *a, long n) {
+    if (n < SL_OMP_MIN) { adam_range(a, 0, n); return; }
+#pragma omp parallel
+    {
+        long nt = omp_get_num_threads(), t = omp_get_thread_num();
+        adam_range(a, n * t / nt, n * (t + 1) / nt);
+    }
+}
+
+static void adam_segment(void *vctx, size_t a, size_t b, int decay) {
+    const adam_ctx *c = vctx;
+    size_t off = a - c->base;
+    adam_args args = {
+        .p = c->p + off, .g = c->g + off, .m = c->m + off, .v = c->v + off,
+        .decay_factor = (decay && c->decoupled) ? c->decay_factor : 1.0f,
+        .l2 = (decay && !c->decoupled) ? c->l2 : 0.0f,
+        .w1 = c->w1, .beta2 = c->beta2, .omb2 = c->one_minus_beta2,
+        .bc2_sqrt = c->bc2_sqrt, .eps = c->eps, .neg_step = c->neg_step_size,
+    };
+    adam_parallel(&args, (long)(b - a));
+}
+
+void sl_adam_step(const sl_optim_config *cfg, double lr, int64_t step, float *params, const float *grads,
+                  float *exp_avg, float *exp_avg_sq, const sl_decay_mask *mask, size_t begin, size_t end) {
+    double dlr = lr, b1 = cfg->beta1, b2 = cfg->beta2, wd = cfg->weight_decay;
+    double bc1 = 1.0 - pow(b1, (double)step);
+    double bc2 = 1.0 - pow(b2, (double)step);
+    adam_ctx c = {
+        .p = params, .g = grads, .m = exp_avg, .v = exp_avg_sq, .base = begin,
+        .decoupled = cfg->type == SL_OPTIM_ADAMW,
+        .decay_factor = (float)(1.0 - dlr * wd),
+        .l2 = (float)wd,
+        .w1 = (float)(1.0 - b1),
+        .beta2 = (float)b2,
+        .one_minus_beta2 = (float)(1.0 - b2),
+        .bc2_sqrt = (float)sqrt(bc2),
+        .eps = cfg->eps,
+        .neg_step_size = (float)(-(dlr / bc1)),
+    };
+    if (wd == 0.0) mask = NULL, c.decay_factor = 1.0f, c.l2 = 0.0f;
+    for_each_segment(mask, begin, end, adam_segment, &c);
+}
+
+// ---- SGD ---------------------------------------------------------------------------------------
+
+typedef struct {
+    float *p; const float *g; float *buf; size_t base;
+    float wd, momentum, one_minus_dampening, neg_lr;
+    int first, nesterov;
+} sgd_ctx;
+
+static void sgd_segment(void *vctx, size_t a, size_t b, int decay) {
+    const sgd_ctx *c = vctx;
+    float *p = c->p + (a - c->base);
+    const float *g = c->g + (a - c->base);
+    float *buf = c->buf ? c->buf + (a - c->base) : NULL;
+    long n = (long)(b - a);
+    const float wd = decay ? c->wd : 0.0f, mom = c->momentum, omd = c->one_minus_dampening, neg_lr = c->neg_lr;
+    const int first = c->first, nesterov = c->nesterov;
+#pragma omp parallel for schedule(static) if (n >= SL_OMP_MIN)
+    for (long i = 0; i < n; i++) {
+        float pi = p[i];
+        float gi = g[i];
+        if (wd != 0.0f) gi = fmaf(wd, pi, gi);                     // grad.add(param, alpha=wd)
+        if (buf) {
+            float bi = first ? gi : fmaf(omd, gi, buf[i] * mom);   // buf.mul_(momentum).add_(grad, 1-dampening)
+            buf[i] = bi;
+            gi = nesterov ? fmaf(mom, bi, gi) : bi;                // grad.add(buf, alpha=momentum)
+        }
+        p[i] = fmaf(neg_lr, gi, pi);                               // param.add_(grad, alpha=-lr)
+    }
+}
+
+void sl_sgd_step(const sl_optim_config *cfg, double lr, int64_t step, float *params, const float *grads,
+                 float *momentum_buf, const sl_decay_mask *mask, size_t begin, size_t end) {
+    sgd_ctx c = {
+        .p = params, .g = grads, .buf = cfg->momentum != 0.0 ? momentum_buf : NULL, .base = begin,
+        .wd = cfg->weight_decay, .momentum = cfg->momentum,
+        .one_minus_dampening = (float)(1.0 - cfg->dampening),
+        .neg_lr = -lr, .first = step <= 1, .nesterov = cfg->nesterov,
+    };
+    if (cfg->weight_decay == 0.0) mask = NULL;
+    for_each_segment(mask, begin, end, sgd_segment, &c);
+}
+
+int sl_optim_step(const sl_optim_config *cfg, double lr, int64_t step, float *params, const float *grads,
+                  float *const *state, const sl_decay_mask *mask, size_t begin, size_t end) {
+    if (step < 1) return sl_errorf("optimizer step number must start at 1, got %lld", (long long)step);
+    if (begin > end) return sl_errorf("optimizer range [%zu, %zu) is reversed", begin, end);
+    int need = sl_optim_num_state_buffers(cfg);
+    for (int i = 0; i < need; i++)
+        if (!state || !state[i])
+            return sl_errorf("%s needs %d state buffers; buffer %d is NULL", sl_optim_name(cfg->type), need, i);
+    if (cfg->type == SL_OPTIM_SGD)
+        sl_sgd_step(cfg, lr, step, params, grads, need ? state[0] : NULL, mask, begin, end);
+    else
+        sl_adam_step(cfg, lr, step, params, grads, state[0], state[1], mask, begin, end);
+    return 0;
+}
+
+// ---- gradient norm -----------------------------------------------------------------------------
+
+#define SUMSQ_BLOCKS 256
+
+// Sum of squares of x[0..n) with 8 independent double lanes added in a fixed order.
+static double sumsq_block(const float *x, size_t n) {
+    double acc[8] = {0};
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) acc[j] += (double)x[i + j] * (double)x[i + j];
+    for (; i < n; i++) acc[i & 7] += (double)x[i] * (double)x[i];
+    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+double sl_grad_sumsq(const float *g, size_t n) {
+    if (n == 0) return 0.0;
+    double partial[SUMSQ_BLOCKS];
+    size_t block = (n + SUMSQ_BLOCKS - 1) / SUMSQ_BLOCKS;
+    if (block < 1024) block = 1024;  // small buffers: fewer, longer blocks
+    int nblocks = (int)((n + block - 1) / block);
+#pragma omp parallel for schedule(static) if (n >= SL_OMP_MIN)
+    for (int b = 0; b < nblocks; b++) {
+        size_t a = (size_t)b * block;
+        size_t e = a + block < n ? a + block : n;
+        partial[b] = sumsq_block(g + a, e - a);
+    }
+    double total = 0.0;
+    for (int b = 0; b < nblocks; b++) total += partial[b];
+    return total;
+}
+
+double sl_clip_coef(double norm, float max_norm) {
+    if (!(max_norm > 0.0f)) return 1.0;
+    double coef = (double)max_norm / (norm + 1e-6);
+    return coef < 1.0 ? coef : 1.0;
+}
+
+void sl_grad_scale(float *g, size_t n, double coef) {
+    if (coef == 1.0) return;
+    const float c = (float)coef;
+    long len = (long)n;
+#pragma omp parallel for schedule(static) if (len >= SL_OMP_MIN)
+    for (long i = 0; i < len; i++) g[i] *= c;
+}
+
+double sl_clip_grad_norm(float *g, size_t n, float max_norm) {
+    double norm = sqrt(sl_grad_sumsq(g, n));
+    sl_grad_scale(g, n, sl_clip_coef(norm, max_norm));
+    return norm;
+}

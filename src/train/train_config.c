@@ -1,0 +1,223 @@
+// train_config.c: defaults <- JSON (DeepSpeed keys + "shardlm" block) <- flags, and the batch rule.
+#include "shardlm/train_config.h"
+#include "shardlm/error.h"
+#include "shardlm/fileio.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void sl_train_config_defaults(sl_train_config *c) {
+    memset(c, 0, sizeof *c);
+    snprintf(c->model, sizeof c->model, "gpt2-demo");
+    snprintf(c->data, sizeof c->data, "data/sotu");
+    snprintf(c->save_dir, sizeof c->save_dir, "runs/demo");
+    c->seq_len = 128;
+    c->world_size = 1;
+    c->steps = 200;
+    c->gradient_clipping = 1.0f;
+    sl_optim_defaults(&c->optim);
+    c->optim.lr = 1e-3f;
+    c->optim.beta1 = 0.9f;
+    c->optim.beta2 = 0.95f;
+    c->optim.weight_decay = 0.1f;
+    c->seed = 1337;
+    c->steps_per_print = 1;
+    c->eval_interval = 50;
+    c->eval_batches = 8;
+    c->sample_tokens = 64;
+}
+
+void sl_train_config_free(sl_train_config *c) {
+    cJSON_Delete(c->scheduler_block);
+    c->scheduler_block = NULL;
+}
+
+static int get_int(const cJSON *o, const char *key, int *out, const char *where) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!v || cJSON_IsNull(v)) return 0;
+    if (!cJSON_IsNumber(v) || v->valuedouble != (double)(long long)v->valuedouble || v->valuedouble < 0 ||
+        v->valuedouble > 2147483647.0)
+        return sl_errorf("%s: \"%s\" must be a non-negative integer", where, key);
+    *out = (int)v->valuedouble;
+    return 0;
+}
+
+static int get_float(const cJSON *o, const char *key, float *out, const char *where) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!v || cJSON_IsNull(v)) return 0;
+    if (!cJSON_IsNumber(v)) return sl_errorf("%s: \"%s\" must be a number", where, key);
+    *out = (float)v->valuedouble;
+    return 0;
+}
+
+static int get_str(const cJSON *o, const char *key, char *out, size_t cap, const char *where) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!v || cJSON_IsNull(v)) return 0;
+    if (!cJSON_IsString(v)) return sl_errorf("%s: \"%s\" must be a string", where, key);
+    snprintf(out, cap, "%s", v->valuestring);
+    return 0;
+}
+
+static void warn_unknown(const cJSON *o, const char *const *known, const char *where) {
+    char list[1024] = "";
+    for (const cJSON *it = o->child; it; it = it->next) {
+        int ok = 0;
+        for (int i = 0; known[i]; i++) ok |= strcmp(known[i], it->string) == 0;
+        if (!ok && strlen(list) + strlen(it->string) + 4 < sizeof list) {
+            if (list[0]) strcat(list, ", ");
+            strcat(list, it->string);
+        }
+    }
+    if (list[0]) fprintf(stderr, "warning: %s: unknown keys ignored: %s\n", where, list);
+}
+
+static const char *const TOP_KEYS[] = {"train_batch_size", "train_micro_batch_size_per_gpu",
+                                       "gradient_accumulation_steps", "optimizer", "scheduler",
+                                       "gradient_clipping", "steps_per_print", "shardlm", NULL};
+static const char *const OWN_KEYS[] = {"model", "data", "tokenizer", "seq_len", "steps", "seed", "threads",
+                                       "eval_interval", "eval_batches", "save_interval", "save_dir",
+                                       "metrics", "sample_tokens", NULL};
+
+int sl_train_config_apply_json(sl_train_config *c, const cJSON *root, const char *where) {
+    if (!cJSON_IsObject(root)) return sl_errorf("%s: expected a JSON object at the top level", where);
+    warn_unknown(root, TOP_KEYS, where);
+    if (get_int(root, "train_batch_size", &c->train_batch_size, where) ||
+        get_int(root, "train_micro_batch_size_per_gpu", &c->micro_batch, where) ||
+        get_int(root, "gradient_accumulation_steps", &c->grad_accum, where) ||
+        get_float(root, "gradient_clipping", &c->gradient_clipping, where) ||
+        get_int(root, "steps_per_print", &c->steps_per_print, where))
+        return -1;
+    const cJSON *opt = cJSON_GetObjectItemCaseSensitive(root, "optimizer");
+    if (opt) {
+        char w[1200];
+        snprintf(w, sizeof w, "%s: optimizer", where);
+        if (sl_optim_parse(&c->optim, opt, w)) return -1;
+        if (c->optim.warning[0]) fprintf(stderr, "warning: %s\n", c->optim.warning);
+    }
+    const cJSON *sched = cJSON_GetObjectItemCaseSensitive(root, "scheduler");
+    if (sched) {
+        cJSON_Delete(c->scheduler_block);
+        c->scheduler_block = cJSON_IsNull(sched) ? NULL : cJSON_Duplicate(sched, 1);
+    }
+    const cJSON *own = cJSON_GetObjectItemCaseSensitive(root, "shardlm");
+    if (own) {
+        char w[1200];
+        snprintf(w, sizeof w, "%s: shardlm", where);
+        if (!cJSON_IsObject(own)) return sl_errorf("%s: must be an object", w);
+        warn_unknown(own, OWN_KEYS, w);
+        int steps = -1, seed = -1;
+        if (get_str(own, "model", c->model, sizeof c->model, w) || get_str(own, "data", c->data, sizeof c->data, w) ||
+            get_str(own, "tokenizer", c->tokenizer, sizeof c->tokenizer, w) ||
+            get_int(own, "seq_len", &c->seq_len, w) || get_int(own, "steps", &steps, w) ||
+            get_int(own, "seed", &seed, w) || get_int(own, "threads", &c->threads, w) ||
+            get_int(own, "eval_interval", &c->eval_interval, w) || get_int(own, "eval_batches", &c->eval_batches, w) ||
+            get_int(own, "save_interval", &c->save_interval, w) ||
+            get_str(own, "save_dir", c->save_dir, sizeof c->save_dir, w) ||
+            get_str(own, "metrics", c->metrics, sizeof c->metrics, w) ||
+            get_int(own, "sample_tokens", &c->sample_tokens, w))
+            return -1;
+        if (steps >= 0) c->steps = steps;
+        if (seed >= 0) c->seed = (uint64_t)seed;
+    }
+    return 0;
+}
+
+int sl_train_config_load_json(sl_train_config *c, const char *path) {
+    size_t len;
+    char *text = sl_read_text_file(path, &len);
+    if (!text) return -1;
+    cJSON *root = cJSON_Parse(text);
+    int rc;
+    if (!root) {
+        const char *at = cJSON_GetErrorPtr();
+        rc = sl_errorf("%s: malformed JSON near byte %ld", path, at ? (long)(at - text) : -1L);
+    } else {
+        rc = sl_train_config_apply_json(c, root, path);
+    }
+    cJSON_Delete(root);
+    free(text);
+    return rc;
+}
+
+int sl_train_config_resolve(sl_train_config *c, int given) {
+    int tb = (given & 1) ? c->train_batch_size : 0, mb = (given & 2) ? c->micro_batch : 0;
+    int ga = (given & 4) ? c->grad_accum : 0, W = c->world_size;
+    if ((given & 1) && tb <= 0) return sl_errorf("train_batch_size must be positive (got %d)", tb);
+    if ((given & 2) && mb <= 0) return sl_errorf("train_micro_batch_size_per_gpu must be positive (got %d)", mb);
+    if ((given & 4) && ga <= 0) return sl_errorf("gradient_accumulation_steps must be positive (got %d)", ga);
+    if (tb && mb && ga) {
+        if ((long long)mb * ga * W != tb)
+            return sl_errorf("train_batch_size %d != train_micro_batch_size_per_gpu %d x gradient_accumulation_steps "
+                             "%d x data-parallel size %d", tb, mb, ga, W);
+    } else if (tb && mb) {
+        if (tb % (mb * W)) return sl_errorf("train_batch_size %d is not divisible by micro batch %d x data-parallel "
+                                            "size %d", tb, mb, W);
+        ga = tb / (mb * W);
+    } else if (tb && ga) {
+        if (tb % (ga * W)) return sl_errorf("train_batch_size %d is not divisible by gradient_accumulation_steps %d x "
+                                            "data-parallel size %d", tb, ga, W);
+        mb = tb / (ga * W);
+    } else if (tb) {
+        ga = 1;
+        if (tb % W) return sl_errorf("train_batch_size %d is not divisible by data-parallel size %d", tb, W);
+        mb = tb / W;
+    } else {
+        if (!mb) mb = 8;
+        if (!ga) ga = 1;
+    }
+    c->micro_batch = mb;
+    c->grad_accum = ga;
+    c->train_batch_size = mb * ga * W;
+    if (c->seq_len <= 0) return sl_errorf("seq_len must be positive (got %d)", c->seq_len);
+    if (c->steps < 0) return sl_errorf("steps must be non-negative");
+    if (c->gradient_clipping < 0) return sl_errorf("gradient_clipping must be >= 0 (got %g)", c->gradient_clipping);
+    if (sl_schedule_parse(&c->schedule, c->scheduler_block, c->optim.lr, "scheduler")) return -1;
+    if (c->schedule.warning[0]) fprintf(stderr, "warning: %s\n", c->schedule.warning);
+    if (!c->metrics[0]) snprintf(c->metrics, sizeof c->metrics, "%.900s/metrics.jsonl", c->save_dir);
+    return 0;
+}
+
+char *sl_train_config_to_json(const sl_train_config *c) {
+    cJSON *r = cJSON_CreateObject();
+    cJSON_AddNumberToObject(r, "train_batch_size", c->train_batch_size);
+    cJSON_AddNumberToObject(r, "train_micro_batch_size_per_gpu", c->micro_batch);
+    cJSON_AddNumberToObject(r, "gradient_accumulation_steps", c->grad_accum);
+    cJSON_AddNumberToObject(r, "gradient_clipping", c->gradient_clipping);
+    cJSON_AddNumberToObject(r, "steps_per_print", c->steps_per_print);
+    cJSON *opt = cJSON_AddObjectToObject(r, "optimizer");
+    cJSON_AddStringToObject(opt, "type", sl_optim_name(c->optim.type));
+    cJSON *p = cJSON_AddObjectToObject(opt, "params");
+    cJSON_AddNumberToObject(p, "lr", c->optim.lr);
+    cJSON_AddNumberToObject(p, "weight_decay", c->optim.weight_decay);
+    if (c->optim.type == SL_OPTIM_SGD) {
+        cJSON_AddNumberToObject(p, "momentum", c->optim.momentum);
+        cJSON_AddNumberToObject(p, "dampening", c->optim.dampening);
+        cJSON_AddBoolToObject(p, "nesterov", c->optim.nesterov);
+    } else {
+        cJSON *betas = cJSON_AddArrayToObject(p, "betas");
+        cJSON_AddItemToArray(betas, cJSON_CreateNumber(c->optim.beta1));
+        cJSON_AddItemToArray(betas, cJSON_CreateNumber(c->optim.beta2));
+        cJSON_AddNumberToObject(p, "eps", c->optim.eps);
+        if (c->optim.type == SL_OPTIM_ADAM) cJSON_AddFalseToObject(p, "adam_w_mode");
+    }
+    if (c->optim.decay_all) cJSON_AddTrueToObject(p, "decay_all");
+    if (c->scheduler_block) cJSON_AddItemToObject(r, "scheduler", cJSON_Duplicate(c->scheduler_block, 1));
+    cJSON *s = cJSON_AddObjectToObject(r, "shardlm");
+    cJSON_AddStringToObject(s, "model", c->model);
+    cJSON_AddStringToObject(s, "data", c->data);
+    if (c->tokenizer[0]) cJSON_AddStringToObject(s, "tokenizer", c->tokenizer);
+    cJSON_AddNumberToObject(s, "seq_len", c->seq_len);
+    cJSON_AddNumberToObject(s, "steps", (double)c->steps);
+    cJSON_AddNumberToObject(s, "seed", (double)c->seed);
+    cJSON_AddNumberToObject(s, "threads", c->threads);
+    cJSON_AddNumberToObject(s, "eval_interval", c->eval_interval);
+    cJSON_AddNumberToObject(s, "eval_batches", c->eval_batches);
+    cJSON_AddNumberToObject(s, "save_interval", c->save_interval);
+    cJSON_AddStringToObject(s, "save_dir", c->save_dir);
+    cJSON_AddStringToObject(s, "metrics", c->metrics);
+    cJSON_AddNumberToObject(s, "sample_tokens", c->sample_tokens);
+    char *out = cJSON_Print(r);
+    cJSON_Delete(r);
+    return out;
+}
