@@ -29,7 +29,9 @@ static void usage(FILE *f) {
         "  --top-p P             1 = off (default 0.95)\n"
         "  --seed S              (default 0)\n"
         "  --stop-at-eot         stop when <|endoftext|> is sampled\n"
-        "  --threads N           CPU threads\n");
+        "  --threads N           CPU threads\n"
+        "  --logits-out FILE     also write the prompt's logits (T x vocab, full forward) as JSON, for\n"
+        "                        comparison with other implementations (tests/reference/check_hf_load.py)\n");
 }
 
 static int file_exists(const char *p) {
@@ -66,8 +68,25 @@ static int load_tokenizer(sl_tokenizer **tok, const char *flag, const char *mode
     return rc;
 }
 
+// Full forward over the prompt; writes {"input_ids": [...], "logits": [[...V...] x T]} atomically.
+static int write_prompt_logits(sl_model *m, const int *ids, int n, const char *path) {
+    if (sl_model_forward(m, ids, NULL, 1, n, NULL)) return -1;
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddItemToObject(root, "input_ids", cJSON_CreateIntArray(ids, n));
+    cJSON *rows = cJSON_AddArrayToObject(root, "logits");
+    for (int t = 0; t < n; t++)
+        cJSON_AddItemToArray(rows, cJSON_CreateFloatArray(m->logits + (size_t)t * m->cfg.padded_vocab_size,
+                                                          m->cfg.vocab_size));
+    char *text = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    if (!text) return sl_errorf("out of memory writing %s", path);
+    int rc = sl_write_file_atomic(path, text, strlen(text));
+    free(text);
+    return rc;
+}
+
 int cmd_generate(int argc, char **argv) {
-    char model_spec[4096] = "runs/demo", tok_dir[4096] = "", prompt[65536] = "";
+    char model_spec[4096] = "runs/demo", tok_dir[4096] = "", prompt[65536] = "", logits_out[4096] = "";
     int max_new = 128, threads = 0, seed = 0, stop_eot = 0, have_prompt = 0;
     sl_sampler_config sc = {0.8f, 40, 0.95f};
     sl_args a = {argc, argv, 1, NULL, 0};
@@ -84,6 +103,7 @@ int cmd_generate(int argc, char **argv) {
         if (sl_arg_int(&a, "--seed", &seed)) continue;
         if (sl_arg_int(&a, "--threads", &threads)) continue;
         if (sl_arg_switch(&a, "--stop-at-eot")) { stop_eot = 1; continue; }
+        if (sl_arg_str(&a, "--logits-out", logits_out, sizeof logits_out)) continue;
         fprintf(stderr, "error: unknown flag '%s' (see shardlm generate --help)\n", argv[a.i]);
         return 2;
     }
@@ -123,6 +143,7 @@ int cmd_generate(int argc, char **argv) {
         if (gc.max_new_tokens < 1) { sl_errorf("the prompt (%d tokens) fills the model's %d positions", n_prompt, src.cfg.max_seq_len); goto done; }
         fprintf(stderr, "note: max-new-tokens clipped to %d by the model's %d positions\n", gc.max_new_tokens, src.cfg.max_seq_len);
     }
+    if (logits_out[0] && write_prompt_logits(&m, prompt_ids, n_prompt, logits_out)) goto done;
     if (have_prompt) fputs(prompt, stdout);
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);

@@ -1,0 +1,240 @@
+// bench_train.c: training throughput of one configuration. Builds a model from a preset with
+// random weights, an engine with AdamW (lr 1e-4, betas 0.9/0.95, eps 1e-8, weight decay 0.1,
+// gradient clipping 1.0), and times full training steps (forward + backward + clip + AdamW + zero
+// grads) on random token batches. Prints one JSON line.
+//
+// Two passes, so that profiling cannot distort the headline:
+//   1. --warmup W untimed steps, then --steps S timed steps with the plain CPU ops table: the
+//      headline ms_per_step (mean) and tokens_per_s = B*T / mean step time.
+//   2. --profile-steps P steps with the profiling ops table (ops_profile.h): per-op ms per step, plus
+//      "optimizer" (sl_engine_step: clip + AdamW + zero grad) and "model_other" (time of forward +
+//      backward not spent inside an op: input checks, copies, memsets).
+//
+//   bench_train --model gpt2 --batch 4 --seq 256 --threads 2 --steps 3 --warmup 1 [--profile-steps 1]
+//               [--seed 1234] [--report]   (--report also prints the profile table to stderr)
+#include "shardlm/config.h"
+#include "shardlm/engine.h"
+#include "shardlm/error.h"
+#include "shardlm/model.h"
+#include "shardlm/ops.h"
+#include "shardlm/ops_profile.h"
+#include "shardlm/rng.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+typedef struct {
+    const char *model;
+    int B, T, threads, steps, warmup, profile_steps, report;
+    unsigned long long seed;
+} bench_args;
+
+static double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int usage(const char *prog) {
+    fprintf(stderr,
+            "usage: %s --model PRESET --batch B --seq T [--threads N] [--steps S] [--warmup W]\n"
+            "          [--profile-steps P] [--seed SEED] [--report]\n",
+            prog);
+    return 2;
+}
+
+static int parse_int(const char *s, int *out, const char *flag) {
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (*s == '\0' || *end != '\0' || v < 0 || v > 1000000) {
+        fprintf(stderr, "bench_train: %s expects a non-negative integer, got '%s'\n", flag, s);
+        return -1;
+    }
+    *out = (int)v;
+    return 0;
+}
+
+static int parse_args(int argc, char **argv, bench_args *a) {
+    *a = (bench_args){.model = "gpt2-demo", .B = 8, .T = 128, .threads = 1, .steps = 10, .warmup = 2,
+                      .profile_steps = -1, .seed = 1234};
+    for (int i = 1; i < argc; i++) {
+        const char *f = argv[i];
+        if (strcmp(f, "--report") == 0) { a->report = 1; continue; }
+        if (i + 1 >= argc) return usage(argv[0]);
+        const char *v = argv[++i];
+        int rc = 0;
+        if (strcmp(f, "--model") == 0) a->model = v;
+        else if (strcmp(f, "--batch") == 0) rc = parse_int(v, &a->B, f);
+        else if (strcmp(f, "--seq") == 0) rc = parse_int(v, &a->T, f);
+        else if (strcmp(f, "--threads") == 0) rc = parse_int(v, &a->threads, f);
+        else if (strcmp(f, "--steps") == 0) rc = parse_int(v, &a->steps, f);
+        else if (strcmp(f, "--warmup") == 0) rc = parse_int(v, &a->warmup, f);
+        else if (strcmp(f, "--profile-steps") == 0) rc = parse_int(v, &a->profile_steps, f);
+        else if (strcmp(f, "--seed") == 0) a->seed = strtoull(v, NULL, 10);
+        else return usage(argv[0]);
+        if (rc) return 2;
+    }
+    if (a->B < 1 || a->T < 1 || a->steps < 1) {
+        fprintf(stderr, "bench_train: --batch, --seq and --steps must be at least 1\n");
+        return 2;
+    }
+    if (a->profile_steps < 0) a->profile_steps = a->steps;
+    return 0;
+}
+
+// Random tokens in [0, vocab) for step `step`: inputs are positions 0..T-1, targets 1..T of one
+// (B, T+1) draw, as a data loader would cut them.
+static void fill_batch(int *inputs, int *targets, int B, int T, int vocab, unsigned long long seed, int step) {
+    sl_rng rng = sl_rng_make(seed, 0, (uint64_t)step, SL_RNG_DATA);
+    for (int b = 0; b < B; b++) {
+        int prev = (int)sl_rng_below(&rng, (uint64_t)vocab);
+        for (int t = 0; t < T; t++) {
+            int next = (int)sl_rng_below(&rng, (uint64_t)vocab);
+            inputs[b * T + t] = prev;
+            targets[b * T + t] = next;
+            prev = next;
+        }
+    }
+}
+
+typedef struct {
+    double fb_seconds, step_seconds;  // summed over the steps run
+    float last_loss;
+} run_totals;
+
+// Runs `n` training steps numbered from `first`; adds their times to *tot.
+static int run_steps(sl_engine *e, int *inputs, int *targets, const bench_args *a, int first, int n,
+                     double *per_step, run_totals *tot) {
+    int vocab = e->model->cfg.vocab_size;
+    for (int s = 0; s < n; s++) {
+        fill_batch(inputs, targets, a->B, a->T, vocab, a->seed, first + s);
+        float loss;
+        double t0 = now_seconds();
+        if (sl_engine_forward_backward(e, inputs, targets, a->B, a->T, &loss)) return -1;
+        double t1 = now_seconds();
+        if (sl_engine_step(e)) return -1;
+        double t2 = now_seconds();
+        if (per_step) per_step[s] = t2 - t0;
+        if (tot) {
+            tot->fb_seconds += t1 - t0;
+            tot->step_seconds += t2 - t1;
+            tot->last_loss = loss;
+        }
+    }
+    return 0;
+}
+
+static int cmp_double(const void *x, const void *y) {
+    double a = *(const double *)x, b = *(const double *)y;
+    return (a > b) - (a < b);
+}
+
+int main(int argc, char **argv) {
+    bench_args a;
+    int rc = parse_args(argc, argv, &a);
+    if (rc) return rc;
+    sl_ops_cpu_set_threads(a.threads);
+
+    sl_model_config cfg;
+    if (sl_config_preset(&cfg, a.model)) { fprintf(stderr, "bench_train: %s\n", sl_error()); return 1; }
+    if (a.T > cfg.max_seq_len) {
+        fprintf(stderr, "bench_train: --seq %d exceeds %s's %d positions\n", a.T, a.model, cfg.max_seq_len);
+        return 1;
+    }
+    sl_model model;
+    if (sl_model_create(&model, &cfg, &sl_ops_cpu)) { fprintf(stderr, "bench_train: %s\n", sl_error()); return 1; }
+    sl_model_init_weights(&model, a.seed);
+
+    sl_engine_config ec;
+    memset(&ec, 0, sizeof ec);
+    ec.micro_batch = a.B;
+    ec.grad_accum_steps = 1;
+    ec.gradient_clipping = 1.0f;
+    sl_optim_defaults(&ec.optim);
+    ec.optim.type = SL_OPTIM_ADAMW;
+    ec.optim.lr = 1e-4;
+    ec.optim.beta1 = 0.9;
+    ec.optim.beta2 = 0.95;
+    ec.optim.eps = 1e-8;
+    ec.optim.weight_decay = 0.1;
+    sl_schedule_constant(&ec.schedule, ec.optim.lr);
+    sl_engine engine;
+    if (sl_engine_init(&engine, &model, &ec)) { fprintf(stderr, "bench_train: %s\n", sl_error()); return 1; }
+
+    size_t N = (size_t)a.B * a.T;
+    int *inputs = malloc(N * sizeof(int)), *targets = malloc(N * sizeof(int));
+    double *per_step = malloc(sizeof(double) * (size_t)a.steps);
+    if (!inputs || !targets || !per_step) { fprintf(stderr, "bench_train: out of memory\n"); return 1; }
+
+    // pass 1: headline, plain ops
+    int step_no = 0;
+    if (run_steps(&engine, inputs, targets, &a, step_no, a.warmup, NULL, NULL)) goto fail;
+    step_no += a.warmup;
+    run_totals head = {0};
+    if (run_steps(&engine, inputs, targets, &a, step_no, a.steps, per_step, &head)) goto fail;
+    step_no += a.steps;
+    double sum = 0;
+    for (int s = 0; s < a.steps; s++) sum += per_step[s];
+    double mean = sum / a.steps;
+    qsort(per_step, (size_t)a.steps, sizeof(double), cmp_double);
+    double min = per_step[0], median = per_step[a.steps / 2];
+    if (a.steps % 2 == 0) median = 0.5 * (per_step[a.steps / 2 - 1] + per_step[a.steps / 2]);
+
+    // pass 2: breakdown, profiling ops
+    run_totals prof = {0};
+    if (a.profile_steps > 0) {
+        model.ops = sl_ops_profile_wrap(&sl_ops_cpu);
+        if (run_steps(&engine, inputs, targets, &a, step_no, a.profile_steps, NULL, &prof)) goto fail;
+        model.ops = &sl_ops_cpu;
+    }
+
+    printf("{\"impl\":\"shardlm\",\"model\":\"%s\",\"B\":%d,\"T\":%d,\"threads\":%d,\"steps\":%d,\"warmup\":%d,"
+           "\"ms_per_step\":%.3f,\"ms_per_step_min\":%.3f,\"ms_per_step_median\":%.3f,\"tokens_per_s\":%.2f,"
+           "\"ms_forward_backward\":%.3f,\"ms_optimizer\":%.3f,\"loss\":%.5f,\"params\":%zu",
+           a.model, a.B, a.T, a.threads, a.steps, a.warmup, 1e3 * mean, 1e3 * min, 1e3 * median, (double)N / mean,
+           1e3 * head.fb_seconds / a.steps, 1e3 * head.step_seconds / a.steps, head.last_loss, model.layout.total);
+    if (a.profile_steps > 0) {
+        int P = a.profile_steps, n_ops, n_shapes;
+        const sl_op_stat *ops = sl_ops_profile_ops(&n_ops);
+        const sl_op_stat *shapes = sl_ops_profile_matmul_shapes(&n_shapes);
+        double op_total = sl_ops_profile_total_seconds(), gemm = 0;
+        double step_total = prof.fb_seconds + prof.step_seconds;
+        printf(",\"profile_steps\":%d,\"profiled_ms_per_step\":%.3f,\"breakdown\":{", P, 1e3 * step_total / P);
+        for (int i = 0; i < n_ops; i++) {
+            printf("%s\"%s\":%.3f", i ? "," : "", ops[i].name, 1e3 * ops[i].seconds / P);
+            if (strncmp(ops[i].name, "matmul_", 7) == 0) gemm += ops[i].seconds;
+        }
+        printf("%s\"optimizer\":%.3f,\"model_other\":%.3f}", n_ops ? "," : "", 1e3 * prof.step_seconds / P,
+               1e3 * (prof.fb_seconds - op_total) / P);
+        printf(",\"gflops\":{");
+        int first = 1;
+        for (int i = 0; i < n_ops; i++) {
+            if (ops[i].flops <= 0 || ops[i].seconds <= 0) continue;
+            printf("%s\"%s\":%.2f", first ? "" : ",", ops[i].name, ops[i].flops / ops[i].seconds / 1e9);
+            first = 0;
+        }
+        printf("},\"matmul_shapes\":[");
+        for (int i = 0; i < n_shapes; i++)
+            printf("%s{\"shape\":\"%s\",\"ms\":%.3f,\"calls\":%.2f,\"gflops\":%.2f}", i ? "," : "", shapes[i].name,
+                   1e3 * shapes[i].seconds / P, (double)shapes[i].calls / P,
+                   shapes[i].seconds > 0 ? shapes[i].flops / shapes[i].seconds / 1e9 : 0.0);
+        printf("],\"gemm_fraction\":%.4f", step_total > 0 ? gemm / step_total : 0.0);
+        if (a.report) {
+            fprintf(stderr, "profile of %s B=%d T=%d threads=%d over %d steps:\n", a.model, a.B, a.T, a.threads, P);
+            sl_ops_profile_report(stderr, P);
+        }
+    }
+    printf("}\n");
+    fflush(stdout);
+    free(inputs);
+    free(targets);
+    free(per_step);
+    sl_engine_free(&engine);
+    sl_model_free(&model);
+    return 0;
+fail:
+    fprintf(stderr, "bench_train: %s\n", sl_error());
+    return 1;
+}
