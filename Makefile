@@ -19,7 +19,7 @@ TEST_BIN := $(TEST_SRC:tests/unit/%.c=$(B)/tests/%)
 
 CFLAGS_ALL = $(WARN) $(OPT) -fopenmp -g -MMD -MP
 
-.PHONY: all test test-plain test-asan bench clean
+.PHONY: all test test-plain bench demo clean
 all: $(B)/shardlm $(TEST_BIN)
 
 $(B)/obj/%.o: %.c
@@ -40,12 +40,16 @@ $(B)/tests/%: tests/unit/%.c tests/unit/test.h $(B)/libshardlm.a
 # The full test run: plain build, then the sanitizer build, one summary line at the end.
 test:
 	@bash scripts/setup.sh --quiet
-	@$(MAKE) --no-print-directory all
-	@$(MAKE) --no-print-directory B=build/asan OPT="-O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined" all
+	@$(MAKE) --no-print-directory -j2 all
+	@$(MAKE) --no-print-directory -j2 B=build/asan OPT="-O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined" all
 	@bash tests/run.sh build build/asan
 
 test-plain: all
 	@bash tests/run.sh build
+
+# The main job on the built-in default: setup, build, prepare ../shared/data/sotu, train, sample.
+demo:
+	@bash scripts/demo.sh
 
 bench: all
 	@bash bench/run.sh

@@ -20,6 +20,7 @@
 #include "shardlm/ops_profile.h"
 #include "shardlm/rng.h"
 
+#include <cblas.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -192,9 +193,10 @@ int main(int argc, char **argv) {
 
     printf("{\"impl\":\"shardlm\",\"model\":\"%s\",\"B\":%d,\"T\":%d,\"threads\":%d,\"steps\":%d,\"warmup\":%d,"
            "\"ms_per_step\":%.3f,\"ms_per_step_min\":%.3f,\"ms_per_step_median\":%.3f,\"tokens_per_s\":%.2f,"
-           "\"ms_forward_backward\":%.3f,\"ms_optimizer\":%.3f,\"loss\":%.5f,\"params\":%zu",
+           "\"ms_forward_backward\":%.3f,\"ms_optimizer\":%.3f,\"loss\":%.5f,\"params\":%zu,"
+           "\"openblas\":\"%s\",\"openblas_core\":\"%s\"",
            a.model, a.B, a.T, a.threads, a.steps, a.warmup, 1e3 * mean, 1e3 * min, 1e3 * median, (double)N / mean,
-           1e3 * head.fb_seconds / a.steps, 1e3 * head.step_seconds / a.steps, head.last_loss, model.layout.total);
+           1e3 * head.fb_seconds / a.steps, 1e3 * head.step_seconds / a.steps, head.last_loss, model.layout.total, openblas_get_config(), openblas_get_corename());
     if (a.profile_steps > 0) {
         int P = a.profile_steps, n_ops, n_shapes;
         const sl_op_stat *ops = sl_ops_profile_ops(&n_ops);

@@ -114,6 +114,25 @@ bad corrupt_checkpoint_is_named "model.safetensors" train --model gpt2-tiny "${c
 bad resume_with_other_model_is_refused "does not match" train --model llama-tiny "${common[@]}" --steps 25 --save-dir "$ck" --resume
 echo "latest-missing" >"$tmp/corrupt/latest"
 bad dangling_latest_is_named "latest-missing" generate --model "$tmp/corrupt"
+# damaged token shards: truncated, and with a wrong magic number
+mkdir -p "$tmp/trunc" "$tmp/magic"
+cp -r "$tmp/data/tokenizer" "$tmp/trunc/"; cp -r "$tmp/data/tokenizer" "$tmp/magic/"
+head -c 3000 "$tmp/data/train_000000.bin" >"$tmp/trunc/train_000000.bin"
+cp "$tmp/data/train_000000.bin" "$tmp/magic/train_000000.bin"
+printf '\x01\x02\x03\x04' | dd of="$tmp/magic/train_000000.bin" bs=1 seek=0 conv=notrunc 2>/dev/null
+bad truncated_shard_is_named "trunc/train_000000.bin" train --model gpt2-tiny --data "$tmp/trunc" --seq-len 32 --save-dir "$tmp/x" --steps 1 --eval-interval 0
+bad wrong_magic_shard_is_named "magic/train_000000.bin.*magic" train --model gpt2-tiny --data "$tmp/magic" --seq-len 32 --save-dir "$tmp/x" --steps 1 --eval-interval 0
+
+# SIGINT: the current step finishes, a checkpoint is saved, the exit is non-zero, and it resumes
+"$BIN" train --model gpt2-tiny "${common[@]}" --steps 100000 --save-dir "$tmp/sig" >"$tmp/sig.out" 2>&1 &
+pid=$!
+for _ in $(seq 1 100); do grep -q "^step 5/" "$tmp/sig.out" && break; sleep 0.1; done
+kill -INT $pid; wait $pid; rc=$?
+if [ $rc -ne 0 ] && [ -f "$tmp/sig/latest" ] && grep -q "stopped by signal" "$tmp/sig.out"; then pass sigint_saves_a_checkpoint; else fail sigint_saves_a_checkpoint "exit $rc"; tail -3 "$tmp/sig.out"; fi
+step=$(sed 's/step_0*//' "$tmp/sig/latest")
+"$BIN" train --model gpt2-tiny "${common[@]}" --steps $((step + 2)) --save-dir "$tmp/sig" --resume >>"$log" 2>&1
+expect resume_after_sigint grep -qx "step_$(printf %08d $((step + 2)))" "$tmp/sig/latest"
+
 sum_after=$(cat "$ck"/step_00000020/* | md5sum)
 if [ "$sum_before" = "$sum_after" ] && grep -qx step_00000020 "$ck/latest"; then pass failed_runs_leave_checkpoint_intact; else fail failed_runs_leave_checkpoint_intact; fi
 exit 0

@@ -104,7 +104,7 @@ def main():
         if info.get("mismatched_keys"):
             problems.append(f"mismatched keys: {info['mismatched_keys']}")
         n = 0
-        for path in sorted(glob.glob(os.path.join(args.dir, "*.safetensors"))):
+        for path in sorted(glob.glob(os.path.join(args.dir, "model*.safetensors"))):
             for name, t in load_file(path).items():
                 n += 1
                 if name not in sd:
