@@ -5,7 +5,7 @@ BLAS_DIR ?= /usr/lib/x86_64-linux-gnu/openblas-openmp
 BLAS_INC ?= /usr/include/x86_64-linux-gnu/openblas-openmp
 WARN    := -std=c17 -Wall -Wextra -Werror -D_GNU_SOURCE
 CPPFLAGS := -Iinclude -Isrc -I$(BLAS_INC)
-OPT     ?= -O3 -march=native -fno-fast-math -fno-math-errno
+OPT     ?= -O3 -march=native -fno-fast-math -fno-math-errno -fno-trapping-math
 LDLIBS  := -L$(BLAS_DIR) -Wl,-rpath,$(BLAS_DIR) -lopenblas -lcjson -lpcre2-8 -lm
 B       ?= build
 
@@ -17,6 +17,7 @@ LIB_OBJ  := $(LIB_SRC:%.c=$(B)/obj/%.o)
 CLI_OBJ  := $(CLI_SRC:%.c=$(B)/obj/%.o)
 TEST_BIN := $(TEST_SRC:tests/unit/%.c=$(B)/tests/%)
 
+# -fno-math-errno / -fno-trapping-math let GCC vectorise math without changing any result
 CFLAGS_ALL = $(WARN) $(OPT) -fopenmp -g -MMD -MP
 
 .PHONY: all test test-plain bench demo clean

@@ -24,7 +24,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
+#include <unistd.h>
 
 typedef struct {
     const char *model;
@@ -36,6 +38,28 @@ static double now_seconds(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+// CPU seconds the whole machine spent busy (user, nice, system, irq, softirq, steal) since boot,
+// from /proc/stat; -1 when unreadable.
+static double machine_busy_seconds(void) {
+    FILE *f = fopen("/proc/stat", "r");
+    if (!f) return -1;
+    unsigned long long v[8] = {0};
+    int n = fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6],
+                   &v[7]);
+    fclose(f);
+    if (n < 8) return -1;
+    long hz = sysconf(_SC_CLK_TCK);
+    return (double)(v[0] + v[1] + v[2] + v[5] + v[6] + v[7]) / (double)(hz > 0 ? hz : 100);
+}
+
+// CPU seconds this process (all its threads) has used.
+static double own_cpu_seconds(void) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)ru.ru_utime.tv_sec + 1e-6 * (double)ru.ru_utime.tv_usec + (double)ru.ru_stime.tv_sec +
+           1e-6 * (double)ru.ru_stime.tv_usec;
 }
 
 static int usage(const char *prog) {
@@ -174,8 +198,13 @@ int main(int argc, char **argv) {
     if (run_steps(&engine, inputs, targets, &a, step_no, a.warmup, NULL, NULL)) goto fail;
     step_no += a.warmup;
     run_totals head = {0};
+    double busy0 = machine_busy_seconds(), own0 = own_cpu_seconds(), wall0 = now_seconds();
     if (run_steps(&engine, inputs, targets, &a, step_no, a.steps, per_step, &head)) goto fail;
     step_no += a.steps;
+    double wall = now_seconds() - wall0, busy1 = machine_busy_seconds(), own = own_cpu_seconds() - own0;
+    // cores' worth of CPU that other processes (or the hypervisor: steal) used during the timed steps
+    double other_load = busy0 >= 0 && busy1 >= 0 && wall > 0 ? (busy1 - busy0 - own) / wall : -1;
+    if (other_load < 0 && busy0 >= 0) other_load = 0;
     double sum = 0;
     for (int s = 0; s < a.steps; s++) sum += per_step[s];
     double mean = sum / a.steps;
@@ -194,9 +223,10 @@ int main(int argc, char **argv) {
     printf("{\"impl\":\"shardlm\",\"model\":\"%s\",\"B\":%d,\"T\":%d,\"threads\":%d,\"steps\":%d,\"warmup\":%d,"
            "\"ms_per_step\":%.3f,\"ms_per_step_min\":%.3f,\"ms_per_step_median\":%.3f,\"tokens_per_s\":%.2f,"
            "\"ms_forward_backward\":%.3f,\"ms_optimizer\":%.3f,\"loss\":%.5f,\"params\":%zu,"
-           "\"openblas\":\"%s\",\"openblas_core\":\"%s\"",
+           "\"openblas\":\"%s\",\"openblas_core\":\"%s\",\"other_load\":%.2f,\"own_cpu_util\":%.2f",
            a.model, a.B, a.T, a.threads, a.steps, a.warmup, 1e3 * mean, 1e3 * min, 1e3 * median, (double)N / mean,
-           1e3 * head.fb_seconds / a.steps, 1e3 * head.step_seconds / a.steps, head.last_loss, model.layout.total, openblas_get_config(), openblas_get_corename());
+           1e3 * head.fb_seconds / a.steps, 1e3 * head.step_seconds / a.steps, head.last_loss, model.layout.total, openblas_get_config(), openblas_get_corename(),
+           other_load, wall > 0 ? own / wall : 0.0);
     if (a.profile_steps > 0) {
         int P = a.profile_steps, n_ops, n_shapes;
         const sl_op_stat *ops = sl_ops_profile_ops(&n_ops);

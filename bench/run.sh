@@ -69,11 +69,12 @@ w(f"- PyTorch: torch {tr.get('torch', '?')} (PyPI wheel; GEMM through MKL / oneD
 w("- each step: forward + cross-entropy + backward + clip_grad_norm(1.0) + AdamW(lr 1e-4, betas 0.9/0.95, "
   "wd 0.1 on matrices) + zero grad, on random tokens; threads set by OMP_NUM_THREADS, "
   "`--threads` / `torch.set_num_threads`")
-w("- ms/step is the mean of the timed steps after warmup (min in the raw JSON); tok/s = B*T / mean step time; "
-  "`load` is the 1-minute load average before the shardlm / PyTorch run (2 cores: above ~0.5 means "
-  "something else was running and the row is suspect)\n")
+w("- ms/step is the mean of the timed steps after warmup (min and median in the raw JSON); tok/s = B*T / mean "
+  "step time; `other load` is how many cores' worth of CPU other processes (and hypervisor steal) used during "
+  "the timed steps of the shardlm / PyTorch run, from /proc/stat minus the benchmark's own CPU time: on 2 cores "
+  "anything above ~0.2 distorts the row, which is then marked with *\n")
 w("## Throughput\n")
-w("| model | B | T | threads | shardlm ms/step | shardlm tok/s | PyTorch ms/step | PyTorch tok/s | ratio (shardlm/PyTorch tok/s) | steps (warmup+timed) | load |")
+w("| model | B | T | threads | shardlm ms/step | shardlm tok/s | PyTorch ms/step | PyTorch tok/s | ratio (shardlm/PyTorch tok/s) | steps (warmup+timed) | other load |")
 w("|---|---|---|---|---|---|---|---|---|---|---|")
 for (m, B, T, th) in configs:
     s = rows.get(("shardlm", m, B, T, th)); p = rows.get(("pytorch", m, B, T, th))
@@ -81,7 +82,8 @@ for (m, B, T, th) in configs:
     ratio = "%.2f" % (s["tokens_per_s"] / p["tokens_per_s"]) if s and p else "n/a"
     steps = f"{s['warmup']}+{s['steps']}" if s else ""
     if p: steps += f" / {p['warmup']}+{p['steps']}"
-    load = f"{f(s, 'load1', '%.2f')} / {f(p, 'load1', '%.2f')}"
+    load = f"{f(s, 'other_load', '%.2f')} / {f(p, 'other_load', '%.2f')}"
+    if any(r and r.get("other_load", 0) > 0.2 for r in (s, p)): load += " *"
     w(f"| {m} | {B} | {T} | {th} | {f(s, 'ms_per_step', '%.1f')} | {f(s, 'tokens_per_s', '%.1f')} | "
       f"{f(p, 'ms_per_step', '%.1f')} | {f(p, 'tokens_per_s', '%.1f')} | **{ratio}** | {steps} | {load} |")
 comp = [r for k, r in rows.items() if k[0] == "pytorch-compile"]

@@ -26,6 +26,16 @@ PRESETS = {  # name: (n_layer, n_head, n_embd, n_positions), as src/model/config
 VOCAB = 50257
 
 
+def machine_busy_seconds():
+    """CPU seconds the machine spent busy (user, nice, system, irq, softirq, steal), from /proc/stat."""
+    try:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:9]]
+        return (v[0] + v[1] + v[2] + v[5] + v[6] + v[7]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="gpt2-demo", choices=sorted(PRESETS))
@@ -87,11 +97,16 @@ def main():
         step(*batch())
     t_compile = time.perf_counter() - t_compile
     times, loss = [], float("nan")
+    busy0, own0, wall0 = machine_busy_seconds(), time.process_time(), time.perf_counter()
     for _ in range(a.steps):
         x, y = batch()
         t0 = time.perf_counter()
         loss = step(x, y)
         times.append(time.perf_counter() - t0)
+    wall, own = time.perf_counter() - wall0, time.process_time() - own0
+    busy1 = machine_busy_seconds()
+    # cores' worth of CPU that other processes (or the hypervisor: steal) used during the timed steps
+    other_load = max(0.0, (busy1 - busy0 - own) / wall) if busy0 is not None and busy1 is not None else -1
     mean = sum(times) / len(times)
     st = sorted(times)
     median = st[len(st) // 2] if len(st) % 2 else 0.5 * (st[len(st) // 2 - 1] + st[len(st) // 2])
@@ -102,7 +117,8 @@ def main():
         "ms_per_step_median": round(1e3 * median, 3), "tokens_per_s": round(a.batch * a.seq / mean, 2),
         "loss": round(loss, 5), "params": n_params, "warmup_s": round(t_compile, 2),
         "torch": torch.__version__, "transformers": transformers.__version__,
-        "torch_threads": torch.get_num_threads(), "omp_num_threads": os.environ.get("OMP_NUM_THREADS", ""),
+        "torch_threads": torch.get_num_threads(),
+        "other_load": round(other_load, 2), "own_cpu_util": round(own / wall, 2), "omp_num_threads": os.environ.get("OMP_NUM_THREADS", ""),
     }
     if a.profile:
         from torch.profiler import profile, ProfilerActivity

@@ -1,112 +1,173 @@
-// attention.c: causal attention on the CPU in the flash-attention style: each query row streams
-// over key tiles of ATT_TILE with an online softmax, so at most one tile of scores exists at a
-// time. Forward saves the log-sum-exp per row; backward recomputes the probabilities from it.
-// Forward is parallel over (batch, head); backward over (batch, kv-head group), because all query
-// heads of a group write the same dk/dv rows.
+// attention.c: causal attention on the CPU, flash-attention style with GEMM tiles. For each
+// (batch, head) the queries are cut into blocks of ATT_TILE rows and the keys into tiles of
+// ATT_TILE; a block meets each key tile at or before it through small sgemm calls (OpenBLAS runs
+// them single-threaded inside our parallel region), with an online softmax between tiles. At most
+// one ATT_TILE x ATT_TILE tile of scores exists per thread. Forward stores the log-sum-exp of each
+// row; backward recomputes the probabilities from it. Forward is parallel over (batch, head);
+// backward over (batch, kv-head group), because every query head of a group writes the same dk/dv.
 #include "ops/cpu/cpu_ops.h"
 #include "ops/cpu/vec_math.h"
 
+#include <cblas.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define ATT_TILE 64
-#define ATT_MAX_HD 512
 
-static inline float dot(const float *a, const float *b, int n) {
-    float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-    for (int i = 0; i < n; i++) s += a[i] * b[i];
-    return s;
+// Per-thread scratch: scores / probabilities and their gradient for one tile, plus the block's
+// accumulators. Allocated once per parallel region.
+typedef struct {
+    float *s, *dp;        // (ATT_TILE, ATT_TILE)
+    float *acc;           // (ATT_TILE, HD) output accumulator
+    float *m, *l, *d;     // (ATT_TILE) running max, running sum, rowsum(dO * O)
+} att_scratch;
+
+static int scratch_alloc(att_scratch *w, int HD) {
+    size_t tile = (size_t)ATT_TILE * ATT_TILE;
+    float *p = malloc(sizeof(float) * (2 * tile + (size_t)ATT_TILE * HD + 3 * ATT_TILE));
+    if (!p) return -1;
+    w->s = p;
+    w->dp = p + tile;
+    w->acc = p + 2 * tile;
+    w->m = w->acc + (size_t)ATT_TILE * HD;
+    w->l = w->m + ATT_TILE;
+    w->d = w->l + ATT_TILE;
+    return 0;
 }
 
-static inline void axpy(float *y, float a, const float *x, int n) {
-#pragma omp simd
-    for (int i = 0; i < n; i++) y[i] += a * x[i];
-}
-
-// One query row q against keys/values 0..n_keys-1 (rows `stride` floats apart). Writes o (HD), returns lse.
-static float attend_row(float *o, const float *q, const float *k, const float *v, size_t stride, int n_keys, int HD,
+// s (qn, kn) = scale * q (qn, HD; rows ld apart) @ k^T (kn, HD; rows ld apart), causally masked
+// (-inf) where key position k0+j > query position q0+i.
+static void tile_scores(float *s, const float *q, const float *k, size_t ld, int q0, int qn, int k0, int kn, int HD,
                         float scale) {
-    float scores[ATT_TILE], acc[ATT_MAX_HD];
-    float m = -INFINITY, l = 0.0f;
-    memset(acc, 0, sizeof(float) * (size_t)HD);
-    for (int j0 = 0; j0 < n_keys; j0 += ATT_TILE) {
-        int jn = n_keys - j0 < ATT_TILE ? n_keys - j0 : ATT_TILE;
-        float tile_max = -INFINITY;
-        for (int j = 0; j < jn; j++) {
-            scores[j] = dot(q, k + (size_t)(j0 + j) * stride, HD) * scale;
-            if (scores[j] > tile_max) tile_max = scores[j];
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, qn, kn, HD, scale, q, (int)ld, k, (int)ld, 0.0f, s, ATT_TILE);
+    if (k0 + kn - 1 <= q0) return;  // tile entirely in the past
+    for (int i = 0; i < qn; i++)
+        for (int j = q0 + i - k0 + 1; j < kn; j++)
+            if (j >= 0) s[(size_t)i * ATT_TILE + j] = -INFINITY;
+}
+
+// One block of qn query rows of head h against key tiles 0..q0+qn-1: writes out rows and lse.
+static void forward_block(att_scratch *w, float *out, float *lse, const float *q, const float *k, const float *v,
+                          size_t W, size_t out_stride, int q0, int qn, int HD, float scale) {
+    for (int i = 0; i < qn; i++) { w->m[i] = -INFINITY; w->l[i] = 0.0f; }
+    memset(w->acc, 0, sizeof(float) * (size_t)qn * HD);
+    for (int k0 = 0; k0 < q0 + qn; k0 += ATT_TILE) {
+        int kn = q0 + qn - k0 < ATT_TILE ? q0 + qn - k0 : ATT_TILE;
+        tile_scores(w->s, q, k + (size_t)k0 * W, W, q0, qn, k0, kn, HD, scale);
+        for (int i = 0; i < qn; i++) {
+            float *row = w->s + (size_t)i * ATT_TILE, mx = w->m[i];
+#pragma omp simd reduction(max : mx)
+            for (int j = 0; j < kn; j++) mx = row[j] > mx ? row[j] : mx;
+            float corr = vexpf(w->m[i] - mx), sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+            for (int j = 0; j < kn; j++) sum += (row[j] = vexpf(row[j] - mx));
+            w->l[i] = w->l[i] * corr + sum;
+            w->m[i] = mx;
+            float *a = w->acc + (size_t)i * HD;
+#pragma omp simd
+            for (int c = 0; c < HD; c++) a[c] *= corr;
         }
-        float new_m = tile_max > m ? tile_max : m;
-        float corr = vexpf(m - new_m);
-        l *= corr;
-        for (int i = 0; i < HD; i++) acc[i] *= corr;
-        for (int j = 0; j < jn; j++) {
-            float p = vexpf(scores[j] - new_m);
-            l += p;
-            axpy(acc, p, v + (size_t)(j0 + j) * stride, HD);
-        }
-        m = new_m;
+        // acc (qn, HD) += p (qn, kn) @ v (kn, HD)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, qn, HD, kn, 1.0f, w->s, ATT_TILE, v + (size_t)k0 * W,
+                    (int)W, 1.0f, w->acc, HD);
     }
-    float inv = 1.0f / l;
-    for (int i = 0; i < HD; i++) o[i] = acc[i] * inv;
-    return m + logf(l);
+    for (int i = 0; i < qn; i++) {
+        float inv = 1.0f / w->l[i], *o = out + (size_t)(q0 + i) * out_stride;
+        const float *a = w->acc + (size_t)i * HD;
+        for (int c = 0; c < HD; c++) o[c] = a[c] * inv;
+        lse[q0 + i] = w->m[i] + logf(w->l[i]);
+    }
 }
 
 void cpu_attention_forward(float *out, float *lse, const float *qkv, int B, int T, int NH, int NKV, int HD) {
-    size_t W = (size_t)(NH + 2 * NKV) * HD;
-    int group = NH / NKV;
+    size_t W = (size_t)(NH + 2 * NKV) * HD, out_stride = (size_t)NH * HD;
+    int group = NH / NKV, n_blocks = (T + ATT_TILE - 1) / ATT_TILE;
     float scale = 1.0f / sqrtf((float)HD);
-#pragma omp parallel for collapse(2) schedule(static) if((size_t)B * NH * T * T * HD >= 2 * SL_PAR_MIN_WORK)
-    for (int b = 0; b < B; b++)
-        for (int h = 0; h < NH; h++) {
-            int g = h / group;
-            const float *base = qkv + (size_t)b * T * W;
-            const float *k = base + (size_t)(NH + g) * HD, *v = base + (size_t)(NH + NKV + g) * HD;
-            for (int t = 0; t < T; t++) {
-                float *o = out + ((size_t)b * T + t) * NH * HD + (size_t)h * HD;
-                lse[((size_t)b * NH + h) * T + t] =
-                    attend_row(o, base + (size_t)t * W + (size_t)h * HD, k, v, W, t + 1, HD, scale);
-            }
-        }
+#pragma omp parallel if((size_t)B * NH * T * T * HD >= 2 * SL_PAR_MIN_WORK)
+    {
+        att_scratch w = {0};
+        int ok = scratch_alloc(&w, HD) == 0;
+#pragma omp for collapse(3) schedule(dynamic, 1)
+        for (int b = 0; b < B; b++)
+            for (int h = 0; h < NH; h++)
+                for (int blk = 0; blk < n_blocks; blk++) {
+                    if (!ok) continue;
+                    int g = h / group, q0 = blk * ATT_TILE, qn = T - q0 < ATT_TILE ? T - q0 : ATT_TILE;
+                    const float *base = qkv + (size_t)b * T * W;
+                    forward_block(&w, out + (size_t)b * T * out_stride + (size_t)h * HD, lse + ((size_t)b * NH + h) * T,
+                                  base + (size_t)q0 * W + (size_t)h * HD, base + (size_t)(NH + g) * HD,
+                                  base + (size_t)(NH + NKV + g) * HD, W, out_stride, q0, qn, HD, scale);
+                }
+        if (ok) free(w.s);
+    }
 }
 
 void cpu_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
                             int B, int T, int NH, int NKV, int HD) {
-    size_t W = (size_t)(NH + 2 * NKV) * HD;
+    size_t W = (size_t)(NH + 2 * NKV) * HD, os = (size_t)NH * HD;
     int group = NH / NKV;
     float scale = 1.0f / sqrtf((float)HD);
-#pragma omp parallel for collapse(2) schedule(static) if((size_t)B * NH * T * T * HD >= 2 * SL_PAR_MIN_WORK)
-    for (int b = 0; b < B; b++)
-        for (int g = 0; g < NKV; g++) {
-            const float *base = qkv + (size_t)b * T * W;
-            float *dbase = dqkv + (size_t)b * T * W;
-            const float *k = base + (size_t)(NH + g) * HD, *v = base + (size_t)(NH + NKV + g) * HD;
-            float *dk = dbase + (size_t)(NH + g) * HD, *dv = dbase + (size_t)(NH + NKV + g) * HD;
-            for (int t = 0; t < T; t++) {
-                memset(dk + (size_t)t * W, 0, sizeof(float) * (size_t)HD);
-                memset(dv + (size_t)t * W, 0, sizeof(float) * (size_t)HD);
-                for (int h = g * group; h < (g + 1) * group; h++)
-                    memset(dbase + (size_t)t * W + (size_t)h * HD, 0, sizeof(float) * (size_t)HD);
-            }
-            for (int h = g * group; h < (g + 1) * group; h++)
+#pragma omp parallel if((size_t)B * NH * T * T * HD >= 2 * SL_PAR_MIN_WORK)
+    {
+        att_scratch w = {0};
+        int ok = scratch_alloc(&w, HD) == 0;
+#pragma omp for collapse(2) schedule(static)
+        for (int b = 0; b < B; b++)
+            for (int g = 0; g < NKV; g++) {
+                if (!ok) continue;
+                const float *base = qkv + (size_t)b * T * W;
+                float *dbase = dqkv + (size_t)b * T * W;
+                const float *k = base + (size_t)(NH + g) * HD, *v = base + (size_t)(NH + NKV + g) * HD;
+                float *dk = dbase + (size_t)(NH + g) * HD, *dv = dbase + (size_t)(NH + NKV + g) * HD;
                 for (int t = 0; t < T; t++) {
-                    const float *q = base + (size_t)t * W + (size_t)h * HD;
-                    const float *dO = dout + ((size_t)b * T + t) * NH * HD + (size_t)h * HD;
-                    const float *O = out + ((size_t)b * T + t) * NH * HD + (size_t)h * HD;
-                    float *dq = dbase + (size_t)t * W + (size_t)h * HD;
-                    float row_lse = lse[((size_t)b * NH + h) * T + t];
-                    float D = dot(dO, O, HD);  // sum_j p_j (dO . v_j)
-                    for (int j = 0; j <= t; j++) {
-                        const float *kj = k + (size_t)j * W, *vj = v + (size_t)j * W;
-                        float p = vexpf(dot(q, kj, HD) * scale - row_lse);
-                        float ds = p * (dot(dO, vj, HD) - D) * scale;
-                        axpy(dq, ds, kj, HD);
-                        axpy(dk + (size_t)j * W, ds, q, HD);
-                        axpy(dv + (size_t)j * W, p, dO, HD);
-                    }
+                    memset(dk + (size_t)t * W, 0, sizeof(float) * (size_t)HD);
+                    memset(dv + (size_t)t * W, 0, sizeof(float) * (size_t)HD);
+                    for (int h = g * group; h < (g + 1) * group; h++)
+                        memset(dbase + (size_t)t * W + (size_t)h * HD, 0, sizeof(float) * (size_t)HD);
                 }
-        }
+                for (int h = g * group; h < (g + 1) * group; h++)
+                    for (int q0 = 0; q0 < T; q0 += ATT_TILE) {
+                        int qn = T - q0 < ATT_TILE ? T - q0 : ATT_TILE;
+                        const float *q = base + (size_t)q0 * W + (size_t)h * HD;
+                        const float *dO = dout + ((size_t)b * T + q0) * os + (size_t)h * HD;
+                        const float *O = out + ((size_t)b * T + q0) * os + (size_t)h * HD;
+                        float *dq = dbase + (size_t)q0 * W + (size_t)h * HD;
+                        const float *row_lse = lse + ((size_t)b * NH + h) * T + q0;
+                        for (int i = 0; i < qn; i++) {  // D_i = sum_j p_ij (dO_i . v_j) = dO_i . O_i
+                            float s = 0.0f;
+                            const float *x = dO + (size_t)i * os, *y = O + (size_t)i * os;
+#pragma omp simd reduction(+ : s)
+                            for (int c = 0; c < HD; c++) s += x[c] * y[c];
+                            w.d[i] = s;
+                        }
+                        for (int k0 = 0; k0 < q0 + qn; k0 += ATT_TILE) {
+                            int kn = q0 + qn - k0 < ATT_TILE ? q0 + qn - k0 : ATT_TILE;
+                            tile_scores(w.s, q, k + (size_t)k0 * W, W, q0, qn, k0, kn, HD, scale);
+                            // dp (qn, kn) = dO (qn, HD) @ v^T
+                            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, qn, kn, HD, 1.0f, dO, (int)os,
+                                        v + (size_t)k0 * W, (int)W, 0.0f, w.dp, ATT_TILE);
+                            for (int i = 0; i < qn; i++) {
+                                float *p = w.s + (size_t)i * ATT_TILE, *ds = w.dp + (size_t)i * ATT_TILE;
+                                float li = row_lse[i], di = w.d[i];
+#pragma omp simd
+                                for (int j = 0; j < kn; j++) {
+                                    p[j] = vexpf(p[j] - li);
+                                    ds[j] = p[j] * (ds[j] - di) * scale;
+                                }
+                            }
+                            // dq += ds @ k ; dk += ds^T @ q ; dv += p^T @ dO
+                            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, qn, HD, kn, 1.0f, w.dp, ATT_TILE,
+                                        k + (size_t)k0 * W, (int)W, 1.0f, dq, (int)W);
+                            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, kn, HD, qn, 1.0f, w.dp, ATT_TILE, q,
+                                        (int)W, 1.0f, dk + (size_t)k0 * W, (int)W);
+                            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, kn, HD, qn, 1.0f, w.s, ATT_TILE, dO,
+                                        (int)os, 1.0f, dv + (size_t)k0 * W, (int)W);
+                        }
+                    }
+            }
+        if (ok) free(w.s);
+    }
 }
 
 void cpu_attention_decode(float *out, const float *q, const float *k_cache, const float *v_cache, int n_ctx, int NH,
@@ -114,10 +175,32 @@ void cpu_attention_decode(float *out, const float *q, const float *k_cache, cons
     int group = NH / NKV;
     float scale = 1.0f / sqrtf((float)HD);
     size_t stride = (size_t)NKV * HD;
-#pragma omp parallel for schedule(static) if((size_t)n_ctx * NH * HD >= SL_PAR_MIN_WORK)
-    for (int h = 0; h < NH; h++) {
-        int g = h / group;
-        attend_row(out + (size_t)h * HD, q + (size_t)h * HD, k_cache + (size_t)g * HD, v_cache + (size_t)g * HD,
-                   stride, n_ctx, HD, scale);
+#pragma omp parallel if((size_t)n_ctx * NH * HD >= SL_PAR_MIN_WORK)
+    {
+        float *p = malloc(sizeof(float) * (size_t)n_ctx);
+#pragma omp for schedule(static)
+        for (int h = 0; h < NH; h++) {
+            if (!p) continue;
+            const float *k = k_cache + (size_t)(h / group) * HD, *v = v_cache + (size_t)(h / group) * HD;
+            const float *qh = q + (size_t)h * HD;
+            float *o = out + (size_t)h * HD, mx = -INFINITY, sum = 0.0f;
+            for (int j = 0; j < n_ctx; j++) {
+                float s = 0.0f;
+                const float *kj = k + (size_t)j * stride;
+#pragma omp simd reduction(+ : s)
+                for (int c = 0; c < HD; c++) s += qh[c] * kj[c];
+                p[j] = s * scale;
+                mx = p[j] > mx ? p[j] : mx;
+            }
+            for (int j = 0; j < n_ctx; j++) sum += (p[j] = vexpf(p[j] - mx));
+            for (int c = 0; c < HD; c++) o[c] = 0.0f;
+            for (int j = 0; j < n_ctx; j++) {
+                float pj = p[j] / sum;
+                const float *vj = v + (size_t)j * stride;
+#pragma omp simd
+                for (int c = 0; c < HD; c++) o[c] += pj * vj[c];
+            }
+        }
+        free(p);
     }
 }

@@ -14,6 +14,7 @@ double cpu_crossentropy_forward_backward(float *logits, const int *targets, int 
         float *x = logits + (size_t)n * Vp;
         int target = targets[n];
         float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
         for (int v = 0; v < V; v++) mx = x[v] > mx ? x[v] : mx;
         float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)

@@ -1,25 +1,26 @@
 // vec_math.h: an expf that the compiler can vectorise inside `omp simd` loops (glibc's libmvec is
-// only used under -ffast-math, which we do not build with). Cody-Waite range reduction
+// only used under -ffast-math, which we do not build with; the Makefile's -fno-trapping-math lets
+// GCC if-convert the clamps). Cody-Waite range reduction
 // x = n ln2 + r, |r| <= ln2/2, a degree-6 polynomial for e^r, then scaling by 2^n through the
 // exponent bits. Max relative error ~2 ulp over the normal range; underflows to 0 below -87.3.
 #ifndef SHARDLM_VEC_MATH_H
 #define SHARDLM_VEC_MATH_H
 
 #include <stdint.h>
-#include <string.h>
 
 static inline float vexpf(float x) {
     const float hi = 88.3762626647949f, lo = -87.3365447505531f;
-    float xc = x > hi ? hi : (x < lo ? lo : x);
-    float n = __builtin_roundf(xc * 1.44269504088896341f);
+    float xc = x < hi ? x : hi;
+    xc = xc > lo ? xc : lo;
+    // round to nearest by the 1.5 * 2^23 trick (|xc * log2 e| < 2^22): vectorises, unlike roundf
+    float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
     float r = xc - n * 0.693359375f;   // ln2 split in two parts for an exact first step
     r = r - n * -2.12194440e-4f;
     float p = 1.0f + r * (1.0f + r * (0.5f + r * (0.166666672f + r * (0.0416666418f + r * (0.00833336823f +
               r * 0.00138887205f)))));
-    int32_t bits = ((int32_t)n + 127) << 23;
-    float scale;
-    memcpy(&scale, &bits, sizeof scale);
-    float y = p * scale;
+    union { int32_t i; float f; } scale;
+    scale.i = ((int32_t)n + 127) << 23;
+    float y = p * scale.f;
     return x < lo ? 0.0f : y;
 }
 
