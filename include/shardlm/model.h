@@ -37,6 +37,7 @@ typedef struct {
     sl_layer_acts *layers;
     float *lnf, *lnf_mean, *lnf_rstd;
     float *logits;               // (B,T,Vp); holds dlogits after backward
+    float *logits_lse;           // (B,T) log-sum-exp of each row's logits
     float *dresid, *dln, *dA, *dB;  // backward scratch
     // state of the last forward
     int B, T;

@@ -63,10 +63,13 @@ typedef struct sl_ops {
     void (*attention_decode)(float *out, const float *q, const float *k_cache, const float *v_cache, int n_ctx,
                              int NH, int NKV, int HD);
 
-    // Fused softmax + cross-entropy over the first V of Vp columns of logits (N,Vp). targets < 0 are
-    // ignored. Returns the summed loss over counted rows (in double precision); if dloss != 0 the
-    // logits are overwritten with their gradient (softmax - onehot) * dloss (padded columns 0).
-    double (*crossentropy_forward_backward)(float *logits, const int *targets, int N, int V, int Vp, float dloss);
+    // Softmax cross-entropy over the first V of Vp columns of logits (N,Vp); targets < 0 are ignored.
+    // Forward saves each row's log-sum-exp (N) and returns the summed loss of counted rows (double).
+    double (*crossentropy_forward)(float *lse, const float *logits, const int *targets, int N, int V, int Vp);
+    // Overwrites logits with their gradient (softmax - onehot) * dloss in one pass from the saved
+    // lse: the probabilities are never stored separately. Padded columns and ignored rows get 0.
+    void (*crossentropy_backward)(float *logits, const float *lse, const int *targets, int N, int V, int Vp,
+                                  float dloss);
 } sl_ops;
 
 extern const sl_ops sl_ops_cpu;

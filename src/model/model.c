@@ -89,7 +89,7 @@ static int alloc_acts(sl_model *m, int B, int T) {
     size_t FC = (size_t)fc_width(c), NH = (size_t)c->n_head, Vp = (size_t)c->padded_vocab_size;
     size_t per_layer = N * C + 2 * N + N * QKV + N * C + NH * N + N * C + N * C + 2 * N + N * FC + N * F + N * C;
     size_t big = QKV > FC ? QKV : FC, mid = C > F ? C : F;
-    size_t total = N * C + per_layer * (size_t)c->n_layer + N * C + 2 * N + N * Vp + N * C + N * C + N * big + N * mid;
+    size_t total = N * C + per_layer * (size_t)c->n_layer + N * C + 2 * N + N * Vp + N + N * C + N * C + N * big + N * mid;
     m->act_memory = sl_malloc(total * sizeof(float), "activations");
     m->layers = sl_calloc((size_t)c->n_layer, sizeof(sl_layer_acts), "activations");
     m->inputs = sl_malloc(N * sizeof(int), "batch");
@@ -108,7 +108,7 @@ static int alloc_acts(sl_model *m, int B, int T) {
         TAKE(a->ln2, N * C); TAKE(a->ln2_mean, N); TAKE(a->ln2_rstd, N);
         TAKE(a->fch, N * FC); TAKE(a->fch_act, N * F); TAKE(a->resid3, N * C);
     }
-    TAKE(m->lnf, N * C); TAKE(m->lnf_mean, N); TAKE(m->lnf_rstd, N); TAKE(m->logits, N * Vp);
+    TAKE(m->lnf, N * C); TAKE(m->lnf_mean, N); TAKE(m->lnf_rstd, N); TAKE(m->logits, N * Vp); TAKE(m->logits_lse, N);
     TAKE(m->dresid, N * C); TAKE(m->dln, N * C); TAKE(m->dA, N * big); TAKE(m->dB, N * mid);
 #undef TAKE
     m->act_B = B;
@@ -188,9 +188,9 @@ int sl_model_forward(sl_model *m, const int *inputs, const int *targets, int B, 
     m->loss = 0.0f;
     if (targets) {
         for (size_t i = 0; i < N; i++) m->n_valid_targets += targets[i] >= 0;
-        // the loss alone here (logits kept); backward recomputes the softmax and writes dlogits in place
-        double total = ops->crossentropy_forward_backward(m->logits, targets, (int)N, c->vocab_size,
-                                                          c->padded_vocab_size, 0.0f);
+        // the loss and each row's log-sum-exp here (logits kept); backward writes dlogits in place
+        double total = ops->crossentropy_forward(m->logits_lse, m->logits, targets, (int)N, c->vocab_size,
+                                                 c->padded_vocab_size);
         m->loss = m->n_valid_targets ? (float)(total / m->n_valid_targets) : 0.0f;
         if (loss) *loss = m->loss;
     }
@@ -208,7 +208,7 @@ int sl_model_backward(sl_model *m, float grad_scale) {
     float dloss = m->n_valid_targets ? grad_scale / (float)m->n_valid_targets : 0.0f;
 
     // logits -> dlogits in place, then the head and the final norm
-    ops->crossentropy_forward_backward(m->logits, m->targets, N, c->vocab_size, Vp, dloss);
+    ops->crossentropy_backward(m->logits, m->logits_lse, m->targets, N, c->vocab_size, Vp, dloss);
     int head = L->lm_head >= 0 ? L->lm_head : L->wte;
     ops->matmul_backward(m->dln, G(m, head), NULL, m->logits, m->lnf, P(m, head), N, C, Vp);
     memset(m->dresid, 0, (size_t)N * C * sizeof(float));

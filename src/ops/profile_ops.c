@@ -201,11 +201,18 @@ static void p_attention_decode(float *out, const float *q, const float *k_cache,
     record("attention_decode", now_seconds() - t0, 4.0 * HD * (double)n_ctx * NH);
 }
 
-static double p_crossentropy_forward_backward(float *logits, const int *targets, int N, int V, int Vp, float dloss) {
+static double p_crossentropy_forward(float *lse, const float *logits, const int *targets, int N, int V, int Vp) {
     double t0 = now_seconds();
-    double r = g_inner->crossentropy_forward_backward(logits, targets, N, V, Vp, dloss);
-    record(dloss != 0.0f ? "crossentropy_backward" : "crossentropy_forward", now_seconds() - t0, 0);
+    double r = g_inner->crossentropy_forward(lse, logits, targets, N, V, Vp);
+    record("crossentropy_forward", now_seconds() - t0, 0);
     return r;
+}
+
+static void p_crossentropy_backward(float *logits, const float *lse, const int *targets, int N, int V, int Vp,
+                                    float dloss) {
+    double t0 = now_seconds();
+    g_inner->crossentropy_backward(logits, lse, targets, N, V, Vp, dloss);
+    record("crossentropy_backward", now_seconds() - t0, 0);
 }
 
 // ---- public ---------------------------------------------------------------------------------------
@@ -239,7 +246,8 @@ const sl_ops *sl_ops_profile_wrap(const sl_ops *inner) {
     WRAP(attention_forward);
     WRAP(attention_backward);
     WRAP(attention_decode);
-    WRAP(crossentropy_forward_backward);
+    WRAP(crossentropy_forward);
+    WRAP(crossentropy_backward);
     sl_ops_profile_reset();
     return &g_table;
 }

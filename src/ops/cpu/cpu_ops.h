@@ -33,7 +33,8 @@ void cpu_attention_backward(float *dqkv, const float *dout, const float *qkv, co
                             int B, int T, int NH, int NKV, int HD);
 void cpu_attention_decode(float *out, const float *q, const float *k_cache, const float *v_cache, int n_ctx, int NH,
                           int NKV, int HD);
-double cpu_crossentropy_forward_backward(float *logits, const int *targets, int N, int V, int Vp, float dloss);
+double cpu_crossentropy_forward(float *lse, const float *logits, const int *targets, int N, int V, int Vp);
+void cpu_crossentropy_backward(float *logits, const float *lse, const int *targets, int N, int V, int Vp, float dloss);
 
 // Splits [0, n) into the calling thread's contiguous share inside an omp parallel region.
 void cpu_thread_range(size_t n, size_t *begin, size_t *end);

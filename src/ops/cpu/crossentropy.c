@@ -1,4 +1,5 @@
-// crossentropy.c: fused softmax + cross-entropy + its gradient, in place over the logits, so the
+// crossentropy.c: softmax cross-entropy and its gradient, in place over the logits: forward keeps
+// only each row's log-sum-exp, backward turns the logits into their gradient in one pass, so the
 // probabilities are never stored separately. Only the first V of Vp (padded) columns count.
 // Per-row losses are summed serially in double so the result does not depend on thread timing.
 #include "ops/cpu/cpu_ops.h"
@@ -7,31 +8,33 @@
 #include <math.h>
 #include <stdlib.h>
 
-double cpu_crossentropy_forward_backward(float *logits, const int *targets, int N, int V, int Vp, float dloss) {
-    float *row_loss = malloc(sizeof(float) * (size_t)(N > 0 ? N : 1));
+double cpu_crossentropy_forward(float *lse, const float *logits, const int *targets, int N, int V, int Vp) {
 #pragma omp parallel for schedule(static) if((size_t)N * V >= SL_PAR_MIN_WORK)
     for (int n = 0; n < N; n++) {
-        float *x = logits + (size_t)n * Vp;
-        int target = targets[n];
+        const float *x = logits + (size_t)n * Vp;
         float mx = -INFINITY;
 #pragma omp simd reduction(max : mx)
         for (int v = 0; v < V; v++) mx = x[v] > mx ? x[v] : mx;
         float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
         for (int v = 0; v < V; v++) sum += vexpf(x[v] - mx);
-        float lse = mx + logf(sum);
-        float row = target >= 0 ? lse - x[target] : 0.0f;
-        if (row_loss) row_loss[n] = row;
-        if (dloss == 0.0f) continue;
-        float scale = target >= 0 ? dloss : 0.0f;
+        lse[n] = mx + logf(sum);
+    }
+    double total = 0.0;
+    for (int n = 0; n < N; n++)
+        if (targets[n] >= 0) total += (double)(lse[n] - logits[(size_t)n * Vp + targets[n]]);
+    return total;
+}
+
+void cpu_crossentropy_backward(float *logits, const float *lse, const int *targets, int N, int V, int Vp, float dloss) {
+#pragma omp parallel for schedule(static) if((size_t)N * V >= SL_PAR_MIN_WORK)
+    for (int n = 0; n < N; n++) {
+        float *x = logits + (size_t)n * Vp;
+        int target = targets[n];
+        float scale = target >= 0 ? dloss : 0.0f, l = lse[n];
 #pragma omp simd
-        for (int v = 0; v < V; v++) x[v] = vexpf(x[v] - lse) * scale;
+        for (int v = 0; v < V; v++) x[v] = vexpf(x[v] - l) * scale;
         if (target >= 0) x[target] -= dloss;
         for (int v = V; v < Vp; v++) x[v] = 0.0f;
     }
-    double total = 0.0;
-    if (!row_loss) return NAN;  // out of memory: the caller sees a NaN loss
-    for (int n = 0; n < N; n++) total += row_loss[n];
-    free(row_loss);
-    return total;
 }

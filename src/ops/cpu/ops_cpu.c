@@ -25,7 +25,8 @@ const sl_ops sl_ops_cpu = {
     .attention_forward = cpu_attention_forward,
     .attention_backward = cpu_attention_backward,
     .attention_decode = cpu_attention_decode,
-    .crossentropy_forward_backward = cpu_crossentropy_forward_backward,
+    .crossentropy_forward = cpu_crossentropy_forward,
+    .crossentropy_backward = cpu_crossentropy_backward,
 };
 
 void sl_ops_cpu_set_threads(int n) {
