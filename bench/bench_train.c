@@ -225,8 +225,8 @@ int main(int argc, char **argv) {
            "\"ms_forward_backward\":%.3f,\"ms_optimizer\":%.3f,\"loss\":%.5f,\"params\":%zu,"
            "\"openblas\":\"%s\",\"openblas_core\":\"%s\",\"other_load\":%.2f,\"own_cpu_util\":%.2f",
            a.model, a.B, a.T, a.threads, a.steps, a.warmup, 1e3 * mean, 1e3 * min, 1e3 * median, (double)N / mean,
-           1e3 * head.fb_seconds / a.steps, 1e3 * head.step_seconds / a.steps, head.last_loss, model.layout.total, openblas_get_config(), openblas_get_corename(),
-           other_load, wall > 0 ? own / wall : 0.0);
+           1e3 * head.fb_seconds / a.steps, 1e3 * head.step_seconds / a.steps, head.last_loss, model.layout.total,
+           openblas_get_config(), openblas_get_corename(), other_load, wall > 0 ? own / wall : 0.0);
     if (a.profile_steps > 0) {
         int P = a.profile_steps, n_ops, n_shapes;
         const sl_op_stat *ops = sl_ops_profile_ops(&n_ops);

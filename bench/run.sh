@@ -64,6 +64,9 @@ w(f"- shardlm: {meta.get('gcc', '?')}, `-O3 -march=native`; OpenBLAS {meta.get('
   f" ({next((r.get('openblas') for r in rows.values() if r.get('openblas')), '?')},"
   f" core {next((r.get('openblas_core') for r in rows.values() if r.get('openblas_core')), '?')})")
 tr = next((r for r in rows.values() if r["impl"].startswith("pytorch")), {})
+commits = sorted({r.get("commit") for k, r in rows.items() if k[0] == "shardlm" and r.get("commit")})
+if commits:
+    w(f"- shardlm source measured: commit {', '.join(commits)}")
 w(f"- PyTorch: torch {tr.get('torch', '?')} (PyPI wheel; GEMM through MKL / oneDNN), transformers "
   f"{tr.get('transformers', '?')}, GPT2LMHeadModel, attention `{tr.get('attn', '?')}`, fp32, eager mode")
 w("- each step: forward + cross-entropy + backward + clip_grad_norm(1.0) + AdamW(lr 1e-4, betas 0.9/0.95, "
@@ -189,6 +192,9 @@ print(json.dumps({"impl": "meta",
 PYEOF
 
 load1() { cut -d' ' -f1 /proc/loadavg; }
+# the shardlm source measured: commit, "+dirty" when src/ or include/ differ from it
+COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+if ! git diff --quiet HEAD -- src include 2>/dev/null; then COMMIT="$COMMIT+dirty"; fi
 
 # Appends the JSON line of one run, with the load average before it, to $JSONL.
 record() {  # record LOAD COMMAND...
@@ -198,7 +204,7 @@ record() {  # record LOAD COMMAND...
         echo "bench: FAILED: $* (see $LOG)" >&2
         return 0
     fi
-    echo "${line%\}},\"load1\":$load}" >> "$JSONL"
+    echo "${line%\}},\"load1\":$load,\"commit\":\"$COMMIT\"}" >> "$JSONL"
     echo "$line" | "$PY" -c 'import json,sys; r=json.loads(sys.stdin.read()); print("  %-16s %8.1f ms/step %9.1f tok/s" % (r["impl"], r["ms_per_step"], r["tokens_per_s"]))'
 }
 

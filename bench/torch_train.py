@@ -2,8 +2,8 @@
 """torch_train.py: the PyTorch side of `make bench`. Same configuration as bench/bench_train.c:
 transformers GPT2LMHeadModel with the preset's shape (n_layer, n_head, n_embd, n_positions,
 vocab 50257, tied embeddings, dropout 0), fp32, torch.set_num_threads(N), AdamW (lr 1e-4,
-betas 0.9/0.95, eps 1e-8, weight decay 0.1 on matrices only (norms, biases and embeddings undecayed, as shardlm does),
-foreach default), clip_grad_norm_(1.0), random token batches; times W warmup + S steps
+betas 0.9/0.95, eps 1e-8, weight decay 0.1 on weight matrices only: norms, biases and embeddings
+undecayed, as shardlm does; foreach default), clip_grad_norm_(1.0), random token batches; times W warmup + S steps
 (zero_grad + forward + cross-entropy + backward + clip + optimizer step) and prints one JSON line
 shaped like bench_train's. Attention is "sdpa" (torch's fused scaled_dot_product_attention) by
 default; --attn eager selects the explicit softmax(QK^T)V path. --compile wraps the model in
@@ -63,12 +63,9 @@ def main():
     cfg = GPT2Config(vocab_size=VOCAB, n_positions=P, n_embd=C, n_layer=L, n_head=H, n_inner=4 * C,
                      activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
                      layer_norm_epsilon=1e-5, tie_word_embeddings=True, use_cache=False)
-    model = GPT2LMHeadModel(cfg, attn_implementation=a.attn) if "attn_implementation" in \
-        GPT2LMHeadModel.__init__.__code__.co_varnames else None
-    if model is None:
-        cfg._attn_implementation = a.attn
-        model = GPT2LMHeadModel(cfg)
-    model = model.float().train()
+    cfg._attn_implementation = a.attn
+    model = GPT2LMHeadModel(cfg).float().train()
+    attn_used = getattr(model.config, "_attn_implementation", a.attn)
     n_params = sum(p.numel() for p in model.parameters())
 
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and "wte" not in n and "wpe" not in n]
@@ -112,13 +109,14 @@ def main():
     median = st[len(st) // 2] if len(st) % 2 else 0.5 * (st[len(st) // 2 - 1] + st[len(st) // 2])
     out = {
         "impl": "pytorch" + ("-compile" if a.compile else ""), "model": a.model, "B": a.batch, "T": a.seq,
-        "threads": a.threads, "steps": a.steps, "warmup": a.warmup, "attn": a.attn,
+        "threads": a.threads, "steps": a.steps, "warmup": a.warmup, "attn": attn_used,
         "ms_per_step": round(1e3 * mean, 3), "ms_per_step_min": round(1e3 * st[0], 3),
         "ms_per_step_median": round(1e3 * median, 3), "tokens_per_s": round(a.batch * a.seq / mean, 2),
         "loss": round(loss, 5), "params": n_params, "warmup_s": round(t_compile, 2),
         "torch": torch.__version__, "transformers": transformers.__version__,
         "torch_threads": torch.get_num_threads(),
-        "other_load": round(other_load, 2), "own_cpu_util": round(own / wall, 2), "omp_num_threads": os.environ.get("OMP_NUM_THREADS", ""),
+        "other_load": round(other_load, 2), "own_cpu_util": round(own / wall, 2),
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS", ""),
     }
     if a.profile:
         from torch.profiler import profile, ProfilerActivity

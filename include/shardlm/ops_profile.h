@@ -16,7 +16,8 @@
 #include "shardlm/ops.h"
 
 typedef struct {
-    const char *name;  // op name as in sl_ops ("matmul_forward", ...), or a matmul shape "matmul_forward N=... IC=... OC=..."
+    const char *name;  // op name as in sl_ops ("matmul_forward", ...), or a matmul shape
+                       // ("matmul_forward N=1024 IC=768 OC=2304")
     double seconds;    // wall time summed over calls
     long calls;
     double flops;      // counted for matmul and attention only (0 otherwise); see ops_profile.c
