@@ -102,8 +102,8 @@ else:
 w("\n## Where shardlm's time goes\n")
 w("From a separate pass with the profiling ops table (src/ops/profile_ops.c) after the timed steps, in ms per "
   "step. GEMM = matmul_forward + matmul_backward (OpenBLAS sgemm plus the bias copy / bias-gradient sums); "
-  "attention = attention_forward + attention_backward; cross-entropy = fused softmax/loss (forward) and "
-  "its recomputation into dlogits (backward); optimizer = sl_engine_step (grad-norm clip + AdamW + zero grad); "
+  "attention = attention_forward + attention_backward; cross-entropy = crossentropy_forward (row "
+  "log-sum-exp and loss) + crossentropy_backward (dlogits in one pass); optimizer = sl_engine_step (grad-norm clip + AdamW + zero grad); "
   "other = every remaining op plus time outside ops.\n")
 w("| model | B | T | threads | step ms (profiled) | GEMM ms | GEMM % | GEMM GFLOP/s | attention ms | attention % | attn GFLOP/s | cross-entropy ms | GELU ms | layernorm ms | optimizer ms | other ms |")
 w("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
