@@ -152,6 +152,7 @@ int cmd_generate(int argc, char **argv) {
     clock_gettime(CLOCK_MONOTONIC, &t1);
     double secs = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
     printf("\n");
+    fflush(stdout);
     fprintf(stderr, "[%d tokens in %.2f s, %.1f tokens/s]\n", produced, secs, produced / (secs > 0 ? secs : 1));
     rc = 0;
 done:

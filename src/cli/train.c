@@ -55,7 +55,7 @@ static void usage(FILE *f) {
         "  --weight-decay WD       (default 0.1; linear weights only unless --decay-all)\n"
         "  --decay-all             also decay norms, biases and embeddings\n"
         "  --momentum M            SGD momentum\n"
-        "  --grad-clip NORM        gradient_clipping, 0 = off (default 1.0)\n"
+        "  --grad-clip NORM        gradient_clipping, 0 = off (default 1.0; with --config, the file's value or 0)\n"
         "  --lr-schedule KIND      constant | cosine (WarmupCosineLR) | linear (WarmupDecayLR) | warmup (WarmupLR)\n"
         "                          (default cosine when no scheduler block is configured)\n"
         "  --warmup-steps N        linear warmup steps for --lr-schedule (default steps/10)\n"

@@ -82,6 +82,8 @@ static const char *const OWN_KEYS[] = {"model", "data", "tokenizer", "seq_len", 
 int sl_train_config_apply_json(sl_train_config *c, const cJSON *root, const char *where) {
     if (!cJSON_IsObject(root)) return sl_errorf("%s: expected a JSON object at the top level", where);
     warn_unknown(root, TOP_KEYS, where);
+    // DeepSpeed's own default for a key the file leaves out: no clipping
+    c->gradient_clipping = 0.0f;
     if (get_int(root, "train_batch_size", &c->train_batch_size, where) ||
         get_int(root, "train_micro_batch_size_per_gpu", &c->micro_batch, where) ||
         get_int(root, "gradient_accumulation_steps", &c->grad_accum, where) ||

@@ -210,16 +210,21 @@ TEST(bad_tokens_and_lengths_are_rejected) {
 }
 
 TEST(layout_counts_match_hugging_face) {
-    // GPT2LMHeadModel("gpt2").num_parameters() == 124,439,808
-    sl_model_config cfg;
-    sl_param_layout L;
-    CHECK(sl_config_preset(&cfg, "gpt2") == 0);
-    CHECK(sl_layout_build(&L, &cfg) == 0);
-    CHECK(sl_layout_num_parameters(&L) == 124439808);
-    CHECK(cfg.padded_vocab_size == 50304);
-    // blocks are contiguous and in order
-    for (int l = 0; l < cfg.n_layer; l++) CHECK(L.tensors[L.blocks[l].ln1_w].offset == L.block_begin[l]);
-    sl_layout_free(&L);
+    // GPT2LMHeadModel(...).num_parameters() for the four published GPT-2 sizes
+    const char *names[4] = {"gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"};
+    const size_t counts[4] = {124439808, 354823168, 774030080, 1557611200};
+    for (int i = 0; i < 4; i++) {
+        sl_model_config cfg;
+        sl_param_layout L;
+        CHECK(sl_config_preset(&cfg, names[i]) == 0);
+        CHECK(sl_layout_build(&L, &cfg) == 0);
+        CHECK_MSG(sl_layout_num_parameters(&L) == counts[i], "%s: %zu parameters", names[i], sl_layout_num_parameters(&L));
+        CHECK(cfg.padded_vocab_size == 50304);
+        // blocks are contiguous, in order, and tile the buffer between embeddings and final norm
+        for (int l = 0; l < cfg.n_layer; l++) CHECK(L.tensors[L.blocks[l].ln1_w].offset == L.block_begin[l]);
+        CHECK(L.tensors[L.lnf_w].offset == L.block_begin[cfg.n_layer]);
+        sl_layout_free(&L);
+    }
 }
 
 TEST_MAIN()
