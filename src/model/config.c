@@ -4,6 +4,7 @@
 #include "shardlm/config.h"
 #include "shardlm/error.h"
 #include "shardlm/fileio.h"
+#include "shardlm/json_get.h"
 
 #include <cjson/cJSON.h>
 #include <stdio.h>
@@ -57,53 +58,39 @@ int sl_config_validate(sl_model_config *c, const char *where) {
     return 0;
 }
 
-// Reads an integer key; `required` makes absence an error. Wrong types are always errors.
-static int json_int(const cJSON *root, const char *key, int *out, int required, const char *where) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
-    if (!v || cJSON_IsNull(v)) {
-        if (required) return sl_errorf("%s: missing required key \"%s\"", where, key);
-        return 0;
-    }
+// eos_token_id is an integer, or (newer LLaMA configs) a list whose first entry is the main one.
+static int token_id(const cJSON *r, const char *key, int *out, const char *w) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(r, key);
+    if (cJSON_IsArray(v)) v = cJSON_GetArrayItem(v, 0);
+    if (!v || cJSON_IsNull(v)) return 0;
     if (!cJSON_IsNumber(v) || v->valuedouble != (double)(int)v->valuedouble)
-        return sl_errorf("%s: key \"%s\" must be an integer", where, key);
+        return sl_errorf("%s: \"%s\" must be an integer token id (or a list of them)", w, key);
     *out = (int)v->valuedouble;
-    return 0;
-}
-
-static int json_float(const cJSON *root, const char *key, float *out, const char *where) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
-    if (!v || cJSON_IsNull(v)) return 0;
-    if (!cJSON_IsNumber(v)) return sl_errorf("%s: key \"%s\" must be a number", where, key);
-    *out = (float)v->valuedouble;
-    return 0;
-}
-
-static int json_bool(const cJSON *root, const char *key, int *out, const char *where) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
-    if (!v || cJSON_IsNull(v)) return 0;
-    if (!cJSON_IsBool(v)) return sl_errorf("%s: key \"%s\" must be true or false", where, key);
-    *out = cJSON_IsTrue(v);
     return 0;
 }
 
 static int parse_gpt2(sl_model_config *c, const cJSON *r, const char *w) {
     *c = (sl_model_config){SL_ARCH_GPT2, 50257, 0, 1024, 12, 12, 12, 768, 0, 1e-5f, 0.0f, 1, 50256, 50256};
-    if (json_int(r, "vocab_size", &c->vocab_size, 1, w) || json_int(r, "n_positions", &c->max_seq_len, 0, w) ||
-        json_int(r, "n_layer", &c->n_layer, 1, w) || json_int(r, "n_head", &c->n_head, 1, w) ||
-        json_int(r, "n_embd", &c->n_embd, 1, w) || json_int(r, "n_inner", &c->n_inner, 0, w) ||
-        json_float(r, "layer_norm_epsilon", &c->norm_eps, w) || json_bool(r, "tie_word_embeddings", &c->tie_word_embeddings, w) ||
-        json_int(r, "bos_token_id", &c->bos_token_id, 0, w) || json_int(r, "eos_token_id", &c->eos_token_id, 0, w))
+    if (sl_json_get_int(r, "vocab_size", &c->vocab_size, 1, 0, w) ||
+        sl_json_get_int(r, "n_positions", &c->max_seq_len, 0, 0, w) ||
+        sl_json_get_int(r, "n_layer", &c->n_layer, 1, 0, w) || sl_json_get_int(r, "n_head", &c->n_head, 1, 0, w) ||
+        sl_json_get_int(r, "n_embd", &c->n_embd, 1, 0, w) || sl_json_get_int(r, "n_inner", &c->n_inner, 0, 0, w) ||
+        sl_json_get_float(r, "layer_norm_epsilon", &c->norm_eps, w) ||
+        sl_json_get_bool(r, "tie_word_embeddings", &c->tie_word_embeddings, w) ||
+        token_id(r, "bos_token_id", &c->bos_token_id, w) ||
+        token_id(r, "eos_token_id", &c->eos_token_id, w))
         return -1;
     if (c->n_inner == 0) c->n_inner = 4 * c->n_embd;
     c->n_kv_head = c->n_head;
     const cJSON *act = cJSON_GetObjectItemCaseSensitive(r, "activation_function");
-    if (act && (!cJSON_IsString(act) || (strcmp(act->valuestring, "gelu_new") && strcmp(act->valuestring, "gelu_pytorch_tanh"))))
+    if (act && (!cJSON_IsString(act) ||
+        (strcmp(act->valuestring, "gelu_new") && strcmp(act->valuestring, "gelu_pytorch_tanh"))))
         return sl_errorf("%s: activation_function must be \"gelu_new\" (tanh GELU)", w);
     if (!c->tie_word_embeddings) return sl_errorf("%s: GPT-2 models must tie word embeddings", w);
     const char *unsupported[] = {"scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn", "add_cross_attention"};
     for (int i = 0; i < 3; i++) {
         int on = 0;
-        if (json_bool(r, unsupported[i], &on, w)) return -1;
+        if (sl_json_get_bool(r, unsupported[i], &on, w)) return -1;
         if (on) return sl_errorf("%s: %s=true is not supported", w, unsupported[i]);
     }
     return 0;
@@ -112,12 +99,18 @@ static int parse_gpt2(sl_model_config *c, const cJSON *r, const char *w) {
 static int parse_llama(sl_model_config *c, const cJSON *r, const char *w) {
     *c = (sl_model_config){SL_ARCH_LLAMA, 32000, 0, 2048, 0, 0, 0, 0, 0, 1e-6f, 10000.0f, 0, 1, 2};
     c->n_kv_head = -1;
-    if (json_int(r, "vocab_size", &c->vocab_size, 1, w) || json_int(r, "max_position_embeddings", &c->max_seq_len, 0, w) ||
-        json_int(r, "num_hidden_layers", &c->n_layer, 1, w) || json_int(r, "num_attention_heads", &c->n_head, 1, w) ||
-        json_int(r, "num_key_value_heads", &c->n_kv_head, 0, w) || json_int(r, "hidden_size", &c->n_embd, 1, w) ||
-        json_int(r, "intermediate_size", &c->n_inner, 1, w) || json_float(r, "rms_norm_eps", &c->norm_eps, w) ||
-        json_float(r, "rope_theta", &c->rope_theta, w) || json_bool(r, "tie_word_embeddings", &c->tie_word_embeddings, w) ||
-        json_int(r, "bos_token_id", &c->bos_token_id, 0, w) || json_int(r, "eos_token_id", &c->eos_token_id, 0, w))
+    if (sl_json_get_int(r, "vocab_size", &c->vocab_size, 1, 0, w) ||
+        sl_json_get_int(r, "max_position_embeddings", &c->max_seq_len, 0, 0, w) ||
+        sl_json_get_int(r, "num_hidden_layers", &c->n_layer, 1, 0, w) ||
+        sl_json_get_int(r, "num_attention_heads", &c->n_head, 1, 0, w) ||
+        sl_json_get_int(r, "num_key_value_heads", &c->n_kv_head, 0, 0, w) ||
+        sl_json_get_int(r, "hidden_size", &c->n_embd, 1, 0, w) ||
+        sl_json_get_int(r, "intermediate_size", &c->n_inner, 1, 0, w) ||
+        sl_json_get_float(r, "rms_norm_eps", &c->norm_eps, w) ||
+        sl_json_get_float(r, "rope_theta", &c->rope_theta, w) ||
+        sl_json_get_bool(r, "tie_word_embeddings", &c->tie_word_embeddings, w) ||
+        token_id(r, "bos_token_id", &c->bos_token_id, w) ||
+        token_id(r, "eos_token_id", &c->eos_token_id, w))
         return -1;
     if (c->n_kv_head == -1) c->n_kv_head = c->n_head;
     const cJSON *act = cJSON_GetObjectItemCaseSensitive(r, "hidden_act");
@@ -126,9 +119,9 @@ static int parse_llama(sl_model_config *c, const cJSON *r, const char *w) {
     const cJSON *rs = cJSON_GetObjectItemCaseSensitive(r, "rope_scaling");
     if (rs && !cJSON_IsNull(rs)) return sl_errorf("%s: rope_scaling is not supported (expected null)", w);
     int bias = 0;
-    if (json_bool(r, "attention_bias", &bias, w)) return -1;
+    if (sl_json_get_bool(r, "attention_bias", &bias, w)) return -1;
     if (bias) return sl_errorf("%s: attention_bias=true is not supported", w);
-    if (json_bool(r, "mlp_bias", &bias, w)) return -1;
+    if (sl_json_get_bool(r, "mlp_bias", &bias, w)) return -1;
     if (bias) return sl_errorf("%s: mlp_bias=true is not supported", w);
     return 0;
 }

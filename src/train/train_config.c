@@ -2,6 +2,7 @@
 #include "shardlm/train_config.h"
 #include "shardlm/error.h"
 #include "shardlm/fileio.h"
+#include "shardlm/json_get.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,45 +34,6 @@ void sl_train_config_free(sl_train_config *c) {
     c->scheduler_block = NULL;
 }
 
-static int get_int(const cJSON *o, const char *key, int *out, const char *where) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
-    if (!v || cJSON_IsNull(v)) return 0;
-    if (!cJSON_IsNumber(v) || v->valuedouble != (double)(long long)v->valuedouble || v->valuedouble < 0 ||
-        v->valuedouble > 2147483647.0)
-        return sl_errorf("%s: \"%s\" must be a non-negative integer", where, key);
-    *out = (int)v->valuedouble;
-    return 0;
-}
-
-static int get_float(const cJSON *o, const char *key, float *out, const char *where) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
-    if (!v || cJSON_IsNull(v)) return 0;
-    if (!cJSON_IsNumber(v)) return sl_errorf("%s: \"%s\" must be a number", where, key);
-    *out = (float)v->valuedouble;
-    return 0;
-}
-
-static int get_str(const cJSON *o, const char *key, char *out, size_t cap, const char *where) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
-    if (!v || cJSON_IsNull(v)) return 0;
-    if (!cJSON_IsString(v)) return sl_errorf("%s: \"%s\" must be a string", where, key);
-    snprintf(out, cap, "%s", v->valuestring);
-    return 0;
-}
-
-static void warn_unknown(const cJSON *o, const char *const *known, const char *where) {
-    char list[1024] = "";
-    for (const cJSON *it = o->child; it; it = it->next) {
-        int ok = 0;
-        for (int i = 0; known[i]; i++) ok |= strcmp(known[i], it->string) == 0;
-        if (!ok && strlen(list) + strlen(it->string) + 4 < sizeof list) {
-            if (list[0]) strcat(list, ", ");
-            strcat(list, it->string);
-        }
-    }
-    if (list[0]) fprintf(stderr, "warning: %s: unknown keys ignored: %s\n", where, list);
-}
-
 static const char *const TOP_KEYS[] = {"train_batch_size", "train_micro_batch_size_per_gpu",
                                        "gradient_accumulation_steps", "optimizer", "scheduler",
                                        "gradient_clipping", "steps_per_print", "shardlm", NULL};
@@ -81,14 +43,14 @@ static const char *const OWN_KEYS[] = {"model", "data", "tokenizer", "seq_len", 
 
 int sl_train_config_apply_json(sl_train_config *c, const cJSON *root, const char *where) {
     if (!cJSON_IsObject(root)) return sl_errorf("%s: expected a JSON object at the top level", where);
-    warn_unknown(root, TOP_KEYS, where);
+    sl_json_warn_unknown(root, TOP_KEYS, where);
     // DeepSpeed's own default for a key the file leaves out: no clipping
     c->gradient_clipping = 0.0f;
-    if (get_int(root, "train_batch_size", &c->train_batch_size, where) ||
-        get_int(root, "train_micro_batch_size_per_gpu", &c->micro_batch, where) ||
-        get_int(root, "gradient_accumulation_steps", &c->grad_accum, where) ||
-        get_float(root, "gradient_clipping", &c->gradient_clipping, where) ||
-        get_int(root, "steps_per_print", &c->steps_per_print, where))
+    if (sl_json_get_int(root, "train_batch_size", &c->train_batch_size, 0, 0, where) ||
+        sl_json_get_int(root, "train_micro_batch_size_per_gpu", &c->micro_batch, 0, 0, where) ||
+        sl_json_get_int(root, "gradient_accumulation_steps", &c->grad_accum, 0, 0, where) ||
+        sl_json_get_float(root, "gradient_clipping", &c->gradient_clipping, where) ||
+        sl_json_get_int(root, "steps_per_print", &c->steps_per_print, 0, 0, where))
         return -1;
     const cJSON *opt = cJSON_GetObjectItemCaseSensitive(root, "optimizer");
     if (opt) {
@@ -107,17 +69,19 @@ int sl_train_config_apply_json(sl_train_config *c, const cJSON *root, const char
         char w[1200];
         snprintf(w, sizeof w, "%s: shardlm", where);
         if (!cJSON_IsObject(own)) return sl_errorf("%s: must be an object", w);
-        warn_unknown(own, OWN_KEYS, w);
+        sl_json_warn_unknown(own, OWN_KEYS, w);
         int steps = -1, seed = -1;
-        if (get_str(own, "model", c->model, sizeof c->model, w) || get_str(own, "data", c->data, sizeof c->data, w) ||
-            get_str(own, "tokenizer", c->tokenizer, sizeof c->tokenizer, w) ||
-            get_int(own, "seq_len", &c->seq_len, w) || get_int(own, "steps", &steps, w) ||
-            get_int(own, "seed", &seed, w) || get_int(own, "threads", &c->threads, w) ||
-            get_int(own, "eval_interval", &c->eval_interval, w) || get_int(own, "eval_batches", &c->eval_batches, w) ||
-            get_int(own, "save_interval", &c->save_interval, w) ||
-            get_str(own, "save_dir", c->save_dir, sizeof c->save_dir, w) ||
-            get_str(own, "metrics", c->metrics, sizeof c->metrics, w) ||
-            get_int(own, "sample_tokens", &c->sample_tokens, w))
+        if (sl_json_get_string(own, "model", c->model, sizeof c->model, w) ||
+            sl_json_get_string(own, "data", c->data, sizeof c->data, w) ||
+            sl_json_get_string(own, "tokenizer", c->tokenizer, sizeof c->tokenizer, w) ||
+            sl_json_get_int(own, "seq_len", &c->seq_len, 0, 0, w) || sl_json_get_int(own, "steps", &steps, 0, 0, w) ||
+            sl_json_get_int(own, "seed", &seed, 0, 0, w) || sl_json_get_int(own, "threads", &c->threads, 0, 0, w) ||
+            sl_json_get_int(own, "eval_interval", &c->eval_interval, 0, 0, w) ||
+            sl_json_get_int(own, "eval_batches", &c->eval_batches, 0, 0, w) ||
+            sl_json_get_int(own, "save_interval", &c->save_interval, 0, 0, w) ||
+            sl_json_get_string(own, "save_dir", c->save_dir, sizeof c->save_dir, w) ||
+            sl_json_get_string(own, "metrics", c->metrics, sizeof c->metrics, w) ||
+            sl_json_get_int(own, "sample_tokens", &c->sample_tokens, 0, 0, w))
             return -1;
         if (steps >= 0) c->steps = steps;
         if (seed >= 0) c->seed = (uint64_t)seed;

@@ -1,0 +1,56 @@
+// json_get.c: typed, checked reads of configuration keys (see json_get.h).
+#include "shardlm/json_get.h"
+#include "shardlm/error.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+int sl_json_get_int(const cJSON *obj, const char *key, int *out, int required, int min_value, const char *where) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+    if (!v || cJSON_IsNull(v)) return required ? sl_errorf("%s: missing required key \"%s\"", where, key) : 0;
+    double d = cJSON_IsNumber(v) ? v->valuedouble : NAN;
+    if (!(d == floor(d)) || d < (double)min_value || d > 2147483647.0)
+        return sl_errorf("%s: \"%s\" must be an integer >= %d", where, key, min_value);
+    *out = (int)d;
+    return 0;
+}
+
+int sl_json_get_float(const cJSON *obj, const char *key, float *out, const char *where) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+    if (!v || cJSON_IsNull(v)) return 0;
+    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble)) return sl_errorf("%s: \"%s\" must be a number", where, key);
+    *out = (float)v->valuedouble;
+    return 0;
+}
+
+int sl_json_get_bool(const cJSON *obj, const char *key, int *out, const char *where) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+    if (!v || cJSON_IsNull(v)) return 0;
+    if (!cJSON_IsBool(v)) return sl_errorf("%s: \"%s\" must be true or false", where, key);
+    *out = cJSON_IsTrue(v);
+    return 0;
+}
+
+int sl_json_get_string(const cJSON *obj, const char *key, char *out, size_t cap, const char *where) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+    if (!v || cJSON_IsNull(v)) return 0;
+    if (!cJSON_IsString(v)) return sl_errorf("%s: \"%s\" must be a string", where, key);
+    if (strlen(v->valuestring) >= cap) return sl_errorf("%s: \"%s\" is longer than %zu bytes", where, key, cap - 1);
+    memcpy(out, v->valuestring, strlen(v->valuestring) + 1);
+    return 0;
+}
+
+void sl_json_warn_unknown(const cJSON *obj, const char *const *known, const char *where) {
+    char list[1024] = "";
+    size_t used = 0;
+    for (const cJSON *it = obj->child; it; it = it->next) {
+        int ok = 0;
+        for (int i = 0; known[i] && !ok; i++) ok = strcmp(known[i], it->string) == 0;
+        if (ok) continue;
+        int n = snprintf(list + used, sizeof list - used, "%s%s", used ? ", " : "", it->string);
+        if (n < 0 || (size_t)n >= sizeof list - used) break;
+        used += (size_t)n;
+    }
+    if (used) fprintf(stderr, "warning: %s: unknown keys ignored: %s\n", where, list);
+}
