@@ -291,6 +291,11 @@ static int run(sl_train_config *c) {
         if (eot >= 0) src.cfg.bos_token_id = src.cfg.eos_token_id = eot;
         if (sl_config_validate(&src.cfg, c->model)) goto done;
     }
+    if (src.has_weights && tok && sl_tokenizer_vocab_size(tok) > src.cfg.vocab_size) {
+        sl_errorf("the data's tokenizer (%s) has %d tokens but the model in %s only %d", tok_dir,
+                  sl_tokenizer_vocab_size(tok), src.weights_dir, src.cfg.vocab_size);
+        goto done;
+    }
     if (c->seq_len > src.cfg.max_seq_len) {
         sl_errorf("--seq-len %d exceeds the model's maximum positions %d", c->seq_len, src.cfg.max_seq_len);
         goto done;

@@ -89,6 +89,19 @@ lr3=$(grep '"step":3,' "$tmp/ds/metrics.jsonl" | sed 's/.*"lr":\([0-9.e+-]*\).*/
 # DeepSpeed WarmupLR (linear): step 3 uses last_batch_iteration 1 -> 0.002 * 1/3
 expect deepspeed_warmup_lr_schedule awk -v x="$lr3" 'BEGIN { exit !(x > 0.000666 && x < 0.000667) }'
 
+# fine-tuning: start from a checkpoint's weights (a Hugging Face directory) into a new run
+"$BIN" train --model "$tmp/gpt2-tiny-straight/step_00000020" "${common[@]}" --steps 5 --lr 1e-3 \
+  --save-dir "$tmp/finetune" >"$tmp/ft.out" 2>&1
+rc=$?
+ft_first=$(grep '"loss"' "$tmp/finetune/metrics.jsonl" 2>/dev/null | head -1 | sed 's/.*"loss":\([0-9.e+-]*\).*/\1/')
+st_first=$(grep '"loss"' "$tmp/gpt2-tiny-straight/metrics.jsonl" | head -1 | sed 's/.*"loss":\([0-9.e+-]*\).*/\1/')
+# a model that starts from trained weights begins far below a fresh model's first loss
+if [ $rc -eq 0 ] && [ -n "$ft_first" ] && awk -v a="$ft_first" -v b="$st_first" 'BEGIN { exit !(a < b - 0.3) }'; then
+  pass finetune_starts_from_pretrained_weights
+else
+  fail finetune_starts_from_pretrained_weights "exit $rc, first loss $ft_first vs fresh $st_first"
+fi
+
 # --- bad input: clear message, non-zero exit, existing checkpoint untouched -----------------------
 ck="$tmp/gpt2-tiny-straight"
 sum_before=$(cat "$ck"/step_00000020/* | md5sum)
@@ -97,6 +110,7 @@ bad() {  # bad NAME EXPECTED-MESSAGE-REGEX ARGS...
   "$BIN" "$@" >"$tmp/bad.out" 2>&1; local rc=$?
   if [ $rc -ne 0 ] && [ $rc -lt 128 ] && grep -Eq -- "$re" "$tmp/bad.out"; then pass "$name"; else fail "$name" "exit $rc"; cat "$tmp/bad.out" | tail -3; fi
 }
+bad vocabulary_mismatch_is_named "has 50257 tokens but the model" train --model "$tmp/gpt2-tiny-straight" --data "$tmp/data" --tokenizer "$DATA/gpt2" --seq-len 32 --save-dir "$tmp/x"
 bad missing_data_dir_is_named "nodata" train --model gpt2-tiny --data "$tmp/nodata" --save-dir "$tmp/x" --steps 1
 echo '{"train_batch_size": 8,' >"$tmp/broken.json"
 bad malformed_config_is_named "broken.json.*malformed JSON" train --config "$tmp/broken.json" --data "$tmp/data"
