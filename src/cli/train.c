@@ -231,10 +231,13 @@ static int save_checkpoint(sl_engine *e, const sl_train_config *c, sl_loader *tr
     snprintf(tag, sizeof tag, "step_%08lld", (long long)e->step);
     sl_loader_position p = sl_loader_tell(train);
     sl_loader_position_to_json(&p, pos, sizeof pos);
-    size_t need = strlen(pos) + (cfg_json ? strlen(cfg_json) : 4) + 64;
+    size_t need = strlen(pos) + (cfg_json ? strlen(cfg_json) : 4) + 128;
     char *client = malloc(need);
     if (!client) { free(cfg_json); return sl_errorf("out of memory"); }
-    snprintf(client, need, "{\"loader\": %s, \"config\": %s}", pos, cfg_json ? cfg_json : "null");
+    // RNG state: every stream is a pure function of (seed, rank, step, purpose), so the seed and the
+    // step (saved by the engine) are the whole state
+    snprintf(client, need, "{\"loader\": %s, \"rng\": {\"seed\": %llu, \"scheme\": \"counter-based\"}, "
+             "\"config\": %s}", pos, (unsigned long long)c->seed, cfg_json ? cfg_json : "null");
     free(cfg_json);
     int rc = sl_engine_save(e, c->save_dir, tag, client);
     free(client);
