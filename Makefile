@@ -4,9 +4,11 @@ CC      ?= gcc
 BLAS_DIR ?= /usr/lib/x86_64-linux-gnu/openblas-openmp
 BLAS_INC ?= /usr/include/x86_64-linux-gnu/openblas-openmp
 WARN    := -std=c17 -Wall -Wextra -Werror -D_GNU_SOURCE
-CPPFLAGS := -Iinclude -Isrc -I$(BLAS_INC)
+MPI_CFLAGS ?= $(shell mpicc --showme:compile 2>/dev/null)
+MPI_LIBS   ?= $(shell mpicc --showme:link 2>/dev/null)
+CPPFLAGS := -Iinclude -Isrc -I$(BLAS_INC) $(MPI_CFLAGS)
 OPT     ?= -O3 -march=native -fno-fast-math -fno-math-errno -fno-trapping-math
-LDLIBS  := -L$(BLAS_DIR) -Wl,-rpath,$(BLAS_DIR) -lopenblas -lcjson -lpcre2-8 -lm
+LDLIBS  := -L$(BLAS_DIR) -Wl,-rpath,$(BLAS_DIR) -lopenblas -lcjson -lpcre2-8 $(MPI_LIBS) -lm
 B       ?= build
 
 LIB_SRC  := $(shell find src -name '*.c' -not -path 'src/cli/*' | sort)

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # scripts/setup.sh: installs the Debian packages shardlm builds against (compiler, OpenBLAS with
-# OpenMP threading, cJSON, PCRE2). Skips apt-get when everything is already present.
+# OpenMP threading, cJSON, PCRE2, Open MPI). Skips apt-get when everything is already present.
 set -eu
-pkgs="build-essential libopenblas-openmp-dev libcjson-dev libpcre2-dev"
+pkgs="build-essential libopenblas-openmp-dev libcjson-dev libpcre2-dev libopenmpi-dev openmpi-bin"
 missing=""
 for p in $pkgs; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 if [ -n "$missing" ]; then
