@@ -44,6 +44,11 @@ typedef struct {
     int have_targets;
     int n_valid_targets;
     float loss;                  // mean loss of the last forward with targets
+    // Optional: called during backward each time the gradients at flat offsets >= ready_from have
+    // reached their final value for this micro-batch (after the head, after each block, and with 0
+    // at the end), so a data-parallel engine can start reducing them while backward continues.
+    void (*grad_ready)(void *ctx, size_t ready_from);
+    void *grad_ready_ctx;
 } sl_model;
 
 int sl_model_create(sl_model *m, const sl_model_config *cfg, const sl_ops *ops);

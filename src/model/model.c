@@ -214,6 +214,8 @@ int sl_model_backward(sl_model *m, float grad_scale) {
     memset(m->dresid, 0, (size_t)N * C * sizeof(float));
     const float *last = c->n_layer > 0 ? m->layers[c->n_layer - 1].resid3 : m->encoded;
     norm_backward(m, m->dresid, m->dln, last, L->lnf_w, L->lnf_b, m->lnf_mean, m->lnf_rstd, N);
+    // the final norm and an untied head are final now; a tied head (wte) only after the encoder
+    if (m->grad_ready) m->grad_ready(m->grad_ready_ctx, L->block_begin[c->n_layer]);
 
     for (int l = c->n_layer - 1; l >= 0; l--) {
         const sl_block_tensors *k = &L->blocks[l];
@@ -233,8 +235,10 @@ int sl_model_backward(sl_model *m, float grad_scale) {
         if (c->arch == SL_ARCH_LLAMA) ops->rope_backward(m->dA, m->rope_cos, m->rope_sin, B, T, NH, NKV, HD);
         ops->matmul_backward(m->dln, G(m, k->qkv_w), G_OPT(m, k->qkv_b), m->dA, a->ln1, P(m, k->qkv_w), N, C, QKV);
         norm_backward(m, m->dresid, m->dln, resid_in, k->ln1_w, k->ln1_b, a->ln1_mean, a->ln1_rstd, N);
+        if (m->grad_ready) m->grad_ready(m->grad_ready_ctx, L->block_begin[l]);
     }
     ops->encoder_backward(G(m, L->wte), L->wpe >= 0 ? G(m, L->wpe) : NULL, m->dresid, m->inputs, B, T, C);
+    if (m->grad_ready) m->grad_ready(m->grad_ready_ctx, 0);
     m->have_targets = 0;  // logits now hold gradients; a second backward would be wrong
     return 0;
 }

@@ -1,0 +1,41 @@
+// ddp.h: data-parallel gradient averaging, as PyTorch DDP does it. The flat gradient buffer is cut
+// into contiguous buckets in reverse layer order (the order backward finishes them): a small first
+// bucket at the end of the buffer, then buckets of reduce_bucket_size elements. The model's
+// grad_ready hook reports how far backward has got; every bucket entirely above that watermark
+// starts a non-blocking all-reduce at once, so communication overlaps the rest of backward.
+// sl_ddp_finish starts what is left, waits for everything and divides by the data-parallel size.
+#ifndef SHARDLM_DDP_H
+#define SHARDLM_DDP_H
+
+#include <stddef.h>
+#include "shardlm/comm.h"
+
+typedef struct {
+    size_t begin, end;       // [begin, end) of the flat gradient buffer
+    sl_comm_request req;
+    int started;
+} sl_ddp_bucket;
+
+typedef struct {
+    sl_comm *dp;
+    float *grads;
+    size_t total;
+    sl_ddp_bucket *buckets;  // buckets[0] ends at `total`; each next one lies just below
+    int n_buckets;
+    int next;                // first bucket not yet started
+    int overlap;             // 0: every all-reduce waits for sl_ddp_finish (for measurement)
+} sl_ddp;
+
+// bucket_size and first_bucket_size are in elements (DeepSpeed's reduce_bucket_size unit).
+int sl_ddp_init(sl_ddp *d, sl_comm *dp, float *grads, size_t total, size_t bucket_size, size_t first_bucket_size,
+                int overlap);
+void sl_ddp_free(sl_ddp *d);
+
+// The model's grad_ready hook (ctx = sl_ddp*): starts every bucket with begin >= ready_from, and
+// lets pending ones progress.
+void sl_ddp_grad_ready(void *ctx, size_t ready_from);
+
+// Starts the remaining buckets, waits for all, and scales the gradients by 1/dp size.
+int sl_ddp_finish(sl_ddp *d);
+
+#endif

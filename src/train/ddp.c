@@ -1,0 +1,83 @@
+// ddp.c: bucketed, overlapped gradient all-reduce (see ddp.h). Invariant: buckets [0, next) have
+// been started and nothing writes their range again during this backward; errors raised inside the
+// hook (which cannot return one) are kept and reported by sl_ddp_finish.
+#include "shardlm/ddp.h"
+#include "shardlm/error.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static _Thread_local int hook_failed;
+static _Thread_local char hook_error[512];
+
+int sl_ddp_init(sl_ddp *d, sl_comm *dp, float *grads, size_t total, size_t bucket_size, size_t first_bucket_size,
+                int overlap) {
+    memset(d, 0, sizeof *d);
+    if (bucket_size == 0) return sl_errorf("ddp: reduce_bucket_size must be positive");
+    if (first_bucket_size == 0 || first_bucket_size > bucket_size) first_bucket_size = bucket_size;
+    size_t n = 1 + (total > first_bucket_size ? (total - first_bucket_size + bucket_size - 1) / bucket_size : 0);
+    d->buckets = sl_calloc(n, sizeof *d->buckets, "ddp buckets");
+    if (!d->buckets) return -1;
+    size_t end = total;
+    for (size_t i = 0; i < n && end > 0; i++) {
+        size_t size = i == 0 ? first_bucket_size : bucket_size;
+        d->buckets[i].end = end;
+        d->buckets[i].begin = end > size ? end - size : 0;
+        end = d->buckets[i].begin;
+        d->n_buckets++;
+    }
+    d->dp = dp;
+    d->grads = grads;
+    d->total = total;
+    d->overlap = overlap;
+    return 0;
+}
+
+void sl_ddp_free(sl_ddp *d) {
+    free(d->buckets);
+    memset(d, 0, sizeof *d);
+}
+
+static int start_bucket(sl_ddp *d, sl_ddp_bucket *b) {
+    b->started = 1;
+    return sl_comm_iallreduce(d->dp, d->grads + b->begin, b->end - b->begin, SL_DTYPE_F32, SL_OP_SUM, &b->req);
+}
+
+void sl_ddp_grad_ready(void *ctx, size_t ready_from) {
+    sl_ddp *d = ctx;
+    if (!d->overlap || hook_failed) return;
+    while (d->next < d->n_buckets && d->buckets[d->next].begin >= ready_from) {
+        if (start_bucket(d, &d->buckets[d->next])) {
+            hook_failed = 1;
+            snprintf(hook_error, sizeof hook_error, "%s", sl_error());
+            return;
+        }
+        d->next++;
+    }
+    // give the started operations a chance to progress while backward computes
+    for (int i = 0; i < d->next; i++) {
+        int done;
+        if (!d->buckets[i].req.done) sl_comm_test(&d->buckets[i].req, &done);
+    }
+}
+
+int sl_ddp_finish(sl_ddp *d) {
+    if (hook_failed) {
+        hook_failed = 0;
+        return sl_errorf("ddp: starting a gradient all-reduce failed: %s", hook_error);
+    }
+    for (; d->next < d->n_buckets; d->next++)
+        if (start_bucket(d, &d->buckets[d->next])) return -1;
+    int rc = 0;
+    for (int i = 0; i < d->n_buckets; i++) {
+        if (d->buckets[i].started && sl_comm_wait(&d->buckets[i].req)) rc = -1;
+        d->buckets[i].started = 0;
+    }
+    d->next = 0;
+    if (rc) return rc;
+    float inv = 1.0f / (float)sl_comm_size(d->dp);
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < d->total; i++) d->grads[i] *= inv;
+    return 0;
+}
