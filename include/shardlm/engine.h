@@ -9,6 +9,8 @@
 #define SHARDLM_ENGINE_H
 
 #include <stdint.h>
+#include "shardlm/comm.h"
+#include "shardlm/ddp.h"
 #include "shardlm/model.h"
 #include "shardlm/optim.h"
 #include "shardlm/schedule.h"
@@ -19,6 +21,11 @@ typedef struct {
     float gradient_clipping;  // max global norm; 0 = off
     sl_optim_config optim;
     sl_schedule schedule;
+    // data parallelism (DDP); dp NULL or of size 1 = a single process
+    sl_comm *dp;
+    size_t reduce_bucket_size;   // elements per gradient bucket (DeepSpeed's reduce_bucket_size)
+    size_t first_bucket_size;    // the small first bucket (the head's end of the buffer)
+    int overlap_comm;            // start each bucket's all-reduce as soon as backward has finished it
 } sl_engine_config;
 
 typedef struct {
@@ -33,12 +40,18 @@ typedef struct {
     float last_loss;          // mean micro-batch loss of the last completed step
     float last_lr;
     float last_grad_norm;     // before clipping
+    int distributed;          // dp group with more than one rank
+    sl_ddp ddp;
 } sl_engine;
 
 int sl_engine_init(sl_engine *e, sl_model *model, const sl_engine_config *cfg);
 void sl_engine_free(sl_engine *e);
 
-// Forward + backward of one micro-batch; gradients accumulate scaled by 1/grad_accum_steps.
+// With a data-parallel group, init broadcasts rank 0's parameters and checks every rank holds the
+// same bits; save writes from rank 0 only; load reads on rank 0 and broadcasts.
+// Forward + backward of one micro-batch; gradients accumulate scaled by 1/grad_accum_steps. On the
+// last micro-batch of a step the gradients are averaged over the data-parallel group (bucketed,
+// overlapping backward); earlier micro-batches communicate nothing.
 int sl_engine_forward_backward(sl_engine *e, const int *inputs, const int *targets, int B, int T, float *loss);
 
 // True when grad_accum_steps micro-batches have been accumulated and a step is due.

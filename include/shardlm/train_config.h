@@ -43,6 +43,14 @@ typedef struct {
     char metrics[SL_PATH_MAX];    // JSON-lines file; "" = SAVE_DIR/metrics.jsonl
     int sample_tokens;            // tokens generated after training (0 = none)
     int no_save;                  // 1 = never write checkpoints (benchmarks)
+    int shuffle;                  // shuffle training windows (default 1)
+    // DeepSpeed "zero_optimization" block
+    int zero_stage;               // stage (0 = plain data parallelism)
+    size_t reduce_bucket_size;    // elements per gradient bucket (default 5e8, DeepSpeed's)
+    size_t first_bucket_size;     // the first (small) bucket, elements (default 262144 = 1 MiB of fp32)
+    size_t allgather_bucket_size; // ZeRO parameter gathers (default 5e8)
+    int overlap_comm;             // overlap gradient reduction with backward (default 1)
+    int contiguous_gradients;     // accepted for compatibility: gradients are always contiguous here
 } sl_train_config;
 
 void sl_train_config_defaults(sl_train_config *c);

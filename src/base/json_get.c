@@ -19,7 +19,8 @@ int sl_json_get_int(const cJSON *obj, const char *key, int *out, int required, i
 int sl_json_get_float(const cJSON *obj, const char *key, float *out, const char *where) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
     if (!v || cJSON_IsNull(v)) return 0;
-    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble)) return sl_errorf("%s: \"%s\" must be a number", where, key);
+    if (!cJSON_IsNumber(v) || !(fabs(v->valuedouble) <= 3.0e38))
+        return sl_errorf("%s: \"%s\" must be a finite number", where, key);
     *out = (float)v->valuedouble;
     return 0;
 }

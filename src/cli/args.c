@@ -2,6 +2,7 @@
 #include "cli/args.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -56,8 +57,8 @@ int sl_arg_float(sl_args *a, const char *name, float *out) {
     char *end;
     errno = 0;
     float v = strtof(a->value, &end);
-    if (errno || end == a->value || *end) {
-        fprintf(stderr, "error: flag %s expects a number, got '%s'\n", name, a->value);
+    if (errno || end == a->value || *end || !isfinite(v)) {
+        fprintf(stderr, "error: flag %s expects a finite number, got '%s'\n", name, a->value);
         a->error = 1;
     } else {
         *out = v;

@@ -108,7 +108,7 @@ int cmd_generate(int argc, char **argv) {
         return 2;
     }
     if (a.error) return 2;
-    if (max_new < 1 || sc.temperature < 0 || sc.top_k < 0 || !(sc.top_p > 0 && sc.top_p <= 1)) {
+    if (max_new < 1 || !(sc.temperature >= 0) || sc.top_k < 0 || !(sc.top_p > 0 && sc.top_p <= 1)) {
         fprintf(stderr, "error: need --max-new-tokens >= 1, --temperature >= 0, --top-k >= 0, 0 < --top-p <= 1\n");
         return 2;
     }
@@ -138,7 +138,7 @@ int cmd_generate(int argc, char **argv) {
     if (n > 0) for (size_t i = 0; i < n; i++) prompt_ids[i] = ids[i];
     else prompt_ids[0] = sl_tokenizer_eot_id(tok) >= 0 ? sl_tokenizer_eot_id(tok) : 0;
     sl_generate_config gc = {max_new, sc, (uint64_t)seed, stop_eot};
-    if (n_prompt + max_new > src.cfg.max_seq_len) {
+    if (max_new > src.cfg.max_seq_len - n_prompt) {
         gc.max_new_tokens = src.cfg.max_seq_len - n_prompt;
         if (gc.max_new_tokens < 1) { sl_errorf("the prompt (%d tokens) fills the model's %d positions", n_prompt, src.cfg.max_seq_len); goto done; }
         fprintf(stderr, "note: max-new-tokens clipped to %d by the model's %d positions\n", gc.max_new_tokens, src.cfg.max_seq_len);

@@ -5,6 +5,7 @@
 // SIGINT/SIGTERM finish the current step, save a checkpoint and exit non-zero.
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "shardlm/comm.h"
 #include "shardlm/engine.h"
 #include "shardlm/error.h"
 #include "shardlm/fileio.h"
@@ -24,6 +25,7 @@
 #include <time.h>
 
 static volatile sig_atomic_t stop_signal = 0;
+static int is_rank0 = 1;  // only data-parallel rank 0 prints, writes metrics and samples
 static void on_signal(int sig) { stop_signal = sig; }
 
 static double now_s(void) {
@@ -68,6 +70,8 @@ static void usage(FILE *f) {
         "  --save-dir DIR          checkpoint root (default runs/demo)\n"
         "  --save-interval N       checkpoint every N steps (default: only at the end)\n"
         "  --no-save               never write checkpoints\n"
+        "  --no-shuffle            read training windows in file order (default: shuffled from the seed)\n"
+        "  --no-overlap-comm       all-reduce gradients after backward instead of during it\n"
         "  --resume [PATH]         continue from PATH (a checkpoint root or tag); `--resume auto` or a bare\n"
         "                          --resume uses SAVE_DIR if it holds a checkpoint\n"
         "  --metrics FILE          JSON-lines metrics (default SAVE_DIR/metrics.jsonl)\n"
@@ -127,6 +131,8 @@ static int parse_flags(int argc, char **argv, sl_train_config *c, flag_extras *x
         if (sl_arg_str(&a, "--save-dir", c->save_dir, sizeof c->save_dir)) continue;
         if (sl_arg_int(&a, "--save-interval", &c->save_interval)) continue;
         if (sl_arg_switch(&a, "--no-save")) { c->no_save = 1; continue; }
+        if (sl_arg_switch(&a, "--no-shuffle")) { c->shuffle = 0; continue; }
+        if (sl_arg_switch(&a, "--no-overlap-comm")) { c->overlap_comm = 0; continue; }
         if (sl_arg_switch(&a, "--resume")) {
             // optional value: a following argument that is not a flag
             if (a.i + 1 < argc && strncmp(argv[a.i + 1], "--", 2) != 0) snprintf(c->resume, sizeof c->resume, "%s", argv[++a.i]);
@@ -212,7 +218,7 @@ static int val_shards_exist(const char *data) {
 }
 
 // Mean loss over n batches of the validation loader (from its start).
-static int evaluate(sl_model *m, sl_loader *val, int n, int B, int T, int *in, int *tg, float *out) {
+static int evaluate(sl_model *m, sl_comm *world, sl_loader *val, int n, int B, int T, int *in, int *tg, float *out) {
     sl_loader_reset(val);
     double sum = 0.0;
     int64_t avail = sl_loader_batches_per_epoch(val);
@@ -222,7 +228,9 @@ static int evaluate(sl_model *m, sl_loader *val, int n, int B, int T, int *in, i
         if (sl_loader_next(val, in, tg) || sl_model_forward(m, in, tg, B, T, &loss)) return -1;
         sum += loss;
     }
-    *out = n > 0 ? (float)(sum / n) : NAN;
+    double totals[2] = {sum, (double)n};  // each rank evaluates its own slice of the validation set
+    if (sl_comm_allreduce(world, totals, 2, SL_DTYPE_F64, SL_OP_SUM)) return -1;
+    *out = totals[1] > 0 ? (float)(totals[0] / totals[1]) : NAN;
     return 0;
 }
 
@@ -241,7 +249,7 @@ static int save_checkpoint(sl_engine *e, const sl_train_config *c, sl_loader *tr
     free(cfg_json);
     int rc = sl_engine_save(e, c->save_dir, tag, client);
     free(client);
-    if (rc == 0) {
+    if (rc == 0 && is_rank0) {
         char line[SL_PATH_MAX + 128];
         snprintf(line, sizeof line, "saved checkpoint %s/%s", c->save_dir, tag);
         sl_progress_message(prog, line);
@@ -249,24 +257,61 @@ static int save_checkpoint(sl_engine *e, const sl_train_config *c, sl_loader *tr
     return rc;
 }
 
-// Restores the loader position saved in a checkpoint's client state.
-static int restore_loader(sl_loader *train, const char *client) {
+static double json_num(const cJSON *o, const char *key, double dflt) {
+    const cJSON *v = o ? cJSON_GetObjectItemCaseSensitive(o, key) : NULL;
+    return cJSON_IsNumber(v) ? v->valuedouble : cJSON_IsBool(v) ? (double)cJSON_IsTrue(v) : dflt;
+}
+
+// Restores the loader position saved in a checkpoint's client state, after checking that this run
+// reads the same data the same way. The position counts windows of micro_batch x seq_len tokens
+// per rank; a run may change its number of ranks (and micro-batch, when not shuffling) as long as
+// the same global window sequence continues, so the position is rescaled to this run's shape.
+static int restore_loader(sl_loader *train, const char *client, const sl_train_config *c) {
     cJSON *root = client ? cJSON_Parse(client) : NULL;
     const cJSON *ld = root ? cJSON_GetObjectItemCaseSensitive(root, "loader") : NULL;
-    int rc;
-    if (!ld) {
-        rc = sl_errorf("checkpoint has no saved loader position");
-    } else {
-        char *s = cJSON_PrintUnformatted(ld);
-        sl_loader_position pos;
-        rc = sl_loader_position_from_json(s, &pos) || sl_loader_seek(train, &pos) ? -1 : 0;
-        free(s);
+    const cJSON *cfg = root ? cJSON_GetObjectItemCaseSensitive(root, "config") : NULL;
+    const cJSON *own = cfg ? cJSON_GetObjectItemCaseSensitive(cfg, "shardlm") : NULL;
+    const cJSON *data = own ? cJSON_GetObjectItemCaseSensitive(own, "data") : NULL;
+    int rc = 0;
+    sl_loader_position pos;
+    char *s = ld ? cJSON_PrintUnformatted(ld) : NULL;
+    if (!ld || !own) rc = sl_errorf("checkpoint has no saved loader position and configuration");
+    else if (!s || sl_loader_position_from_json(s, &pos)) rc = -1;
+    free(s);
+    if (rc == 0) {
+        double mb = json_num(cfg, "train_micro_batch_size_per_gpu", 0), ga = json_num(cfg, "gradient_accumulation_steps", 1);
+        double tbs = json_num(cfg, "train_batch_size", 0), world = mb * ga > 0 ? tbs / (mb * ga) : 0;
+        double seq = json_num(own, "seq_len", 0), seed = json_num(own, "seed", -1), shuffle = json_num(own, "shuffle", 1);
+        double old_windows = world * mb, new_windows = (double)c->world_size * c->micro_batch;
+        if (seq != c->seq_len) rc = sl_errorf("checkpoint was trained with seq_len %g, this run uses %d", seq, c->seq_len);
+        else if (seed != (double)c->seed) rc = sl_errorf("checkpoint was trained with seed %g, this run uses %llu", seed,
+                                                       (unsigned long long)c->seed);
+        else if (shuffle != c->shuffle) rc = sl_errorf("checkpoint was trained with%s shuffling, this run %s", shuffle ? "" : "out",
+                                                     c->shuffle ? "shuffles" : "does not");
+        else if (!cJSON_IsString(data) || strcmp(data->valuestring, c->data) != 0)
+            rc = sl_errorf("checkpoint was trained on data %s, this run reads %s", cJSON_IsString(data) ? data->valuestring : "?",
+                           c->data);
+        else if (c->shuffle && mb != c->micro_batch)
+            rc = sl_errorf("checkpoint was trained with micro batch %g, this run uses %d (with shuffling the window "
+                           "order depends on it; keep it, or change ranks/accumulation instead)", mb, c->micro_batch);
+        else if (fmod((double)pos.batch * old_windows, new_windows) != 0.0)
+            rc = sl_errorf("the checkpoint's data position (%lld batches of %g windows) is not a whole number of this "
+                           "run's batches of %g windows", (long long)pos.batch, old_windows, new_windows);
+        if (rc == 0) {
+            pos.batch = (int64_t)((double)pos.batch * old_windows / new_windows);
+            if (tbs != c->train_batch_size && is_rank0)
+                fprintf(stderr, "warning: train_batch_size changes from %g to %d on resume\n", tbs, c->train_batch_size);
+            if (json_num(own, "threads", 0) != c->threads && is_rank0)
+                fprintf(stderr, "warning: thread count differs from the checkpoint's run: results will not be "
+                                "bit-identical to an uninterrupted run\n");
+            rc = sl_loader_seek(train, &pos);
+        }
     }
     cJSON_Delete(root);
     return rc;
 }
 
-static int run(sl_train_config *c) {
+static int run(sl_train_config *c, sl_comm *world) {
     int rc = -1;
     sl_model model;
     sl_engine engine;
@@ -311,17 +356,21 @@ static int run(sl_train_config *c) {
         sl_model_init_weights(&model, c->seed);
     }
 
-    sl_loader_config lc = {c->data, "train", c->micro_batch, c->seq_len, 0, 1, c->seed, 1, src.cfg.vocab_size};
+    int rank = sl_comm_rank(world);
+    sl_loader_config lc = {c->data, "train", c->micro_batch, c->seq_len, rank, c->world_size, c->seed, c->shuffle,
+                           src.cfg.vocab_size};
     if (sl_loader_open(&train, &lc)) goto done;
     if (c->eval_interval > 0 && val_shards_exist(c->data)) {
-        sl_loader_config vc = {c->data, "val", c->micro_batch, c->seq_len, 0, 1, c->seed, 0, src.cfg.vocab_size};
+        sl_loader_config vc = {c->data, "val", c->micro_batch, c->seq_len, rank, c->world_size, c->seed, 0,
+                               src.cfg.vocab_size};
         if (sl_loader_open(&val, &vc)) {
             fprintf(stderr, "warning: validation disabled: %s\n", sl_error());
             val = NULL;
         }
     }
 
-    sl_engine_config ec = {c->micro_batch, c->grad_accum, c->gradient_clipping, c->optim, c->schedule};
+    sl_engine_config ec = {c->micro_batch, c->grad_accum, c->gradient_clipping, c->optim, c->schedule,
+                           world, c->reduce_bucket_size, c->first_bucket_size, c->overlap_comm};
     if (sl_engine_init(&engine, &model, &ec)) goto done;
     have_engine = 1;
 
@@ -331,26 +380,28 @@ static int run(sl_train_config *c) {
         if (from) {
             char *client = NULL;
             if (sl_engine_load(&engine, from, &client)) goto done;
-            int lr = restore_loader(train, client);
+            int lr = restore_loader(train, client, c);
             free(client);
             if (lr) { sl_error_context("resuming from %s", from); goto done; }
-            printf("resumed from %s at step %lld\n", from, (long long)engine.step);
+            if (is_rank0) printf("resumed from %s at step %lld\n", from, (long long)engine.step);
         } else {
-            printf("no checkpoint in %s: starting fresh\n", c->save_dir);
+            if (is_rank0) printf("no checkpoint in %s: starting fresh\n", c->save_dir);
         }
     }
 
-    char *resolved = sl_train_config_to_json(c);
-    printf("model: %s (%s, %zu parameters, %d layers, %d heads, C=%d, vocab %d)\n", c->model,
+    char *resolved = is_rank0 ? sl_train_config_to_json(c) : NULL;
+    if (is_rank0) printf("model: %s (%s, %zu parameters, %d layers, %d heads, C=%d, vocab %d)\n", c->model,
            src.cfg.arch == SL_ARCH_GPT2 ? "GPT-2" : "LLaMA", sl_layout_num_parameters(&model.layout),
            src.cfg.n_layer, src.cfg.n_head, src.cfg.n_embd, src.cfg.vocab_size);
-    printf("data: %s (%lld training tokens, %lld batches per epoch)\n", c->data,
+    if (is_rank0) printf("data: %s (%lld training tokens, %lld batches per epoch)\n", c->data,
            (long long)sl_loader_num_tokens(train), (long long)sl_loader_batches_per_epoch(train));
-    printf("threads: %d\nresolved config:\n%s\n", sl_ops_cpu_threads(), resolved ? resolved : "?");
+    if (is_rank0)
+        printf("threads: %d per rank, data-parallel ranks: %d\nresolved config:\n%s\n", sl_ops_cpu_threads(),
+               c->world_size, resolved ? resolved : "?");
     free(resolved);
     fflush(stdout);
 
-    {
+    if (is_rank0) {
         char parent[SL_PATH_MAX];
         snprintf(parent, sizeof parent, "%s", c->metrics);
         char *slash = strrchr(parent, '/');
@@ -382,7 +433,7 @@ static int run(sl_train_config *c) {
             goto done;
         }
         if (metrics) sl_metrics_log_train(metrics, engine.step, engine.last_loss, engine.last_lr, tok_s, t - t_start);
-        if (c->steps_per_print > 0 && (engine.step % c->steps_per_print == 0 || engine.step == c->steps)) {
+        if (is_rank0 && c->steps_per_print > 0 && (engine.step % c->steps_per_print == 0 || engine.step == c->steps)) {
             char line[256];
             double eta = sl_eta_seconds(engine.step - first_step, c->steps - first_step, t - t_start);
             sl_format_progress(line, sizeof line, engine.step, c->steps, engine.last_loss, engine.last_lr, tok_s, eta);
@@ -390,10 +441,10 @@ static int run(sl_train_config *c) {
         }
         if (val && (engine.step % c->eval_interval == 0 || engine.step == c->steps)) {
             float vl;
-            if (evaluate(&model, val, c->eval_batches, c->micro_batch, c->seq_len, in, tg, &vl)) goto done;
+            if (evaluate(&model, world, val, c->eval_batches, c->micro_batch, c->seq_len, in, tg, &vl)) goto done;
             char line[128];
             snprintf(line, sizeof line, "step %lld | val loss %.4f", (long long)engine.step, vl);
-            sl_progress_message(&prog, line);
+            if (is_rank0) sl_progress_message(&prog, line);
             if (metrics) sl_metrics_log_val(metrics, engine.step, vl);
             t_last = now_s();  // evaluation time does not count against training throughput
         }
@@ -402,23 +453,25 @@ static int run(sl_train_config *c) {
             t_last = now_s();
         }
     }
-    sl_progress_finish(&prog);
-    if (!c->no_save && engine.step > first_step && save_checkpoint(&engine, c, train, &prog)) goto done;
+    if (is_rank0) sl_progress_finish(&prog);
+    int saved = !c->no_save && engine.step > first_step;
+    if (saved && save_checkpoint(&engine, c, train, &prog)) goto done;
     if (stop_signal) {
-        sl_errorf("stopped by signal %d after step %lld (checkpoint saved)", (int)stop_signal, (long long)engine.step);
+        sl_errorf("stopped by signal %d after step %lld (%s)", (int)stop_signal, (long long)engine.step,
+                  saved ? "checkpoint saved" : "no checkpoint written");
         goto done;
     }
-    if (c->sample_tokens > 0 && tok) {
+    if (c->sample_tokens > 0 && tok && is_rank0) {
         int prompt = sl_tokenizer_eot_id(tok) >= 0 ? sl_tokenizer_eot_id(tok) : 0;
         sl_generate_config gc = {c->sample_tokens, {1.0f, 40, 1.0f}, c->seed, 0};
-        if (c->sample_tokens + 1 > model.cfg.max_seq_len) gc.max_new_tokens = model.cfg.max_seq_len - 1;
+        if (c->sample_tokens > model.cfg.max_seq_len - 1) gc.max_new_tokens = model.cfg.max_seq_len - 1;
         printf("sample (%d tokens, temperature 1.0, top-k 40):\n---\n", gc.max_new_tokens);
         if (sl_generate(&model, tok, &prompt, 1, &gc, NULL, NULL, stdout)) goto done;
         printf("\n---\n");
     }
     rc = 0;
 done:
-    if (rc) sl_progress_finish(&prog);
+    if (rc && is_rank0) sl_progress_finish(&prog);
     free(in);
     free(tg);
     if (metrics) sl_metrics_close(metrics);
@@ -440,15 +493,24 @@ int cmd_train(int argc, char **argv) {
     int p = parse_flags(argc, argv, &c, &x);
     if (p == 1) { usage(stdout); sl_train_config_free(&c); return 0; }
     int rc = p;
-    if (rc == 0) rc = sl_train_config_resolve(&c, x.given);
+    sl_comm *world = NULL;
+    if (rc == 0) rc = sl_comm_init_world(&world, "auto", NULL, NULL);
+    if (rc == 0) {
+        c.world_size = sl_comm_size(world);
+        is_rank0 = sl_comm_rank(world) == 0;
+        rc = sl_train_config_resolve(&c, x.given);
+    }
     if (rc == 0) {
         sl_ops_cpu_set_threads(c.threads);
-        rc = run(&c);
+        rc = run(&c, world);
     }
     if (rc) {
         const char *msg = sl_error();
-        if (msg[0]) fprintf(stderr, "error: %s\n", msg);
+        if (msg[0] && world && sl_comm_size(world) > 1) fprintf(stderr, "error: [rank %d] %s\n", sl_comm_rank(world), msg);
+        else if (msg[0]) fprintf(stderr, "error: %s\n", msg);
     }
+    // a failed rank leaves without finalising, so the launcher stops the others instead of them hanging
+    if (world && (rc == 0 || sl_comm_size(world) == 1)) sl_comm_free(world);
     sl_train_config_free(&c);
     return rc ? 1 : 0;
 }

@@ -7,6 +7,7 @@
 #include "shardlm/json_get.h"
 
 #include <cjson/cJSON.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,6 +55,11 @@ int sl_config_validate(sl_model_config *c, const char *where) {
     if (c->arch == SL_ARCH_LLAMA && (c->n_embd / c->n_head) % 2 != 0)
         return sl_errorf("%s: head_dim %d must be even for rotary embeddings", where, c->n_embd / c->n_head);
     if (!(c->norm_eps > 0.0f)) return sl_errorf("%s: norm epsilon must be positive", where);
+    if (c->arch == SL_ARCH_LLAMA && !(c->rope_theta > 0.0f)) return sl_errorf("%s: rope_theta must be positive", where);
+    if (c->vocab_size > (1 << 30) || c->n_layer > 100000 || c->n_embd > (1 << 20) || c->n_inner > (1 << 24) ||
+        c->max_seq_len > (1 << 24))
+        return sl_errorf("%s: model dimensions are implausibly large (vocab %d, layers %d, n_embd %d, inner %d, "
+                         "positions %d)", where, c->vocab_size, c->n_layer, c->n_embd, c->n_inner, c->max_seq_len);
     c->padded_vocab_size = (c->vocab_size + 127) / 128 * 128;
     return 0;
 }
@@ -63,7 +69,8 @@ static int token_id(const cJSON *r, const char *key, int *out, const char *w) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(r, key);
     if (cJSON_IsArray(v)) v = cJSON_GetArrayItem(v, 0);
     if (!v || cJSON_IsNull(v)) return 0;
-    if (!cJSON_IsNumber(v) || v->valuedouble != (double)(int)v->valuedouble)
+    if (!cJSON_IsNumber(v) || !(v->valuedouble >= -1.0 && v->valuedouble <= 2147483647.0) ||
+        v->valuedouble != floor(v->valuedouble))
         return sl_errorf("%s: \"%s\" must be an integer token id (or a list of them)", w, key);
     *out = (int)v->valuedouble;
     return 0;
@@ -87,6 +94,9 @@ static int parse_gpt2(sl_model_config *c, const cJSON *r, const char *w) {
         (strcmp(act->valuestring, "gelu_new") && strcmp(act->valuestring, "gelu_pytorch_tanh"))))
         return sl_errorf("%s: activation_function must be \"gelu_new\" (tanh GELU)", w);
     if (!c->tie_word_embeddings) return sl_errorf("%s: GPT-2 models must tie word embeddings", w);
+    int scale_attn = 1;
+    if (sl_json_get_bool(r, "scale_attn_weights", &scale_attn, w)) return -1;
+    if (!scale_attn) return sl_errorf("%s: scale_attn_weights=false is not supported", w);
     const char *unsupported[] = {"scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn", "add_cross_attention"};
     for (int i = 0; i < 3; i++) {
         int on = 0;
@@ -113,6 +123,11 @@ static int parse_llama(sl_model_config *c, const cJSON *r, const char *w) {
         token_id(r, "eos_token_id", &c->eos_token_id, w))
         return -1;
     if (c->n_kv_head == -1) c->n_kv_head = c->n_head;
+    int head_dim = 0;
+    if (sl_json_get_int(r, "head_dim", &head_dim, 0, 1, w)) return -1;
+    if (head_dim && c->n_head > 0 && head_dim * c->n_head != c->n_embd)
+        return sl_errorf("%s: head_dim %d differs from hidden_size / num_attention_heads = %d (not supported)", w,
+                         head_dim, c->n_embd / c->n_head);
     const cJSON *act = cJSON_GetObjectItemCaseSensitive(r, "hidden_act");
     if (act && (!cJSON_IsString(act) || strcmp(act->valuestring, "silu")))
         return sl_errorf("%s: hidden_act must be \"silu\"", w);

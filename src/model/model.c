@@ -140,6 +140,7 @@ static const float *head_weight(const sl_model *m) { return P(m, m->layout.lm_he
 int sl_model_forward(sl_model *m, const int *inputs, const int *targets, int B, int T, float *loss) {
     const sl_model_config *c = &m->cfg;
     const sl_ops *ops = m->ops;
+    m->have_targets = 0;  // a failed forward must not leave a stale one for backward
     if (B <= 0 || T <= 0) return sl_errorf("forward: batch %d x %d must be positive", B, T);
     if (T > c->max_seq_len)
         return sl_errorf("forward: sequence length %d exceeds the model's maximum positions %d", T, c->max_seq_len);
@@ -198,7 +199,8 @@ int sl_model_forward(sl_model *m, const int *inputs, const int *targets, int B, 
 }
 
 int sl_model_backward(sl_model *m, float grad_scale) {
-    if (!m->have_targets) return sl_errorf("backward: the last forward had no targets");
+    if (!m->have_targets)
+        return sl_errorf("backward: needs a preceding forward with targets (none since the last backward or a failed forward)");
     const sl_model_config *c = &m->cfg;
     const sl_ops *ops = m->ops;
     const sl_param_layout *L = &m->layout;

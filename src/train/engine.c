@@ -18,6 +18,30 @@ static const char **state_names(const sl_engine *e) {
     return STATE_NAMES[e->cfg.optim.type == SL_OPTIM_SGD ? 1 : 0];
 }
 
+// FNV-1a over the parameter bytes: equal on every rank iff the parameters are bit-identical.
+static long long params_hash(const float *p, size_t n) {
+    const unsigned char *b = (const unsigned char *)p;
+    unsigned long long h = 1469598103934665603ULL;
+    for (size_t i = 0; i < n * sizeof(float); i++) h = (h ^ b[i]) * 1099511628211ULL;
+    return (long long)(h >> 1);
+}
+
+// Rank 0's parameters to every rank, then a check that all ranks hold the same bits.
+static int sync_parameters(sl_engine *e) {
+    sl_model *m = e->model;
+    if (sl_comm_broadcast(e->cfg.dp, m->params, m->layout.total, SL_DTYPE_F32, 0)) return -1;
+    int world = sl_comm_size(e->cfg.dp);
+    long long mine = params_hash(m->params, m->layout.total);
+    long long *all = sl_calloc((size_t)world, sizeof(long long), "parameter hashes");
+    if (!all) return -1;
+    int rc = sl_comm_allgather(e->cfg.dp, &mine, all, 1, SL_DTYPE_I64);
+    for (int r = 0; rc == 0 && r < world; r++)
+        if (all[r] != all[0]) rc = sl_errorf("data-parallel rank %d holds different parameters from rank 0 after the "
+                                             "broadcast", r);
+    free(all);
+    return rc;
+}
+
 int sl_engine_init(sl_engine *e, sl_model *model, const sl_engine_config *cfg) {
     memset(e, 0, sizeof *e);
     e->model = model;
@@ -32,19 +56,38 @@ int sl_engine_init(sl_engine *e, sl_model *model, const sl_engine_config *cfg) {
         if (!e->optim_state[i]) { sl_engine_free(e); return -1; }
     }
     sl_model_zero_grad(model);
+    e->distributed = cfg->dp && sl_comm_size(cfg->dp) > 1;
+    if (e->distributed) {
+        size_t bucket = cfg->reduce_bucket_size ? cfg->reduce_bucket_size : 500000000;
+        if (sync_parameters(e) ||
+            sl_ddp_init(&e->ddp, cfg->dp, model->grads, model->layout.total, bucket, cfg->first_bucket_size,
+                        cfg->overlap_comm)) {
+            sl_engine_free(e);
+            return -1;
+        }
+    }
     return 0;
 }
 
 void sl_engine_free(sl_engine *e) {
     for (int i = 0; i < 2; i++) free(e->optim_state[i]);
     sl_decay_mask_free(&e->decay_mask);
+    if (e->distributed) sl_ddp_free(&e->ddp);
     memset(e, 0, sizeof *e);
 }
 
 int sl_engine_forward_backward(sl_engine *e, const int *inputs, const int *targets, int B, int T, float *loss) {
     float l;
+    int last_micro = e->micro_step + 1 == e->cfg.grad_accum_steps;
     if (sl_model_forward(e->model, inputs, targets, B, T, &l)) return -1;
-    if (sl_model_backward(e->model, 1.0f / (float)e->cfg.grad_accum_steps)) return -1;
+    if (e->distributed && last_micro) {
+        e->model->grad_ready = sl_ddp_grad_ready;
+        e->model->grad_ready_ctx = &e->ddp;
+    }
+    int rc = sl_model_backward(e->model, 1.0f / (float)e->cfg.grad_accum_steps);
+    e->model->grad_ready = NULL;
+    if (rc == 0 && e->distributed && last_micro) rc = sl_ddp_finish(&e->ddp);
+    if (rc) return -1;
     e->loss_sum += l;
     e->micro_step++;
     if (loss) *loss = l;
@@ -62,7 +105,12 @@ int sl_engine_step(sl_engine *e) {
     if (sl_optim_step(&e->cfg.optim, e->last_lr, e->step + 1, m->params, m->grads, e->optim_state,
                       &e->decay_mask, 0, n))
         return -1;
-    e->last_loss = (float)(e->loss_sum / e->micro_step);
+    double loss_sum = e->loss_sum;
+    if (e->distributed) {
+        if (sl_comm_allreduce(e->cfg.dp, &loss_sum, 1, SL_DTYPE_F64, SL_OP_SUM)) return -1;
+        loss_sum /= sl_comm_size(e->cfg.dp);
+    }
+    e->last_loss = (float)(loss_sum / e->micro_step);
     e->loss_sum = 0.0;
     e->micro_step = 0;
     e->step++;
@@ -89,7 +137,57 @@ static char *trainer_state_json(const sl_engine *e, const char *client_state_jso
     return s;
 }
 
+// After rank 0 did something alone: every rank learns whether it worked (rank 0 keeps its message).
+static int share_status(sl_engine *e, int rc, const char *what) {
+    if (!e->distributed) return rc;
+    int status = rc;
+    if (sl_comm_broadcast(e->cfg.dp, &status, 1, SL_DTYPE_I32, 0)) return -1;
+    if (status != 0 && sl_comm_rank(e->cfg.dp) != 0) return sl_errorf("rank 0 failed %s (see rank 0's error)", what);
+    return status;
+}
+
+static int save_local(sl_engine *e, const char *root, const char *tag, const char *client_state_json);
+static int load_local(sl_engine *e, const char *path, char **client_state_json);
+
 int sl_engine_save(sl_engine *e, const char *root, const char *tag, const char *client_state_json) {
+    int rc = 0;
+    if (!e->distributed || sl_comm_rank(e->cfg.dp) == 0) rc = save_local(e, root, tag, client_state_json);
+    return share_status(e, rc, "to save the checkpoint");
+}
+
+int sl_engine_load(sl_engine *e, const char *path, char **client_state_json) {
+    char *client = NULL;
+    int rc = 0, rank0 = !e->distributed || sl_comm_rank(e->cfg.dp) == 0;
+    if (client_state_json) *client_state_json = NULL;
+    if (rank0) rc = load_local(e, path, &client);
+    if ((rc = share_status(e, rc, "to load the checkpoint")) != 0) { free(client); return rc; }
+    if (e->distributed) {
+        // rank 0 read the files; everyone else receives the same state
+        sl_comm *dp = e->cfg.dp;
+        size_t n = e->model->layout.total;
+        long long meta[2] = {(long long)e->step, client ? (long long)strlen(client) + 1 : 0};
+        double last_loss = e->last_loss;
+        if (sl_comm_broadcast(dp, e->model->params, n, SL_DTYPE_F32, 0) ||
+            sl_comm_broadcast(dp, meta, 2, SL_DTYPE_I64, 0) || sl_comm_broadcast(dp, &last_loss, 1, SL_DTYPE_F64, 0)) {
+            free(client);
+            return -1;
+        }
+        for (int i = 0; i < e->n_optim_state; i++)
+            if (sl_comm_broadcast(dp, e->optim_state[i], n, SL_DTYPE_F32, 0)) { free(client); return -1; }
+        if (!rank0 && meta[1] > 0) client = sl_calloc((size_t)meta[1], 1, "client state");
+        if (meta[1] > 0 && (!client || sl_comm_broadcast(dp, client, (size_t)meta[1], SL_DTYPE_U8, 0))) {
+            free(client);
+            return -1;
+        }
+        e->step = meta[0];
+        e->last_loss = (float)last_loss;
+    }
+    if (client_state_json) *client_state_json = client;
+    else free(client);
+    return 0;
+}
+
+static int save_local(sl_engine *e, const char *root, const char *tag, const char *client_state_json) {
     if (e->micro_step != 0) return sl_errorf("checkpoint %s: cannot save in the middle of gradient accumulation", tag);
     char tmp[4096], path[4352];
     if (sl_ckpt_begin(root, tag, tmp, sizeof tmp)) return -1;
@@ -118,20 +216,26 @@ fail:
     return sl_errorf("%s", keep);
 }
 
-int sl_engine_load(sl_engine *e, const char *path, char **client_state_json) {
+static int load_local(sl_engine *e, const char *path, char **client_state_json) {
     char dir[4096], file[4352];
     if (client_state_json) *client_state_json = NULL;
     if (sl_ckpt_resolve(path, dir, sizeof dir)) return -1;
     sl_model *m = e->model;
     sl_model_config cfg;
     if (sl_hf_load_config(dir, &cfg)) return -1;
-    sl_param_layout check;
-    if (sl_layout_build(&check, &cfg)) return -1;
-    size_t total = check.total;
-    sl_layout_free(&check);
-    if (total != m->layout.total || cfg.arch != m->cfg.arch || cfg.n_layer != m->cfg.n_layer)
-        return sl_errorf("%s: checkpoint model (%zu flat parameters, %d layers) does not match this run's model "
-                         "(%zu, %d layers)", dir, total, cfg.n_layer, m->layout.total, m->cfg.n_layer);
+    const sl_model_config *mc = &m->cfg;
+    struct { const char *name; double ckpt, run; } fields[] = {
+        {"architecture", cfg.arch, mc->arch}, {"vocab_size", cfg.vocab_size, mc->vocab_size},
+        {"max positions", cfg.max_seq_len, mc->max_seq_len}, {"n_layer", cfg.n_layer, mc->n_layer},
+        {"n_head", cfg.n_head, mc->n_head}, {"n_kv_head", cfg.n_kv_head, mc->n_kv_head},
+        {"n_embd", cfg.n_embd, mc->n_embd}, {"n_inner", cfg.n_inner, mc->n_inner},
+        {"norm epsilon", cfg.norm_eps, mc->norm_eps}, {"rope_theta", cfg.rope_theta, mc->rope_theta},
+        {"tie_word_embeddings", cfg.tie_word_embeddings, mc->tie_word_embeddings},
+    };
+    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++)
+        if (fields[i].ckpt != fields[i].run)
+            return sl_errorf("%s: the checkpoint's model does not match this run's model: %s is %g there, %g here",
+                             dir, fields[i].name, fields[i].ckpt, fields[i].run);
     if (sl_hf_load(dir, &m->layout, m->params)) return -1;
     snprintf(file, sizeof file, "%s/trainer_state.json", dir);
     size_t len;

@@ -27,6 +27,12 @@ void sl_train_config_defaults(sl_train_config *c) {
     c->eval_interval = 50;
     c->eval_batches = 8;
     c->sample_tokens = 64;
+    c->shuffle = 1;
+    c->reduce_bucket_size = 500000000;
+    c->first_bucket_size = 262144;
+    c->allgather_bucket_size = 500000000;
+    c->overlap_comm = 1;
+    c->contiguous_gradients = 1;
 }
 
 void sl_train_config_free(sl_train_config *c) {
@@ -36,10 +42,12 @@ void sl_train_config_free(sl_train_config *c) {
 
 static const char *const TOP_KEYS[] = {"train_batch_size", "train_micro_batch_size_per_gpu",
                                        "gradient_accumulation_steps", "optimizer", "scheduler",
-                                       "gradient_clipping", "steps_per_print", "shardlm", NULL};
+                                       "gradient_clipping", "steps_per_print", "zero_optimization", "shardlm", NULL};
+static const char *const ZERO_KEYS[] = {"stage", "reduce_bucket_size", "allgather_bucket_size", "overlap_comm",
+                                        "contiguous_gradients", "stage3_prefetch_bucket_size", NULL};
 static const char *const OWN_KEYS[] = {"model", "data", "tokenizer", "seq_len", "steps", "seed", "threads",
                                        "eval_interval", "eval_batches", "save_interval", "save_dir",
-                                       "metrics", "sample_tokens", NULL};
+                                       "metrics", "sample_tokens", "shuffle", NULL};
 
 int sl_train_config_apply_json(sl_train_config *c, const cJSON *root, const char *where) {
     if (!cJSON_IsObject(root)) return sl_errorf("%s: expected a JSON object at the top level", where);
@@ -64,6 +72,24 @@ int sl_train_config_apply_json(sl_train_config *c, const cJSON *root, const char
         cJSON_Delete(c->scheduler_block);
         c->scheduler_block = cJSON_IsNull(sched) ? NULL : cJSON_Duplicate(sched, 1);
     }
+    const cJSON *zero = cJSON_GetObjectItemCaseSensitive(root, "zero_optimization");
+    if (zero && !cJSON_IsNull(zero)) {
+        char w[1200];
+        snprintf(w, sizeof w, "%s: zero_optimization", where);
+        if (!cJSON_IsObject(zero)) return sl_errorf("%s: must be an object", w);
+        sl_json_warn_unknown(zero, ZERO_KEYS, w);
+        int rbs = -1, abs_ = -1;
+        if (sl_json_get_int(zero, "stage", &c->zero_stage, 0, 0, w) ||
+            sl_json_get_int(zero, "reduce_bucket_size", &rbs, 0, 1, w) ||
+            sl_json_get_int(zero, "allgather_bucket_size", &abs_, 0, 1, w) ||
+            sl_json_get_bool(zero, "overlap_comm", &c->overlap_comm, w) ||
+            sl_json_get_bool(zero, "contiguous_gradients", &c->contiguous_gradients, w))
+            return -1;
+        if (c->zero_stage > 3) return sl_errorf("%s: stage must be 0, 1, 2 or 3 (got %d)", w, c->zero_stage);
+        if (rbs > 0) c->reduce_bucket_size = (size_t)rbs;
+        if (abs_ > 0) c->allgather_bucket_size = (size_t)abs_;
+        if (c->first_bucket_size > c->reduce_bucket_size) c->first_bucket_size = c->reduce_bucket_size;
+    }
     const cJSON *own = cJSON_GetObjectItemCaseSensitive(root, "shardlm");
     if (own) {
         char w[1200];
@@ -81,7 +107,8 @@ int sl_train_config_apply_json(sl_train_config *c, const cJSON *root, const char
             sl_json_get_int(own, "save_interval", &c->save_interval, 0, 0, w) ||
             sl_json_get_string(own, "save_dir", c->save_dir, sizeof c->save_dir, w) ||
             sl_json_get_string(own, "metrics", c->metrics, sizeof c->metrics, w) ||
-            sl_json_get_int(own, "sample_tokens", &c->sample_tokens, 0, 0, w))
+            sl_json_get_int(own, "sample_tokens", &c->sample_tokens, 0, 0, w) ||
+            sl_json_get_bool(own, "shuffle", &c->shuffle, w))
             return -1;
         if (steps >= 0) c->steps = steps;
         if (seed >= 0) c->seed = (uint64_t)seed;
@@ -132,12 +159,22 @@ int sl_train_config_resolve(sl_train_config *c, int given) {
         if (!mb) mb = 8;
         if (!ga) ga = 1;
     }
+    if ((long long)mb * ga * W > 1000000000LL)
+        return sl_errorf("train batch of %lld sequences (micro %d x accumulation %d x ranks %d) is implausibly large",
+                         (long long)mb * ga * W, mb, ga, W);
     c->micro_batch = mb;
     c->grad_accum = ga;
     c->train_batch_size = mb * ga * W;
     if (c->seq_len <= 0) return sl_errorf("seq_len must be positive (got %d)", c->seq_len);
+    if (c->zero_stage > 0)
+        return sl_errorf("zero_optimization.stage %d: ZeRO sharding is not available yet in this build (use stage 0, "
+                         "plain data parallelism)", c->zero_stage);
     if (c->steps < 0) return sl_errorf("steps must be non-negative");
-    if (c->gradient_clipping < 0) return sl_errorf("gradient_clipping must be >= 0 (got %g)", c->gradient_clipping);
+    if (c->eval_interval > 0 && c->eval_batches <= 0)
+        return sl_errorf("eval_batches must be positive when eval_interval is set (got %d)", c->eval_batches);
+    if (c->eval_interval < 0 || c->save_interval < 0 || c->sample_tokens < 0 || c->steps_per_print < 0)
+        return sl_errorf("eval_interval, save_interval, sample_tokens and steps_per_print must be >= 0");
+    if (!(c->gradient_clipping >= 0)) return sl_errorf("gradient_clipping must be >= 0 (got %g)", c->gradient_clipping);
     if (sl_schedule_parse(&c->schedule, c->scheduler_block, c->optim.lr, "scheduler")) return -1;
     if (c->schedule.warning[0]) fprintf(stderr, "warning: %s\n", c->schedule.warning);
     if (!c->metrics[0]) snprintf(c->metrics, sizeof c->metrics, "%.900s/metrics.jsonl", c->save_dir);
@@ -169,6 +206,12 @@ char *sl_train_config_to_json(const sl_train_config *c) {
     }
     if (c->optim.decay_all) cJSON_AddTrueToObject(p, "decay_all");
     if (c->scheduler_block) cJSON_AddItemToObject(r, "scheduler", cJSON_Duplicate(c->scheduler_block, 1));
+    cJSON *z = cJSON_AddObjectToObject(r, "zero_optimization");
+    cJSON_AddNumberToObject(z, "stage", c->zero_stage);
+    cJSON_AddNumberToObject(z, "reduce_bucket_size", (double)c->reduce_bucket_size);
+    cJSON_AddNumberToObject(z, "allgather_bucket_size", (double)c->allgather_bucket_size);
+    cJSON_AddBoolToObject(z, "overlap_comm", c->overlap_comm);
+    cJSON_AddBoolToObject(z, "contiguous_gradients", c->contiguous_gradients);
     cJSON *s = cJSON_AddObjectToObject(r, "shardlm");
     cJSON_AddStringToObject(s, "model", c->model);
     cJSON_AddStringToObject(s, "data", c->data);
@@ -183,6 +226,7 @@ char *sl_train_config_to_json(const sl_train_config *c) {
     cJSON_AddStringToObject(s, "save_dir", c->save_dir);
     cJSON_AddStringToObject(s, "metrics", c->metrics);
     cJSON_AddNumberToObject(s, "sample_tokens", c->sample_tokens);
+    cJSON_AddBoolToObject(s, "shuffle", c->shuffle);
     char *out = cJSON_Print(r);
     cJSON_Delete(r);
     return out;

@@ -301,22 +301,33 @@ TEST(crossentropy_backward_matches_finite_differences_and_cpu) {
 }
 
 TEST(thread_count_does_not_change_results) {
-    // the same attention + layernorm backward with 1 and 2 threads gives identical bits
-    int B = 2, T = 33, NH = 2, NKV = 1, HD = 8, C = 16;
-    size_t nq = (size_t)B * T * (NH + 2 * NKV) * HD, no = (size_t)B * T * NH * HD;
-    double *dq = drand_vec(nq, 1), *dr = drand_vec(no, 1);
-    float *q = to_f(dq, nq), *r = to_f(dr, no), *o[2], *lse[2], *g[2];
+    // attention and layernorm backward with 1 and 2 threads give identical bits; the sizes are large
+    // enough that both ops really run in parallel (above SL_PAR_MIN_WORK)
+    int B = 2, T = 200, NH = 4, NKV = 2, HD = 8, N = 256, C = 256;
+    size_t nq = (size_t)B * T * (NH + 2 * NKV) * HD, no = (size_t)B * T * NH * HD, nc = (size_t)N * C;
+    double *dq = drand_vec(nq, 1), *dr = drand_vec(no, 1), *dx = drand_vec(nc, 1), *dy = drand_vec(nc, 1);
+    double *dw = drand_vec(C, 1), *db = drand_vec(C, 1);
+    float *q = to_f(dq, nq), *r = to_f(dr, no), *x = to_f(dx, nc), *y = to_f(dy, nc), *w = to_f(dw, C), *b = to_f(db, C);
+    float *o[2], *lse[2], *g[2], *ln[2], *mean[2], *rstd[2], *dlx[2], *dlw[2], *dlb[2];
     for (int k = 0; k < 2; k++) {
         sl_ops_cpu_set_threads(k + 1);
         o[k] = fzeros(no); lse[k] = fzeros((size_t)B * NH * T); g[k] = fzeros(nq);
         cpu_attention_forward(o[k], lse[k], q, B, T, NH, NKV, HD);
         cpu_attention_backward(g[k], r, q, o[k], lse[k], B, T, NH, NKV, HD);
+        ln[k] = fzeros(nc); mean[k] = fzeros(N); rstd[k] = fzeros(N); dlx[k] = fzeros(nc); dlw[k] = fzeros(C); dlb[k] = fzeros(C);
+        cpu_layernorm_forward(ln[k], mean[k], rstd[k], x, w, b, N, C, 1e-5f);
+        cpu_layernorm_backward(dlx[k], dlw[k], dlb[k], y, x, w, mean[k], rstd[k], N, C);
     }
+    sl_ops_cpu_set_threads(2);
     CHECK(memcmp(o[0], o[1], sizeof(float) * no) == 0);
     CHECK(memcmp(g[0], g[1], sizeof(float) * nq) == 0);
-    (void)C;
-    for (int k = 0; k < 2; k++) { free(o[k]); free(lse[k]); free(g[k]); }
-    free(dq); free(dr); free(q); free(r);
+    CHECK(memcmp(ln[0], ln[1], sizeof(float) * nc) == 0);
+    CHECK(memcmp(dlx[0], dlx[1], sizeof(float) * nc) == 0);
+    CHECK(memcmp(dlw[0], dlw[1], sizeof(float) * C) == 0 && memcmp(dlb[0], dlb[1], sizeof(float) * C) == 0);
+    for (int k = 0; k < 2; k++) {
+        free(o[k]); free(lse[k]); free(g[k]); free(ln[k]); free(mean[k]); free(rstd[k]); free(dlx[k]); free(dlw[k]); free(dlb[k]);
+    }
+    free(dq); free(dr); free(dx); free(dy); free(dw); free(db); free(q); free(r); free(x); free(y); free(w); free(b);
 }
 
 int main(void) {
