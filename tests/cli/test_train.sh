@@ -126,6 +126,9 @@ cp -r "$ck" "$tmp/corrupt"
 printf 'garbage' | dd of="$tmp/corrupt/step_00000020/model.safetensors" bs=1 seek=0 conv=notrunc 2>/dev/null
 bad corrupt_checkpoint_is_named "model.safetensors" train --model gpt2-tiny "${common[@]}" --steps 25 --save-dir "$tmp/corrupt" --resume
 bad resume_with_other_model_is_refused "does not match" train --model llama-tiny "${common[@]}" --steps 25 --save-dir "$ck" --resume
+bad resume_with_other_micro_batch_is_refused "micro batch 2, this run uses 3" train --model gpt2-tiny "${common[@]}" --batch-size 3 --steps 25 --save-dir "$ck" --resume
+bad resume_with_other_seq_len_is_refused "seq_len 32, this run uses 16" train --model gpt2-tiny "${common[@]}" --seq-len 16 --steps 25 --save-dir "$ck" --resume
+bad non_finite_flag_is_refused "expects a finite number" train --lr nan
 echo "latest-missing" >"$tmp/corrupt/latest"
 bad dangling_latest_is_named "latest-missing" generate --model "$tmp/corrupt"
 # damaged token shards: truncated, and with a wrong magic number
