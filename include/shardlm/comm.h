@@ -4,7 +4,14 @@
 // with a message naming the operation, the group and the rank (error.h).
 //
 // Non-blocking forms start an operation and fill a request; sl_comm_wait / sl_comm_test complete
-// it. Buffers handed to a non-blocking call must stay untouched until it completes.
+// it. Buffers handed to a non-blocking call must stay untouched until it completes. Several may be
+// outstanding on one group, but every rank must start collectives on a group in the same order
+// (MPI's rule). A request that failed to start, or has completed, has impl == NULL and done == 1;
+// waiting on it again returns 0.
+//
+// Element counts are size_t: the MPI backend splits counts above INT_MAX into several calls.
+// Zero counts are allowed and do nothing. MPI errors come back as -1 (MPI_ERRORS_RETURN), never
+// as an abort.
 //
 // Groups for data, tensor and pipeline parallelism are sub-groups of the world built by
 // sl_topology_init, with Megatron's rank order: tensor-parallel innermost, then data, then pipeline:
@@ -38,17 +45,24 @@ sl_comm_backend sl_comm_backend_of(const sl_comm *comm);
 const char *sl_comm_name(const sl_comm *comm);   // "world", "dp", "tp", "pp", ...
 
 // Sub-group of the members that pass the same color, ordered by key (MPI_Comm_split semantics).
+// A negative color means "not a member": *out is set to NULL and 0 is returned. Collective over
+// the parent. `name` (1..31 characters) appears in error messages.
 int sl_comm_split(sl_comm *parent, int color, int key, const char *name, sl_comm **out);
 
 // Blocking collectives. Counts are in elements of `dtype`.
 int sl_comm_allreduce(sl_comm *c, void *buf, size_t count, sl_dtype dtype, sl_reduce_op op);
-// send holds size * recv_count elements; rank r receives the reduction of block r.
+// send holds size * recv_count elements; rank r receives the reduction of block r. In place:
+// recv == send + rank * recv_count (only that block of send changes). Pad the input to a multiple
+// of size (ZeRO's shards): recv_count is per rank.
 int sl_comm_reduce_scatter(sl_comm *c, const void *send, void *recv, size_t recv_count, sl_dtype dtype,
                            sl_reduce_op op);
-// recv holds size * send_count elements: block r is rank r's send.
+// recv holds size * send_count elements: block r is rank r's send. In place:
+// send == recv + rank * send_count.
 int sl_comm_allgather(sl_comm *c, const void *send, void *recv, size_t send_count, sl_dtype dtype);
 int sl_comm_broadcast(sl_comm *c, void *buf, size_t count, sl_dtype dtype, int root);
 int sl_comm_barrier(sl_comm *c);
+// Point-to-point: peer is another rank of the group (oneself is an error), 0 <= tag <= 32767; recv
+// fails if the message holds a different number of elements than count.
 int sl_comm_send(sl_comm *c, const void *buf, size_t count, sl_dtype dtype, int peer, int tag);
 int sl_comm_recv(sl_comm *c, void *buf, size_t count, sl_dtype dtype, int peer, int tag);
 
@@ -62,7 +76,11 @@ int sl_comm_ibroadcast(sl_comm *c, void *buf, size_t count, sl_dtype dtype, int 
 int sl_comm_wait(sl_comm_request *req);
 int sl_comm_test(sl_comm_request *req, int *done);
 
-// Bytes this process has passed to collectives/sends on the group since creation (for benchmarks).
+// Bytes this process has passed to collectives/sends on the group since creation (for benchmarks),
+// counted when a call succeeds (at start for non-blocking forms), the same for every backend:
+// allreduce count, reduce_scatter size * recv_count (its whole input), allgather send_count,
+// broadcast count on the root and 0 elsewhere, send count; recv and barrier add 0; each times the
+// element size.
 size_t sl_comm_bytes_sent(const sl_comm *c);
 
 typedef struct {
@@ -71,8 +89,9 @@ typedef struct {
     sl_comm *world, *tp_group, *pp_group, *dp_group;
 } sl_topology;
 
-// Splits the world into tensor/pipeline/data groups (Megatron order). Errors name the sizes when
-// tp * pp does not divide the world size.
+// Splits the world into tensor/pipeline/data groups (Megatron order); dp = world / (tp * pp). The
+// groups are named "tp", "dp", "pp"; t->world is borrowed, not freed by sl_topology_free. Errors
+// name the sizes when tp * pp does not divide the world size.
 int sl_topology_init(sl_topology *t, sl_comm *world, int tp, int pp);
 void sl_topology_free(sl_topology *t);
 

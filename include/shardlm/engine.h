@@ -26,6 +26,7 @@ typedef struct {
     size_t reduce_bucket_size;   // elements per gradient bucket (DeepSpeed's reduce_bucket_size)
     size_t first_bucket_size;    // the small first bucket (the head's end of the buffer)
     int overlap_comm;            // start each bucket's all-reduce as soon as backward has finished it
+    int zero_stage;              // 0: every rank holds everything; 1: optimizer state sharded (ZeRO-1)
 } sl_engine_config;
 
 typedef struct {
@@ -42,7 +43,16 @@ typedef struct {
     float last_grad_norm;     // before clipping
     int distributed;          // dp group with more than one rank
     sl_ddp ddp;
+    // ZeRO-1: this rank owns [shard_begin, shard_begin + shard_size) of the flat buffer, padded to
+    // shard_size * dp ranks; its optimizer state holds only that slice
+    int sharded;
+    size_t shard_begin, shard_size, padded_total;
+    size_t state_numel;       // elements per optimizer state buffer on this rank
 } sl_engine;
+
+// Bytes this rank allocated for parameters, gradients and optimizer state.
+typedef struct { size_t params, grads, optim; } sl_engine_memory;
+sl_engine_memory sl_engine_memory_use(const sl_engine *e);
 
 int sl_engine_init(sl_engine *e, sl_model *model, const sl_engine_config *cfg);
 void sl_engine_free(sl_engine *e);

@@ -27,6 +27,7 @@ typedef struct {
     const sl_ops *ops;
     float *params;   // (layout.total)
     float *grads;    // (layout.total)
+    size_t capacity; // floats allocated for params and grads (>= layout.total; the tail stays zero)
     float *rope_cos, *rope_sin;  // (max_seq_len, HD/2), LLaMA only
 
     // activations, allocated for up to act_B x act_T
@@ -68,5 +69,9 @@ int sl_model_forward(sl_model *m, const int *inputs, const int *targets, int B, 
 int sl_model_backward(sl_model *m, float grad_scale);
 
 void sl_model_zero_grad(sl_model *m);
+
+// Grows the parameter and gradient buffers to `capacity` floats (>= layout.total), the tail zeroed,
+// so a sharded engine can gather equal-sized shards in place.
+int sl_model_reserve(sl_model *m, size_t capacity);
 
 #endif

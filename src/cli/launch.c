@@ -363,7 +363,8 @@ static void usage(FILE *f) {
         "  --master_addr A, --master_port P   as above\n"
         "shardlm flags:\n"
         "  --backend B             auto | mpirun | srun | fork (default auto)\n"
-        "  --grace-period S        seconds between SIGTERM and SIGKILL when stopping workers (default 10)\n"
+        "  --grace-period S        seconds between SIGTERM and SIGKILL when stopping workers (default 5;\n"
+        "                          mpirun waits about twice this after a failure)\n"
         "  --dry-run               print the plan and the command, run nothing\n"
         "  --print-sbatch          print a SLURM batch script for this job and exit; with\n"
         "                          --time HH:MM:SS (default 01:00:00), --cpus-per-task N (default 4),\n"
@@ -385,7 +386,7 @@ static int flag_str2(sl_args *a, const char *n1, const char *n2, char *out, size
 static int parse_launch_flags(int argc, char **argv, launch_opts *o) {
     memset(o, 0, sizeof *o);
     o->nproc_per_node = o->nnodes = o->master_port = o->num_gpus = o->num_nodes = -1;
-    o->grace_s = 10;
+    o->grace_s = 5;
     o->cpus_per_task = 4;
     snprintf(o->backend, sizeof o->backend, "auto");
     snprintf(o->sbatch_time, sizeof o->sbatch_time, "01:00:00");
@@ -527,6 +528,7 @@ static int resolve_plan(const launch_opts *o, int argc, char **argv, launch_plan
     else if (getenv("SLURM_JOB_ID") && in_path("srun")) p->backend = BACKEND_SRUN;
     else if (in_path("mpirun")) p->backend = BACKEND_MPIRUN;
     else p->backend = BACKEND_FORK;
+    if (o->print_sbatch) p->backend = BACKEND_SRUN;  // the script runs srun inside the allocation
     if (!o->dry_run && !o->print_sbatch) {
         if (p->backend == BACKEND_MPIRUN && !in_path("mpirun")) return sl_errorf("--backend mpirun: mpirun is not in PATH");
         if (p->backend == BACKEND_SRUN && !in_path("srun")) return sl_errorf("--backend srun: srun is not in PATH");
@@ -537,7 +539,8 @@ static int resolve_plan(const launch_opts *o, int argc, char **argv, launch_plan
     int nnodes = o->nnodes > 0 ? o->nnodes : o->num_nodes;
     p->deepspeed_devices = o->hostfile[0] || o->include[0] || o->exclude[0] || o->num_gpus > 0;
     if (p->backend == BACKEND_SRUN && (o->hostfile[0] || o->include[0] || o->exclude[0]))
-        return sl_errorf("with srun the SLURM allocation decides the hosts; --hostfile/--include/--exclude need --backend mpirun");
+        return sl_errorf("with srun%s the SLURM allocation decides the hosts; --hostfile/--include/--exclude need --backend mpirun",
+                         o->print_sbatch ? " (--print-sbatch)" : "");
     if (o->hostfile[0]) {
         if (sl_hostfile_read(o->hostfile, &p->pool) != 0) return -1;
         if (sl_host_pool_limit(&p->pool, nnodes, nproc) != 0) return -1;
@@ -714,7 +717,7 @@ static int build_mpirun(argv_list *l, const launch_opts *o, const launch_plan *p
     if (av_push(l, "-np") || av_pushf(l, "%d", p->world_size)) return -1;
     if (av_push(l, "--bind-to") || av_push(l, "none") || av_push(l, "--map-by") || av_push(l, "slot")) return -1;
     if (av_push(l, "--stdin") || av_push(l, "none")) return -1;
-    if (av_push(l, "--mca") || av_push(l, "odls_base_sigkill_timeout") || av_pushf(l, "%d", o->grace_s + 2)) return -1;
+    if (av_push(l, "--mca") || av_push(l, "odls_base_sigkill_timeout") || av_pushf(l, "%d", o->grace_s + 1)) return -1;
     if (!single_local) {
         char hosts[LAUNCH_PATH_MAX];
         int off = 0;
@@ -904,10 +907,10 @@ static int run_fork_group(const launch_opts *o, const launch_plan *p, int attemp
     if (rc != 0) {
         worker_status s;
         if (first_failure(p, base, p->local_world_size, &s) >= 0) {
-            report_failure(o, &s);
+            if (!first_signal) report_failure(o, &s);
             rc = s.code;
         } else {
-            fprintf(stderr, "shardlm launch: a worker failed with code %d\n", rc);
+            if (!first_signal) fprintf(stderr, "shardlm launch: a worker failed with code %d\n", rc);
         }
     }
     return rc;
@@ -945,7 +948,7 @@ static int run_external_group(const launch_opts *o, const launch_plan *p, char *
     if (rc == 0) return 0;
     worker_status s;
     if (first_failure(p, 0, p->world_size, &s) >= 0) {
-        report_failure(o, &s);
+        if (!first_signal) report_failure(o, &s);
         return s.code;
     }
     fprintf(stderr, "shardlm launch: %s exited with code %d (no worker status found in %s; see %s's messages above)\n",
@@ -966,7 +969,7 @@ static void print_sbatch(const launch_opts *o, const launch_plan *p) {
     printf("#SBATCH --ntasks-per-node=%d\n", per_node);
     printf("#SBATCH --cpus-per-task=%d\n", o->cpus_per_task);
     printf("#SBATCH --time=%s\n", o->sbatch_time);
-    if (o->log_dir[0]) printf("#SBATCH --output=%s/slurm-%%j.out\n", o->log_dir);
+    if (o->log_dir[0]) printf("# SLURM does not create directories: mkdir -p %s before sbatch\n#SBATCH --output=%s/slurm-%%j.out\n", o->log_dir, o->log_dir);
     else printf("#SBATCH --output=%s-%%j.out\n", o->job_name);
     printf("set -euo pipefail\n\n");
     printf("# rank 0's node is the rendezvous point\n");

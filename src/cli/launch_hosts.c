@@ -125,22 +125,22 @@ int sl_hostfile_read(const char *path, sl_host_pool *pool) {
 }
 
 int sl_host_pool_limit(sl_host_pool *pool, int num_nodes, int num_gpus) {
-    if (num_nodes >= 0) {
-        if (num_nodes < 1) return sl_errorf("--num_nodes must be at least 1, got %d", num_nodes);
-        if (num_nodes > pool->count)
-            return sl_errorf("--num_nodes %d asks for more hosts than the %d available", num_nodes, pool->count);
-        for (int i = num_nodes; i < pool->count; i++) free(pool->hosts[i].slots);
-        pool->count = num_nodes;
-    }
+    // check everything first so that a refused cap leaves the pool as it was
+    int nodes = num_nodes >= 0 ? num_nodes : pool->count;
+    if (num_nodes >= 0 && num_nodes < 1) return sl_errorf("--num_nodes must be at least 1, got %d", num_nodes);
+    if (nodes > pool->count)
+        return sl_errorf("--num_nodes %d asks for more hosts than the %d available", num_nodes, pool->count);
     if (num_gpus >= 0) {
         if (num_gpus < 1) return sl_errorf("--num_gpus must be at least 1, got %d", num_gpus);
-        for (int i = 0; i < pool->count; i++) {
+        for (int i = 0; i < nodes; i++)
             if (num_gpus > pool->hosts[i].slot_count)
                 return sl_errorf("--num_gpus %d asks for more slots than host '%s' has (%d)", num_gpus,
                                  pool->hosts[i].name, pool->hosts[i].slot_count);
-            pool->hosts[i].slot_count = num_gpus;
-        }
     }
+    for (int i = nodes; i < pool->count; i++) free(pool->hosts[i].slots);
+    pool->count = nodes;
+    if (num_gpus >= 0)
+        for (int i = 0; i < pool->count; i++) pool->hosts[i].slot_count = num_gpus;
     return 0;
 }
 

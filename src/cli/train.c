@@ -370,7 +370,7 @@ static int run(sl_train_config *c, sl_comm *world) {
     }
 
     sl_engine_config ec = {c->micro_batch, c->grad_accum, c->gradient_clipping, c->optim, c->schedule,
-                           world, c->reduce_bucket_size, c->first_bucket_size, c->overlap_comm};
+                           world, c->reduce_bucket_size, c->first_bucket_size, c->overlap_comm, c->zero_stage};
     if (sl_engine_init(&engine, &model, &ec)) goto done;
     have_engine = 1;
 
@@ -395,6 +395,17 @@ static int run(sl_train_config *c, sl_comm *world) {
            src.cfg.n_layer, src.cfg.n_head, src.cfg.n_embd, src.cfg.vocab_size);
     if (is_rank0) printf("data: %s (%lld training tokens, %lld batches per epoch)\n", c->data,
            (long long)sl_loader_num_tokens(train), (long long)sl_loader_batches_per_epoch(train));
+    if (is_rank0) {
+        // what this rank allocated, next to the ZeRO paper's formula for fp32 training with Adam
+        // (K = 8 bytes of optimizer state per parameter; no separate master copy in fp32)
+        sl_engine_memory mem = sl_engine_memory_use(&engine);
+        double psi = (double)model.layout.total, N = c->world_size, K = engine.n_optim_state * 4.0;
+        double formula = 4 * psi + 4 * psi + (engine.sharded ? K * psi / N : K * psi);
+        printf("memory per rank (ZeRO stage %d, %d ranks): parameters %.2f MB, gradients %.2f MB, optimizer state "
+               "%.2f MB; total %.2f MB (formula 4P + 4P + %gP%s = %.2f MB)\n", engine.sharded ? 1 : 0, c->world_size,
+               mem.params / 1e6, mem.grads / 1e6, mem.optim / 1e6, (mem.params + mem.grads + mem.optim) / 1e6, K,
+               engine.sharded ? "/N" : "", formula / 1e6);
+    }
     if (is_rank0)
         printf("threads: %d per rank, data-parallel ranks: %d\nresolved config:\n%s\n", sl_ops_cpu_threads(),
                c->world_size, resolved ? resolved : "?");

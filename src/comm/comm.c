@@ -161,8 +161,8 @@ int sl_comm_init_world(sl_comm **world, const char *backend_name, int *argc, cha
     if (strcmp(name, "auto") == 0 && use_mpi && (c->size != env.world_size || c->rank != env.rank)) {
         int mr = c->rank, ms = c->size;
         sl_comm_free(c);
-        return sl_errorf("comm backend auto: %s set rank %d of %d, but MPI reports rank %d of %d (start MPI jobs "
-                         "with mpirun or srun, or use --comm self)",
+        return sl_errorf("comm backend auto: %s set rank %d of %d, but MPI reports rank %d of %d (an MPI job must be "
+                         "started by mpirun or srun)",
                          sl_launcher_name(env.launcher), env.rank, env.world_size, mr, ms);
     }
     *world = c;

@@ -27,6 +27,7 @@ int sl_model_create(sl_model *m, const sl_model_config *cfg, const sl_ops *ops) 
     m->params = sl_calloc(m->layout.total, sizeof(float), "parameters");
     m->grads = sl_calloc(m->layout.total, sizeof(float), "gradients");
     if (!m->params || !m->grads) { sl_model_free(m); return -1; }
+    m->capacity = m->layout.total;
     if (cfg->arch == SL_ARCH_LLAMA) {
         size_t n = (size_t)cfg->max_seq_len * (size_t)(sl_config_head_dim(cfg) / 2);
         m->rope_cos = sl_malloc(n * sizeof(float), "rope tables");
@@ -58,7 +59,21 @@ void sl_model_free(sl_model *m) {
     memset(m, 0, sizeof *m);
 }
 
-void sl_model_zero_grad(sl_model *m) { memset(m->grads, 0, m->layout.total * sizeof(float)); }
+void sl_model_zero_grad(sl_model *m) { memset(m->grads, 0, m->capacity * sizeof(float)); }
+
+int sl_model_reserve(sl_model *m, size_t capacity) {
+    if (capacity <= m->capacity) return 0;
+    float *p = realloc(m->params, capacity * sizeof(float));
+    if (!p) return sl_errorf("out of memory growing parameters to %zu floats", capacity);
+    m->params = p;
+    float *g = realloc(m->grads, capacity * sizeof(float));
+    if (!g) return sl_errorf("out of memory growing gradients to %zu floats", capacity);
+    m->grads = g;
+    memset(m->params + m->capacity, 0, (capacity - m->capacity) * sizeof(float));
+    memset(m->grads + m->capacity, 0, (capacity - m->capacity) * sizeof(float));
+    m->capacity = capacity;
+    return 0;
+}
 
 void sl_model_init_weights(sl_model *m, uint64_t seed) {
     const sl_param_layout *L = &m->layout;

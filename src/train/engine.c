@@ -50,13 +50,28 @@ int sl_engine_init(sl_engine *e, sl_model *model, const sl_engine_config *cfg) {
         return sl_errorf("engine: micro batch (%d) and gradient accumulation steps (%d) must be positive",
                          cfg->micro_batch, cfg->grad_accum_steps);
     if (sl_decay_mask_from_layout(&e->decay_mask, &model->layout, cfg->optim.decay_all)) return -1;
+    if (cfg->zero_stage < 0 || cfg->zero_stage > 1)
+        return sl_errorf("engine: ZeRO stage %d is not available (stages 0 and 1 are)", cfg->zero_stage);
+    e->distributed = cfg->dp && sl_comm_size(cfg->dp) > 1;
+    e->sharded = e->distributed && cfg->zero_stage >= 1;
+    size_t total = model->layout.total;
+    e->padded_total = total;
+    e->shard_begin = 0;
+    e->shard_size = total;
+    if (e->sharded) {
+        size_t world = (size_t)sl_comm_size(cfg->dp);
+        e->shard_size = (total + world - 1) / world;
+        e->padded_total = e->shard_size * world;
+        e->shard_begin = e->shard_size * (size_t)sl_comm_rank(cfg->dp);
+        if (sl_model_reserve(model, e->padded_total)) { sl_engine_free(e); return -1; }
+    }
+    e->state_numel = e->shard_size;
     e->n_optim_state = sl_optim_num_state_buffers(&cfg->optim);
     for (int i = 0; i < e->n_optim_state; i++) {
-        e->optim_state[i] = sl_calloc(model->layout.total, sizeof(float), "optimizer state");
+        e->optim_state[i] = sl_calloc(e->state_numel, sizeof(float), "optimizer state");
         if (!e->optim_state[i]) { sl_engine_free(e); return -1; }
     }
     sl_model_zero_grad(model);
-    e->distributed = cfg->dp && sl_comm_size(cfg->dp) > 1;
     if (e->distributed) {
         size_t bucket = cfg->reduce_bucket_size ? cfg->reduce_bucket_size : 500000000;
         if (sync_parameters(e) ||
@@ -102,9 +117,12 @@ int sl_engine_step(sl_engine *e) {
     size_t n = m->layout.total;
     e->last_grad_norm = (float)sl_clip_grad_norm(m->grads, n, e->cfg.gradient_clipping);
     e->last_lr = sl_schedule_lr(&e->cfg.schedule, e->step);
-    if (sl_optim_step(&e->cfg.optim, e->last_lr, e->step + 1, m->params, m->grads, e->optim_state,
-                      &e->decay_mask, 0, n))
+    size_t b = e->shard_begin, end = e->shard_begin + e->shard_size;
+    if (sl_optim_step(&e->cfg.optim, e->last_lr, e->step + 1, m->params + b, m->grads + b, e->optim_state,
+                      &e->decay_mask, b, end))
         return -1;
+    // ZeRO-1: every rank updated its own slice; gather the others' (in place)
+    if (e->sharded && sl_comm_allgather(e->cfg.dp, m->params + b, m->params, e->shard_size, SL_DTYPE_F32)) return -1;
     double loss_sum = e->loss_sum;
     if (e->distributed) {
         if (sl_comm_allreduce(e->cfg.dp, &loss_sum, 1, SL_DTYPE_F64, SL_OP_SUM)) return -1;
@@ -137,6 +155,32 @@ static char *trainer_state_json(const sl_engine *e, const char *client_state_jso
     return s;
 }
 
+sl_engine_memory sl_engine_memory_use(const sl_engine *e) {
+    sl_engine_memory mem = {e->model->capacity * sizeof(float), e->model->capacity * sizeof(float),
+                            (size_t)e->n_optim_state * e->state_numel * sizeof(float)};
+    return mem;
+}
+
+// Whole-model optimizer state: the engine's own buffers, or (ZeRO-1) every rank's slice gathered
+// into temporary full buffers. The caller frees with release_full_state.
+static int full_state(sl_engine *e, float **out) {
+    for (int i = 0; i < e->n_optim_state; i++) out[i] = e->optim_state[i];
+    if (!e->sharded) return 0;
+    for (int i = 0; i < e->n_optim_state; i++) {
+        out[i] = sl_malloc(e->padded_total * sizeof(float), "gathered optimizer state");
+        if (!out[i] || sl_comm_allgather(e->cfg.dp, e->optim_state[i], out[i], e->shard_size, SL_DTYPE_F32)) {
+            for (int j = 0; j <= i; j++) free(out[j]);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static void release_full_state(sl_engine *e, float **full) {
+    if (e->sharded)
+        for (int i = 0; i < e->n_optim_state; i++) free(full[i]);
+}
+
 // After rank 0 did something alone: every rank learns whether it worked (rank 0 keeps its message).
 static int share_status(sl_engine *e, int rc, const char *what) {
     if (!e->distributed) return rc;
@@ -146,12 +190,15 @@ static int share_status(sl_engine *e, int rc, const char *what) {
     return status;
 }
 
-static int save_local(sl_engine *e, const char *root, const char *tag, const char *client_state_json);
-static int load_local(sl_engine *e, const char *path, char **client_state_json);
+static int save_local(sl_engine *e, const char *root, const char *tag, const char *client_state_json, float **state);
+static int load_local(sl_engine *e, const char *path, char **client_state_json, float **state);
 
 int sl_engine_save(sl_engine *e, const char *root, const char *tag, const char *client_state_json) {
+    float *state[2] = {NULL, NULL};
+    if (full_state(e, state)) return -1;
     int rc = 0;
-    if (!e->distributed || sl_comm_rank(e->cfg.dp) == 0) rc = save_local(e, root, tag, client_state_json);
+    if (!e->distributed || sl_comm_rank(e->cfg.dp) == 0) rc = save_local(e, root, tag, client_state_json, state);
+    release_full_state(e, state);
     return share_status(e, rc, "to save the checkpoint");
 }
 
@@ -159,8 +206,22 @@ int sl_engine_load(sl_engine *e, const char *path, char **client_state_json) {
     char *client = NULL;
     int rc = 0, rank0 = !e->distributed || sl_comm_rank(e->cfg.dp) == 0;
     if (client_state_json) *client_state_json = NULL;
-    if (rank0) rc = load_local(e, path, &client);
-    if ((rc = share_status(e, rc, "to load the checkpoint")) != 0) { free(client); return rc; }
+    // the checkpoint holds whole-model optimizer state; a sharded engine reads it into full buffers
+    float *state[2] = {e->optim_state[0], e->optim_state[1]};
+    for (int i = 0; e->sharded && i < e->n_optim_state; i++) {
+        state[i] = sl_calloc(e->padded_total, sizeof(float), "optimizer state being loaded");
+        if (!state[i]) rc = -1;
+    }
+    if (rc == 0 && rank0) rc = load_local(e, path, &client, state);
+    rc = share_status(e, rc, "to load the checkpoint");
+    if (rc == 0 && e->distributed)
+        for (int i = 0; i < e->n_optim_state && rc == 0; i++) {
+            rc = sl_comm_broadcast(e->cfg.dp, state[i], e->model->layout.total, SL_DTYPE_F32, 0);
+            if (rc == 0 && e->sharded)
+                memcpy(e->optim_state[i], state[i] + e->shard_begin, e->shard_size * sizeof(float));
+        }
+    for (int i = 0; e->sharded && i < e->n_optim_state; i++) free(state[i]);
+    if (rc) { free(client); return rc; }
     if (e->distributed) {
         // rank 0 read the files; everyone else receives the same state
         sl_comm *dp = e->cfg.dp;
@@ -172,8 +233,6 @@ int sl_engine_load(sl_engine *e, const char *path, char **client_state_json) {
             free(client);
             return -1;
         }
-        for (int i = 0; i < e->n_optim_state; i++)
-            if (sl_comm_broadcast(dp, e->optim_state[i], n, SL_DTYPE_F32, 0)) { free(client); return -1; }
         if (!rank0 && meta[1] > 0) client = sl_calloc((size_t)meta[1], 1, "client state");
         if (meta[1] > 0 && (!client || sl_comm_broadcast(dp, client, (size_t)meta[1], SL_DTYPE_U8, 0))) {
             free(client);
@@ -187,7 +246,7 @@ int sl_engine_load(sl_engine *e, const char *path, char **client_state_json) {
     return 0;
 }
 
-static int save_local(sl_engine *e, const char *root, const char *tag, const char *client_state_json) {
+static int save_local(sl_engine *e, const char *root, const char *tag, const char *client_state_json, float **moments) {
     if (e->micro_step != 0) return sl_errorf("checkpoint %s: cannot save in the middle of gradient accumulation", tag);
     char tmp[4096], path[4352];
     if (sl_ckpt_begin(root, tag, tmp, sizeof tmp)) return -1;
@@ -195,7 +254,7 @@ static int save_local(sl_engine *e, const char *root, const char *tag, const cha
     if (sl_hf_save(tmp, &m->layout, m->params)) goto fail;
     if (e->n_optim_state > 0) {
         const char **names = state_names(e);
-        const float *data[2] = {e->optim_state[0], e->optim_state[1]};
+        const float *data[2] = {moments[0], moments[1]};
         size_t numel[2] = {m->layout.total, m->layout.total};
         snprintf(path, sizeof path, "%s/optimizer.safetensors", tmp);
         if (sl_ckpt_save_tensors(path, e->n_optim_state, names, data, numel)) goto fail;
@@ -216,7 +275,7 @@ fail:
     return sl_errorf("%s", keep);
 }
 
-static int load_local(sl_engine *e, const char *path, char **client_state_json) {
+static int load_local(sl_engine *e, const char *path, char **client_state_json, float **state) {
     char dir[4096], file[4352];
     if (client_state_json) *client_state_json = NULL;
     if (sl_ckpt_resolve(path, dir, sizeof dir)) return -1;
@@ -263,7 +322,7 @@ static int load_local(sl_engine *e, const char *path, char **client_state_json) 
     if (e->n_optim_state > 0) {
         snprintf(file, sizeof file, "%s/optimizer.safetensors", dir);
         size_t numel[2] = {m->layout.total, m->layout.total};
-        if (sl_ckpt_load_tensors(file, e->n_optim_state, state_names(e), e->optim_state, numel)) return -1;
+        if (sl_ckpt_load_tensors(file, e->n_optim_state, state_names(e), state, numel)) return -1;
     }
     e->micro_step = 0;
     e->loss_sum = 0.0;

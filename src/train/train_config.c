@@ -166,9 +166,9 @@ int sl_train_config_resolve(sl_train_config *c, int given) {
     c->grad_accum = ga;
     c->train_batch_size = mb * ga * W;
     if (c->seq_len <= 0) return sl_errorf("seq_len must be positive (got %d)", c->seq_len);
-    if (c->zero_stage > 0)
-        return sl_errorf("zero_optimization.stage %d: ZeRO sharding is not available yet in this build (use stage 0, "
-                         "plain data parallelism)", c->zero_stage);
+    if (c->zero_stage > 1)
+        return sl_errorf("zero_optimization.stage %d: only stages 0 (data parallelism) and 1 (optimizer state "
+                         "sharding) are available in this build", c->zero_stage);
     if (c->steps < 0) return sl_errorf("steps must be non-negative");
     if (c->eval_interval > 0 && c->eval_batches <= 0)
         return sl_errorf("eval_batches must be positive when eval_interval is set (got %d)", c->eval_batches);

@@ -5,7 +5,8 @@
 #     sum over fewer rows and the all-reduce adds the partial gradients in another order;
 #   * gradient accumulation (2 x half batch) matches the bigger micro-batch;
 #   * overlapping the all-reduce with backward gives bit-identical results to reducing afterwards;
-#   * a checkpoint from 2 ranks resumes bit-for-bit on 2 ranks, and resumes on 1 rank.
+#   * a checkpoint from 2 ranks resumes bit-for-bit on 2 ranks, and resumes on 1 rank;
+#   * ZeRO stage 1 (optimizer state sharded) is bit-identical to stage 0, with 1/N of the state.
 # Prints PASS/FAIL lines for tests/run.sh; prints one SKIP line when mpirun is missing.
 set -u
 BIN=${SHARDLM_BIN:-build/shardlm}
@@ -72,6 +73,33 @@ mkdir -p "$tmp/w1r"; cp -r "$tmp/w2s/step_00000004" "$tmp/w1r/"; echo step_00000
 "$BIN" "${common[@]}" --batch-size 6 --save-dir "$tmp/w1r" --resume >>"$log" 2>&1
 tail -n 4 "$tmp/l2" >"$tmp/l2tail"; losses "$tmp/w1r" | tail -n 4 >"$tmp/l1r"
 close world2_checkpoint_resumes_on_world1 "$tmp/l1r" "$tmp/l2tail"
+
+# ZeRO-1 (optimizer state sharded over the ranks) does the same arithmetic per element: bit-identical
+echo '{"gradient_clipping": 1.0, "zero_optimization": {"stage": 1}}' >"$tmp/z1.json"
+for n in 2 3; do
+  b=$((6 / n))
+  mpi $n "$BIN" "${common[@]}" --config "$tmp/z1.json" --batch-size $b --save-dir "$tmp/z1w$n" >"$tmp/z1w$n.out" 2>&1 ||
+    fail zero1_world${n}_runs
+  mpi $n "$BIN" "${common[@]}" --batch-size $b --save-dir "$tmp/z0w$n" >"$tmp/z0w$n.out" 2>&1 || fail zero0_world${n}_runs
+  if cmp -s "$tmp/z1w$n/step_00000008/model.safetensors" "$tmp/z0w$n/step_00000008/model.safetensors" &&
+     cmp -s "$tmp/z1w$n/step_00000008/optimizer.safetensors" "$tmp/z0w$n/step_00000008/optimizer.safetensors"; then
+    pass zero1_world${n}_matches_stage0_bit_for_bit
+  else
+    fail zero1_world${n}_matches_stage0_bit_for_bit
+  fi
+  # optimizer state per rank is 1/N of stage 0's (the line prints MB with 2 decimals)
+  o0=$(sed -n 's/.*optimizer state \([0-9.]*\) MB.*/\1/p' "$tmp/z0w$n.out")
+  o1=$(sed -n 's/.*optimizer state \([0-9.]*\) MB.*/\1/p' "$tmp/z1w$n.out")
+  if [ -n "$o0" ] && awk -v a="$o0" -v b="$o1" -v n=$n 'BEGIN { r = a / n; d = b - r; if (d < 0) d = -d; exit !(d <= 0.011) }'; then
+    pass zero1_world${n}_optimizer_state_is_1_over_n
+  else
+    fail zero1_world${n}_optimizer_state_is_1_over_n "stage 0 $o0 MB, stage 1 $o1 MB"
+  fi
+done
+# a ZeRO-1 checkpoint resumes in a single process
+mkdir -p "$tmp/z1r"; cp -r "$tmp/z1w2/step_00000008" "$tmp/z1r/"; echo step_00000008 >"$tmp/z1r/latest"
+"$BIN" "${common[@]}" --batch-size 6 --steps 10 --save-dir "$tmp/z1r" --resume >>"$log" 2>&1 &&
+  grep -qx step_00000010 "$tmp/z1r/latest" && pass zero1_checkpoint_resumes_on_one_rank || fail zero1_checkpoint_resumes_on_one_rank
 
 # a rank that fails makes the whole job fail (no hang), with the rank named
 mpi 2 "$BIN" "${common[@]}" --batch-size 3 --data "$tmp/nothing" --save-dir "$tmp/bad" >"$tmp/bad.out" 2>&1
