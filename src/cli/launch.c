@@ -323,8 +323,10 @@ static int worker_run(const worker_spec *w) {
         if (!open_pipes || now_s() > drain_until) break;
         pump_tee(ts, nts, log_fd, w->rank, 100);
     }
-    for (int i = 0; i < nts; i++)
+    for (int i = 0; i < nts; i++) {
         if (ts[i].fd >= 0) close(ts[i].fd);
+        if (!ts[i].line_start) write_all(ts[i].term_fd, "\n", 1);  // end a last unterminated line
+    }
     if (log_fd >= 0) close(log_fd);
     int code = exit_code_of(wstatus);
     write_status(w, host, code, WIFSIGNALED(wstatus) ? WTERMSIG(wstatus) : 0, stopped);
@@ -1042,11 +1044,12 @@ static int launch_attempts(const launch_opts *o, launch_plan *p) {
             rc = run_external_group(o, p, cmd.v);
             av_free(&cmd);
         }
-        if (rc == 0) break;
         if (first_signal) {
+            if (rc == 0) rc = 128 + first_signal;  // the ranks exited cleanly, but the run was interrupted
             fprintf(stderr, "shardlm launch: stopped by %s (exit code %d)\n", signal_name(first_signal), rc);
             break;
         }
+        if (rc == 0) break;
     }
     clear_status(p->status_dir, p->world_size);
     return rc;
