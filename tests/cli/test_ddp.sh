@@ -58,6 +58,14 @@ else
   fail overlap_comm_is_bit_identical
 fi
 
+# the same run through `shardlm launch` (torchrun-style flags, mpirun underneath) gives the same bits
+timeout 300 "$BIN" launch --nproc-per-node 2 "${common[@]}" --batch-size 3 --save-dir "$tmp/w2launch" >>"$log" 2>&1
+if cmp -s "$tmp/w2/step_00000008/model.safetensors" "$tmp/w2launch/step_00000008/model.safetensors"; then
+  pass launch_nproc2_matches_mpirun
+else
+  fail launch_nproc2_matches_mpirun
+fi
+
 # resume on 2 ranks from the step-4 state of a 2-rank run: bit-for-bit
 mpi 2 "$BIN" "${common[@]}" --batch-size 3 --save-interval 4 --save-dir "$tmp/w2s" >>"$log" 2>&1
 mkdir -p "$tmp/w2r"; cp -r "$tmp/w2s/step_00000004" "$tmp/w2r/"; echo step_00000004 >"$tmp/w2r/latest"
