@@ -8,6 +8,7 @@
 #include "shardlm/comm.h"
 #include "shardlm/engine.h"
 #include "shardlm/error.h"
+#include "shardlm/fault.h"
 #include "shardlm/fileio.h"
 #include "shardlm/generate.h"
 #include "shardlm/hf_weights.h"
@@ -435,6 +436,7 @@ static int run(sl_train_config *c, sl_comm *world) {
             if (sl_loader_next(train, in, tg) || sl_engine_forward_backward(&engine, in, tg, c->micro_batch, c->seq_len, NULL))
                 goto done;
         }
+        sl_fault_point(rank, engine.step + 1, "step");
         if (sl_engine_step(&engine)) goto done;
         double t = now_s();
         double tok_s = (double)tokens_per_step / (t - t_last);

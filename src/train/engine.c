@@ -4,6 +4,7 @@
 #include "shardlm/engine.h"
 #include "shardlm/checkpoint.h"
 #include "shardlm/error.h"
+#include "shardlm/fault.h"
 #include "shardlm/fileio.h"
 #include "shardlm/hf_weights.h"
 
@@ -265,6 +266,7 @@ static int save_local(sl_engine *e, const char *root, const char *tag, const cha
     int rc = sl_write_file_atomic(path, state, strlen(state));
     free(state);
     if (rc) goto fail;
+    sl_fault_point(e->distributed ? sl_comm_rank(e->cfg.dp) : 0, e->step, "save");
     if (sl_ckpt_commit(root, tag, tmp)) goto fail;
     return 0;
 fail:
