@@ -50,6 +50,12 @@ typedef struct {
     size_t state_numel;       // elements per optimizer state buffer on this rank
 } sl_engine;
 
+// DeepSpeed's zero_to_fp32: turns a checkpoint saved at any world size / ZeRO stage (a root, using
+// its latest, or a tag directory) into OUT_DIR with one Hugging Face model.safetensors + config.json,
+// and with `with_optimizer` the whole optimizer state as optimizer.safetensors. Every file is
+// verified against the manifest first; OUT_DIR appears only when complete and must not exist.
+int sl_checkpoint_consolidate(const char *path, const char *out_dir, int with_optimizer);
+
 // Bytes this rank allocated for parameters, gradients and optimizer state.
 typedef struct { size_t params, grads, optim; } sl_engine_memory;
 sl_engine_memory sl_engine_memory_use(const sl_engine *e);

@@ -11,6 +11,7 @@ static void usage(FILE *f) {
             "  prepare    tokenize text files into train/val token shards (llm.c format)\n"
             "  train      train or fine-tune a GPT-2 / LLaMA model (DeepSpeed-style JSON config + flags)\n"
             "  generate   sample text from a checkpoint or Hugging Face model directory\n"
+            "  convert    consolidate a (sharded) checkpoint into one Hugging Face directory\n"
             "  launch     run a program on N ranks (torchrun / deepspeed launcher on srun, mpirun or fork)\n\n"
             "Run `shardlm <command> --help` for the command's flags.\n");
 }
@@ -22,6 +23,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "prepare")) return cmd_prepare(argc - 1, argv + 1);
     if (!strcmp(cmd, "train")) return cmd_train(argc - 1, argv + 1);
     if (!strcmp(cmd, "generate")) return cmd_generate(argc - 1, argv + 1);
+    if (!strcmp(cmd, "convert")) return cmd_convert(argc - 1, argv + 1);
     if (!strcmp(cmd, "launch")) return cmd_launch(argc - 1, argv + 1);
     fprintf(stderr, "shardlm: unknown command '%s'\n\n", cmd);
     usage(stderr);

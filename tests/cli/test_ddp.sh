@@ -71,7 +71,7 @@ mpi 2 "$BIN" "${common[@]}" --batch-size 3 --save-interval 4 --save-dir "$tmp/w2
 mkdir -p "$tmp/w2r"; cp -r "$tmp/w2s/step_00000004" "$tmp/w2r/"; echo step_00000004 >"$tmp/w2r/latest"
 mpi 2 "$BIN" "${common[@]}" --batch-size 3 --save-dir "$tmp/w2r" --resume >>"$log" 2>&1
 if cmp -s "$tmp/w2s/step_00000008/model.safetensors" "$tmp/w2r/step_00000008/model.safetensors" &&
-   cmp -s "$tmp/w2s/step_00000008/optimizer.safetensors" "$tmp/w2r/step_00000008/optimizer.safetensors"; then
+   cmp -s "$tmp/w2s/step_00000008/optim_00000_of_00001.safetensors" "$tmp/w2r/step_00000008/optim_00000_of_00001.safetensors"; then
   pass world2_resume_is_bit_for_bit
 else
   fail world2_resume_is_bit_for_bit
@@ -89,8 +89,12 @@ for n in 2 3; do
   mpi $n "$BIN" "${common[@]}" --config "$tmp/z1.json" --batch-size $b --save-dir "$tmp/z1w$n" >"$tmp/z1w$n.out" 2>&1 ||
     fail zero1_world${n}_runs
   mpi $n "$BIN" "${common[@]}" --batch-size $b --save-dir "$tmp/z0w$n" >"$tmp/z0w$n.out" 2>&1 || fail zero0_world${n}_runs
-  if cmp -s "$tmp/z1w$n/step_00000008/model.safetensors" "$tmp/z0w$n/step_00000008/model.safetensors" &&
-     cmp -s "$tmp/z1w$n/step_00000008/optimizer.safetensors" "$tmp/z0w$n/step_00000008/optimizer.safetensors"; then
+  # stage 1 wrote one optimizer shard per rank: consolidate both to compare the whole state
+  "$BIN" convert --checkpoint "$tmp/z1w$n" --output "$tmp/z1w$n.hf" --with-optimizer >>"$log" 2>&1
+  "$BIN" convert --checkpoint "$tmp/z0w$n" --output "$tmp/z0w$n.hf" --with-optimizer >>"$log" 2>&1
+  if [ -f "$tmp/z1w$n/step_00000008/optim_0000$((n - 1))_of_0000$n.safetensors" ] &&
+     cmp -s "$tmp/z1w$n.hf/model.safetensors" "$tmp/z0w$n.hf/model.safetensors" &&
+     cmp -s "$tmp/z1w$n.hf/optimizer.safetensors" "$tmp/z0w$n.hf/optimizer.safetensors"; then
     pass zero1_world${n}_matches_stage0_bit_for_bit
   else
     fail zero1_world${n}_matches_stage0_bit_for_bit
@@ -104,6 +108,24 @@ for n in 2 3; do
     fail zero1_world${n}_optimizer_state_is_1_over_n "stage 0 $o0 MB, stage 1 $o1 MB"
   fi
 done
+# universal checkpoint: 3 ranks at stage 1 -> 2 ranks at stage 1 (global batch kept: 6)
+mkdir -p "$tmp/z13to2"; cp -r "$tmp/z1w3/step_00000008" "$tmp/z13to2/"; echo step_00000008 >"$tmp/z13to2/latest"
+mpi 2 "$BIN" "${common[@]}" --config "$tmp/z1.json" --batch-size 3 --steps 10 --save-dir "$tmp/z13to2" --resume >>"$log" 2>&1
+mpi 3 "$BIN" "${common[@]}" --config "$tmp/z1.json" --batch-size 2 --steps 10 --save-dir "$tmp/z1w3" --resume >>"$log" 2>&1
+losses "$tmp/z13to2" | tail -n 2 >"$tmp/lu2"; losses "$tmp/z1w3" | tail -n 2 >"$tmp/lu3"
+close zero1_checkpoint_from_3_ranks_resumes_on_2 "$tmp/lu2" "$tmp/lu3"
+# a damaged shard is caught by the manifest's checksum, naming the file
+mkdir -p "$tmp/dmg"; cp -r "$tmp/z1w3/step_00000008" "$tmp/dmg/"; echo step_00000008 >"$tmp/dmg/latest"
+printf 'X' | dd of="$tmp/dmg/step_00000008/optim_00001_of_00003.safetensors" bs=1 seek=200 conv=notrunc 2>/dev/null
+mpi 2 "$BIN" "${common[@]}" --config "$tmp/z1.json" --batch-size 3 --steps 10 --save-dir "$tmp/dmg" --resume >"$tmp/dmg.out" 2>&1
+if [ $? -ne 0 ] && grep -q "optim_00001_of_00003.safetensors: checksum" "$tmp/dmg.out"; then pass corrupted_shard_is_named
+else fail corrupted_shard_is_named; tail -3 "$tmp/dmg.out"; fi
+rm "$tmp/dmg/step_00000008/optim_00001_of_00003.safetensors"
+"$BIN" convert --checkpoint "$tmp/dmg" --output "$tmp/dmg.hf" >"$tmp/dmg2.out" 2>&1
+if [ $? -ne 0 ] && grep -q "optim_00001_of_00003.safetensors: cannot open" "$tmp/dmg2.out" && [ ! -e "$tmp/dmg.hf" ]; then
+  pass missing_shard_is_named
+else fail missing_shard_is_named; cat "$tmp/dmg2.out"; fi
+
 # a ZeRO-1 checkpoint resumes in a single process
 mkdir -p "$tmp/z1r"; cp -r "$tmp/z1w2/step_00000008" "$tmp/z1r/"; echo step_00000008 >"$tmp/z1r/latest"
 "$BIN" "${common[@]}" --batch-size 6 --steps 10 --save-dir "$tmp/z1r" --resume >>"$log" 2>&1 &&

@@ -44,7 +44,7 @@ for model in gpt2-tiny llama-tiny; do
   rc3=$?
   if [ $rc1 -eq 0 ] && [ $rc2 -eq 0 ] && [ $rc3 -eq 0 ]; then pass "${model}_train_and_resume_run"; else fail "${model}_train_and_resume_run" "exit codes $rc1 $rc2 $rc3"; fi
   a="$tmp/$model-straight/step_00000020"; b="$tmp/$model-split/step_00000020"
-  if cmp -s "$a/model.safetensors" "$b/model.safetensors" && cmp -s "$a/optimizer.safetensors" "$b/optimizer.safetensors"; then
+  if cmp -s "$a/model.safetensors" "$b/model.safetensors" && cmp -s "$a/optim_00000_of_00001.safetensors" "$b/optim_00000_of_00001.safetensors"; then
     pass "${model}_resume_is_bit_for_bit"
   else
     fail "${model}_resume_is_bit_for_bit" "model/optimizer files differ between straight and resumed runs"

@@ -1,0 +1,496 @@
+// engine_ckpt.c: the engine's checkpoints, written by every rank in parallel. ROOT/<tag>/ holds
+//   model.safetensors + config.json    full weights with Hugging Face names (rank 0)
+//   optim_RRRRR_of_NNNNN.safetensors   one slice [begin, end) of the flat optimizer state, 1-D tensors
+//                                      exp_avg / exp_avg_sq (Adam) or momentum_buffer (SGD)
+//   trainer_state.json                 step, settings and the caller's client state (rank 0)
+//   manifest.json                      world size, ZeRO stage, every file with its range, size and
+//                                      FNV-1a 64 checksum; written last, by rank 0
+// Each ZeRO-1 rank writes its own slice; without sharding rank 0 writes the whole state as one slice.
+// All ranks write into one temporary directory that rank 0 created; rank 0 writes the manifest and
+// commits (rename, then `latest`) only after every rank reported its shard complete, so a crash at
+// any point leaves the previous checkpoint as `latest`.
+// Loading checks the manifest's sizes and checksums, then every rank reads exactly the slice its own
+// layout needs from whichever shard files hold it: a checkpoint saved at one world size and ZeRO
+// stage loads at any other (DeepSpeed's "universal checkpoint").
+#include "shardlm/checkpoint.h"
+#include "shardlm/engine.h"
+#include "shardlm/error.h"
+#include "shardlm/fault.h"
+#include "shardlm/fileio.h"
+#include "shardlm/hf_weights.h"
+#include "shardlm/safetensors.h"
+
+#include <cjson/cJSON.h>
+#include <inttypes.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define MANIFEST_FORMAT "shardlm-checkpoint-2"
+
+static const char *STATE_NAMES[2][2] = {{"exp_avg", "exp_avg_sq"}, {"momentum_buffer", ""}};
+static const char **state_names(const sl_engine *e) { return STATE_NAMES[e->cfg.optim.type == SL_OPTIM_SGD ? 1 : 0]; }
+
+static int rank_of(const sl_engine *e) { return e->distributed ? sl_comm_rank(e->cfg.dp) : 0; }
+static int world_of(const sl_engine *e) { return e->distributed ? sl_comm_size(e->cfg.dp) : 1; }
+
+// The slice of the optimizer state this rank holds (and writes): its ZeRO-1 shard clipped to the
+// real parameters, or everything.
+static void state_range(const sl_engine *e, size_t *begin, size_t *end) {
+    size_t total = e->model->layout.total;
+    *begin = e->sharded ? e->shard_begin : 0;
+    *end = e->sharded ? e->shard_begin + e->shard_size : total;
+    if (*end > total) *end = total;
+    if (*begin > *end) *begin = *end;
+}
+
+static int writes_state(const sl_engine *e) { return e->sharded || rank_of(e) == 0; }
+
+// FNV-1a 64 of a file's bytes, and its size.
+static int file_fnv64(const char *path, uint64_t *hash, uint64_t *bytes) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return sl_errorf("%s: cannot open for checksum", path);
+    uint64_t h = 1469598103934665603ULL, n = 0;
+    unsigned char buf[1 << 16];
+    size_t got;
+    while ((got = fread(buf, 1, sizeof buf, f)) > 0) {
+        for (size_t i = 0; i < got; i++) h = (h ^ buf[i]) * 1099511628211ULL;
+        n += got;
+    }
+    int err = ferror(f);
+    fclose(f);
+    if (err) return sl_errorf("%s: read error while checksumming", path);
+    *hash = h;
+    *bytes = n;
+    return 0;
+}
+
+// After rank 0 did something alone: every rank learns whether it worked (rank 0 keeps its message).
+static int share_status(sl_engine *e, int rc, const char *what) {
+    if (!e->distributed) return rc;
+    int status = rc;
+    if (sl_comm_broadcast(e->cfg.dp, &status, 1, SL_DTYPE_I32, 0)) return -1;
+    if (status != 0 && sl_comm_rank(e->cfg.dp) != 0) return sl_errorf("rank 0 failed %s (see rank 0's error)", what);
+    return status;
+}
+
+// A path chosen by rank 0, given to every rank.
+static int share_path(sl_engine *e, char *path, size_t cap) {
+    if (!e->distributed) return 0;
+    return sl_comm_broadcast(e->cfg.dp, path, cap, SL_DTYPE_U8, 0);
+}
+
+static char *trainer_state_json(const sl_engine *e, const char *client_state_json) {
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddStringToObject(root, "format", "shardlm-trainer-state-1");
+    cJSON_AddNumberToObject(root, "step", (double)e->step);
+    cJSON_AddNumberToObject(root, "last_loss", e->last_loss);
+    cJSON_AddStringToObject(root, "optimizer", sl_optim_name(e->cfg.optim.type));
+    cJSON_AddStringToObject(root, "scheduler", sl_schedule_name(e->cfg.schedule.type));
+    cJSON_AddNumberToObject(root, "num_parameters_flat", (double)e->model->layout.total);
+    if (client_state_json) {
+        cJSON *client = cJSON_Parse(client_state_json);
+        if (client) cJSON_AddItemToObject(root, "client_state", client);
+    }
+    char *s = cJSON_Print(root);
+    cJSON_Delete(root);
+    return s;
+}
+
+typedef struct { long long writer, begin, end, bytes, hash, status; } shard_record;
+
+static void add_file(cJSON *arr, const char *name, const shard_record *r) {
+    char hex[24];
+    snprintf(hex, sizeof hex, "%016" PRIx64, (uint64_t)r->hash);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "file", name);
+    if (r->end >= r->begin && r->writer >= 0) {
+        cJSON_AddNumberToObject(o, "begin", (double)r->begin);
+        cJSON_AddNumberToObject(o, "end", (double)r->end);
+        cJSON_AddNumberToObject(o, "rank", (double)r->writer);
+    }
+    cJSON_AddNumberToObject(o, "bytes", (double)r->bytes);
+    cJSON_AddStringToObject(o, "fnv1a64", hex);
+    cJSON_AddItemToArray(arr, o);
+}
+
+static void shard_name(char *buf, size_t cap, int r, int n) { snprintf(buf, cap, "optim_%05d_of_%05d.safetensors", r, n); }
+
+// Rank 0's part: weights, trainer state, manifest, then commit.
+static int finish_on_rank0(sl_engine *e, const char *root, const char *tag, const char *tmp, const char *client,
+                           const shard_record *recs, int world) {
+    char path[4400], name[64];
+    for (int r = 0; r < world; r++)
+        if (recs[r].status != 0) return sl_errorf("rank %d failed to write its optimizer shard", r);
+    if (sl_hf_save(tmp, &e->model->layout, e->model->params)) return -1;
+    char *state = trainer_state_json(e, client);
+    if (!state) return sl_errorf("out of memory writing trainer_state.json");
+    snprintf(path, sizeof path, "%s/trainer_state.json", tmp);
+    int rc = sl_write_file_atomic(path, state, strlen(state));
+    free(state);
+    if (rc) return -1;
+
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "format", MANIFEST_FORMAT);
+    cJSON_AddNumberToObject(m, "step", (double)e->step);
+    cJSON_AddNumberToObject(m, "world_size", world);
+    cJSON_AddNumberToObject(m, "zero_stage", e->sharded ? e->cfg.zero_stage : 0);
+    cJSON_AddNumberToObject(m, "num_parameters_flat", (double)e->model->layout.total);
+    cJSON_AddStringToObject(m, "optimizer", sl_optim_name(e->cfg.optim.type));
+    cJSON *names = cJSON_AddArrayToObject(m, "state_tensors");
+    for (int i = 0; i < e->n_optim_state; i++) cJSON_AddItemToArray(names, cJSON_CreateString(state_names(e)[i]));
+    cJSON *shards = cJSON_AddArrayToObject(m, "optimizer_shards");
+    int n_writers = 0;
+    for (int r = 0; r < world; r++) n_writers += recs[r].writer >= 0;
+    for (int r = 0, k = 0; r < world && e->n_optim_state > 0; r++) {
+        if (recs[r].writer < 0) continue;
+        shard_name(name, sizeof name, k++, n_writers);
+        add_file(shards, name, &recs[r]);
+    }
+    cJSON *files = cJSON_AddArrayToObject(m, "files");
+    const char *plain[3] = {"model.safetensors", "config.json", "trainer_state.json"};
+    for (int i = 0; i < 3 && rc == 0; i++) {
+        shard_record f = {-1, 0, -1, 0, 0, 0};
+        uint64_t h, b;
+        snprintf(path, sizeof path, "%s/%s", tmp, plain[i]);
+        rc = file_fnv64(path, &h, &b);
+        f.hash = (long long)h;
+        f.bytes = (long long)b;
+        if (rc == 0) add_file(files, plain[i], &f);
+    }
+    char *text = rc == 0 ? cJSON_Print(m) : NULL;
+    cJSON_Delete(m);
+    if (rc) return -1;
+    if (!text) return sl_errorf("out of memory writing manifest.json");
+    snprintf(path, sizeof path, "%s/manifest.json", tmp);
+    rc = sl_write_file_atomic(path, text, strlen(text));
+    free(text);
+    if (rc) return -1;
+    sl_fault_point(0, e->step, "save");
+    return sl_ckpt_commit(root, tag, tmp);
+}
+
+int sl_engine_save(sl_engine *e, const char *root, const char *tag, const char *client_state_json) {
+    if (e->micro_step != 0) return sl_errorf("checkpoint %s: cannot save in the middle of gradient accumulation", tag);
+    int rank = rank_of(e), world = world_of(e), rc = 0;
+    char tmp[4096] = "";
+    if (rank == 0) rc = sl_ckpt_begin(root, tag, tmp, sizeof tmp);
+    if ((rc = share_status(e, rc, "to create the checkpoint directory")) != 0) return rc;
+    if (share_path(e, tmp, sizeof tmp)) return -1;
+
+    // every writer: its optimizer-state slice, then its record (range, size, checksum)
+    shard_record mine = {-1, 0, 0, 0, 0, 0};
+    if (writes_state(e) && e->n_optim_state > 0) {
+        size_t b, end;
+        state_range(e, &b, &end);
+        int index = e->sharded ? rank : 0, count = e->sharded ? world : 1;
+        char name[64], path[4200];
+        shard_name(name, sizeof name, index, count);
+        snprintf(path, sizeof path, "%s/%s", tmp, name);
+        const float *data[2];
+        size_t numel[2];
+        for (int i = 0; i < e->n_optim_state; i++) {
+            data[i] = e->optim_state[i] + (b - (e->sharded ? e->shard_begin : 0));
+            numel[i] = end - b;
+        }
+        uint64_t h = 0, bytes = 0;
+        mine.writer = rank;
+        mine.begin = (long long)b;
+        mine.end = (long long)end;
+        mine.status = sl_ckpt_save_tensors(path, e->n_optim_state, state_names(e), data, numel) ||
+                      file_fnv64(path, &h, &bytes);
+        mine.hash = (long long)h;
+        mine.bytes = (long long)bytes;
+        if (mine.status) fprintf(stderr, "error: [rank %d] %s\n", rank, sl_error());
+    }
+    shard_record *recs = sl_calloc((size_t)world, sizeof *recs, "checkpoint records");
+    if (!recs) return -1;
+    if (e->distributed) rc = sl_comm_allgather(e->cfg.dp, &mine, recs, 6, SL_DTYPE_I64);
+    else recs[0] = mine;
+    if (rc == 0 && rank == 0) {
+        rc = finish_on_rank0(e, root, tag, tmp, client_state_json, recs, world);
+        if (rc) {
+            char keep[2048];
+            snprintf(keep, sizeof keep, "saving checkpoint %s/%s: %s", root, tag, sl_error());
+            sl_ckpt_abort(tmp);
+            sl_errorf("%s", keep);
+        }
+    }
+    free(recs);
+    return share_status(e, rc, "to save the checkpoint");
+}
+
+// ---------------------------------------------------------------- loading
+
+typedef struct { char file[256]; size_t begin, end; } shard_ref;
+
+// Reads the manifest's optimizer shards; with `verify`, first checks every listed file's size and
+// checksum.
+static int read_manifest(const char *dir, shard_ref **out, int *n_out, size_t total, int verify) {
+    char path[4400];
+    snprintf(path, sizeof path, "%s/manifest.json", dir);
+    size_t len;
+    char *text = sl_read_text_file(path, &len);
+    if (!text) return -1;
+    cJSON *m = cJSON_Parse(text);
+    free(text);
+    int rc = 0;
+    const cJSON *fmt = m ? cJSON_GetObjectItemCaseSensitive(m, "format") : NULL;
+    const cJSON *shards = m ? cJSON_GetObjectItemCaseSensitive(m, "optimizer_shards") : NULL;
+    const cJSON *files = m ? cJSON_GetObjectItemCaseSensitive(m, "files") : NULL;
+    if (!m) rc = sl_errorf("%s: malformed JSON", path);
+    else if (!cJSON_IsString(fmt) || strcmp(fmt->valuestring, MANIFEST_FORMAT) != 0)
+        rc = sl_errorf("%s: format must be \"%s\"", path, MANIFEST_FORMAT);
+    else if (!cJSON_IsArray(shards) || !cJSON_IsArray(files))
+        rc = sl_errorf("%s: missing \"optimizer_shards\" or \"files\" arrays", path);
+    int n = rc ? 0 : cJSON_GetArraySize(shards);
+    shard_ref *refs = n > 0 ? sl_calloc((size_t)n, sizeof *refs, "manifest") : NULL;
+    if (n > 0 && !refs) rc = -1;
+    for (int pass = 0; pass < 2 && rc == 0; pass++) {
+        const cJSON *arr = pass == 0 ? files : shards;
+        int i = 0;
+        for (const cJSON *f = arr->child; f && rc == 0; f = f->next, i++) {
+            const cJSON *name = cJSON_GetObjectItemCaseSensitive(f, "file");
+            const cJSON *bytes = cJSON_GetObjectItemCaseSensitive(f, "bytes");
+            const cJSON *hash = cJSON_GetObjectItemCaseSensitive(f, "fnv1a64");
+            if (!cJSON_IsString(name) || strchr(name->valuestring, '/') || !cJSON_IsNumber(bytes) || !cJSON_IsString(hash)) {
+                rc = sl_errorf("%s: entry %d needs \"file\" (a plain name), \"bytes\" and \"fnv1a64\"", path, i);
+                break;
+            }
+            char fpath[4700];
+            snprintf(fpath, sizeof fpath, "%s/%s", dir, name->valuestring);
+            uint64_t h = 0, b = 0;
+            if (verify && file_fnv64(fpath, &h, &b)) { rc = -1; break; }
+            char hex[24];
+            snprintf(hex, sizeof hex, "%016" PRIx64, h);
+            if (!verify) {
+                // trust the sizes: rank 0 checked them
+            } else if ((double)b != bytes->valuedouble)
+                rc = sl_errorf("%s: %.0f bytes expected by the manifest, %" PRIu64 " found (truncated or replaced)", fpath,
+                               bytes->valuedouble, b);
+            else if (strcmp(hex, hash->valuestring) != 0)
+                rc = sl_errorf("%s: checksum %s differs from the manifest's %s (corrupted)", fpath, hex, hash->valuestring);
+            if (rc || pass == 0) continue;
+            const cJSON *bg = cJSON_GetObjectItemCaseSensitive(f, "begin"), *en = cJSON_GetObjectItemCaseSensitive(f, "end");
+            if (!cJSON_IsNumber(bg) || !cJSON_IsNumber(en) || bg->valuedouble < 0 || en->valuedouble < bg->valuedouble ||
+                en->valuedouble > (double)total) {
+                rc = sl_errorf("%s: shard %s has an invalid range", path, name->valuestring);
+                break;
+            }
+            snprintf(refs[i].file, sizeof refs[i].file, "%s", name->valuestring);
+            refs[i].begin = (size_t)bg->valuedouble;
+            refs[i].end = (size_t)en->valuedouble;
+        }
+    }
+    // the shards must tile [0, total)
+    size_t covered = 0;
+    for (int i = 0; rc == 0 && i < n; i++) {
+        if (refs[i].begin != covered) rc = sl_errorf("%s: optimizer shards do not tile the state (gap or overlap at %zu)", path, covered);
+        covered = refs[i].end;
+    }
+    if (rc == 0 && n > 0 && covered != total)
+        rc = sl_errorf("%s: optimizer shards cover %zu of %zu elements", path, covered, total);
+    cJSON_Delete(m);
+    if (rc) { free(refs); return rc; }
+    *out = refs;
+    *n_out = n;
+    return 0;
+}
+
+// Fills this rank's optimizer state slice from the shard files that overlap it.
+static int read_state_slice(sl_engine *e, const char *dir, const shard_ref *refs, int n) {
+    size_t b, end;
+    state_range(e, &b, &end);
+    size_t base = e->sharded ? e->shard_begin : 0;
+    for (int s = 0; s < n; s++) {
+        size_t lo = refs[s].begin > b ? refs[s].begin : b, hi = refs[s].end < end ? refs[s].end : end;
+        if (lo >= hi) continue;
+        char path[4400];
+        snprintf(path, sizeof path, "%s/%s", dir, refs[s].file);
+        sl_st_file f;
+        if (sl_st_open(&f, path)) return -1;
+        int rc = 0;
+        for (int i = 0; i < e->n_optim_state && rc == 0; i++) {
+            int idx = sl_st_find(&f, state_names(e)[i]);
+            if (idx < 0) rc = sl_errorf("%s: no tensor \"%s\"", path, state_names(e)[i]);
+            else if (f.tensors[idx].numel != refs[s].end - refs[s].begin)
+                rc = sl_errorf("%s: tensor \"%s\" holds %zu elements, the manifest says %zu", path, state_names(e)[i],
+                               f.tensors[idx].numel, refs[s].end - refs[s].begin);
+            else rc = sl_st_read_f32_range(&f, idx, lo - refs[s].begin, hi - lo, e->optim_state[i] + (lo - base));
+        }
+        sl_st_close(&f);
+        if (rc) return -1;
+    }
+    return 0;
+}
+
+// Rank 0: model config check, weights, trainer state, manifest verification.
+static int load_on_rank0(sl_engine *e, const char *dir, char **client_state_json) {
+    char file[4400];
+    sl_model *m = e->model;
+    sl_model_config cfg;
+    if (sl_hf_load_config(dir, &cfg)) return -1;
+    const sl_model_config *mc = &m->cfg;
+    struct { const char *name; double ckpt, run; } fields[] = {
+        {"architecture", cfg.arch, mc->arch}, {"vocab_size", cfg.vocab_size, mc->vocab_size},
+        {"max positions", cfg.max_seq_len, mc->max_seq_len}, {"n_layer", cfg.n_layer, mc->n_layer},
+        {"n_head", cfg.n_head, mc->n_head}, {"n_kv_head", cfg.n_kv_head, mc->n_kv_head},
+        {"n_embd", cfg.n_embd, mc->n_embd}, {"n_inner", cfg.n_inner, mc->n_inner},
+        {"norm epsilon", cfg.norm_eps, mc->norm_eps}, {"rope_theta", cfg.rope_theta, mc->rope_theta},
+        {"tie_word_embeddings", cfg.tie_word_embeddings, mc->tie_word_embeddings},
+    };
+    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++)
+        if (fields[i].ckpt != fields[i].run)
+            return sl_errorf("%s: the checkpoint's model does not match this run's model: %s is %g there, %g here",
+                             dir, fields[i].name, fields[i].ckpt, fields[i].run);
+    shard_ref *refs = NULL;
+    int n = 0;
+    if (read_manifest(dir, &refs, &n, m->layout.total, 1)) return -1;
+    free(refs);
+    if (sl_hf_load(dir, &m->layout, m->params)) return -1;
+    snprintf(file, sizeof file, "%s/trainer_state.json", dir);
+    size_t len;
+    char *text = sl_read_text_file(file, &len);
+    if (!text) return -1;
+    cJSON *root = cJSON_Parse(text);
+    free(text);
+    if (!root) return sl_errorf("%s: malformed JSON", file);
+    const cJSON *step = cJSON_GetObjectItemCaseSensitive(root, "step");
+    const cJSON *opt = cJSON_GetObjectItemCaseSensitive(root, "optimizer");
+    int rc = 0;
+    if (!cJSON_IsNumber(step) || step->valuedouble < 0) rc = sl_errorf("%s: missing or invalid \"step\"", file);
+    else if (!cJSON_IsString(opt) || strcmp(opt->valuestring, sl_optim_name(e->cfg.optim.type)) != 0)
+        rc = sl_errorf("%s: checkpoint optimizer \"%s\" differs from this run's \"%s\"", file,
+                       cJSON_IsString(opt) ? opt->valuestring : "?", sl_optim_name(e->cfg.optim.type));
+    if (rc == 0) {
+        e->step = (int64_t)step->valuedouble;
+        const cJSON *ll = cJSON_GetObjectItemCaseSensitive(root, "last_loss");
+        e->last_loss = cJSON_IsNumber(ll) ? (float)ll->valuedouble : 0.0f;
+        const cJSON *client = cJSON_GetObjectItemCaseSensitive(root, "client_state");
+        if (client && client_state_json) *client_state_json = cJSON_PrintUnformatted(client);
+    }
+    cJSON_Delete(root);
+    return rc;
+}
+
+int sl_engine_load(sl_engine *e, const char *path, char **client_state_json) {
+    char dir[4096] = "";
+    char *client = NULL;
+    int rc = 0, rank0 = rank_of(e) == 0;
+    if (client_state_json) *client_state_json = NULL;
+    if (rank0) {
+        rc = sl_ckpt_resolve(path, dir, sizeof dir);
+        if (rc == 0) rc = load_on_rank0(e, dir, &client);
+    }
+    if ((rc = share_status(e, rc, "to load the checkpoint")) != 0) { free(client); return rc; }
+    if (share_path(e, dir, sizeof dir)) { free(client); return -1; }
+    if (e->distributed) {
+        sl_comm *dp = e->cfg.dp;
+        long long meta[2] = {(long long)e->step, client ? (long long)strlen(client) + 1 : 0};
+        double last_loss = e->last_loss;
+        if (sl_comm_broadcast(dp, e->model->params, e->model->layout.total, SL_DTYPE_F32, 0) ||
+            sl_comm_broadcast(dp, meta, 2, SL_DTYPE_I64, 0) || sl_comm_broadcast(dp, &last_loss, 1, SL_DTYPE_F64, 0)) {
+            free(client);
+            return -1;
+        }
+        if (!rank0 && meta[1] > 0) client = sl_calloc((size_t)meta[1], 1, "client state");
+        if (meta[1] > 0 && (!client || sl_comm_broadcast(dp, client, (size_t)meta[1], SL_DTYPE_U8, 0))) {
+            free(client);
+            return -1;
+        }
+        e->step = meta[0];
+        e->last_loss = (float)last_loss;
+    }
+    // every rank reads its own slice of the optimizer state (rank 0 verified the files)
+    shard_ref *refs = NULL;
+    int n = 0;
+    int mine = 0;
+    if (e->n_optim_state > 0) {
+        // rank 0 already verified sizes and checksums; here every rank just reads its slice
+        mine = read_manifest(dir, &refs, &n, e->model->layout.total, 0) || read_state_slice(e, dir, refs, n);
+        free(refs);
+        if (mine) fprintf(stderr, "error: [rank %d] %s\n", rank_of(e), sl_error());
+    }
+    int any = mine;
+    if (e->distributed && sl_comm_allreduce(e->cfg.dp, &any, 1, SL_DTYPE_I32, SL_OP_MAX)) any = 1;
+    if (any) {
+        free(client);
+        return mine ? -1 : sl_errorf("another rank failed to read its optimizer state from %s", dir);
+    }
+    e->micro_step = 0;
+    e->loss_sum = 0.0;
+    sl_model_zero_grad(e->model);
+    if (client_state_json) *client_state_json = client;
+    else free(client);
+    return 0;
+}
+
+// ---------------------------------------------------------------- consolidation
+
+int sl_checkpoint_consolidate(const char *path, const char *out_dir, int with_optimizer) {
+    char dir[4096], tmp[4200], file[4400];
+    if (sl_ckpt_resolve(path, dir, sizeof dir)) return -1;
+    sl_model_config cfg;
+    sl_param_layout L;
+    if (sl_hf_load_config(dir, &cfg) || sl_layout_build(&L, &cfg)) return -1;
+    float *params = NULL, *state[2] = {NULL, NULL};
+    shard_ref *refs = NULL;
+    int n = 0, rc = read_manifest(dir, &refs, &n, L.total, 1);
+    const char *names[2] = {NULL, NULL};
+    int n_state = 0;
+    cJSON *m = NULL;
+    if (rc == 0 && with_optimizer) {
+        // the state tensor names come from the manifest
+        snprintf(file, sizeof file, "%s/manifest.json", dir);
+        size_t len;
+        char *text = sl_read_text_file(file, &len);
+        m = text ? cJSON_Parse(text) : NULL;
+        free(text);
+        const cJSON *arr = m ? cJSON_GetObjectItemCaseSensitive(m, "state_tensors") : NULL;
+        for (const cJSON *it = arr ? arr->child : NULL; it && n_state < 2; it = it->next)
+            if (cJSON_IsString(it)) names[n_state++] = it->valuestring;
+        if (!m) rc = sl_errorf("%s: cannot read the manifest's state tensor names", file);
+    }
+    params = rc == 0 ? sl_calloc(L.total, sizeof(float), "parameters") : NULL;
+    if (rc == 0 && (!params || sl_hf_load(dir, &L, params))) rc = -1;
+    for (int i = 0; rc == 0 && i < n_state; i++)
+        if (!(state[i] = sl_calloc(L.total, sizeof(float), "optimizer state"))) rc = -1;
+    for (int s = 0; rc == 0 && s < n && n_state > 0; s++) {
+        sl_st_file f;
+        snprintf(file, sizeof file, "%s/%s", dir, refs[s].file);
+        if (sl_st_open(&f, file)) { rc = -1; break; }
+        for (int i = 0; rc == 0 && i < n_state; i++) {
+            int idx = sl_st_find(&f, names[i]);
+            if (idx < 0) rc = sl_errorf("%s: no tensor \"%s\"", file, names[i]);
+            else rc = sl_st_read_f32_range(&f, idx, 0, refs[s].end - refs[s].begin, state[i] + refs[s].begin);
+        }
+        sl_st_close(&f);
+    }
+    // write everything into a temporary sibling, then rename it into place
+    snprintf(tmp, sizeof tmp, "%s.tmp-%d", out_dir, (int)getpid());
+    if (rc == 0 && sl_hf_save(tmp, &L, params)) rc = -1;
+    if (rc == 0 && n_state > 0) {
+        snprintf(file, sizeof file, "%s/optimizer.safetensors", tmp);
+        const float *data[2] = {state[0], state[1]};
+        size_t numel[2] = {L.total, L.total};
+        rc = sl_ckpt_save_tensors(file, n_state, names, data, numel);
+    }
+    if (rc == 0 && rename(tmp, out_dir) != 0) rc = sl_errorf("%s: cannot rename %s into place (does it exist already?)", out_dir, tmp);
+    if (rc == 0) rc = sl_fsync_dir(".");
+    if (rc) {
+        char keep[2048];
+        snprintf(keep, sizeof keep, "%s", sl_error());
+        snprintf(file, sizeof file, "rm -rf '%s'", tmp);
+        if (strchr(tmp, '\'') == NULL && system(file) != 0) { /* best effort cleanup */ }
+        sl_errorf("%s", keep);
+    }
+    cJSON_Delete(m);
+    free(refs);
+    free(params);
+    free(state[0]);
+    free(state[1]);
+    sl_layout_free(&L);
+    return rc;
+}
