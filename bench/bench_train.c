@@ -1,7 +1,16 @@
 // bench_train.c: training throughput of one configuration. Builds a model from a preset with
 // random weights, an engine with AdamW (lr 1e-4, betas 0.9/0.95, eps 1e-8, weight decay 0.1,
 // gradient clipping 1.0), and times full training steps (forward + backward + clip + AdamW + zero
-// grads) on random token batches. Prints one JSON line.
+// grads) on random token batches. Prints one JSON line (rank 0 only).
+//
+// Data parallelism: the world group comes from sl_comm_init_world("auto"), so under mpirun -np N the
+// engine averages gradients over N MPI ranks (bucketed all-reduce, overlapping backward unless
+// --overlap 0; --zero-stage 1 shards the optimizer state). Every rank draws its own random batches
+// (rank-dependent stream) of micro-batch B, so a step trains on B*T*N tokens: tokens_per_s is that
+// global count / mean step time. A step's time is the slowest rank's. bytes_sent_per_step is what
+// this rank handed to collectives on the group during the timed steps (sl_comm_bytes_sent: count x
+// element size per call, i.e. 1 x the gradient bytes per all-reduce) / steps; next to it the ring
+// all-reduce wire formula 2(N-1)/N x grad_bytes and an estimate of the wire bytes of what was sent.
 //
 // Two passes, so that profiling cannot distort the headline:
 //   1. --warmup W untimed steps, then --steps S timed steps with the plain CPU ops table: the
@@ -12,6 +21,9 @@
 //
 //   bench_train --model gpt2 --batch 4 --seq 256 --threads 2 --steps 3 --warmup 1 [--profile-steps 1]
 //               [--seed 1234] [--report]   (--report also prints the profile table to stderr)
+//               [--overlap 0|1] [--zero-stage 0|1] [--bucket ELEMENTS] [--first-bucket ELEMENTS]
+//   mpirun -np 2 -x OMP_NUM_THREADS=1 bench_train --model gpt2 --batch 4 --seq 256 --threads 1 ...
+#include "shardlm/comm.h"
 #include "shardlm/config.h"
 #include "shardlm/engine.h"
 #include "shardlm/error.h"
@@ -31,7 +43,10 @@
 typedef struct {
     const char *model;
     int B, T, threads, steps, warmup, profile_steps, report;
+    int overlap, zero_stage;
+    long long bucket, first_bucket;   // elements
     unsigned long long seed;
+    int rank, world;                  // of the data-parallel group
 } bench_args;
 
 static double now_seconds(void) {
@@ -65,7 +80,8 @@ static double own_cpu_seconds(void) {
 static int usage(const char *prog) {
     fprintf(stderr,
             "usage: %s --model PRESET --batch B --seq T [--threads N] [--steps S] [--warmup W]\n"
-            "          [--profile-steps P] [--seed SEED] [--report]\n",
+            "          [--profile-steps P] [--seed SEED] [--report] [--overlap 0|1] [--zero-stage 0|1]\n"
+            "          [--bucket ELEMENTS] [--first-bucket ELEMENTS]\n",
             prog);
     return 2;
 }
@@ -81,9 +97,21 @@ static int parse_int(const char *s, int *out, const char *flag) {
     return 0;
 }
 
+static int parse_ll(const char *s, long long *out, const char *flag) {
+    char *end;
+    long long v = strtoll(s, &end, 10);
+    if (*s == '\0' || *end != '\0' || v < 1) {
+        fprintf(stderr, "bench_train: %s expects a positive integer, got '%s'\n", flag, s);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
 static int parse_args(int argc, char **argv, bench_args *a) {
     *a = (bench_args){.model = "gpt2-demo", .B = 8, .T = 128, .threads = 1, .steps = 10, .warmup = 2,
-                      .profile_steps = -1, .seed = 1234};
+                      .profile_steps = -1, .seed = 1234, .overlap = 1, .zero_stage = 0, .bucket = 500000000,
+                      .first_bucket = 262144, .world = 1};
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i];
         if (strcmp(f, "--report") == 0) { a->report = 1; continue; }
@@ -98,6 +126,10 @@ static int parse_args(int argc, char **argv, bench_args *a) {
         else if (strcmp(f, "--warmup") == 0) rc = parse_int(v, &a->warmup, f);
         else if (strcmp(f, "--profile-steps") == 0) rc = parse_int(v, &a->profile_steps, f);
         else if (strcmp(f, "--seed") == 0) a->seed = strtoull(v, NULL, 10);
+        else if (strcmp(f, "--overlap") == 0) rc = parse_int(v, &a->overlap, f);
+        else if (strcmp(f, "--zero-stage") == 0) rc = parse_int(v, &a->zero_stage, f);
+        else if (strcmp(f, "--bucket") == 0) rc = parse_ll(v, &a->bucket, f);
+        else if (strcmp(f, "--first-bucket") == 0) rc = parse_ll(v, &a->first_bucket, f);
         else return usage(argv[0]);
         if (rc) return 2;
     }
@@ -105,14 +137,19 @@ static int parse_args(int argc, char **argv, bench_args *a) {
         fprintf(stderr, "bench_train: --batch, --seq and --steps must be at least 1\n");
         return 2;
     }
+    if (a->overlap > 1 || a->zero_stage > 1) {
+        fprintf(stderr, "bench_train: --overlap takes 0 or 1, --zero-stage 0 or 1\n");
+        return 2;
+    }
     if (a->profile_steps < 0) a->profile_steps = a->steps;
     return 0;
 }
 
 // Random tokens in [0, vocab) for step `step`: inputs are positions 0..T-1, targets 1..T of one
-// (B, T+1) draw, as a data loader would cut them.
-static void fill_batch(int *inputs, int *targets, int B, int T, int vocab, unsigned long long seed, int step) {
-    sl_rng rng = sl_rng_make(seed, 0, (uint64_t)step, SL_RNG_DATA);
+// (B, T+1) draw, as a data loader would cut them. Each data-parallel rank draws its own stream.
+static void fill_batch(int *inputs, int *targets, int B, int T, int vocab, unsigned long long seed, int rank,
+                       int step) {
+    sl_rng rng = sl_rng_make(seed, (uint64_t)rank, (uint64_t)step, SL_RNG_DATA);
     for (int b = 0; b < B; b++) {
         int prev = (int)sl_rng_below(&rng, (uint64_t)vocab);
         for (int t = 0; t < T; t++) {
@@ -134,7 +171,7 @@ static int run_steps(sl_engine *e, int *inputs, int *targets, const bench_args *
                      double *per_step, run_totals *tot) {
     int vocab = e->model->cfg.vocab_size;
     for (int s = 0; s < n; s++) {
-        fill_batch(inputs, targets, a->B, a->T, vocab, a->seed, first + s);
+        fill_batch(inputs, targets, a->B, a->T, vocab, a->seed, a->rank, first + s);
         float loss;
         double t0 = now_seconds();
         if (sl_engine_forward_backward(e, inputs, targets, a->B, a->T, &loss)) return -1;
@@ -156,20 +193,34 @@ static int cmp_double(const void *x, const void *y) {
     return (a > b) - (a < b);
 }
 
+// An error on any rank: print it with the rank and exit without finalising MPI, so that mpirun
+// stops the whole job instead of leaving the other ranks waiting in a collective.
+static int die(const bench_args *a) {
+    if (a->world > 1) fprintf(stderr, "bench_train: [rank %d] %s\n", a->rank, sl_error());
+    else fprintf(stderr, "bench_train: %s\n", sl_error());
+    fflush(stderr);
+    return 1;
+}
+
 int main(int argc, char **argv) {
     bench_args a;
     int rc = parse_args(argc, argv, &a);
     if (rc) return rc;
+    sl_comm *world = NULL;
+    if (sl_comm_init_world(&world, "auto", NULL, NULL)) { fprintf(stderr, "bench_train: %s\n", sl_error()); return 1; }
+    a.rank = sl_comm_rank(world);
+    a.world = sl_comm_size(world);
+    int rank0 = a.rank == 0;
     sl_ops_cpu_set_threads(a.threads);
 
     sl_model_config cfg;
-    if (sl_config_preset(&cfg, a.model)) { fprintf(stderr, "bench_train: %s\n", sl_error()); return 1; }
+    if (sl_config_preset(&cfg, a.model)) return die(&a);
     if (a.T > cfg.max_seq_len) {
         fprintf(stderr, "bench_train: --seq %d exceeds %s's %d positions\n", a.T, a.model, cfg.max_seq_len);
         return 1;
     }
     sl_model model;
-    if (sl_model_create(&model, &cfg, &sl_ops_cpu)) { fprintf(stderr, "bench_train: %s\n", sl_error()); return 1; }
+    if (sl_model_create(&model, &cfg, &sl_ops_cpu)) return die(&a);
     sl_model_init_weights(&model, a.seed);
 
     sl_engine_config ec;
@@ -185,23 +236,36 @@ int main(int argc, char **argv) {
     ec.optim.eps = 1e-8;
     ec.optim.weight_decay = 0.1;
     sl_schedule_constant(&ec.schedule, ec.optim.lr);
+    ec.dp = world;
+    ec.reduce_bucket_size = (size_t)a.bucket;
+    ec.first_bucket_size = (size_t)a.first_bucket;
+    ec.overlap_comm = a.overlap;
+    ec.zero_stage = a.zero_stage;
     sl_engine engine;
-    if (sl_engine_init(&engine, &model, &ec)) { fprintf(stderr, "bench_train: %s\n", sl_error()); return 1; }
+    if (sl_engine_init(&engine, &model, &ec)) return die(&a);
 
-    size_t N = (size_t)a.B * a.T;
+    size_t N = (size_t)a.B * a.T;                      // tokens per rank per step
+    double global_tokens = (double)N * a.world;        // tokens per step over all ranks
     int *inputs = malloc(N * sizeof(int)), *targets = malloc(N * sizeof(int));
     double *per_step = malloc(sizeof(double) * (size_t)a.steps);
     if (!inputs || !targets || !per_step) { fprintf(stderr, "bench_train: out of memory\n"); return 1; }
 
     // pass 1: headline, plain ops
     int step_no = 0;
-    if (run_steps(&engine, inputs, targets, &a, step_no, a.warmup, NULL, NULL)) goto fail;
+    if (run_steps(&engine, inputs, targets, &a, step_no, a.warmup, NULL, NULL)) return die(&a);
     step_no += a.warmup;
     run_totals head = {0};
+    if (a.world > 1 && sl_comm_barrier(world)) return die(&a);   // every rank starts the clock together
+    size_t bytes0 = sl_comm_bytes_sent(world);
     double busy0 = machine_busy_seconds(), own0 = own_cpu_seconds(), wall0 = now_seconds();
-    if (run_steps(&engine, inputs, targets, &a, step_no, a.steps, per_step, &head)) goto fail;
+    if (run_steps(&engine, inputs, targets, &a, step_no, a.steps, per_step, &head)) return die(&a);
     step_no += a.steps;
     double wall = now_seconds() - wall0, busy1 = machine_busy_seconds(), own = own_cpu_seconds() - own0;
+    size_t bytes1 = sl_comm_bytes_sent(world);
+    // a step takes as long as its slowest rank; CPU time of every rank is the benchmark's own
+    if (a.world > 1 && (sl_comm_allreduce(world, per_step, (size_t)a.steps, SL_DTYPE_F64, SL_OP_MAX) ||
+                        sl_comm_allreduce(world, &own, 1, SL_DTYPE_F64, SL_OP_SUM)))
+        return die(&a);
     // cores' worth of CPU that other processes (or the hypervisor: steal) used during the timed steps
     double other_load = busy0 >= 0 && busy1 >= 0 && wall > 0 ? (busy1 - busy0 - own) / wall : -1;
     if (other_load < 0 && busy0 >= 0) other_load = 0;
@@ -212,21 +276,40 @@ int main(int argc, char **argv) {
     double min = per_step[0], median = per_step[a.steps / 2];
     if (a.steps % 2 == 0) median = 0.5 * (per_step[a.steps / 2 - 1] + per_step[a.steps / 2]);
 
-    // pass 2: breakdown, profiling ops
+    // communication volume per step: what this rank handed to collectives, and the ring model of the
+    // bytes it puts on the wire: all-reduce 2(N-1)/N x its buffer, all-gather (N-1) x its block
+    double W = a.world;
+    double bytes_per_step = (double)(bytes1 - bytes0) / a.steps;
+    double grad_bytes = 4.0 * (double)model.layout.total;
+    double ring_formula = 2.0 * (W - 1) / W * grad_bytes;
+    double allgather_bytes = engine.sharded ? 4.0 * (double)engine.shard_size : 0.0;
+    double allreduce_bytes = bytes_per_step - allgather_bytes;
+    double wire_estimate = 2.0 * (W - 1) / W * allreduce_bytes + (W - 1) * allgather_bytes;
+
+    // pass 2: breakdown, profiling ops (every rank takes part: the steps communicate)
     run_totals prof = {0};
     if (a.profile_steps > 0) {
         model.ops = sl_ops_profile_wrap(&sl_ops_cpu);
-        if (run_steps(&engine, inputs, targets, &a, step_no, a.profile_steps, NULL, &prof)) goto fail;
+        if (run_steps(&engine, inputs, targets, &a, step_no, a.profile_steps, NULL, &prof)) return die(&a);
         model.ops = &sl_ops_cpu;
     }
+    sl_engine_memory mem = sl_engine_memory_use(&engine);
 
+    if (!rank0) goto done;
     printf("{\"impl\":\"shardlm\",\"model\":\"%s\",\"B\":%d,\"T\":%d,\"threads\":%d,\"steps\":%d,\"warmup\":%d,"
            "\"ms_per_step\":%.3f,\"ms_per_step_min\":%.3f,\"ms_per_step_median\":%.3f,\"tokens_per_s\":%.2f,"
            "\"ms_forward_backward\":%.3f,\"ms_optimizer\":%.3f,\"loss\":%.5f,\"params\":%zu,"
            "\"openblas\":\"%s\",\"openblas_core\":\"%s\",\"other_load\":%.2f,\"own_cpu_util\":%.2f",
-           a.model, a.B, a.T, a.threads, a.steps, a.warmup, 1e3 * mean, 1e3 * min, 1e3 * median, (double)N / mean,
+           a.model, a.B, a.T, a.threads, a.steps, a.warmup, 1e3 * mean, 1e3 * min, 1e3 * median, global_tokens / mean,
            1e3 * head.fb_seconds / a.steps, 1e3 * head.step_seconds / a.steps, head.last_loss, model.layout.total,
            openblas_get_config(), openblas_get_corename(), other_load, wall > 0 ? own / wall : 0.0);
+    printf(",\"world\":%d,\"backend\":\"%s\",\"global_batch\":%d,\"zero_stage\":%d,\"overlap\":%d,\"bucket\":%lld,"
+           "\"first_bucket\":%lld,\"buckets\":%d,\"bytes_sent_per_step\":%.0f,\"grad_bytes\":%.0f,"
+           "\"ring_allreduce_bytes_formula\":%.0f,\"stage3_bytes_formula\":%.0f,\"sent_over_grad_bytes\":%.4f,"
+           "\"ring_wire_bytes_estimate\":%.0f,\"optim_state_bytes\":%zu",
+           a.world, sl_comm_backend_of(world) == SL_COMM_MPI ? "mpi" : "self", a.B * a.world, a.zero_stage,
+           a.overlap, a.bucket, a.first_bucket, engine.distributed ? engine.ddp.n_buckets : 0, bytes_per_step,
+           grad_bytes, ring_formula, 1.5 * ring_formula, bytes_per_step / grad_bytes, wire_estimate, mem.optim);
     if (a.profile_steps > 0) {
         int P = a.profile_steps, n_ops, n_shapes;
         const sl_op_stat *ops = sl_ops_profile_ops(&n_ops);
@@ -254,19 +337,19 @@ int main(int argc, char **argv) {
                    shapes[i].seconds > 0 ? shapes[i].flops / shapes[i].seconds / 1e9 : 0.0);
         printf("],\"gemm_fraction\":%.4f", step_total > 0 ? gemm / step_total : 0.0);
         if (a.report) {
-            fprintf(stderr, "profile of %s B=%d T=%d threads=%d over %d steps:\n", a.model, a.B, a.T, a.threads, P);
+            fprintf(stderr, "profile of %s B=%d T=%d threads=%d ranks=%d (rank 0) over %d steps:\n", a.model, a.B,
+                    a.T, a.threads, a.world, P);
             sl_ops_profile_report(stderr, P);
         }
     }
     printf("}\n");
     fflush(stdout);
+done:
     free(inputs);
     free(targets);
     free(per_step);
     sl_engine_free(&engine);
     sl_model_free(&model);
+    sl_comm_free(world);
     return 0;
-fail:
-    fprintf(stderr, "bench_train: %s\n", sl_error());
-    return 1;
 }

@@ -8,12 +8,21 @@
 #   BENCH_QUICK=1            only gpt2-demo (B=8, T=128) and gpt2 at B=4, T=256
 #   BENCH_THREADS="1 2"      thread counts
 #   BENCH_ONLY=pattern       run only configurations whose "model:B:T:threads" matches the bash glob
-#                            (e.g. 'gpt2:4:1024:*'); results are appended, so earlier rows are replaced
+#                            (e.g. 'gpt2:4:1024:*'); results are appended, so earlier rows are replaced;
+#                            data-parallel runs match as "dist:model:T:tag" (tag: base, ddp, ddp-small,
+#                            ddp-nooverlap, zero1; e.g. 'dist:gpt2-demo:*')
 #   BENCH_TORCH=0            skip PyTorch;  BENCH_SHARDLM=0  skip shardlm
 #   BENCH_TORCH_COMPILE=1    also run torch.compile rows for gpt2-demo (skipped by default)
 #   BENCH_STEPS / BENCH_WARMUP / BENCH_PROFILE_STEPS   override the timed / warmup / profiled steps of
 #                            every configuration; per-size defaults below (BENCH_STEPS_DEMO, ..._256, ..._1024)
 #   BENCH_RENDER_ONLY=1      only re-render RESULTS.md from bench/results.jsonl
+#   BENCH_DIST=1             the data-parallel section (default on): per model, 1 rank x 2 threads at
+#                            micro-batch 2B against 2 ranks x 1 thread at micro-batch B (equal global
+#                            batch) under mpirun, with overlap on / off, small buckets, and ZeRO-1; 0 skips it;
+#                            "only" runs just that section and keeps the other rows of results.jsonl
+#   BENCH_RANKS=2            ranks of the data-parallel runs
+#   BENCH_SMALL_BUCKET=6553600  reduce_bucket_size of the extra small-bucket DDP row (25 MiB of fp32)
+#   BENCH_DIST_RETRIES=2     reruns of a data-parallel run whose other_load was above 0.2
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,12 +40,21 @@ CONFIGS=(
 )
 if [[ "${BENCH_QUICK:-0}" == 1 ]]; then CONFIGS=("${CONFIGS[@]:0:2}"); fi
 THREADS=${BENCH_THREADS:-1 2}
+# data-parallel configurations: model B(per rank) T warmup steps profile-steps (the same in quick mode)
+DIST_CONFIGS=(
+    "gpt2-demo 8 128 ${BENCH_WARMUP_DEMO:-2} ${BENCH_STEPS_DEMO:-10} ${BENCH_PROFILE_STEPS_DEMO:-3}"
+    "gpt2 4 256 ${BENCH_WARMUP_256:-1} ${BENCH_STEPS_256:-3} ${BENCH_PROFILE_STEPS_256:-1}"
+)
+BENCH_DIST=${BENCH_DIST:-1}
+RANKS=${BENCH_RANKS:-2}
+SMALL_BUCKET=${BENCH_SMALL_BUCKET:-6553600}   # elements: 25 MiB of fp32, PyTorch DDP's bucket_cap_mb
 
 render() {
     "$PY" - "$JSONL" bench/RESULTS.md <<'PYEOF'
 import json, os, platform, subprocess, sys, time
 src, dst = sys.argv[1], sys.argv[2]
 rows = {}
+dist = {}
 meta = {}
 with open(src) as f:
     for line in f:
@@ -46,6 +64,9 @@ with open(src) as f:
         r = json.loads(line)
         if r.get("impl") == "meta":
             meta = r
+            continue
+        if "dist" in r:
+            dist[(r["model"], r.get("global_batch", r["B"]), r["T"], r["dist"])] = r
             continue
         rows[(r["impl"], r["model"], r["B"], r["T"], r["threads"])] = r
 def sh(cmd):
@@ -160,6 +181,105 @@ for k in configs:
     for x in s["matmul_shapes"]:
         w(f"| {x['shape']} | {x['calls']:.0f} | {x['ms']:.1f} | {x['gflops']:.1f} |")
     w("")
+w("\n## Data parallelism: N ranks × 1 thread vs 1 rank × N threads\n")
+if not dist:
+    w("Not run (BENCH_DIST=0, or mpirun missing).\n")
+else:
+    NR = max(r.get("world", 1) for r in dist.values())
+    w(f"Same machine, same global batch: 1 process with {NR} threads at micro-batch {NR}B against {NR} MPI ranks "
+      f"(`mpirun --oversubscribe -np {NR} -x OMP_NUM_THREADS=1 --bind-to none`, Open MPI, shared memory) with 1 "
+      "thread each at micro-batch B; each rank draws its own random batches. The engine averages the gradients "
+      "with bucketed all-reduces (first bucket 262144 elements at the head's end of the flat buffer, then "
+      "`reduce_bucket_size` = 5e8 elements, i.e. the rest of the model in one bucket; the small-bucket row uses "
+      f"{next((r['bucket'] for r in dist.values() if r.get('dist') == 'ddp-small'), 6553600)} elements, 25 MiB "
+      "of fp32 like PyTorch DDP's default); with overlap on, each "
+      "bucket starts as soon as backward has finished it, with overlap off all start after backward. ZeRO-1 "
+      "shards AdamW's state: each rank updates half the parameters, then an in-place all-gather.\n")
+    w(f"**Target: {NR} ranks × 1 thread reach at least 90% of the tokens/s of 1 rank × {NR} threads.**\n")
+    w("- ms/step: mean over the timed steps of the slowest rank's step time (median next to it); tok/s = global batch × T / ms/step; "
+      "fwd+bwd includes waiting for the gradient all-reduces; optimizer = sl_engine_step (clip + AdamW, plus "
+      "ZeRO-1's parameter all-gather and the loss all-reduce).")
+    w("- bytes handed / step: `sl_comm_bytes_sent` of the data-parallel group over the timed steps / steps, on "
+      "rank 0. It counts the payload handed to each collective call (count × element size), so one all-reduce "
+      "of the gradients adds 1 × grad bytes (4 × parameters), whatever the algorithm; the loss all-reduce adds "
+      "8 bytes, ZeRO-1's all-gather adds this rank's block (grad bytes / N).")
+    w("- ring formula: a ring all-reduce (reduce-scatter then all-gather) puts 2(N-1)/N × its buffer on the wire "
+      "per rank; for N = 2 that is 1.0 × grad bytes. ZeRO stage 3 (parameters all-gathered in forward and again "
+      "in backward, gradients reduce-scattered) moves 1.5 × that, 3(N-1)/N × grad bytes; shardlm has no stage 3, "
+      "the number is given for reference. `wire estimate` applies the ring model to what was handed: "
+      "2(N-1)/N × all-reduce bytes + (N-1) × all-gather bytes. Open MPI picks its own algorithm per message size, "
+      "so this is a model, not a measurement.")
+    labels = {"base": "1 rank, threads", "ddp": "DDP, overlap on", "ddp-small": "DDP, overlap on, small buckets",
+              "ddp-nooverlap": "DDP, overlap off", "zero1": "ZeRO-1, overlap on"}
+    order = ["base", "ddp", "ddp-small", "ddp-nooverlap", "zero1"]
+    groups = sorted({k[:3] for k in dist}, key=lambda k: (k[0] != "gpt2-demo", k[2], k[1]))
+    nb = "; ".join(f"{g[0]}: " + ", ".join(f"{labels[d]} {dist[g + (d,)]['buckets']}" for d in ("ddp", "ddp-small")
+                                           if g + (d,) in dist) for g in groups)
+    w("- overlap saving: ms/step with overlap off minus with overlap on (and as % of the overlap-off step). "
+      f"Buckets per step: {nb}.")
+    w("- other load as in the throughput table (all ranks' CPU time counts as the benchmark's own); * above 0.2.\n")
+    mb = lambda x: "%.1f MB" % (x / 1e6)
+    w("| model | T | config | ranks × threads | micro-batch | global batch | ms/step | median ms | tok/s | vs 1×%d | fwd+bwd ms | "
+      "optimizer ms | bytes handed to collectives / step | ÷ grad bytes | ring formula 2(N-1)/N × grad bytes | "
+      "stage-3 formula (×1.5) | ring wire estimate | overlap saving | other load |" % NR)
+    w("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    verdicts = []
+    for g in groups:
+        base = dist.get(g + ("base",))
+        on, off = dist.get(g + ("ddp",)), dist.get(g + ("ddp-nooverlap",))
+        for d in order:
+            r = dist.get(g + (d,))
+            if not r:
+                continue
+            N = r.get("world", 1)
+            vs = "%.1f%%" % (100 * r["tokens_per_s"] / base["tokens_per_s"]) if base else "n/a"
+            if d == "base":
+                vs = "100%"
+            save = "n/a"
+            if d in ("ddp", "ddp-small") and off:
+                dm = off["ms_per_step"] - r["ms_per_step"]
+                save = "%.0f ms (%.1f%%)" % (dm, 100 * dm / off["ms_per_step"])
+            load = "%.2f" % r.get("other_load", -1) + (" *" if r.get("other_load", 0) > 0.2 else "")
+            comm = N > 1
+            w(f"| {g[0]} | {g[2]} | {labels.get(d, d)} | {N} × {r['threads']} | {r['B']} | {r.get('global_batch', r['B'])} | "
+              f"{r['ms_per_step']:.1f} | {r['ms_per_step_median']:.1f} | {r['tokens_per_s']:.1f} | **{vs}** | {r['ms_forward_backward']:.1f} | "
+              f"{r['ms_optimizer']:.1f} | {mb(r['bytes_sent_per_step']) if comm else '0'} | "
+              f"{r['sent_over_grad_bytes'] if comm else 0:.3f} | {mb(r['ring_allreduce_bytes_formula']) if comm else '0'} | "
+              f"{mb(r['stage3_bytes_formula']) if comm else '0'} | {mb(r['ring_wire_bytes_estimate']) if comm else '0'} | "
+              f"{save} | {load} |")
+        if base and on:
+            ratio = on["tokens_per_s"] / base["tokens_per_s"]
+            best = max((dist[g + (d,)] for d in ("ddp", "ddp-small", "zero1") if g + (d,) in dist),
+                       key=lambda r: r["tokens_per_s"])
+            bratio = best["tokens_per_s"] / base["tokens_per_s"]
+            verdicts.append(f"- {g[0]} T={g[2]}, global batch {g[1]}: DDP (overlap on) reaches **{100 * ratio:.1f}%** "
+                            f"of 1 × {NR} threads: target {'met' if ratio >= 0.9 else 'NOT met'}; best "
+                            f"{NR}-rank configuration ({labels[best['dist']]}) {100 * bratio:.1f}%"
+                            f"{' (target met)' if bratio >= 0.9 else ''}.")
+    w("\nAgainst the target:\n")
+    for v in verdicts:
+        w(v)
+    w("\n### Where the time goes (rank 0, profiled pass)\n")
+    w("From the profiling pass after the timed steps (rank 0's ops; every rank runs the same steps). "
+      "`outside ops` is forward+backward time not spent inside a model op: in the data-parallel runs mostly the "
+      "wait for the gradient all-reduces (sl_ddp_finish) and the 1/N scaling of the gradients. The profiled pass "
+      "is short (few steps), so it is noisier than the headline.\n")
+    w("| model | T | config | ranks × threads | step ms (profiled) | GEMM ms | attention ms | other ops ms | "
+      "outside ops ms (DDP wait) | optimizer ms |")
+    w("|---|---|---|---|---|---|---|---|---|---|")
+    for g in groups:
+        for d in order:
+            r = dist.get(g + (d,))
+            if not r or "breakdown" not in r:
+                continue
+            b = r["breakdown"]
+            gemm = b.get("matmul_forward", 0) + b.get("matmul_backward", 0)
+            att = b.get("attention_forward", 0) + b.get("attention_backward", 0)
+            ops_all = sum(v for k, v in b.items() if k not in ("optimizer", "model_other"))
+            w(f"| {g[0]} | {g[2]} | {labels.get(d, d)} | {r.get('world', 1)} × {r['threads']} | "
+              f"{r['profiled_ms_per_step']:.1f} | {gemm:.1f} | {att:.1f} | {ops_all - gemm - att:.1f} | "
+              f"{b.get('model_other', 0):.1f} | {b.get('optimizer', 0):.1f} |")
+    w("")
 w("Raw JSON lines: bench/results.jsonl. Log: bench/bench.log.")
 open(dst, "w").write("\n".join(out) + "\n")
 print(f"wrote {dst} ({len(rows)} runs)")
@@ -170,11 +290,15 @@ if [[ "${BENCH_RENDER_ONLY:-0}" == 1 ]]; then render; exit 0; fi
 
 echo "bench: building build/bench_train"
 make --no-print-directory build/libshardlm.a >/dev/null
-${CC:-gcc} -Iinclude -Isrc -I"$BLAS_INC" -std=c17 -Wall -Wextra -Werror -D_GNU_SOURCE -O3 -march=native \
+# the library's comm module links Open MPI (as the Makefile does)
+MPI_CFLAGS=${MPI_CFLAGS:-$(mpicc --showme:compile 2>/dev/null || true)}
+MPI_LIBS=${MPI_LIBS:-$(mpicc --showme:link 2>/dev/null || true)}
+# shellcheck disable=SC2086
+${CC:-gcc} -Iinclude -Isrc -I"$BLAS_INC" $MPI_CFLAGS -std=c17 -Wall -Wextra -Werror -D_GNU_SOURCE -O3 -march=native \
     -fno-fast-math -fno-math-errno -fopenmp bench/bench_train.c build/libshardlm.a -o build/bench_train \
-    -L"$BLAS_DIR" -Wl,-rpath,"$BLAS_DIR" -lopenblas -lcjson -lpcre2-8 -lm
+    -L"$BLAS_DIR" -Wl,-rpath,"$BLAS_DIR" -lopenblas -lcjson -lpcre2-8 $MPI_LIBS -lm
 
-if [[ -z "${BENCH_ONLY:-}" ]]; then : > "$JSONL"; : > "$LOG"; fi
+if [[ -z "${BENCH_ONLY:-}" && "$BENCH_DIST" != only ]]; then : > "$JSONL"; : > "$LOG"; fi
 # machine description, once per run
 "$PY" - >> "$JSONL" <<'PYEOF'
 import json, os, platform, subprocess, time
@@ -197,17 +321,22 @@ COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 if ! git diff --quiet HEAD -- src include 2>/dev/null; then COMMIT="$COMMIT+dirty"; fi
 
 # Appends the JSON line of one run, with the load average before it, to $JSONL.
+# With EXTRA set (a JSON fragment such as ,"dist":"ddp"), it is added to the line. RECORDED says
+# whether a line was written.
 record() {  # record LOAD COMMAND...
     local load=$1; shift
     local line
     if ! line=$("$@" 2>>"$LOG" | grep '^{' | tail -1) || [[ -z "$line" ]]; then
         echo "bench: FAILED: $* (see $LOG)" >&2
+        RECORDED=0
         return 0
     fi
-    echo "${line%\}},\"load1\":$load,\"commit\":\"$COMMIT\"}" >> "$JSONL"
+    RECORDED=1
+    echo "${line%\}},\"load1\":$load,\"commit\":\"$COMMIT\"${EXTRA:-}}" >> "$JSONL"
     echo "$line" | "$PY" -c 'import json,sys; r=json.loads(sys.stdin.read()); print("  %-16s %8.1f ms/step %9.1f tok/s" % (r["impl"], r["ms_per_step"], r["tokens_per_s"]))'
 }
 
+if [[ "$BENCH_DIST" == only ]]; then CONFIGS=(); fi
 for cfg in "${CONFIGS[@]}"; do
     read -r model B T warmup steps psteps <<< "$cfg"
     warmup=${BENCH_WARMUP:-$warmup}; steps=${BENCH_STEPS:-$steps}; psteps=${BENCH_PROFILE_STEPS:-$psteps}
@@ -229,4 +358,51 @@ for cfg in "${CONFIGS[@]}"; do
         fi
     done
 done
+
+# ---------------------------------------------------------------- data parallelism
+# The last JSON line's other_load (0 when absent).
+last_load() { tail -1 "$JSONL" | "$PY" -c 'import json,sys; print(json.loads(sys.stdin.read()).get("other_load", 0))'; }
+# One data-parallel run, rerun up to BENCH_DIST_RETRIES times while another process disturbed it
+# (other_load > 0.2); every attempt stays in results.jsonl, the last one is rendered.
+record_dist() {  # record_dist TAG COMMAND...
+    local tag=$1; shift
+    local try=0
+    if [[ -n "${BENCH_ONLY:-}" && "dist:$model:$T:$tag" != ${BENCH_ONLY} ]]; then return 0; fi
+    echo "  $DESC"
+    while :; do
+        EXTRA=",\"dist\":\"$tag\"" record "$(load1)" "$@"
+        if [[ "$RECORDED" != 1 ]]; then return 0; fi
+        if ! "$PY" -c "import sys; sys.exit(0 if float(sys.argv[1]) > 0.2 else 1)" "$(last_load)"; then return 0; fi
+        try=$((try + 1))
+        if (( try > ${BENCH_DIST_RETRIES:-2} )); then return 0; fi
+        echo "  other_load $(last_load) > 0.2: rerunning"
+    done
+}
+if [[ "$BENCH_DIST" != 0 ]]; then
+    if ! command -v mpirun >/dev/null; then
+        echo "bench: mpirun not found: skipping the data-parallel section"
+    else
+        root=(); [[ "$(id -u)" -eq 0 ]] && root=(--allow-run-as-root)
+        MPIRUN=(mpirun "${root[@]}" --oversubscribe -np "$RANKS" -x OMP_NUM_THREADS=1 --bind-to none)
+        for cfg in "${DIST_CONFIGS[@]}"; do
+            read -r model B T warmup steps psteps <<< "$cfg"
+            warmup=${BENCH_WARMUP:-$warmup}; steps=${BENCH_STEPS:-$steps}; psteps=${BENCH_PROFILE_STEPS:-$psteps}
+            GB=$((B * RANKS))
+            common=(--model "$model" --seq "$T" --steps "$steps" --warmup "$warmup" --profile-steps "$psteps" --report)
+            echo "bench: data parallel $model T=$T global batch $GB: 1 rank x $RANKS threads (micro-batch $GB) vs $RANKS ranks x 1 thread (micro-batch $B) load $(load1)"
+            echo "== dist $model B=$B T=$T ranks=$RANKS $(date)" >> "$LOG"
+            DESC="1 rank x $RANKS threads, micro-batch $GB"
+            record_dist base env OMP_NUM_THREADS="$RANKS" ./build/bench_train "${common[@]}" --batch "$GB" --threads "$RANKS"
+            DESC="$RANKS ranks x 1 thread, overlap on"
+            record_dist ddp "${MPIRUN[@]}" ./build/bench_train "${common[@]}" --batch "$B" --threads 1 --overlap 1
+            DESC="$RANKS ranks x 1 thread, overlap on, ${SMALL_BUCKET}-element buckets"
+            record_dist ddp-small "${MPIRUN[@]}" ./build/bench_train "${common[@]}" --batch "$B" --threads 1 --overlap 1 \
+                --bucket "$SMALL_BUCKET"
+            DESC="$RANKS ranks x 1 thread, overlap off"
+            record_dist ddp-nooverlap "${MPIRUN[@]}" ./build/bench_train "${common[@]}" --batch "$B" --threads 1 --overlap 0
+            DESC="$RANKS ranks x 1 thread, ZeRO-1, overlap on"
+            record_dist zero1 "${MPIRUN[@]}" ./build/bench_train "${common[@]}" --batch "$B" --threads 1 --overlap 1 --zero-stage 1
+        done
+    fi
+fi
 render

@@ -46,7 +46,7 @@ typedef struct {
     int shuffle;                  // shuffle training windows (default 1)
     // DeepSpeed "zero_optimization" block
     int zero_stage;               // stage (0 = plain data parallelism)
-    size_t reduce_bucket_size;    // elements per gradient bucket (default 5e8, DeepSpeed's)
+    size_t reduce_bucket_size;    // elements per gradient bucket (default 25 MiB of fp32, as PyTorch DDP)
     size_t first_bucket_size;     // the first (small) bucket, elements (default 262144 = 1 MiB of fp32)
     size_t allgather_bucket_size; // ZeRO parameter gathers (default 5e8)
     int overlap_comm;             // overlap gradient reduction with backward (default 1)

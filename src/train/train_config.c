@@ -28,7 +28,7 @@ void sl_train_config_defaults(sl_train_config *c) {
     c->eval_batches = 8;
     c->sample_tokens = 64;
     c->shuffle = 1;
-    c->reduce_bucket_size = 500000000;
+    c->reduce_bucket_size = 6553600;  // 25 MiB of fp32, PyTorch DDP's bucket_cap_mb (DeepSpeed: 5e8)
     c->first_bucket_size = 262144;
     c->allgather_bucket_size = 500000000;
     c->overlap_comm = 1;
