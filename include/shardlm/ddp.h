@@ -24,6 +24,8 @@ typedef struct {
     int n_buckets;
     int next;                // first bucket not yet started
     int overlap;             // 0: every all-reduce waits for sl_ddp_finish (for measurement)
+    int hook_failed;         // the hook cannot return an error: it keeps it for sl_ddp_finish
+    char hook_error[512];
 } sl_ddp;
 
 // bucket_size and first_bucket_size are in elements (DeepSpeed's reduce_bucket_size unit).

@@ -16,4 +16,11 @@ int sl_fsync_dir(const char *dir);
 // mkdir -p
 int sl_mkdirs(const char *path);
 
+// rm -rf (without a shell); a path that does not exist is not an error.
+int sl_remove_tree(const char *path);
+
+// FNV-1a 64-bit hash of n bytes, continuing from h (start with SL_FNV1A64_INIT).
+#define SL_FNV1A64_INIT 1469598103934665603ULL
+unsigned long long sl_fnv1a64(unsigned long long h, const void *data, size_t n);
+
 #endif

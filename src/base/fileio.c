@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -75,4 +76,21 @@ int sl_mkdirs(const char *path) {
     }
     if (mkdir(buf, 0755) != 0 && errno != EEXIST) return sl_errorf("%s: mkdir failed: %s", buf, strerror(errno));
     return 0;
+}
+
+static int remove_entry(const char *p, const struct stat *st, int flag, struct FTW *ftw) {
+    (void)st; (void)flag; (void)ftw;
+    return remove(p) == 0 || errno == ENOENT ? 0 : -1;
+}
+
+int sl_remove_tree(const char *path) {
+    if (nftw(path, remove_entry, 16, FTW_DEPTH | FTW_PHYS) != 0 && errno != ENOENT)
+        return sl_errorf("%s: cannot remove: %s", path, strerror(errno));
+    return 0;
+}
+
+unsigned long long sl_fnv1a64(unsigned long long h, const void *data, size_t n) {
+    const unsigned char *b = data;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ULL;
+    return h;
 }

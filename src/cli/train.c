@@ -105,7 +105,6 @@ static int parse_flags(int argc, char **argv, sl_train_config *c, flag_extras *x
     sl_args a = {argc, argv, 1, NULL, 0};
     int64_t steps = -1;
     int seed = -1;
-    char resume_flag = 0;
     for (; a.i < argc && !a.error; a.i++) {
         if (sl_arg_str(&a, "--config", config_path, sizeof config_path)) continue;
         if (sl_arg_str(&a, "--model", c->model, sizeof c->model)) continue;
@@ -138,16 +137,14 @@ static int parse_flags(int argc, char **argv, sl_train_config *c, flag_extras *x
             // optional value: a following argument that is not a flag
             if (a.i + 1 < argc && strncmp(argv[a.i + 1], "--", 2) != 0) snprintf(c->resume, sizeof c->resume, "%s", argv[++a.i]);
             else snprintf(c->resume, sizeof c->resume, "auto");
-            resume_flag = 1;
             continue;
         }
-        if (sl_arg_str(&a, "--resume", c->resume, sizeof c->resume)) { resume_flag = 1; continue; }
+        if (sl_arg_str(&a, "--resume", c->resume, sizeof c->resume)) continue;
         if (sl_arg_str(&a, "--metrics", c->metrics, sizeof c->metrics)) continue;
         if (sl_arg_int(&a, "--sample-tokens", &c->sample_tokens)) continue;
         fprintf(stderr, "error: unknown flag '%s' (see shardlm train --help)\n", argv[a.i]);
         return -1;
     }
-    (void)resume_flag;
     if (a.error) return -1;
     if (steps >= 0) c->steps = steps;
     if (seed >= 0) c->seed = (uint64_t)seed;

@@ -13,7 +13,6 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,17 +47,6 @@ static int check_tag(const char *tag, const char *where) {
     return 0;
 }
 
-static int rm_entry(const char *p, const struct stat *st, int flag, struct FTW *ftw) {
-    (void)st; (void)flag; (void)ftw;
-    return remove(p) == 0 || errno == ENOENT ? 0 : -1;
-}
-
-static int rm_rf(const char *path) {
-    if (nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS) != 0 && errno != ENOENT)
-        return sl_errorf("%s: cannot remove: %s", path, strerror(errno));
-    return 0;
-}
-
 // fsync every regular file under dir (recursively), then dir itself.
 static int fsync_tree(const char *dir) {
     DIR *d = opendir(dir);
@@ -85,7 +73,7 @@ int sl_ckpt_begin(const char *root, const char *tag, char *tmp_dir, size_t cap) 
     if (check_tag(tag, root) || sl_mkdirs(root)) return -1;
     int n = snprintf(tmp_dir, cap, "%s/.tmp-%s-%d", root, tag, (int)getpid());
     if (n < 0 || (size_t)n >= cap) return sl_errorf("%s: temporary checkpoint path does not fit in %zu bytes", root, cap);
-    if (is_dir(tmp_dir) && rm_rf(tmp_dir)) return -1;   // our own leftover from an earlier failed attempt
+    if (is_dir(tmp_dir) && sl_remove_tree(tmp_dir)) return -1;   // our own leftover from an earlier failed attempt
     if (mkdir(tmp_dir, 0755) != 0) return sl_errorf("%s: mkdir failed: %s", tmp_dir, strerror(errno));
     return 0;
 }
@@ -95,7 +83,7 @@ int sl_ckpt_abort(const char *tmp_dir) {
     base = base ? base + 1 : tmp_dir;
     if (strncmp(base, ".tmp-", 5) != 0)
         return sl_errorf("%s: refusing to remove a directory not named .tmp-* (not a temporary checkpoint)", tmp_dir);
-    return rm_rf(tmp_dir);
+    return sl_remove_tree(tmp_dir);
 }
 
 int sl_ckpt_commit(const char *root, const char *tag, const char *tmp_dir) {
@@ -109,19 +97,19 @@ int sl_ckpt_commit(const char *root, const char *tag, const char *tmp_dir) {
             return sl_errorf("%s: rename from %s failed: %s", final, tmp_dir, strerror(errno));
     } else if (renameat2(AT_FDCWD, tmp_dir, AT_FDCWD, final, RENAME_EXCHANGE) == 0) {
         // tmp_dir now holds the previous checkpoint; `final` was never absent.
-        if (sl_fsync_dir(root) || rm_rf(tmp_dir)) return -1;
+        if (sl_fsync_dir(root) || sl_remove_tree(tmp_dir)) return -1;
     } else {
         char old[PATH_CAP];
         int n = snprintf(old, sizeof old, "%s/.old-%s-%d", root, tag, (int)getpid());
         if (n < 0 || (size_t)n >= sizeof old) return sl_errorf("%s: path too long", root);
-        if (is_dir(old) && rm_rf(old)) return -1;
+        if (is_dir(old) && sl_remove_tree(old)) return -1;
         if (rename(final, old) != 0) return sl_errorf("%s: moving the old checkpoint aside failed: %s", final, strerror(errno));
         if (rename(tmp_dir, final) != 0) {
             int e = errno;
             rename(old, final);   // put the old one back
             return sl_errorf("%s: rename from %s failed: %s", final, tmp_dir, strerror(e));
         }
-        if (sl_fsync_dir(root) || rm_rf(old)) return -1;
+        if (sl_fsync_dir(root) || sl_remove_tree(old)) return -1;
     }
     if (sl_fsync_dir(root)) return -1;
     char text[TAG_MAX + 2];
@@ -208,7 +196,7 @@ int sl_ckpt_clean_stale(const char *root) {
         if (pid < 0 || pid == (long)getpid()) continue;
         if (kill((pid_t)pid, 0) == 0 || errno == EPERM) continue;   // still running
         char p[PATH_CAP];
-        if (join(p, sizeof p, root, e->d_name) || rm_rf(p)) rc = -1;
+        if (join(p, sizeof p, root, e->d_name) || sl_remove_tree(p)) rc = -1;
         else removed++;
     }
     closedir(d);

@@ -1,15 +1,12 @@
 // ddp.c: bucketed, overlapped gradient all-reduce (see ddp.h). Invariant: buckets [0, next) have
 // been started and nothing writes their range again during this backward; errors raised inside the
-// hook (which cannot return one) are kept and reported by sl_ddp_finish.
+// hook (which cannot return one) are kept in the struct and reported by sl_ddp_finish.
 #include "shardlm/ddp.h"
 #include "shardlm/error.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static _Thread_local int hook_failed;
-static _Thread_local char hook_error[512];
 
 int sl_ddp_init(sl_ddp *d, sl_comm *dp, float *grads, size_t total, size_t bucket_size, size_t first_bucket_size,
                 int overlap) {
@@ -46,11 +43,11 @@ static int start_bucket(sl_ddp *d, sl_ddp_bucket *b) {
 
 void sl_ddp_grad_ready(void *ctx, size_t ready_from) {
     sl_ddp *d = ctx;
-    if (!d->overlap || hook_failed) return;
+    if (!d->overlap || d->hook_failed) return;
     while (d->next < d->n_buckets && d->buckets[d->next].begin >= ready_from) {
         if (start_bucket(d, &d->buckets[d->next])) {
-            hook_failed = 1;
-            snprintf(hook_error, sizeof hook_error, "%s", sl_error());
+            d->hook_failed = 1;
+            snprintf(d->hook_error, sizeof d->hook_error, "%s", sl_error());
             return;
         }
         d->next++;
@@ -63,9 +60,9 @@ void sl_ddp_grad_ready(void *ctx, size_t ready_from) {
 }
 
 int sl_ddp_finish(sl_ddp *d) {
-    if (hook_failed) {
-        hook_failed = 0;
-        return sl_errorf("ddp: starting a gradient all-reduce failed: %s", hook_error);
+    if (d->hook_failed) {
+        d->hook_failed = 0;
+        return sl_errorf("ddp: starting a gradient all-reduce failed: %s", d->hook_error);
     }
     for (; d->next < d->n_buckets; d->next++)
         if (start_bucket(d, &d->buckets[d->next])) return -1;

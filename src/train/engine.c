@@ -15,10 +15,7 @@
 
 // FNV-1a over the parameter bytes: equal on every rank iff the parameters are bit-identical.
 static long long params_hash(const float *p, size_t n) {
-    const unsigned char *b = (const unsigned char *)p;
-    unsigned long long h = 1469598103934665603ULL;
-    for (size_t i = 0; i < n * sizeof(float); i++) h = (h ^ b[i]) * 1099511628211ULL;
-    return (long long)(h >> 1);
+    return (long long)(sl_fnv1a64(SL_FNV1A64_INIT, p, n * sizeof(float)) >> 1);
 }
 
 // Rank 0's parameters to every rank, then a check that all ranks hold the same bits.

@@ -52,11 +52,11 @@ static int writes_state(const sl_engine *e) { return e->sharded || rank_of(e) ==
 static int file_fnv64(const char *path, uint64_t *hash, uint64_t *bytes) {
     FILE *f = fopen(path, "rb");
     if (!f) return sl_errorf("%s: cannot open for checksum", path);
-    uint64_t h = 1469598103934665603ULL, n = 0;
+    uint64_t h = SL_FNV1A64_INIT, n = 0;
     unsigned char buf[1 << 16];
     size_t got;
     while ((got = fread(buf, 1, sizeof buf, f)) > 0) {
-        for (size_t i = 0; i < got; i++) h = (h ^ buf[i]) * 1099511628211ULL;
+        h = sl_fnv1a64(h, buf, got);
         n += got;
     }
     int err = ferror(f);
@@ -482,8 +482,7 @@ int sl_checkpoint_consolidate(const char *path, const char *out_dir, int with_op
     if (rc) {
         char keep[2048];
         snprintf(keep, sizeof keep, "%s", sl_error());
-        snprintf(file, sizeof file, "rm -rf '%s'", tmp);
-        if (strchr(tmp, '\'') == NULL && system(file) != 0) { /* best effort cleanup */ }
+        sl_remove_tree(tmp);
         sl_errorf("%s", keep);
     }
     cJSON_Delete(m);
