@@ -14,6 +14,7 @@
 #include "shardlm/model.h"
 #include "shardlm/optim.h"
 #include "shardlm/schedule.h"
+#include "shardlm/zero.h"
 
 typedef struct {
     int micro_batch;          // train_micro_batch_size_per_gpu
@@ -26,7 +27,8 @@ typedef struct {
     size_t reduce_bucket_size;   // elements per gradient bucket (DeepSpeed's reduce_bucket_size)
     size_t first_bucket_size;    // the small first bucket (the head's end of the buffer)
     int overlap_comm;            // start each bucket's all-reduce as soon as backward has finished it
-    int zero_stage;              // 0: every rank holds everything; 1: optimizer state sharded (ZeRO-1)
+    int zero_stage;              // 0: every rank holds everything; 1, 2, 3: ZeRO stages (zero.h)
+    int prefetch;                // ZeRO-3: gather the next unit while the current one computes
 } sl_engine_config;
 
 typedef struct {
@@ -43,11 +45,15 @@ typedef struct {
     float last_grad_norm;     // before clipping
     int distributed;          // dp group with more than one rank
     sl_ddp ddp;
-    // ZeRO-1: this rank owns [shard_begin, shard_begin + shard_size) of the flat buffer, padded to
-    // shard_size * dp ranks; its optimizer state holds only that slice
+    int ddp_active;           // this backward reduces its gradients through ddp (last micro-batch)
+    // ZeRO (stage >= 1, with a dp group of any size): this rank owns [shard_begin, shard_begin +
+    // shard_size) of the flat buffer, padded to shard_size * dp ranks; its optimizer state holds only
+    // that slice. Without ZeRO the "slice" is the whole buffer.
     int sharded;
+    sl_zero zero;
     size_t shard_begin, shard_size, padded_total;
     size_t state_numel;       // elements per optimizer state buffer on this rank
+    int detached;             // sl_engine_detach_model was called: no more steps
 } sl_engine;
 
 // DeepSpeed's zero_to_fp32: turns a checkpoint saved at any world size / ZeRO stage (a root, using
@@ -62,6 +68,11 @@ sl_engine_memory sl_engine_memory_use(const sl_engine *e);
 
 int sl_engine_init(sl_engine *e, sl_model *model, const sl_engine_config *cfg);
 void sl_engine_free(sl_engine *e);
+
+// Collective. After training: leaves full parameters in model->params on rank 0 (every rank when
+// `everywhere`) and unhooks the model, so it can generate text. ZeRO-3 gathers the slices; other
+// stages already hold everything. The engine takes no more steps.
+int sl_engine_detach_model(sl_engine *e, int everywhere);
 
 // With a data-parallel group, init broadcasts rank 0's parameters and checks every rank holds the
 // same bits; save writes from rank 0 only; load reads on rank 0 and broadcasts.

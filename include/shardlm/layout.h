@@ -21,6 +21,7 @@ typedef struct {
     int hf_rows;        // rows stored in HF files (vocab_size for embeddings/head, else shape[0])
     int hf_transposed;  // 1: HF stores this weight as (in, out) (GPT-2 Conv1D)
     int layer;          // block index, or -1 for embeddings / final norm / head
+    int unit;           // the unit (see sl_param_layout) this tensor belongs to
     int weight_decay;   // 1 for linear weights; 0 for norms, biases, embeddings
 } sl_tensor_info;
 
@@ -42,10 +43,17 @@ typedef struct {
     int wte, wpe, lnf_w, lnf_b, lm_head;   // indices; -1 when absent (wpe for LLaMA, lm_head if tied)
     sl_block_tensors *blocks;   // n_layer entries
     size_t *block_begin;        // n_layer+1 offsets: block l is [block_begin[l], block_begin[l+1])
+    // Units: the contiguous pieces the model announces as it uses them (ZeRO-3 gathers one unit at a
+    // time, gradients are reduced one unit at a time). Unit 0 is the embeddings, unit 1 + l is block
+    // l, unit n_layer + 1 the final norm and an untied head: unit u is [unit_begin[u], unit_begin[u+1]).
+    int n_units;                // n_layer + 2
+    size_t *unit_begin;         // n_units + 1 offsets
 } sl_param_layout;
 
 int sl_layout_build(sl_param_layout *layout, const sl_model_config *cfg);
 void sl_layout_free(sl_param_layout *layout);
+// Elements in unit u.
+static inline size_t sl_layout_unit_size(const sl_param_layout *L, int u) { return L->unit_begin[u + 1] - L->unit_begin[u]; }
 // Index of the tensor with this HF name, or -1.
 int sl_layout_find(const sl_param_layout *layout, const char *name);
 // Total count of real (unpadded) parameters, as a Hugging Face model reports num_parameters().

@@ -10,6 +10,14 @@
 #include "shardlm/layout.h"
 #include "shardlm/ops.h"
 
+// What the model tells its unit hook, in order, for one forward and one backward:
+//   forward : PARAMS_GET u (then PARAMS_PUT u) for 0, 1 .. n_layer, n_layer+1 and, with a tied head, 0 again
+//   backward: PARAMS_GET/GRADS_GET of the head's unit, the final norm's, then each block from the last;
+//             GRADS_PUT u once u's gradients are final for this micro-batch (n_layer+1, n_layer .. 1, 0)
+// `next_unit` is the unit whose parameters the model will ask for next (-1: none known), so an
+// engine can start gathering it early (ZeRO-3 prefetch).
+typedef enum { SL_PARAMS_GET, SL_PARAMS_PUT, SL_GRADS_GET, SL_GRADS_PUT } sl_unit_event;
+
 typedef struct {
     float *ln1, *ln1_mean, *ln1_rstd;  // (B,T,C), (B,T), (B,T); mean unused for RMSNorm
     float *qkv;                        // (B,T,(NH+2NKV)*HD), after RoPE for LLaMA
@@ -45,11 +53,14 @@ typedef struct {
     int have_targets;
     int n_valid_targets;
     float loss;                  // mean loss of the last forward with targets
-    // Optional: called during backward each time the gradients at flat offsets >= ready_from have
-    // reached their final value for this micro-batch (after the head, after each block, and with 0
-    // at the end), so a data-parallel engine can start reducing them while backward continues.
-    void (*grad_ready)(void *ctx, size_t ready_from);
-    void *grad_ready_ctx;
+    // Where each unit's parameters and gradients are (layout.h units): tensor t of unit u lives at
+    // param_view[u] + (t.offset - unit_begin[u]). By default views point into params / grads; a
+    // ZeRO-3 engine points them at gathered windows instead (params and grads may then be NULL).
+    float **param_view, **grad_view;   // (layout.n_units)
+    // Optional: told before and after each use of a unit, in the order the model works (unit_hook.h
+    // events). A non-zero return aborts the forward/backward with the hook's error.
+    int (*unit_hook)(void *ctx, sl_unit_event event, int unit, int next_unit);
+    void *unit_hook_ctx;
 } sl_model;
 
 int sl_model_create(sl_model *m, const sl_model_config *cfg, const sl_ops *ops);
@@ -68,7 +79,11 @@ int sl_model_forward(sl_model *m, const int *inputs, const int *targets, int B, 
 // gradient of grad_scale * mean loss (grad_scale = 1/accumulation steps for gradient accumulation).
 int sl_model_backward(sl_model *m, float grad_scale);
 
+// Zeroes the whole gradient buffer (nothing when the engine has taken it away).
 void sl_model_zero_grad(sl_model *m);
+
+// Points every unit's views into params / grads (after they move).
+void sl_model_bind_views(sl_model *m);
 
 // Grows the parameter and gradient buffers to `capacity` floats (>= layout.total), the tail zeroed,
 // so a sharded engine can gather equal-sized shards in place.

@@ -51,6 +51,7 @@ typedef struct {
     size_t allgather_bucket_size; // ZeRO parameter gathers (default 5e8)
     int overlap_comm;             // overlap gradient reduction with backward (default 1)
     int contiguous_gradients;     // accepted for compatibility: gradients are always contiguous here
+    size_t stage3_prefetch_bucket_size; // ZeRO-3: 0 turns prefetching the next unit off (default 5e7)
 } sl_train_config;
 
 void sl_train_config_defaults(sl_train_config *c);

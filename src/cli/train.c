@@ -73,6 +73,7 @@ static void usage(FILE *f) {
         "  --no-save               never write checkpoints\n"
         "  --no-shuffle            read training windows in file order (default: shuffled from the seed)\n"
         "  --no-overlap-comm       all-reduce gradients after backward instead of during it\n"
+        "  --zero-stage N          ZeRO stage 0-3 (zero_optimization.stage)\n"
         "  --resume [PATH]         continue from PATH (a checkpoint root or tag); `--resume auto` or a bare\n"
         "                          --resume uses SAVE_DIR if it holds a checkpoint\n"
         "  --metrics FILE          JSON-lines metrics (default SAVE_DIR/metrics.jsonl)\n"
@@ -133,6 +134,7 @@ static int parse_flags(int argc, char **argv, sl_train_config *c, flag_extras *x
         if (sl_arg_switch(&a, "--no-save")) { c->no_save = 1; continue; }
         if (sl_arg_switch(&a, "--no-shuffle")) { c->shuffle = 0; continue; }
         if (sl_arg_switch(&a, "--no-overlap-comm")) { c->overlap_comm = 0; continue; }
+        if (sl_arg_int(&a, "--zero-stage", &c->zero_stage)) continue;
         if (sl_arg_switch(&a, "--resume")) {
             // optional value: a following argument that is not a flag
             if (a.i + 1 < argc && strncmp(argv[a.i + 1], "--", 2) != 0) snprintf(c->resume, sizeof c->resume, "%s", argv[++a.i]);
@@ -219,7 +221,9 @@ static int val_shards_exist(const char *data) {
 static int evaluate(sl_model *m, sl_comm *world, sl_loader *val, int n, int B, int T, int *in, int *tg, float *out) {
     sl_loader_reset(val);
     double sum = 0.0;
-    int64_t avail = sl_loader_batches_per_epoch(val);
+    // every rank runs the same number of forwards (ZeRO-3 gathers parameters collectively in each)
+    long long avail = (long long)sl_loader_batches_per_epoch(val);
+    if (sl_comm_allreduce(world, &avail, 1, SL_DTYPE_I64, SL_OP_MIN)) return -1;
     if (n > avail) n = (int)avail;
     for (int i = 0; i < n; i++) {
         float loss;
@@ -230,6 +234,32 @@ static int evaluate(sl_model *m, sl_comm *world, sl_loader *val, int n, int B, i
     if (sl_comm_allreduce(world, totals, 2, SL_DTYPE_F64, SL_OP_SUM)) return -1;
     *out = totals[1] > 0 ? (float)(totals[0] / totals[1]) : NAN;
     return 0;
+}
+
+// What this rank allocated for model states, next to the ZeRO paper's formula in fp32 (no separate
+// master copy; K bytes of optimizer state per parameter, 8 for Adam): with P parameters, N ranks,
+// S = P/N (rounded up) and W the ZeRO-3/2 windows (zero.h),
+//   stage 0: 4P + 4P + KP      stage 1: 4P + 4(P + S) + KS
+//   stage 2: 4P + 4(S + W) + KS    stage 3: 4(S + W) + 4(S + W) + KS
+static void print_memory(const sl_engine *e, int world) {
+    sl_engine_memory mem = sl_engine_memory_use(e);
+    const sl_param_layout *L = &e->model->layout;
+    int stage = e->sharded ? e->zero.stage : 0;
+    double P = (double)L->total, S = (double)e->shard_size, K = e->n_optim_state * 4.0, W = 0.0;
+    size_t block = 0;
+    for (int u = 1; u < L->n_units - 1; u++)
+        if (sl_layout_unit_size(L, u) > block) block = sl_layout_unit_size(L, u);
+    W = (double)sl_layout_unit_size(L, 0) + (double)sl_layout_unit_size(L, L->n_units - 1) + 2.0 * (double)block;
+    double fp = stage == 3 ? 4 * (S + W) : 4 * P;
+    double fg = stage == 0 ? 4 * P : stage == 1 ? 4 * (P + S) : 4 * (S + W);
+    double fo = stage == 0 ? K * P : K * S;
+    static const char *const shape[4] = {"4P + 4P + KP", "4P + 4(P+S) + KS", "4P + 4(S+W) + KS",
+                                         "4(S+W) + 4(S+W) + KS"};
+    printf("memory per rank (ZeRO stage %d, %d ranks): parameters %.2f MB, gradients %.2f MB, optimizer state "
+           "%.2f MB; total %.2f MB\n  formula %s with P=%.0f S=P/N=%.0f W=%.0f (windows) K=%g: %.2f MB; "
+           "stage 0 would hold %.2f MB\n",
+           stage, world, mem.params / 1e6, mem.grads / 1e6, mem.optim / 1e6, (mem.params + mem.grads + mem.optim) / 1e6,
+           shape[stage], P, S, stage >= 2 ? W : 0.0, K, (fp + fg + fo) / 1e6, (8 * P + K * P) / 1e6);
 }
 
 static int save_checkpoint(sl_engine *e, const sl_train_config *c, sl_loader *train, sl_progress *prog) {
@@ -368,7 +398,8 @@ static int run(sl_train_config *c, sl_comm *world) {
     }
 
     sl_engine_config ec = {c->micro_batch, c->grad_accum, c->gradient_clipping, c->optim, c->schedule,
-                           world, c->reduce_bucket_size, c->first_bucket_size, c->overlap_comm, c->zero_stage};
+                           world, c->reduce_bucket_size, c->first_bucket_size, c->overlap_comm, c->zero_stage,
+                           c->stage3_prefetch_bucket_size > 0};
     if (sl_engine_init(&engine, &model, &ec)) goto done;
     have_engine = 1;
 
@@ -393,17 +424,7 @@ static int run(sl_train_config *c, sl_comm *world) {
            src.cfg.n_layer, src.cfg.n_head, src.cfg.n_embd, src.cfg.vocab_size);
     if (is_rank0) printf("data: %s (%lld training tokens, %lld batches per epoch)\n", c->data,
            (long long)sl_loader_num_tokens(train), (long long)sl_loader_batches_per_epoch(train));
-    if (is_rank0) {
-        // what this rank allocated, next to the ZeRO paper's formula for fp32 training with Adam
-        // (K = 8 bytes of optimizer state per parameter; no separate master copy in fp32)
-        sl_engine_memory mem = sl_engine_memory_use(&engine);
-        double psi = (double)model.layout.total, N = c->world_size, K = engine.n_optim_state * 4.0;
-        double formula = 4 * psi + 4 * psi + (engine.sharded ? K * psi / N : K * psi);
-        printf("memory per rank (ZeRO stage %d, %d ranks): parameters %.2f MB, gradients %.2f MB, optimizer state "
-               "%.2f MB; total %.2f MB (formula 4P + 4P + %gP%s = %.2f MB)\n", engine.sharded ? 1 : 0, c->world_size,
-               mem.params / 1e6, mem.grads / 1e6, mem.optim / 1e6, (mem.params + mem.grads + mem.optim) / 1e6, K,
-               engine.sharded ? "/N" : "", formula / 1e6);
-    }
+    if (is_rank0) print_memory(&engine, c->world_size);
     if (is_rank0)
         printf("threads: %d per rank, data-parallel ranks: %d\nresolved config:\n%s\n", sl_ops_cpu_threads(),
                c->world_size, resolved ? resolved : "?");
@@ -471,6 +492,7 @@ static int run(sl_train_config *c, sl_comm *world) {
                   saved ? "checkpoint saved" : "no checkpoint written");
         goto done;
     }
+    if (c->sample_tokens > 0 && tok && sl_engine_detach_model(&engine, 0)) goto done;
     if (c->sample_tokens > 0 && tok && is_rank0) {
         int prompt = sl_tokenizer_eot_id(tok) >= 0 ? sl_tokenizer_eot_id(tok) : 0;
         sl_generate_config gc = {c->sample_tokens, {1.0f, 40, 1.0f}, c->seed, 0};

@@ -102,6 +102,15 @@ int sl_layout_build(sl_param_layout *L, const sl_model_config *cfg) {
     if (cfg->arch == SL_ARCH_GPT2) build_gpt2(&b, cfg);
     else build_llama(&b, cfg);
     L->total = b.offset;
+    L->n_units = cfg->n_layer + 2;
+    L->unit_begin = sl_calloc((size_t)L->n_units + 1, sizeof *L->unit_begin, "parameter layout");
+    if (!L->unit_begin) { sl_layout_free(L); return -1; }
+    for (int l = 0; l <= cfg->n_layer; l++) L->unit_begin[l + 1] = L->block_begin[l];
+    L->unit_begin[L->n_units] = L->total;
+    for (int i = 0; i < L->n_tensors; i++) {
+        sl_tensor_info *t = &L->tensors[i];
+        t->unit = t->layer >= 0 ? t->layer + 1 : (t->offset < L->block_begin[0] ? 0 : L->n_units - 1);
+    }
     return 0;
 }
 
@@ -109,6 +118,7 @@ void sl_layout_free(sl_param_layout *L) {
     free(L->tensors);
     free(L->blocks);
     free(L->block_begin);
+    free(L->unit_begin);
     memset(L, 0, sizeof *L);
 }
 

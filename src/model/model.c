@@ -10,8 +10,18 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define P(m, idx) ((m)->params + (m)->layout.tensors[(idx)].offset)
-#define G(m, idx) ((m)->grads + (m)->layout.tensors[(idx)].offset)
+// A tensor's parameters / gradients, wherever its unit's view currently is.
+static inline size_t unit_offset(const sl_model *m, int idx) {
+    const sl_tensor_info *t = &m->layout.tensors[idx];
+    return t->offset - m->layout.unit_begin[t->unit];
+}
+#define P(m, idx) ((m)->param_view[(m)->layout.tensors[(idx)].unit] + unit_offset((m), (idx)))
+#define G(m, idx) ((m)->grad_view[(m)->layout.tensors[(idx)].unit] + unit_offset((m), (idx)))
+// Tells the unit hook (if any) about an event; returns -1 from the calling function on its error.
+#define HOOK(m, event, unit, next)                                                                   \
+    do {                                                                                             \
+        if ((m)->unit_hook && (m)->unit_hook((m)->unit_hook_ctx, (event), (unit), (next))) return -1; \
+    } while (0)
 // Optional tensors (biases) are -1 in the layout: NULL pointers for the ops.
 #define P_OPT(m, idx) ((idx) >= 0 ? P(m, idx) : NULL)
 #define G_OPT(m, idx) ((idx) >= 0 ? G(m, idx) : NULL)
@@ -28,6 +38,10 @@ int sl_model_create(sl_model *m, const sl_model_config *cfg, const sl_ops *ops) 
     m->grads = sl_calloc(m->layout.total, sizeof(float), "gradients");
     if (!m->params || !m->grads) { sl_model_free(m); return -1; }
     m->capacity = m->layout.total;
+    m->param_view = sl_calloc((size_t)m->layout.n_units, sizeof(float *), "unit views");
+    m->grad_view = sl_calloc((size_t)m->layout.n_units, sizeof(float *), "unit views");
+    if (!m->param_view || !m->grad_view) { sl_model_free(m); return -1; }
+    sl_model_bind_views(m);
     if (cfg->arch == SL_ARCH_LLAMA) {
         size_t n = (size_t)cfg->max_seq_len * (size_t)(sl_config_head_dim(cfg) / 2);
         m->rope_cos = sl_malloc(n * sizeof(float), "rope tables");
@@ -55,11 +69,22 @@ void sl_model_free(sl_model *m) {
     free(m->grads);
     free(m->rope_cos);
     free(m->rope_sin);
+    free(m->param_view);
+    free(m->grad_view);
     sl_layout_free(&m->layout);
     memset(m, 0, sizeof *m);
 }
 
-void sl_model_zero_grad(sl_model *m) { memset(m->grads, 0, m->capacity * sizeof(float)); }
+void sl_model_zero_grad(sl_model *m) {
+    if (m->grads) memset(m->grads, 0, m->capacity * sizeof(float));
+}
+
+void sl_model_bind_views(sl_model *m) {
+    for (int u = 0; u < m->layout.n_units; u++) {
+        m->param_view[u] = m->params ? m->params + m->layout.unit_begin[u] : NULL;
+        m->grad_view[u] = m->grads ? m->grads + m->layout.unit_begin[u] : NULL;
+    }
+}
 
 int sl_model_reserve(sl_model *m, size_t capacity) {
     if (capacity <= m->capacity) return 0;
@@ -72,6 +97,7 @@ int sl_model_reserve(sl_model *m, size_t capacity) {
     memset(m->params + m->capacity, 0, (capacity - m->capacity) * sizeof(float));
     memset(m->grads + m->capacity, 0, (capacity - m->capacity) * sizeof(float));
     m->capacity = capacity;
+    sl_model_bind_views(m);
     return 0;
 }
 
@@ -178,11 +204,15 @@ int sl_model_forward(sl_model *m, const int *inputs, const int *targets, int B, 
     int C = c->n_embd, F = c->n_inner, NH = c->n_head, NKV = c->n_kv_head, HD = sl_config_head_dim(c);
     int QKV = qkv_width(c), FC = fc_width(c);
     const sl_param_layout *L = &m->layout;
+    int last = L->n_units - 1, tied = L->lm_head < 0;
+    HOOK(m, SL_PARAMS_GET, 0, 1);
     ops->encoder_forward(m->encoded, inputs, P(m, L->wte), L->wpe >= 0 ? P(m, L->wpe) : NULL, B, T, C);
+    HOOK(m, SL_PARAMS_PUT, 0, 1);
     const float *resid = m->encoded;
     for (int l = 0; l < c->n_layer; l++) {
         const sl_block_tensors *k = &L->blocks[l];
         sl_layer_acts *a = &m->layers[l];
+        HOOK(m, SL_PARAMS_GET, l + 1, l + 2);
         norm_forward(m, a->ln1, a->ln1_mean, a->ln1_rstd, resid, k->ln1_w, k->ln1_b, (int)N);
         ops->matmul_forward(a->qkv, a->ln1, P(m, k->qkv_w), P_OPT(m, k->qkv_b), (int)N, C, QKV);
         if (c->arch == SL_ARCH_LLAMA) ops->rope_forward(a->qkv, m->rope_cos, m->rope_sin, B, T, NH, NKV, HD, 0);
@@ -195,10 +225,17 @@ int sl_model_forward(sl_model *m, const int *inputs, const int *targets, int B, 
         else ops->swiglu_forward(a->fch_act, a->fch, (int)N, F);
         ops->matmul_forward(a->resid3, a->fch_act, P(m, k->mlp_proj_w), P_OPT(m, k->mlp_proj_b), (int)N, F, C);
         ops->residual_forward(a->resid3, a->resid3, a->resid2, N * C);
+        HOOK(m, SL_PARAMS_PUT, l + 1, l + 2);
         resid = a->resid3;
     }
+    HOOK(m, SL_PARAMS_GET, last, tied ? 0 : -1);
     norm_forward(m, m->lnf, m->lnf_mean, m->lnf_rstd, resid, L->lnf_w, L->lnf_b, (int)N);
+    if (tied) {  // the head is the embedding matrix
+        HOOK(m, SL_PARAMS_PUT, last, 0);
+        HOOK(m, SL_PARAMS_GET, 0, -1);
+    }
     ops->matmul_forward(m->logits, m->lnf, head_weight(m), NULL, (int)N, C, c->padded_vocab_size);
+    HOOK(m, SL_PARAMS_PUT, tied ? 0 : last, -1);
 
     m->n_valid_targets = 0;
     m->loss = 0.0f;
@@ -223,21 +260,34 @@ int sl_model_backward(sl_model *m, float grad_scale) {
     int C = c->n_embd, F = c->n_inner, NH = c->n_head, NKV = c->n_kv_head, HD = sl_config_head_dim(c);
     int QKV = qkv_width(c), FC = fc_width(c), Vp = c->padded_vocab_size;
     float dloss = m->n_valid_targets ? grad_scale / (float)m->n_valid_targets : 0.0f;
+    m->have_targets = 0;  // logits become gradients below; a second backward would be wrong
+    int last = L->n_units - 1, tied = L->lm_head < 0, head_unit = tied ? 0 : last;
 
     // logits -> dlogits in place, then the head and the final norm
+    HOOK(m, SL_PARAMS_GET, head_unit, tied ? last : c->n_layer);
+    HOOK(m, SL_GRADS_GET, head_unit, -1);
     ops->crossentropy_backward(m->logits, m->logits_lse, m->targets, N, c->vocab_size, Vp, dloss);
     int head = L->lm_head >= 0 ? L->lm_head : L->wte;
     ops->matmul_backward(m->dln, G(m, head), NULL, m->logits, m->lnf, P(m, head), N, C, Vp);
+    if (tied) {  // the embedding's gradients stay open until the encoder adds its part
+        HOOK(m, SL_PARAMS_PUT, 0, last);
+        HOOK(m, SL_PARAMS_GET, last, c->n_layer);
+        HOOK(m, SL_GRADS_GET, last, -1);
+    }
     memset(m->dresid, 0, (size_t)N * C * sizeof(float));
-    const float *last = c->n_layer > 0 ? m->layers[c->n_layer - 1].resid3 : m->encoded;
-    norm_backward(m, m->dresid, m->dln, last, L->lnf_w, L->lnf_b, m->lnf_mean, m->lnf_rstd, N);
+    const float *final_resid = m->layers[c->n_layer - 1].resid3;
+    norm_backward(m, m->dresid, m->dln, final_resid, L->lnf_w, L->lnf_b, m->lnf_mean, m->lnf_rstd, N);
     // the final norm and an untied head are final now; a tied head (wte) only after the encoder
-    if (m->grad_ready) m->grad_ready(m->grad_ready_ctx, L->block_begin[c->n_layer]);
+    HOOK(m, SL_PARAMS_PUT, last, c->n_layer);
+    HOOK(m, SL_GRADS_PUT, last, c->n_layer);
 
     for (int l = c->n_layer - 1; l >= 0; l--) {
         const sl_block_tensors *k = &L->blocks[l];
         sl_layer_acts *a = &m->layers[l];
         const float *resid_in = l > 0 ? m->layers[l - 1].resid3 : m->encoded;
+        int unit = l + 1, next = l > 0 ? l : -1;
+        HOOK(m, SL_PARAMS_GET, unit, next);
+        HOOK(m, SL_GRADS_GET, unit, next);
         // MLP: dresid is d(resid3) and flows unchanged into d(resid2) through the residual
         ops->matmul_backward(m->dB, G(m, k->mlp_proj_w), G_OPT(m, k->mlp_proj_b), m->dresid, a->fch_act,
                              P(m, k->mlp_proj_w), N, F, C);
@@ -252,10 +302,11 @@ int sl_model_backward(sl_model *m, float grad_scale) {
         if (c->arch == SL_ARCH_LLAMA) ops->rope_backward(m->dA, m->rope_cos, m->rope_sin, B, T, NH, NKV, HD);
         ops->matmul_backward(m->dln, G(m, k->qkv_w), G_OPT(m, k->qkv_b), m->dA, a->ln1, P(m, k->qkv_w), N, C, QKV);
         norm_backward(m, m->dresid, m->dln, resid_in, k->ln1_w, k->ln1_b, a->ln1_mean, a->ln1_rstd, N);
-        if (m->grad_ready) m->grad_ready(m->grad_ready_ctx, L->block_begin[l]);
+        HOOK(m, SL_PARAMS_PUT, unit, next);
+        HOOK(m, SL_GRADS_PUT, unit, next);
     }
+    if (!tied) HOOK(m, SL_GRADS_GET, 0, -1);
     ops->encoder_backward(G(m, L->wte), L->wpe >= 0 ? G(m, L->wpe) : NULL, m->dresid, m->inputs, B, T, C);
-    if (m->grad_ready) m->grad_ready(m->grad_ready_ctx, 0);
-    m->have_targets = 0;  // logits now hold gradients; a second backward would be wrong
+    HOOK(m, SL_GRADS_PUT, 0, -1);
     return 0;
 }

@@ -9,6 +9,7 @@
 #include "shardlm/hf_weights.h"
 
 #include <cjson/cJSON.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +35,15 @@ static int sync_parameters(sl_engine *e) {
     return rc;
 }
 
+// The model's unit hook: ZeRO handles every event; plain data parallelism starts each gradient
+// bucket once backward has finished everything above the finished unit.
+static int engine_unit_hook(void *ctx, sl_unit_event event, int unit, int next_unit) {
+    sl_engine *e = ctx;
+    if (e->sharded) return sl_zero_hook(&e->zero, event, unit, next_unit);
+    if (e->ddp_active && event == SL_GRADS_PUT) sl_ddp_grad_ready(&e->ddp, e->model->layout.unit_begin[unit]);
+    return 0;
+}
+
 int sl_engine_init(sl_engine *e, sl_model *model, const sl_engine_config *cfg) {
     memset(e, 0, sizeof *e);
     e->model = model;
@@ -41,21 +51,29 @@ int sl_engine_init(sl_engine *e, sl_model *model, const sl_engine_config *cfg) {
     if (cfg->micro_batch <= 0 || cfg->grad_accum_steps <= 0)
         return sl_errorf("engine: micro batch (%d) and gradient accumulation steps (%d) must be positive",
                          cfg->micro_batch, cfg->grad_accum_steps);
+    if (cfg->zero_stage < 0 || cfg->zero_stage > 3)
+        return sl_errorf("engine: ZeRO stage %d is not one of 0, 1, 2, 3", cfg->zero_stage);
+    if (!model->params || !model->grads)
+        return sl_errorf("engine: the model's buffers belong to another engine (ZeRO-2/3 took them)");
     if (sl_decay_mask_from_layout(&e->decay_mask, &model->layout, cfg->optim.decay_all)) return -1;
-    if (cfg->zero_stage < 0 || cfg->zero_stage > 1)
-        return sl_errorf("engine: ZeRO stage %d is not available (stages 0 and 1 are)", cfg->zero_stage);
     e->distributed = cfg->dp && sl_comm_size(cfg->dp) > 1;
-    e->sharded = e->distributed && cfg->zero_stage >= 1;
+    e->sharded = cfg->dp && cfg->zero_stage >= 1;
+    sl_model_zero_grad(model);
+    if (e->distributed && sync_parameters(e)) { sl_engine_free(e); return -1; }
     size_t total = model->layout.total;
-    e->padded_total = total;
+    e->padded_total = e->shard_size = total;
     e->shard_begin = 0;
-    e->shard_size = total;
     if (e->sharded) {
-        size_t world = (size_t)sl_comm_size(cfg->dp);
-        e->shard_size = (total + world - 1) / world;
-        e->padded_total = e->shard_size * world;
-        e->shard_begin = e->shard_size * (size_t)sl_comm_rank(cfg->dp);
-        if (sl_model_reserve(model, e->padded_total)) { sl_engine_free(e); return -1; }
+        if (sl_zero_init(&e->zero, model, cfg->dp, cfg->zero_stage, cfg->prefetch)) { sl_engine_free(e); return -1; }
+        e->shard_size = e->zero.shard_size;
+        e->padded_total = e->zero.padded_total;
+        e->shard_begin = e->zero.shard_begin;
+    } else if (e->distributed) {
+        size_t bucket = cfg->reduce_bucket_size ? cfg->reduce_bucket_size : 500000000;
+        if (sl_ddp_init(&e->ddp, cfg->dp, model->grads, total, bucket, cfg->first_bucket_size, cfg->overlap_comm)) {
+            sl_engine_free(e);
+            return -1;
+        }
     }
     e->state_numel = e->shard_size;
     e->n_optim_state = sl_optim_num_state_buffers(&cfg->optim);
@@ -63,15 +81,9 @@ int sl_engine_init(sl_engine *e, sl_model *model, const sl_engine_config *cfg) {
         e->optim_state[i] = sl_calloc(e->state_numel, sizeof(float), "optimizer state");
         if (!e->optim_state[i]) { sl_engine_free(e); return -1; }
     }
-    sl_model_zero_grad(model);
-    if (e->distributed) {
-        size_t bucket = cfg->reduce_bucket_size ? cfg->reduce_bucket_size : 500000000;
-        if (sync_parameters(e) ||
-            sl_ddp_init(&e->ddp, cfg->dp, model->grads, model->layout.total, bucket, cfg->first_bucket_size,
-                        cfg->overlap_comm)) {
-            sl_engine_free(e);
-            return -1;
-        }
+    if (e->sharded || e->distributed) {
+        model->unit_hook = engine_unit_hook;
+        model->unit_hook_ctx = e;
     }
     return 0;
 }
@@ -79,21 +91,26 @@ int sl_engine_init(sl_engine *e, sl_model *model, const sl_engine_config *cfg) {
 void sl_engine_free(sl_engine *e) {
     for (int i = 0; i < 2; i++) free(e->optim_state[i]);
     sl_decay_mask_free(&e->decay_mask);
-    if (e->distributed) sl_ddp_free(&e->ddp);
+    if (e->model && e->model->unit_hook_ctx == e) {
+        e->model->unit_hook = NULL;
+        e->model->unit_hook_ctx = NULL;
+    }
+    if (e->sharded) sl_zero_free(&e->zero);
+    else if (e->distributed) sl_ddp_free(&e->ddp);
     memset(e, 0, sizeof *e);
 }
 
 int sl_engine_forward_backward(sl_engine *e, const int *inputs, const int *targets, int B, int T, float *loss) {
     float l;
+    if (e->detached) return sl_errorf("engine: the model was detached for inference; no more training");
     int last_micro = e->micro_step + 1 == e->cfg.grad_accum_steps;
     if (sl_model_forward(e->model, inputs, targets, B, T, &l)) return -1;
-    if (e->distributed && last_micro) {
-        e->model->grad_ready = sl_ddp_grad_ready;
-        e->model->grad_ready_ctx = &e->ddp;
-    }
+    if (e->sharded) sl_zero_begin_backward(&e->zero, last_micro);
+    e->ddp_active = !e->sharded && e->distributed && last_micro;
     int rc = sl_model_backward(e->model, 1.0f / (float)e->cfg.grad_accum_steps);
-    e->model->grad_ready = NULL;
-    if (rc == 0 && e->distributed && last_micro) rc = sl_ddp_finish(&e->ddp);
+    if (rc == 0 && e->sharded) rc = sl_zero_finish_backward(&e->zero);
+    if (rc == 0 && e->ddp_active) rc = sl_ddp_finish(&e->ddp);
+    e->ddp_active = 0;
     if (rc) return -1;
     e->loss_sum += l;
     e->micro_step++;
@@ -103,18 +120,38 @@ int sl_engine_forward_backward(sl_engine *e, const int *inputs, const int *targe
 
 int sl_engine_step_due(const sl_engine *e) { return e->micro_step >= e->cfg.grad_accum_steps; }
 
+// ZeRO: average the reduced slice, clip by the global norm (the ranks' sums of squares added),
+// update the slice, then share it.
+static int sharded_step(sl_engine *e) {
+    sl_zero *z = &e->zero;
+    size_t n = e->shard_size;
+    if (sl_zero_before_step(z)) return -1;
+    sl_grad_scale(z->shard_grads, n, 1.0f / (float)z->world);
+    double sumsq = sl_grad_sumsq(z->shard_grads, n);
+    if (z->world > 1 && sl_comm_allreduce(e->cfg.dp, &sumsq, 1, SL_DTYPE_F64, SL_OP_SUM)) return -1;
+    double norm = sqrt(sumsq);
+    sl_grad_scale(z->shard_grads, n, sl_clip_coef(norm, e->cfg.gradient_clipping));
+    e->last_grad_norm = (float)norm;
+    if (sl_optim_step(&e->cfg.optim, e->last_lr, e->step + 1, sl_zero_step_params(z), z->shard_grads, e->optim_state,
+                      &e->decay_mask, e->shard_begin, e->shard_begin + n))
+        return -1;
+    return sl_zero_after_step(z);
+}
+
 int sl_engine_step(sl_engine *e) {
     sl_model *m = e->model;
     if (e->micro_step == 0) return sl_errorf("engine: step called with no accumulated micro-batches");
-    size_t n = m->layout.total;
-    e->last_grad_norm = (float)sl_clip_grad_norm(m->grads, n, e->cfg.gradient_clipping);
     e->last_lr = sl_schedule_lr(&e->cfg.schedule, e->step);
-    size_t b = e->shard_begin, end = e->shard_begin + e->shard_size;
-    if (sl_optim_step(&e->cfg.optim, e->last_lr, e->step + 1, m->params + b, m->grads + b, e->optim_state,
-                      &e->decay_mask, b, end))
-        return -1;
-    // ZeRO-1: every rank updated its own slice; gather the others' (in place)
-    if (e->sharded && sl_comm_allgather(e->cfg.dp, m->params + b, m->params, e->shard_size, SL_DTYPE_F32)) return -1;
+    if (e->sharded) {
+        if (sharded_step(e)) return -1;
+    } else {
+        size_t n = m->layout.total;
+        e->last_grad_norm = (float)sl_clip_grad_norm(m->grads, n, e->cfg.gradient_clipping);
+        if (sl_optim_step(&e->cfg.optim, e->last_lr, e->step + 1, m->params, m->grads, e->optim_state,
+                          &e->decay_mask, 0, n))
+            return -1;
+        sl_model_zero_grad(m);
+    }
     double loss_sum = e->loss_sum;
     if (e->distributed) {
         if (sl_comm_allreduce(e->cfg.dp, &loss_sum, 1, SL_DTYPE_F64, SL_OP_SUM)) return -1;
@@ -124,12 +161,31 @@ int sl_engine_step(sl_engine *e) {
     e->loss_sum = 0.0;
     e->micro_step = 0;
     e->step++;
-    sl_model_zero_grad(m);
+    return 0;
+}
+
+int sl_engine_detach_model(sl_engine *e, int everywhere) {
+    sl_model *m = e->model;
+    if (e->sharded && e->zero.stage == 3) {
+        int root_only = !everywhere && e->zero.rank != 0;
+        float *full = root_only ? NULL : sl_calloc(e->padded_total, sizeof(float), "parameters");
+        if (!root_only && !full) return -1;
+        if (sl_zero_gather_params(&e->zero, full)) {
+            free(full);
+            return -1;
+        }
+        m->params = full;
+    }
+    m->unit_hook = NULL;
+    m->unit_hook_ctx = NULL;
+    sl_model_bind_views(m);
+    e->detached = 1;
     return 0;
 }
 
 sl_engine_memory sl_engine_memory_use(const sl_engine *e) {
     sl_engine_memory mem = {e->model->capacity * sizeof(float), e->model->capacity * sizeof(float),
                             (size_t)e->n_optim_state * e->state_numel * sizeof(float)};
+    if (e->sharded) sl_zero_memory(&e->zero, &mem.params, &mem.grads);
     return mem;
 }

@@ -119,12 +119,12 @@ static void add_file(cJSON *arr, const char *name, const shard_record *r) {
 static void shard_name(char *buf, size_t cap, int r, int n) { snprintf(buf, cap, "optim_%05d_of_%05d.safetensors", r, n); }
 
 // Rank 0's part: weights, trainer state, manifest, then commit.
-static int finish_on_rank0(sl_engine *e, const char *root, const char *tag, const char *tmp, const char *client,
-                           const shard_record *recs, int world) {
+static int finish_on_rank0(sl_engine *e, const float *params, const char *root, const char *tag, const char *tmp,
+                           const char *client, const shard_record *recs, int world) {
     char path[4400], name[64];
     for (int r = 0; r < world; r++)
         if (recs[r].status != 0) return sl_errorf("rank %d failed to write its optimizer shard", r);
-    if (sl_hf_save(tmp, &e->model->layout, e->model->params)) return -1;
+    if (sl_hf_save(tmp, &e->model->layout, params)) return -1;
     char *state = trainer_state_json(e, client);
     if (!state) return sl_errorf("out of memory writing trainer_state.json");
     snprintf(path, sizeof path, "%s/trainer_state.json", tmp);
@@ -137,6 +137,7 @@ static int finish_on_rank0(sl_engine *e, const char *root, const char *tag, cons
     cJSON_AddNumberToObject(m, "step", (double)e->step);
     cJSON_AddNumberToObject(m, "world_size", world);
     cJSON_AddNumberToObject(m, "zero_stage", e->sharded ? e->cfg.zero_stage : 0);
+    cJSON_AddNumberToObject(m, "shard_size", (double)e->shard_size);
     cJSON_AddNumberToObject(m, "num_parameters_flat", (double)e->model->layout.total);
     cJSON_AddStringToObject(m, "optimizer", sl_optim_name(e->cfg.optim.type));
     cJSON *names = cJSON_AddArrayToObject(m, "state_tensors");
@@ -205,12 +206,19 @@ int sl_engine_save(sl_engine *e, const char *root, const char *tag, const char *
         mine.bytes = (long long)bytes;
         if (mine.status) fprintf(stderr, "error: [rank %d] %s\n", rank, sl_error());
     }
+    // ZeRO-3 holds no full parameters: gather them on rank 0 for model.safetensors
+    float *full = NULL;
+    int stage3 = e->sharded && e->zero.stage == 3;
+    if (stage3 && rank == 0 && !(full = sl_calloc(e->padded_total, sizeof(float), "parameters for the checkpoint")))
+        rc = -1;
+    if ((rc = share_status(e, rc, "to allocate the parameters for the checkpoint")) != 0) return rc;
+    if (stage3 && sl_zero_gather_params(&e->zero, full)) { free(full); return -1; }
     shard_record *recs = sl_calloc((size_t)world, sizeof *recs, "checkpoint records");
-    if (!recs) return -1;
+    if (!recs) { free(full); return -1; }
     if (e->distributed) rc = sl_comm_allgather(e->cfg.dp, &mine, recs, 6, SL_DTYPE_I64);
     else recs[0] = mine;
     if (rc == 0 && rank == 0) {
-        rc = finish_on_rank0(e, root, tag, tmp, client_state_json, recs, world);
+        rc = finish_on_rank0(e, stage3 ? full : e->model->params, root, tag, tmp, client_state_json, recs, world);
         if (rc) {
             char keep[2048];
             snprintf(keep, sizeof keep, "saving checkpoint %s/%s: %s", root, tag, sl_error());
@@ -219,6 +227,7 @@ int sl_engine_save(sl_engine *e, const char *root, const char *tag, const char *
         }
     }
     free(recs);
+    free(full);
     return share_status(e, rc, "to save the checkpoint");
 }
 
@@ -327,7 +336,7 @@ static int read_state_slice(sl_engine *e, const char *dir, const shard_ref *refs
 }
 
 // Rank 0: model config check, weights, trainer state, manifest verification.
-static int load_on_rank0(sl_engine *e, const char *dir, char **client_state_json) {
+static int load_on_rank0(sl_engine *e, float *params, const char *dir, char **client_state_json) {
     char file[4400];
     sl_model *m = e->model;
     sl_model_config cfg;
@@ -349,7 +358,7 @@ static int load_on_rank0(sl_engine *e, const char *dir, char **client_state_json
     int n = 0;
     if (read_manifest(dir, &refs, &n, m->layout.total, 1)) return -1;
     free(refs);
-    if (sl_hf_load(dir, &m->layout, m->params)) return -1;
+    if (sl_hf_load(dir, &m->layout, params)) return -1;
     snprintf(file, sizeof file, "%s/trainer_state.json", dir);
     size_t len;
     char *text = sl_read_text_file(file, &len);
@@ -380,17 +389,26 @@ int sl_engine_load(sl_engine *e, const char *path, char **client_state_json) {
     char *client = NULL;
     int rc = 0, rank0 = rank_of(e) == 0;
     if (client_state_json) *client_state_json = NULL;
+    // ZeRO-3 holds no full parameters: rank 0 reads them into a temporary buffer and hands out slices
+    int stage3 = e->sharded && e->zero.stage == 3;
+    float *full = NULL;
     if (rank0) {
         rc = sl_ckpt_resolve(path, dir, sizeof dir);
-        if (rc == 0) rc = load_on_rank0(e, dir, &client);
+        if (rc == 0 && stage3 && !(full = sl_calloc(e->padded_total, sizeof(float), "checkpoint parameters"))) rc = -1;
+        if (rc == 0) rc = load_on_rank0(e, stage3 ? full : e->model->params, dir, &client);
     }
-    if ((rc = share_status(e, rc, "to load the checkpoint")) != 0) { free(client); return rc; }
+    if ((rc = share_status(e, rc, "to load the checkpoint")) != 0) { free(client); free(full); return rc; }
+    if (stage3) {
+        rc = sl_zero_scatter_params(&e->zero, full, 0);
+        free(full);
+        if (rc) { free(client); return -1; }
+    }
     if (share_path(e, dir, sizeof dir)) { free(client); return -1; }
     if (e->distributed) {
         sl_comm *dp = e->cfg.dp;
         long long meta[2] = {(long long)e->step, client ? (long long)strlen(client) + 1 : 0};
         double last_loss = e->last_loss;
-        if (sl_comm_broadcast(dp, e->model->params, e->model->layout.total, SL_DTYPE_F32, 0) ||
+        if ((!stage3 && sl_comm_broadcast(dp, e->model->params, e->model->layout.total, SL_DTYPE_F32, 0)) ||
             sl_comm_broadcast(dp, meta, 2, SL_DTYPE_I64, 0) || sl_comm_broadcast(dp, &last_loss, 1, SL_DTYPE_F64, 0)) {
             free(client);
             return -1;
@@ -422,6 +440,7 @@ int sl_engine_load(sl_engine *e, const char *path, char **client_state_json) {
     e->micro_step = 0;
     e->loss_sum = 0.0;
     sl_model_zero_grad(e->model);
+    if (e->sharded) sl_zero_zero_grads(&e->zero);
     if (client_state_json) *client_state_json = client;
     else free(client);
     return 0;

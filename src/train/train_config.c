@@ -33,6 +33,7 @@ void sl_train_config_defaults(sl_train_config *c) {
     c->allgather_bucket_size = 500000000;
     c->overlap_comm = 1;
     c->contiguous_gradients = 1;
+    c->stage3_prefetch_bucket_size = 50000000;
 }
 
 void sl_train_config_free(sl_train_config *c) {
@@ -78,16 +79,18 @@ int sl_train_config_apply_json(sl_train_config *c, const cJSON *root, const char
         snprintf(w, sizeof w, "%s: zero_optimization", where);
         if (!cJSON_IsObject(zero)) return sl_errorf("%s: must be an object", w);
         sl_json_warn_unknown(zero, ZERO_KEYS, w);
-        int rbs = -1, abs_ = -1;
+        int rbs = -1, abs_ = -1, pbs = -1;
         if (sl_json_get_int(zero, "stage", &c->zero_stage, 0, 0, w) ||
             sl_json_get_int(zero, "reduce_bucket_size", &rbs, 0, 1, w) ||
             sl_json_get_int(zero, "allgather_bucket_size", &abs_, 0, 1, w) ||
+            sl_json_get_int(zero, "stage3_prefetch_bucket_size", &pbs, 0, 1, w) ||
             sl_json_get_bool(zero, "overlap_comm", &c->overlap_comm, w) ||
             sl_json_get_bool(zero, "contiguous_gradients", &c->contiguous_gradients, w))
             return -1;
         if (c->zero_stage > 3) return sl_errorf("%s: stage must be 0, 1, 2 or 3 (got %d)", w, c->zero_stage);
         if (rbs > 0) c->reduce_bucket_size = (size_t)rbs;
         if (abs_ > 0) c->allgather_bucket_size = (size_t)abs_;
+        if (pbs >= 0) c->stage3_prefetch_bucket_size = (size_t)pbs;
         if (c->first_bucket_size > c->reduce_bucket_size) c->first_bucket_size = c->reduce_bucket_size;
     }
     const cJSON *own = cJSON_GetObjectItemCaseSensitive(root, "shardlm");
@@ -166,9 +169,8 @@ int sl_train_config_resolve(sl_train_config *c, int given) {
     c->grad_accum = ga;
     c->train_batch_size = mb * ga * W;
     if (c->seq_len <= 0) return sl_errorf("seq_len must be positive (got %d)", c->seq_len);
-    if (c->zero_stage > 1)
-        return sl_errorf("zero_optimization.stage %d: only stages 0 (data parallelism) and 1 (optimizer state "
-                         "sharding) are available in this build", c->zero_stage);
+    if (c->zero_stage < 0 || c->zero_stage > 3)
+        return sl_errorf("zero_optimization.stage must be 0, 1, 2 or 3 (got %d)", c->zero_stage);
     if (c->steps < 0) return sl_errorf("steps must be non-negative");
     if (c->eval_interval > 0 && c->eval_batches <= 0)
         return sl_errorf("eval_batches must be positive when eval_interval is set (got %d)", c->eval_batches);
@@ -212,6 +214,7 @@ char *sl_train_config_to_json(const sl_train_config *c) {
     cJSON_AddNumberToObject(z, "allgather_bucket_size", (double)c->allgather_bucket_size);
     cJSON_AddBoolToObject(z, "overlap_comm", c->overlap_comm);
     cJSON_AddBoolToObject(z, "contiguous_gradients", c->contiguous_gradients);
+    cJSON_AddNumberToObject(z, "stage3_prefetch_bucket_size", (double)c->stage3_prefetch_bucket_size);
     cJSON *s = cJSON_AddObjectToObject(r, "shardlm");
     cJSON_AddStringToObject(s, "model", c->model);
     cJSON_AddStringToObject(s, "data", c->data);

@@ -1,0 +1,99 @@
+// zero.h: ZeRO stages 1-3 (DeepSpeed's semantics) over the flat layer-major buffers of layout.h.
+//
+// Partition: with N data-parallel ranks and S = ceil(total / N), rank r owns the slice
+// [r*S, (r+1)*S) of the flat buffer padded to N*S (the padding is zero and never decays). Every rank
+// holds the optimizer state of its slice only (1/N), and `shard_grads`: the reduced gradient sums of
+// its slice for the current step.
+//
+// The model announces each unit (embeddings, each block, final norm + head) as it uses it
+// (model.h unit hook); the engine hands every event to sl_zero_hook:
+//   stage 1  all parameters and full gradients on every rank; on the last micro-batch of a step each
+//            unit's gradients are reduce-scattered to their owners as soon as backward finishes the
+//            unit (non-blocking, overlapping the rest of backward).
+//   stage 2  no full gradient buffer: backward writes a unit's gradients into a window, which is
+//            reduce-scattered on every micro-batch (each owner first adds what it accumulated so
+//            far) and then reused.
+//   stage 3  no full parameter buffer either: each rank keeps its slice in `shard_params`; a unit is
+//            all-gathered into a window just before the model uses it, in forward and again in
+//            backward, and with prefetch the unit the model names as next is gathered meanwhile.
+// Windows: the embedding unit and the last unit (final norm, untied head) have one window each,
+// kept from first use until the optimizer step; blocks rotate through two windows (the one in use
+// and the one being gathered or reduced). So per rank, stage 3 holds
+//   parameters  S + n(unit 0) + n(last unit) + 2 n(block)
+//   gradients   S + n(unit 0) + n(last unit) + 2 n(block)     (stages 2 and 3)
+//   optimizer   K * S                                          (stages 1-3)
+// floats, against 3 * total for stage 0 with Adam (K = 2).
+//
+// After backward, sl_zero_finish_backward waits for every reduction; a step then runs the optimizer
+// on the owned slice (sl_zero_step_params / shard_grads) and sl_zero_after_step shares the result:
+// stages 1-2 all-gather the new parameters into every rank's full buffer, stage 3 only forgets its
+// gathered windows.
+#ifndef SHARDLM_ZERO_H
+#define SHARDLM_ZERO_H
+
+#include <stddef.h>
+#include "shardlm/comm.h"
+#include "shardlm/model.h"
+
+typedef struct {
+    float *data;
+    size_t cap;             // floats allocated
+    int unit;               // the unit held (parameters: valid until the step), -1 for none
+    int busy;               // the model is between GET and PUT on it
+    int pending;            // a gather (parameters) or reduction (gradients) is in flight
+    unsigned long stamp;    // last use, for choosing between the two block windows
+    sl_comm_request req;
+} sl_zero_window;
+
+typedef struct {
+    sl_comm *dp;
+    int rank, world, stage, prefetch;
+    sl_model *model;
+    size_t total, shard_size, shard_begin, padded_total;
+    float *shard_params;        // stage 3: (shard_size) this rank's parameters
+    float *shard_grads;         // (shard_size) this rank's reduced gradient sums this step
+    int reducing;               // the current backward reduces its gradients (see sl_zero_begin_backward)
+    int accumulated;            // shard_grads holds earlier micro-batches' sums (stages 2-3)
+    sl_zero_window pwin[4];     // parameter windows (stage 3): [0] unit 0, [1] last unit, [2..3] blocks
+    sl_zero_window gwin[4];     // gradient windows (stages 2-3), same roles
+    sl_comm_request *unit_req;  // stage 1: (n_units) the reduction of each unit's gradients
+    size_t *counts, *displs;    // (world) scratch for the variable-count collectives
+    unsigned long clock;
+} sl_zero;
+
+// Partitions the model's buffers over dp (any size, 1 included) for stage 1, 2 or 3. The model's
+// parameters must already be equal on every rank. Stages 2-3 free the model's gradient buffer,
+// stage 3 its parameter buffer too (model->params / grads become NULL; the views point at windows).
+// Stages 1-2 grow model->params to padded_total floats so the parameter all-gather works in place.
+int sl_zero_init(sl_zero *z, sl_model *model, sl_comm *dp, int stage, int prefetch);
+void sl_zero_free(sl_zero *z);
+
+// The model's unit hook for a ZeRO engine (ctx = sl_zero*).
+int sl_zero_hook(void *ctx, sl_unit_event event, int unit, int next_unit);
+
+// Before a micro-batch's backward: whether its gradients are reduced now (stage 1: only the last
+// micro-batch of a step; stages 2-3 always).
+void sl_zero_begin_backward(sl_zero *z, int last_micro);
+// After backward: starts nothing new, waits for every reduction in flight.
+int sl_zero_finish_backward(sl_zero *z);
+
+// Where the optimizer finds this rank's slice of the parameters (shard_size floats).
+float *sl_zero_step_params(sl_zero *z);
+// Waits for any gather in flight (their source is about to change).
+int sl_zero_before_step(sl_zero *z);
+// After the optimizer updated the slice: stages 1-2 all-gather parameters, stage 3 drops its
+// windows; gradients are zeroed for the next step.
+int sl_zero_after_step(sl_zero *z);
+// Zeroes every gradient (shard_grads and, for stage 1, the full buffer) and the accumulation state.
+void sl_zero_zero_grads(sl_zero *z);
+
+// Stage 3 (collective): the full parameters into `full` (total floats) on every rank that passes
+// one (NULL: this rank only takes part).
+int sl_zero_gather_params(sl_zero *z, float *full);
+// Stage 3 (collective): replaces every rank's slice from root's full parameters (NULL elsewhere).
+int sl_zero_scatter_params(sl_zero *z, const float *full, int root);
+
+// Bytes this rank allocated for parameters, gradients (model buffers, slices, windows).
+void sl_zero_memory(const sl_zero *z, size_t *param_bytes, size_t *grad_bytes);
+
+#endif

@@ -1,0 +1,327 @@
+// zero.c: ZeRO stages 1-3 (see zero.h). Invariants:
+// - rank r owns [r*S, (r+1)*S) of the flat buffer; a unit's part on each rank is the intersection
+//   of the unit with that slice, so the parts of a unit tile it in rank order (the layout the
+//   variable-count collectives expect);
+// - a parameter window holding unit u (unit == u) holds u's current parameters once its gather has
+//   completed; the optimizer step drops every window (unit = -1);
+// - a gradient window is reused only after its reduction completed; sl_zero_finish_backward leaves
+//   no reduction in flight, so shard_grads is stable between backwards;
+// - before the optimizer changes shard_params, no gather that reads it is in flight.
+#include "shardlm/zero.h"
+#include "shardlm/error.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static int last_unit(const sl_zero *z) { return z->model->layout.n_units - 1; }
+static size_t unit_begin(const sl_zero *z, int u) { return z->model->layout.unit_begin[u]; }
+static size_t unit_size(const sl_zero *z, int u) { return sl_layout_unit_size(&z->model->layout, u); }
+static size_t min_sz(size_t a, size_t b) { return a < b ? a : b; }
+static size_t max_sz(size_t a, size_t b) { return a > b ? a : b; }
+
+// This rank's part [lo, hi) of unit u (empty when lo == hi).
+static void owned_part(const sl_zero *z, int u, size_t *lo, size_t *hi) {
+    size_t ub = unit_begin(z, u), ue = ub + unit_size(z, u);
+    *lo = max_sz(ub, z->shard_begin);
+    *hi = min_sz(ue, z->shard_begin + z->shard_size);
+    if (*hi < *lo) *hi = *lo;
+}
+
+// Every rank's part of unit u: counts and offsets within the unit.
+static void unit_counts(sl_zero *z, int u) {
+    size_t ub = unit_begin(z, u), ue = ub + unit_size(z, u);
+    for (int r = 0; r < z->world; r++) {
+        size_t lo = max_sz(ub, (size_t)r * z->shard_size), hi = min_sz(ue, (size_t)(r + 1) * z->shard_size);
+        z->counts[r] = hi > lo ? hi - lo : 0;
+        z->displs[r] = min_sz(lo, ue) - ub;
+    }
+}
+
+static int wait_window(sl_zero_window *w) {
+    if (!w->pending) return 0;
+    w->pending = 0;
+    return sl_comm_wait(&w->req);
+}
+
+// The window for unit u: the fixed one of an edge unit, else the block window holding u, else the
+// block window not in use (the least recently used when neither is). NULL when both are in use.
+static sl_zero_window *pick(sl_zero *z, sl_zero_window *w, int u) {
+    if (u == 0) return &w[0];
+    if (u == last_unit(z)) return &w[1];
+    if (w[2].unit == u) return &w[2];
+    if (w[3].unit == u) return &w[3];
+    if (w[2].busy && w[3].busy) return NULL;
+    if (w[2].busy) return &w[3];
+    if (w[3].busy) return &w[2];
+    return w[2].stamp <= w[3].stamp ? &w[2] : &w[3];
+}
+
+static sl_zero_window *held(sl_zero_window *w, int u) {
+    for (int i = 0; i < 4; i++)
+        if (w[i].unit == u && w[i].busy) return &w[i];
+    return NULL;
+}
+
+// Starts gathering unit u's parameters into w (after whatever w was doing).
+static int start_gather(sl_zero *z, sl_zero_window *w, int u) {
+    if (wait_window(w)) return -1;
+    size_t lo, hi;
+    owned_part(z, u, &lo, &hi);
+    unit_counts(z, u);
+    const float *send = hi > lo ? z->shard_params + (lo - z->shard_begin) : z->shard_params;
+    w->unit = u;
+    w->pending = 1;
+    w->stamp = ++z->clock;
+    if (sl_comm_iallgatherv(z->dp, send, w->data, z->counts, z->displs, SL_DTYPE_F32, &w->req)) {
+        w->unit = -1;
+        return sl_error_context("ZeRO-3: gathering the parameters of unit %d", u);
+    }
+    return 0;
+}
+
+// Starts reducing unit u's gradients in src into their owners' shard_grads; with earlier
+// micro-batches accumulated, the owner first adds its running sum into its part of src.
+static int start_reduce(sl_zero *z, float *src, int u, sl_comm_request *req) {
+    size_t lo, hi, ub = unit_begin(z, u);
+    owned_part(z, u, &lo, &hi);
+    unit_counts(z, u);
+    float *recv = hi > lo ? z->shard_grads + (lo - z->shard_begin) : z->shard_grads;
+    if (z->accumulated) {
+        float *dst = src + (lo - ub);
+        for (size_t i = 0; i < hi - lo; i++) dst[i] += recv[i];
+    }
+    if (sl_comm_ireduce_scatterv(z->dp, src, recv, z->counts, SL_DTYPE_F32, SL_OP_SUM, req))
+        return sl_error_context("ZeRO-%d: reducing the gradients of unit %d", z->stage, u);
+    return 0;
+}
+
+// Lets every operation in flight progress (MPI moves non-blocking collectives inside its calls).
+static int progress(sl_zero *z) {
+    for (int k = 0; k < 2; k++) {
+        sl_zero_window *w = k == 0 ? z->pwin : z->gwin;
+        for (int i = 0; i < 4; i++) {
+            int done = 0;
+            if (w[i].pending && sl_comm_test(&w[i].req, &done)) return -1;
+            if (w[i].pending && done) w[i].pending = 0;
+        }
+    }
+    for (int u = 0; z->unit_req && u < z->model->layout.n_units; u++) {
+        int done;
+        if (z->unit_req[u].impl && sl_comm_test(&z->unit_req[u], &done)) return -1;
+    }
+    return 0;
+}
+
+static int params_get(sl_zero *z, int u, int next) {
+    sl_zero_window *w = pick(z, z->pwin, u);
+    if (!w) return sl_errorf("ZeRO-3: unit %d needs a parameter window but both block windows are in use", u);
+    if (w->unit != u && start_gather(z, w, u)) return -1;
+    if (wait_window(w)) return sl_error_context("ZeRO-3: gathering the parameters of unit %d", u);
+    w->busy = 1;
+    w->stamp = ++z->clock;
+    z->model->param_view[u] = w->data;
+    if (z->prefetch && next >= 0 && next != u) {
+        sl_zero_window *p = pick(z, z->pwin, next);
+        if (p && !p->busy && p->unit != next && start_gather(z, p, next)) return -1;
+    }
+    return 0;
+}
+
+static int grads_get(sl_zero *z, int u) {
+    sl_zero_window *w = pick(z, z->gwin, u);
+    if (!w || w->busy) return sl_errorf("ZeRO-%d: unit %d needs a gradient window but none is free", z->stage, u);
+    if (wait_window(w)) return sl_error_context("ZeRO-%d: reducing gradients", z->stage);
+    memset(w->data, 0, unit_size(z, u) * sizeof(float));
+    w->unit = u;
+    w->busy = 1;
+    w->stamp = ++z->clock;
+    z->model->grad_view[u] = w->data;
+    return 0;
+}
+
+static int grads_put(sl_zero *z, int u) {
+    if (z->stage == 1) {
+        if (!z->reducing) return 0;
+        return start_reduce(z, z->model->grads + unit_begin(z, u), u, &z->unit_req[u]);
+    }
+    sl_zero_window *w = held(z->gwin, u);
+    if (!w) return sl_errorf("ZeRO-%d: gradients of unit %d finished but were never opened", z->stage, u);
+    w->busy = 0;
+    z->model->grad_view[u] = NULL;
+    w->pending = 1;
+    return start_reduce(z, w->data, u, &w->req);
+}
+
+int sl_zero_hook(void *ctx, sl_unit_event event, int unit, int next_unit) {
+    sl_zero *z = ctx;
+    int rc = 0;
+    switch (event) {
+    case SL_PARAMS_GET:
+        if (z->stage == 3) rc = params_get(z, unit, next_unit);
+        break;
+    case SL_PARAMS_PUT:
+        if (z->stage == 3) {
+            sl_zero_window *w = held(z->pwin, unit);
+            if (w) w->busy = 0;
+            z->model->param_view[unit] = NULL;
+        }
+        break;
+    case SL_GRADS_GET:
+        if (z->stage >= 2) rc = grads_get(z, unit);
+        break;
+    case SL_GRADS_PUT:
+        rc = grads_put(z, unit);
+        break;
+    }
+    return rc ? rc : progress(z);
+}
+
+void sl_zero_begin_backward(sl_zero *z, int last_micro) { z->reducing = z->stage >= 2 || last_micro; }
+
+int sl_zero_finish_backward(sl_zero *z) {
+    int rc = 0;
+    for (int u = 0; z->unit_req && u < z->model->layout.n_units; u++)
+        if (z->unit_req[u].impl && sl_comm_wait(&z->unit_req[u])) rc = -1;
+    for (int i = 0; i < 4; i++) {
+        if (wait_window(&z->gwin[i])) rc = -1;
+        if (z->gwin[i].busy) rc = sl_errorf("ZeRO-%d: backward left the gradients of unit %d open", z->stage, z->gwin[i].unit);
+    }
+    if (rc == 0 && z->reducing && z->stage >= 2) z->accumulated = 1;
+    return rc;
+}
+
+float *sl_zero_step_params(sl_zero *z) { return z->stage == 3 ? z->shard_params : z->model->params + z->shard_begin; }
+
+int sl_zero_before_step(sl_zero *z) {
+    int rc = 0;
+    for (int i = 0; i < 4; i++)
+        if (wait_window(&z->pwin[i])) rc = -1;
+    return rc;
+}
+
+void sl_zero_zero_grads(sl_zero *z) {
+    memset(z->shard_grads, 0, z->shard_size * sizeof(float));
+    if (z->stage == 1) sl_model_zero_grad(z->model);
+    z->accumulated = 0;
+}
+
+int sl_zero_after_step(sl_zero *z) {
+    sl_zero_zero_grads(z);
+    if (z->stage == 3) {
+        for (int i = 0; i < 4; i++) z->pwin[i].unit = -1;
+        return 0;
+    }
+    float *p = z->model->params;
+    if (sl_comm_allgather(z->dp, p + z->shard_begin, p, z->shard_size, SL_DTYPE_F32))
+        return sl_error_context("ZeRO-%d: gathering the updated parameters", z->stage);
+    return 0;
+}
+
+int sl_zero_gather_params(sl_zero *z, float *full) {
+    if (sl_zero_before_step(z)) return -1;
+    for (int u = 0; u < z->model->layout.n_units; u++) {
+        sl_zero_window *w = pick(z, z->pwin, u);
+        if (!w || w->busy) return sl_errorf("ZeRO-3: cannot gather the parameters while the model uses them");
+        if (w->unit != u && start_gather(z, w, u)) return -1;
+        if (wait_window(w)) return -1;
+        if (full) memcpy(full + unit_begin(z, u), w->data, unit_size(z, u) * sizeof(float));
+    }
+    return 0;
+}
+
+int sl_zero_scatter_params(sl_zero *z, const float *full, int root) {
+    if (sl_zero_before_step(z)) return -1;
+    for (int u = 0; u < z->model->layout.n_units; u++) {
+        sl_zero_window *w = pick(z, z->pwin, u);
+        if (!w || w->busy) return sl_errorf("ZeRO-3: cannot load parameters while the model uses them");
+        size_t n = unit_size(z, u), lo, hi;
+        w->unit = -1;
+        if (z->rank == root) memcpy(w->data, full + unit_begin(z, u), n * sizeof(float));
+        if (sl_comm_broadcast(z->dp, w->data, n, SL_DTYPE_F32, root)) return -1;
+        owned_part(z, u, &lo, &hi);
+        if (hi > lo)
+            memcpy(z->shard_params + (lo - z->shard_begin), w->data + (lo - unit_begin(z, u)), (hi - lo) * sizeof(float));
+    }
+    return 0;
+}
+
+void sl_zero_memory(const sl_zero *z, size_t *param_bytes, size_t *grad_bytes) {
+    const sl_model *m = z->model;
+    size_t p = (m->params ? m->capacity : 0) + (z->shard_params ? z->shard_size : 0);
+    size_t g = (m->grads ? m->capacity : 0) + z->shard_size;
+    for (int i = 0; i < 4; i++) {
+        p += z->pwin[i].cap;
+        g += z->gwin[i].cap;
+    }
+    *param_bytes = p * sizeof(float);
+    *grad_bytes = g * sizeof(float);
+}
+
+// Windows sized for their role: unit 0, the last unit, and the largest block (twice).
+static int alloc_windows(sl_zero *z, sl_zero_window *w, const char *what) {
+    size_t block = 0;
+    for (int u = 1; u < last_unit(z); u++) block = max_sz(block, unit_size(z, u));
+    size_t sizes[4] = {unit_size(z, 0), unit_size(z, last_unit(z)), block, block};
+    for (int i = 0; i < 4; i++) {
+        w[i].data = sl_calloc(sizes[i] ? sizes[i] : 1, sizeof(float), what);
+        if (!w[i].data) return -1;
+        w[i].cap = sizes[i];
+    }
+    return 0;
+}
+
+int sl_zero_init(sl_zero *z, sl_model *model, sl_comm *dp, int stage, int prefetch) {
+    memset(z, 0, sizeof *z);
+    for (int i = 0; i < 4; i++) z->pwin[i].unit = z->gwin[i].unit = -1;
+    if (stage < 1 || stage > 3) return sl_errorf("ZeRO: stage %d is not 1, 2 or 3", stage);
+    if (!dp) return sl_errorf("ZeRO-%d needs a data-parallel group (the self group for one process)", stage);
+    z->dp = dp;
+    z->rank = sl_comm_rank(dp);
+    z->world = sl_comm_size(dp);
+    z->stage = stage;
+    z->prefetch = prefetch;
+    z->model = model;
+    z->total = model->layout.total;
+    z->shard_size = (z->total + (size_t)z->world - 1) / (size_t)z->world;
+    z->padded_total = z->shard_size * (size_t)z->world;
+    z->shard_begin = z->shard_size * (size_t)z->rank;
+    z->counts = sl_calloc((size_t)z->world, sizeof(size_t), "ZeRO counts");
+    z->displs = sl_calloc((size_t)z->world, sizeof(size_t), "ZeRO counts");
+    z->shard_grads = sl_calloc(z->shard_size, sizeof(float), "ZeRO gradient slice");
+    if (!z->counts || !z->displs || !z->shard_grads) goto fail;
+    if (stage <= 2 && sl_model_reserve(model, z->padded_total)) goto fail;
+    if (stage == 1 && !(z->unit_req = sl_calloc((size_t)model->layout.n_units, sizeof *z->unit_req, "ZeRO requests")))
+        goto fail;
+    if (stage >= 2) {
+        if (alloc_windows(z, z->gwin, "ZeRO gradient windows")) goto fail;
+        free(model->grads);
+        model->grads = NULL;
+    }
+    if (stage == 3) {
+        z->shard_params = sl_calloc(z->shard_size, sizeof(float), "ZeRO-3 parameter slice");
+        if (!z->shard_params || alloc_windows(z, z->pwin, "ZeRO-3 parameter windows")) goto fail;
+        size_t end = min_sz(z->shard_begin + z->shard_size, z->total);
+        if (end > z->shard_begin)
+            memcpy(z->shard_params, model->params + z->shard_begin, (end - z->shard_begin) * sizeof(float));
+        free(model->params);
+        model->params = NULL;
+    }
+    sl_model_bind_views(model);
+    return 0;
+fail:
+    sl_zero_free(z);
+    return sl_error_context("setting up ZeRO stage %d", stage);
+}
+
+void sl_zero_free(sl_zero *z) {
+    for (int i = 0; i < 4; i++) {
+        free(z->pwin[i].data);
+        free(z->gwin[i].data);
+    }
+    free(z->shard_params);
+    free(z->shard_grads);
+    free(z->unit_req);
+    free(z->counts);
+    free(z->displs);
+    memset(z, 0, sizeof *z);
+}
