@@ -9,7 +9,8 @@
 // (MPI's rule). A request that failed to start, or has completed, has impl == NULL and done == 1;
 // waiting on it again returns 0.
 //
-// Element counts are size_t: the MPI backend splits counts above INT_MAX into several calls.
+// Element counts are size_t: the MPI backend splits counts above INT_MAX into several calls
+// (except in the variable-count forms, limited to INT_MAX: see sl_comm_allgatherv).
 // Zero counts are allowed and do nothing. MPI errors come back as -1 (MPI_ERRORS_RETURN), never
 // as an abort.
 //
@@ -61,6 +62,24 @@ int sl_comm_reduce_scatter(sl_comm *c, const void *send, void *recv, size_t recv
 int sl_comm_allgather(sl_comm *c, const void *send, void *recv, size_t send_count, sl_dtype dtype);
 int sl_comm_broadcast(sl_comm *c, void *buf, size_t count, sl_dtype dtype, int root);
 int sl_comm_barrier(sl_comm *c);
+
+// Variable-count forms (uneven shards). counts and displs have one entry per rank of the group,
+// must be the same on every rank, and are only read during the call (the caller may free them as
+// soon as a non-blocking form returns). Zero counts are allowed (send / recv may then be NULL).
+// Limit: unlike the fixed-count forms these are not split into chunks: every count and every
+// displacement must be <= INT_MAX elements, and for reduce_scatterv also sum(counts); anything
+// larger is an error naming the entry.
+//
+// allgatherv: counts[r] elements from rank r land at recv + displs[r] (element offsets) on every
+// rank; send holds counts[rank] elements. In place: send == recv + displs[rank] (its block is left
+// as it is). Blocks may not overlap each other; send must otherwise be disjoint from recv.
+int sl_comm_allgatherv(sl_comm *c, const void *send, void *recv, const size_t *counts, const size_t *displs,
+                       sl_dtype dtype);
+// reduce_scatterv: send holds sum(counts) elements, block r (counts[r] elements) starting at
+// sum_{q<r} counts[q]; rank r receives the reduction over ranks of block r in recv (counts[rank]
+// elements). recv must not overlap send (no in-place form).
+int sl_comm_reduce_scatterv(sl_comm *c, const void *send, void *recv, const size_t *counts, sl_dtype dtype,
+                            sl_reduce_op op);
 // Point-to-point: peer is another rank of the group (oneself is an error), 0 <= tag <= 32767; recv
 // fails if the message holds a different number of elements than count.
 int sl_comm_send(sl_comm *c, const void *buf, size_t count, sl_dtype dtype, int peer, int tag);
@@ -73,14 +92,18 @@ int sl_comm_ireduce_scatter(sl_comm *c, const void *send, void *recv, size_t rec
 int sl_comm_iallgather(sl_comm *c, const void *send, void *recv, size_t send_count, sl_dtype dtype,
                        sl_comm_request *req);
 int sl_comm_ibroadcast(sl_comm *c, void *buf, size_t count, sl_dtype dtype, int root, sl_comm_request *req);
+int sl_comm_iallgatherv(sl_comm *c, const void *send, void *recv, const size_t *counts, const size_t *displs,
+                        sl_dtype dtype, sl_comm_request *req);
+int sl_comm_ireduce_scatterv(sl_comm *c, const void *send, void *recv, const size_t *counts, sl_dtype dtype,
+                             sl_reduce_op op, sl_comm_request *req);
 int sl_comm_wait(sl_comm_request *req);
 int sl_comm_test(sl_comm_request *req, int *done);
 
 // Bytes this process has passed to collectives/sends on the group since creation (for benchmarks),
 // counted when a call succeeds (at start for non-blocking forms), the same for every backend:
 // allreduce count, reduce_scatter size * recv_count (its whole input), allgather send_count,
-// broadcast count on the root and 0 elsewhere, send count; recv and barrier add 0; each times the
-// element size.
+// allgatherv counts[rank], reduce_scatterv sum(counts) (its whole input), broadcast count on the
+// root and 0 elsewhere, send count; recv and barrier add 0; each times the element size.
 size_t sl_comm_bytes_sent(const sl_comm *c);
 
 typedef struct {

@@ -238,7 +238,8 @@ static int evaluate(sl_model *m, sl_comm *world, sl_loader *val, int n, int B, i
 
 // What this rank allocated for model states, next to the ZeRO paper's formula in fp32 (no separate
 // master copy; K bytes of optimizer state per parameter, 8 for Adam): with P parameters, N ranks,
-// S = P/N (rounded up) and W the ZeRO-3/2 windows (zero.h),
+// S = P/N (rounded up) and W the floats in the ZeRO-2/3 windows (zero.h: unit 0, the last unit, two
+// blocks),
 //   stage 0: 4P + 4P + KP      stage 1: 4P + 4(P + S) + KS
 //   stage 2: 4P + 4(S + W) + KS    stage 3: 4(S + W) + 4(S + W) + KS
 static void print_memory(const sl_engine *e, int world) {
@@ -255,11 +256,12 @@ static void print_memory(const sl_engine *e, int world) {
     double fo = stage == 0 ? K * P : K * S;
     static const char *const shape[4] = {"4P + 4P + KP", "4P + 4(P+S) + KS", "4P + 4(S+W) + KS",
                                          "4(S+W) + 4(S+W) + KS"};
+    size_t total = mem.params + mem.grads + mem.optim;
     printf("memory per rank (ZeRO stage %d, %d ranks): parameters %.2f MB, gradients %.2f MB, optimizer state "
-           "%.2f MB; total %.2f MB\n  formula %s with P=%.0f S=P/N=%.0f W=%.0f (windows) K=%g: %.2f MB; "
-           "stage 0 would hold %.2f MB\n",
-           stage, world, mem.params / 1e6, mem.grads / 1e6, mem.optim / 1e6, (mem.params + mem.grads + mem.optim) / 1e6,
-           shape[stage], P, S, stage >= 2 ? W : 0.0, K, (fp + fg + fo) / 1e6, (8 * P + K * P) / 1e6);
+           "%.2f MB; total %.2f MB = %zu bytes\n  formula %s with P=%.0f S=%.0f W=%.0f K=%g: %.0f bytes; "
+           "stage 0 would hold %.0f bytes\n",
+           stage, world, mem.params / 1e6, mem.grads / 1e6, mem.optim / 1e6, total / 1e6, total, shape[stage], P, S,
+           stage >= 2 ? W : 0.0, K, fp + fg + fo, 8 * P + K * P);
 }
 
 static int save_checkpoint(sl_engine *e, const sl_train_config *c, sl_loader *train, sl_progress *prog) {

@@ -1,6 +1,6 @@
-// comm.c: the public comm.h entry points. Owns backend selection ("self" / "mpi" / "auto"),
+// comm.c: the public comm.h entry points. Owns backend selection ("self" / "mpi" / "nccl" / "auto"),
 // argument validation, group names, request bookkeeping and the per-group byte counter; the
-// backends (comm_self.c, comm_mpi.c) only move data.
+// backends (comm_self.c, comm_mpi.c, comm_nccl.c when built with SHARDLM_HAVE_NCCL) only move data.
 //
 // Invariants:
 // - A backend function is called only with validated arguments (see comm_internal.h).
@@ -8,11 +8,13 @@
 //   (rank 1 of 2): root 5 out of range [0, 2)".
 // - bytes_sent grows only after a call succeeds, by the payload this process contributes:
 //   allreduce count, reduce_scatter size * recv_count (its whole input), allgather send_count,
+//   allgatherv counts[rank], reduce_scatterv sum(counts) (its whole input),
 //   broadcast count on the root (0 elsewhere), send count; recv and barrier add nothing. Counts are
 //   multiplied by the element size; the same rule holds for every backend, self included.
 // - A request is complete exactly when req->impl == NULL; then req->done == 1.
 #include "comm/comm_internal.h"
 
+#include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,6 +22,14 @@
 
 #include "shardlm/error.h"
 #include "shardlm/launch_env.h"
+
+int sl_comm_nccl_built(void) {
+#ifdef SHARDLM_HAVE_NCCL
+    return 1;
+#else
+    return 0;
+#endif
+}
 
 size_t sl_dtype_size(sl_dtype dtype) {
     switch (dtype) {
@@ -133,7 +143,9 @@ int sl_comm_init_world(sl_comm **world, const char *backend_name, int *argc, cha
     *world = NULL;
     const char *name = backend_name ? backend_name : "auto";
     sl_launch_env env;
-    int use_mpi;
+    int use_mpi = 0;
+    sl_comm_backend backend = SL_COMM_SELF;
+    const sl_comm_vtable *vt = &sl_comm_self_vtable;
     if (strcmp(name, "self") == 0) {
         use_mpi = 0;
     } else if (strcmp(name, "mpi") == 0) {
@@ -142,16 +154,30 @@ int sl_comm_init_world(sl_comm **world, const char *backend_name, int *argc, cha
         if (sl_launch_env_detect(&env)) return sl_error_context("choosing the comm backend");
         use_mpi = env.world_size > 1;
     } else if (strcmp(name, "nccl") == 0) {
-        return sl_errorf("comm backend \"nccl\" is not built into this binary (available: self, mpi, auto)");
+#ifdef SHARDLM_HAVE_NCCL
+        backend = SL_COMM_NCCL;
+        vt = &sl_comm_nccl_vtable;
+#else
+        return sl_errorf("comm backend \"nccl\": this binary was built without NCCL (no CUDA nccl.h / libnccl at "
+                         "build time; available: self, mpi, auto)");
+#endif
     } else {
-        return sl_errorf("unknown comm backend \"%s\" (expected self, mpi or auto)", name);
+        return sl_errorf("unknown comm backend \"%s\" (expected self, mpi, nccl or auto)", name);
+    }
+    if (use_mpi) {
+        backend = SL_COMM_MPI;
+        vt = &sl_comm_mpi_vtable;
     }
 
-    sl_comm *c = comm_alloc(use_mpi ? &sl_comm_mpi_vtable : &sl_comm_self_vtable, use_mpi ? SL_COMM_MPI : SL_COMM_SELF,
-                            "world");
+    sl_comm *c = comm_alloc(vt, backend, "world");
     if (!c) return -1;
     c->is_world = 1;
-    int rc = use_mpi ? sl_comm_mpi_init_world(c, argc, argv) : sl_comm_self_init_world(c);
+    int rc;
+    if (backend == SL_COMM_MPI) rc = sl_comm_mpi_init_world(c, argc, argv);
+#ifdef SHARDLM_HAVE_NCCL
+    else if (backend == SL_COMM_NCCL) rc = sl_comm_nccl_init_world(c, argc, argv);
+#endif
+    else rc = sl_comm_self_init_world(c);
     if (rc) {
         free(c);
         return -1;
@@ -307,6 +333,121 @@ int sl_comm_recv(sl_comm *c, void *buf, size_t count, sl_dtype dtype, int peer, 
     return c->vt->recv(c, buf, count, dtype, peer, tag);
 }
 
+// ---- variable-count forms ----------------------------------------------------------------------
+
+static int check_v_entry(const sl_comm *c, const char *what, const char *array, int r, size_t v) {
+    if (v > (size_t)INT_MAX)
+        return sl_errorf(GROUP_FMT ": %s[%d] = %zu exceeds INT_MAX (%d); the variable-count collectives take at "
+                         "most INT_MAX elements per block and offset",
+                         GROUP_ARGS(what, c), array, r, v, INT_MAX);
+    return 0;
+}
+
+typedef struct {
+    size_t displ, count;
+    int rank;
+} v_block;
+
+static int v_block_cmp(const void *a, const void *b) {
+    const v_block *x = a, *y = b;
+    if (x->displ != y->displ) return x->displ < y->displ ? -1 : 1;
+    return x->rank - y->rank;
+}
+
+// Validates allgatherv's arguments; *bytes = counts[rank] * element size, *any = some count > 0.
+static int check_allgatherv(sl_comm *c, const char *what, const void *send, void *recv, const size_t *counts,
+                            const size_t *displs, sl_dtype dtype, size_t *bytes, int *any) {
+    if (check_comm(c, what) || check_dtype(c, what, dtype)) return -1;
+    if (!counts) return sl_errorf(GROUP_FMT ": counts is NULL", GROUP_ARGS(what, c));
+    if (!displs) return sl_errorf(GROUP_FMT ": displs is NULL", GROUP_ARGS(what, c));
+    size_t es = sl_dtype_size(dtype), extent = 0, nonzero = 0;
+    for (int r = 0; r < c->size; r++) {
+        if (check_v_entry(c, what, "counts", r, counts[r]) || check_v_entry(c, what, "displs", r, displs[r])) return -1;
+        if (counts[r] == 0) continue;
+        nonzero++;
+        size_t end = displs[r] + counts[r];   // both <= INT_MAX: no overflow
+        if (end > extent) extent = end;
+    }
+    *any = nonzero > 0;
+    *bytes = counts[c->rank] * es;
+    if (extent > SIZE_MAX / es)
+        return sl_errorf(GROUP_FMT ": %zu elements overflow the address space", GROUP_ARGS(what, c), extent);
+    if (check_buf(c, what, "send", send, counts[c->rank]) || check_buf(c, what, "recv", recv, extent)) return -1;
+    if (nonzero > 1) {   // blocks must not overlap: sort the non-empty ones by displacement
+        v_block *b = sl_malloc(nonzero * sizeof *b, "allgatherv block list");
+        if (!b) return sl_error_context(GROUP_FMT, GROUP_ARGS(what, c));
+        size_t n = 0;
+        for (int r = 0; r < c->size; r++)
+            if (counts[r]) b[n++] = (v_block){displs[r], counts[r], r};
+        qsort(b, n, sizeof *b, v_block_cmp);
+        for (size_t i = 1; i < n; i++) {
+            if (b[i - 1].displ + b[i - 1].count > b[i].displ) {
+                int p = b[i - 1].rank, q = b[i].rank;
+                free(b);
+                return sl_errorf(GROUP_FMT ": blocks of ranks %d and %d overlap (displs[%d] = %zu, counts[%d] = %zu, "
+                                 "displs[%d] = %zu)",
+                                 GROUP_ARGS(what, c), p, q, p, displs[p], p, counts[p], q, displs[q]);
+            }
+        }
+        free(b);
+    }
+    if (counts[c->rank] == 0 || !send || !recv) return 0;
+    uintptr_t s = (uintptr_t)send, rb = (uintptr_t)recv;
+    if (s + *bytes <= rb || rb + extent * es <= s) return 0;   // disjoint
+    if (s == rb + (uintptr_t)(displs[c->rank] * es)) return 0;   // in place
+    return sl_errorf(GROUP_FMT ": send and recv buffers overlap, but not in the in-place form (send == recv + "
+                     "displs[rank])",
+                     GROUP_ARGS(what, c));
+}
+
+int sl_comm_allgatherv(sl_comm *c, const void *send, void *recv, const size_t *counts, const size_t *displs,
+                       sl_dtype dtype) {
+    size_t bytes = 0;
+    int any = 0;
+    if (check_allgatherv(c, "sl_comm_allgatherv", send, recv, counts, displs, dtype, &bytes, &any)) return -1;
+    if (!any) return 0;
+    if (c->vt->allgatherv(c, send, recv, counts, displs, dtype, NULL)) return -1;
+    c->bytes_sent += bytes;
+    return 0;
+}
+
+// Validates reduce_scatterv's arguments; *bytes = sum(counts) * element size (the whole input).
+static int check_reduce_scatterv(sl_comm *c, const char *what, const void *send, void *recv, const size_t *counts,
+                                 sl_dtype dtype, sl_reduce_op op, size_t *bytes) {
+    if (check_comm(c, what) || check_dtype(c, what, dtype) || check_op(c, what, op)) return -1;
+    if (!counts) return sl_errorf(GROUP_FMT ": counts is NULL", GROUP_ARGS(what, c));
+    size_t total = 0;
+    for (int r = 0; r < c->size; r++) {
+        if (check_v_entry(c, what, "counts", r, counts[r])) return -1;
+        total += counts[r];
+        if (total > (size_t)INT_MAX)
+            return sl_errorf(GROUP_FMT ": counts[0..%d] sum to more than INT_MAX (%d) elements; reduce_scatterv takes "
+                             "at most INT_MAX elements in all",
+                             GROUP_ARGS(what, c), r, INT_MAX);
+    }
+    size_t es = sl_dtype_size(dtype);
+    *bytes = total * es;   // total <= INT_MAX, es <= 8: no overflow
+    if (check_buf(c, what, "send", send, total) || check_buf(c, what, "recv", recv, counts[c->rank])) return -1;
+    size_t rbytes = counts[c->rank] * es;
+    if (rbytes && total && send && recv) {
+        uintptr_t s = (uintptr_t)send, rb = (uintptr_t)recv;
+        if (!(rb + rbytes <= s || s + *bytes <= rb))
+            return sl_errorf(GROUP_FMT ": recv overlaps send (reduce_scatterv has no in-place form)",
+                             GROUP_ARGS(what, c));
+    }
+    return 0;
+}
+
+int sl_comm_reduce_scatterv(sl_comm *c, const void *send, void *recv, const size_t *counts, sl_dtype dtype,
+                            sl_reduce_op op) {
+    size_t bytes = 0;
+    if (check_reduce_scatterv(c, "sl_comm_reduce_scatterv", send, recv, counts, dtype, op, &bytes)) return -1;
+    if (bytes == 0) return 0;
+    if (c->vt->reduce_scatterv(c, send, recv, counts, dtype, op, NULL)) return -1;
+    c->bytes_sent += bytes;
+    return 0;
+}
+
 // ---- non-blocking forms ------------------------------------------------------------------------
 
 int sl_comm_iallreduce(sl_comm *c, void *buf, size_t count, sl_dtype dtype, sl_reduce_op op, sl_comm_request *req) {
@@ -364,6 +505,37 @@ int sl_comm_ibroadcast(sl_comm *c, void *buf, size_t count, sl_dtype dtype, int 
     if (count == 0) return 0;
     sl_request_impl *impl = NULL;
     if (c->vt->ibroadcast(c, buf, count, dtype, root, &impl)) return -1;
+    req_started(req, impl);
+    c->bytes_sent += bytes;
+    return 0;
+}
+
+int sl_comm_iallgatherv(sl_comm *c, const void *send, void *recv, const size_t *counts, const size_t *displs,
+                        sl_dtype dtype, sl_comm_request *req) {
+    const char *what = "sl_comm_iallgatherv";
+    size_t bytes = 0;
+    int any = 0;
+    if (check_comm(c, what) || check_req(c, what, req)) return -1;
+    req_started(req, NULL);
+    if (check_allgatherv(c, what, send, recv, counts, displs, dtype, &bytes, &any)) return -1;
+    if (!any) return 0;
+    sl_request_impl *impl = NULL;
+    if (c->vt->allgatherv(c, send, recv, counts, displs, dtype, &impl)) return -1;
+    req_started(req, impl);
+    c->bytes_sent += bytes;
+    return 0;
+}
+
+int sl_comm_ireduce_scatterv(sl_comm *c, const void *send, void *recv, const size_t *counts, sl_dtype dtype,
+                             sl_reduce_op op, sl_comm_request *req) {
+    const char *what = "sl_comm_ireduce_scatterv";
+    size_t bytes = 0;
+    if (check_comm(c, what) || check_req(c, what, req)) return -1;
+    req_started(req, NULL);
+    if (check_reduce_scatterv(c, what, send, recv, counts, dtype, op, &bytes)) return -1;
+    if (bytes == 0) return 0;
+    sl_request_impl *impl = NULL;
+    if (c->vt->reduce_scatterv(c, send, recv, counts, dtype, op, &impl)) return -1;
     req_started(req, impl);
     c->bytes_sent += bytes;
     return 0;

@@ -1,5 +1,5 @@
 // comm_internal.h: what comm.c (dispatch, argument checks, byte counting) shares with the backends
-// (comm_self.c, comm_mpi.c). Not a public header: only src/comm/ and white-box tests include it.
+// (comm_self.c, comm_mpi.c, comm_nccl.c). Not a public header: only src/comm/ and white-box tests include it.
 //
 // Invariants:
 // - comm.c validates every argument (NULL buffers with a non-zero count, dtype/op range, root and
@@ -7,6 +7,11 @@
 // - For reduce_scatter, `recv` is either disjoint from `send` or exactly send + rank * recv_count
 //   (the in-place form); for allgather, `send` is disjoint from `recv` or exactly
 //   recv + rank * send_count. Backends handle both forms.
+// - For the variable-count forms (allgatherv, reduce_scatterv), counts[r] and displs[r] are
+//   <= INT_MAX, for reduce_scatterv sum(counts) <= INT_MAX too, and at least one count is non-zero;
+//   allgatherv's blocks do not overlap and `send` is either disjoint from recv's extent or exactly
+//   recv + displs[rank] (in place; or counts[rank] == 0); reduce_scatterv's recv is disjoint from
+//   send. Backends must not keep counts/displs past the call (copy them into a request if needed).
 // - Backends never count bytes; comm.c adds to bytes_sent after a call succeeds.
 // - A request's impl, when not NULL, points at a struct whose first member is sl_request_impl; its
 //   wait/test functions complete it and free it (also on failure), after which comm.c sets
@@ -45,6 +50,12 @@ typedef struct {
     int (*iallgather)(sl_comm *c, const void *send, void *recv, size_t send_count, sl_dtype dtype,
                       sl_request_impl **impl);
     int (*ibroadcast)(sl_comm *c, void *buf, size_t count, sl_dtype dtype, int root, sl_request_impl **impl);
+    // Variable-count forms; `impl` is NULL for the blocking call, else the non-blocking form's
+    // request slot (set to NULL when the operation already completed).
+    int (*allgatherv)(sl_comm *c, const void *send, void *recv, const size_t *counts, const size_t *displs,
+                      sl_dtype dtype, sl_request_impl **impl);
+    int (*reduce_scatterv)(sl_comm *c, const void *send, void *recv, const size_t *counts, sl_dtype dtype,
+                           sl_reduce_op op, sl_request_impl **impl);
 } sl_comm_vtable;
 
 #define SL_COMM_NAME_MAX 32
@@ -69,6 +80,12 @@ int sl_comm_self_init_world(sl_comm *world);
 int sl_comm_mpi_init_world(sl_comm *world, int *argc, char ***argv);
 extern const sl_comm_vtable sl_comm_self_vtable;
 extern const sl_comm_vtable sl_comm_mpi_vtable;
+// The NCCL backend (comm_nccl.c) exists only when built with SHARDLM_HAVE_NCCL (the Makefile
+// defines it when CUDA's nccl.h and libnccl are present).
+int sl_comm_nccl_init_world(sl_comm *world, int *argc, char ***argv);
+extern const sl_comm_vtable sl_comm_nccl_vtable;
+// 1 when this library was built with the NCCL backend, else 0 (for tests).
+int sl_comm_nccl_built(void);
 
 // Test hook: the largest element count handed to one MPI call (default INT_MAX). Counts above it
 // are split into chunks, which lets tests exercise the >INT_MAX path with small buffers. 0 restores

@@ -11,7 +11,9 @@
 // - No MPI call gets a count above max_chunk (INT_MAX unless a test lowers it): a large allreduce,
 //   broadcast, send or recv is a sequence of calls on consecutive slices; a large allgather uses a
 //   resized contiguous datatype per slice so each rank's block keeps its place; a large
-//   reduce_scatter becomes one MPI_Reduce per (root, slice).
+//   reduce_scatter becomes one MPI_Reduce per (root, slice). The variable-count forms are one
+//   MPI_(I)allgatherv / MPI_(I)reduce_scatter each (comm.c limits their counts to INT_MAX); a
+//   non-blocking one owns int copies of counts/displs until it completes.
 // - In-place reduce_scatter (recv == send + rank * recv_count) reduces into a temporary block and
 //   copies it to recv on completion, so only this rank's block of the buffer changes.
 // - Several non-blocking operations may be outstanding on a group; as MPI requires, every rank
@@ -181,12 +183,14 @@ typedef struct {
     int rank, size;
     void *tmp, *dst;   // on completion copy tmp_bytes from tmp to dst, then free tmp
     size_t tmp_bytes;
+    int *ints;         // int counts/displacements of a v-form, alive until completion (MPI's rule)
     int n, started;
     MPI_Request reqs[];
 } mpi_request;
 
 static void request_free(mpi_request *r) {
     free(r->tmp);
+    free(r->ints);
     free(r);
 }
 
@@ -395,6 +399,73 @@ static int do_broadcast(sl_comm *c, void *buf, size_t count, sl_dtype dtype, int
     return 0;
 }
 
+// ---- variable-count forms: one MPI call each (comm.c has checked every count and displacement
+// against INT_MAX). Blocking when impl == NULL, else started into a new request that owns the int
+// arrays MPI reads until completion.
+
+// 2 * size ints: counts (cast) then displs (cast; NULL displs: the prefix sums of counts).
+static int *int_arrays(const sl_comm *c, const size_t *counts, const size_t *displs) {
+    int *a = sl_malloc(2 * (size_t)c->size * sizeof(int), "MPI counts");
+    if (!a) return NULL;
+    size_t off = 0;
+    for (int r = 0; r < c->size; r++) {
+        a[r] = (int)counts[r];
+        a[c->size + r] = (int)(displs ? displs[r] : off);
+        off += counts[r];
+    }
+    return a;
+}
+
+static int mpi_allgatherv(sl_comm *c, const void *send, void *recv, const size_t *counts, const size_t *displs,
+                          sl_dtype dtype, sl_request_impl **impl) {
+    size_t es = sl_dtype_size(dtype);
+    MPI_Datatype t = mpi_type(dtype);
+    int in_place = counts[c->rank] > 0 && (const char *)send == (const char *)recv + displs[c->rank] * es;
+    const void *s = in_place ? MPI_IN_PLACE : send;
+    int n = (int)counts[c->rank];
+    int *a = int_arrays(c, counts, displs);
+    if (!a) return -1;
+    if (!impl) {
+        int rc = MPI_Allgatherv(s, n, t, recv, a, a + c->size, t, comm_of(c));
+        free(a);
+        return mpi_check(c, "MPI_Allgatherv", rc);
+    }
+    mpi_request *r = request_new(c, "allgatherv", 1);
+    if (!r) {
+        free(a);
+        return -1;
+    }
+    r->ints = a;
+    int rc = MPI_Iallgatherv(s, n, t, recv, a, a + c->size, t, comm_of(c), &r->reqs[0]);
+    if (rc != MPI_SUCCESS) return request_abandon(c, r, "MPI_Iallgatherv", rc);
+    r->started = 1;
+    *impl = &r->base;
+    return 0;
+}
+
+static int mpi_reduce_scatterv(sl_comm *c, const void *send, void *recv, const size_t *counts, sl_dtype dtype,
+                               sl_reduce_op op, sl_request_impl **impl) {
+    MPI_Datatype t = mpi_type(dtype);
+    int *a = int_arrays(c, counts, NULL);
+    if (!a) return -1;
+    if (!impl) {
+        int rc = MPI_Reduce_scatter(send, recv, a, t, mpi_op(op), comm_of(c));
+        free(a);
+        return mpi_check(c, "MPI_Reduce_scatter", rc);
+    }
+    mpi_request *r = request_new(c, "reduce_scatterv", 1);
+    if (!r) {
+        free(a);
+        return -1;
+    }
+    r->ints = a;
+    int rc = MPI_Ireduce_scatter(send, recv, a, t, mpi_op(op), comm_of(c), &r->reqs[0]);
+    if (rc != MPI_SUCCESS) return request_abandon(c, r, "MPI_Ireduce_scatter", rc);
+    r->started = 1;
+    *impl = &r->base;
+    return 0;
+}
+
 // ---- vtable entries --------------------------------------------------------------------------------
 
 static int mpi_allreduce(sl_comm *c, void *buf, size_t count, sl_dtype dtype, sl_reduce_op op) {
@@ -495,4 +566,6 @@ const sl_comm_vtable sl_comm_mpi_vtable = {
     .ireduce_scatter = mpi_ireduce_scatter,
     .iallgather = mpi_iallgather,
     .ibroadcast = mpi_ibroadcast,
+    .allgatherv = mpi_allgatherv,
+    .reduce_scatterv = mpi_reduce_scatterv,
 };

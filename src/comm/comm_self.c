@@ -1,6 +1,6 @@
 // comm_self.c: the "self" backend, a group of one process with no library underneath. Collectives
-// over one rank are copies: allreduce and broadcast leave the buffer as it is, reduce_scatter and
-// allgather copy the single block (memmove, so the in-place forms work), barrier returns at once.
+// over one rank are copies: allreduce and broadcast leave the buffer as it is, reduce_scatter(v) and
+// allgather(v) copy the single block (memmove, so the in-place forms work), barrier returns at once.
 // Non-blocking forms complete before they return (their request impl is NULL).
 //
 // Invariants: every group has rank 0 and size 1; comm.c has already rejected send/recv (the only
@@ -92,6 +92,24 @@ static int self_ibroadcast(sl_comm *c, void *buf, size_t count, sl_dtype dtype, 
     return self_broadcast(c, buf, count, dtype, root);
 }
 
+static int self_allgatherv(sl_comm *c, const void *send, void *recv, const size_t *counts, const size_t *displs,
+                           sl_dtype dtype, sl_request_impl **impl) {
+    (void)c;
+    if (impl) *impl = NULL;
+    size_t es = sl_dtype_size(dtype);
+    char *dst = (char *)recv + displs[0] * es;
+    if (counts[0] && (const void *)dst != send) memmove(dst, send, counts[0] * es);
+    return 0;
+}
+
+static int self_reduce_scatterv(sl_comm *c, const void *send, void *recv, const size_t *counts, sl_dtype dtype,
+                                sl_reduce_op op, sl_request_impl **impl) {
+    (void)c, (void)op;
+    if (impl) *impl = NULL;
+    if (counts[0]) memmove(recv, send, counts[0] * sl_dtype_size(dtype));
+    return 0;
+}
+
 const sl_comm_vtable sl_comm_self_vtable = {
     .split = self_split,
     .free = self_free,
@@ -106,4 +124,6 @@ const sl_comm_vtable sl_comm_self_vtable = {
     .ireduce_scatter = self_ireduce_scatter,
     .iallgather = self_iallgather,
     .ibroadcast = self_ibroadcast,
+    .allgatherv = self_allgatherv,
+    .reduce_scatterv = self_reduce_scatterv,
 };

@@ -83,7 +83,7 @@ int sl_train_config_apply_json(sl_train_config *c, const cJSON *root, const char
         if (sl_json_get_int(zero, "stage", &c->zero_stage, 0, 0, w) ||
             sl_json_get_int(zero, "reduce_bucket_size", &rbs, 0, 1, w) ||
             sl_json_get_int(zero, "allgather_bucket_size", &abs_, 0, 1, w) ||
-            sl_json_get_int(zero, "stage3_prefetch_bucket_size", &pbs, 0, 1, w) ||
+            sl_json_get_int(zero, "stage3_prefetch_bucket_size", &pbs, 0, 0, w) ||
             sl_json_get_bool(zero, "overlap_comm", &c->overlap_comm, w) ||
             sl_json_get_bool(zero, "contiguous_gradients", &c->contiguous_gradients, w))
             return -1;

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# test_comm_mpi.sh: the MPI comm backend under mpirun. Compiles tests/mpi/test_comm_mpi.c against the
-# library of the build that "$SHARDLM_BIN" belongs to (build/ or build/asan/, with the Makefile's
-# flags; the sanitizer flags for build/asan), then runs it with -np 2, 3 and 4 (oversubscribed:
-# the test machine may have fewer cores). The program prints one PASS/FAIL line per check from
-# rank 0. Prints "SKIP comm_mpi: ..." and exits 0 when mpirun or mpicc is missing; skips silently
+# test_comm_mpi.sh: the MPI comm backend under mpirun. Compiles tests/mpi/test_comm_mpi.c and
+# tests/mpi/test_comm_v_mpi.c (the variable-count collectives) against the library of the build
+# that "$SHARDLM_BIN" belongs to (build/ or build/asan/, with the Makefile's flags; the sanitizer
+# flags for build/asan), then runs each with -np 2, 3 and 4 (oversubscribed: the test machine may
+# have fewer cores). Each program prints one PASS/FAIL line per check from rank 0. Prints "SKIP comm_mpi: ..." and exits 0 when mpirun or mpicc is missing; skips silently
 # (exit 0) while "$SHARDLM_BIN" is not built.
 set -u
 BIN=${SHARDLM_BIN:-build/shardlm}
@@ -25,10 +25,13 @@ case "$bdir" in
   *) flags="$flags -O2" ;;
 esac
 libs="-L$BLAS_DIR -Wl,-rpath,$BLAS_DIR -lopenblas -lcjson -lpcre2-8 $(mpicc --showme:link) -lm"
-# shellcheck disable=SC2086
-if ! ${CC:-gcc} $flags tests/mpi/test_comm_mpi.c "$bdir/libshardlm.a" -o "$tmp/test_comm_mpi" $libs >"$tmp/cc.log" 2>&1; then
-  echo "FAIL comm_mpi_compiles"; cat "$tmp/cc.log"; exit 1
-fi
+progs="test_comm_mpi test_comm_v_mpi"
+for prog in $progs; do
+  # shellcheck disable=SC2086
+  if ! ${CC:-gcc} $flags "tests/mpi/$prog.c" "$bdir/libshardlm.a" -o "$tmp/$prog" $libs >"$tmp/cc.log" 2>&1; then
+    echo "FAIL ${prog#test_}_compiles"; cat "$tmp/cc.log"; exit 1
+  fi
+done
 
 # Open MPI in a container: allow root, oversubscribe the cores, yield instead of spinning when
 # idle (2 cores, 4 ranks), no CMA single-copy (ptrace is often forbidden), shared memory + self only.
@@ -42,13 +45,16 @@ export ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0
 unset SHARDLM_RANK SHARDLM_WORLD_SIZE RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE MASTER_ADDR
 
 status=0
-for np in 2 3 4; do
-  timeout 120 mpirun --allow-run-as-root --oversubscribe -np "$np" "$tmp/test_comm_mpi" >"$tmp/out$np.txt" 2>"$tmp/err$np.txt"; rc=$?
-  cat "$tmp/out$np.txt"
-  if [ $rc -ne 0 ]; then
-    status=1
-    grep -q '^FAIL ' "$tmp/out$np.txt" || echo "FAIL np${np}_mpirun_exit_status_$rc"
-    tail -n 40 "$tmp/err$np.txt"
-  fi
+for prog in $progs; do
+  for np in 2 3 4; do
+    out="$tmp/$prog.out$np.txt" err="$tmp/$prog.err$np.txt"
+    timeout 120 mpirun --allow-run-as-root --oversubscribe -np "$np" "$tmp/$prog" >"$out" 2>"$err"; rc=$?
+    cat "$out"
+    if [ $rc -ne 0 ]; then
+      status=1
+      grep -q '^FAIL ' "$out" || echo "FAIL np${np}_${prog#test_}_mpirun_exit_status_$rc"
+      tail -n 40 "$err"
+    fi
+  done
 done
 exit $status

@@ -1,8 +1,8 @@
 // test_comm_self.c: the "self" backend (a world of one process): every collective, the in-place
-// forms, non-blocking requests, split, topology with world size 1, byte counting, backend
-// selection ("auto" without a launcher), and the errors (bad arguments, send/recv to oneself,
-// topology sizes that do not divide the world). The MPI backend is tested by
-// tests/cli/test_comm_mpi.sh under mpirun.
+// forms, the variable-count forms (allgatherv, reduce_scatterv), non-blocking requests, split,
+// topology with world size 1, byte counting, backend selection ("auto" without a launcher), and
+// the errors (bad arguments, send/recv to oneself, topology sizes that do not divide the world,
+// v-form counts above INT_MAX). The MPI backend is tested by tests/cli/test_comm_mpi.sh under mpirun.
 #include <stdint.h>
 
 #include "shardlm/comm.h"
@@ -198,6 +198,137 @@ TEST(nonblocking_complete_immediately) {
     for (int i = 3; i >= 0; i--) CHECK(sl_comm_wait(&r[i]) == 0);
     CHECK(memcmp(a, b, sizeof a) == 0 && memcmp(a, c, sizeof a) == 0 && d[0] == 9);
     CHECK(sl_comm_bytes_sent(w) == 4 * 16);
+    sl_comm_free(w);
+}
+
+TEST(allgatherv_places_the_block_at_its_displacement) {
+    sl_comm *w = self_world();
+    if (!w) return;
+    float send[3] = {1, 2, 3}, recv[6] = {9, 9, 9, 9, 9, 9};
+    size_t counts[1] = {3}, displs[1] = {2};
+    CHECK_MSG(sl_comm_allgatherv(w, send, recv, counts, displs, SL_DTYPE_F32) == 0, "%s", sl_error());
+    CHECK(recv[0] == 9 && recv[1] == 9 && recv[2] == 1 && recv[3] == 2 && recv[4] == 3 && recv[5] == 9);
+    CHECK(sl_comm_bytes_sent(w) == 12);
+    // In place: send == recv + displs[rank]; the block stays as it is.
+    double d[4] = {5, 6, 7, 8};
+    size_t c2[1] = {2}, d2[1] = {1};
+    CHECK_MSG(sl_comm_allgatherv(w, d + 1, d, c2, d2, SL_DTYPE_F64) == 0, "%s", sl_error());
+    CHECK(d[0] == 5 && d[1] == 6 && d[2] == 7 && d[3] == 8);
+    CHECK(sl_comm_bytes_sent(w) == 12 + 16);
+    // Zero counts: nothing happens, buffers may be NULL, nothing is counted.
+    size_t zero[1] = {0}, far[1] = {1000};
+    CHECK_MSG(sl_comm_allgatherv(w, NULL, NULL, zero, far, SL_DTYPE_F32) == 0, "%s", sl_error());
+    CHECK(sl_comm_bytes_sent(w) == 28);
+    sl_comm_free(w);
+}
+
+TEST(reduce_scatterv_copies_the_block) {
+    sl_comm *w = self_world();
+    if (!w) return;
+    int64_t send[3] = {4, -5, 6}, recv[3] = {0};
+    size_t counts[1] = {3};
+    CHECK_MSG(sl_comm_reduce_scatterv(w, send, recv, counts, SL_DTYPE_I64, SL_OP_SUM) == 0, "%s", sl_error());
+    CHECK(recv[0] == 4 && recv[1] == -5 && recv[2] == 6);
+    CHECK(sl_comm_bytes_sent(w) == 24);
+    float f[2] = {1.5f, 2.5f}, g[2] = {0};
+    CHECK(sl_comm_reduce_scatterv(w, f, g, (size_t[]){2}, SL_DTYPE_F32, SL_OP_MIN) == 0);
+    CHECK(g[0] == 1.5f && g[1] == 2.5f);
+    CHECK(sl_comm_reduce_scatterv(w, NULL, NULL, (size_t[]){0}, SL_DTYPE_F64, SL_OP_MAX) == 0);   // empty
+    CHECK(sl_comm_bytes_sent(w) == 24 + 8);
+    sl_comm_free(w);
+}
+
+TEST(nonblocking_v_forms_copy_counts) {
+    sl_comm *w = self_world();
+    if (!w) return;
+    // counts/displs are only read during the call: free them before waiting.
+    size_t *counts = malloc(sizeof *counts), *displs = malloc(sizeof *displs);
+    counts[0] = 4;
+    displs[0] = 1;
+    double src[4] = {1, 2, 3, 4}, dst[5] = {0}, red[4] = {0};
+    sl_comm_request r[3];
+    memset(r, 0xff, sizeof r);
+    CHECK_MSG(sl_comm_iallgatherv(w, src, dst, counts, displs, SL_DTYPE_F64, &r[0]) == 0, "%s", sl_error());
+    CHECK(sl_comm_ireduce_scatterv(w, src, red, counts, SL_DTYPE_F64, SL_OP_SUM, &r[1]) == 0);
+    counts[0] = 0;
+    CHECK(sl_comm_iallgatherv(w, NULL, NULL, counts, displs, SL_DTYPE_F64, &r[2]) == 0);   // zero count
+    free(counts);
+    free(displs);
+    for (int i = 0; i < 3; i++) {
+        CHECK(r[i].done == 1 && r[i].impl == NULL);
+        int done = 0;
+        CHECK(sl_comm_test(&r[i], &done) == 0 && done == 1);
+        CHECK(sl_comm_wait(&r[i]) == 0);
+    }
+    CHECK(dst[0] == 0 && dst[1] == 1 && dst[4] == 4 && red[3] == 4);
+    CHECK(sl_comm_bytes_sent(w) == 32 + 32);
+    sl_comm_free(w);
+}
+
+TEST(v_form_bad_arguments_are_named) {
+    sl_comm *w = self_world();
+    if (!w) return;
+    float buf[8] = {0}, out[8] = {0};
+    size_t c1[1] = {2}, d0[1] = {0};
+    const char *want_group = "group world (rank 0 of 1)";
+    CHECK(sl_comm_allgatherv(NULL, buf, out, c1, d0, SL_DTYPE_F32) == -1);
+    CHECK(strstr(sl_error(), "sl_comm_allgatherv: group is NULL") != NULL);
+    CHECK(sl_comm_allgatherv(w, buf, out, NULL, d0, SL_DTYPE_F32) == -1);
+    CHECK_MSG(strstr(sl_error(), "sl_comm_allgatherv") && strstr(sl_error(), want_group) &&
+                  strstr(sl_error(), "counts is NULL"),
+              "%s", sl_error());
+    CHECK(sl_comm_allgatherv(w, buf, out, c1, NULL, SL_DTYPE_F32) == -1);
+    CHECK(strstr(sl_error(), "displs is NULL") != NULL);
+    CHECK(sl_comm_allgatherv(w, buf, out, c1, d0, (sl_dtype)17) == -1);
+    CHECK(strstr(sl_error(), "dtype 17") != NULL);
+    CHECK(sl_comm_allgatherv(w, NULL, out, c1, d0, SL_DTYPE_F32) == -1);
+    CHECK(strstr(sl_error(), "send buffer is NULL") != NULL);
+    CHECK(sl_comm_allgatherv(w, buf, NULL, c1, d0, SL_DTYPE_F32) == -1);
+    CHECK(strstr(sl_error(), "recv buffer is NULL") != NULL);
+    // Above INT_MAX: an error naming the entry (no chunking in the v-forms).
+    size_t big[1] = {(size_t)INT32_MAX + 1};
+    CHECK(sl_comm_allgatherv(w, buf, out, big, d0, SL_DTYPE_F32) == -1);
+    CHECK_MSG(strstr(sl_error(), "counts[0] = 2147483648 exceeds INT_MAX") && strstr(sl_error(), want_group), "%s",
+              sl_error());
+    CHECK(sl_comm_allgatherv(w, buf, out, c1, big, SL_DTYPE_F32) == -1);
+    CHECK_MSG(strstr(sl_error(), "displs[0] = 2147483648 exceeds INT_MAX"), "%s", sl_error());
+    size_t dmax[1] = {(size_t)INT32_MAX};   // allowed as a displacement, but not with a NULL recv
+    CHECK(sl_comm_allgatherv(w, buf, NULL, c1, dmax, SL_DTYPE_F32) == -1);
+    // Overlap that is not the in-place form.
+    size_t d1[1] = {1};
+    CHECK(sl_comm_allgatherv(w, buf, buf, c1, d1, SL_DTYPE_F32) == -1);
+    CHECK_MSG(strstr(sl_error(), "overlap") && strstr(sl_error(), "send == recv + displs[rank]"), "%s", sl_error());
+    CHECK(sl_comm_allgatherv(w, buf + 1, buf, c1, d1, SL_DTYPE_F32) == 0);   // in place is fine
+
+    CHECK(sl_comm_reduce_scatterv(w, buf, out, NULL, SL_DTYPE_F32, SL_OP_SUM) == -1);
+    CHECK_MSG(strstr(sl_error(), "sl_comm_reduce_scatterv") && strstr(sl_error(), "counts is NULL"), "%s", sl_error());
+    CHECK(sl_comm_reduce_scatterv(w, buf, out, c1, SL_DTYPE_F32, (sl_reduce_op)5) == -1);
+    CHECK(strstr(sl_error(), "reduce op 5") != NULL);
+    CHECK(sl_comm_reduce_scatterv(w, buf, out, big, SL_DTYPE_F32, SL_OP_SUM) == -1);
+    CHECK_MSG(strstr(sl_error(), "counts[0] = 2147483648 exceeds INT_MAX"), "%s", sl_error());
+    CHECK(sl_comm_reduce_scatterv(w, buf, buf + 1, c1, SL_DTYPE_F32, SL_OP_SUM) == -1);
+    CHECK_MSG(strstr(sl_error(), "recv overlaps send"), "%s", sl_error());
+    CHECK(sl_comm_reduce_scatterv(w, buf, buf, c1, SL_DTYPE_F32, SL_OP_SUM) == -1);   // no in-place form
+    CHECK(sl_comm_reduce_scatterv(w, NULL, out, c1, SL_DTYPE_F32, SL_OP_SUM) == -1);
+    CHECK(sl_comm_reduce_scatterv(w, buf, NULL, c1, SL_DTYPE_F32, SL_OP_SUM) == -1);
+    CHECK(sl_comm_reduce_scatterv(w, buf, buf + 2, c1, SL_DTYPE_F32, SL_OP_SUM) == 0);   // adjacent is disjoint
+
+    // Non-blocking: a NULL request, and a failed start leaves a completed request.
+    sl_comm_request r;
+    memset(&r, 0xff, sizeof r);
+    CHECK(sl_comm_iallgatherv(w, buf, out, c1, d0, SL_DTYPE_F32, NULL) == -1);
+    CHECK(strstr(sl_error(), "sl_comm_iallgatherv") && strstr(sl_error(), "request is NULL"));
+    CHECK(sl_comm_ireduce_scatterv(w, buf, out, c1, SL_DTYPE_F32, SL_OP_SUM, NULL) == -1);
+    CHECK(strstr(sl_error(), "request is NULL") != NULL);
+    CHECK(sl_comm_iallgatherv(w, buf, out, big, d0, SL_DTYPE_F32, &r) == -1);
+    CHECK_MSG(strstr(sl_error(), "sl_comm_iallgatherv") && strstr(sl_error(), "counts[0]"), "%s", sl_error());
+    CHECK(r.done == 1 && r.impl == NULL && sl_comm_wait(&r) == 0);
+    memset(&r, 0xff, sizeof r);
+    CHECK(sl_comm_ireduce_scatterv(w, buf, buf, c1, SL_DTYPE_F32, SL_OP_SUM, &r) == -1);
+    CHECK(strstr(sl_error(), "sl_comm_ireduce_scatterv") != NULL);
+    CHECK(r.done == 1 && r.impl == NULL && sl_comm_wait(&r) == 0);
+    // Only the two successful calls were counted.
+    CHECK(sl_comm_bytes_sent(w) == 8 + 8);
     sl_comm_free(w);
 }
 
