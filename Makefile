@@ -22,7 +22,17 @@ TEST_BIN := $(TEST_SRC:tests/unit/%.c=$(B)/tests/%)
 # -fno-math-errno / -fno-trapping-math let GCC vectorise math without changing any result
 CFLAGS_ALL = $(WARN) $(OPT) -fopenmp -g -MMD -MP
 
-.PHONY: all test test-plain bench demo clean
+# NCCL comm backend (src/comm/comm_nccl.c): compiled in when CUDA's nccl.h and libnccl exist.
+# libnccl/libcudart are dlopen'ed at run time, so nothing links against CUDA. NCCL=0 disables it.
+CUDA_HOME ?= /usr/local/cuda
+NCCL ?= $(shell test -f $(CUDA_HOME)/include/nccl.h && test -f $(CUDA_HOME)/include/cuda_runtime_api.h && \
+          ls $(CUDA_HOME)/lib64/libnccl.so* >/dev/null 2>&1 && echo 1)
+ifeq ($(NCCL),1)
+$(B)/obj/src/comm/comm.o $(B)/obj/src/comm/comm_nccl.o: CPPFLAGS += -DSHARDLM_HAVE_NCCL \
+    -DSHARDLM_CUDA_LIBDIR='"$(CUDA_HOME)/lib64"' -isystem $(CUDA_HOME)/include
+endif
+
+.PHONY: all test test-plain test-gpu bench demo clean
 all: $(B)/shardlm $(TEST_BIN)
 
 $(B)/obj/%.o: %.c
@@ -49,6 +59,10 @@ test:
 
 test-plain: all
 	@bash tests/run.sh build
+
+# The NCCL backend against the MPI one on 2 GPUs (needs a GPU machine; not part of `make test`).
+test-gpu: all
+	@bash tests/gpu/run.sh
 
 # The main job on the built-in default: setup, build, prepare ../shared/data/sotu, train, sample.
 demo:

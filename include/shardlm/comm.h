@@ -1,5 +1,11 @@
 // comm.h: process groups and collectives on existing engines. Backends: "self" (one process, no
-// library), "mpi" (Open MPI, host memory), and later "nccl" (device memory, bootstrapped over MPI).
+// library), "mpi" (Open MPI, host memory), and "nccl" (NVIDIA NCCL, device memory, one GPU per
+// process: local rank modulo the visible devices; bootstrapped over MPI; present only when built
+// with CUDA's NCCL, else sl_comm_init_world says "built without NCCL"). With "nccl" every buffer
+// is device memory (cudaMalloc) of this process's GPU; operations run on the group's own CUDA
+// stream, which is ordered after work already queued on the legacy default stream (work on other
+// streams must be synchronised by the caller); blocking calls return when the operation has
+// finished on the GPU; send/recv ignore the tag and cannot detect a count mismatch.
 // Model and engine code talk to a group only through these functions. Every call returns 0, or -1
 // with a message naming the operation, the group and the rank (error.h).
 //
@@ -7,7 +13,7 @@
 // it. Buffers handed to a non-blocking call must stay untouched until it completes. Several may be
 // outstanding on one group, but every rank must start collectives on a group in the same order
 // (MPI's rule). A request that failed to start, or has completed, has impl == NULL and done == 1;
-// waiting on it again returns 0.
+// waiting on it again returns 0. Complete every request of a group before freeing the group.
 //
 // Element counts are size_t: the MPI backend splits counts above INT_MAX into several calls
 // (except in the variable-count forms, limited to INT_MAX: see sl_comm_allgatherv).
@@ -33,9 +39,9 @@ typedef struct {
     int done;
 } sl_comm_request;
 
-// Creates the world group. For "mpi" this initialises MPI (MPI_THREAD_FUNNELED) unless the caller
-// already did. `backend_name` is "self", "mpi" or "auto" (mpi when launched by mpirun/srun/our
-// launcher with a world size > 1, else self).
+// Creates the world group. For "mpi" and "nccl" this initialises MPI (MPI_THREAD_FUNNELED) unless
+// the caller already did. `backend_name` is "self", "mpi", "nccl" or "auto" (mpi when launched by
+// mpirun/srun/our launcher with a world size > 1, else self; auto never picks nccl).
 int sl_comm_init_world(sl_comm **world, const char *backend_name, int *argc, char ***argv);
 // Frees a group; freeing the world also finalises the backend.
 void sl_comm_free(sl_comm *comm);

@@ -11,8 +11,8 @@
 // - Every group (world or split) owns an MPI group with the same ranks in the same order (its
 //   bootstrap: rank 0's ncclGetUniqueId goes out by MPI broadcast, then ncclCommInitRank; also used
 //   for split and barrier), an NCCL communicator, a CUDA stream and a reusable event. The device is
-//   the process's local rank (launch_env), the same for every group of the process.
-// - Setup steps that can fail on one rank only (no such device, stream creation, the unique id) are
+//   the process's local rank (launch_env) modulo the visible devices, the same for every group.
+// - Setup steps that can fail on one rank only (device selection, stream creation, the unique id) are
 //   agreed on over MPI before anyone enters an NCCL call, so a failure is an error on every rank,
 //   not a hang.
 // - The stream is an ordinary (blocking) CUDA stream: it starts after work already queued on the
@@ -240,18 +240,14 @@ int sl_comm_nccl_init_world(sl_comm *world, int *argc, char ***argv) {
         return -1;
     }
     g->mpi = mpi;
-    g->device = env.local_rank;
+    // PyTorch's rule: local rank modulo the visible devices (a launcher that gives each process
+    // one GPU through CUDA_VISIBLE_DEVICES leaves one device, 0). Two processes on one GPU are an
+    // error from ncclCommInitRank ("Duplicate GPU detected").
+    g->device = env.local_rank % ndev;
     world->rank = mpi->rank;
     world->size = mpi->size;
     world->impl = g;
-    int ok = 1;
-    if (env.local_rank >= ndev) {
-        ok = 0;
-        sl_errorf("comm backend nccl on group %s (rank %d of %d): local rank %d needs CUDA device %d, but this node "
-                  "has %d (one GPU per process)",
-                  world->name, world->rank, world->size, env.local_rank, env.local_rank, ndev);
-    }
-    if (agree(world, g, ok, "to find its GPU") || group_setup(world, g)) {
+    if (group_setup(world, g)) {
         nccl_free(world);
         return -1;
     }

@@ -5,6 +5,7 @@
 // v-form counts above INT_MAX). The MPI backend is tested by tests/cli/test_comm_mpi.sh under mpirun.
 #include <stdint.h>
 
+#include "comm/comm_internal.h"   // sl_comm_nccl_built
 #include "shardlm/comm.h"
 #include "shardlm/error.h"
 #include "test.h"
@@ -66,10 +67,25 @@ TEST(unknown_backend_is_an_error) {
     sl_comm *w = NULL;
     CHECK(sl_comm_init_world(&w, "gloo", NULL, NULL) == -1);
     CHECK(strstr(sl_error(), "gloo") != NULL);
-    CHECK(sl_comm_init_world(&w, "nccl", NULL, NULL) == -1);
-    CHECK(strstr(sl_error(), "nccl") != NULL);
     CHECK(w == NULL);
     CHECK(sl_comm_init_world(NULL, "self", NULL, NULL) == -1);
+}
+
+// Without NCCL at build time: a clear error. With it: on a machine without a usable GPU (or without
+// the libraries) an error naming the backend, before MPI starts; with a GPU, a world of one.
+TEST(nccl_backend_is_built_or_says_so) {
+    sl_comm *w = NULL;
+    int rc = sl_comm_init_world(&w, "nccl", NULL, NULL);
+    if (!sl_comm_nccl_built()) {
+        CHECK(rc == -1 && w == NULL);
+        CHECK_MSG(strstr(sl_error(), "built without NCCL") != NULL, "%s", sl_error());
+    } else if (rc == -1) {
+        CHECK(w == NULL);
+        CHECK_MSG(strstr(sl_error(), "comm backend nccl") != NULL, "%s", sl_error());
+    } else {
+        CHECK(w && sl_comm_backend_of(w) == SL_COMM_NCCL && sl_comm_size(w) == 1);
+        sl_comm_free(w);
+    }
 }
 
 TEST(allreduce_leaves_data) {
