@@ -5,7 +5,8 @@
 #   * no partial checkpoint ever becomes `latest`;
 #   * relaunching with --resume finishes with the same final model as an uninterrupted run (bits);
 #   * a worker killed while writing a checkpoint leaves the previous one as `latest`, loadable;
-#   * --max-restarts relaunches by itself and the job completes with the same result.
+#   * --max-restarts relaunches by itself and the job completes with the same result;
+#   * the same with ZeRO stage 3 (sharded parameters gathered on rank 0 at save, scattered at load).
 # Prints PASS/FAIL lines for tests/run.sh; one SKIP line when mpirun is missing.
 set -u
 BIN=${SHARDLM_BIN:-build/shardlm}
@@ -26,7 +27,7 @@ job() {  # job SAVE_DIR [extra train flags]: a 2-rank, 12-step run checkpointing
   local dir=$1; shift
   timeout 300 "$BIN" launch --nproc-per-node 2 --grace-period 1 --log-dir "$dir.logs" "$@" train --model gpt2-tiny \
     --data "$tmp/data" --seq-len 32 --batch-size 2 --steps 12 --save-interval 4 --seed 5 --lr 1e-2 --threads 1 \
-    --eval-interval 0 --sample-tokens 0 --log-interval 4 --save-dir "$dir" --resume
+    --eval-interval 0 --sample-tokens 0 --log-interval 4 --save-dir "$dir" --resume --zero-stage "${ZERO:-0}"
 }
 
 job "$tmp/clean" >>"$log" 2>&1 || fail clean_run
@@ -68,5 +69,25 @@ if [ $rc -eq 0 ] && grep -q "restarting (attempt 1 of 2)" "$tmp/c.out" &&
   pass max_restarts_recovers_to_the_same_final_model
 else
   fail max_restarts_recovers_to_the_same_final_model "exit $rc"; tail -5 "$tmp/c.out"
+fi
+
+# 4. ZeRO stage 3: a kill during the save, a relaunch, and --max-restarts after a mid-step kill
+export ZERO=3
+job "$tmp/z3clean" >>"$log" 2>&1 || fail zero3_clean_run
+z3final="$tmp/z3clean/step_00000012/model.safetensors"
+SHARDLM_FAULT=0:8:save job "$tmp/z3b" >>"$log" 2>&1
+if grep -qx step_00000004 "$tmp/z3b/latest" && [ ! -e "$tmp/z3b/step_00000008" ]; then
+  pass zero3_kill_during_checkpoint_write_keeps_previous_latest
+else
+  fail zero3_kill_during_checkpoint_write_keeps_previous_latest "latest $(cat "$tmp/z3b/latest" 2>/dev/null)"
+fi
+job "$tmp/z3b" >>"$log" 2>&1
+cmp -s "$z3final" "$tmp/z3b/step_00000012/model.safetensors" && pass zero3_resume_after_failed_save_matches ||
+  fail zero3_resume_after_failed_save_matches
+SHARDLM_FAULT=1:6:step job "$tmp/z3c" --max-restarts 1 >"$tmp/z3c.out" 2>&1
+if [ $? -eq 0 ] && cmp -s "$z3final" "$tmp/z3c/step_00000012/model.safetensors"; then
+  pass zero3_max_restarts_recovers_to_the_same_final_model
+else
+  fail zero3_max_restarts_recovers_to_the_same_final_model; tail -5 "$tmp/z3c.out"
 fi
 exit 0
