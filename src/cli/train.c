@@ -239,7 +239,7 @@ static int evaluate(sl_model *m, sl_comm *world, sl_loader *val, int n, int B, i
 // What this rank allocated for model states, next to the ZeRO paper's formula in fp32 (no separate
 // master copy; K bytes of optimizer state per parameter, 8 for Adam): with P parameters, N ranks,
 // S = P/N (rounded up) and W the floats in the ZeRO-2/3 windows (zero.h: unit 0, the last unit, two
-// blocks),
+// blocks); stages 1-2 pad P to N*S,
 //   stage 0: 4P + 4P + KP      stage 1: 4P + 4(P + S) + KS
 //   stage 2: 4P + 4(S + W) + KS    stage 3: 4(S + W) + 4(S + W) + KS
 static void print_memory(const sl_engine *e, int world) {
@@ -251,8 +251,9 @@ static void print_memory(const sl_engine *e, int world) {
     for (int u = 1; u < L->n_units - 1; u++)
         if (sl_layout_unit_size(L, u) > block) block = sl_layout_unit_size(L, u);
     W = (double)sl_layout_unit_size(L, 0) + (double)sl_layout_unit_size(L, L->n_units - 1) + 2.0 * (double)block;
-    double fp = stage == 3 ? 4 * (S + W) : 4 * P;
-    double fg = stage == 0 ? 4 * P : stage == 1 ? 4 * (P + S) : 4 * (S + W);
+    double Pp = (double)e->padded_total;  // stages 1-2 pad the full buffers to N*S
+    double fp = stage == 3 ? 4 * (S + W) : 4 * Pp;
+    double fg = stage == 0 ? 4 * P : stage == 1 ? 4 * (Pp + S) : 4 * (S + W);
     double fo = stage == 0 ? K * P : K * S;
     static const char *const shape[4] = {"4P + 4P + KP", "4P + 4(P+S) + KS", "4P + 4(S+W) + KS",
                                          "4(S+W) + 4(S+W) + KS"};
