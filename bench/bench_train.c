@@ -5,12 +5,19 @@
 //
 // Data parallelism: the world group comes from sl_comm_init_world("auto"), so under mpirun -np N the
 // engine averages gradients over N MPI ranks (bucketed all-reduce, overlapping backward unless
-// --overlap 0; --zero-stage 1 shards the optimizer state). Every rank draws its own random batches
-// (rank-dependent stream) of micro-batch B, so a step trains on B*T*N tokens: tokens_per_s is that
-// global count / mean step time. A step's time is the slowest rank's. bytes_sent_per_step is what
-// this rank handed to collectives on the group during the timed steps (sl_comm_bytes_sent: count x
-// element size per call, i.e. 1 x the gradient bytes per all-reduce) / steps; next to it the ring
-// all-reduce wire formula 2(N-1)/N x grad_bytes and an estimate of the wire bytes of what was sent.
+// --overlap 0); --zero-stage 1|2|3 selects a ZeRO stage of src/train/zero.c (1 shards the optimizer
+// state, 2 the gradients too, 3 the parameters too, gathered unit by unit with the next unit
+// prefetched unless --prefetch 0). Every rank draws its own random batches (rank-dependent stream)
+// of micro-batch B, so a step trains on B*T*N tokens: tokens_per_s is that global count / mean step
+// time. A step's time is the slowest rank's.
+// Communication: bytes_sent_per_step is what rank 0 handed to collectives on the group during the
+// timed steps (sl_comm_bytes_sent: count x element size per call, i.e. 1 x the gradient bytes per
+// all-reduce or reduce-scatter of all gradients, this rank's block per all-gather) / steps;
+// bytes_sent_per_step_by_rank / _mean / _max give every rank's (ZeRO-3 ranks hand unequal amounts:
+// each hands only its own part of a unit), and the mean is split by kind. Next to them: the ring
+// all-reduce wire formula 2(N-1)/N x grad_bytes, ZeRO-3's 3(N-1)/N x grad_bytes, and a ring-model
+// estimate of the wire bytes of what was handed. Memory: mem_{params,grads,optim}_bytes from
+// sl_engine_memory_use on rank 0 (every rank allocates the same).
 //
 // Two passes, so that profiling cannot distort the headline:
 //   1. --warmup W untimed steps, then --steps S timed steps with the plain CPU ops table: the
@@ -21,7 +28,8 @@
 //
 //   bench_train --model gpt2 --batch 4 --seq 256 --threads 2 --steps 3 --warmup 1 [--profile-steps 1]
 //               [--seed 1234] [--report]   (--report also prints the profile table to stderr)
-//               [--overlap 0|1] [--zero-stage 0|1] [--bucket ELEMENTS] [--first-bucket ELEMENTS]
+//               [--overlap 0|1] [--zero-stage 0|1|2|3] [--prefetch 0|1] [--bucket ELEMENTS]
+//               [--first-bucket ELEMENTS]
 //   mpirun -np 2 -x OMP_NUM_THREADS=1 bench_train --model gpt2 --batch 4 --seq 256 --threads 1 ...
 #include "shardlm/comm.h"
 #include "shardlm/config.h"
@@ -43,7 +51,7 @@
 typedef struct {
     const char *model;
     int B, T, threads, steps, warmup, profile_steps, report;
-    int overlap, zero_stage;
+    int overlap, zero_stage, prefetch;
     long long bucket, first_bucket;   // elements
     unsigned long long seed;
     int rank, world;                  // of the data-parallel group
@@ -80,8 +88,8 @@ static double own_cpu_seconds(void) {
 static int usage(const char *prog) {
     fprintf(stderr,
             "usage: %s --model PRESET --batch B --seq T [--threads N] [--steps S] [--warmup W]\n"
-            "          [--profile-steps P] [--seed SEED] [--report] [--overlap 0|1] [--zero-stage 0|1]\n"
-            "          [--bucket ELEMENTS] [--first-bucket ELEMENTS]\n",
+            "          [--profile-steps P] [--seed SEED] [--report] [--overlap 0|1] [--zero-stage 0|1|2|3]\n"
+            "          [--prefetch 0|1] [--bucket ELEMENTS] [--first-bucket ELEMENTS]\n",
             prog);
     return 2;
 }
@@ -110,8 +118,8 @@ static int parse_ll(const char *s, long long *out, const char *flag) {
 
 static int parse_args(int argc, char **argv, bench_args *a) {
     *a = (bench_args){.model = "gpt2-demo", .B = 8, .T = 128, .threads = 1, .steps = 10, .warmup = 2,
-                      .profile_steps = -1, .seed = 1234, .overlap = 1, .zero_stage = 0, .bucket = 500000000,
-                      .first_bucket = 262144, .world = 1};
+                      .profile_steps = -1, .seed = 1234, .overlap = 1, .zero_stage = 0, .prefetch = 1,
+                      .bucket = 500000000, .first_bucket = 262144, .world = 1};
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i];
         if (strcmp(f, "--report") == 0) { a->report = 1; continue; }
@@ -128,6 +136,7 @@ static int parse_args(int argc, char **argv, bench_args *a) {
         else if (strcmp(f, "--seed") == 0) a->seed = strtoull(v, NULL, 10);
         else if (strcmp(f, "--overlap") == 0) rc = parse_int(v, &a->overlap, f);
         else if (strcmp(f, "--zero-stage") == 0) rc = parse_int(v, &a->zero_stage, f);
+        else if (strcmp(f, "--prefetch") == 0) rc = parse_int(v, &a->prefetch, f);
         else if (strcmp(f, "--bucket") == 0) rc = parse_ll(v, &a->bucket, f);
         else if (strcmp(f, "--first-bucket") == 0) rc = parse_ll(v, &a->first_bucket, f);
         else return usage(argv[0]);
@@ -137,8 +146,8 @@ static int parse_args(int argc, char **argv, bench_args *a) {
         fprintf(stderr, "bench_train: --batch, --seq and --steps must be at least 1\n");
         return 2;
     }
-    if (a->overlap > 1 || a->zero_stage > 1) {
-        fprintf(stderr, "bench_train: --overlap takes 0 or 1, --zero-stage 0 or 1\n");
+    if (a->overlap > 1 || a->prefetch > 1 || a->zero_stage > 3) {
+        fprintf(stderr, "bench_train: --overlap and --prefetch take 0 or 1, --zero-stage 0, 1, 2 or 3\n");
         return 2;
     }
     if (a->profile_steps < 0) a->profile_steps = a->steps;
@@ -241,6 +250,7 @@ int main(int argc, char **argv) {
     ec.first_bucket_size = (size_t)a.first_bucket;
     ec.overlap_comm = a.overlap;
     ec.zero_stage = a.zero_stage;
+    ec.prefetch = a.prefetch;
     sl_engine engine;
     if (sl_engine_init(&engine, &model, &ec)) return die(&a);
 
@@ -276,15 +286,42 @@ int main(int argc, char **argv) {
     double min = per_step[0], median = per_step[a.steps / 2];
     if (a.steps % 2 == 0) median = 0.5 * (per_step[a.steps / 2 - 1] + per_step[a.steps / 2]);
 
-    // communication volume per step: what this rank handed to collectives, and the ring model of the
-    // bytes it puts on the wire: all-reduce 2(N-1)/N x its buffer, all-gather (N-1) x its block
+    // communication volume per step: what this rank handed to collectives, split by kind, and the ring
+    // model of the bytes it puts on the wire: all-reduce 2(N-1)/N x its buffer, reduce-scatter
+    // (N-1)/N x its input, all-gather (N-1) x its block. The split is by what the engine calls (one
+    // micro-batch per step): DDP all-reduces the gradients (1 x grad bytes) and the loss (8 bytes);
+    // ZeRO reduce-scatters all gradients once (1 x grad bytes, per unit), all-reduces the squared
+    // norm and the loss (8 bytes each), and the rest is all-gathers (stages 1-2: the updated
+    // parameters, this rank's block; stage 3: each unit's parameters when the model needs them, in
+    // forward and again in backward unless the unit's window still holds it).
+    // Ranks hand different amounts when a unit's parameters are not spread evenly over them (ZeRO-3
+    // gathers: a rank hands only its own part of each unit), so the split and the wire estimate use
+    // the mean over ranks; bytes_sent_per_step stays rank 0's own count.
     double W = a.world;
     double bytes_per_step = (double)(bytes1 - bytes0) / a.steps;
+    double *rank_bytes = malloc(sizeof(double) * (size_t)a.world);
+    if (!rank_bytes) { fprintf(stderr, "bench_train: out of memory\n"); return 1; }
+    rank_bytes[0] = bytes_per_step;
+    if (a.world > 1 && sl_comm_allgather(world, &bytes_per_step, rank_bytes, 1, SL_DTYPE_F64)) return die(&a);
+    double bytes_mean = 0, bytes_max = 0;
+    for (int r = 0; r < a.world; r++) {
+        bytes_mean += rank_bytes[r] / W;
+        if (rank_bytes[r] > bytes_max) bytes_max = rank_bytes[r];
+    }
     double grad_bytes = 4.0 * (double)model.layout.total;
     double ring_formula = 2.0 * (W - 1) / W * grad_bytes;
-    double allgather_bytes = engine.sharded ? 4.0 * (double)engine.shard_size : 0.0;
-    double allreduce_bytes = bytes_per_step - allgather_bytes;
-    double wire_estimate = 2.0 * (W - 1) / W * allreduce_bytes + (W - 1) * allgather_bytes;
+    double stage3_formula = 3.0 * (W - 1) / W * grad_bytes;
+    double allreduce_bytes = 0, reduce_scatter_bytes = 0, allgather_bytes = 0;
+    if (engine.sharded) {
+        reduce_scatter_bytes = grad_bytes;
+        allreduce_bytes = a.world > 1 ? 16.0 : 0.0;
+        allgather_bytes = bytes_mean - reduce_scatter_bytes - allreduce_bytes;
+        if (allgather_bytes < 0) allgather_bytes = 0;
+    } else {
+        allreduce_bytes = bytes_mean;
+    }
+    double wire_estimate = 2.0 * (W - 1) / W * allreduce_bytes + (W - 1) / W * reduce_scatter_bytes +
+                           (W - 1) * allgather_bytes;
 
     // pass 2: breakdown, profiling ops (every rank takes part: the steps communicate)
     run_totals prof = {0};
@@ -308,8 +345,19 @@ int main(int argc, char **argv) {
            "\"ring_allreduce_bytes_formula\":%.0f,\"stage3_bytes_formula\":%.0f,\"sent_over_grad_bytes\":%.4f,"
            "\"ring_wire_bytes_estimate\":%.0f,\"optim_state_bytes\":%zu",
            a.world, sl_comm_backend_of(world) == SL_COMM_MPI ? "mpi" : "self", a.B * a.world, a.zero_stage,
-           a.overlap, a.bucket, a.first_bucket, engine.distributed ? engine.ddp.n_buckets : 0, bytes_per_step,
-           grad_bytes, ring_formula, 1.5 * ring_formula, bytes_per_step / grad_bytes, wire_estimate, mem.optim);
+           a.overlap, a.bucket, a.first_bucket, engine.distributed && !engine.sharded ? engine.ddp.n_buckets : 0,
+           bytes_per_step, grad_bytes, ring_formula, stage3_formula, bytes_per_step / grad_bytes, wire_estimate,
+           mem.optim);
+    printf(",\"bytes_sent_per_step_mean\":%.0f,\"bytes_sent_per_step_max\":%.0f,\"mean_sent_over_grad_bytes\":%.4f,"
+           "\"bytes_sent_per_step_by_rank\":[",
+           bytes_mean, bytes_max, bytes_mean / grad_bytes);
+    for (int r = 0; r < a.world; r++) printf("%s%.0f", r ? "," : "", rank_bytes[r]);
+    printf("]");
+    printf(",\"prefetch\":%d,\"allreduce_bytes_per_step\":%.0f,\"reduce_scatter_bytes_per_step\":%.0f,"
+           "\"allgather_bytes_per_step\":%.0f,\"mem_params_bytes\":%zu,\"mem_grads_bytes\":%zu,"
+           "\"mem_optim_bytes\":%zu,\"mem_total_bytes\":%zu",
+           a.zero_stage == 3 ? a.prefetch : 0, allreduce_bytes, reduce_scatter_bytes, allgather_bytes, mem.params,
+           mem.grads, mem.optim, mem.params + mem.grads + mem.optim);
     if (a.profile_steps > 0) {
         int P = a.profile_steps, n_ops, n_shapes;
         const sl_op_stat *ops = sl_ops_profile_ops(&n_ops);
@@ -348,6 +396,7 @@ done:
     free(inputs);
     free(targets);
     free(per_step);
+    free(rank_bytes);
     sl_engine_free(&engine);
     sl_model_free(&model);
     sl_comm_free(world);

@@ -10,7 +10,7 @@
 #   BENCH_ONLY=pattern       run only configurations whose "model:B:T:threads" matches the bash glob
 #                            (e.g. 'gpt2:4:1024:*'); results are appended, so earlier rows are replaced;
 #                            data-parallel runs match as "dist:model:T:tag" (tag: base, ddp, ddp-small,
-#                            ddp-nooverlap, zero1; e.g. 'dist:gpt2-demo:*')
+#                            ddp-nooverlap, zero1, zero2, zero3, zero3-noprefetch; e.g. 'dist:gpt2-demo:*')
 #   BENCH_TORCH=0            skip PyTorch;  BENCH_SHARDLM=0  skip shardlm
 #   BENCH_TORCH_COMPILE=1    also run torch.compile rows for gpt2-demo (skipped by default)
 #   BENCH_STEPS / BENCH_WARMUP / BENCH_PROFILE_STEPS   override the timed / warmup / profiled steps of
@@ -18,18 +18,24 @@
 #   BENCH_RENDER_ONLY=1      only re-render RESULTS.md from bench/results.jsonl
 #   BENCH_DIST=1             the data-parallel section (default on): per model, 1 rank x 2 threads at
 #                            micro-batch 2B against 2 ranks x 1 thread at micro-batch B (equal global
-#                            batch) under mpirun, with overlap on / off, small buckets, and ZeRO-1; 0 skips it;
-#                            "only" runs just that section and keeps the other rows of results.jsonl
+#                            batch) under mpirun, with overlap on / off, small buckets, ZeRO-1, ZeRO-2 and
+#                            ZeRO-3 (prefetch on / off); 0 skips it; "only" runs just that section and keeps
+#                            the other rows of results.jsonl
 #   BENCH_RANKS=2            ranks of the data-parallel runs
 #   BENCH_SMALL_BUCKET=6553600  reduce_bucket_size of the extra small-bucket DDP row (25 MiB of fp32)
 #   BENCH_DIST_RETRIES=2     reruns of a data-parallel run whose other_load was above 0.2
+#   BENCH_OUT_DIR=bench      where results.jsonl, bench.log and RESULTS.md are read and written (a scratch
+#                            directory keeps a trial run away from the committed results)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 BLAS_DIR=${BLAS_DIR:-/usr/lib/x86_64-linux-gnu/openblas-openmp}
 BLAS_INC=${BLAS_INC:-/usr/include/x86_64-linux-gnu/openblas-openmp}
-JSONL=bench/results.jsonl
-LOG=bench/bench.log
+OUT_DIR=${BENCH_OUT_DIR:-bench}
+mkdir -p "$OUT_DIR"
+JSONL=$OUT_DIR/results.jsonl
+LOG=$OUT_DIR/bench.log
+RESULTS=$OUT_DIR/RESULTS.md
 PY=${PYTHON:-python3}
 
 # configuration table: model B T default-warmup default-steps default-profile-steps
@@ -50,7 +56,7 @@ RANKS=${BENCH_RANKS:-2}
 SMALL_BUCKET=${BENCH_SMALL_BUCKET:-6553600}   # elements: 25 MiB of fp32, PyTorch DDP's bucket_cap_mb
 
 render() {
-    "$PY" - "$JSONL" bench/RESULTS.md <<'PYEOF'
+    "$PY" - "$JSONL" "$RESULTS" <<'PYEOF'
 import json, os, platform, subprocess, sys, time
 src, dst = sys.argv[1], sys.argv[2]
 rows = {}
@@ -194,35 +200,73 @@ else:
       f"{next((r['bucket'] for r in dist.values() if r.get('dist') == 'ddp-small'), 6553600)} elements, 25 MiB "
       "of fp32 like PyTorch DDP's default); with overlap on, each "
       "bucket starts as soon as backward has finished it, with overlap off all start after backward. ZeRO-1 "
-      "shards AdamW's state: each rank updates half the parameters, then an in-place all-gather.\n")
+      "shards AdamW's state: each rank updates half the parameters, then an in-place all-gather; its gradients "
+      "are reduce-scattered to their owners unit by unit (embeddings, each block, final norm + head) as backward "
+      "finishes each unit. ZeRO-2 also shards the gradients: backward writes each unit's gradients into a window "
+      "that is reduce-scattered at once and reused. ZeRO-3 also shards the parameters: each unit is all-gathered "
+      "into a window just before forward uses it and again before backward does (unless the window still holds "
+      "it); with prefetch, the unit the model uses next is gathered while the current one computes "
+      "(include/shardlm/zero.h). The ZeRO stages always reduce per unit during backward; `--overlap` only "
+      "concerns DDP.\n")
     w(f"**Target: {NR} ranks × 1 thread reach at least 90% of the tokens/s of 1 rank × {NR} threads.**\n")
     w("- ms/step: mean over the timed steps of the slowest rank's step time (median next to it); tok/s = global batch × T / ms/step; "
-      "fwd+bwd includes waiting for the gradient all-reduces; optimizer = sl_engine_step (clip + AdamW, plus "
-      "ZeRO-1's parameter all-gather and the loss all-reduce).")
-    w("- bytes handed / step: `sl_comm_bytes_sent` of the data-parallel group over the timed steps / steps, on "
-      "rank 0. It counts the payload handed to each collective call (count × element size), so one all-reduce "
-      "of the gradients adds 1 × grad bytes (4 × parameters), whatever the algorithm; the loss all-reduce adds "
-      "8 bytes, ZeRO-1's all-gather adds this rank's block (grad bytes / N).")
-    w("- ring formula: a ring all-reduce (reduce-scatter then all-gather) puts 2(N-1)/N × its buffer on the wire "
-      "per rank; for N = 2 that is 1.0 × grad bytes. ZeRO stage 3 (parameters all-gathered in forward and again "
-      "in backward, gradients reduce-scattered) moves 1.5 × that, 3(N-1)/N × grad bytes; shardlm has no stage 3, "
-      "the number is given for reference. `wire estimate` applies the ring model to what was handed: "
-      "2(N-1)/N × all-reduce bytes + (N-1) × all-gather bytes. Open MPI picks its own algorithm per message size, "
-      "so this is a model, not a measurement.")
+      "fwd+bwd includes waiting for the gradient all-reduces (ZeRO: reduce-scatters, and ZeRO-3's parameter gathers); "
+      "optimizer = sl_engine_step (clip + AdamW, plus "
+      "ZeRO-1/2's parameter all-gather and the loss all-reduce).")
+    w("- bytes handed / step: `sl_comm_bytes_sent` of the data-parallel group over the timed steps / steps, the mean "
+      "over the ranks (DDP and ZeRO-1/2 ranks all hand the same; ZeRO-3's differ, their range in parentheses). It "
+      "counts the payload handed to each collective call (count × element size; see `sl_comm_bytes_sent` in "
+      "include/shardlm/comm.h): an all-reduce its buffer, a reduce-scatter its whole input, an all-gather this rank's "
+      "block, whatever the algorithm. So one all-reduce "
+      "of the gradients adds 1 × grad bytes (4 × parameters); the loss all-reduce adds "
+      "8 bytes. ZeRO-1 and ZeRO-2 hand a reduce-scatter of all gradients (their whole input, 1 × grad bytes) and the "
+      "all-gather of this rank's block of the updated parameters (grad bytes / N), plus the squared-norm and loss "
+      "all-reduces (16 bytes): 1.5 × grad bytes for N = 2 by this counting. ZeRO-3 hands two parameter all-gathers "
+      "(forward and backward, this rank's part of each unit: grad bytes / N each) and the reduce-scatter: up to "
+      "2 × grad bytes for N = 2. It hands less because a unit whose window still holds it when backward starts on "
+      "it (the embeddings, the final norm, the last two blocks) is not gathered again; the rank that owns those "
+      "units hands the least.")
+    w("- formulas: a ring all-reduce (reduce-scatter then all-gather) puts 2(N-1)/N × its buffer on the wire "
+      "per rank; for N = 2 that is 1.0 × grad bytes. A ring reduce-scatter puts (N-1)/N × its input on the wire "
+      "and a ring all-gather (N-1) × the block, so ZeRO-1/2 (1 + 1/N handed) move the same as DDP (1 handed), "
+      "2(N-1)/N × grad bytes. ZeRO stage 3 (parameters all-gathered in forward and again "
+      "in backward, gradients reduce-scattered; 1 + 2/N handed) moves 1.5 × that, 3(N-1)/N × grad bytes, "
+      "measured in the ZeRO-3 rows. `wire estimate` applies the ring model to what was handed (mean over ranks): "
+      "2(N-1)/N × all-reduce bytes + (N-1)/N × reduce-scatter bytes + (N-1) × all-gather bytes. Open MPI picks "
+      "its own algorithm per message size, so this is a model, not a measurement.")
     labels = {"base": "1 rank, threads", "ddp": "DDP, overlap on", "ddp-small": "DDP, overlap on, small buckets",
-              "ddp-nooverlap": "DDP, overlap off", "zero1": "ZeRO-1, overlap on"}
-    order = ["base", "ddp", "ddp-small", "ddp-nooverlap", "zero1"]
+              "ddp-nooverlap": "DDP, overlap off", "zero1": "ZeRO-1, overlap on", "zero2": "ZeRO-2, overlap on",
+              "zero3": "ZeRO-3, prefetch on", "zero3-noprefetch": "ZeRO-3, prefetch off"}
+    order = ["base", "ddp", "ddp-small", "ddp-nooverlap", "zero1", "zero2", "zero3", "zero3-noprefetch"]
     groups = sorted({k[:3] for k in dist}, key=lambda k: (k[0] != "gpt2-demo", k[2], k[1]))
     nb = "; ".join(f"{g[0]}: " + ", ".join(f"{labels[d]} {dist[g + (d,)]['buckets']}" for d in ("ddp", "ddp-small")
                                            if g + (d,) in dist) for g in groups)
-    w("- overlap saving: ms/step with overlap off minus with overlap on (and as % of the overlap-off step). "
+    w("- overlap / prefetch saving: ms/step with overlap off minus with overlap on (DDP rows), and ZeRO-3 with "
+      "prefetch off minus prefetch on (ZeRO-3 row), each also as % of the slower step. "
       f"Buckets per step: {nb}.")
+    w("- per-rank memory: `sl_engine_memory_use` on rank 0 (every rank allocates the same), parameters + gradients "
+      "+ optimizer state in MB (10^6 bytes), each in parentheses: what the engine allocated, windows included "
+      "(include/shardlm/zero.h: ZeRO-2/3 keep the embedding unit's, the last unit's and two blocks' windows besides "
+      "the 1/N slice, so a large embedding limits the saving).")
     w("- other load as in the throughput table (all ranks' CPU time counts as the benchmark's own); * above 0.2.\n")
     mb = lambda x: "%.1f MB" % (x / 1e6)
+    def handed(r):
+        mean = r.get("bytes_sent_per_step_mean", r["bytes_sent_per_step"])
+        per = r.get("bytes_sent_per_step_by_rank", [])
+        s = mb(mean)
+        if per and max(per) - min(per) > 1e-3 * max(max(per), 1):
+            s += " (%.1f–%.1f)" % (min(per) / 1e6, max(per) / 1e6)
+        return s
+    def memory(r):
+        if "mem_total_bytes" not in r:
+            return "n/a"
+        return "%.1f MB (%.1f + %.1f + %.1f)" % (r["mem_total_bytes"] / 1e6, r["mem_params_bytes"] / 1e6,
+                                                 r["mem_grads_bytes"] / 1e6, r["mem_optim_bytes"] / 1e6)
     w("| model | T | config | ranks × threads | micro-batch | global batch | ms/step | median ms | tok/s | vs 1×%d | fwd+bwd ms | "
       "optimizer ms | bytes handed to collectives / step | ÷ grad bytes | ring formula 2(N-1)/N × grad bytes | "
-      "stage-3 formula (×1.5) | ring wire estimate | overlap saving | other load |" % NR)
-    w("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+      "ZeRO-3 formula 3(N-1)/N × grad bytes | ring wire estimate | per-rank memory: params + grads + optim | "
+      "overlap / prefetch saving | other load |" % NR)
+    w("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     verdicts = []
     for g in groups:
         base = dist.get(g + ("base",))
@@ -236,36 +280,54 @@ else:
             if d == "base":
                 vs = "100%"
             save = "n/a"
-            if d in ("ddp", "ddp-small") and off:
-                dm = off["ms_per_step"] - r["ms_per_step"]
-                save = "%.0f ms (%.1f%%)" % (dm, 100 * dm / off["ms_per_step"])
+            slower = {"ddp": off, "ddp-small": off, "zero3": dist.get(g + ("zero3-noprefetch",))}.get(d)
+            if slower:
+                dm = slower["ms_per_step"] - r["ms_per_step"]
+                save = "%.0f ms (%.1f%%)" % (dm, 100 * dm / slower["ms_per_step"])
             load = "%.2f" % r.get("other_load", -1) + (" *" if r.get("other_load", 0) > 0.2 else "")
             comm = N > 1
+            ratio_g = r.get("mean_sent_over_grad_bytes", r["sent_over_grad_bytes"])
             w(f"| {g[0]} | {g[2]} | {labels.get(d, d)} | {N} × {r['threads']} | {r['B']} | {r.get('global_batch', r['B'])} | "
               f"{r['ms_per_step']:.1f} | {r['ms_per_step_median']:.1f} | {r['tokens_per_s']:.1f} | **{vs}** | {r['ms_forward_backward']:.1f} | "
-              f"{r['ms_optimizer']:.1f} | {mb(r['bytes_sent_per_step']) if comm else '0'} | "
-              f"{r['sent_over_grad_bytes'] if comm else 0:.3f} | {mb(r['ring_allreduce_bytes_formula']) if comm else '0'} | "
+              f"{r['ms_optimizer']:.1f} | {handed(r) if comm else '0'} | "
+              f"{ratio_g if comm else 0:.3f} | {mb(r['ring_allreduce_bytes_formula']) if comm else '0'} | "
               f"{mb(r['stage3_bytes_formula']) if comm else '0'} | {mb(r['ring_wire_bytes_estimate']) if comm else '0'} | "
-              f"{save} | {load} |")
+              f"{memory(r)} | {save} | {load} |")
         if base and on:
             ratio = on["tokens_per_s"] / base["tokens_per_s"]
-            best = max((dist[g + (d,)] for d in ("ddp", "ddp-small", "zero1") if g + (d,) in dist),
+            best = max((dist[g + (d,)] for d in order[1:] if g + (d,) in dist),
                        key=lambda r: r["tokens_per_s"])
             bratio = best["tokens_per_s"] / base["tokens_per_s"]
             verdicts.append(f"- {g[0]} T={g[2]}, global batch {g[1]}: DDP (overlap on) reaches **{100 * ratio:.1f}%** "
                             f"of 1 × {NR} threads: target {'met' if ratio >= 0.9 else 'NOT met'}; best "
                             f"{NR}-rank configuration ({labels[best['dist']]}) {100 * bratio:.1f}%"
                             f"{' (target met)' if bratio >= 0.9 else ''}.")
+        zs = [d for d in ("zero1", "zero2", "zero3") if g + (d,) in dist]
+        if on and zs:
+            parts = []
+            for d in zs:
+                r = dist[g + (d,)]
+                mem = ("%.0f%% of DDP's per-rank memory" % (100 * r["mem_total_bytes"] / on["mem_total_bytes"])
+                       if "mem_total_bytes" in r and on.get("mem_total_bytes") else "memory n/a")
+                short = {"zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3 (prefetch on)"}[d]
+                parts.append(f"{short} {100 * r['tokens_per_s'] / on['tokens_per_s']:.1f}% of DDP's tok/s and {mem}")
+            z3, z3n = dist.get(g + ("zero3",)), dist.get(g + ("zero3-noprefetch",))
+            pf = ""
+            if z3 and z3n:
+                dm = z3n["ms_per_step"] - z3["ms_per_step"]
+                pf = f"; prefetch saves {dm:.0f} ms/step ({100 * dm / z3n['ms_per_step']:.1f}% of the step without it)"
+            verdicts.append(f"- {g[0]} T={g[2]}, ZeRO against DDP (overlap on): " + "; ".join(parts) + pf + ".")
     w("\nAgainst the target:\n")
     for v in verdicts:
         w(v)
     w("\n### Where the time goes (rank 0, profiled pass)\n")
     w("From the profiling pass after the timed steps (rank 0's ops; every rank runs the same steps). "
       "`outside ops` is forward+backward time not spent inside a model op: in the data-parallel runs mostly the "
-      "wait for the gradient all-reduces (sl_ddp_finish) and the 1/N scaling of the gradients. The profiled pass "
-      "is short (few steps), so it is noisier than the headline.\n")
+      "wait for the gradient all-reduces (sl_ddp_finish) and the 1/N scaling of the gradients; for ZeRO the unit "
+      "hooks: waiting for the reduce-scatters (and, for ZeRO-3, the parameter gathers) and the window bookkeeping. "
+      "The profiled pass is short (few steps), so it is noisier than the headline.\n")
     w("| model | T | config | ranks × threads | step ms (profiled) | GEMM ms | attention ms | other ops ms | "
-      "outside ops ms (DDP wait) | optimizer ms |")
+      "outside ops ms (DDP / ZeRO wait) | optimizer ms |")
     w("|---|---|---|---|---|---|---|---|---|---|")
     for g in groups:
         for d in order:
@@ -402,6 +464,14 @@ if [[ "$BENCH_DIST" != 0 ]]; then
             record_dist ddp-nooverlap "${MPIRUN[@]}" ./build/bench_train "${common[@]}" --batch "$B" --threads 1 --overlap 0
             DESC="$RANKS ranks x 1 thread, ZeRO-1, overlap on"
             record_dist zero1 "${MPIRUN[@]}" ./build/bench_train "${common[@]}" --batch "$B" --threads 1 --overlap 1 --zero-stage 1
+            DESC="$RANKS ranks x 1 thread, ZeRO-2, overlap on"
+            record_dist zero2 "${MPIRUN[@]}" ./build/bench_train "${common[@]}" --batch "$B" --threads 1 --overlap 1 --zero-stage 2
+            DESC="$RANKS ranks x 1 thread, ZeRO-3, prefetch on"
+            record_dist zero3 "${MPIRUN[@]}" ./build/bench_train "${common[@]}" --batch "$B" --threads 1 --overlap 1 --zero-stage 3 \
+                --prefetch 1
+            DESC="$RANKS ranks x 1 thread, ZeRO-3, prefetch off"
+            record_dist zero3-noprefetch "${MPIRUN[@]}" ./build/bench_train "${common[@]}" --batch "$B" --threads 1 --overlap 1 \
+                --zero-stage 3 --prefetch 0
         done
     fi
 fi
