@@ -49,6 +49,8 @@ void sl_comm_free(sl_comm *comm);
 int sl_comm_rank(const sl_comm *comm);
 int sl_comm_size(const sl_comm *comm);
 sl_comm_backend sl_comm_backend_of(const sl_comm *comm);
+// 1 when this library was built with the NCCL backend (CUDA's nccl.h was found), else 0.
+int sl_comm_nccl_built(void);
 const char *sl_comm_name(const sl_comm *comm);   // "world", "dp", "tp", "pp", ...
 
 // Sub-group of the members that pass the same color, ordered by key (MPI_Comm_split semantics).

@@ -1,7 +1,7 @@
 // ddp.h: data-parallel gradient averaging, as PyTorch DDP does it. The flat gradient buffer is cut
 // into contiguous buckets in reverse layer order (the order backward finishes them): a small first
-// bucket at the end of the buffer, then buckets of reduce_bucket_size elements. The model's
-// grad_ready hook reports how far backward has got; every bucket entirely above that watermark
+// bucket at the end of the buffer, then buckets of reduce_bucket_size elements. The model's unit
+// hook tells the engine how far backward has got, and every bucket entirely above that watermark
 // starts a non-blocking all-reduce at once, so communication overlaps the rest of backward.
 // sl_ddp_finish starts what is left, waits for everything and divides by the data-parallel size.
 #ifndef SHARDLM_DDP_H
@@ -24,8 +24,6 @@ typedef struct {
     int n_buckets;
     int next;                // first bucket not yet started
     int overlap;             // 0: every all-reduce waits for sl_ddp_finish (for measurement)
-    int hook_failed;         // the hook cannot return an error: it keeps it for sl_ddp_finish
-    char hook_error[512];
 } sl_ddp;
 
 // bucket_size and first_bucket_size are in elements (DeepSpeed's reduce_bucket_size unit).
@@ -33,9 +31,9 @@ int sl_ddp_init(sl_ddp *d, sl_comm *dp, float *grads, size_t total, size_t bucke
                 int overlap);
 void sl_ddp_free(sl_ddp *d);
 
-// The model's grad_ready hook (ctx = sl_ddp*): starts every bucket with begin >= ready_from, and
-// lets pending ones progress.
-void sl_ddp_grad_ready(void *ctx, size_t ready_from);
+// Called as backward finishes gradients (everything at flat offsets >= ready_from is final):
+// starts every bucket with begin >= ready_from, and lets pending ones progress.
+int sl_ddp_grad_ready(sl_ddp *d, size_t ready_from);
 
 // Starts the remaining buckets, waits for all, and scales the gradients by 1/dp size.
 int sl_ddp_finish(sl_ddp *d);

@@ -93,6 +93,9 @@ int sl_zero_gather_params(sl_zero *z, float *full);
 // Stage 3 (collective): replaces every rank's slice from root's full parameters (NULL elsewhere).
 int sl_zero_scatter_params(sl_zero *z, const float *full, int root);
 
+// Floats in one set of windows (parameters or gradients): unit 0 + last unit + 2 largest blocks.
+size_t sl_zero_window_floats(const sl_param_layout *layout);
+
 // Bytes this rank allocated for parameters, gradients (model buffers, slices, windows).
 void sl_zero_memory(const sl_zero *z, size_t *param_bytes, size_t *grad_bytes);
 

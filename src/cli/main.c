@@ -4,8 +4,6 @@
 #include <stdio.h>
 #include <string.h>
 
-int cmd_report(int argc, char **argv);   // src/cli/report.c (declared here until commands.h lists it)
-
 static void usage(FILE *f) {
     fprintf(f,
             "usage: shardlm <command> [flags]\n\n"

@@ -4,7 +4,7 @@
 // against CUDA), and the launch environment. Every probe that cannot answer prints
 // "not available: <reason>"; the command itself never fails (exit 0; 2 only for a bad flag).
 #include "cli/commands.h"
-#include "comm/comm_internal.h"   // sl_comm_nccl_built: whether comm_nccl.c was compiled in
+#include "shardlm/comm.h"
 #include "shardlm/error.h"
 #include "shardlm/launch_env.h"
 #include "shardlm/ops.h"

@@ -246,11 +246,8 @@ static void print_memory(const sl_engine *e, int world) {
     sl_engine_memory mem = sl_engine_memory_use(e);
     const sl_param_layout *L = &e->model->layout;
     int stage = e->sharded ? e->zero.stage : 0;
-    double P = (double)L->total, S = (double)e->shard_size, K = e->n_optim_state * 4.0, W = 0.0;
-    size_t block = 0;
-    for (int u = 1; u < L->n_units - 1; u++)
-        if (sl_layout_unit_size(L, u) > block) block = sl_layout_unit_size(L, u);
-    W = (double)sl_layout_unit_size(L, 0) + (double)sl_layout_unit_size(L, L->n_units - 1) + 2.0 * (double)block;
+    double P = (double)L->total, S = (double)e->shard_size, K = e->n_optim_state * 4.0;
+    double W = (double)sl_zero_window_floats(L);
     double Pp = (double)e->padded_total;  // stages 1-2 pad the full buffers to N*S
     double fp = stage == 3 ? 4 * (S + W) : 4 * Pp;
     double fg = stage == 0 ? 4 * P : stage == 1 ? 4 * (Pp + S) : 4 * (S + W);

@@ -84,8 +84,6 @@ extern const sl_comm_vtable sl_comm_mpi_vtable;
 // defines it when CUDA's nccl.h and libnccl are present).
 int sl_comm_nccl_init_world(sl_comm *world, int *argc, char ***argv);
 extern const sl_comm_vtable sl_comm_nccl_vtable;
-// 1 when this library was built with the NCCL backend, else 0 (for tests).
-int sl_comm_nccl_built(void);
 
 // Test hook: the largest element count handed to one MPI call (default INT_MAX). Counts above it
 // are split into chunks, which lets tests exercise the >INT_MAX path with small buffers. 0 restores

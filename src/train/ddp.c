@@ -1,10 +1,8 @@
 // ddp.c: bucketed, overlapped gradient all-reduce (see ddp.h). Invariant: buckets [0, next) have
-// been started and nothing writes their range again during this backward; errors raised inside the
-// hook (which cannot return one) are kept in the struct and reported by sl_ddp_finish.
+// been started and nothing writes their range again during this backward.
 #include "shardlm/ddp.h"
 #include "shardlm/error.h"
 
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -41,29 +39,21 @@ static int start_bucket(sl_ddp *d, sl_ddp_bucket *b) {
     return sl_comm_iallreduce(d->dp, d->grads + b->begin, b->end - b->begin, SL_DTYPE_F32, SL_OP_SUM, &b->req);
 }
 
-void sl_ddp_grad_ready(void *ctx, size_t ready_from) {
-    sl_ddp *d = ctx;
-    if (!d->overlap || d->hook_failed) return;
+int sl_ddp_grad_ready(sl_ddp *d, size_t ready_from) {
+    if (!d->overlap) return 0;
     while (d->next < d->n_buckets && d->buckets[d->next].begin >= ready_from) {
-        if (start_bucket(d, &d->buckets[d->next])) {
-            d->hook_failed = 1;
-            snprintf(d->hook_error, sizeof d->hook_error, "%s", sl_error());
-            return;
-        }
+        if (start_bucket(d, &d->buckets[d->next])) return sl_error_context("ddp: starting a gradient all-reduce");
         d->next++;
     }
     // give the started operations a chance to progress while backward computes
     for (int i = 0; i < d->next; i++) {
         int done;
-        if (!d->buckets[i].req.done) sl_comm_test(&d->buckets[i].req, &done);
+        if (!d->buckets[i].req.done && sl_comm_test(&d->buckets[i].req, &done)) return -1;
     }
+    return 0;
 }
 
 int sl_ddp_finish(sl_ddp *d) {
-    if (d->hook_failed) {
-        d->hook_failed = 0;
-        return sl_errorf("ddp: starting a gradient all-reduce failed: %s", d->hook_error);
-    }
     for (; d->next < d->n_buckets; d->next++)
         if (start_bucket(d, &d->buckets[d->next])) return -1;
     int rc = 0;

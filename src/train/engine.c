@@ -40,7 +40,7 @@ static int sync_parameters(sl_engine *e) {
 static int engine_unit_hook(void *ctx, sl_unit_event event, int unit, int next_unit) {
     sl_engine *e = ctx;
     if (e->sharded) return sl_zero_hook(&e->zero, event, unit, next_unit);
-    if (e->ddp_active && event == SL_GRADS_PUT) sl_ddp_grad_ready(&e->ddp, e->model->layout.unit_begin[unit]);
+    if (e->ddp_active && event == SL_GRADS_PUT) return sl_ddp_grad_ready(&e->ddp, e->model->layout.unit_begin[unit]);
     return 0;
 }
 

@@ -257,10 +257,19 @@ void sl_zero_memory(const sl_zero *z, size_t *param_bytes, size_t *grad_bytes) {
     *grad_bytes = g * sizeof(float);
 }
 
+static size_t largest_block(const sl_param_layout *L) {
+    size_t block = 0;
+    for (int u = 1; u < L->n_units - 1; u++) block = max_sz(block, sl_layout_unit_size(L, u));
+    return block;
+}
+
+size_t sl_zero_window_floats(const sl_param_layout *L) {
+    return sl_layout_unit_size(L, 0) + sl_layout_unit_size(L, L->n_units - 1) + 2 * largest_block(L);
+}
+
 // Windows sized for their role: unit 0, the last unit, and the largest block (twice).
 static int alloc_windows(sl_zero *z, sl_zero_window *w, const char *what) {
-    size_t block = 0;
-    for (int u = 1; u < last_unit(z); u++) block = max_sz(block, unit_size(z, u));
+    size_t block = largest_block(&z->model->layout);
     size_t sizes[4] = {unit_size(z, 0), unit_size(z, last_unit(z)), block, block};
     for (int i = 0; i < 4; i++) {
         w[i].data = sl_calloc(sizes[i] ? sizes[i] : 1, sizeof(float), what);

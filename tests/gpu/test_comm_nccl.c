@@ -19,36 +19,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "comm/comm_internal.h"   // sl_comm_nccl_built
+#include "comm/comm_internal.h"   // sl_dtype_size
 #include "shardlm/comm.h"
 #include "shardlm/error.h"
+#include "../mpi/mpi_check.h"
 
 static sl_comm *nccl, *mpi;
-static int rank, size;
-static int check_failed, total_failed;
-
-#define EXPECT(cond)                                                                                 \
-    do {                                                                                             \
-        if (!(cond)) {                                                                               \
-            fprintf(stderr, "[rank %d] %s:%d: expected %s (last error: %s)\n", rank, __FILE__, __LINE__, \
-                    #cond, sl_error());                                                              \
-            check_failed = 1;                                                                        \
-        }                                                                                            \
-    } while (0)
-
-static void report(const char *name) {
-    int32_t f = check_failed;
-    if (sl_comm_allreduce(mpi, &f, 1, SL_DTYPE_I32, SL_OP_MAX)) {
-        fprintf(stderr, "[rank %d] combining results failed: %s\n", rank, sl_error());
-        f = 1;
-    }
-    if (rank == 0) {
-        printf("%s np%d_nccl_%s\n", f ? "FAIL" : "PASS", size, name);
-        fflush(stdout);
-    }
-    total_failed += f != 0;
-    check_failed = 0;
-}
 
 // ---- device helpers (a CUDA failure ends the test: nothing after it would mean anything) ----------
 
@@ -422,6 +398,8 @@ int main(int argc, char **argv) {
     }
     rank = sl_comm_rank(mpi);
     size = sl_comm_size(mpi);
+    check_group = mpi;
+    check_prefix = "nccl_";
     check_world();
     check_allreduce();
     check_reduce_scatter_allgather();

@@ -17,38 +17,10 @@
 #include "comm/comm_internal.h"   // sl_comm_mpi_set_max_chunk (test hook)
 #include "shardlm/comm.h"
 #include "shardlm/error.h"
+#include "mpi_check.h"
 #include "shardlm/launch_env.h"
 
 static sl_comm *world;
-static int rank, size;
-static int check_failed, total_failed;
-
-#define EXPECT(cond)                                                                                 \
-    do {                                                                                             \
-        if (!(cond)) {                                                                               \
-            fprintf(stderr, "[rank %d] %s:%d: expected %s (last error: %s)\n", rank, __FILE__, __LINE__, \
-                    #cond, sl_error());                                                              \
-            check_failed = 1;                                                                        \
-        }                                                                                            \
-    } while (0)
-
-// Combines this check's result over all ranks and prints one line on rank 0.
-static void report(const char *name) {
-    int32_t f = check_failed;
-    if (sl_comm_allreduce(world, &f, 1, SL_DTYPE_I32, SL_OP_MAX)) {
-        fprintf(stderr, "[rank %d] combining results failed: %s\n", rank, sl_error());
-        f = 1;
-    }
-    if (rank == 0) {
-        printf("%s np%d_%s\n", f ? "FAIL" : "PASS", size, name);
-        fflush(stdout);
-    }
-    total_failed += f != 0;
-    check_failed = 0;
-}
-
-// Small integers, so every sum is exact in f32.
-static int64_t val(int r, size_t i) { return (int64_t)((r * 7 + (int)(i % 1000) * 3) % 11) - 5; }
 
 // ---- checks -------------------------------------------------------------------------------------------
 
@@ -446,6 +418,7 @@ int main(int argc, char **argv) {
     }
     rank = sl_comm_rank(world);
     size = sl_comm_size(world);
+    check_group = world;
     if (size < 2 || size > 8) {
         if (rank == 0) printf("FAIL np%d_world_size_between_2_and_8\n", size);
         sl_comm_free(world);

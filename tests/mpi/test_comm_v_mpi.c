@@ -17,36 +17,9 @@
 
 #include "shardlm/comm.h"
 #include "shardlm/error.h"
+#include "mpi_check.h"
 
 static sl_comm *world;
-static int rank, size;
-static int check_failed, total_failed;
-
-#define EXPECT(cond)                                                                                 \
-    do {                                                                                             \
-        if (!(cond)) {                                                                               \
-            fprintf(stderr, "[rank %d] %s:%d: expected %s (last error: %s)\n", rank, __FILE__, __LINE__, \
-                    #cond, sl_error());                                                              \
-            check_failed = 1;                                                                        \
-        }                                                                                            \
-    } while (0)
-
-static void report(const char *name) {
-    int32_t f = check_failed;
-    if (sl_comm_allreduce(world, &f, 1, SL_DTYPE_I32, SL_OP_MAX)) {
-        fprintf(stderr, "[rank %d] combining results failed: %s\n", rank, sl_error());
-        f = 1;
-    }
-    if (rank == 0) {
-        printf("%s np%d_v_%s\n", f ? "FAIL" : "PASS", size, name);
-        fflush(stdout);
-    }
-    total_failed += f != 0;
-    check_failed = 0;
-}
-
-// Small integers, so every sum is exact in f32.
-static int64_t val(int r, size_t i) { return (int64_t)((r * 7 + (int)(i % 1000) * 3) % 11) - 5; }
 
 // Uneven counts: rank 1 contributes nothing; the others 2r+3 elements, times `scale`.
 static size_t count_of(int r, size_t scale) { return r == 1 ? 0 : (size_t)(2 * r + 3) * scale; }
@@ -388,6 +361,8 @@ int main(int argc, char **argv) {
     }
     rank = sl_comm_rank(world);
     size = sl_comm_size(world);
+    check_group = world;
+    check_prefix = "v_";
     if (size < 2 || size > 8) {
         if (rank == 0) printf("FAIL np%d_v_world_size_between_2_and_8\n", size);
         sl_comm_free(world);

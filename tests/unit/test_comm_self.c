@@ -5,7 +5,6 @@
 // v-form counts above INT_MAX). The MPI backend is tested by tests/cli/test_comm_mpi.sh under mpirun.
 #include <stdint.h>
 
-#include "comm/comm_internal.h"   // sl_comm_nccl_built
 #include "shardlm/comm.h"
 #include "shardlm/error.h"
 #include "test.h"
