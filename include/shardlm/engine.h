@@ -75,10 +75,12 @@ void sl_engine_free(sl_engine *e);
 int sl_engine_detach_model(sl_engine *e, int everywhere);
 
 // With a data-parallel group, init broadcasts rank 0's parameters and checks every rank holds the
-// same bits; save writes from rank 0 only; load reads on rank 0 and broadcasts.
+// same bits; save has every rank write its optimizer slice and rank 0 the weights and manifest;
+// load reads the weights on rank 0 and hands them out, each rank reading its own optimizer slice.
 // Forward + backward of one micro-batch; gradients accumulate scaled by 1/grad_accum_steps. On the
-// last micro-batch of a step the gradients are averaged over the data-parallel group (bucketed,
-// overlapping backward); earlier micro-batches communicate nothing.
+// last micro-batch of a step the gradients are reduced over the data-parallel group while backward
+// runs (DDP buckets, or ZeRO-1 per-unit reduce-scatter); earlier micro-batches communicate nothing,
+// except at ZeRO stages 2-3, which reduce every micro-batch (zero.h).
 int sl_engine_forward_backward(sl_engine *e, const int *inputs, const int *targets, int B, int T, float *loss);
 
 // True when grad_accum_steps micro-batches have been accumulated and a step is due.

@@ -5,7 +5,8 @@
 //   trainer_state.json                 step, settings and the caller's client state (rank 0)
 //   manifest.json                      world size, ZeRO stage, every file with its range, size and
 //                                      FNV-1a 64 checksum; written last, by rank 0
-// Each ZeRO-1 rank writes its own slice; without sharding rank 0 writes the whole state as one slice.
+// Each ZeRO rank (stages 1-3) writes its own slice; without ZeRO rank 0 writes the whole state as one
+// slice. ZeRO-3 ranks hold no full parameters: model.safetensors is gathered on rank 0 first.
 // All ranks write into one temporary directory that rank 0 created; rank 0 writes the manifest and
 // commits (rename, then `latest`) only after every rank reported its shard complete, so a crash at
 // any point leaves the previous checkpoint as `latest`.
@@ -36,7 +37,7 @@ static const char **state_names(const sl_engine *e) { return STATE_NAMES[e->cfg.
 static int rank_of(const sl_engine *e) { return e->distributed ? sl_comm_rank(e->cfg.dp) : 0; }
 static int world_of(const sl_engine *e) { return e->distributed ? sl_comm_size(e->cfg.dp) : 1; }
 
-// The slice of the optimizer state this rank holds (and writes): its ZeRO-1 shard clipped to the
+// The slice of the optimizer state this rank holds (and writes): its ZeRO shard clipped to the
 // real parameters, or everything.
 static void state_range(const sl_engine *e, size_t *begin, size_t *end) {
     size_t total = e->model->layout.total;
