@@ -28,9 +28,10 @@ CUDA_HOME ?= /usr/local/cuda
 NCCL ?= $(shell test -f $(CUDA_HOME)/include/nccl.h && test -f $(CUDA_HOME)/include/cuda_runtime_api.h && \
           ls $(CUDA_HOME)/lib64/libnccl.so* >/dev/null 2>&1 && echo 1)
 ifeq ($(NCCL),1)
-$(B)/obj/src/comm/comm.o $(B)/obj/src/comm/comm_nccl.o: CPPFLAGS += -DSHARDLM_HAVE_NCCL \
-    -DSHARDLM_CUDA_LIBDIR='"$(CUDA_HOME)/lib64"' -isystem $(CUDA_HOME)/include
+$(B)/obj/src/comm/comm.o $(B)/obj/src/comm/comm_nccl.o: CPPFLAGS += -DSHARDLM_HAVE_NCCL -isystem $(CUDA_HOME)/include
 endif
+# where sl_cuda_dlopen looks first (src/base/cuda_dlopen.c)
+$(B)/obj/src/base/cuda_dlopen.o: CPPFLAGS += -DSHARDLM_CUDA_LIBDIR='"$(CUDA_HOME)/lib64"'
 
 .PHONY: all test test-plain test-gpu bench demo clean
 all: $(B)/shardlm $(TEST_BIN)

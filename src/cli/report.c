@@ -5,6 +5,7 @@
 // "not available: <reason>"; the command itself never fails (exit 0; 2 only for a bad flag).
 #include "cli/commands.h"
 #include "shardlm/comm.h"
+#include "shardlm/cuda_dlopen.h"
 #include "shardlm/error.h"
 #include "shardlm/launch_env.h"
 #include "shardlm/ops.h"
@@ -22,9 +23,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#ifndef SHARDLM_CUDA_LIBDIR
-#define SHARDLM_CUDA_LIBDIR "/usr/local/cuda/lib64"   // the Makefile's default CUDA_HOME
-#endif
 
 #define KEY_WIDTH 22
 
@@ -159,35 +157,6 @@ static void report_libraries(void) {
 
 // ---- CUDA / NCCL (dlopen'ed) -------------------------------------------------------------------------
 
-// dlopen's the first of `names` found in SHARDLM_CUDA_LIBDIR, $CUDA_HOME/lib64 or the loader's
-// search path. On failure, why holds the loader's message for the first name.
-static void *open_first(const char *const *names, char *why, size_t cap) {
-    const char *dirs[3] = {SHARDLM_CUDA_LIBDIR, NULL, NULL};
-    char home[1024];
-    const char *cuda_home = getenv("CUDA_HOME");
-    if (cuda_home && *cuda_home) {
-        snprintf(home, sizeof home, "%s/lib64", cuda_home);
-        dirs[1] = home;
-    }
-    why[0] = '\0';
-    for (const char *const *n = names; *n; n++) {
-        char path[2048];
-        for (int d = 0; d < 3; d++) {
-            if (!dirs[d]) continue;
-            snprintf(path, sizeof path, "%s/%s", dirs[d], *n);
-            void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-            if (h) return h;
-        }
-        void *h = dlopen(*n, RTLD_NOW | RTLD_LOCAL);
-        if (h) return h;
-        if (!why[0]) {
-            const char *e = dlerror();
-            snprintf(why, cap, "%s", e ? e : "not found");
-        }
-    }
-    return NULL;
-}
-
 // The file a loaded symbol came from ("" when unknown).
 static const char *lib_path(void *sym) {
     Dl_info info;
@@ -201,7 +170,7 @@ typedef int (*fn_int_p)(int *);
 static void report_driver(void) {
     static const char *const names[] = {"libcuda.so.1", "libcuda.so", NULL};
     char why[1024];
-    void *h = open_first(names, why, sizeof why);
+    void *h = sl_cuda_dlopen(names, why, sizeof why);
     if (!h) {
         row("CUDA driver", "not available: no CUDA driver (libcuda.so.1 not found)");
         row("GPUs", "not available: no CUDA driver");
@@ -256,7 +225,7 @@ static void report_runtime(void) {
     static const char *const names[] = {"libcudart.so", "libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0",
                                         NULL};
     char why[1024];
-    void *h = open_first(names, why, sizeof why);
+    void *h = sl_cuda_dlopen(names, why, sizeof why);
     if (!h) { row("CUDA runtime", "not available: libcudart not found (%s)", why); return; }
     fn_int_p get = (fn_int_p)dlsym(h, "cudaRuntimeGetVersion");
     int v = 0;
@@ -267,7 +236,7 @@ static void report_runtime(void) {
 static void report_nccl(void) {
     static const char *const names[] = {"libnccl.so.2", "libnccl.so", NULL};
     char why[1024];
-    void *h = open_first(names, why, sizeof why);
+    void *h = sl_cuda_dlopen(names, why, sizeof why);
     if (!h) { row("NCCL", "not available: libnccl not found (%s)", why); return; }
     fn_int_p get = (fn_int_p)dlsym(h, "ncclGetVersion");
     int v = 0;

@@ -3,8 +3,8 @@
 // when CUDA's nccl.h and libnccl are present); otherwise this file is empty and comm.c answers
 // "built without NCCL".
 //
-// libnccl and libcudart are loaded at run time (dlopen: first from the CUDA library directory
-// found at build time, then from the loader's search path), so linking libshardlm.a never needs
+// libnccl and libcudart are loaded at run time (sl_cuda_dlopen: the CUDA library directory found
+// at build time, $CUDA_HOME/lib64, then the loader's search path), so linking libshardlm.a never needs
 // CUDA, and a binary built with NCCL still runs the self and mpi backends on a machine without it.
 //
 // Invariants:
@@ -42,12 +42,10 @@
 #include <time.h>
 
 #include "comm/comm_internal.h"
+#include "shardlm/cuda_dlopen.h"
 #include "shardlm/error.h"
 #include "shardlm/launch_env.h"
 
-#ifndef SHARDLM_CUDA_LIBDIR
-#define SHARDLM_CUDA_LIBDIR "/usr/local/cuda/lib64"
-#endif
 
 // ---- the libraries, loaded at run time -------------------------------------------------------------
 
@@ -67,18 +65,9 @@ static struct {
     NCCL_FUNCS(DECLARE_FN)
 } L;
 
-// dlopen's the library `name` from SHARDLM_CUDA_LIBDIR, else from the loader's search path.
 static void *open_lib(const char *name, char *err, size_t cap) {
-    char path[1024];
-    snprintf(path, sizeof path, "%s/%s", SHARDLM_CUDA_LIBDIR, name);
-    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-    if (h) return h;
-    h = dlopen(name, RTLD_NOW | RTLD_LOCAL);
-    if (!h) {
-        const char *e = dlerror();
-        snprintf(err, cap, "%s", e ? e : "unknown dlopen error");
-    }
-    return h;
+    const char *names[2] = {name, NULL};
+    return sl_cuda_dlopen(names, err, cap);
 }
 
 static int load_libs(void) {
