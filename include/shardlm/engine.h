@@ -11,6 +11,7 @@
 #include <stdint.h>
 #include "shardlm/comm.h"
 #include "shardlm/ddp.h"
+#include "shardlm/loss_scaler.h"
 #include "shardlm/model.h"
 #include "shardlm/optim.h"
 #include "shardlm/schedule.h"
@@ -29,6 +30,10 @@ typedef struct {
     int overlap_comm;            // start each bucket's all-reduce as soon as backward has finished it
     int zero_stage;              // 0: every rank holds everything; 1, 2, 3: ZeRO stages (zero.h)
     int prefetch;                // ZeRO-3: gather the next unit while the current one computes
+    // DeepSpeed "fp16" / "bf16": with either, the model computes with 16-bit parameters and
+    // gradients (rounded to that format) while the optimizer updates fp32 master weights; fp16
+    // scales the loss (dynamic by default) and skips steps whose gradients overflow.
+    sl_loss_scaler_config precision;
 } sl_engine_config;
 
 typedef struct {
@@ -54,6 +59,13 @@ typedef struct {
     size_t shard_begin, shard_size, padded_total;
     size_t state_numel;       // elements per optimizer state buffer on this rank
     int detached;             // sl_engine_detach_model was called: no more steps
+    // mixed precision (engine_precision.c). `step` counts every step taken, skipped ones included
+    // (DeepSpeed's global_steps); the learning-rate schedule and the optimizer's step number advance
+    // only on applied steps: step - scaler.skipped_steps.
+    sl_loss_scaler scaler;
+    float *master;            // (shard_size) fp32 master weights of this rank's slice; NULL in fp32
+    int last_step_skipped;    // the last step found non-finite gradients and changed nothing
+    double last_step_scale;   // the loss scale the last step's gradients were computed with
 } sl_engine;
 
 // DeepSpeed's zero_to_fp32: turns a checkpoint saved at any world size / ZeRO stage (a root, using
@@ -86,7 +98,10 @@ int sl_engine_forward_backward(sl_engine *e, const int *inputs, const int *targe
 // True when grad_accum_steps micro-batches have been accumulated and a step is due.
 int sl_engine_step_due(const sl_engine *e);
 
-// Clips, applies the optimizer at the scheduled lr, zeroes gradients, advances the step.
+// Checks the gradients for overflow (fp16, and bf16 unless check_grad_overflow is false; agreed
+// across ranks) and updates the loss scale; on overflow skips the update (last_step_skipped = 1).
+// Otherwise unscales, clips, applies the optimizer at the scheduled lr (to the fp32 master weights
+// under fp16/bf16, then rounds them into the model). Zeroes gradients and advances the step.
 int sl_engine_step(sl_engine *e);
 
 // Writes ROOT/<tag>/ {model.safetensors, config.json (Hugging Face), optimizer.safetensors,

@@ -12,6 +12,33 @@
 
 #include <stddef.h>
 
+// The optimizer step's elementwise arithmetic, its scalars computed once per step in double as
+// torch does (optim.c fills these; the CPU and CUDA passes apply them identically).
+typedef struct {
+    float decay_factor;  // AdamW: p *= decay_factor on decaying elements (1 - lr*wd)
+    float l2;            // Adam: g += l2 * p on decaying elements (wd)
+    float w1;            // 1 - beta1 (exp_avg.lerp_(g, w1))
+    int lerp_low;        // torch's lerp branch: w1 < 0.5 ? m + w1*(g-m) : g - (1-w1)*(g-m)
+    float beta2, one_minus_beta2;
+    float bc2_sqrt;      // sqrt(1 - beta2^step)
+    float eps;
+    float neg_step;      // -(lr / (1 - beta1^step))
+} sl_adam_args;
+
+typedef struct {
+    float wd;                   // on decaying elements: g += wd * p
+    float momentum, one_minus_dampening, neg_lr;
+    int first;                  // step 1: the momentum buffer is set to g
+    int nesterov, has_buf;      // has_buf: momentum != 0
+} sl_sgd_args;
+
+// A run [begin, end) of a flat buffer (offsets relative to the pointers passed) and whether its
+// elements receive weight decay. A step's segments are sorted, disjoint and cover its range.
+typedef struct {
+    size_t begin, end;
+    int decay;
+} sl_segment;
+
 typedef struct sl_ops {
     const char *name;
 
@@ -70,9 +97,39 @@ typedef struct sl_ops {
     // lse: the probabilities are never stored separately. Padded columns and ignored rows get 0.
     void (*crossentropy_backward)(float *logits, const float *lse, const int *targets, int N, int V, int Vp,
                                   float dloss);
+
+    // ---- memory: where this backend's tensors live -------------------------------------------
+    int on_device;                                   // 0: host memory (cpu); 1: GPU memory (cuda)
+    void *(*alloc)(size_t bytes, const char *what);  // zero-filled; NULL with a message naming `what`
+    void (*dealloc)(void *p);
+    void (*memzero)(void *p, size_t bytes);
+    void (*upload)(void *dst, const void *host_src, size_t bytes);    // host -> backend
+    void (*download)(void *host_dst, const void *src, size_t bytes);  // backend -> host (waits)
+    void (*copy)(void *dst, const void *src, size_t bytes);           // backend -> backend
+    int (*synchronize)(void);                        // waits; -1 with the error when queued work failed
+
+    // ---- the optimizer step's passes over flat fp32 buffers ------------------------------------
+    // Sum of squares in double, deterministic for a given n (a fixed reduction tree).
+    double (*sumsq)(const float *g, size_t n);
+    void (*scale)(float *x, size_t n, float coef);   // x *= coef
+    int (*nonfinite)(const float *x, size_t n);       // 1 when any element is Inf or NaN
+    // x[i] = x rounded to bf16 / fp16 storage (sl_precision; fp32: nothing), as precision.h rounds.
+    void (*round_to)(float *x, size_t n, int precision);
+    // One launch over every segment (segs: a host array): the multi-tensor AdamW / Adam and SGD
+    // of optim.h, bit-identical across backends.
+    void (*adam_step)(const sl_adam_args *a, float *p, const float *g, float *m, float *v, const sl_segment *segs,
+                      int n_segs);
+    void (*sgd_step)(const sl_sgd_args *a, float *p, const float *g, float *buf, const sl_segment *segs, int n_segs);
 } sl_ops;
 
 extern const sl_ops sl_ops_cpu;
+
+// The ops table for `--device cpu|cuda` ("cuda:N" picks GPU N; "cuda" the one LOCAL_RANK says, as
+// torchrun does). Initialises the device. NULL with a message when the name is unknown, the binary
+// was built without CUDA, or no usable GPU is there.
+const sl_ops *sl_ops_for_device(const char *device, int local_rank);
+// 1 when this binary has the CUDA backend compiled in.
+int sl_ops_cuda_built(void);
 
 // Thread count for the CPU backend (OpenMP and OpenBLAS); <= 0 keeps OMP_NUM_THREADS / the default.
 void sl_ops_cpu_set_threads(int n);

@@ -17,6 +17,7 @@
 #include <cjson/cJSON.h>
 
 #include "shardlm/layout.h"
+#include "shardlm/ops.h"
 
 typedef enum {
     SL_OPTIM_ADAMW = 0,   // DeepSpeed "AdamW", or "Adam" with adam_w_mode true (the default)
@@ -89,6 +90,18 @@ void sl_sgd_step(const sl_optim_config *cfg, double lr, int64_t step,
                  const float *grads,      // (end-begin,)
                  float *momentum_buf,     // (end-begin,) or NULL
                  const sl_decay_mask *mask, size_t begin, size_t end);
+
+// The same steps as scalars + segments, for a backend's multi-tensor pass (ops.h adam_step /
+// sgd_step): the scalars of step `step` at `lr`, and the segments of [begin, end) (offsets relative
+// to begin; *segs malloc'd, free it) with decay marked as the mask and weight_decay say.
+void sl_adam_args_make(const sl_optim_config *cfg, double lr, int64_t step, sl_adam_args *a);
+void sl_sgd_args_make(const sl_optim_config *cfg, double lr, int64_t step, sl_sgd_args *a);
+int sl_optim_segments(const sl_optim_config *cfg, const sl_decay_mask *mask, size_t begin, size_t end,
+                      sl_segment **segs, int *n_segs);
+// The CPU passes (sl_ops_cpu's adam_step / sgd_step): what sl_adam_step / sl_sgd_step run.
+void sl_adam_apply(const sl_adam_args *a, float *p, const float *g, float *m, float *v, const sl_segment *segs,
+                   int n_segs);
+void sl_sgd_apply(const sl_sgd_args *a, float *p, const float *g, float *buf, const sl_segment *segs, int n_segs);
 
 // Dispatches on cfg->type; state[0..num_state_buffers) as above. Returns -1 (with a message) when
 // a needed state buffer is NULL, step < 1, or begin > end.

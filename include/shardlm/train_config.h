@@ -10,6 +10,7 @@
 
 #include <stdint.h>
 #include <cjson/cJSON.h>
+#include "shardlm/loss_scaler.h"
 #include "shardlm/optim.h"
 #include "shardlm/schedule.h"
 
@@ -52,6 +53,9 @@ typedef struct {
     int overlap_comm;             // overlap gradient reduction with backward (default 1)
     int contiguous_gradients;     // accepted for compatibility: gradients are always contiguous here
     size_t stage3_prefetch_bucket_size; // ZeRO-3: 0 turns prefetching the next unit off (default 5e7)
+    // DeepSpeed "fp16" / "bf16" blocks: the training precision and the fp16 loss scaler
+    sl_loss_scaler_config precision;
+    char device[32];              // --device: "cpu" (default), "cuda", "cuda:N"
 } sl_train_config;
 
 void sl_train_config_defaults(sl_train_config *c);

@@ -90,6 +90,9 @@ void sl_zero_zero_grads(sl_zero *z);
 // Stage 3 (collective): the full parameters into `full` (total floats) on every rank that passes
 // one (NULL: this rank only takes part).
 int sl_zero_gather_params(sl_zero *z, float *full);
+// The same for any buffer shaped like this rank's slice (the fp32 master weights); the windows are
+// left empty afterwards.
+int sl_zero_gather_slices(sl_zero *z, const float *slice, float *full);
 // Stage 3 (collective): replaces every rank's slice from root's full parameters (NULL elsewhere).
 int sl_zero_scatter_params(sl_zero *z, const float *full, int root);
 

@@ -6,16 +6,20 @@
 #include <stdlib.h>
 #include <string.h>
 
-void sl_fault_point(int rank, int64_t step, const char *where) {
+int sl_fault_fires(int rank, int64_t step, const char *where) {
     const char *spec = getenv("SHARDLM_FAULT");
-    if (!spec || !spec[0]) return;
+    if (!spec || !spec[0]) return 0;
     const char *restart = getenv("SHARDLM_RESTART_COUNT");
-    if (restart && atoi(restart) != 0) return;
+    if (restart && atoi(restart) != 0) return 0;
     int want_rank;
     long long want_step;
     char want_where[16];
-    if (sscanf(spec, "%d:%lld:%15s", &want_rank, &want_step, want_where) != 3) return;
-    if (want_rank != rank || want_step != (long long)step || strcmp(want_where, where) != 0) return;
+    if (sscanf(spec, "%d:%lld:%15s", &want_rank, &want_step, want_where) != 3) return 0;
+    return want_rank == rank && want_step == (long long)step && strcmp(want_where, where) == 0;
+}
+
+void sl_fault_point(int rank, int64_t step, const char *where) {
+    if (!sl_fault_fires(rank, step, where)) return;
     fprintf(stderr, "fault injection: rank %d killing itself at step %lld (%s)\n", rank, (long long)step, where);
     fflush(stderr);
     raise(SIGKILL);

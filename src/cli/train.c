@@ -65,6 +65,9 @@ static void usage(FILE *f) {
         "run control:\n"
         "  --seed S                (default 1337)\n"
         "  --threads N             CPU threads (default OMP_NUM_THREADS or all cores)\n"
+        "  --precision P           fp32 | bf16 | fp16 (DeepSpeed's bf16 / fp16 blocks: fp32 master weights,\n"
+        "                          16-bit parameters and gradients; fp16 with dynamic loss scaling)\n"
+        "  --device D              cpu | cuda | cuda:N (default cpu; cuda uses GPU LOCAL_RANK)\n"
         "  --log-interval N        steps_per_print (default 1)\n"
         "  --eval-interval N       validation every N steps, 0 = never (default 50)\n"
         "  --eval-batches N        validation batches (default 8)\n"
@@ -88,6 +91,7 @@ typedef struct {
     int decay_all;
     int given;              // DeepSpeed batch triple bits (1 train_batch_size, 2 micro, 4 accum)
     int lr_given, wd_given, momentum_given;
+    char precision[16];     // --precision, "" = the config's
 } flag_extras;
 
 // Parses flags into c (after the JSON config, so flags win). Returns 0, 1 for --help, -1 on error.
@@ -126,6 +130,8 @@ static int parse_flags(int argc, char **argv, sl_train_config *c, flag_extras *x
         if (sl_arg_int(&a, "--warmup-steps", &x->warmup_steps)) continue;
         if (sl_arg_int(&a, "--seed", &seed)) continue;
         if (sl_arg_int(&a, "--threads", &c->threads)) continue;
+        if (sl_arg_str(&a, "--precision", x->precision, sizeof x->precision)) continue;
+        if (sl_arg_str(&a, "--device", c->device, sizeof c->device)) continue;
         if (sl_arg_int(&a, "--log-interval", &c->steps_per_print)) continue;
         if (sl_arg_int(&a, "--eval-interval", &c->eval_interval)) continue;
         if (sl_arg_int(&a, "--eval-batches", &c->eval_batches)) continue;
@@ -168,6 +174,15 @@ static int parse_flags(int argc, char **argv, sl_train_config *c, flag_extras *x
     if (x->wd_given) c->optim.weight_decay = x->weight_decay;
     if (x->momentum_given) c->optim.momentum = x->momentum;
     if (x->decay_all) c->optim.decay_all = 1;
+    if (x->precision[0]) {
+        if (!strcmp(x->precision, "fp32")) c->precision.precision = SL_PRECISION_FP32;
+        else if (!strcmp(x->precision, "bf16")) c->precision.precision = SL_PRECISION_BF16;
+        else if (!strcmp(x->precision, "fp16")) c->precision.precision = SL_PRECISION_FP16;
+        else {
+            fprintf(stderr, "error: --precision must be fp32, bf16 or fp16 (got '%s')\n", x->precision);
+            return -1;
+        }
+    }
     if (!c->scheduler_block && !x->schedule_kind[0]) snprintf(x->schedule_kind, sizeof x->schedule_kind, "cosine");
     if (x->schedule_kind[0] && strcmp(x->schedule_kind, "constant") != 0) {
         int warmup = x->warmup_steps >= 0 ? x->warmup_steps : (int)(c->steps / 10);
@@ -399,7 +414,7 @@ static int run(sl_train_config *c, sl_comm *world) {
 
     sl_engine_config ec = {c->micro_batch, c->grad_accum, c->gradient_clipping, c->optim, c->schedule,
                            world, c->reduce_bucket_size, c->first_bucket_size, c->overlap_comm, c->zero_stage,
-                           c->stage3_prefetch_bucket_size > 0};
+                           c->stage3_prefetch_bucket_size > 0, c->precision};
     if (sl_engine_init(&engine, &model, &ec)) goto done;
     have_engine = 1;
 
@@ -456,6 +471,13 @@ static int run(sl_train_config *c, sl_comm *world) {
         }
         sl_fault_point(rank, engine.step + 1, "step");
         if (sl_engine_step(&engine)) goto done;
+        if (engine.last_step_skipped && is_rank0) {
+            char line[256];
+            snprintf(line, sizeof line, "step %lld | %s gradient overflow at loss scale %g: step skipped (%lld skipped "
+                     "so far), loss scale now %g", (long long)engine.step, sl_precision_name(c->precision.precision),
+                     engine.last_step_scale, (long long)engine.scaler.skipped_steps, engine.scaler.scale);
+            sl_progress_message(&prog, line);
+        }
         double t = now_s();
         double tok_s = (double)tokens_per_step / (t - t_last);
         t_last = t;

@@ -1,7 +1,7 @@
 // engine.c: the single-process training step and its checkpoints (see engine.h).
 // Invariants: grads hold the sum over the micro-batches of this step, each scaled by
 // 1/grad_accum_steps; grads are zero whenever micro_step == 0; `step` counts applied steps.
-#include "shardlm/engine.h"
+#include "engine_internal.h"
 #include "shardlm/checkpoint.h"
 #include "shardlm/error.h"
 #include "shardlm/fault.h"
@@ -39,6 +39,9 @@ static int sync_parameters(sl_engine *e) {
 // bucket once backward has finished everything above the finished unit.
 static int engine_unit_hook(void *ctx, sl_unit_event event, int unit, int next_unit) {
     sl_engine *e = ctx;
+    // 16-bit gradients: a unit's are rounded once backward has finished them, before they are reduced
+    if (event == SL_GRADS_PUT && engine_mixed(e))
+        engine_round_grads(e, e->model->grad_view[unit], sl_layout_unit_size(&e->model->layout, unit));
     if (e->sharded) return sl_zero_hook(&e->zero, event, unit, next_unit);
     if (e->ddp_active && event == SL_GRADS_PUT) return sl_ddp_grad_ready(&e->ddp, e->model->layout.unit_begin[unit]);
     return 0;
@@ -81,7 +84,8 @@ int sl_engine_init(sl_engine *e, sl_model *model, const sl_engine_config *cfg) {
         e->optim_state[i] = sl_calloc(e->state_numel, sizeof(float), "optimizer state");
         if (!e->optim_state[i]) { sl_engine_free(e); return -1; }
     }
-    if (e->sharded || e->distributed) {
+    if (engine_precision_init(e)) { sl_engine_free(e); return -1; }
+    if (e->sharded || e->distributed || engine_mixed(e)) {
         model->unit_hook = engine_unit_hook;
         model->unit_hook_ctx = e;
     }
@@ -89,6 +93,7 @@ int sl_engine_init(sl_engine *e, sl_model *model, const sl_engine_config *cfg) {
 }
 
 void sl_engine_free(sl_engine *e) {
+    engine_precision_free(e);
     for (int i = 0; i < 2; i++) free(e->optim_state[i]);
     sl_decay_mask_free(&e->decay_mask);
     if (e->model && e->model->unit_hook_ctx == e) {
@@ -107,7 +112,9 @@ int sl_engine_forward_backward(sl_engine *e, const int *inputs, const int *targe
     if (sl_model_forward(e->model, inputs, targets, B, T, &l)) return -1;
     if (e->sharded) sl_zero_begin_backward(&e->zero, last_micro);
     e->ddp_active = !e->sharded && e->distributed && last_micro;
-    int rc = sl_model_backward(e->model, 1.0f / (float)e->cfg.grad_accum_steps);
+    float grad_scale = 1.0f / (float)e->cfg.grad_accum_steps;
+    if (engine_loss_scale(e) != 1.0f) grad_scale *= engine_loss_scale(e);  // fp16: the scaled loss
+    int rc = sl_model_backward(e->model, grad_scale);
     if (rc == 0 && e->sharded) rc = sl_zero_finish_backward(&e->zero);
     if (rc == 0 && e->ddp_active) rc = sl_ddp_finish(&e->ddp);
     e->ddp_active = 0;
@@ -120,38 +127,66 @@ int sl_engine_forward_backward(sl_engine *e, const int *inputs, const int *targe
 
 int sl_engine_step_due(const sl_engine *e) { return e->micro_step >= e->cfg.grad_accum_steps; }
 
-// ZeRO: average the reduced slice, clip by the global norm (the ranks' sums of squares added),
-// update the slice, then share it.
-static int sharded_step(sl_engine *e) {
+float *engine_step_params(sl_engine *e) {
+    return e->sharded ? sl_zero_step_params(&e->zero) : e->model->params;
+}
+
+// This step's gradient slice (ZeRO: the reduced slice, averaged; else the whole buffer, which DDP
+// already averaged).
+static int step_grads(sl_engine *e, float **g, size_t *n) {
+    if (!e->sharded) {
+        *g = e->model->grads;
+        *n = e->model->layout.total;
+        return 0;
+    }
     sl_zero *z = &e->zero;
-    size_t n = e->shard_size;
     if (sl_zero_before_step(z)) return -1;
-    sl_grad_scale(z->shard_grads, n, 1.0f / (float)z->world);
-    double sumsq = sl_grad_sumsq(z->shard_grads, n);
-    if (z->world > 1 && sl_comm_allreduce(e->cfg.dp, &sumsq, 1, SL_DTYPE_F64, SL_OP_SUM)) return -1;
-    double norm = sqrt(sumsq);
-    sl_grad_scale(z->shard_grads, n, sl_clip_coef(norm, e->cfg.gradient_clipping));
+    *g = z->shard_grads;
+    *n = e->shard_size;
+    e->model->ops->scale(*g, *n, 1.0f / (float)z->world);
+    return 0;
+}
+
+static void zero_grads(sl_engine *e) {
+    if (e->sharded) sl_zero_zero_grads(&e->zero);
+    else sl_model_zero_grad(e->model);
+}
+
+// Unscale, clip by the global norm (ZeRO: the ranks' sums of squares added), update this rank's
+// slice (the fp32 master under mixed precision), then hand the new parameters out.
+static int apply_step(sl_engine *e, float *g, size_t n, double used_scale) {
+    const sl_ops *ops = e->model->ops;
+    if (used_scale != 1.0) ops->scale(g, n, (float)(1.0 / used_scale));  // powers of two: exact
+    double sumsq = ops->sumsq(g, n);
+    if (e->sharded && e->zero.world > 1 && sl_comm_allreduce(e->cfg.dp, &sumsq, 1, SL_DTYPE_F64, SL_OP_SUM))
+        return -1;
+    double norm = sqrt(sumsq), coef = sl_clip_coef(norm, e->cfg.gradient_clipping);
+    if (coef != 1.0) ops->scale(g, n, (float)coef);
     e->last_grad_norm = (float)norm;
-    if (sl_optim_step(&e->cfg.optim, e->last_lr, e->step + 1, sl_zero_step_params(z), z->shard_grads, e->optim_state,
+    int64_t applied = e->step - e->scaler.skipped_steps;
+    if (sl_optim_step(&e->cfg.optim, e->last_lr, applied + 1, engine_update_target(e), g, e->optim_state,
                       &e->decay_mask, e->shard_begin, e->shard_begin + n))
         return -1;
-    return sl_zero_after_step(z);
+    engine_publish_master(e);
+    if (e->sharded) return sl_zero_after_step(&e->zero);
+    sl_model_zero_grad(e->model);
+    return 0;
 }
 
 int sl_engine_step(sl_engine *e) {
-    sl_model *m = e->model;
     if (e->micro_step == 0) return sl_errorf("engine: step called with no accumulated micro-batches");
-    e->last_lr = sl_schedule_lr(&e->cfg.schedule, e->step);
-    if (e->sharded) {
-        if (sharded_step(e)) return -1;
-    } else {
-        size_t n = m->layout.total;
-        e->last_grad_norm = (float)sl_clip_grad_norm(m->grads, n, e->cfg.gradient_clipping);
-        if (sl_optim_step(&e->cfg.optim, e->last_lr, e->step + 1, m->params, m->grads, e->optim_state,
-                          &e->decay_mask, 0, n))
-            return -1;
-        sl_model_zero_grad(m);
-    }
+    e->last_lr = sl_schedule_lr(&e->cfg.schedule, e->step - e->scaler.skipped_steps);
+    float *g;
+    size_t n;
+    int overflow;
+    if (step_grads(e, &g, &n) || engine_check_overflow(e, g, n, &overflow)) return -1;
+    double used_scale = e->scaler.scale;
+    int skip = sl_loss_scaler_update(&e->scaler, overflow);
+    if (skip < 0) return sl_error_context("step %lld", (long long)e->step + 1);
+    e->last_step_skipped = skip;
+    e->last_step_scale = used_scale;
+    if (skip) zero_grads(e);  // DeepSpeed: the overflowing gradients are dropped, nothing moves
+    else if (apply_step(e, g, n, used_scale)) return -1;
     double loss_sum = e->loss_sum;
     if (e->distributed) {
         if (sl_comm_allreduce(e->cfg.dp, &loss_sum, 1, SL_DTYPE_F64, SL_OP_SUM)) return -1;

@@ -14,7 +14,7 @@
 // layout needs from whichever shard files hold it: a checkpoint saved at one world size and ZeRO
 // stage loads at any other (DeepSpeed's "universal checkpoint").
 #include "shardlm/checkpoint.h"
-#include "shardlm/engine.h"
+#include "engine_internal.h"
 #include "shardlm/error.h"
 #include "shardlm/fault.h"
 #include "shardlm/fileio.h"
@@ -91,6 +91,7 @@ static char *trainer_state_json(const sl_engine *e, const char *client_state_jso
     cJSON_AddStringToObject(root, "optimizer", sl_optim_name(e->cfg.optim.type));
     cJSON_AddStringToObject(root, "scheduler", sl_schedule_name(e->cfg.schedule.type));
     cJSON_AddNumberToObject(root, "num_parameters_flat", (double)e->model->layout.total);
+    engine_scaler_to_json(e, root);
     if (client_state_json) {
         cJSON *client = cJSON_Parse(client_state_json);
         if (client) cJSON_AddItemToObject(root, "client_state", client);
@@ -207,19 +208,19 @@ int sl_engine_save(sl_engine *e, const char *root, const char *tag, const char *
         mine.bytes = (long long)bytes;
         if (mine.status) fprintf(stderr, "error: [rank %d] %s\n", rank, sl_error());
     }
-    // ZeRO-3 holds no full parameters: gather them on rank 0 for model.safetensors
+    // model.safetensors holds the fp32 weights: the master under fp16/bf16, gathered under ZeRO
     float *full = NULL;
-    int stage3 = e->sharded && e->zero.stage == 3;
-    if (stage3 && rank == 0 && !(full = sl_calloc(e->padded_total, sizeof(float), "parameters for the checkpoint")))
-        rc = -1;
-    if ((rc = share_status(e, rc, "to allocate the parameters for the checkpoint")) != 0) return rc;
-    if (stage3 && sl_zero_gather_params(&e->zero, full)) { free(full); return -1; }
+    int owned = 0;
+    if (engine_weights_for_save(e, &full, &owned)) return -1;
     shard_record *recs = sl_calloc((size_t)world, sizeof *recs, "checkpoint records");
-    if (!recs) { free(full); return -1; }
+    if (!recs) {
+        if (owned) free(full);
+        return -1;
+    }
     if (e->distributed) rc = sl_comm_allgather(e->cfg.dp, &mine, recs, 6, SL_DTYPE_I64);
     else recs[0] = mine;
     if (rc == 0 && rank == 0) {
-        rc = finish_on_rank0(e, stage3 ? full : e->model->params, root, tag, tmp, client_state_json, recs, world);
+        rc = finish_on_rank0(e, full, root, tag, tmp, client_state_json, recs, world);
         if (rc) {
             char keep[2048];
             snprintf(keep, sizeof keep, "saving checkpoint %s/%s: %s", root, tag, sl_error());
@@ -228,7 +229,7 @@ int sl_engine_save(sl_engine *e, const char *root, const char *tag, const char *
         }
     }
     free(recs);
-    free(full);
+    if (owned) free(full);
     return share_status(e, rc, "to save the checkpoint");
 }
 
@@ -380,6 +381,7 @@ static int load_on_rank0(sl_engine *e, float *params, const char *dir, char **cl
         e->last_loss = cJSON_IsNumber(ll) ? (float)ll->valuedouble : 0.0f;
         const cJSON *client = cJSON_GetObjectItemCaseSensitive(root, "client_state");
         if (client && client_state_json) *client_state_json = cJSON_PrintUnformatted(client);
+        rc = engine_scaler_from_json(e, root, file);
     }
     cJSON_Delete(root);
     return rc;
@@ -421,7 +423,12 @@ int sl_engine_load(sl_engine *e, const char *path, char **client_state_json) {
         }
         e->step = meta[0];
         e->last_loss = (float)last_loss;
+        if (engine_scaler_broadcast(e)) {
+            free(client);
+            return -1;
+        }
     }
+    engine_capture_master(e);  // the weights just read are fp32: the master, rounded for the model
     // every rank reads its own slice of the optimizer state (rank 0 verified the files)
     shard_ref *refs = NULL;
     int n = 0;

@@ -187,13 +187,25 @@ void sl_decay_mask_free(sl_decay_mask *mask) {
     mask->n = 0;
 }
 
-// Calls fn(a, b, decay) for consecutive segments covering [begin, end), in order, where `decay`
-// says whether the segment lies inside the mask. a, b are absolute offsets.
-typedef void (*segment_fn)(void *ctx, size_t a, size_t b, int decay);
+// Segments covering [begin, end) in order, offsets relative to `begin`, each inside or outside the
+// mask (NULL mask: one decaying segment).
+typedef struct { sl_segment *v; int n, cap; } seg_list;
 
-static void for_each_segment(const sl_decay_mask *mask, size_t begin, size_t end, segment_fn fn, void *ctx) {
-    if (begin >= end) return;
-    if (!mask) { fn(ctx, begin, end, 1); return; }
+static int push_segment(seg_list *l, size_t a, size_t b, int decay) {
+    if (l->n == l->cap) {
+        int cap = l->cap ? 2 * l->cap : 16;
+        sl_segment *v = realloc(l->v, (size_t)cap * sizeof *v);
+        if (!v) return sl_errorf("out of memory listing optimizer segments");
+        l->v = v;
+        l->cap = cap;
+    }
+    l->v[l->n++] = (sl_segment){a, b, decay};
+    return 0;
+}
+
+static int collect_segments(const sl_decay_mask *mask, size_t begin, size_t end, seg_list *l) {
+    if (begin >= end) return 0;
+    if (!mask) return push_segment(l, 0, end - begin, 1);
     size_t pos = begin;
     // First range that ends after `begin` (binary search; ranges are sorted and disjoint).
     int lo = 0, hi = mask->n;
@@ -205,25 +217,29 @@ static void for_each_segment(const sl_decay_mask *mask, size_t begin, size_t end
     for (int i = lo; i < mask->n && pos < end; i++) {
         size_t a = mask->ranges[i].begin, b = mask->ranges[i].end;
         if (a >= end) break;
-        if (a > pos) { fn(ctx, pos, a, 0); pos = a; }
+        if (a > pos) {
+            if (push_segment(l, pos - begin, a - begin, 0)) return -1;
+            pos = a;
+        }
         size_t stop = b < end ? b : end;
-        fn(ctx, pos, stop, 1);
+        if (push_segment(l, pos - begin, stop - begin, 1)) return -1;
         pos = stop;
     }
-    if (pos < end) fn(ctx, pos, end, 0);
+    if (pos < end) return push_segment(l, pos - begin, end - begin, 0);
+    return 0;
+}
+
+int sl_optim_segments(const sl_optim_config *cfg, const sl_decay_mask *mask, size_t begin, size_t end,
+                      sl_segment **segs, int *n_segs) {
+    seg_list l = {0};
+    int rc = collect_segments(cfg->weight_decay == 0.0 ? NULL : mask, begin, end, &l);
+    *segs = rc ? NULL : l.v;
+    *n_segs = rc ? 0 : l.n;
+    if (rc) free(l.v);
+    return rc;
 }
 
 // ---- Adam / AdamW ------------------------------------------------------------------------------
-
-typedef struct {
-    float *p; const float *g; float *m; float *v; size_t base;  // pointers at absolute offset `base`
-    int decoupled;
-    float decay_factor;   // 1 - lr*wd (AdamW)
-    float l2;             // wd (Adam)
-    float w1;             // 1 - beta1, lerp weight
-    float beta2, one_minus_beta2;
-    float bc2_sqrt, eps, neg_step_size;
-} adam_ctx;
 
 // One branch-free loop over [lo, hi) (so it vectorizes); `lerp_low` is a constant at each call site.
 // With l2 == 0 and decay_factor == 1 the decay operations are exact no-ops for finite parameters.
@@ -266,80 +282,94 @@ static void adam_parallel(const adam_args *a, long n) {
     }
 }
 
-static void adam_segment(void *vctx, size_t a, size_t b, int decay) {
-    const adam_ctx *c = vctx;
-    size_t off = a - c->base;
-    adam_args args = {
-        .p = c->p + off, .g = c->g + off, .m = c->m + off, .v = c->v + off,
-        .decay_factor = (decay && c->decoupled) ? c->decay_factor : 1.0f,
-        .l2 = (decay && !c->decoupled) ? c->l2 : 0.0f,
-        .w1 = c->w1, .beta2 = c->beta2, .omb2 = c->one_minus_beta2,
-        .bc2_sqrt = c->bc2_sqrt, .eps = c->eps, .neg_step = c->neg_step_size,
-    };
-    adam_parallel(&args, (long)(b - a));
-}
-
-void sl_adam_step(const sl_optim_config *cfg, double lr, int64_t step, float *params, const float *grads,
-                  float *exp_avg, float *exp_avg_sq, const sl_decay_mask *mask, size_t begin, size_t end) {
+void sl_adam_args_make(const sl_optim_config *cfg, double lr, int64_t step, sl_adam_args *a) {
     double dlr = lr, b1 = cfg->beta1, b2 = cfg->beta2, wd = cfg->weight_decay;
     double bc1 = 1.0 - pow(b1, (double)step);
     double bc2 = 1.0 - pow(b2, (double)step);
-    adam_ctx c = {
-        .p = params, .g = grads, .m = exp_avg, .v = exp_avg_sq, .base = begin,
-        .decoupled = cfg->type == SL_OPTIM_ADAMW,
-        .decay_factor = (float)(1.0 - dlr * wd),
-        .l2 = (float)wd,
+    int decoupled = cfg->type == SL_OPTIM_ADAMW;
+    *a = (sl_adam_args){
+        .decay_factor = decoupled && wd != 0.0 ? (float)(1.0 - dlr * wd) : 1.0f,
+        .l2 = !decoupled && wd != 0.0 ? (float)wd : 0.0f,
         .w1 = (float)(1.0 - b1),
         .beta2 = (float)b2,
         .one_minus_beta2 = (float)(1.0 - b2),
         .bc2_sqrt = (float)sqrt(bc2),
-        .eps = cfg->eps,
-        .neg_step_size = (float)(-(dlr / bc1)),
+        .eps = (float)cfg->eps,
+        .neg_step = (float)(-(dlr / bc1)),
     };
-    if (wd == 0.0) mask = NULL, c.decay_factor = 1.0f, c.l2 = 0.0f;
-    for_each_segment(mask, begin, end, adam_segment, &c);
+    a->lerp_low = a->w1 < 0.5f;
+}
+
+void sl_adam_apply(const sl_adam_args *a, float *p, const float *g, float *m, float *v, const sl_segment *segs,
+                   int n_segs) {
+    for (int s = 0; s < n_segs; s++) {
+        size_t off = segs[s].begin;
+        int decay = segs[s].decay;
+        adam_args args = {
+            .p = p + off, .g = g + off, .m = m + off, .v = v + off,
+            .decay_factor = decay ? a->decay_factor : 1.0f, .l2 = decay ? a->l2 : 0.0f,
+            .w1 = a->w1, .beta2 = a->beta2, .omb2 = a->one_minus_beta2,
+            .bc2_sqrt = a->bc2_sqrt, .eps = a->eps, .neg_step = a->neg_step,
+        };
+        adam_parallel(&args, (long)(segs[s].end - segs[s].begin));
+    }
+}
+
+void sl_adam_step(const sl_optim_config *cfg, double lr, int64_t step, float *params, const float *grads,
+                  float *exp_avg, float *exp_avg_sq, const sl_decay_mask *mask, size_t begin, size_t end) {
+    sl_adam_args a;
+    sl_adam_args_make(cfg, lr, step, &a);
+    sl_segment *segs;
+    int n;
+    if (sl_optim_segments(cfg, mask, begin, end, &segs, &n)) return;
+    sl_adam_apply(&a, params, grads, exp_avg, exp_avg_sq, segs, n);
+    free(segs);
 }
 
 // ---- SGD ---------------------------------------------------------------------------------------
 
-typedef struct {
-    float *p; const float *g; float *buf; size_t base;
-    float wd, momentum, one_minus_dampening, neg_lr;
-    int first, nesterov;
-} sgd_ctx;
+void sl_sgd_args_make(const sl_optim_config *cfg, double lr, int64_t step, sl_sgd_args *a) {
+    *a = (sl_sgd_args){
+        .wd = (float)cfg->weight_decay, .momentum = (float)cfg->momentum,
+        .one_minus_dampening = (float)(1.0 - cfg->dampening),
+        .neg_lr = (float)-lr, .first = step <= 1, .nesterov = cfg->nesterov, .has_buf = cfg->momentum != 0.0,
+    };
+}
 
-static void sgd_segment(void *vctx, size_t a, size_t b, int decay) {
-    const sgd_ctx *c = vctx;
-    float *p = c->p + (a - c->base);
-    const float *g = c->g + (a - c->base);
-    float *buf = c->buf ? c->buf + (a - c->base) : NULL;
-    long n = (long)(b - a);
-    const float wd = decay ? c->wd : 0.0f, mom = c->momentum, omd = c->one_minus_dampening, neg_lr = c->neg_lr;
-    const int first = c->first, nesterov = c->nesterov;
+void sl_sgd_apply(const sl_sgd_args *a, float *p, const float *g, float *buf, const sl_segment *segs, int n_segs) {
+    const float mom = a->momentum, omd = a->one_minus_dampening, neg_lr = a->neg_lr;
+    const int first = a->first, nesterov = a->nesterov;
+    if (!a->has_buf) buf = NULL;
+    for (int s = 0; s < n_segs; s++) {
+        size_t off = segs[s].begin;
+        long n = (long)(segs[s].end - segs[s].begin);
+        const float wd = segs[s].decay ? a->wd : 0.0f;
+        float *ps = p + off, *bs = buf ? buf + off : NULL;
+        const float *gs = g + off;
 #pragma omp parallel for schedule(static) if (n >= SL_OMP_MIN)
-    for (long i = 0; i < n; i++) {
-        float pi = p[i];
-        float gi = g[i];
-        if (wd != 0.0f) gi = fmaf(wd, pi, gi);                     // grad.add(param, alpha=wd)
-        if (buf) {
-            float bi = first ? gi : fmaf(omd, gi, buf[i] * mom);   // buf.mul_(momentum).add_(grad, 1-dampening)
-            buf[i] = bi;
-            gi = nesterov ? fmaf(mom, bi, gi) : bi;                // grad.add(buf, alpha=momentum)
+        for (long i = 0; i < n; i++) {
+            float pi = ps[i];
+            float gi = gs[i];
+            if (wd != 0.0f) gi = fmaf(wd, pi, gi);                     // grad.add(param, alpha=wd)
+            if (bs) {
+                float bi = first ? gi : fmaf(omd, gi, bs[i] * mom);    // buf.mul_(momentum).add_(grad, 1-dampening)
+                bs[i] = bi;
+                gi = nesterov ? fmaf(mom, bi, gi) : bi;                // grad.add(buf, alpha=momentum)
+            }
+            ps[i] = fmaf(neg_lr, gi, pi);                              // param.add_(grad, alpha=-lr)
         }
-        p[i] = fmaf(neg_lr, gi, pi);                               // param.add_(grad, alpha=-lr)
     }
 }
 
 void sl_sgd_step(const sl_optim_config *cfg, double lr, int64_t step, float *params, const float *grads,
                  float *momentum_buf, const sl_decay_mask *mask, size_t begin, size_t end) {
-    sgd_ctx c = {
-        .p = params, .g = grads, .buf = cfg->momentum != 0.0 ? momentum_buf : NULL, .base = begin,
-        .wd = cfg->weight_decay, .momentum = cfg->momentum,
-        .one_minus_dampening = (float)(1.0 - cfg->dampening),
-        .neg_lr = -lr, .first = step <= 1, .nesterov = cfg->nesterov,
-    };
-    if (cfg->weight_decay == 0.0) mask = NULL;
-    for_each_segment(mask, begin, end, sgd_segment, &c);
+    sl_sgd_args a;
+    sl_sgd_args_make(cfg, lr, step, &a);
+    sl_segment *segs;
+    int n;
+    if (sl_optim_segments(cfg, mask, begin, end, &segs, &n)) return;
+    sl_sgd_apply(&a, params, grads, momentum_buf, segs, n);
+    free(segs);
 }
 
 int sl_optim_step(const sl_optim_config *cfg, double lr, int64_t step, float *params, const float *grads,

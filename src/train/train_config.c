@@ -18,6 +18,8 @@ void sl_train_config_defaults(sl_train_config *c) {
     c->steps = 200;
     c->gradient_clipping = 1.0f;
     sl_optim_defaults(&c->optim);
+    sl_loss_scaler_defaults(&c->precision);
+    snprintf(c->device, sizeof c->device, "cpu");
     c->optim.lr = 1e-3f;
     c->optim.beta1 = 0.9f;
     c->optim.beta2 = 0.95f;
@@ -43,7 +45,8 @@ void sl_train_config_free(sl_train_config *c) {
 
 static const char *const TOP_KEYS[] = {"train_batch_size", "train_micro_batch_size_per_gpu",
                                        "gradient_accumulation_steps", "optimizer", "scheduler",
-                                       "gradient_clipping", "steps_per_print", "zero_optimization", "shardlm", NULL};
+                                       "gradient_clipping", "steps_per_print", "zero_optimization", "fp16", "bf16",
+                                       "bfloat16", "shardlm", NULL};
 static const char *const ZERO_KEYS[] = {"stage", "reduce_bucket_size", "allgather_bucket_size", "overlap_comm",
                                         "contiguous_gradients", "stage3_prefetch_bucket_size", NULL};
 static const char *const OWN_KEYS[] = {"model", "data", "tokenizer", "seq_len", "steps", "seed", "threads",
@@ -92,6 +95,11 @@ int sl_train_config_apply_json(sl_train_config *c, const cJSON *root, const char
         if (abs_ > 0) c->allgather_bucket_size = (size_t)abs_;
         if (pbs >= 0) c->stage3_prefetch_bucket_size = (size_t)pbs;
         if (c->first_bucket_size > c->reduce_bucket_size) c->first_bucket_size = c->reduce_bucket_size;
+    }
+    if (cJSON_GetObjectItemCaseSensitive(root, "fp16") || cJSON_GetObjectItemCaseSensitive(root, "bf16") ||
+        cJSON_GetObjectItemCaseSensitive(root, "bfloat16")) {
+        if (sl_precision_parse(&c->precision, root, where)) return -1;
+        if (c->precision.warning[0]) fprintf(stderr, "warning: %s\n", c->precision.warning);
     }
     const cJSON *own = cJSON_GetObjectItemCaseSensitive(root, "shardlm");
     if (own) {
@@ -215,6 +223,18 @@ char *sl_train_config_to_json(const sl_train_config *c) {
     cJSON_AddBoolToObject(z, "overlap_comm", c->overlap_comm);
     cJSON_AddBoolToObject(z, "contiguous_gradients", c->contiguous_gradients);
     cJSON_AddNumberToObject(z, "stage3_prefetch_bucket_size", (double)c->stage3_prefetch_bucket_size);
+    const sl_loss_scaler_config *pc = &c->precision;
+    cJSON *f16 = cJSON_AddObjectToObject(r, "fp16");
+    cJSON_AddBoolToObject(f16, "enabled", pc->precision == SL_PRECISION_FP16);
+    cJSON_AddNumberToObject(f16, "loss_scale", pc->loss_scale);
+    cJSON_AddNumberToObject(f16, "initial_scale_power", pc->initial_scale_power);
+    cJSON_AddNumberToObject(f16, "loss_scale_window", pc->loss_scale_window);
+    cJSON_AddNumberToObject(f16, "hysteresis", pc->hysteresis);
+    cJSON_AddBoolToObject(f16, "consecutive_hysteresis", pc->consecutive_hysteresis);
+    cJSON_AddNumberToObject(f16, "min_loss_scale", pc->min_loss_scale);
+    cJSON *b16 = cJSON_AddObjectToObject(r, "bf16");
+    cJSON_AddBoolToObject(b16, "enabled", pc->precision == SL_PRECISION_BF16);
+    cJSON_AddBoolToObject(b16, "check_grad_overflow", pc->bf16_check_grad_overflow);
     cJSON *s = cJSON_AddObjectToObject(r, "shardlm");
     cJSON_AddStringToObject(s, "model", c->model);
     cJSON_AddStringToObject(s, "data", c->data);

@@ -62,13 +62,14 @@ static sl_zero_window *held(sl_zero_window *w, int u) {
     return NULL;
 }
 
-// Starts gathering unit u's parameters into w (after whatever w was doing).
-static int start_gather(sl_zero *z, sl_zero_window *w, int u) {
+// Starts gathering unit u of the slice-shaped buffer `src` (the parameters unless a checkpoint asks
+// for the master weights) into w (after whatever w was doing).
+static int start_gather_from(sl_zero *z, const float *src, sl_zero_window *w, int u) {
     if (wait_window(w)) return -1;
     size_t lo, hi;
     owned_part(z, u, &lo, &hi);
     unit_counts(z, u);
-    const float *send = hi > lo ? z->shard_params + (lo - z->shard_begin) : z->shard_params;
+    const float *send = hi > lo ? src + (lo - z->shard_begin) : src;
     w->unit = u;
     w->pending = 1;
     w->stamp = ++z->clock;
@@ -78,6 +79,8 @@ static int start_gather(sl_zero *z, sl_zero_window *w, int u) {
     }
     return 0;
 }
+
+static int start_gather(sl_zero *z, sl_zero_window *w, int u) { return start_gather_from(z, z->shard_params, w, u); }
 
 // Starts reducing unit u's gradients in src into their owners' shard_grads; with earlier
 // micro-batches accumulated, the owner first adds its running sum into its part of src.
@@ -217,17 +220,21 @@ int sl_zero_after_step(sl_zero *z) {
     return 0;
 }
 
-int sl_zero_gather_params(sl_zero *z, float *full) {
+int sl_zero_gather_slices(sl_zero *z, const float *slice, float *full) {
     if (sl_zero_before_step(z)) return -1;
+    int params = slice == z->shard_params;
     for (int u = 0; u < z->model->layout.n_units; u++) {
         sl_zero_window *w = pick(z, z->pwin, u);
         if (!w || w->busy) return sl_errorf("ZeRO-3: cannot gather the parameters while the model uses them");
-        if (w->unit != u && start_gather(z, w, u)) return -1;
+        if ((!params || w->unit != u) && start_gather_from(z, slice, w, u)) return -1;
         if (wait_window(w)) return -1;
         if (full) memcpy(full + unit_begin(z, u), w->data, unit_size(z, u) * sizeof(float));
+        if (!params) w->unit = -1;  // the window holds something other than the parameters now
     }
     return 0;
 }
+
+int sl_zero_gather_params(sl_zero *z, float *full) { return sl_zero_gather_slices(z, z->shard_params, full); }
 
 int sl_zero_scatter_params(sl_zero *z, const float *full, int root) {
     if (sl_zero_before_step(z)) return -1;

@@ -1,9 +1,28 @@
 // ops_cpu.c: the CPU ops table and thread control (OpenMP and OpenBLAS share one count).
 #include "ops/cpu/cpu_ops.h"
+#include "shardlm/error.h"
+#include "shardlm/loss_scaler.h"
+#include "shardlm/optim.h"
+#include "shardlm/precision.h"
 
 #include <cblas.h>
 #include <math.h>
 #include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+// Host memory: the CPU backend's "device" is the host, so transfers are plain copies.
+static void *cpu_alloc(size_t bytes, const char *what) { return sl_calloc(bytes ? bytes : 1, 1, what); }
+static void cpu_dealloc(void *p) { free(p); }
+static void cpu_memzero(void *p, size_t bytes) { if (bytes) memset(p, 0, bytes); }
+static void cpu_copy(void *dst, const void *src, size_t bytes) { if (bytes && dst != src) memmove(dst, src, bytes); }
+static int cpu_synchronize(void) { return 0; }
+static void cpu_scale(float *x, size_t n, float coef) { sl_grad_scale(x, n, coef); }
+
+static void cpu_round_to(float *x, size_t n, int precision) {
+    if (precision == SL_PRECISION_BF16) sl_round_to_bf16_array(x, n);
+    else if (precision == SL_PRECISION_FP16) sl_round_to_fp16_array(x, n);
+}
 
 const sl_ops sl_ops_cpu = {
     .name = "cpu",
@@ -27,6 +46,20 @@ const sl_ops sl_ops_cpu = {
     .attention_decode = cpu_attention_decode,
     .crossentropy_forward = cpu_crossentropy_forward,
     .crossentropy_backward = cpu_crossentropy_backward,
+    .on_device = 0,
+    .alloc = cpu_alloc,
+    .dealloc = cpu_dealloc,
+    .memzero = cpu_memzero,
+    .upload = cpu_copy,
+    .download = cpu_copy,
+    .copy = cpu_copy,
+    .synchronize = cpu_synchronize,
+    .sumsq = sl_grad_sumsq,
+    .scale = cpu_scale,
+    .nonfinite = sl_grads_have_overflow,
+    .round_to = cpu_round_to,
+    .adam_step = sl_adam_apply,
+    .sgd_step = sl_sgd_apply,
 };
 
 void sl_ops_cpu_set_threads(int n) {

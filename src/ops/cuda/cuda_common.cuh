@@ -1,0 +1,52 @@
+// cuda_common.cuh: what every CUDA op file shares: the error check, the stream every op is queued
+// on, launch helpers and the storage-type conversions the templated kernels use.
+// Invariants: every op is queued on sl_cuda_stream() and returns without synchronising (no host
+// round trip inside a step); a failed CUDA call is recorded (first error wins) and reported by
+// cuda_synchronize() / sl_cuda_check_error(), never silently ignored.
+#ifndef SHARDLM_CUDA_COMMON_CUH
+#define SHARDLM_CUDA_COMMON_CUH
+
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stddef.h>
+
+extern "C" {
+#include "ops/cuda/cuda_ops.h"
+}
+
+// Records the first failing CUDA call (file:line and cudaGetErrorString) for cuda_synchronize().
+void sl_cuda_record_error(cudaError_t err, const char *what, const char *file, int line);
+#define CUDA_CHECK(call)                                                         \
+    do {                                                                         \
+        cudaError_t err_ = (call);                                               \
+        if (err_ != cudaSuccess) sl_cuda_record_error(err_, #call, __FILE__, __LINE__); \
+    } while (0)
+// After a kernel launch: records a launch-configuration error.
+#define CUDA_LAUNCH_CHECK() CUDA_CHECK(cudaGetLastError())
+
+// The stream every op runs on (created by cuda_backend_init; the legacy default stream before).
+cudaStream_t sl_cuda_stream(void);
+
+static inline unsigned int ceil_div_u(size_t a, size_t b) { return (unsigned int)((a + b - 1) / b); }
+
+// Storage-type conversions for templated kernels (float today; bf16/fp16 storage instantiate the same code).
+__device__ __forceinline__ float to_f32(float x) { return x; }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
+template <typename T> __device__ __forceinline__ T from_f32(float x);
+template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+template <> __device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
+
+// Warp-level sum / max (all 32 lanes take part).
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+#endif

@@ -1,0 +1,40 @@
+// engine_internal.h: what engine.c, engine_ckpt.c and engine_precision.c share and nobody else sees.
+#ifndef SHARDLM_ENGINE_INTERNAL_H
+#define SHARDLM_ENGINE_INTERNAL_H
+
+#include "shardlm/engine.h"
+
+// The parameters the optimizer updates on this rank: [shard_begin, shard_begin + shard_size) of the
+// flat buffer (the whole buffer without ZeRO), in the model (stages 0-2) or the ZeRO-3 slice.
+float *engine_step_params(sl_engine *e);
+
+// ---- engine_precision.c ------------------------------------------------------------------------
+// 1 under fp16 / bf16: the model's parameters are rounded copies of fp32 master weights.
+int engine_mixed(const sl_engine *e);
+// Sets up the loss scaler and, under fp16/bf16, the master weights (from the model's parameters).
+int engine_precision_init(sl_engine *e);
+void engine_precision_free(sl_engine *e);
+// After the model's parameters were (re)written in fp32 (init, checkpoint load): master = them, and
+// the model's copy rounded to the training precision. Stages 1-2 round the whole buffer, which
+// every rank holds identically.
+void engine_capture_master(sl_engine *e);
+// The loss-scale factor for backward (1 in fp32 / bf16).
+float engine_loss_scale(const sl_engine *e);
+// Under fp16 / bf16: rounds a unit's freshly finished gradients to the training precision.
+void engine_round_grads(sl_engine *e, float *g, size_t n);
+// The overflow decision for this step's gradient slice g (n): local check (and fault injection),
+// agreed across the data-parallel group. *overflow = 1 when any rank saw Inf/NaN.
+int engine_check_overflow(sl_engine *e, const float *g, size_t n, int *overflow);
+// The update target of the optimizer: the master slice under fp16/bf16, else the parameters.
+float *engine_update_target(sl_engine *e);
+// After the optimizer updated the master slice: the model's slice = master rounded.
+void engine_publish_master(sl_engine *e);
+// The full fp32 weights for a checkpoint: *full is the master (stage 0), a gathered copy (stages
+// 1-3, rank 0 only at stage 3; *owned = 1, free it), or the model's parameters in fp32.
+int engine_weights_for_save(sl_engine *e, float **full, int *owned);
+// Scaler state <-> trainer_state.json ("loss_scaler" object) and across ranks.
+void engine_scaler_to_json(const sl_engine *e, void *cjson_root);
+int engine_scaler_from_json(sl_engine *e, const void *cjson_root, const char *file);
+int engine_scaler_broadcast(sl_engine *e);
+
+#endif

@@ -1,0 +1,176 @@
+// engine_precision.c: mixed precision in the engine, DeepSpeed's "fp16" / "bf16" training.
+// Under fp16 or bf16 the model computes with 16-bit parameters and produces 16-bit gradients; the
+// optimizer updates fp32 master weights of this rank's slice, and the model's copy is the master
+// rounded (round to nearest even) after every applied step. This file keeps that logic
+// backend-independent: storage precision is emulated by rounding fp32 buffers through the ops
+// table's round_to (on the CPU the values are 16-bit values held in floats), so CI tests exactly
+// the master-weight, loss-scaling and skipped-step behaviour a GPU run has.
+// Invariants:
+//   - under fp16/bf16, engine_step_params(e)[i] == round(master[i]) after init, load and every step;
+//   - every rank takes the same skip decision (the overflow flag is all-reduced with MAX);
+//   - a skipped step changes no parameter, optimizer state, or learning-rate / optimizer step count.
+#include "engine_internal.h"
+#include "shardlm/error.h"
+#include "shardlm/fault.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+int engine_mixed(const sl_engine *e) { return e->cfg.precision.precision != SL_PRECISION_FP32; }
+
+static int rank_of(const sl_engine *e) { return e->distributed ? sl_comm_rank(e->cfg.dp) : 0; }
+
+int engine_precision_init(sl_engine *e) {
+    if (sl_loss_scaler_init(&e->scaler, &e->cfg.precision)) return -1;
+    e->last_step_scale = e->scaler.scale;
+    if (!engine_mixed(e)) return 0;
+    e->master = e->model->ops->alloc(e->shard_size * sizeof(float), "fp32 master weights");
+    if (!e->master) return -1;
+    engine_capture_master(e);
+    return 0;
+}
+
+void engine_precision_free(sl_engine *e) {
+    if (e->master) e->model->ops->dealloc(e->master);
+    e->master = NULL;
+}
+
+void engine_capture_master(sl_engine *e) {
+    if (!e->master) return;
+    const sl_ops *ops = e->model->ops;
+    int p = e->cfg.precision.precision;
+    ops->copy(e->master, engine_step_params(e), e->shard_size * sizeof(float));
+    if (e->sharded && e->zero.stage == 3) ops->round_to(e->zero.shard_params, e->shard_size, p);
+    else ops->round_to(e->model->params, e->model->capacity, p);
+}
+
+float engine_loss_scale(const sl_engine *e) { return (float)e->scaler.scale; }
+
+void engine_round_grads(sl_engine *e, float *g, size_t n) {
+    if (engine_mixed(e) && g) e->model->ops->round_to(g, n, e->cfg.precision.precision);
+}
+
+int engine_check_overflow(sl_engine *e, const float *g, size_t n, int *overflow) {
+    const sl_loss_scaler_config *pc = &e->cfg.precision;
+    int check = pc->precision == SL_PRECISION_FP16 || (pc->precision == SL_PRECISION_BF16 && pc->bf16_check_grad_overflow);
+    *overflow = 0;
+    if (!check) return 0;
+    if (n > 0 && sl_fault_fires(rank_of(e), e->step + 1, "overflow")) {
+        float inf = INFINITY;  // what an fp16 overflow leaves in a gradient
+        e->model->ops->upload((float *)g, &inf, sizeof inf);
+    }
+    *overflow = e->model->ops->nonfinite(g, n);
+    if (e->distributed && sl_comm_allreduce(e->cfg.dp, overflow, 1, SL_DTYPE_I32, SL_OP_MAX))
+        return sl_error_context("agreeing on gradient overflow across data-parallel ranks");
+    return 0;
+}
+
+float *engine_update_target(sl_engine *e) { return e->master ? e->master : engine_step_params(e); }
+
+void engine_publish_master(sl_engine *e) {
+    if (!e->master) return;
+    const sl_ops *ops = e->model->ops;
+    float *dst = engine_step_params(e);
+    ops->copy(dst, e->master, e->shard_size * sizeof(float));
+    ops->round_to(dst, e->shard_size, e->cfg.precision.precision);
+}
+
+int engine_weights_for_save(sl_engine *e, float **full, int *owned) {
+    *full = NULL;
+    *owned = 0;
+    int stage3 = e->sharded && e->zero.stage == 3;
+    if (!e->master && !stage3) {
+        *full = e->model->params;
+        return 0;
+    }
+    if (e->master && !e->sharded) {
+        *full = e->master;
+        return 0;
+    }
+    // ZeRO: every rank's slice (master, or the stage-3 parameters) into one buffer
+    int rank0 = rank_of(e) == 0, need = !stage3 || rank0;
+    float *buf = need ? sl_calloc(e->padded_total, sizeof(float), "parameters for the checkpoint") : NULL;
+    int rc = need && !buf ? -1 : 0;
+    if (e->distributed && sl_comm_allreduce(e->cfg.dp, &rc, 1, SL_DTYPE_I32, SL_OP_MIN)) rc = -1;
+    if (rc) { free(buf); return -1; }
+    const float *slice = e->master ? e->master : e->zero.shard_params;
+    if (stage3) rc = sl_zero_gather_slices(&e->zero, slice, buf);
+    else rc = sl_comm_allgather(e->cfg.dp, slice, buf, e->shard_size, SL_DTYPE_F32);
+    if (rc) { free(buf); return sl_error_context("gathering the weights for the checkpoint"); }
+    *full = buf;
+    *owned = buf != NULL;
+    return 0;
+}
+
+// ---- the scaler in checkpoints -------------------------------------------------------------------
+
+void engine_scaler_to_json(const sl_engine *e, void *cjson_root) {
+    const sl_loss_scaler *s = &e->scaler;
+    cJSON *o = cJSON_AddObjectToObject((cJSON *)cjson_root, "loss_scaler");
+    cJSON_AddStringToObject(o, "precision", sl_precision_name(e->cfg.precision.precision));
+    cJSON_AddBoolToObject(o, "dynamic", s->dynamic);
+    cJSON_AddNumberToObject(o, "cur_scale", s->scale);
+    cJSON_AddNumberToObject(o, "cur_iter", (double)s->iter);
+    cJSON_AddNumberToObject(o, "last_overflow_iter", (double)s->last_overflow_iter);
+    cJSON_AddNumberToObject(o, "cur_hysteresis", s->cur_hysteresis);
+    cJSON_AddNumberToObject(o, "skipped_steps", (double)s->skipped_steps);
+    cJSON_AddNumberToObject(o, "scale_decreases", (double)s->scale_decreases);
+    cJSON_AddNumberToObject(o, "scale_increases", (double)s->scale_increases);
+}
+
+// Reads the checkpoint's scaler state when it was saved in this run's precision. A checkpoint from
+// another precision (or from before mixed precision) keeps this run's fresh scaler, but its
+// skipped-step count carries over so the schedule stays where it was.
+int engine_scaler_from_json(sl_engine *e, const void *cjson_root, const char *file) {
+    const cJSON *o = cJSON_GetObjectItemCaseSensitive((const cJSON *)cjson_root, "loss_scaler");
+    if (!o) return 0;
+    const char *keys[] = {"cur_scale", "cur_iter", "last_overflow_iter", "cur_hysteresis", "skipped_steps",
+                          "scale_decreases", "scale_increases"};
+    double v[7];
+    for (int i = 0; i < 7; i++) {
+        const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, keys[i]);
+        if (!cJSON_IsNumber(x) || !isfinite(x->valuedouble))
+            return sl_errorf("%s: loss_scaler.%s is missing or not a number", file, keys[i]);
+        v[i] = x->valuedouble;
+    }
+    if (!(v[0] > 0.0) || v[4] < 0 || v[3] < 0)
+        return sl_errorf("%s: loss_scaler has an invalid state (cur_scale %g, cur_hysteresis %g, skipped_steps %g)",
+                         file, v[0], v[3], v[4]);
+    sl_loss_scaler *s = &e->scaler;
+    s->skipped_steps = (int64_t)v[4];
+    const cJSON *prec = cJSON_GetObjectItemCaseSensitive(o, "precision");
+    const cJSON *dyn = cJSON_GetObjectItemCaseSensitive(o, "dynamic");
+    int same = cJSON_IsString(prec) && !strcmp(prec->valuestring, sl_precision_name(e->cfg.precision.precision)) &&
+               cJSON_IsBool(dyn) && cJSON_IsTrue(dyn) == s->dynamic;
+    if (!same) return 0;
+    if (s->dynamic) {
+        s->scale = v[0];
+        s->iter = (int64_t)v[1];
+        s->last_overflow_iter = (int64_t)v[2];
+        s->cur_hysteresis = (int)v[3];
+    } else {
+        s->iter = (int64_t)v[1];
+        s->last_overflow_iter = (int64_t)v[2];
+    }
+    s->scale_decreases = (int64_t)v[5];
+    s->scale_increases = (int64_t)v[6];
+    return 0;
+}
+
+int engine_scaler_broadcast(sl_engine *e) {
+    if (!e->distributed) return 0;
+    sl_loss_scaler *s = &e->scaler;
+    double v[7] = {s->scale, (double)s->iter, (double)s->last_overflow_iter, s->cur_hysteresis,
+                   (double)s->skipped_steps, (double)s->scale_decreases, (double)s->scale_increases};
+    if (sl_comm_broadcast(e->cfg.dp, v, 7, SL_DTYPE_F64, 0)) return -1;
+    s->scale = v[0];
+    s->iter = (int64_t)v[1];
+    s->last_overflow_iter = (int64_t)v[2];
+    s->cur_hysteresis = (int)v[3];
+    s->skipped_steps = (int64_t)v[4];
+    s->scale_decreases = (int64_t)v[5];
+    s->scale_increases = (int64_t)v[6];
+    return 0;
+}
