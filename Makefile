@@ -22,9 +22,35 @@ TEST_BIN := $(TEST_SRC:tests/unit/%.c=$(B)/tests/%)
 # -fno-math-errno / -fno-trapping-math let GCC vectorise math without changing any result
 CFLAGS_ALL = $(WARN) $(OPT) -fopenmp -g -MMD -MP
 
-# NCCL comm backend (src/comm/comm_nccl.c): compiled in when CUDA's nccl.h and libnccl exist.
-# libnccl/libcudart are dlopen'ed at run time, so nothing links against CUDA. NCCL=0 disables it.
 CUDA_HOME ?= /usr/local/cuda
+
+# CUDA ops backend (src/**/*.cu): compiled in when $(CUDA_HOME)/bin/nvcc exists; CUDA=0 disables it.
+# The .cu files are compiled by nvcc with NVCCFLAGS only (never OPT: sanitizer builds get plain CUDA
+# objects) into $(CU_B)/obj/...cu.o inside libshardlm.a. Binaries link the static CUDA runtime
+# (libcudart_static: no libcudart.so needed at run time; without a driver the backend reports "no usable
+# CUDA GPU"; -lstdc++ for the C++ runtime bits of CUB / nvcc's host code), and libcublasLt is
+# dlopen'ed by the backend at init. CUDA_GENCODE picks the GPU code:
+# SASS for sm_90 (H100/H200) plus compute_90 PTX, which the driver JIT-compiles for newer GPUs.
+CUDA ?= $(shell test -x $(CUDA_HOME)/bin/nvcc && echo 1)
+NVCC ?= $(CUDA_HOME)/bin/nvcc
+CUDA_GENCODE ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
+CUDA_ARCH_DESC ?= sm_90 + PTX
+NVCCFLAGS = -std=c++17 -O3 -Iinclude -Isrc $(CUDA_GENCODE) -Xcompiler -Wall,-Wextra -Werror all-warnings \
+            -lineinfo -MMD -MP
+# CU_B: where the CUDA objects go; `make test` points the sanitizer build at the plain build's (the
+# objects are identical, and nvcc is the slow part of a build).
+CU_B ?= $(B)
+ifeq ($(CUDA),1)
+CU_SRC   := $(shell find src -name '*.cu' | sort)
+CU_OBJ   := $(CU_SRC:%.cu=$(CU_B)/obj/%.cu.o)
+CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lpthread -lstdc++
+LDLIBS   += $(CUDA_LIBS)
+$(B)/obj/src/ops/backend.o $(B)/obj/src/cli/report.o: CPPFLAGS += -DSHARDLM_HAVE_CUDA
+$(B)/obj/src/cli/report.o: CPPFLAGS += -DSHARDLM_CUDA_ARCH_DESC='"$(CUDA_ARCH_DESC)"'
+endif
+
+# NCCL comm backend (src/comm/comm_nccl.c): compiled in when CUDA's nccl.h and libnccl exist.
+# libnccl/libcudart are dlopen'ed at run time, so it links nothing from CUDA. NCCL=0 disables it.
 NCCL ?= $(shell test -f $(CUDA_HOME)/include/nccl.h && test -f $(CUDA_HOME)/include/cuda_runtime_api.h && \
           ls $(CUDA_HOME)/lib64/libnccl.so* >/dev/null 2>&1 && echo 1)
 ifeq ($(NCCL),1)
@@ -40,7 +66,11 @@ $(B)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(CFLAGS_ALL) -c $< -o $@
 
-$(B)/libshardlm.a: $(LIB_OBJ)
+$(CU_B)/obj/%.cu.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+
+$(B)/libshardlm.a: $(LIB_OBJ) $(CU_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
@@ -55,7 +85,7 @@ $(B)/tests/%: tests/unit/%.c tests/unit/test.h $(B)/libshardlm.a
 test:
 	@bash scripts/setup.sh --quiet
 	@$(MAKE) --no-print-directory -j2 all
-	@$(MAKE) --no-print-directory -j2 B=build/asan OPT="-O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined" all
+	@$(MAKE) --no-print-directory -j2 B=build/asan CU_B=build OPT="-O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined" all
 	@bash tests/run.sh build build/asan
 
 test-plain: all
@@ -75,4 +105,4 @@ bench: all
 clean:
 	rm -rf build
 
--include $(shell find $(B) -name '*.d' 2>/dev/null)
+-include $(sort $(shell find $(B) $(CU_B) -name '*.d' 2>/dev/null))

@@ -33,6 +33,8 @@ typedef struct {
     sl_model_config cfg;
     sl_param_layout layout;
     const sl_ops *ops;
+    // Every buffer below lives where the ops table's backend keeps tensors (ops->on_device: GPU
+    // memory for cuda); the host reaches them only through ops->upload / download.
     float *params;   // (layout.total)
     float *grads;    // (layout.total)
     size_t capacity; // floats allocated for params and grads (>= layout.total; the tail stays zero)
@@ -68,8 +70,9 @@ void sl_model_free(sl_model *m);
 
 // GPT-2 / LLaMA initialisation as transformers does it: N(0, 0.02) for linear weights and
 // embeddings, residual output projections of GPT-2 scaled by 1/sqrt(2 n_layer), norms 1, biases 0.
-// A pure function of (seed, tensor index).
-void sl_model_init_weights(sl_model *m, uint64_t seed);
+// A pure function of (seed, tensor index), computed on the host and handed to the model's backend.
+// -1 only when a device model's host staging buffer cannot be allocated.
+int sl_model_init_weights(sl_model *m, uint64_t seed);
 
 // Forward over inputs (B,T). With targets (B,T; -1 = ignore) it computes the mean loss into *loss.
 // Logits stay in m->logits (B,T,Vp) until backward. Errors: T > max_seq_len, token id out of range.

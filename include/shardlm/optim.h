@@ -108,6 +108,11 @@ void sl_sgd_apply(const sl_sgd_args *a, float *p, const float *g, float *buf, co
 int sl_optim_step(const sl_optim_config *cfg, double lr, int64_t step, float *params, const float *grads,
                   float *const *state, const sl_decay_mask *mask, size_t begin, size_t end);
 
+// The same step run by a backend's passes (ops->adam_step / sgd_step: one multi-tensor launch on a
+// GPU); params, grads and state are that backend's buffers. With sl_ops_cpu it is sl_optim_step.
+int sl_optim_step_on(const sl_ops *ops, const sl_optim_config *cfg, double lr, int64_t step, float *params,
+                     const float *grads, float *const *state, const sl_decay_mask *mask, size_t begin, size_t end);
+
 // ---- gradient norm and clipping (DeepSpeed "gradient_clipping", torch clip_grad_norm_) ----------
 
 // Sum of squares of g[0..n) in double. Deterministic and independent of the thread count: the

@@ -1,7 +1,7 @@
 // report.c: `shardlm report`: what this build and machine have, as DeepSpeed's ds_report prints it:
 // compiler and build flags, OpenBLAS / OpenMP / MPI / cJSON / PCRE2 versions, the comm and ops
-// backends built in, CUDA driver / runtime / NCCL and each GPU (probed with dlopen, so nothing links
-// against CUDA), and the launch environment. Every probe that cannot answer prints
+// backends built in, CUDA driver / runtime / cuBLASLt / NCCL and each GPU (probed with dlopen, so
+// the report works on machines without CUDA), and the launch environment. Every probe that cannot answer prints
 // "not available: <reason>"; the command itself never fails (exit 0; 2 only for a bad flag).
 #include "cli/commands.h"
 #include "shardlm/comm.h"
@@ -247,10 +247,23 @@ static void report_nccl(void) {
     row("NCCL", "%d.%d.%d (%s)", major, rest / 100, rest % 100, lib_path((void *)get));
 }
 
+// cuBLASLt, which the CUDA ops backend dlopens for its GEMMs (the same names it tries).
+static void report_cublaslt(void) {
+    static const char *const names[] = {"libcublasLt.so.13", "libcublasLt.so", NULL};
+    char why[1024];
+    void *h = sl_cuda_dlopen(names, why, sizeof why);
+    if (!h) { row("cuBLASLt", "not available: libcublasLt not found (%s)", why); return; }
+    size_t (*get)(void) = (size_t (*)(void))dlsym(h, "cublasLtGetVersion");
+    if (!get) { row("cuBLASLt", "not available: cublasLtGetVersion not found"); return; }
+    size_t v = get();  // major*10000 + minor*100 + patch
+    row("cuBLASLt", "%zu.%zu.%zu (%s)", v / 10000, v / 100 % 100, v % 100, lib_path((void *)get));
+}
+
 static void report_cuda(void) {
     section("CUDA / GPUs");
     report_driver();
     report_runtime();
+    report_cublaslt();
     report_nccl();
 }
 
@@ -265,7 +278,13 @@ static void report_backends(void) {
     else
         row("comm nccl", "not built (no CUDA nccl.h / libnccl at build time, or NCCL=0)");
     row("ops cpu", "built in (%d threads)", sl_ops_cpu_threads());
-    row("ops cuda", "not built (the CUDA ops backend does not exist yet)");
+#ifndef SHARDLM_CUDA_ARCH_DESC
+#define SHARDLM_CUDA_ARCH_DESC "see CUDA_GENCODE"
+#endif
+    if (sl_ops_cuda_built())
+        row("ops cuda", "built in (%s; cuBLASLt loaded at run time)", SHARDLM_CUDA_ARCH_DESC);
+    else
+        row("ops cuda", "not built (no nvcc at build time, or CUDA=0)");
 }
 
 // ---- launch environment ------------------------------------------------------------------------------

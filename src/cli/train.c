@@ -7,6 +7,7 @@
 #include "cli/commands.h"
 #include "shardlm/comm.h"
 #include "shardlm/engine.h"
+#include "shardlm/launch_env.h"
 #include "shardlm/error.h"
 #include "shardlm/fault.h"
 #include "shardlm/fileio.h"
@@ -257,6 +258,16 @@ static int evaluate(sl_model *m, sl_comm *world, sl_loader *val, int n, int B, i
 // blocks); stages 1-2 pad P to N*S,
 //   stage 0: 4P + 4P + KP      stage 1: 4P + 4(P + S) + KS
 //   stage 2: 4P + 4(S + W) + KS    stage 3: 4(S + W) + 4(S + W) + KS
+// Hugging Face weights into the model, through a host buffer when the model lives on a GPU.
+static int load_weights(sl_model *m, const char *dir) {
+    if (!m->ops->on_device) return sl_hf_load(dir, &m->layout, m->params);
+    float *host = sl_calloc(m->layout.total, sizeof(float), "weights");
+    int rc = !host || sl_hf_load(dir, &m->layout, host);
+    if (!rc) m->ops->upload(m->params, host, m->layout.total * sizeof(float));
+    free(host);
+    return rc ? -1 : 0;
+}
+
 static void print_memory(const sl_engine *e, int world) {
     sl_engine_memory mem = sl_engine_memory_use(e);
     const sl_param_layout *L = &e->model->layout;
@@ -391,12 +402,16 @@ static int run(sl_train_config *c, sl_comm *world) {
         sl_errorf("--seq-len %d exceeds the model's maximum positions %d", c->seq_len, src.cfg.max_seq_len);
         goto done;
     }
-    if (sl_model_create(&model, &src.cfg, &sl_ops_cpu)) goto done;
+    sl_launch_env env;
+    int local_rank = sl_launch_env_detect(&env) == 0 ? env.local_rank : 0;
+    const sl_ops *ops = sl_ops_for_device(c->device, local_rank);
+    if (!ops) goto done;
+    if (sl_model_create(&model, &src.cfg, ops)) goto done;
     have_model = 1;
     if (src.has_weights) {
-        if (sl_hf_load(src.weights_dir, &model.layout, model.params)) goto done;
-    } else {
-        sl_model_init_weights(&model, c->seed);
+        if (load_weights(&model, src.weights_dir)) goto done;
+    } else if (sl_model_init_weights(&model, c->seed)) {
+        goto done;
     }
 
     int rank = sl_comm_rank(world);
@@ -520,7 +535,16 @@ static int run(sl_train_config *c, sl_comm *world) {
         sl_generate_config gc = {c->sample_tokens, {1.0f, 40, 1.0f}, c->seed, 0};
         if (c->sample_tokens > model.cfg.max_seq_len - 1) gc.max_new_tokens = model.cfg.max_seq_len - 1;
         printf("sample (%d tokens, temperature 1.0, top-k 40):\n---\n", gc.max_new_tokens);
-        if (sl_generate(&model, tok, &prompt, 1, &gc, NULL, NULL, stdout)) goto done;
+        // token-by-token decoding runs on the CPU: a GPU model hands its weights to a host copy
+        sl_model host_model, *sm = &model;
+        if (model.ops->on_device) {
+            if (sl_model_create(&host_model, &model.cfg, &sl_ops_cpu)) goto done;
+            model.ops->download(host_model.params, model.params, model.layout.total * sizeof(float));
+            sm = &host_model;
+        }
+        int grc = sl_generate(sm, tok, &prompt, 1, &gc, NULL, NULL, stdout);
+        if (sm != &model) sl_model_free(&host_model);
+        if (grc) goto done;
         printf("\n---\n");
     }
     rc = 0;

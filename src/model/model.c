@@ -34,8 +34,8 @@ int sl_model_create(sl_model *m, const sl_model_config *cfg, const sl_ops *ops) 
     m->cfg = *cfg;
     m->ops = ops;
     if (sl_layout_build(&m->layout, cfg)) return -1;
-    m->params = sl_calloc(m->layout.total, sizeof(float), "parameters");
-    m->grads = sl_calloc(m->layout.total, sizeof(float), "gradients");
+    m->params = ops->alloc(m->layout.total * sizeof(float), "parameters");
+    m->grads = ops->alloc(m->layout.total * sizeof(float), "gradients");
     if (!m->params || !m->grads) { sl_model_free(m); return -1; }
     m->capacity = m->layout.total;
     m->param_view = sl_calloc((size_t)m->layout.n_units, sizeof(float *), "unit views");
@@ -44,19 +44,32 @@ int sl_model_create(sl_model *m, const sl_model_config *cfg, const sl_ops *ops) 
     sl_model_bind_views(m);
     if (cfg->arch == SL_ARCH_LLAMA) {
         size_t n = (size_t)cfg->max_seq_len * (size_t)(sl_config_head_dim(cfg) / 2);
-        m->rope_cos = sl_malloc(n * sizeof(float), "rope tables");
-        m->rope_sin = sl_malloc(n * sizeof(float), "rope tables");
-        if (!m->rope_cos || !m->rope_sin) { sl_model_free(m); return -1; }
-        sl_rope_tables(m->rope_cos, m->rope_sin, cfg->max_seq_len, sl_config_head_dim(cfg), cfg->rope_theta);
+        float *c = sl_malloc(n * sizeof(float), "rope tables"), *s = sl_malloc(n * sizeof(float), "rope tables");
+        m->rope_cos = ops->alloc(n * sizeof(float), "rope tables");
+        m->rope_sin = ops->alloc(n * sizeof(float), "rope tables");
+        if (c && s) sl_rope_tables(c, s, cfg->max_seq_len, sl_config_head_dim(cfg), cfg->rope_theta);
+        if (c && s && m->rope_cos && m->rope_sin) {
+            ops->upload(m->rope_cos, c, n * sizeof(float));
+            ops->upload(m->rope_sin, s, n * sizeof(float));
+        }
+        int ok = c && s && m->rope_cos && m->rope_sin;
+        free(c);
+        free(s);
+        if (!ok) { sl_model_free(m); return -1; }
     }
     return 0;
 }
 
+// Frees a buffer of the model's backend (NULL-safe).
+static void release(const sl_model *m, void *p) {
+    if (p) m->ops->dealloc(p);
+}
+
 static void free_acts(sl_model *m) {
-    free(m->act_memory);
+    release(m, m->act_memory);
     free(m->layers);
-    free(m->inputs);
-    free(m->targets);
+    release(m, m->inputs);
+    release(m, m->targets);
     m->act_memory = NULL;
     m->layers = NULL;
     m->inputs = m->targets = NULL;
@@ -64,11 +77,12 @@ static void free_acts(sl_model *m) {
 }
 
 void sl_model_free(sl_model *m) {
+    if (!m->ops) return;  // never created (or already freed)
     free_acts(m);
-    free(m->params);
-    free(m->grads);
-    free(m->rope_cos);
-    free(m->rope_sin);
+    release(m, m->params);
+    release(m, m->grads);
+    release(m, m->rope_cos);
+    release(m, m->rope_sin);
     free(m->param_view);
     free(m->grad_view);
     sl_layout_free(&m->layout);
@@ -76,7 +90,7 @@ void sl_model_free(sl_model *m) {
 }
 
 void sl_model_zero_grad(sl_model *m) {
-    if (m->grads) memset(m->grads, 0, m->capacity * sizeof(float));
+    if (m->grads) m->ops->memzero(m->grads, m->capacity * sizeof(float));
 }
 
 void sl_model_bind_views(sl_model *m) {
@@ -88,26 +102,34 @@ void sl_model_bind_views(sl_model *m) {
 
 int sl_model_reserve(sl_model *m, size_t capacity) {
     if (capacity <= m->capacity) return 0;
-    float *p = realloc(m->params, capacity * sizeof(float));
-    if (!p) return sl_errorf("out of memory growing parameters to %zu floats", capacity);
+    // new zeroed buffers of the backend, the old contents copied in
+    float *p = m->ops->alloc(capacity * sizeof(float), "parameters");
+    float *g = p ? m->ops->alloc(capacity * sizeof(float), "gradients") : NULL;
+    if (!p || !g) {
+        release(m, p);
+        return sl_error_context("growing parameters and gradients to %zu floats", capacity);
+    }
+    m->ops->copy(p, m->params, m->capacity * sizeof(float));
+    m->ops->copy(g, m->grads, m->capacity * sizeof(float));
+    release(m, m->params);
+    release(m, m->grads);
     m->params = p;
-    float *g = realloc(m->grads, capacity * sizeof(float));
-    if (!g) return sl_errorf("out of memory growing gradients to %zu floats", capacity);
     m->grads = g;
-    memset(m->params + m->capacity, 0, (capacity - m->capacity) * sizeof(float));
-    memset(m->grads + m->capacity, 0, (capacity - m->capacity) * sizeof(float));
     m->capacity = capacity;
     sl_model_bind_views(m);
     return 0;
 }
 
-void sl_model_init_weights(sl_model *m, uint64_t seed) {
+int sl_model_init_weights(sl_model *m, uint64_t seed) {
     const sl_param_layout *L = &m->layout;
     float resid_std = 0.02f / sqrtf(2.0f * (float)m->cfg.n_layer);
+    // computed on the host, then handed to the backend
+    float *host = m->ops->on_device ? sl_malloc(L->total * sizeof(float), "initial weights") : m->params;
+    if (!host) return -1;
 #pragma omp parallel for schedule(dynamic, 1)
     for (int i = 0; i < L->n_tensors; i++) {
         const sl_tensor_info *t = &L->tensors[i];
-        float *p = m->params + t->offset;
+        float *p = host + t->offset;
         if (t->ndim == 1) {  // norms weight 1, biases 0
             int is_bias = strstr(t->name, ".bias") != NULL;
             for (size_t j = 0; j < t->numel; j++) p[j] = is_bias ? 0.0f : 1.0f;
@@ -119,6 +141,11 @@ void sl_model_init_weights(sl_model *m, uint64_t seed) {
         size_t real = (size_t)t->hf_rows * (size_t)t->shape[1];
         for (size_t j = 0; j < t->numel; j++) p[j] = j < real ? std * sl_rng_normal(&rng) : 0.0f;
     }
+    if (host != m->params) {
+        m->ops->upload(m->params, host, L->total * sizeof(float));
+        free(host);
+    }
+    return 0;
 }
 
 // Plans every activation for (B, T) in one allocation.
@@ -131,10 +158,10 @@ static int alloc_acts(sl_model *m, int B, int T) {
     size_t per_layer = N * C + 2 * N + N * QKV + N * C + NH * N + N * C + N * C + 2 * N + N * FC + N * F + N * C;
     size_t big = QKV > FC ? QKV : FC, mid = C > F ? C : F;
     size_t total = N * C + per_layer * (size_t)c->n_layer + N * C + 2 * N + N * Vp + N + N * C + N * C + N * big + N * mid;
-    m->act_memory = sl_malloc(total * sizeof(float), "activations");
+    m->act_memory = m->ops->alloc(total * sizeof(float), "activations");
     m->layers = sl_calloc((size_t)c->n_layer, sizeof(sl_layer_acts), "activations");
-    m->inputs = sl_malloc(N * sizeof(int), "batch");
-    m->targets = sl_malloc(N * sizeof(int), "batch");
+    m->inputs = m->ops->alloc(N * sizeof(int), "batch");
+    m->targets = m->ops->alloc(N * sizeof(int), "batch");
     if (!m->act_memory || !m->layers || !m->inputs || !m->targets) {
         free_acts(m);
         return sl_error_context("planning activations for B=%d T=%d (%.1f MB)", B, T, total * 4.0 / 1e6);
@@ -197,16 +224,17 @@ int sl_model_forward(sl_model *m, const int *inputs, const int *targets, int B, 
     if (alloc_acts(m, B, T)) return -1;
     m->B = B;
     m->T = T;
-    memcpy(m->inputs, inputs, N * sizeof(int));
+    // the batch to the backend (the one host-to-device copy of a step)
+    ops->upload(m->inputs, inputs, N * sizeof(int));
     m->have_targets = targets != NULL;
-    if (targets) memcpy(m->targets, targets, N * sizeof(int));
+    if (targets) ops->upload(m->targets, targets, N * sizeof(int));
 
     int C = c->n_embd, F = c->n_inner, NH = c->n_head, NKV = c->n_kv_head, HD = sl_config_head_dim(c);
     int QKV = qkv_width(c), FC = fc_width(c);
     const sl_param_layout *L = &m->layout;
     int last = L->n_units - 1, tied = L->lm_head < 0;
     HOOK(m, SL_PARAMS_GET, 0, 1);
-    ops->encoder_forward(m->encoded, inputs, P(m, L->wte), L->wpe >= 0 ? P(m, L->wpe) : NULL, B, T, C);
+    ops->encoder_forward(m->encoded, m->inputs, P(m, L->wte), L->wpe >= 0 ? P(m, L->wpe) : NULL, B, T, C);
     HOOK(m, SL_PARAMS_PUT, 0, 1);
     const float *resid = m->encoded;
     for (int l = 0; l < c->n_layer; l++) {
@@ -242,7 +270,7 @@ int sl_model_forward(sl_model *m, const int *inputs, const int *targets, int B, 
     if (targets) {
         for (size_t i = 0; i < N; i++) m->n_valid_targets += targets[i] >= 0;
         // the loss and each row's log-sum-exp here (logits kept); backward writes dlogits in place
-        double total = ops->crossentropy_forward(m->logits_lse, m->logits, targets, (int)N, c->vocab_size,
+        double total = ops->crossentropy_forward(m->logits_lse, m->logits, m->targets, (int)N, c->vocab_size,
                                                  c->padded_vocab_size);
         m->loss = m->n_valid_targets ? (float)(total / m->n_valid_targets) : 0.0f;
         if (loss) *loss = m->loss;
@@ -274,7 +302,7 @@ int sl_model_backward(sl_model *m, float grad_scale) {
         HOOK(m, SL_PARAMS_GET, last, c->n_layer);
         HOOK(m, SL_GRADS_GET, last, -1);
     }
-    memset(m->dresid, 0, (size_t)N * C * sizeof(float));
+    ops->memzero(m->dresid, (size_t)N * C * sizeof(float));
     const float *final_resid = m->layers[c->n_layer - 1].resid3;
     norm_backward(m, m->dresid, m->dln, final_resid, L->lnf_w, L->lnf_b, m->lnf_mean, m->lnf_rstd, N);
     // the final norm and an untied head are final now; a tied head (wte) only after the encoder

@@ -60,6 +60,12 @@ int sl_engine_init(sl_engine *e, sl_model *model, const sl_engine_config *cfg) {
         return sl_errorf("engine: the model's buffers belong to another engine (ZeRO-2/3 took them)");
     if (sl_decay_mask_from_layout(&e->decay_mask, &model->layout, cfg->optim.decay_all)) return -1;
     e->distributed = cfg->dp && sl_comm_size(cfg->dp) > 1;
+    if (model->ops->on_device && (e->distributed || (cfg->dp && cfg->zero_stage >= 1))) {
+        sl_decay_mask_free(&e->decay_mask);
+        return sl_errorf("engine: data parallelism and ZeRO on the %s backend are not wired yet (the gradient "
+                         "exchange still runs on host buffers); train on one GPU, or with --device cpu",
+                         model->ops->name);
+    }
     e->sharded = cfg->dp && cfg->zero_stage >= 1;
     sl_model_zero_grad(model);
     if (e->distributed && sync_parameters(e)) { sl_engine_free(e); return -1; }
@@ -81,7 +87,7 @@ int sl_engine_init(sl_engine *e, sl_model *model, const sl_engine_config *cfg) {
     e->state_numel = e->shard_size;
     e->n_optim_state = sl_optim_num_state_buffers(&cfg->optim);
     for (int i = 0; i < e->n_optim_state; i++) {
-        e->optim_state[i] = sl_calloc(e->state_numel, sizeof(float), "optimizer state");
+        e->optim_state[i] = model->ops->alloc(e->state_numel * sizeof(float), "optimizer state");
         if (!e->optim_state[i]) { sl_engine_free(e); return -1; }
     }
     if (engine_precision_init(e)) { sl_engine_free(e); return -1; }
@@ -93,8 +99,10 @@ int sl_engine_init(sl_engine *e, sl_model *model, const sl_engine_config *cfg) {
 }
 
 void sl_engine_free(sl_engine *e) {
+    if (!e->model) return;
     engine_precision_free(e);
-    for (int i = 0; i < 2; i++) free(e->optim_state[i]);
+    for (int i = 0; i < 2; i++)
+        if (e->optim_state[i]) e->model->ops->dealloc(e->optim_state[i]);
     sl_decay_mask_free(&e->decay_mask);
     if (e->model && e->model->unit_hook_ctx == e) {
         e->model->unit_hook = NULL;
@@ -164,8 +172,8 @@ static int apply_step(sl_engine *e, float *g, size_t n, double used_scale) {
     if (coef != 1.0) ops->scale(g, n, (float)coef);
     e->last_grad_norm = (float)norm;
     int64_t applied = e->step - e->scaler.skipped_steps;
-    if (sl_optim_step(&e->cfg.optim, e->last_lr, applied + 1, engine_update_target(e), g, e->optim_state,
-                      &e->decay_mask, e->shard_begin, e->shard_begin + n))
+    if (sl_optim_step_on(ops, &e->cfg.optim, e->last_lr, applied + 1, engine_update_target(e), g, e->optim_state,
+                         &e->decay_mask, e->shard_begin, e->shard_begin + n))
         return -1;
     engine_publish_master(e);
     if (e->sharded) return sl_zero_after_step(&e->zero);

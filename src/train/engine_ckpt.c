@@ -175,7 +175,77 @@ static int finish_on_rank0(sl_engine *e, const float *params, const char *root, 
     return sl_ckpt_commit(root, tag, tmp);
 }
 
+// ---- a device engine's state, staged through host memory for checkpoint files ------------------
+// (one process per GPU, no ZeRO: the whole state is this rank's). While staged, the engine's
+// parameter, master and optimizer-state pointers are host copies.
+typedef struct {
+    float *params, *master, *state[2];
+} device_state;
+
+static void *host_mirror(const sl_ops *ops, const float *dev, size_t n, int download) {
+    float *h = sl_calloc(n ? n : 1, sizeof(float), "checkpoint staging buffer");
+    if (h && download) ops->download(h, dev, n * sizeof(float));
+    return h;
+}
+
+static int stage_to_host(sl_engine *e, device_state *dev, int download) {
+    const sl_ops *ops = e->model->ops;
+    memset(dev, 0, sizeof *dev);
+    if (!ops->on_device) return 0;
+    dev->params = e->model->params;
+    dev->master = e->master;
+    size_t n = e->model->capacity;
+    int bad = !(e->model->params = host_mirror(ops, dev->params, n, download));
+    if (dev->master) bad |= !(e->master = host_mirror(ops, dev->master, e->shard_size, download));
+    for (int i = 0; i < e->n_optim_state; i++) {
+        dev->state[i] = e->optim_state[i];
+        bad |= !(e->optim_state[i] = host_mirror(ops, dev->state[i], e->state_numel, download));
+    }
+    return bad ? -1 : 0;
+}
+
+static void unstage(sl_engine *e, device_state *dev, int upload) {
+    const sl_ops *ops = e->model->ops;
+    if (!ops->on_device) return;
+    if (upload) ops->upload(dev->params, e->model->params, e->model->capacity * sizeof(float));
+    free(e->model->params);
+    e->model->params = dev->params;
+    if (dev->master) {
+        if (upload) ops->upload(dev->master, e->master, e->shard_size * sizeof(float));
+        free(e->master);
+        e->master = dev->master;
+    }
+    for (int i = 0; i < e->n_optim_state; i++) {
+        if (upload) ops->upload(dev->state[i], e->optim_state[i], e->state_numel * sizeof(float));
+        free(e->optim_state[i]);
+        e->optim_state[i] = dev->state[i];
+    }
+}
+
+static int save_impl(sl_engine *e, const char *root, const char *tag, const char *client_state_json);
+static int load_impl(sl_engine *e, const char *path, char **client_state_json);
+
 int sl_engine_save(sl_engine *e, const char *root, const char *tag, const char *client_state_json) {
+    device_state dev;
+    int rc = stage_to_host(e, &dev, 1);
+    if (rc == 0) rc = save_impl(e, root, tag, client_state_json);
+    unstage(e, &dev, 0);
+    return rc;
+}
+
+int sl_engine_load(sl_engine *e, const char *path, char **client_state_json) {
+    device_state dev;
+    int rc = stage_to_host(e, &dev, 1);
+    if (rc == 0) rc = load_impl(e, path, client_state_json);
+    unstage(e, &dev, rc == 0);
+    if (rc == 0) {
+        sl_model_zero_grad(e->model);
+        engine_capture_master(e);  // the weights just read are fp32: the master, rounded for the model
+    }
+    return rc;
+}
+
+static int save_impl(sl_engine *e, const char *root, const char *tag, const char *client_state_json) {
     if (e->micro_step != 0) return sl_errorf("checkpoint %s: cannot save in the middle of gradient accumulation", tag);
     int rank = rank_of(e), world = world_of(e), rc = 0;
     char tmp[4096] = "";
@@ -387,7 +457,7 @@ static int load_on_rank0(sl_engine *e, float *params, const char *dir, char **cl
     return rc;
 }
 
-int sl_engine_load(sl_engine *e, const char *path, char **client_state_json) {
+static int load_impl(sl_engine *e, const char *path, char **client_state_json) {
     char dir[4096] = "";
     char *client = NULL;
     int rc = 0, rank0 = rank_of(e) == 0;
@@ -428,7 +498,6 @@ int sl_engine_load(sl_engine *e, const char *path, char **client_state_json) {
             return -1;
         }
     }
-    engine_capture_master(e);  // the weights just read are fp32: the master, rounded for the model
     // every rank reads its own slice of the optimizer state (rank 0 verified the files)
     shard_ref *refs = NULL;
     int n = 0;
@@ -447,7 +516,6 @@ int sl_engine_load(sl_engine *e, const char *path, char **client_state_json) {
     }
     e->micro_step = 0;
     e->loss_sum = 0.0;
-    sl_model_zero_grad(e->model);
     if (e->sharded) sl_zero_zero_grads(&e->zero);
     if (client_state_json) *client_state_json = client;
     else free(client);

@@ -372,6 +372,30 @@ void sl_sgd_step(const sl_optim_config *cfg, double lr, int64_t step, float *par
     free(segs);
 }
 
+int sl_optim_step_on(const sl_ops *ops, const sl_optim_config *cfg, double lr, int64_t step, float *params,
+                     const float *grads, float *const *state, const sl_decay_mask *mask, size_t begin, size_t end) {
+    if (step < 1) return sl_errorf("optimizer step number must start at 1, got %lld", (long long)step);
+    if (begin > end) return sl_errorf("optimizer range [%zu, %zu) is reversed", begin, end);
+    int need = sl_optim_num_state_buffers(cfg);
+    for (int i = 0; i < need; i++)
+        if (!state || !state[i])
+            return sl_errorf("%s needs %d state buffers; buffer %d is NULL", sl_optim_name(cfg->type), need, i);
+    sl_segment *segs;
+    int n;
+    if (sl_optim_segments(cfg, mask, begin, end, &segs, &n)) return -1;
+    if (cfg->type == SL_OPTIM_SGD) {
+        sl_sgd_args a;
+        sl_sgd_args_make(cfg, lr, step, &a);
+        ops->sgd_step(&a, params, grads, need ? state[0] : NULL, segs, n);
+    } else {
+        sl_adam_args a;
+        sl_adam_args_make(cfg, lr, step, &a);
+        ops->adam_step(&a, params, grads, state[0], state[1], segs, n);
+    }
+    free(segs);
+    return 0;
+}
+
 int sl_optim_step(const sl_optim_config *cfg, double lr, int64_t step, float *params, const float *grads,
                   float *const *state, const sl_decay_mask *mask, size_t begin, size_t end) {
     if (step < 1) return sl_errorf("optimizer step number must start at 1, got %lld", (long long)step);

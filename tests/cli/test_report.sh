@@ -33,7 +33,12 @@ check report_mpi_version grep -Eq '^  MPI standard +[0-9]+\.[0-9]+$' "$tmp/out.t
 check report_mpi_library grep -Eq '^  MPI library +(Open MPI|MPICH|Intel|.*MPI)' "$tmp/out.txt"
 check report_comm_backends_built grep -Eq '^  comm mpi +built in' "$tmp/out.txt"
 check report_ops_cpu_built grep -Eq '^  ops cpu +built in' "$tmp/out.txt"
-check report_ops_cuda_not_built grep -Eq '^  ops cuda +not built' "$tmp/out.txt"
+# The ops cuda row follows the build: "built in (...)" when the library has the CUDA backend.
+if nm "$(dirname "$BIN")/libshardlm.a" 2>/dev/null | grep -Eq ' [DR] sl_ops_cuda$'; then
+  check report_ops_cuda_built grep -Eq '^  ops cuda +built in \(.*cuBLASLt loaded at run time\)$' "$tmp/out.txt"
+else
+  check report_ops_cuda_not_built grep -Eq '^  ops cuda +not built \(no nvcc at build time, or CUDA=0\)$' "$tmp/out.txt"
+fi
 check report_single_process grep -Eq '^  rank / world size +0 / 1$' "$tmp/out.txt"
 check report_launcher_none grep -Eq '^  launcher +none$' "$tmp/out.txt"
 

@@ -1,0 +1,146 @@
+// elementwise.cu: residual add, GELU (tanh approximation, "gelu_new") and SwiGLU on the GPU,
+// forward and backward. One thread per element (grid-stride loops, size_t indices).
+//
+// Bit-identical to the CPU backend (src/ops/cpu/elementwise.c): the CPU is built without FP
+// contraction (-std=c17) and uses vexpf/vtanhf from vec_math.h, so this file ports those two
+// functions operation for operation and writes every expression with _rn intrinsics in the CPU's
+// evaluation order (nvcc may not fuse them into FMAs). Requires the default nvcc float modes
+// (no --use_fast_math / -ftz=true), which keep float subnormals as the CPU does.
+// Invariants: no reductions, so nothing depends on launch shape; dinp is OVERWRITTEN (ops.h); all
+// work queued on sl_cuda_stream(). Cost: one memory-bound pass per op.
+#include "ops/cuda/cuda_common.cuh"
+
+#define EW_THREADS 256
+#define GELU_K 0.7978845608028654f  // sqrt(2/pi)
+
+static unsigned int grid_for(size_t n) {
+    size_t blocks = (n + EW_THREADS - 1) / EW_THREADS;
+    return (unsigned int)(blocks < ((size_t)1 << 20) ? blocks : ((size_t)1 << 20));
+}
+
+// ---- vec_math.h on the device (same operations, same order, same clamps) ------------------------
+
+__device__ __forceinline__ float vexpf_dev(float x) {
+    const float hi = 88.3762626647949f, lo = -87.3365447505531f;
+    float xc = x < hi ? x : hi;
+    xc = xc > lo ? xc : lo;
+    float n = __fsub_rn(__fadd_rn(__fmul_rn(xc, 1.44269504088896341f), 12582912.0f), 12582912.0f);
+    float r = __fsub_rn(xc, __fmul_rn(n, 0.693359375f));
+    r = __fsub_rn(r, __fmul_rn(n, -2.12194440e-4f));
+    float p = __fadd_rn(0.00833336823f, __fmul_rn(r, 0.00138887205f));
+    p = __fadd_rn(0.0416666418f, __fmul_rn(r, p));
+    p = __fadd_rn(0.166666672f, __fmul_rn(r, p));
+    p = __fadd_rn(0.5f, __fmul_rn(r, p));
+    p = __fadd_rn(1.0f, __fmul_rn(r, p));
+    p = __fadd_rn(1.0f, __fmul_rn(r, p));
+    float scale = __int_as_float(((int)n + 127) << 23);
+    float y = __fmul_rn(p, scale);
+    return x < lo ? 0.0f : y;
+}
+
+__device__ __forceinline__ float vtanhf_dev(float u) {
+    float e = vexpf_dev(__fmul_rn(2.0f, u > 20.0f ? 20.0f : u));
+    return __fsub_rn(1.0f, __fdiv_rn(2.0f, __fadd_rn(e, 1.0f)));
+}
+
+// tanh(sqrt(2/pi) * (x + 0.044715 x^3)), as the CPU evaluates it
+__device__ __forceinline__ float gelu_tanh_arg(float x) {
+    float cube = __fmul_rn(__fmul_rn(__fmul_rn(0.044715f, x), x), x);
+    return vtanhf_dev(__fmul_rn(GELU_K, __fadd_rn(x, cube)));
+}
+
+// ---- kernels -------------------------------------------------------------------------------------
+
+#define GRID_STRIDE(i, n) \
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
+
+template <typename T>
+__global__ void residual_forward_kernel(T *out, const T *a, const T *b, size_t n) {
+    GRID_STRIDE(i, n) out[i] = from_f32<T>(__fadd_rn(to_f32(a[i]), to_f32(b[i])));
+}
+
+template <typename T>
+__global__ void gelu_forward_kernel(T *out, const T *inp, size_t n) {
+    GRID_STRIDE(i, n) {
+        float x = to_f32(inp[i]);
+        float th = gelu_tanh_arg(x);
+        out[i] = from_f32<T>(__fmul_rn(__fmul_rn(0.5f, x), __fadd_rn(1.0f, th)));
+    }
+}
+
+template <typename T>
+__global__ void gelu_backward_kernel(T *dinp, const T *inp, const T *dout, size_t n) {
+    GRID_STRIDE(i, n) {
+        float x = to_f32(inp[i]);
+        float th = gelu_tanh_arg(x);
+        // du = K * (1 + 3 * 0.044715 * x * x)
+        float du = __fmul_rn(GELU_K, __fadd_rn(1.0f, __fmul_rn(__fmul_rn(__fmul_rn(3.0f, 0.044715f), x), x)));
+        float left = __fmul_rn(0.5f, __fadd_rn(1.0f, th));
+        float right = __fmul_rn(__fmul_rn(__fmul_rn(0.5f, x), __fsub_rn(1.0f, __fmul_rn(th, th))), du);
+        dinp[i] = from_f32<T>(__fmul_rn(to_f32(dout[i]), __fadd_rn(left, right)));
+    }
+}
+
+// out (N,I) = silu(gate) * up with inp (N,2I) = gate | up.
+template <typename T>
+__global__ void swiglu_forward_kernel(T *out, const T *inp, size_t N, size_t I) {
+    size_t total = N * I;
+    GRID_STRIDE(idx, total) {
+        size_t n = idx / I, i = idx % I;
+        const T *g = inp + n * 2 * I;
+        float gi = to_f32(g[i]), ui = to_f32(g[I + i]);
+        out[idx] = from_f32<T>(__fmul_rn(__fdiv_rn(gi, __fadd_rn(1.0f, vexpf_dev(-gi))), ui));
+    }
+}
+
+// dinp (N,2I) = d gate | d up (overwritten).
+template <typename T>
+__global__ void swiglu_backward_kernel(T *dinp, const T *inp, const T *dout, size_t N, size_t I) {
+    size_t total = N * I;
+    GRID_STRIDE(idx, total) {
+        size_t n = idx / I, i = idx % I;
+        const T *g = inp + n * 2 * I;
+        T *dg = dinp + n * 2 * I;
+        float gi = to_f32(g[i]), ui = to_f32(g[I + i]), d = to_f32(dout[idx]);
+        float s = __fdiv_rn(1.0f, __fadd_rn(1.0f, vexpf_dev(-gi)));
+        float dsilu = __fadd_rn(1.0f, __fmul_rn(gi, __fsub_rn(1.0f, s)));  // 1 + g * (1 - s)
+        dg[i] = from_f32<T>(__fmul_rn(__fmul_rn(__fmul_rn(d, ui), s), dsilu));
+        dg[I + i] = from_f32<T>(__fmul_rn(__fmul_rn(d, gi), s));
+    }
+}
+
+// ---- entry points --------------------------------------------------------------------------------
+
+extern "C" void cuda_residual_forward(float *out, const float *a, const float *b, size_t n) {
+    if (n == 0) return;
+    residual_forward_kernel<float><<<grid_for(n), EW_THREADS, 0, sl_cuda_stream()>>>(out, a, b, n);
+    CUDA_LAUNCH_CHECK();
+}
+
+extern "C" void cuda_gelu_forward(float *out, const float *inp, size_t n) {
+    if (n == 0) return;
+    gelu_forward_kernel<float><<<grid_for(n), EW_THREADS, 0, sl_cuda_stream()>>>(out, inp, n);
+    CUDA_LAUNCH_CHECK();
+}
+
+extern "C" void cuda_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n) {
+    if (n == 0) return;
+    gelu_backward_kernel<float><<<grid_for(n), EW_THREADS, 0, sl_cuda_stream()>>>(dinp, inp, dout, n);
+    CUDA_LAUNCH_CHECK();
+}
+
+extern "C" void cuda_swiglu_forward(float *out, const float *inp, int N, int I) {
+    if (N <= 0 || I <= 0) return;
+    size_t total = (size_t)N * I;
+    swiglu_forward_kernel<float><<<grid_for(total), EW_THREADS, 0, sl_cuda_stream()>>>(out, inp, (size_t)N,
+                                                                                       (size_t)I);
+    CUDA_LAUNCH_CHECK();
+}
+
+extern "C" void cuda_swiglu_backward(float *dinp, const float *inp, const float *dout, int N, int I) {
+    if (N <= 0 || I <= 0) return;
+    size_t total = (size_t)N * I;
+    swiglu_backward_kernel<float><<<grid_for(total), EW_THREADS, 0, sl_cuda_stream()>>>(dinp, inp, dout, (size_t)N,
+                                                                                        (size_t)I);
+    CUDA_LAUNCH_CHECK();
+}

@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# test_cuda_build.sh: the CUDA ops backend is built and wired up, checked without a GPU (CI). When
+# $CUDA_HOME/bin/nvcc exists (and CUDA=0 was not given to make), for the build directory holding
+# "$SHARDLM_BIN":
+#   - libshardlm.a defines sl_ops_cuda and every cuda_* function cuda_ops.h declares, and refers to no
+#     cuBLASLt symbol (libcublasLt is dlopen'ed); the shardlm binary needs neither libcudart.so nor
+#     libcublasLt.so (static CUDA runtime);
+#   - a small program linked like the binary finds every entry of sl_ops_cuda filled (name "cuda",
+#     on_device 1), and sl_ops_for_device gives the CPU table for "cpu", names the value and the
+#     choices for a bad one, rejects "cuda:x", and (on a machine without a GPU) fails "cuda" with
+#     "no usable CUDA GPU";
+#   - tests/gpu/test_ops_cuda.c compiles and links against the library (it runs only on a GPU);
+#   - `shardlm report` says the ops cuda backend is built in.
+# Without nvcc it prints SKIP lines. Prints PASS/FAIL lines for tests/run.sh. Skips silently (exit 0)
+# while "$SHARDLM_BIN" is not an executable.
+set -u
+cd "$(dirname "$0")/../.." || exit 1
+BIN=${SHARDLM_BIN:-build/shardlm}
+[ -x "$BIN" ] || exit 0
+bdir=$(dirname "$BIN")
+lib="$bdir/libshardlm.a"
+CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+if [ ! -x "$CUDA_HOME/bin/nvcc" ]; then
+  echo "SKIP cuda_build: no $CUDA_HOME/bin/nvcc (the CUDA backend is not built on this machine)"; exit 0
+fi
+if [ "${CUDA:-}" = 0 ]; then echo "SKIP cuda_build: built with CUDA=0"; exit 0; fi
+tmp=$(mktemp -d /tmp/shardlm_test_cuda_build_XXXXXX)
+trap 'rm -rf "$tmp"' EXIT
+failures=0
+check() {  # check NAME COMMAND...: PASS if the command succeeds
+  local name=$1; shift
+  if "$@" >>"$tmp/log" 2>&1; then echo "PASS $name"; else echo "FAIL $name"; failures=$((failures + 1)); tail -n 20 "$tmp/log"; fi
+}
+
+# 1. The library's symbols.
+nm "$lib" >"$tmp/nm.txt" 2>/dev/null
+check cuda_lib_has_table grep -Eq ' [DR] sl_ops_cuda$' "$tmp/nm.txt"
+grep -oE 'cuda_[a-z0-9_]+\(' src/ops/cuda/cuda_ops.h | tr -d '(' | sort -u >"$tmp/declared.txt"
+missing=$(while read -r f; do grep -Eq " T $f\$" "$tmp/nm.txt" || echo "$f"; done <"$tmp/declared.txt")
+[ -n "$missing" ] && echo "not defined in $lib: $(tr "\n" " " <<<"$missing")" >>"$tmp/log"
+check cuda_lib_defines_every_cuda_op test -z "$missing" -a -s "$tmp/declared.txt"
+check cuda_lib_no_cublaslt_link sh -c "! grep -E ' U cublasLt' '$tmp/nm.txt'"
+readelf -d "$BIN" >"$tmp/needed.txt" 2>&1
+check cuda_binary_static_runtime sh -c "! grep -Ei 'NEEDED.*(libcudart|libcublas)' '$tmp/needed.txt'"
+
+# 2. A program linked like the binary: the table and sl_ops_for_device.
+cat >"$tmp/table.c" <<'EOF'
+#include <stdio.h>
+#include <string.h>
+#include "shardlm/error.h"
+#include "shardlm/ops.h"
+extern const sl_ops sl_ops_cuda;
+#define FNS(X) X(encoder_forward) X(encoder_backward) X(matmul_forward) X(matmul_backward) \
+  X(layernorm_forward) X(layernorm_backward) X(rmsnorm_forward) X(rmsnorm_backward) X(residual_forward) \
+  X(gelu_forward) X(gelu_backward) X(swiglu_forward) X(swiglu_backward) X(rope_forward) X(rope_backward) \
+  X(attention_forward) X(attention_backward) X(attention_decode) X(crossentropy_forward) \
+  X(crossentropy_backward) X(alloc) X(dealloc) X(memzero) X(upload) X(download) X(copy) X(synchronize) \
+  X(sumsq) X(scale) X(nonfinite) X(round_to) X(adam_step) X(sgd_step)
+int main(int argc, char **argv) {
+    int bad = 0;
+#define CHECK(f) if (!sl_ops_cuda.f) { printf("NULL entry: %s\n", #f); bad = 1; }
+    FNS(CHECK)
+    if (strcmp(sl_ops_cuda.name, "cuda") || sl_ops_cuda.on_device != 1) { printf("bad name/on_device\n"); bad = 1; }
+    if (!sl_ops_cuda_built()) { printf("sl_ops_cuda_built() is 0\n"); bad = 1; }
+    if (sl_ops_for_device("cpu", 0) != &sl_ops_cpu) { printf("cpu: %s\n", sl_error()); bad = 1; }
+    if (sl_ops_for_device("tpu", 0) || !strstr(sl_error(), "'tpu'") || !strstr(sl_error(), "cuda:N")) {
+        printf("tpu: %s\n", sl_error()); bad = 1;
+    }
+    if (sl_ops_for_device("cuda:x", 0) || !strstr(sl_error(), "cuda:x")) { printf("cuda:x: %s\n", sl_error()); bad = 1; }
+    if (argc > 1 && !strcmp(argv[1], "nogpu")) {
+        if (sl_ops_for_device("cuda", 3) || !strstr(sl_error(), "no usable CUDA GPU")) {
+            printf("cuda without a GPU: '%s'\n", sl_error()); bad = 1;
+        } else printf("message: %s\n", sl_error());
+    }
+    return bad;
+}
+EOF
+BLAS_DIR=${BLAS_DIR:-/usr/lib/x86_64-linux-gnu/openblas-openmp}
+BLAS_INC=${BLAS_INC:-/usr/include/x86_64-linux-gnu/openblas-openmp}
+flags="-std=c17 -Wall -Wextra -Werror -D_GNU_SOURCE -fopenmp -g -O1 -Iinclude -Isrc -I$BLAS_INC $(mpicc --showme:compile 2>/dev/null)"
+grep -q ' U __asan_' "$tmp/nm.txt" && flags="$flags -fsanitize=address,undefined"  # the ASan build's library
+libs="-L$BLAS_DIR -Wl,-rpath,$BLAS_DIR -lopenblas -lcjson -lpcre2-8 $(mpicc --showme:link 2>/dev/null) -L$CUDA_HOME/lib64 -lcudart_static -ldl -lrt -lpthread -lstdc++ -lm"
+# shellcheck disable=SC2086
+check cuda_table_program_links ${CC:-gcc} $flags "$tmp/table.c" "$lib" -o "$tmp/table" $libs
+gpu_arg=nogpu
+command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU ' && gpu_arg=gpu
+check cuda_table_filled_and_device_names "$tmp/table" $gpu_arg
+
+# 3. The GPU test program compiles and links (tests/gpu/run.sh runs it on a GPU).
+# shellcheck disable=SC2086
+check cuda_gpu_test_links ${CC:-gcc} $flags tests/gpu/test_ops_cuda.c "$lib" -o "$tmp/test_ops_cuda" $libs
+
+# 4. The report.
+"$BIN" report >"$tmp/report.txt" 2>&1
+check cuda_report_built_in grep -Eq '^  ops cuda +built in \(' "$tmp/report.txt"
+check cuda_report_cublaslt_row grep -Eq '^  cuBLASLt +([0-9]+\.[0-9]+\.[0-9]+ |not available: )' "$tmp/report.txt"
+
+[ $failures -eq 0 ]

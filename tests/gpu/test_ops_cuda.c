@@ -1,0 +1,698 @@
+// test_ops_cuda.c: every op of the CUDA ops table (sl_ops_cuda) against the CPU table (sl_ops_cpu) on
+// the same inputs, on one GPU (tests/gpu/run.sh compiles and runs it; `make test-gpu`). Not part of
+// `make test`: it needs a GPU.
+//
+// For each case the inputs are random with fixed seeds. Every buffer an op writes, overwritten or
+// accumulated (+=), starts from the same random values on both sides, so a wrong = / += shows. The
+// CPU runs once; the CUDA op runs twice from identical starting state (uploaded through the table's
+// upload, read back through download).
+//   * error of a tensor = max_i |cuda_i - cpu_i| / max_i |cpu_i| (denominator floored at 1e-30; a NaN
+//     or Inf where the other side has a finite value is an infinite error): must be <= 1e-5;
+//   * the optimizer passes (adam_step, sgd_step), scale and round_to must give the CPU's exact bits;
+//     nonfinite the same answer; sumsq (double, a different summation tree) within 1e-9 relative;
+//   * determinism: the two CUDA runs must give identical bits (tensors and returned values).
+// Shapes mix small odd ones (not multiples of 32 or 64, unaligned pointers, T = 1) with GPT-2 124M
+// ones (C 768, NH 12, HD 64, T 1024, B 1). Also: every table entry is filled, an impossible
+// allocation fails with a message and leaves the backend usable, and cuda_synchronize returns 0.
+// Prints "PASS name (max rel err X)" / "FAIL name: why" and ends with "N passed, N failed"; the exit
+// status is non-zero on any failure. With no usable GPU it prints one SKIP line and exits 0.
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "shardlm/error.h"
+#include "shardlm/ops.h"
+#include "shardlm/optim.h"
+#include "shardlm/precision.h"
+#include "shardlm/rng.h"
+
+#define REL_TOL 1e-5
+#define SUMSQ_TOL 1e-9
+#define MAXBUF 12
+
+static const sl_ops *gpu;
+static const sl_ops *cpu = &sl_ops_cpu;
+static sl_rng rng;
+static int passed, failed;
+
+// ---- host helpers -------------------------------------------------------------------------------
+
+static void *xmalloc(size_t bytes) {
+    void *p = malloc(bytes ? bytes : 1);
+    if (!p) { fprintf(stderr, "out of host memory (%zu bytes)\n", bytes); exit(2); }
+    return p;
+}
+static void *xdup(const void *src, size_t bytes) {
+    void *p = xmalloc(bytes);
+    memcpy(p, src, bytes);
+    return p;
+}
+static float *frand(size_t n, float scale) {
+    float *v = xmalloc(sizeof(float) * n);
+    for (size_t i = 0; i < n; i++) v[i] = scale * sl_rng_normal(&rng);
+    return v;
+}
+static float *fpos(size_t n, float scale) {  // positive values (second moments)
+    float *v = xmalloc(sizeof(float) * n);
+    for (size_t i = 0; i < n; i++) v[i] = scale * fabsf(sl_rng_normal(&rng));
+    return v;
+}
+// Tokens / targets in [0, below); about `ignore_pct` percent are -1 (ignored targets).
+static int *irand(size_t n, int below, int ignore_pct) {
+    int *v = xmalloc(sizeof(int) * n);
+    for (size_t i = 0; i < n; i++)
+        v[i] = (int)sl_rng_below(&rng, 100) < ignore_pct ? -1 : (int)sl_rng_below(&rng, (uint64_t)below);
+    return v;
+}
+
+static void pass(const char *name, double err) {
+    printf("PASS %s (max rel err %.2e)\n", name, err);
+    passed++;
+}
+static void fail(const char *name, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void fail(const char *name, const char *fmt, ...) {
+    char why[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof why, fmt, ap);
+    va_end(ap);
+    printf("FAIL %s: %s\n", name, why);
+    failed++;
+}
+
+// max |got - want| / max |want| (see the top comment); *at = index of the worst element.
+static double rel_err(const float *got, const float *want, size_t n, size_t *at) {
+    double num = 0.0, den = 1e-30;
+    *at = 0;
+    for (size_t i = 0; i < n; i++) {
+        double g = got[i], w = want[i], d;
+        if (isnan(g) || isnan(w)) d = isnan(g) && isnan(w) ? 0.0 : INFINITY;
+        else if (isinf(g) || isinf(w)) d = g == w ? 0.0 : INFINITY;
+        else d = fabs(g - w);
+        if (d > num) { num = d; *at = i; }
+        if (isfinite(w) && fabs(w) > den) den = fabs(w);
+    }
+    return num / den;
+}
+
+// ---- the case runner ----------------------------------------------------------------------------
+
+enum { IN = 1, OUT = 2, INOUT = 3 };     // OUT buffers are compared after the op
+enum { CMP_REL = 0, CMP_BITS = 1 };
+
+typedef struct {
+    const char *name;
+    const void *init;   // host contents uploaded before the op (NULL: the op gets a NULL pointer)
+    size_t bytes;
+    int role;
+} tbuf;
+
+// Every op's scalar arguments.
+typedef struct {
+    int B, T, C, N, IC, OC, NH, NKV, HD, I, V, Vp, pos0, n_ctx, precision, n_segs, off;
+    size_t n;
+    float eps, dloss, coef;
+    sl_adam_args adam;
+    sl_sgd_args sgd;
+    const sl_segment *segs;   // host
+} args;
+
+// Runs the op on `ops` with buffers p[]; returns the op's scalar result (0 for void ops).
+typedef double (*op_fn)(const sl_ops *ops, void **p, const args *a);
+
+// Runs `fn` on the CPU once and on the GPU twice, compares (mode, tol) and prints PASS / FAIL.
+static void run_case(const char *name, op_fn fn, const args *a, const tbuf *b, int nb, int mode, double tol) {
+    void *host[MAXBUF] = {0}, *res[2][MAXBUF] = {{0}};
+    double cpu_value, gpu_value[2] = {0, 0};
+    for (int i = 0; i < nb; i++) host[i] = b[i].init ? xdup(b[i].init, b[i].bytes) : NULL;
+    cpu_value = fn(cpu, host, a);
+    int broken = 0;
+    for (int r = 0; r < 2 && !broken; r++) {
+        void *dev[MAXBUF] = {0};
+        for (int i = 0; i < nb && !broken; i++) {
+            if (!b[i].init) continue;
+            dev[i] = gpu->alloc(b[i].bytes, b[i].name);
+            if (!dev[i]) { fail(name, "alloc %s: %s", b[i].name, sl_error()); broken = 1; break; }
+            gpu->upload(dev[i], b[i].init, b[i].bytes);
+        }
+        if (!broken) gpu_value[r] = fn(gpu, dev, a);
+        for (int i = 0; i < nb && !broken; i++) {
+            if (!(b[i].role & OUT) || !dev[i]) continue;
+            res[r][i] = xmalloc(b[i].bytes);
+            gpu->download(res[r][i], dev[i], b[i].bytes);
+        }
+        if (!broken && gpu->synchronize()) { fail(name, "%s", sl_error()); broken = 1; }
+        for (int i = 0; i < nb; i++) gpu->dealloc(dev[i]);
+    }
+    if (!broken) {
+        double worst = 0.0;
+        char why[512] = "";
+        for (int i = 0; i < nb && !why[0]; i++) {
+            if (!(b[i].role & OUT) || !host[i]) continue;
+            size_t n = b[i].bytes / sizeof(float), at = 0;
+            if (mode == CMP_BITS) {
+                if (memcmp(res[0][i], host[i], b[i].bytes)) {
+                    const uint32_t *g = res[0][i], *c = host[i];
+                    while (g[at] == c[at]) at++;
+                    snprintf(why, sizeof why, "%s differs from the CPU's bits at [%zu]: cuda %.9g (0x%08x), cpu %.9g (0x%08x)",
+                             b[i].name, at, ((float *)res[0][i])[at], g[at], ((float *)host[i])[at], c[at]);
+                }
+            } else {
+                double e = rel_err(res[0][i], host[i], n, &at);
+                if (e > worst) worst = e;
+                if (!(e <= tol))
+                    snprintf(why, sizeof why, "%s: rel err %.3e > %.0e (worst at [%zu]: cuda %.9g, cpu %.9g)", b[i].name, e,
+                             tol, at, ((float *)res[0][i])[at], ((float *)host[i])[at]);
+            }
+            if (!why[0] && memcmp(res[0][i], res[1][i], b[i].bytes)) {
+                const uint32_t *x = res[0][i], *y = res[1][i];
+                while (x[at] == y[at]) at++;
+                snprintf(why, sizeof why, "not deterministic: %s differs between two CUDA runs at [%zu] (%.9g vs %.9g)",
+                         b[i].name, at, ((float *)res[0][i])[at], ((float *)res[1][i])[at]);
+            }
+        }
+        if (!why[0]) {
+            double e = fabs(gpu_value[0] - cpu_value) / fmax(fabs(cpu_value), 1e-300);
+            if (mode == CMP_BITS ? gpu_value[0] != cpu_value : !(e <= tol))
+                snprintf(why, sizeof why, "returned %.17g, cpu %.17g (rel err %.3e)", gpu_value[0], cpu_value, e);
+            else if (memcmp(&gpu_value[0], &gpu_value[1], sizeof(double)))
+                snprintf(why, sizeof why, "not deterministic: returned %.17g then %.17g", gpu_value[0], gpu_value[1]);
+            else if (mode == CMP_REL && e > worst)
+                worst = e;
+        }
+        if (why[0]) fail(name, "%s", why);
+        else pass(name, worst);
+    }
+    for (int i = 0; i < nb; i++) { free(host[i]); free(res[0][i]); free(res[1][i]); }
+}
+
+#define F(n) ((n) * sizeof(float))
+#define I(n) ((n) * sizeof(int))
+#define RUN(name, fn, a, mode, tol, ...)                                                 \
+    do {                                                                                 \
+        const tbuf bufs_[] = {__VA_ARGS__};                                              \
+        run_case(name, fn, a, bufs_, (int)(sizeof bufs_ / sizeof bufs_[0]), mode, tol); \
+    } while (0)
+
+// ---- op adapters: p[] in the op's argument order ------------------------------------------------
+
+static double op_encoder_fwd(const sl_ops *o, void **p, const args *a) {
+    o->encoder_forward(p[0], p[1], p[2], p[3], a->B, a->T, a->C);
+    return 0;
+}
+static double op_encoder_bwd(const sl_ops *o, void **p, const args *a) {
+    o->encoder_backward(p[0], p[1], p[2], p[3], a->B, a->T, a->C);
+    return 0;
+}
+// Matmul buffers may be offset by a->off floats (unaligned pointers).
+static float *at_off(void *p, const args *a) { return p ? (float *)p + a->off : NULL; }
+static double op_matmul_fwd(const sl_ops *o, void **p, const args *a) {
+    o->matmul_forward(at_off(p[0], a), at_off(p[1], a), at_off(p[2], a), at_off(p[3], a), a->N, a->IC, a->OC);
+    return 0;
+}
+static double op_matmul_bwd(const sl_ops *o, void **p, const args *a) {
+    o->matmul_backward(at_off(p[0], a), at_off(p[1], a), at_off(p[2], a), at_off(p[3], a), at_off(p[4], a),
+                       at_off(p[5], a), a->N, a->IC, a->OC);
+    return 0;
+}
+static double op_layernorm_fwd(const sl_ops *o, void **p, const args *a) {
+    o->layernorm_forward(p[0], p[1], p[2], p[3], p[4], p[5], a->N, a->C, a->eps);
+    return 0;
+}
+static double op_layernorm_bwd(const sl_ops *o, void **p, const args *a) {
+    o->layernorm_backward(p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], a->N, a->C);
+    return 0;
+}
+static double op_rmsnorm_fwd(const sl_ops *o, void **p, const args *a) {
+    o->rmsnorm_forward(p[0], p[1], p[2], p[3], a->N, a->C, a->eps);
+    return 0;
+}
+static double op_rmsnorm_bwd(const sl_ops *o, void **p, const args *a) {
+    o->rmsnorm_backward(p[0], p[1], p[2], p[3], p[4], p[5], a->N, a->C);
+    return 0;
+}
+static double op_residual(const sl_ops *o, void **p, const args *a) {
+    o->residual_forward(p[0], p[1], p[2], a->n);
+    return 0;
+}
+static double op_gelu_fwd(const sl_ops *o, void **p, const args *a) {
+    o->gelu_forward(p[0], p[1], a->n);
+    return 0;
+}
+static double op_gelu_bwd(const sl_ops *o, void **p, const args *a) {
+    o->gelu_backward(p[0], p[1], p[2], a->n);
+    return 0;
+}
+static double op_swiglu_fwd(const sl_ops *o, void **p, const args *a) {
+    o->swiglu_forward(p[0], p[1], a->N, a->I);
+    return 0;
+}
+static double op_swiglu_bwd(const sl_ops *o, void **p, const args *a) {
+    o->swiglu_backward(p[0], p[1], p[2], a->N, a->I);
+    return 0;
+}
+static double op_rope_fwd(const sl_ops *o, void **p, const args *a) {
+    o->rope_forward(p[0], p[1], p[2], a->B, a->T, a->NH, a->NKV, a->HD, a->pos0);
+    return 0;
+}
+static double op_rope_bwd(const sl_ops *o, void **p, const args *a) {
+    o->rope_backward(p[0], p[1], p[2], a->B, a->T, a->NH, a->NKV, a->HD);
+    return 0;
+}
+static double op_attention_fwd(const sl_ops *o, void **p, const args *a) {
+    o->attention_forward(p[0], p[1], p[2], a->B, a->T, a->NH, a->NKV, a->HD);
+    return 0;
+}
+static double op_attention_bwd(const sl_ops *o, void **p, const args *a) {
+    o->attention_backward(p[0], p[1], p[2], p[3], p[4], a->B, a->T, a->NH, a->NKV, a->HD);
+    return 0;
+}
+static double op_attention_decode(const sl_ops *o, void **p, const args *a) {
+    o->attention_decode(p[0], p[1], p[2], p[3], a->n_ctx, a->NH, a->NKV, a->HD);
+    return 0;
+}
+static double op_ce_fwd(const sl_ops *o, void **p, const args *a) {
+    return o->crossentropy_forward(p[0], p[1], p[2], a->N, a->V, a->Vp);
+}
+static double op_ce_bwd(const sl_ops *o, void **p, const args *a) {
+    o->crossentropy_backward(p[0], p[1], p[2], a->N, a->V, a->Vp, a->dloss);
+    return 0;
+}
+static double op_sumsq(const sl_ops *o, void **p, const args *a) { return o->sumsq(p[0], a->n); }
+static double op_scale(const sl_ops *o, void **p, const args *a) {
+    o->scale(p[0], a->n, a->coef);
+    return 0;
+}
+static double op_nonfinite(const sl_ops *o, void **p, const args *a) { return o->nonfinite(p[0], a->n); }
+static double op_round_to(const sl_ops *o, void **p, const args *a) {
+    o->round_to(p[0], a->n, a->precision);
+    return 0;
+}
+static double op_adam(const sl_ops *o, void **p, const args *a) {
+    o->adam_step(&a->adam, p[0], p[1], p[2], p[3], a->segs, a->n_segs);
+    return 0;
+}
+static double op_sgd(const sl_ops *o, void **p, const args *a) {
+    o->sgd_step(&a->sgd, p[0], p[1], p[2], a->segs, a->n_segs);
+    return 0;
+}
+
+// ---- cases --------------------------------------------------------------------------------------
+
+static void test_encoder(const char *tag, int B, int T, int C, int V, int with_wpe) {
+    char name[128];
+    args a = {.B = B, .T = T, .C = C};
+    size_t N = (size_t)B * T;
+    int *tok = irand(N, V, 0);
+    for (size_t i = 1; i < N; i += 3) tok[i] = tok[0];  // repeated tokens: += into the same dwte row
+    float *wte = frand((size_t)V * C, 0.02f), *wpe = with_wpe ? frand((size_t)T * C, 0.01f) : NULL;
+    float *out = frand(N * C, 1.0f), *dout = frand(N * C, 1.0f);
+    float *dwte = frand((size_t)V * C, 1.0f), *dwpe = with_wpe ? frand((size_t)T * C, 1.0f) : NULL;
+    snprintf(name, sizeof name, "encoder_forward_%s", tag);
+    RUN(name, op_encoder_fwd, &a, CMP_REL, REL_TOL, {"out", out, F(N * C), OUT}, {"inp", tok, I(N), IN},
+        {"wte", wte, F((size_t)V * C), IN}, {"wpe", wpe, with_wpe ? F((size_t)T * C) : 0, IN});
+    snprintf(name, sizeof name, "encoder_backward_%s", tag);
+    RUN(name, op_encoder_bwd, &a, CMP_REL, REL_TOL, {"dwte", dwte, F((size_t)V * C), INOUT},
+        {"dwpe", dwpe, with_wpe ? F((size_t)T * C) : 0, INOUT}, {"dout", dout, F(N * C), IN}, {"inp", tok, I(N), IN});
+    free(tok); free(wte); free(wpe); free(out); free(dout); free(dwte); free(dwpe);
+}
+
+static void test_matmul(const char *tag, int N, int IC, int OC, int with_bias, int off) {
+    char name[128];
+    args a = {.N = N, .IC = IC, .OC = OC, .off = off};
+    size_t nin = (size_t)N * IC + off, nw = (size_t)OC * IC + off, nout = (size_t)N * OC + off, nb = (size_t)OC + off;
+    float *inp = frand(nin, 1.0f), *w = frand(nw, 0.05f), *bias = with_bias ? frand(nb, 0.1f) : NULL;
+    float *out = frand(nout, 1.0f), *dout = frand(nout, 1.0f), *dinp = frand(nin, 1.0f);
+    float *dw = frand(nw, 1.0f), *db = with_bias ? frand(nb, 1.0f) : NULL;
+    snprintf(name, sizeof name, "matmul_forward_%s", tag);
+    RUN(name, op_matmul_fwd, &a, CMP_REL, REL_TOL, {"out", out, F(nout), OUT}, {"inp", inp, F(nin), IN},
+        {"weight", w, F(nw), IN}, {"bias", bias, with_bias ? F(nb) : 0, IN});
+    snprintf(name, sizeof name, "matmul_backward_%s", tag);
+    RUN(name, op_matmul_bwd, &a, CMP_REL, REL_TOL, {"dinp", dinp, F(nin), OUT}, {"dweight", dw, F(nw), INOUT},
+        {"dbias", db, with_bias ? F(nb) : 0, INOUT}, {"dout", dout, F(nout), IN}, {"inp", inp, F(nin), IN},
+        {"weight", w, F(nw), IN});
+    snprintf(name, sizeof name, "matmul_backward_no_dinp_%s", tag);
+    RUN(name, op_matmul_bwd, &a, CMP_REL, REL_TOL, {"dinp", NULL, 0, OUT}, {"dweight", dw, F(nw), INOUT},
+        {"dbias", db, with_bias ? F(nb) : 0, INOUT}, {"dout", dout, F(nout), IN}, {"inp", inp, F(nin), IN},
+        {"weight", w, F(nw), IN});
+    free(inp); free(w); free(bias); free(out); free(dout); free(dinp); free(dw); free(db);
+}
+
+static void test_norms(const char *tag, int N, int C) {
+    char name[128];
+    args a = {.N = N, .C = C, .eps = 1e-5f};
+    size_t n = (size_t)N * C;
+    float *inp = frand(n, 1.0f), *w = frand(C, 1.0f), *b = frand(C, 0.1f), *out = frand(n, 1.0f);
+    float *mean = frand(N, 1.0f), *rstd = frand(N, 1.0f), *dout = frand(n, 1.0f);
+    float *dinp = frand(n, 1.0f), *dw = frand(C, 1.0f), *db = frand(C, 1.0f);
+    for (size_t i = 0; i < n; i++) inp[i] += 0.5f;  // a non-zero mean
+    snprintf(name, sizeof name, "layernorm_forward_%s", tag);
+    RUN(name, op_layernorm_fwd, &a, CMP_REL, REL_TOL, {"out", out, F(n), OUT}, {"mean", mean, F(N), OUT},
+        {"rstd", rstd, F(N), OUT}, {"inp", inp, F(n), IN}, {"w", w, F(C), IN}, {"b", b, F(C), IN});
+    cpu->layernorm_forward(out, mean, rstd, inp, w, b, N, C, a.eps);  // the saved statistics backward reads
+    snprintf(name, sizeof name, "layernorm_backward_%s", tag);
+    RUN(name, op_layernorm_bwd, &a, CMP_REL, REL_TOL, {"dinp", dinp, F(n), INOUT}, {"dw", dw, F(C), INOUT},
+        {"db", db, F(C), INOUT}, {"dout", dout, F(n), IN}, {"inp", inp, F(n), IN}, {"w", w, F(C), IN},
+        {"mean", mean, F(N), IN}, {"rstd", rstd, F(N), IN});
+    a.eps = 1e-6f;
+    snprintf(name, sizeof name, "rmsnorm_forward_%s", tag);
+    RUN(name, op_rmsnorm_fwd, &a, CMP_REL, REL_TOL, {"out", out, F(n), OUT}, {"rstd", rstd, F(N), OUT},
+        {"inp", inp, F(n), IN}, {"w", w, F(C), IN});
+    cpu->rmsnorm_forward(out, rstd, inp, w, N, C, a.eps);
+    snprintf(name, sizeof name, "rmsnorm_backward_%s", tag);
+    RUN(name, op_rmsnorm_bwd, &a, CMP_REL, REL_TOL, {"dinp", dinp, F(n), INOUT}, {"dw", dw, F(C), INOUT},
+        {"dout", dout, F(n), IN}, {"inp", inp, F(n), IN}, {"w", w, F(C), IN}, {"rstd", rstd, F(N), IN});
+    free(inp); free(w); free(b); free(out); free(mean); free(rstd); free(dout); free(dinp); free(dw); free(db);
+}
+
+static void test_elementwise(const char *tag, size_t n, int N, int I) {
+    char name[128];
+    args a = {.n = n, .N = N, .I = I};
+    float *x = frand(n, 1.5f), *y = frand(n, 1.0f), *out = frand(n, 1.0f), *dout = frand(n, 1.0f);
+    float *dinp = frand(n, 1.0f);
+    snprintf(name, sizeof name, "residual_forward_%s", tag);
+    RUN(name, op_residual, &a, CMP_REL, REL_TOL, {"out", out, F(n), OUT}, {"a", x, F(n), IN}, {"b", y, F(n), IN});
+    snprintf(name, sizeof name, "gelu_forward_%s", tag);
+    RUN(name, op_gelu_fwd, &a, CMP_REL, REL_TOL, {"out", out, F(n), OUT}, {"inp", x, F(n), IN});
+    snprintf(name, sizeof name, "gelu_backward_%s", tag);
+    RUN(name, op_gelu_bwd, &a, CMP_REL, REL_TOL, {"dinp", dinp, F(n), OUT}, {"inp", x, F(n), IN},
+        {"dout", dout, F(n), IN});
+    size_t ni = (size_t)N * I;
+    float *sin_ = frand(2 * ni, 1.5f), *sout = frand(ni, 1.0f), *sdout = frand(ni, 1.0f), *sdinp = frand(2 * ni, 1.0f);
+    snprintf(name, sizeof name, "swiglu_forward_%s", tag);
+    RUN(name, op_swiglu_fwd, &a, CMP_REL, REL_TOL, {"out", sout, F(ni), OUT}, {"inp", sin_, F(2 * ni), IN});
+    snprintf(name, sizeof name, "swiglu_backward_%s", tag);
+    RUN(name, op_swiglu_bwd, &a, CMP_REL, REL_TOL, {"dinp", sdinp, F(2 * ni), OUT}, {"inp", sin_, F(2 * ni), IN},
+        {"dout", sdout, F(ni), IN});
+    free(x); free(y); free(out); free(dout); free(dinp); free(sin_); free(sout); free(sdout); free(sdinp);
+}
+
+static void test_rope(const char *tag, int B, int T, int NH, int NKV, int HD, int pos0) {
+    char name[128];
+    args a = {.B = B, .T = T, .NH = NH, .NKV = NKV, .HD = HD, .pos0 = pos0};
+    int max_T = pos0 + T + 3;
+    size_t n = (size_t)B * T * (NH + 2 * NKV) * HD, nt = (size_t)max_T * (HD / 2);
+    float *cos_t = xmalloc(F(nt)), *sin_t = xmalloc(F(nt)), *qkv = frand(n, 1.0f);
+    sl_rope_tables(cos_t, sin_t, max_T, HD, 10000.0f);
+    snprintf(name, sizeof name, "rope_forward_%s_pos0_%d", tag, pos0);
+    RUN(name, op_rope_fwd, &a, CMP_REL, REL_TOL, {"qkv", qkv, F(n), INOUT}, {"cos", cos_t, F(nt), IN},
+        {"sin", sin_t, F(nt), IN});
+    if (pos0 == 0) {
+        snprintf(name, sizeof name, "rope_backward_%s", tag);
+        RUN(name, op_rope_bwd, &a, CMP_REL, REL_TOL, {"dqkv", qkv, F(n), INOUT}, {"cos", cos_t, F(nt), IN},
+            {"sin", sin_t, F(nt), IN});
+    }
+    free(cos_t); free(sin_t); free(qkv);
+}
+
+static void test_attention(const char *tag, int B, int T, int NH, int NKV, int HD) {
+    char name[128];
+    args a = {.B = B, .T = T, .NH = NH, .NKV = NKV, .HD = HD};
+    size_t N = (size_t)B * T, nqkv = N * (NH + 2 * NKV) * HD, nout = N * NH * HD, nlse = (size_t)B * NH * T;
+    float *qkv = frand(nqkv, 1.0f), *out = frand(nout, 1.0f), *lse = frand(nlse, 1.0f);
+    float *dout = frand(nout, 1.0f), *dqkv = frand(nqkv, 1.0f);
+    snprintf(name, sizeof name, "attention_forward_%s", tag);
+    RUN(name, op_attention_fwd, &a, CMP_REL, REL_TOL, {"out", out, F(nout), OUT}, {"lse", lse, F(nlse), OUT},
+        {"qkv", qkv, F(nqkv), IN});
+    cpu->attention_forward(out, lse, qkv, B, T, NH, NKV, HD);  // what backward reads
+    snprintf(name, sizeof name, "attention_backward_%s", tag);
+    RUN(name, op_attention_bwd, &a, CMP_REL, REL_TOL, {"dqkv", dqkv, F(nqkv), OUT}, {"dout", dout, F(nout), IN},
+        {"qkv", qkv, F(nqkv), IN}, {"out", out, F(nout), IN}, {"lse", lse, F(nlse), IN});
+    free(qkv); free(out); free(lse); free(dout); free(dqkv);
+}
+
+static void test_decode(const char *tag, int n_ctx, int NH, int NKV, int HD) {
+    char name[128];
+    args a = {.n_ctx = n_ctx, .NH = NH, .NKV = NKV, .HD = HD};
+    size_t nq = (size_t)NH * HD, nkv = (size_t)n_ctx * NKV * HD;
+    float *out = frand(nq, 1.0f), *q = frand(nq, 1.0f), *k = frand(nkv, 1.0f), *v = frand(nkv, 1.0f);
+    snprintf(name, sizeof name, "attention_decode_%s", tag);
+    RUN(name, op_attention_decode, &a, CMP_REL, REL_TOL, {"out", out, F(nq), OUT}, {"q", q, F(nq), IN},
+        {"k_cache", k, F(nkv), IN}, {"v_cache", v, F(nkv), IN});
+    free(out); free(q); free(k); free(v);
+}
+
+static void test_crossentropy(const char *tag, int N, int V, int Vp) {
+    char name[128];
+    size_t n = (size_t)N * Vp;
+    float *logits = frand(n, 2.0f), *lse = frand(N, 1.0f);
+    for (int r = 0; r < N; r++)
+        for (int c = V; c < Vp; c++) logits[(size_t)r * Vp + c] = 1e4f;  // padding must not count
+    int *targets = irand(N, V, 20);
+    targets[0] = V - 1;
+    int counted = 0;
+    for (int r = 0; r < N; r++) counted += targets[r] >= 0;
+    args a = {.N = N, .V = V, .Vp = Vp, .dloss = 1.0f / (float)(counted ? counted : 1)};
+    snprintf(name, sizeof name, "crossentropy_forward_%s", tag);
+    RUN(name, op_ce_fwd, &a, CMP_REL, REL_TOL, {"lse", lse, F(N), OUT}, {"logits", logits, F(n), IN},
+        {"targets", targets, I(N), IN});
+    cpu->crossentropy_forward(lse, logits, targets, N, V, Vp);
+    snprintf(name, sizeof name, "crossentropy_backward_%s", tag);
+    RUN(name, op_ce_bwd, &a, CMP_REL, REL_TOL, {"logits", logits, F(n), INOUT}, {"lse", lse, F(N), IN},
+        {"targets", targets, I(N), IN});
+    free(logits); free(lse); free(targets);
+}
+
+// Segments covering [0, n): sorted, disjoint, uneven lengths (one of a single element), decay alternating.
+static int make_segments(sl_segment *segs, size_t n) {
+    size_t cand[] = {1000, 1001, 5003, n / 2 + 7, n - 3}, prev = 0;
+    int k = 0, nc = (int)(sizeof cand / sizeof cand[0]);
+    for (int i = 1; i < nc; i++)  // sort the candidate cuts
+        for (int j = i; j > 0 && cand[j] < cand[j - 1]; j--) { size_t t = cand[j]; cand[j] = cand[j - 1]; cand[j - 1] = t; }
+    for (int i = 0; i < nc; i++) {
+        if (cand[i] <= prev || cand[i] >= n) continue;
+        segs[k] = (sl_segment){prev, cand[i], k % 2 == 0};
+        prev = cand[i];
+        k++;
+    }
+    segs[k] = (sl_segment){prev, n, k % 2 == 0};
+    return k + 1;
+}
+
+static void test_optimizer(const char *tag, size_t n) {
+    char name[128];
+    sl_segment segs[8];
+    args a = {.n = n, .segs = segs};
+    a.n_segs = make_segments(segs, n);
+    float *p = frand(n, 0.5f), *g = frand(n, 0.01f), *m = frand(n, 0.005f), *v = fpos(n, 1e-4f);
+    for (int step = 1; step <= 7; step += 6) {
+        for (int type = 0; type < 2; type++) {  // AdamW (decoupled decay), Adam (L2)
+            sl_optim_config cfg;
+            sl_optim_defaults(&cfg);
+            cfg.type = type ? SL_OPTIM_ADAM : SL_OPTIM_ADAMW;
+            cfg.weight_decay = 0.1;
+            cfg.beta2 = 0.95;
+            sl_adam_args_make(&cfg, 6e-4, step, &a.adam);
+            snprintf(name, sizeof name, "adam_step_%s_%s_step%d", type ? "adam_l2" : "adamw", tag, step);
+            RUN(name, op_adam, &a, CMP_BITS, 0, {"p", p, F(n), INOUT}, {"g", g, F(n), IN}, {"m", m, F(n), INOUT},
+                {"v", v, F(n), INOUT});
+        }
+    }
+    const struct { const char *what; double momentum, dampening; int nesterov, step; } sgd[] = {
+        {"plain", 0.0, 0.0, 0, 1}, {"momentum_first", 0.9, 0.0, 0, 1}, {"momentum", 0.9, 0.1, 0, 5},
+        {"nesterov", 0.9, 0.0, 1, 5}};
+    for (size_t i = 0; i < sizeof sgd / sizeof sgd[0]; i++) {
+        sl_optim_config cfg;
+        sl_optim_defaults(&cfg);
+        cfg.type = SL_OPTIM_SGD;
+        cfg.weight_decay = 0.01;
+        cfg.momentum = sgd[i].momentum;
+        cfg.dampening = sgd[i].dampening;
+        cfg.nesterov = sgd[i].nesterov;
+        sl_sgd_args_make(&cfg, 0.05, sgd[i].step, &a.sgd);
+        snprintf(name, sizeof name, "sgd_step_%s_%s", sgd[i].what, tag);
+        RUN(name, op_sgd, &a, CMP_BITS, 0, {"p", p, F(n), INOUT}, {"g", g, F(n), IN},
+            {"buf", a.sgd.has_buf ? m : NULL, a.sgd.has_buf ? F(n) : 0, INOUT});
+    }
+    free(p); free(g); free(m); free(v);
+}
+
+static float from_bits(uint32_t u) {
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static void test_flat_passes(const char *tag, size_t n) {
+    char name[128];
+    args a = {.n = n};
+    float *x = frand(n, 3.0f);
+    snprintf(name, sizeof name, "sumsq_%s", tag);
+    RUN(name, op_sumsq, &a, CMP_REL, SUMSQ_TOL, {"g", x, F(n), IN});
+    a.coef = 0.3183f;
+    snprintf(name, sizeof name, "scale_%s", tag);
+    RUN(name, op_scale, &a, CMP_BITS, 0, {"x", x, F(n), INOUT});
+    // nonfinite: clean, then an Inf at the end, a NaN in the middle, -Inf first.
+    snprintf(name, sizeof name, "nonfinite_clean_%s", tag);
+    RUN(name, op_nonfinite, &a, CMP_BITS, 0, {"x", x, F(n), IN});
+    float *y = xdup(x, F(n));
+    y[n - 1] = INFINITY;
+    snprintf(name, sizeof name, "nonfinite_inf_last_%s", tag);
+    RUN(name, op_nonfinite, &a, CMP_BITS, 0, {"x", y, F(n), IN});
+    memcpy(y, x, F(n));
+    y[n / 3] = NAN;
+    snprintf(name, sizeof name, "nonfinite_nan_%s", tag);
+    RUN(name, op_nonfinite, &a, CMP_BITS, 0, {"x", y, F(n), IN});
+    memcpy(y, x, F(n));
+    y[0] = -INFINITY;
+    snprintf(name, sizeof name, "nonfinite_neg_inf_first_%s", tag);
+    RUN(name, op_nonfinite, &a, CMP_BITS, 0, {"x", y, F(n), IN});
+    // round_to: ordinary values, exact ties, fp16 overflow and subnormals, float subnormals, +-Inf, +-0
+    // (no NaN: CUDA's NaN bits differ from the CPU's, as precision.h records).
+    memcpy(y, x, F(n));
+    for (size_t i = 0; i + 16 < n; i += 97) {
+        y[i] = from_bits(0x3F800000u | 0x8000u);          // 1 + 2^-8: bf16 tie -> even (1.0)
+        y[i + 1] = from_bits(0x3F810000u | 0x8000u);      // a bf16 tie rounding up to even
+        y[i + 2] = 1.0f + 0x1p-11f;                        // fp16 tie
+        y[i + 3] = 65504.0f;                               // fp16 max
+        y[i + 4] = 65519.0f;                               // rounds to fp16 max
+        y[i + 5] = 65520.0f;                               // fp16 overflow -> Inf
+        y[i + 6] = -1e6f;
+        y[i + 7] = 3e-7f;                                  // fp16 subnormal
+        y[i + 8] = 1e-9f;                                  // below fp16's smallest: 0
+        y[i + 9] = 1e-40f;                                 // float subnormal
+        y[i + 10] = INFINITY;
+        y[i + 11] = -INFINITY;
+        y[i + 12] = -0.0f;
+        y[i + 13] = 3.4e38f;                               // bf16 overflow -> Inf
+    }
+    a.precision = SL_PRECISION_BF16;
+    snprintf(name, sizeof name, "round_to_bf16_%s", tag);
+    RUN(name, op_round_to, &a, CMP_BITS, 0, {"x", y, F(n), INOUT});
+    a.precision = SL_PRECISION_FP16;
+    snprintf(name, sizeof name, "round_to_fp16_%s", tag);
+    RUN(name, op_round_to, &a, CMP_BITS, 0, {"x", y, F(n), INOUT});
+    a.precision = SL_PRECISION_FP32;
+    snprintf(name, sizeof name, "round_to_fp32_%s", tag);
+    RUN(name, op_round_to, &a, CMP_BITS, 0, {"x", y, F(n), INOUT});
+    free(x); free(y);
+}
+
+// ---- table and memory checks -------------------------------------------------------------------
+
+#define SL_OPS_FNS(X)                                                                                      \
+    X(encoder_forward) X(encoder_backward) X(matmul_forward) X(matmul_backward) X(layernorm_forward)     \
+    X(layernorm_backward) X(rmsnorm_forward) X(rmsnorm_backward) X(residual_forward) X(gelu_forward)    \
+    X(gelu_backward) X(swiglu_forward) X(swiglu_backward) X(rope_forward) X(rope_backward)              \
+    X(attention_forward) X(attention_backward) X(attention_decode) X(crossentropy_forward)              \
+    X(crossentropy_backward) X(alloc) X(dealloc) X(memzero) X(upload) X(download) X(copy) X(synchronize) \
+    X(sumsq) X(scale) X(nonfinite) X(round_to) X(adam_step) X(sgd_step)
+
+static void test_table(void) {
+    char missing[1024] = "";
+#define CHECK_FIELD(f)                                                                     \
+    if (!gpu->f) snprintf(missing + strlen(missing), sizeof missing - strlen(missing), " cuda:%s", #f); \
+    if (!cpu->f) snprintf(missing + strlen(missing), sizeof missing - strlen(missing), " cpu:%s", #f);
+    SL_OPS_FNS(CHECK_FIELD)
+#undef CHECK_FIELD
+    if (missing[0]) fail("ops_table_filled", "NULL entries:%s", missing);
+    else if (!gpu->name || strcmp(gpu->name, "cuda") || gpu->on_device != 1)
+        fail("ops_table_filled", "name '%s', on_device %d (want \"cuda\", 1)", gpu->name ? gpu->name : "(null)",
+             gpu->on_device);
+    else pass("ops_table_filled", 0.0);
+}
+
+static void test_memory(void) {
+    // alloc is zero-filled; memzero, copy, upload/download round trip.
+    size_t n = 1000003;
+    float *h = frand(n, 1.0f), *back = xmalloc(F(n));
+    float *d1 = gpu->alloc(F(n), "test buffer 1"), *d2 = gpu->alloc(F(n), "test buffer 2");
+    if (!d1 || !d2) { fail("memory_round_trip", "alloc: %s", sl_error()); return; }
+    gpu->download(back, d1, F(n));
+    int zero = 1;
+    for (size_t i = 0; i < n; i++) zero &= back[i] == 0.0f;
+    gpu->upload(d1, h, F(n));
+    gpu->copy(d2, d1, F(n));
+    gpu->download(back, d2, F(n));
+    int same = !memcmp(back, h, F(n));
+    gpu->memzero(d2 + 5, F(10));
+    gpu->download(back, d2, F(n));
+    int zeroed = back[4] == h[4] && back[5] == 0.0f && back[14] == 0.0f && back[15] == h[15];
+    gpu->dealloc(d1);
+    gpu->dealloc(d2);
+    if (gpu->synchronize()) fail("memory_round_trip", "%s", sl_error());
+    else if (!zero) fail("memory_round_trip", "alloc did not return zero-filled memory");
+    else if (!same) fail("memory_round_trip", "upload + copy + download changed the data");
+    else if (!zeroed) fail("memory_round_trip", "memzero cleared the wrong range");
+    else pass("memory_round_trip", 0.0);
+    free(h); free(back);
+
+    // An impossible allocation: NULL with a message naming it, and the backend still works after.
+    void *huge = gpu->alloc((size_t)1 << 50, "an impossible test buffer");
+    if (huge) { fail("alloc_failure_message", "a 1 PiB allocation succeeded"); gpu->dealloc(huge); }
+    else if (!strstr(sl_error(), "out of GPU memory allocating an impossible test buffer"))
+        fail("alloc_failure_message", "unexpected message: %s", sl_error());
+    else if (gpu->synchronize()) fail("alloc_failure_message", "synchronize after a failed alloc: %s", sl_error());
+    else pass("alloc_failure_message", 0.0);
+}
+
+int main(int argc, char **argv) {
+    const char *device = argc > 1 ? argv[1] : "cuda:0";
+    gpu = sl_ops_for_device(device, 0);
+    if (!gpu) {
+        if (strstr(sl_error(), "no usable CUDA GPU")) {
+            printf("SKIP test_ops_cuda: %s\n", sl_error());
+            return 0;
+        }
+        printf("FAIL cuda_backend_init: %s\n", sl_error());
+        printf("0 passed, 1 failed\n");
+        return 1;
+    }
+    printf("comparing %s against cpu: error = max|cuda - cpu| / max|cpu| per tensor, limit %.0e; "
+           "optimizer, scale and round_to: exact bits; every CUDA op run twice: identical bits\n",
+           gpu->name, REL_TOL);
+    fflush(stdout);
+    rng = sl_rng_make(1234, 0, 0, SL_RNG_TEST);
+    test_table();
+    test_memory();
+
+    test_encoder("small", 2, 37, 40, 97, 1);
+    test_encoder("no_wpe", 3, 17, 64, 50, 0);
+    test_encoder("gpt2", 1, 1024, 768, 50257, 1);
+
+    test_matmul("small_bias", 37, 19, 23, 1, 0);
+    test_matmul("small_nobias", 37, 19, 23, 0, 0);
+    test_matmul("unaligned_bias", 37, 19, 23, 1, 1);
+    test_matmul("one_row", 1, 64, 96, 1, 0);
+    test_matmul("gpt2_qkv", 1024, 768, 2304, 1, 0);
+    test_matmul("gpt2_fc", 1024, 768, 3072, 1, 0);
+    test_matmul("gpt2_proj", 1024, 3072, 768, 1, 0);
+    test_matmul("gpt2_lm_head", 256, 768, 50257, 0, 0);
+
+    test_norms("small", 37, 100);
+    test_norms("gpt2", 1024, 768);
+
+    test_elementwise("small", 1001, 37, 100);
+    test_elementwise("gpt2", (size_t)1024 * 3072 + 3, 1024, 2048);
+
+    test_rope("small", 2, 37, 4, 2, 64, 0);
+    test_rope("small", 2, 37, 4, 2, 64, 5);
+    test_rope("decode", 1, 1, 4, 2, 64, 77);
+    test_rope("llama", 1, 130, 8, 2, 128, 0);
+
+    test_attention("mha_T77", 2, 77, 4, 4, 64);
+    test_attention("gqa_T100", 2, 100, 4, 2, 64);
+    test_attention("gqa_T1", 3, 1, 4, 2, 64);
+    test_attention("gqa_hd128_T130", 1, 130, 8, 2, 128);
+    test_attention("gpt2_T1024", 1, 1024, 12, 12, 64);
+
+    test_decode("ctx1", 1, 4, 2, 64);
+    test_decode("gqa_ctx77", 77, 4, 2, 64);
+    test_decode("gpt2_ctx1024", 1024, 12, 12, 64);
+
+    test_crossentropy("small", 37, 100, 128);
+    test_crossentropy("gpt2", 64, 50257, 50304);
+
+    test_flat_passes("small", 1001);
+    test_flat_passes("large", (size_t)7 << 20);
+    test_optimizer("small", 1001);
+    test_optimizer("large", ((size_t)7 << 20) + 13);
+
+    if (gpu->synchronize()) fail("synchronize_at_end", "%s", sl_error());
+    else pass("synchronize_at_end", 0.0);
+    printf("%d passed, %d failed\n", passed, failed);
+    return failed ? 1 : 0;
+}
