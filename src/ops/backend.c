@@ -17,7 +17,6 @@
 #ifdef SHARDLM_HAVE_CUDA
 #include "ops/cuda/cuda_ops.h"   // C declarations only (cuda_backend_init)
 extern const sl_ops sl_ops_cuda;  // ops_cuda.cu
-int sl_cuda_device_count(void);   // ops_cuda.cu: visible GPUs, or -1 with "no usable CUDA GPU: ..."
 #endif
 
 int sl_ops_cuda_built(void) {
@@ -52,7 +51,7 @@ const sl_ops *sl_ops_for_device(const char *device, int local_rank) {
     }
 #ifdef SHARDLM_HAVE_CUDA
     if (is_cuda) {
-        int count = sl_cuda_device_count();
+        int count = cuda_device_count();
         if (count < 0) {
             sl_error_context("--device %s", device);
             return NULL;

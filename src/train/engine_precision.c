@@ -106,65 +106,21 @@ int engine_weights_for_save(sl_engine *e, float **full, int *owned) {
 
 // ---- the scaler in checkpoints -------------------------------------------------------------------
 
-void engine_scaler_to_json(const sl_engine *e, void *cjson_root) {
-    const sl_loss_scaler *s = &e->scaler;
-    cJSON *o = cJSON_AddObjectToObject((cJSON *)cjson_root, "loss_scaler");
-    cJSON_AddStringToObject(o, "precision", sl_precision_name(e->cfg.precision.precision));
-    cJSON_AddBoolToObject(o, "dynamic", s->dynamic);
-    cJSON_AddNumberToObject(o, "cur_scale", s->scale);
-    cJSON_AddNumberToObject(o, "cur_iter", (double)s->iter);
-    cJSON_AddNumberToObject(o, "last_overflow_iter", (double)s->last_overflow_iter);
-    cJSON_AddNumberToObject(o, "cur_hysteresis", s->cur_hysteresis);
-    cJSON_AddNumberToObject(o, "skipped_steps", (double)s->skipped_steps);
-    cJSON_AddNumberToObject(o, "scale_decreases", (double)s->scale_decreases);
-    cJSON_AddNumberToObject(o, "scale_increases", (double)s->scale_increases);
+// The scaler's state as 7 numbers, in SCALER_KEYS order (checkpoint keys and broadcast layout).
+static const char *const SCALER_KEYS[7] = {"cur_scale", "cur_iter", "last_overflow_iter", "cur_hysteresis",
+                                           "skipped_steps", "scale_decreases", "scale_increases"};
+
+static void scaler_pack(const sl_loss_scaler *s, double v[7]) {
+    v[0] = s->scale;
+    v[1] = (double)s->iter;
+    v[2] = (double)s->last_overflow_iter;
+    v[3] = s->cur_hysteresis;
+    v[4] = (double)s->skipped_steps;
+    v[5] = (double)s->scale_decreases;
+    v[6] = (double)s->scale_increases;
 }
 
-// Reads the checkpoint's scaler state when it was saved in this run's precision. A checkpoint from
-// another precision (or from before mixed precision) keeps this run's fresh scaler, but its
-// skipped-step count carries over so the schedule stays where it was.
-int engine_scaler_from_json(sl_engine *e, const void *cjson_root, const char *file) {
-    const cJSON *o = cJSON_GetObjectItemCaseSensitive((const cJSON *)cjson_root, "loss_scaler");
-    if (!o) return 0;
-    const char *keys[] = {"cur_scale", "cur_iter", "last_overflow_iter", "cur_hysteresis", "skipped_steps",
-                          "scale_decreases", "scale_increases"};
-    double v[7];
-    for (int i = 0; i < 7; i++) {
-        const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, keys[i]);
-        if (!cJSON_IsNumber(x) || !isfinite(x->valuedouble))
-            return sl_errorf("%s: loss_scaler.%s is missing or not a number", file, keys[i]);
-        v[i] = x->valuedouble;
-    }
-    if (!(v[0] > 0.0) || v[4] < 0 || v[3] < 0)
-        return sl_errorf("%s: loss_scaler has an invalid state (cur_scale %g, cur_hysteresis %g, skipped_steps %g)",
-                         file, v[0], v[3], v[4]);
-    sl_loss_scaler *s = &e->scaler;
-    s->skipped_steps = (int64_t)v[4];
-    const cJSON *prec = cJSON_GetObjectItemCaseSensitive(o, "precision");
-    const cJSON *dyn = cJSON_GetObjectItemCaseSensitive(o, "dynamic");
-    int same = cJSON_IsString(prec) && !strcmp(prec->valuestring, sl_precision_name(e->cfg.precision.precision)) &&
-               cJSON_IsBool(dyn) && cJSON_IsTrue(dyn) == s->dynamic;
-    if (!same) return 0;
-    if (s->dynamic) {
-        s->scale = v[0];
-        s->iter = (int64_t)v[1];
-        s->last_overflow_iter = (int64_t)v[2];
-        s->cur_hysteresis = (int)v[3];
-    } else {
-        s->iter = (int64_t)v[1];
-        s->last_overflow_iter = (int64_t)v[2];
-    }
-    s->scale_decreases = (int64_t)v[5];
-    s->scale_increases = (int64_t)v[6];
-    return 0;
-}
-
-int engine_scaler_broadcast(sl_engine *e) {
-    if (!e->distributed) return 0;
-    sl_loss_scaler *s = &e->scaler;
-    double v[7] = {s->scale, (double)s->iter, (double)s->last_overflow_iter, s->cur_hysteresis,
-                   (double)s->skipped_steps, (double)s->scale_decreases, (double)s->scale_increases};
-    if (sl_comm_broadcast(e->cfg.dp, v, 7, SL_DTYPE_F64, 0)) return -1;
+static void scaler_unpack(sl_loss_scaler *s, const double v[7]) {
     s->scale = v[0];
     s->iter = (int64_t)v[1];
     s->last_overflow_iter = (int64_t)v[2];
@@ -172,5 +128,57 @@ int engine_scaler_broadcast(sl_engine *e) {
     s->skipped_steps = (int64_t)v[4];
     s->scale_decreases = (int64_t)v[5];
     s->scale_increases = (int64_t)v[6];
+}
+
+void engine_scaler_to_json(const sl_engine *e, void *cjson_root) {
+    const sl_loss_scaler *s = &e->scaler;
+    cJSON *o = cJSON_AddObjectToObject((cJSON *)cjson_root, "loss_scaler");
+    cJSON_AddStringToObject(o, "precision", sl_precision_name(e->cfg.precision.precision));
+    cJSON_AddBoolToObject(o, "dynamic", s->dynamic);
+    double v[7];
+    scaler_pack(s, v);
+    for (int i = 0; i < 7; i++) cJSON_AddNumberToObject(o, SCALER_KEYS[i], v[i]);
+}
+
+// Reads the checkpoint's scaler state when it was saved in this run's precision. A checkpoint from
+// another precision (or from before mixed precision) keeps this run's fresh scaler, but its
+// skipped-step count carries over so the schedule stays where it was. A static scaler keeps this
+// run's configured scale.
+int engine_scaler_from_json(sl_engine *e, const void *cjson_root, const char *file) {
+    const cJSON *o = cJSON_GetObjectItemCaseSensitive((const cJSON *)cjson_root, "loss_scaler");
+    if (!o) return 0;
+    double v[7];
+    for (int i = 0; i < 7; i++) {
+        const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, SCALER_KEYS[i]);
+        if (!cJSON_IsNumber(x) || !isfinite(x->valuedouble))
+            return sl_errorf("%s: loss_scaler.%s is missing or not a number", file, SCALER_KEYS[i]);
+        v[i] = x->valuedouble;
+    }
+    if (!(v[0] > 0.0) || v[4] < 0 || v[3] < 0)
+        return sl_errorf("%s: loss_scaler has an invalid state (cur_scale %g, cur_hysteresis %g, skipped_steps %g)",
+                         file, v[0], v[3], v[4]);
+    sl_loss_scaler *s = &e->scaler;
+    const cJSON *prec = cJSON_GetObjectItemCaseSensitive(o, "precision");
+    const cJSON *dyn = cJSON_GetObjectItemCaseSensitive(o, "dynamic");
+    int same = cJSON_IsString(prec) && !strcmp(prec->valuestring, sl_precision_name(e->cfg.precision.precision)) &&
+               cJSON_IsBool(dyn) && cJSON_IsTrue(dyn) == s->dynamic;
+    if (!same) {
+        s->skipped_steps = (int64_t)v[4];
+        return 0;
+    }
+    if (!s->dynamic) {  // the configured static scale stands
+        v[0] = s->scale;
+        v[3] = s->cur_hysteresis;
+    }
+    scaler_unpack(s, v);
+    return 0;
+}
+
+int engine_scaler_broadcast(sl_engine *e) {
+    if (!e->distributed) return 0;
+    double v[7];
+    scaler_pack(&e->scaler, v);
+    if (sl_comm_broadcast(e->cfg.dp, v, 7, SL_DTYPE_F64, 0)) return -1;
+    scaler_unpack(&e->scaler, v);
     return 0;
 }

@@ -398,17 +398,7 @@ int sl_optim_step_on(const sl_ops *ops, const sl_optim_config *cfg, double lr, i
 
 int sl_optim_step(const sl_optim_config *cfg, double lr, int64_t step, float *params, const float *grads,
                   float *const *state, const sl_decay_mask *mask, size_t begin, size_t end) {
-    if (step < 1) return sl_errorf("optimizer step number must start at 1, got %lld", (long long)step);
-    if (begin > end) return sl_errorf("optimizer range [%zu, %zu) is reversed", begin, end);
-    int need = sl_optim_num_state_buffers(cfg);
-    for (int i = 0; i < need; i++)
-        if (!state || !state[i])
-            return sl_errorf("%s needs %d state buffers; buffer %d is NULL", sl_optim_name(cfg->type), need, i);
-    if (cfg->type == SL_OPTIM_SGD)
-        sl_sgd_step(cfg, lr, step, params, grads, need ? state[0] : NULL, mask, begin, end);
-    else
-        sl_adam_step(cfg, lr, step, params, grads, state[0], state[1], mask, begin, end);
-    return 0;
+    return sl_optim_step_on(&sl_ops_cpu, cfg, lr, step, params, grads, state, mask, begin, end);
 }
 
 // ---- gradient norm -----------------------------------------------------------------------------

@@ -53,9 +53,6 @@
 #include <math.h>
 #include <stdint.h>
 
-// Shared with ops_cuda.cu (and matmul.cu): records a formatted failure for cuda_synchronize().
-void sl_cuda_record_failure(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-
 namespace {
 
 constexpr int BQ = 64;                // queries per tile
@@ -528,23 +525,9 @@ bool shape_ok(const char *what, int NH, int NKV, int HD) {
 }
 
 // delta's scratch (B*NH*T floats): grows when a call needs more, kept for the life of the process.
-// cudaFree of the old buffer waits for the device, so no queued kernel still reads it.
 float *delta_buffer(size_t n) {
-    static float *buf = nullptr;
-    static size_t cap = 0;
-    if (n <= cap) return buf;
-    if (buf) CUDA_CHECK(cudaFree(buf));
-    buf = nullptr;
-    cap = 0;
-    cudaError_t err = cudaMalloc(&buf, n * sizeof(float));
-    if (err != cudaSuccess) {
-        sl_cuda_record_failure("CUDA error: %s allocating attention's delta scratch (%zu bytes) at %s:%d",
-                               cudaGetErrorString(err), n * sizeof(float), __FILE__, __LINE__);
-        buf = nullptr;
-        return nullptr;
-    }
-    cap = n;
-    return buf;
+    static sl_cuda_scratch delta;
+    return (float *)sl_cuda_scratch_get(&delta, n * sizeof(float), "attention's delta scratch");
 }
 
 }  // namespace

@@ -16,55 +16,15 @@
 // the CPU's (OpenMP simd order, glibc logf). Cost: forward reads the logits twice (max pass, exp
 // pass), backward reads and writes them once; the loss sum is N doubles.
 #include "ops/cuda/cuda_common.cuh"
+#include "ops/cuda/cuda_math.cuh"
 
 #include <math.h>
 
 #define CE_THREADS 512
 #define CE_SUM_THREADS 1024
 
-// ---- grow-only scratch ---------------------------------------------------------------------------
+static sl_cuda_scratch crossentropy_buf;  // grow-only scratch (cuda_common.cuh)
 
-// A device buffer of at least `bytes`, kept between calls; growing waits for queued work first, so
-// no kernel still reading the old buffer is affected. NULL (error recorded) when cudaMalloc fails.
-static void *crossentropy_scratch(size_t bytes) {
-    static void *buf = NULL;
-    static size_t cap = 0;
-    if (bytes <= cap) return buf;
-    if (buf) {
-        CUDA_CHECK(cudaStreamSynchronize(sl_cuda_stream()));
-        CUDA_CHECK(cudaFree(buf));
-    }
-    buf = NULL;
-    cap = 0;
-    cudaError_t err = cudaMalloc(&buf, bytes);
-    if (err != cudaSuccess) {
-        sl_cuda_record_error(err, "cudaMalloc(crossentropy scratch)", __FILE__, __LINE__);
-        buf = NULL;
-        return NULL;
-    }
-    cap = bytes;
-    return buf;
-}
-
-// ---- vec_math.h's vexpf on the device (same operations, same order, same clamps) ----------------
-
-__device__ __forceinline__ float vexpf_dev(float x) {
-    const float hi = 88.3762626647949f, lo = -87.3365447505531f;
-    float xc = x < hi ? x : hi;
-    xc = xc > lo ? xc : lo;
-    float n = __fsub_rn(__fadd_rn(__fmul_rn(xc, 1.44269504088896341f), 12582912.0f), 12582912.0f);
-    float r = __fsub_rn(xc, __fmul_rn(n, 0.693359375f));
-    r = __fsub_rn(r, __fmul_rn(n, -2.12194440e-4f));
-    float p = __fadd_rn(0.00833336823f, __fmul_rn(r, 0.00138887205f));
-    p = __fadd_rn(0.0416666418f, __fmul_rn(r, p));
-    p = __fadd_rn(0.166666672f, __fmul_rn(r, p));
-    p = __fadd_rn(0.5f, __fmul_rn(r, p));
-    p = __fadd_rn(1.0f, __fmul_rn(r, p));
-    p = __fadd_rn(1.0f, __fmul_rn(r, p));
-    float scale = __int_as_float(((int)n + 127) << 23);
-    float y = __fmul_rn(p, scale);
-    return x < lo ? 0.0f : y;
-}
 
 // ---- block reductions (fixed order; every thread gets the result) -------------------------------
 
@@ -150,7 +110,7 @@ __global__ void crossentropy_backward_kernel(T *logits, const float *lse, const 
 extern "C" double cuda_crossentropy_forward(float *lse, const float *logits, const int *targets, int N, int V,
                                             int Vp) {
     if (N <= 0) return 0.0;
-    double *row_loss = (double *)crossentropy_scratch(sizeof(double) * ((size_t)N + 1));
+    double *row_loss = (double *)sl_cuda_scratch_get(&crossentropy_buf, sizeof(double) * ((size_t)N + 1), "crossentropy scratch");
     if (!row_loss) return NAN;
     double *total = row_loss + N;
     cudaStream_t s = sl_cuda_stream();

@@ -25,8 +25,26 @@ void sl_cuda_record_error(cudaError_t err, const char *what, const char *file, i
 // After a kernel launch: records a launch-configuration error.
 #define CUDA_LAUNCH_CHECK() CUDA_CHECK(cudaGetLastError())
 
+// Records the first failure with a formatted message (values included), for cuda_synchronize().
+void sl_cuda_record_failure(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+// -1 (with the message set through sl_errorf) when a failure was recorded, else 0.
+int sl_cuda_check_error(void);
+// The selected GPU's properties (NULL before cuda_backend_init).
+const cudaDeviceProp *sl_cuda_device_props(void);
+// matmul.cu: loads cuBLASLt and creates its handle and workspace (called by cuda_backend_init).
+int sl_cuda_matmul_init(void);
+
 // The stream every op runs on (created by cuda_backend_init; the legacy default stream before).
 cudaStream_t sl_cuda_stream(void);
+
+// A grow-only device buffer kept between calls (one per op file). Growing waits for the queued
+// work first, so no kernel still reading the old buffer is affected.
+typedef struct {
+    void *buf;
+    size_t cap;
+} sl_cuda_scratch;
+// At least `bytes` of s; NULL (failure recorded, naming `what`) when cudaMalloc fails.
+void *sl_cuda_scratch_get(sl_cuda_scratch *s, size_t bytes, const char *what);
 
 static inline unsigned int ceil_div_u(size_t a, size_t b) { return (unsigned int)((a + b - 1) / b); }
 

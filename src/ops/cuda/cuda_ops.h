@@ -43,7 +43,8 @@ void cuda_attention_decode(float *out, const float *q, const float *k_cache, con
 double cuda_crossentropy_forward(float *lse, const float *logits, const int *targets, int N, int V, int Vp);
 void cuda_crossentropy_backward(float *logits, const float *lse, const int *targets, int N, int V, int Vp,
                                 float dloss);
-// optimizer.cu (flat-buffer passes of the optimizer step; see ops.h)
+// optimizer.cu (flat-buffer passes of the optimizer step; see ops.h). The argument structs and
+// `segs` are host memory.
 double cuda_sumsq(const float *g, size_t n);
 void cuda_scale(float *x, size_t n, float coef);
 int cuda_nonfinite(const float *x, size_t n);
@@ -54,6 +55,7 @@ void cuda_sgd_step(const sl_sgd_args *a, float *p, const float *g, float *buf, c
 
 // ops_cuda.cu: memory, stream and errors
 int cuda_backend_init(int device);  // selects the GPU, creates the stream and the cuBLASLt handle
+int cuda_device_count(void);     // visible GPUs, or -1 with "no usable CUDA GPU: ..."
 void *cuda_alloc(size_t bytes, const char *what);
 void cuda_dealloc(void *p);
 void cuda_memzero(void *p, size_t bytes);

@@ -22,29 +22,7 @@
 #define ENC_THREADS 256
 #define ENC_RUN_RANGE 32  // sorted positions per block in the dwte kernel
 
-// ---- grow-only scratch ---------------------------------------------------------------------------
-
-// A device buffer of at least `bytes`, kept between calls; growing waits for queued work first, so
-// no kernel still reading the old buffer is affected. NULL (error recorded) when cudaMalloc fails.
-static void *encoder_scratch(size_t bytes) {
-    static void *buf = NULL;
-    static size_t cap = 0;
-    if (bytes <= cap) return buf;
-    if (buf) {
-        CUDA_CHECK(cudaStreamSynchronize(sl_cuda_stream()));
-        CUDA_CHECK(cudaFree(buf));
-    }
-    buf = NULL;
-    cap = 0;
-    cudaError_t err = cudaMalloc(&buf, bytes);
-    if (err != cudaSuccess) {
-        sl_cuda_record_error(err, "cudaMalloc(encoder scratch)", __FILE__, __LINE__);
-        buf = NULL;
-        return NULL;
-    }
-    cap = bytes;
-    return buf;
-}
+static sl_cuda_scratch encoder_buf;  // grow-only scratch (cuda_common.cuh)
 
 static size_t align256(size_t x) { return (x + 255) & ~(size_t)255; }
 
@@ -148,7 +126,7 @@ extern "C" void cuda_encoder_backward(float *dwte, float *dwpe, const float *dou
     CUDA_CHECK(cub::DeviceRadixSort::SortPairs(NULL, temp_bytes, inp, (int *)NULL, (const int *)NULL, (int *)NULL, N,
                                                0, (int)(sizeof(int) * 8), s));
     size_t vec = align256(sizeof(int) * (size_t)N);
-    char *scratch = (char *)encoder_scratch(3 * vec + align256(temp_bytes));
+    char *scratch = (char *)sl_cuda_scratch_get(&encoder_buf, 3 * vec + align256(temp_bytes), "encoder scratch");
     if (!scratch) return;
     int *keys = (int *)scratch, *rows_in = (int *)(scratch + vec), *rows = (int *)(scratch + 2 * vec);
     void *temp = scratch + 3 * vec;

@@ -49,10 +49,6 @@ extern "C" {
 #include "shardlm/error.h"
 }
 
-// Defined in ops_cuda.cu (cuda_common.cuh should declare them; see the note in ops_cuda.cu).
-void sl_cuda_record_failure(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-int sl_cuda_matmul_init(void);
-
 #define SL_MATMUL_WORKSPACE_BYTES ((size_t)32 << 20)
 #define SL_MATMUL_CACHE_SIZE 128
 

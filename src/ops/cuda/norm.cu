@@ -22,29 +22,7 @@
 #define NORM_MAX_CHUNKS 512   // row chunks of the parameter-gradient partials
 #define NORM_MIN_CHUNK_ROWS 16
 
-// ---- grow-only scratch ---------------------------------------------------------------------------
-
-// A device buffer of at least `bytes`, kept between calls; growing waits for queued work first, so
-// no kernel still reading the old buffer is affected. NULL (error recorded) when cudaMalloc fails.
-static void *norm_scratch(size_t bytes) {
-    static void *buf = NULL;
-    static size_t cap = 0;
-    if (bytes <= cap) return buf;
-    if (buf) {
-        CUDA_CHECK(cudaStreamSynchronize(sl_cuda_stream()));
-        CUDA_CHECK(cudaFree(buf));
-    }
-    buf = NULL;
-    cap = 0;
-    cudaError_t err = cudaMalloc(&buf, bytes);
-    if (err != cudaSuccess) {
-        sl_cuda_record_error(err, "cudaMalloc(norm scratch)", __FILE__, __LINE__);
-        buf = NULL;
-        return NULL;
-    }
-    cap = bytes;
-    return buf;
-}
+static sl_cuda_scratch norm_buf;  // grow-only scratch (cuda_common.cuh)
 
 // The row chunking of the parameter-gradient partials: a function of N only (determinism).
 static void norm_chunking(int N, int *rows_per_chunk, int *n_chunks) {
@@ -202,7 +180,7 @@ static void norm_param_backward(T *dw, T *db, const T *dout, const T *inp, const
     int rows_per_chunk, n_chunks;
     norm_chunking(N, &rows_per_chunk, &n_chunks);
     size_t part = (size_t)n_chunks * C;
-    float *scratch = (float *)norm_scratch(sizeof(float) * part * (db ? 2 : 1));
+    float *scratch = (float *)sl_cuda_scratch_get(&norm_buf, sizeof(float) * part * (db ? 2 : 1), "norm scratch");
     if (!scratch) return;
     float *part_w = scratch, *part_b = db ? scratch + part : NULL;
     cudaStream_t s = sl_cuda_stream();

@@ -28,12 +28,6 @@ extern "C" {
 #include "shardlm/error.h"
 }
 
-// Shared with matmul.cu (and usable by every op file). Not yet declared in cuda_common.cuh.
-void sl_cuda_record_failure(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-int sl_cuda_check_error(void);
-const cudaDeviceProp *sl_cuda_device_props(void);
-int sl_cuda_matmul_init(void);  // matmul.cu
-
 static cudaStream_t stream;            // the backend's stream (0, the legacy stream, before init)
 static int device_id = -1;             // the GPU chosen by cuda_backend_init, -1 before
 static cudaDeviceProp device_props;
@@ -73,6 +67,24 @@ int sl_cuda_check_error(void) {
 
 cudaStream_t sl_cuda_stream(void) { return stream; }
 
+void *sl_cuda_scratch_get(sl_cuda_scratch *s, size_t bytes, const char *what) {
+    if (bytes <= s->cap) return s->buf;
+    if (s->buf) {
+        CUDA_CHECK(cudaStreamSynchronize(stream));
+        CUDA_CHECK(cudaFree(s->buf));
+    }
+    s->buf = NULL;
+    s->cap = 0;
+    cudaError_t err = cudaMalloc(&s->buf, bytes);
+    if (err != cudaSuccess) {
+        sl_cuda_record_failure("CUDA error: %s allocating %s (%zu bytes)", cudaGetErrorString(err), what, bytes);
+        s->buf = NULL;
+        return NULL;
+    }
+    s->cap = bytes;
+    return s->buf;
+}
+
 const cudaDeviceProp *sl_cuda_device_props(void) { return device_id >= 0 ? &device_props : NULL; }
 
 int cuda_synchronize(void) {
@@ -101,7 +113,7 @@ static int min_built_arch(void) {
 
 // The number of GPUs visible to this process (backend.c maps "cuda" + LOCAL_RANK onto it), or -1 with
 // "no usable CUDA GPU: <why>" when there is none or no driver.
-extern "C" int sl_cuda_device_count(void) {
+extern "C" int cuda_device_count(void) {
     int count = 0;
     cudaError_t err = cudaGetDeviceCount(&count);
     if (err != cudaSuccess) {
@@ -130,7 +142,7 @@ int cuda_backend_init(int device) {
                          device_id, device);
     }
     const char *visible = getenv("CUDA_VISIBLE_DEVICES");
-    int count = sl_cuda_device_count();
+    int count = cuda_device_count();
     if (count < 0) return -1;
     if (device < 0 || device >= count)
         return sl_errorf("GPU %d does not exist: %d GPU(s) visible, numbered 0..%d (CUDA_VISIBLE_DEVICES=%s)", device,

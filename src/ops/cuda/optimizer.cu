@@ -43,29 +43,7 @@ extern "C" {
 #define OPT_MAX_STEP_BLOCKS 8192
 #define OPT_SCRATCH_BYTES (sizeof(double) * (SUMSQ_MAX_BLOCKS + 1))  // sumsq partials + total; nonfinite flag
 
-// ---- grow-only scratch ---------------------------------------------------------------------------
-
-// A device buffer of at least `bytes`, kept between calls; growing waits for queued work first, so
-// no kernel still reading the old buffer is affected. NULL (error recorded) when cudaMalloc fails.
-static void *optimizer_scratch(size_t bytes) {
-    static void *buf = NULL;
-    static size_t cap = 0;
-    if (bytes <= cap) return buf;
-    if (buf) {
-        CUDA_CHECK(cudaStreamSynchronize(sl_cuda_stream()));
-        CUDA_CHECK(cudaFree(buf));
-    }
-    buf = NULL;
-    cap = 0;
-    cudaError_t err = cudaMalloc(&buf, bytes);
-    if (err != cudaSuccess) {
-        sl_cuda_record_error(err, "cudaMalloc(optimizer scratch)", __FILE__, __LINE__);
-        buf = NULL;
-        return NULL;
-    }
-    cap = bytes;
-    return buf;
-}
+static sl_cuda_scratch optimizer_buf;  // grow-only scratch (cuda_common.cuh)
 
 static unsigned int grid_for(size_t n, size_t max_blocks) {
     size_t blocks = (n + OPT_THREADS - 1) / OPT_THREADS;
@@ -313,7 +291,7 @@ extern "C" double cuda_sumsq(const float *g, size_t n) {
     size_t block = (n + SUMSQ_MAX_BLOCKS - 1) / SUMSQ_MAX_BLOCKS;
     if (block < SUMSQ_MIN_BLOCK) block = SUMSQ_MIN_BLOCK;
     int n_blocks = (int)((n + block - 1) / block);
-    double *partial = (double *)optimizer_scratch(OPT_SCRATCH_BYTES);
+    double *partial = (double *)sl_cuda_scratch_get(&optimizer_buf, OPT_SCRATCH_BYTES, "optimizer scratch");
     if (!partial) return NAN;
     double *total = partial + SUMSQ_MAX_BLOCKS;
     cudaStream_t s = sl_cuda_stream();
@@ -335,7 +313,7 @@ extern "C" void cuda_scale(float *x, size_t n, float coef) {
 
 extern "C" int cuda_nonfinite(const float *x, size_t n) {
     if (n == 0) return 0;
-    int *flag = (int *)optimizer_scratch(OPT_SCRATCH_BYTES);
+    int *flag = (int *)sl_cuda_scratch_get(&optimizer_buf, OPT_SCRATCH_BYTES, "optimizer scratch");
     if (!flag) return 1;  // cannot check: report non-finite so the step is skipped (error recorded)
     cudaStream_t s = sl_cuda_stream();
     CUDA_CHECK(cudaMemsetAsync(flag, 0, sizeof(int), s));
