@@ -174,29 +174,43 @@ typedef struct {
     char **argv;
 } worker_spec;
 
+// A tee'd stream. Each line goes to the terminal as "[rank N] line\n" in a single write(), so
+// lines of ranks that share the launcher's stdout never interleave mid-line.
 typedef struct {
     int fd;          // read end of the program's stdout or stderr pipe; -1 when closed
     int term_fd;     // 1 or 2
-    int line_start;  // the next byte starts a line (prefix it)
+    size_t len;      // bytes pending in line (prefix included); 0: none
+    int mid_line;    // a line longer than the buffer went out in parts: the rest gets no prefix
+    char line[4096];
 } tee_stream;
+
+static void tee_flush(tee_stream *t) {
+    write_all(t->term_fd, t->line, t->len);
+    t->len = 0;
+}
 
 static void tee_chunk(tee_stream *t, int log_fd, int rank, const char *buf, size_t n) {
     if (log_fd >= 0) write_all(log_fd, buf, n);
-    char prefix[32];
-    int plen = snprintf(prefix, sizeof prefix, "[rank %d] ", rank);
-    size_t start = 0;
     for (size_t i = 0; i < n; i++) {
-        if (t->line_start) {
-            write_all(t->term_fd, prefix, (size_t)plen);
-            t->line_start = 0;
-        }
+        if (t->len == 0 && !t->mid_line) t->len = (size_t)snprintf(t->line, sizeof t->line, "[rank %d] ", rank);
+        t->line[t->len++] = buf[i];
         if (buf[i] == '\n') {
-            write_all(t->term_fd, buf + start, i + 1 - start);
-            start = i + 1;
-            t->line_start = 1;
+            tee_flush(t);
+            t->mid_line = 0;
+        } else if (t->len == sizeof t->line) {
+            tee_flush(t);
+            t->mid_line = 1;
         }
     }
-    if (start < n) write_all(t->term_fd, buf + start, n - start);
+}
+
+// Ends a last unterminated line with a newline of its own.
+static void tee_finish(tee_stream *t) {
+    if (t->len == 0 && !t->mid_line) return;
+    if (t->len == sizeof t->line) tee_flush(t);
+    t->line[t->len++] = '\n';
+    tee_flush(t);
+    t->mid_line = 0;
 }
 
 // Reads what is available on the tee pipes (waiting up to timeout_ms); closes a pipe at EOF.
@@ -265,7 +279,8 @@ static int worker_run(const worker_spec *w) {
             fprintf(stderr, "shardlm launch: rank %d: pipe: %s\n", w->rank, strerror(errno));
             return 127;
         }
-        ts[nts++] = (tee_stream){.fd = p[0], .term_fd = s + 1, .line_start = 1};
+        ts[nts] = (tee_stream){.fd = p[0], .term_fd = s + 1};
+        nts++;
         child_out[s] = p[1];
     }
 
@@ -325,7 +340,7 @@ static int worker_run(const worker_spec *w) {
     }
     for (int i = 0; i < nts; i++) {
         if (ts[i].fd >= 0) close(ts[i].fd);
-        if (!ts[i].line_start) write_all(ts[i].term_fd, "\n", 1);  // end a last unterminated line
+        tee_finish(&ts[i]);
     }
     if (log_fd >= 0) close(log_fd);
     int code = exit_code_of(wstatus);

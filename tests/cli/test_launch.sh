@@ -19,6 +19,7 @@ tmp=$(mktemp -d /tmp/shardlm_test_launch_XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 cd "$tmp" || exit 1
 log="$tmp/log"
+: >"$log"
 host=$(hostname)
 pass() { echo "PASS $1"; }
 fail() { echo "FAIL $1"; shift; [ $# -gt 0 ] && echo "  $*"; tail -n 15 "$log"; }
@@ -120,6 +121,24 @@ for b in $backends; do
     pass "${b}_tee_prefixes_lines_and_keeps_logs"
   else fail "${b}_tee_prefixes_lines_and_keeps_logs" "rc=$rc"; cat "logs_$b/tout" "logs_$b/terr"; fi
 done
+
+# many short lines from 4 ranks at once, and on rank 0 one line written in two parts 0.3 s apart
+# while the others keep writing: every terminal line is whole and prefixed once
+cat >chatty.sh <<'EOF2'
+#!/bin/sh
+i=0
+[ "$RANK" = 0 ] && { printf 'first half, '; sleep 0.3; echo 'second half'; }
+while [ $i -lt 400 ]; do echo "line $i from $RANK"; [ $i = 200 ] && sleep 0.3; i=$((i + 1)); done
+exit 0
+EOF2
+chmod +x chatty.sh
+"$BIN" launch --backend fork --nproc-per-node 4 --log-dir "$tmp/chatty" --tee 1 ./chatty.sh >chatty_out 2>chatty_err
+rc=$?
+nlines=$(grep -cE '^\[rank ([0-3])\] line [0-9]+ from \1$' chatty_out)
+nlong=$(grep -cx '\[rank 0\] first half, second half' chatty_out)
+total=$(wc -l <chatty_out)
+if [ $rc -eq 0 ] && [ "$nlines" -eq 1600 ] && [ "$nlong" -eq 1 ] && [ "$total" -eq 1601 ]; then pass fork_tee_lines_never_interleave
+else fail fork_tee_lines_never_interleave "rc=$rc whole=$nlines long=$nlong total=$total"; grep -vE '^\[rank ([0-3])\] line [0-9]+ from \1$' chatty_out | head -c 600; fi
 
 # --- failures -----------------------------------------------------------------------------------
 for b in $backends; do
