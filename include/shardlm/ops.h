@@ -107,6 +107,13 @@ typedef struct sl_ops {
     void (*download)(void *host_dst, const void *src, size_t bytes);  // backend -> host (waits)
     void (*copy)(void *dst, const void *src, size_t bytes);           // backend -> backend
     int (*synchronize)(void);                        // waits; -1 with the error when queued work failed
+    // The queue this backend's work goes to (a cudaStream_t for cuda), so a communication library
+    // can order its own queue after it; NULL for cpu, whose ops have finished when they return.
+    void *(*stream)(void);
+    // High-water mark of bytes held through alloc since start (or the last reset); 0 for cpu, whose
+    // buffers are ordinary heap memory. reset sets the mark to what is held now.
+    size_t (*peak_bytes)(void);
+    void (*reset_peak_bytes)(void);
 
     // ---- the optimizer step's passes over flat fp32 buffers ------------------------------------
     // Sum of squares in double, deterministic for a given n (a fixed reduction tree).

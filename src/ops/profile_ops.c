@@ -1,6 +1,8 @@
 // profile_ops.c: the profiling ops table of ops_profile.h. Each wrapper reads the monotonic clock,
 // calls the inner op, and adds the elapsed time to its op's slot (and, for matmuls, to its shape's
-// slot). Slots are filled in first-call order, so a report lists ops in the order a step runs them.
+// slot); on a device backend the clock is read after the queue drains (see tick). Slots are filled
+// in first-call order, so a report lists ops in the order a step runs them. Memory functions and
+// optimizer passes are the inner table's own.
 //
 // FLOP counts ("useful" work, as FLOP counters for training usually count it):
 //   matmul_forward   2*N*IC*OC
@@ -76,143 +78,151 @@ static void record_shape(int backward, int N, int IC, int OC, int with_dinp, dou
     g_shapes[i].flops += flops;
 }
 
+// The clock after the inner backend's queued work has finished: a device backend's ops return at
+// once, so each wrapper waits for its op (this serialises the device's queue: profile separately
+// from timed runs).
+static double tick(void) {
+    if (g_inner->on_device) g_inner->synchronize();
+    return now_seconds();
+}
+
 // ---- wrappers: one per op, same signature as the inner op ---------------------------------------
 
 static void p_encoder_forward(float *out, const int *inp, const float *wte, const float *wpe, int B, int T, int C) {
-    double t0 = now_seconds();
+    double t0 = tick();
     g_inner->encoder_forward(out, inp, wte, wpe, B, T, C);
-    record("encoder_forward", now_seconds() - t0, 0);
+    record("encoder_forward", tick() - t0, 0);
 }
 
 static void p_encoder_backward(float *dwte, float *dwpe, const float *dout, const int *inp, int B, int T, int C) {
-    double t0 = now_seconds();
+    double t0 = tick();
     g_inner->encoder_backward(dwte, dwpe, dout, inp, B, T, C);
-    record("encoder_backward", now_seconds() - t0, 0);
+    record("encoder_backward", tick() - t0, 0);
 }
 
 static void p_matmul_forward(float *out, const float *inp, const float *weight, const float *bias, int N, int IC,
                              int OC) {
-    double t0 = now_seconds();
+    double t0 = tick();
     g_inner->matmul_forward(out, inp, weight, bias, N, IC, OC);
-    double dt = now_seconds() - t0, fl = 2.0 * N * (double)IC * OC;
+    double dt = tick() - t0, fl = 2.0 * N * (double)IC * OC;
     record("matmul_forward", dt, fl);
     record_shape(0, N, IC, OC, 1, dt, fl);
 }
 
 static void p_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                               const float *weight, int N, int IC, int OC) {
-    double t0 = now_seconds();
+    double t0 = tick();
     g_inner->matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, IC, OC);
-    double dt = now_seconds() - t0, fl = 2.0 * N * (double)IC * OC * (dinp ? 2 : 1);
+    double dt = tick() - t0, fl = 2.0 * N * (double)IC * OC * (dinp ? 2 : 1);
     record("matmul_backward", dt, fl);
     record_shape(1, N, IC, OC, dinp != NULL, dt, fl);
 }
 
 static void p_layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *w, const float *b,
                                 int N, int C, float eps) {
-    double t0 = now_seconds();
+    double t0 = tick();
     g_inner->layernorm_forward(out, mean, rstd, inp, w, b, N, C, eps);
-    record("layernorm_forward", now_seconds() - t0, 0);
+    record("layernorm_forward", tick() - t0, 0);
 }
 
 static void p_layernorm_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp,
                                  const float *w, const float *mean, const float *rstd, int N, int C) {
-    double t0 = now_seconds();
+    double t0 = tick();
     g_inner->layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
-    record("layernorm_backward", now_seconds() - t0, 0);
+    record("layernorm_backward", tick() - t0, 0);
 }
 
 static void p_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *w, int N, int C, float eps) {
-    double t0 = now_seconds();
+    double t0 = tick();
     g_inner->rmsnorm_forward(out, rstd, inp, w, N, C, eps);
-    record("rmsnorm_forward", now_seconds() - t0, 0);
+    record("rmsnorm_forward", tick() - t0, 0);
 }
 
 static void p_rmsnorm_backward(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
                                const float *rstd, int N, int C) {
-    double t0 = now_seconds();
+    double t0 = tick();
     g_inner->rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, C);
-    record("rmsnorm_backward", now_seconds() - t0, 0);
+    record("rmsnorm_backward", tick() - t0, 0);
 }
 
 static void p_residual_forward(float *out, const float *a, const float *b, size_t n) {
-    double t0 = now_seconds();
+    double t0 = tick();
     g_inner->residual_forward(out, a, b, n);
-    record("residual_forward", now_seconds() - t0, 0);
+    record("residual_forward", tick() - t0, 0);
 }
 
 static void p_gelu_forward(float *out, const float *inp, size_t n) {
-    double t0 = now_seconds();
+    double t0 = tick();
     g_inner->gelu_forward(out, inp, n);
-    record("gelu_forward", now_seconds() - t0, 0);
+    record("gelu_forward", tick() - t0, 0);
 }
 
 static void p_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n) {
-    double t0 = now_seconds();
+    double t0 = tick();
     g_inner->gelu_backward(dinp, inp, dout, n);
-    record("gelu_backward", now_seconds() - t0, 0);
+    record("gelu_backward", tick() - t0, 0);
 }
 
 static void p_swiglu_forward(float *out, const float *inp, int N, int I) {
-    double t0 = now_seconds();
+    double t0 = tick();
     g_inner->swiglu_forward(out, inp, N, I);
-    record("swiglu_forward", now_seconds() - t0, 0);
+    record("swiglu_forward", tick() - t0, 0);
 }
 
 static void p_swiglu_backward(float *dinp, const float *inp, const float *dout, int N, int I) {
-    double t0 = now_seconds();
+    double t0 = tick();
     g_inner->swiglu_backward(dinp, inp, dout, N, I);
-    record("swiglu_backward", now_seconds() - t0, 0);
+    record("swiglu_backward", tick() - t0, 0);
 }
 
 static void p_rope_forward(float *qkv, const float *cos, const float *sin, int B, int T, int NH, int NKV, int HD,
                            int pos0) {
-    double t0 = now_seconds();
+    double t0 = tick();
     g_inner->rope_forward(qkv, cos, sin, B, T, NH, NKV, HD, pos0);
-    record("rope_forward", now_seconds() - t0, 0);
+    record("rope_forward", tick() - t0, 0);
 }
 
 static void p_rope_backward(float *dqkv, const float *cos, const float *sin, int B, int T, int NH, int NKV, int HD) {
-    double t0 = now_seconds();
+    double t0 = tick();
     g_inner->rope_backward(dqkv, cos, sin, B, T, NH, NKV, HD);
-    record("rope_backward", now_seconds() - t0, 0);
+    record("rope_backward", tick() - t0, 0);
 }
 
 // Causal (query, key) pairs over all heads and batch rows.
 static double causal_pairs(int B, int T, int NH) { return (double)B * NH * ((double)T * (T + 1) / 2.0); }
 
 static void p_attention_forward(float *out, float *lse, const float *qkv, int B, int T, int NH, int NKV, int HD) {
-    double t0 = now_seconds();
+    double t0 = tick();
     g_inner->attention_forward(out, lse, qkv, B, T, NH, NKV, HD);
-    record("attention_forward", now_seconds() - t0, 4.0 * HD * causal_pairs(B, T, NH));
+    record("attention_forward", tick() - t0, 4.0 * HD * causal_pairs(B, T, NH));
 }
 
 static void p_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
                                  int B, int T, int NH, int NKV, int HD) {
-    double t0 = now_seconds();
+    double t0 = tick();
     g_inner->attention_backward(dqkv, dout, qkv, out, lse, B, T, NH, NKV, HD);
-    record("attention_backward", now_seconds() - t0, 8.0 * HD * causal_pairs(B, T, NH));
+    record("attention_backward", tick() - t0, 8.0 * HD * causal_pairs(B, T, NH));
 }
 
 static void p_attention_decode(float *out, const float *q, const float *k_cache, const float *v_cache, int n_ctx,
                                int NH, int NKV, int HD) {
-    double t0 = now_seconds();
+    double t0 = tick();
     g_inner->attention_decode(out, q, k_cache, v_cache, n_ctx, NH, NKV, HD);
-    record("attention_decode", now_seconds() - t0, 4.0 * HD * (double)n_ctx * NH);
+    record("attention_decode", tick() - t0, 4.0 * HD * (double)n_ctx * NH);
 }
 
 static double p_crossentropy_forward(float *lse, const float *logits, const int *targets, int N, int V, int Vp) {
-    double t0 = now_seconds();
+    double t0 = tick();
     double r = g_inner->crossentropy_forward(lse, logits, targets, N, V, Vp);
-    record("crossentropy_forward", now_seconds() - t0, 0);
+    record("crossentropy_forward", tick() - t0, 0);
     return r;
 }
 
 static void p_crossentropy_backward(float *logits, const float *lse, const int *targets, int N, int V, int Vp,
                                     float dloss) {
-    double t0 = now_seconds();
+    double t0 = tick();
     g_inner->crossentropy_backward(logits, lse, targets, N, V, Vp, dloss);
-    record("crossentropy_backward", now_seconds() - t0, 0);
+    record("crossentropy_backward", tick() - t0, 0);
 }
 
 // ---- public ---------------------------------------------------------------------------------------
@@ -226,7 +236,7 @@ void sl_ops_profile_reset(void) {
 
 const sl_ops *sl_ops_profile_wrap(const sl_ops *inner) {
     g_inner = inner;
-    memset(&g_table, 0, sizeof g_table);
+    g_table = *inner;  // memory, optimizer passes and anything not wrapped go straight through
     g_table.name = "profile";
     WRAP(encoder_forward);
     WRAP(encoder_backward);

@@ -17,6 +17,9 @@ static void cpu_dealloc(void *p) { free(p); }
 static void cpu_memzero(void *p, size_t bytes) { if (bytes) memset(p, 0, bytes); }
 static void cpu_copy(void *dst, const void *src, size_t bytes) { if (bytes && dst != src) memmove(dst, src, bytes); }
 static int cpu_synchronize(void) { return 0; }
+static void *cpu_stream(void) { return NULL; }
+static size_t cpu_peak_bytes(void) { return 0; }
+static void cpu_reset_peak_bytes(void) {}
 static void cpu_scale(float *x, size_t n, float coef) { sl_grad_scale(x, n, coef); }
 
 static void cpu_round_to(float *x, size_t n, int precision) {
@@ -54,6 +57,9 @@ const sl_ops sl_ops_cpu = {
     .download = cpu_copy,
     .copy = cpu_copy,
     .synchronize = cpu_synchronize,
+    .stream = cpu_stream,
+    .peak_bytes = cpu_peak_bytes,
+    .reset_peak_bytes = cpu_reset_peak_bytes,
     .sumsq = sl_grad_sumsq,
     .scale = cpu_scale,
     .nonfinite = sl_grads_have_overflow,

@@ -63,5 +63,8 @@ void cuda_upload(void *dst, const void *host_src, size_t bytes);
 void cuda_download(void *host_dst, const void *src, size_t bytes);
 void cuda_copy(void *dst, const void *src, size_t bytes);
 int cuda_synchronize(void);
+void *cuda_stream_handle(void);
+size_t cuda_peak_bytes(void);
+void cuda_reset_peak_bytes(void);
 
 #endif

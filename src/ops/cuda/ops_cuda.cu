@@ -176,6 +176,37 @@ int cuda_backend_init(int device) {
 
 // ---- memory -------------------------------------------------------------------------------------
 
+// Bytes held through cuda_alloc, for peak_bytes (torch.cuda.max_memory_allocated's counterpart):
+// a host list of live allocations (a model holds a few dozen).
+typedef struct {
+    void *p;
+    size_t bytes;
+} live_alloc;
+static live_alloc *live;
+static size_t n_live, cap_live, held_now, held_peak;
+
+static void track_alloc(void *p, size_t bytes) {
+    if (n_live == cap_live) {
+        size_t cap = cap_live ? 2 * cap_live : 64;
+        live_alloc *grown = (live_alloc *)realloc(live, cap * sizeof *live);
+        if (!grown) return;  // untracked: peak_bytes undercounts rather than failing the allocation
+        live = grown;
+        cap_live = cap;
+    }
+    live[n_live++] = live_alloc{p, bytes};
+    held_now += bytes;
+    if (held_now > held_peak) held_peak = held_now;
+}
+
+static void track_free(void *p) {
+    for (size_t i = n_live; i-- > 0;)
+        if (live[i].p == p) {
+            held_now -= live[i].bytes;
+            live[i] = live[--n_live];
+            return;
+        }
+}
+
 void *cuda_alloc(size_t bytes, const char *what) {
     void *p = NULL;
     cudaError_t err = cudaMalloc(&p, bytes ? bytes : 1);
@@ -192,12 +223,19 @@ void *cuda_alloc(size_t bytes, const char *what) {
                   (double)total_b / 1073741824.0, device_id);
         return NULL;
     }
+    track_alloc(p, bytes);
     return p;
 }
 
 void cuda_dealloc(void *p) {
-    if (p) CUDA_CHECK(cudaFree(p));
+    if (!p) return;
+    track_free(p);
+    CUDA_CHECK(cudaFree(p));
 }
+
+void *cuda_stream_handle(void) { return (void *)stream; }
+size_t cuda_peak_bytes(void) { return held_peak; }
+void cuda_reset_peak_bytes(void) { held_peak = held_now; }
 
 void cuda_memzero(void *p, size_t bytes) {
     if (bytes) CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream));
@@ -249,6 +287,9 @@ extern "C" const sl_ops sl_ops_cuda = {
     /* download */ cuda_download,
     /* copy */ cuda_copy,
     /* synchronize */ cuda_synchronize,
+    /* stream */ cuda_stream_handle,
+    /* peak_bytes */ cuda_peak_bytes,
+    /* reset_peak_bytes */ cuda_reset_peak_bytes,
     /* sumsq */ cuda_sumsq,
     /* scale */ cuda_scale,
     /* nonfinite */ cuda_nonfinite,
@@ -259,4 +300,4 @@ extern "C" const sl_ops sl_ops_cuda = {
 
 // Every field above is positional (C++17 has no designated initialisers): a field added to sl_ops
 // without a line here breaks the build instead of leaving a NULL pointer.
-static_assert(sizeof(sl_ops) == sizeof(void *) * 35, "sl_ops changed: update sl_ops_cuda in ops_cuda.cu");
+static_assert(sizeof(sl_ops) == sizeof(void *) * 38, "sl_ops changed: update sl_ops_cuda in ops_cuda.cu");
