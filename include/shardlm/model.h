@@ -24,15 +24,19 @@ typedef struct {
     float *att, *lse;                  // (B,T,C), (B,NH,T)
     float *resid2;                     // (B,T,C) residual after attention
     float *ln2, *ln2_mean, *ln2_rstd;
-    float *fch;                        // (B,T,F) GPT-2 pre-GELU; (B,T,2F) LLaMA gate|up
+    float *fch;                        // (B,T,F) GPT-2 pre-GELU (matmul_gelu's pre); (B,T,2F) LLaMA gate|up
     float *fch_act;                    // (B,T,F) after GELU / SwiGLU
-    float *resid3;                     // (B,T,C) block output
+    float *resid3;                     // (B,T,C) block output (the add is fused into the next norm)
 } sl_layer_acts;
 
 typedef struct {
     sl_model_config cfg;
     sl_param_layout layout;
     const sl_ops *ops;
+    // The training precision (sl_precision: fp32, bf16, fp16) whose rounded values the model computes
+    // with; handed to ops->set_precision at the start of every forward and backward (the CUDA backend
+    // picks its GEMMs' compute type from it). sl_model_create sets fp32; the engine sets its own.
+    int precision;
     // Every buffer below lives where the ops table's backend keeps tensors (ops->on_device: GPU
     // memory for cuda); the host reaches them only through ops->upload / download.
     float *params;   // (layout.total)

@@ -52,6 +52,16 @@ typedef struct sl_ops {
     // dinp (N,IC) = dout @ weight (skipped if dinp NULL); dweight += dout^T @ inp; dbias += colsum(dout).
     void (*matmul_backward)(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                             const float *weight, int N, int IC, int OC);
+    // The GPT-2 MLP up-projection fused with its tanh GELU: pre (N,OC) = inp (N,IC) @ weight^T + bias
+    // (bias may be NULL), out (N,OC) = gelu(pre). pre is saved for backward (cuBLASLt's GELU_AUX_BIAS
+    // epilogue writes it as the auxiliary output). Equal to matmul_forward then gelu_forward.
+    void (*matmul_gelu_forward)(float *out, float *pre, const float *inp, const float *weight, const float *bias,
+                                int N, int IC, int OC);
+    // dout (N,OC), the gradient wrt out, is OVERWRITTEN with the gradient wrt pre (dout * gelu'(pre));
+    // then exactly matmul_backward with it: dinp = dpre @ weight (skipped if dinp NULL),
+    // dweight += dpre^T @ inp, dbias += colsum(dpre). Equal to gelu_backward then matmul_backward.
+    void (*matmul_gelu_backward)(float *dinp, float *dweight, float *dbias, float *dout, const float *pre,
+                                 const float *inp, const float *weight, int N, int IC, int OC);
 
     // out (N,C) = (inp - mean) * rstd * w + b; saves mean, rstd (N).
     void (*layernorm_forward)(float *out, float *mean, float *rstd, const float *inp, const float *w, const float *b,
@@ -65,6 +75,15 @@ typedef struct sl_ops {
 
     // out = a + b (n)
     void (*residual_forward)(float *out, const float *a, const float *b, size_t n);
+    // The residual add fused with the norm that reads it (a block's ln1 / ln2, the final norm), one
+    // pass per row: resid (N,C) = a + b, then out = layernorm(resid) saving mean, rstd (N), or
+    // out = rmsnorm(resid) saving rstd: the same values as residual_forward followed by the norm's
+    // forward. resid may be a or b (in place). No backward of their own: the norms' backward already
+    // ACCUMULATES into the residual stream's gradient, which is both a's and b's.
+    void (*residual_layernorm_forward)(float *resid, float *out, float *mean, float *rstd, const float *a,
+                                       const float *b, const float *w, const float *bias, int N, int C, float eps);
+    void (*residual_rmsnorm_forward)(float *resid, float *out, float *rstd, const float *a, const float *b,
+                                     const float *w, int N, int C, float eps);
 
     // tanh-approximate GELU ("gelu_new").
     void (*gelu_forward)(float *out, const float *inp, size_t n);
@@ -97,6 +116,13 @@ typedef struct sl_ops {
     // lse: the probabilities are never stored separately. Padded columns and ignored rows get 0.
     void (*crossentropy_backward)(float *logits, const float *lse, const int *targets, int N, int V, int Vp,
                                   float dloss);
+
+    // The training precision (sl_precision) whose rounded values the ops are handed; later GEMMs may
+    // compute at it. cuda: bf16 -> CUBLAS_COMPUTE_32F_FAST_16BF, fp16 -> CUBLAS_COMPUTE_32F_FAST_16F
+    // (tensor-core GEMMs on the fp32 buffers, fp32 accumulation), fp32 -> CUBLAS_COMPUTE_32F
+    // (CUBLAS_COMPUTE_32F_FAST_TF32 with SHARDLM_TF32=1); cpu: nothing (OpenBLAS is fp32 throughout).
+    // sl_model_forward / sl_model_backward call it with sl_model.precision; it lasts until the next call.
+    void (*set_precision)(int precision);
 
     // ---- memory: where this backend's tensors live -------------------------------------------
     int on_device;                                   // 0: host memory (cpu); 1: GPU memory (cuda)

@@ -2,8 +2,14 @@
 // One batch flows: encoder -> n_layer x [norm, qkv GEMM, (RoPE), attention, proj GEMM, residual,
 // norm, MLP GEMMs, activation, residual] -> final norm -> head GEMM -> fused cross-entropy.
 // Backward walks the same path in reverse; dresid carries the residual stream's gradient.
+// Fused ops: each residual add is done by the norm that reads the sum (residual_layernorm_forward /
+// residual_rmsnorm_forward): the attention residual by ln2, a block's output residual by the next
+// block's ln1 or the final norm; GPT-2's MLP up-projection and GELU are one matmul_gelu op. The fused
+// ops compute exactly what the separate ones did (bit for bit on the CPU), and need no backward of
+// their own: the norms' backward accumulates into dresid, the gradient of both addends.
 #include "shardlm/model.h"
 #include "shardlm/error.h"
+#include "shardlm/precision.h"
 #include "shardlm/rng.h"
 
 #include <math.h>
@@ -33,6 +39,7 @@ int sl_model_create(sl_model *m, const sl_model_config *cfg, const sl_ops *ops) 
     memset(m, 0, sizeof *m);
     m->cfg = *cfg;
     m->ops = ops;
+    m->precision = SL_PRECISION_FP32;
     if (sl_layout_build(&m->layout, cfg)) return -1;
     m->params = ops->alloc(m->layout.total * sizeof(float), "parameters");
     m->grads = ops->alloc(m->layout.total * sizeof(float), "gradients");
@@ -185,13 +192,26 @@ static int alloc_acts(sl_model *m, int B, int T) {
 }
 
 // Norm forward of either family: LayerNorm (weight, bias) for GPT-2, RMSNorm (weight) for LLaMA.
-static void norm_forward(const sl_model *m, float *out, float *mean, float *rstd, const float *inp, int w_idx,
-                         int b_idx, int N) {
+// With add != NULL the residual add before the norm is fused in: inp += add (in place), then the
+// norm of the sum.
+static void norm_forward(const sl_model *m, float *out, float *mean, float *rstd, float *inp, const float *add,
+                         int w_idx, int b_idx, int N) {
     const sl_model_config *c = &m->cfg;
-    if (c->arch == SL_ARCH_GPT2)
-        m->ops->layernorm_forward(out, mean, rstd, inp, P(m, w_idx), P(m, b_idx), N, c->n_embd, c->norm_eps);
-    else
-        m->ops->rmsnorm_forward(out, rstd, inp, P(m, w_idx), N, c->n_embd, c->norm_eps);
+    const sl_ops *ops = m->ops;
+    int C = c->n_embd;
+    if (c->arch == SL_ARCH_GPT2) {
+        const float *w = P(m, w_idx), *b = P(m, b_idx);
+        if (add) ops->residual_layernorm_forward(inp, out, mean, rstd, inp, add, w, b, N, C, c->norm_eps);
+        else ops->layernorm_forward(out, mean, rstd, inp, w, b, N, C, c->norm_eps);
+    } else {
+        if (add) ops->residual_rmsnorm_forward(inp, out, rstd, inp, add, P(m, w_idx), N, C, c->norm_eps);
+        else ops->rmsnorm_forward(out, rstd, inp, P(m, w_idx), N, C, c->norm_eps);
+    }
+}
+
+// Tells the backend the precision of this model's values (the GEMMs' compute type follows it).
+static void announce_precision(const sl_model *m) {
+    if (m->ops->set_precision) m->ops->set_precision(m->precision);
 }
 
 static void norm_backward(sl_model *m, float *dinp, const float *dout, const float *inp, int w_idx, int b_idx,
@@ -224,6 +244,7 @@ int sl_model_forward(sl_model *m, const int *inputs, const int *targets, int B, 
     if (alloc_acts(m, B, T)) return -1;
     m->B = B;
     m->T = T;
+    announce_precision(m);
     // the batch to the backend (the one host-to-device copy of a step)
     ops->upload(m->inputs, inputs, N * sizeof(int));
     m->have_targets = targets != NULL;
@@ -236,28 +257,35 @@ int sl_model_forward(sl_model *m, const int *inputs, const int *targets, int B, 
     HOOK(m, SL_PARAMS_GET, 0, 1);
     ops->encoder_forward(m->encoded, m->inputs, P(m, L->wte), L->wpe >= 0 ? P(m, L->wpe) : NULL, B, T, C);
     HOOK(m, SL_PARAMS_PUT, 0, 1);
-    const float *resid = m->encoded;
+    // resid: the residual stream entering the block; pending: what the norm reading it still has to
+    // add to it (the previous block's resid2: its output's residual add is fused into the next norm)
+    float *resid = m->encoded;
+    const float *pending = NULL;
     for (int l = 0; l < c->n_layer; l++) {
         const sl_block_tensors *k = &L->blocks[l];
         sl_layer_acts *a = &m->layers[l];
         HOOK(m, SL_PARAMS_GET, l + 1, l + 2);
-        norm_forward(m, a->ln1, a->ln1_mean, a->ln1_rstd, resid, k->ln1_w, k->ln1_b, (int)N);
+        norm_forward(m, a->ln1, a->ln1_mean, a->ln1_rstd, resid, pending, k->ln1_w, k->ln1_b, (int)N);
         ops->matmul_forward(a->qkv, a->ln1, P(m, k->qkv_w), P_OPT(m, k->qkv_b), (int)N, C, QKV);
         if (c->arch == SL_ARCH_LLAMA) ops->rope_forward(a->qkv, m->rope_cos, m->rope_sin, B, T, NH, NKV, HD, 0);
         ops->attention_forward(a->att, a->lse, a->qkv, B, T, NH, NKV, HD);
         ops->matmul_forward(a->resid2, a->att, P(m, k->attn_proj_w), P_OPT(m, k->attn_proj_b), (int)N, C, C);
-        ops->residual_forward(a->resid2, a->resid2, resid, N * C);
-        norm_forward(m, a->ln2, a->ln2_mean, a->ln2_rstd, a->resid2, k->ln2_w, k->ln2_b, (int)N);
-        ops->matmul_forward(a->fch, a->ln2, P(m, k->fc_w), P_OPT(m, k->fc_b), (int)N, C, FC);
-        if (c->arch == SL_ARCH_GPT2) ops->gelu_forward(a->fch_act, a->fch, N * F);
-        else ops->swiglu_forward(a->fch_act, a->fch, (int)N, F);
+        // resid2 = attention output + resid, fused with ln2
+        norm_forward(m, a->ln2, a->ln2_mean, a->ln2_rstd, a->resid2, resid, k->ln2_w, k->ln2_b, (int)N);
+        if (c->arch == SL_ARCH_GPT2) {
+            ops->matmul_gelu_forward(a->fch_act, a->fch, a->ln2, P(m, k->fc_w), P_OPT(m, k->fc_b), (int)N, C, F);
+        } else {
+            ops->matmul_forward(a->fch, a->ln2, P(m, k->fc_w), P_OPT(m, k->fc_b), (int)N, C, FC);
+            ops->swiglu_forward(a->fch_act, a->fch, (int)N, F);
+        }
+        // resid3 = MLP output (+ resid2, added by the next norm)
         ops->matmul_forward(a->resid3, a->fch_act, P(m, k->mlp_proj_w), P_OPT(m, k->mlp_proj_b), (int)N, F, C);
-        ops->residual_forward(a->resid3, a->resid3, a->resid2, N * C);
         HOOK(m, SL_PARAMS_PUT, l + 1, l + 2);
         resid = a->resid3;
+        pending = a->resid2;
     }
     HOOK(m, SL_PARAMS_GET, last, tied ? 0 : -1);
-    norm_forward(m, m->lnf, m->lnf_mean, m->lnf_rstd, resid, L->lnf_w, L->lnf_b, (int)N);
+    norm_forward(m, m->lnf, m->lnf_mean, m->lnf_rstd, resid, pending, L->lnf_w, L->lnf_b, (int)N);
     if (tied) {  // the head is the embedding matrix
         HOOK(m, SL_PARAMS_PUT, last, 0);
         HOOK(m, SL_PARAMS_GET, 0, -1);
@@ -289,6 +317,7 @@ int sl_model_backward(sl_model *m, float grad_scale) {
     int QKV = qkv_width(c), FC = fc_width(c), Vp = c->padded_vocab_size;
     float dloss = m->n_valid_targets ? grad_scale / (float)m->n_valid_targets : 0.0f;
     m->have_targets = 0;  // logits become gradients below; a second backward would be wrong
+    announce_precision(m);
     int last = L->n_units - 1, tied = L->lm_head < 0, head_unit = tied ? 0 : last;
 
     // logits -> dlogits in place, then the head and the final norm
@@ -319,9 +348,13 @@ int sl_model_backward(sl_model *m, float grad_scale) {
         // MLP: dresid is d(resid3) and flows unchanged into d(resid2) through the residual
         ops->matmul_backward(m->dB, G(m, k->mlp_proj_w), G_OPT(m, k->mlp_proj_b), m->dresid, a->fch_act,
                              P(m, k->mlp_proj_w), N, F, C);
-        if (c->arch == SL_ARCH_GPT2) ops->gelu_backward(m->dA, a->fch, m->dB, (size_t)N * F);
-        else ops->swiglu_backward(m->dA, a->fch, m->dB, N, F);
-        ops->matmul_backward(m->dln, G(m, k->fc_w), G_OPT(m, k->fc_b), m->dA, a->ln2, P(m, k->fc_w), N, C, FC);
+        if (c->arch == SL_ARCH_GPT2) {  // dB (the GELU output's gradient) becomes the pre-GELU gradient
+            ops->matmul_gelu_backward(m->dln, G(m, k->fc_w), G_OPT(m, k->fc_b), m->dB, a->fch, a->ln2, P(m, k->fc_w),
+                                      N, C, F);
+        } else {
+            ops->swiglu_backward(m->dA, a->fch, m->dB, N, F);
+            ops->matmul_backward(m->dln, G(m, k->fc_w), G_OPT(m, k->fc_b), m->dA, a->ln2, P(m, k->fc_w), N, C, FC);
+        }
         norm_backward(m, m->dresid, m->dln, a->resid2, k->ln2_w, k->ln2_b, a->ln2_mean, a->ln2_rstd, N);
         // attention
         ops->matmul_backward(m->dB, G(m, k->attn_proj_w), G_OPT(m, k->attn_proj_b), m->dresid, a->att,

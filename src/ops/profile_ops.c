@@ -2,11 +2,13 @@
 // calls the inner op, and adds the elapsed time to its op's slot (and, for matmuls, to its shape's
 // slot); on a device backend the clock is read after the queue drains (see tick). Slots are filled
 // in first-call order, so a report lists ops in the order a step runs them. Memory functions and
-// optimizer passes are the inner table's own.
+// optimizer passes are the inner table's own, and so is set_precision (nothing to time).
 //
 // FLOP counts ("useful" work, as FLOP counters for training usually count it):
 //   matmul_forward   2*N*IC*OC
 //   matmul_backward  2*N*IC*OC for dweight, plus the same again when dinp is requested
+//   matmul_gelu_forward / matmul_gelu_backward: as matmul_forward / matmul_backward (the GELU and its
+//                    gradient are elementwise and not counted)
 //   attention_forward   4*HD per causal (query, key) pair per head: q.k and p*v
 //   attention_backward  8*HD per pair (twice the forward; recomputing the scores is not counted)
 #include "shardlm/ops_profile.h"
@@ -26,7 +28,7 @@ static sl_op_stat g_ops[MAX_OPS];
 static int g_n_ops;
 
 typedef struct {
-    int backward, N, IC, OC, with_dinp;
+    int backward, N, IC, OC, with_dinp, gelu;
 } shape_key;
 static sl_op_stat g_shapes[MAX_SHAPES];
 static shape_key g_shape_keys[MAX_SHAPES];
@@ -58,8 +60,9 @@ static void record(const char *name, double seconds, double flops) {
     s->flops += flops;
 }
 
-static void record_shape(int backward, int N, int IC, int OC, int with_dinp, double seconds, double flops) {
-    shape_key k = {backward, N, IC, OC, with_dinp};
+static void record_shape(int backward, int N, int IC, int OC, int with_dinp, int gelu, double seconds,
+                         double flops) {
+    shape_key k = {backward, N, IC, OC, with_dinp, gelu};
     int i = 0;
     for (; i < g_n_shapes; i++)
         if (memcmp(&g_shape_keys[i], &k, sizeof k) == 0) break;
@@ -67,8 +70,8 @@ static void record_shape(int backward, int N, int IC, int OC, int with_dinp, dou
         if (g_n_shapes == MAX_SHAPES) return;
         g_n_shapes++;
         g_shape_keys[i] = k;
-        snprintf(g_shape_names[i], SHAPE_NAME_LEN, "%s N=%d IC=%d OC=%d%s",
-                 backward ? "matmul_backward" : "matmul_forward", N, IC, OC,
+        snprintf(g_shape_names[i], SHAPE_NAME_LEN, "%s%s N=%d IC=%d OC=%d%s", gelu ? "matmul_gelu" : "matmul",
+                 backward ? "_backward" : "_forward", N, IC, OC,
                  backward && !with_dinp ? " (no dinp)" : "");
         memset(&g_shapes[i], 0, sizeof g_shapes[i]);
         g_shapes[i].name = g_shape_names[i];
@@ -106,7 +109,7 @@ static void p_matmul_forward(float *out, const float *inp, const float *weight, 
     g_inner->matmul_forward(out, inp, weight, bias, N, IC, OC);
     double dt = tick() - t0, fl = 2.0 * N * (double)IC * OC;
     record("matmul_forward", dt, fl);
-    record_shape(0, N, IC, OC, 1, dt, fl);
+    record_shape(0, N, IC, OC, 1, 0, dt, fl);
 }
 
 static void p_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
@@ -115,7 +118,25 @@ static void p_matmul_backward(float *dinp, float *dweight, float *dbias, const f
     g_inner->matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, IC, OC);
     double dt = tick() - t0, fl = 2.0 * N * (double)IC * OC * (dinp ? 2 : 1);
     record("matmul_backward", dt, fl);
-    record_shape(1, N, IC, OC, dinp != NULL, dt, fl);
+    record_shape(1, N, IC, OC, dinp != NULL, 0, dt, fl);
+}
+
+static void p_matmul_gelu_forward(float *out, float *pre, const float *inp, const float *weight, const float *bias,
+                                  int N, int IC, int OC) {
+    double t0 = tick();
+    g_inner->matmul_gelu_forward(out, pre, inp, weight, bias, N, IC, OC);
+    double dt = tick() - t0, fl = 2.0 * N * (double)IC * OC;
+    record("matmul_gelu_forward", dt, fl);
+    record_shape(0, N, IC, OC, 1, 1, dt, fl);
+}
+
+static void p_matmul_gelu_backward(float *dinp, float *dweight, float *dbias, float *dout, const float *pre,
+                                   const float *inp, const float *weight, int N, int IC, int OC) {
+    double t0 = tick();
+    g_inner->matmul_gelu_backward(dinp, dweight, dbias, dout, pre, inp, weight, N, IC, OC);
+    double dt = tick() - t0, fl = 2.0 * N * (double)IC * OC * (dinp ? 2 : 1);
+    record("matmul_gelu_backward", dt, fl);
+    record_shape(1, N, IC, OC, dinp != NULL, 1, dt, fl);
 }
 
 static void p_layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *w, const float *b,
@@ -149,6 +170,20 @@ static void p_residual_forward(float *out, const float *a, const float *b, size_
     double t0 = tick();
     g_inner->residual_forward(out, a, b, n);
     record("residual_forward", tick() - t0, 0);
+}
+
+static void p_residual_layernorm_forward(float *resid, float *out, float *mean, float *rstd, const float *a,
+                                        const float *b, const float *w, const float *bias, int N, int C, float eps) {
+    double t0 = tick();
+    g_inner->residual_layernorm_forward(resid, out, mean, rstd, a, b, w, bias, N, C, eps);
+    record("residual_layernorm_forward", tick() - t0, 0);
+}
+
+static void p_residual_rmsnorm_forward(float *resid, float *out, float *rstd, const float *a, const float *b,
+                                      const float *w, int N, int C, float eps) {
+    double t0 = tick();
+    g_inner->residual_rmsnorm_forward(resid, out, rstd, a, b, w, N, C, eps);
+    record("residual_rmsnorm_forward", tick() - t0, 0);
 }
 
 static void p_gelu_forward(float *out, const float *inp, size_t n) {
@@ -242,11 +277,15 @@ const sl_ops *sl_ops_profile_wrap(const sl_ops *inner) {
     WRAP(encoder_backward);
     WRAP(matmul_forward);
     WRAP(matmul_backward);
+    WRAP(matmul_gelu_forward);
+    WRAP(matmul_gelu_backward);
     WRAP(layernorm_forward);
     WRAP(layernorm_backward);
     WRAP(rmsnorm_forward);
     WRAP(rmsnorm_backward);
     WRAP(residual_forward);
+    WRAP(residual_layernorm_forward);
+    WRAP(residual_rmsnorm_forward);
     WRAP(gelu_forward);
     WRAP(gelu_backward);
     WRAP(swiglu_forward);

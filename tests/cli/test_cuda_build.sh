@@ -9,7 +9,8 @@
 #     on_device 1), and sl_ops_for_device gives the CPU table for "cpu", names the value and the
 #     choices for a bad one, rejects "cuda:x", and (on a machine without a GPU) fails "cuda" with
 #     "no usable CUDA GPU";
-#   - tests/gpu/test_ops_cuda.c compiles and links against the library (it runs only on a GPU);
+#   - tests/gpu/test_ops_cuda.c and test_model_cuda.c compile and link against the library (they run
+#     only on a GPU);
 #   - `shardlm report` says the ops cuda backend is built in.
 # Without nvcc it prints SKIP lines. Prints PASS/FAIL lines for tests/run.sh. Skips silently (exit 0)
 # while "$SHARDLM_BIN" is not an executable.
@@ -51,11 +52,13 @@ cat >"$tmp/table.c" <<'EOF'
 #include "shardlm/ops.h"
 extern const sl_ops sl_ops_cuda;
 #define FNS(X) X(encoder_forward) X(encoder_backward) X(matmul_forward) X(matmul_backward) \
-  X(layernorm_forward) X(layernorm_backward) X(rmsnorm_forward) X(rmsnorm_backward) X(residual_forward) \
-  X(gelu_forward) X(gelu_backward) X(swiglu_forward) X(swiglu_backward) X(rope_forward) X(rope_backward) \
-  X(attention_forward) X(attention_backward) X(attention_decode) X(crossentropy_forward) \
-  X(crossentropy_backward) X(alloc) X(dealloc) X(memzero) X(upload) X(download) X(copy) X(synchronize) \
-  X(sumsq) X(scale) X(nonfinite) X(round_to) X(adam_step) X(sgd_step)
+  X(matmul_gelu_forward) X(matmul_gelu_backward) X(layernorm_forward) X(layernorm_backward) \
+  X(rmsnorm_forward) X(rmsnorm_backward) X(residual_forward) X(residual_layernorm_forward) \
+  X(residual_rmsnorm_forward) X(gelu_forward) X(gelu_backward) X(swiglu_forward) X(swiglu_backward) \
+  X(rope_forward) X(rope_backward) X(attention_forward) X(attention_backward) X(attention_decode) \
+  X(crossentropy_forward) X(crossentropy_backward) X(set_precision) X(alloc) X(dealloc) X(memzero) \
+  X(upload) X(download) X(copy) X(synchronize) X(stream) X(peak_bytes) X(reset_peak_bytes) X(sumsq) \
+  X(scale) X(nonfinite) X(round_to) X(adam_step) X(sgd_step)
 int main(int argc, char **argv) {
     int bad = 0;
 #define CHECK(f) if (!sl_ops_cuda.f) { printf("NULL entry: %s\n", #f); bad = 1; }
@@ -89,6 +92,8 @@ check cuda_table_filled_and_device_names "$tmp/table" $gpu_arg
 # 3. The GPU test program compiles and links (tests/gpu/run.sh runs it on a GPU).
 # shellcheck disable=SC2086
 check cuda_gpu_test_links ${CC:-gcc} $flags tests/gpu/test_ops_cuda.c "$lib" -o "$tmp/test_ops_cuda" $libs
+# shellcheck disable=SC2086
+check cuda_gpu_model_test_links ${CC:-gcc} $flags tests/gpu/test_model_cuda.c "$lib" -o "$tmp/test_model_cuda" $libs
 
 # 4. The report.
 "$BIN" report >"$tmp/report.txt" 2>&1

@@ -14,6 +14,12 @@
 // Shapes mix small odd ones (not multiples of 32 or 64, unaligned pointers, T = 1) with GPT-2 124M
 // ones (C 768, NH 12, HD 64, T 1024, B 1). Also: every table entry is filled, an impossible
 // allocation fails with a message and leaves the backend usable, and cuda_synchronize returns 0.
+// Fused ops: matmul_gelu (cuBLASLt GELU_AUX epilogue where OC % 8 == 0, the unfused fallback where
+// not) and residual + layernorm / rmsnorm against the CPU at 1e-5; on the GPU the fused residual +
+// norm must equal residual_forward + the norm bit for bit. 16-bit compute types: with
+// set_precision(bf16 / fp16) the GEMMs run as CUBLAS_COMPUTE_32F_FAST_16BF / _16F; on inputs already
+// rounded to that format they must stay within BF16_TOL (1e-2) of the CPU's fp32 GEMM on the same
+// inputs (exact 16-bit products, fp32 accumulation: expect ~1e-6; the bound is the format's).
 // Prints "PASS name (max rel err X)" / "FAIL name: why" and ends with "N passed, N failed"; the exit
 // status is non-zero on any failure. With no usable GPU it prints one SKIP line and exits 0.
 #include <math.h>
@@ -30,6 +36,7 @@
 #include "shardlm/rng.h"
 
 #define REL_TOL 1e-5
+#define BF16_TOL 1e-2
 #define SUMSQ_TOL 1e-9
 #define MAXBUF 12
 
@@ -218,6 +225,42 @@ static double op_matmul_bwd(const sl_ops *o, void **p, const args *a) {
                        at_off(p[5], a), a->N, a->IC, a->OC);
     return 0;
 }
+// The GEMM ops under a->precision (set_precision before, fp32 again after; the CPU ignores it).
+static double op_matmul_fwd_prec(const sl_ops *o, void **p, const args *a) {
+    o->set_precision(a->precision);
+    op_matmul_fwd(o, p, a);
+    o->set_precision(SL_PRECISION_FP32);
+    return 0;
+}
+static double op_matmul_bwd_prec(const sl_ops *o, void **p, const args *a) {
+    o->set_precision(a->precision);
+    op_matmul_bwd(o, p, a);
+    o->set_precision(SL_PRECISION_FP32);
+    return 0;
+}
+static double op_matmul_gelu_fwd(const sl_ops *o, void **p, const args *a) {
+    o->set_precision(a->precision);
+    o->matmul_gelu_forward(at_off(p[0], a), at_off(p[1], a), at_off(p[2], a), at_off(p[3], a), at_off(p[4], a), a->N,
+                           a->IC, a->OC);
+    o->set_precision(SL_PRECISION_FP32);
+    return 0;
+}
+static double op_matmul_gelu_bwd(const sl_ops *o, void **p, const args *a) {
+    o->set_precision(a->precision);
+    o->matmul_gelu_backward(at_off(p[0], a), at_off(p[1], a), at_off(p[2], a), at_off(p[3], a), at_off(p[4], a),
+                            at_off(p[5], a), at_off(p[6], a), a->N, a->IC, a->OC);
+    o->set_precision(SL_PRECISION_FP32);
+    return 0;
+}
+// Fused residual + norm; a->off == 1 runs it in place (resid = a, as the model calls it: p[0] holds a).
+static double op_residual_layernorm_fwd(const sl_ops *o, void **p, const args *a) {
+    o->residual_layernorm_forward(p[0], p[1], p[2], p[3], a->off ? p[0] : p[4], p[5], p[6], p[7], a->N, a->C, a->eps);
+    return 0;
+}
+static double op_residual_rmsnorm_fwd(const sl_ops *o, void **p, const args *a) {
+    o->residual_rmsnorm_forward(p[0], p[1], p[2], a->off ? p[0] : p[3], p[4], p[5], a->N, a->C, a->eps);
+    return 0;
+}
 static double op_layernorm_fwd(const sl_ops *o, void **p, const args *a) {
     o->layernorm_forward(p[0], p[1], p[2], p[3], p[4], p[5], a->N, a->C, a->eps);
     return 0;
@@ -339,6 +382,130 @@ static void test_matmul(const char *tag, int N, int IC, int OC, int with_bias, i
         {"dbias", db, with_bias ? F(nb) : 0, INOUT}, {"dout", dout, F(nout), IN}, {"inp", inp, F(nin), IN},
         {"weight", w, F(nw), IN});
     free(inp); free(w); free(bias); free(out); free(dout); free(dinp); free(dw); free(db);
+}
+
+// matmul_gelu_forward / backward (OC % 8 != 0 takes the unfused path, OC % 8 == 0 the epilogue).
+static void test_matmul_gelu(const char *tag, int N, int IC, int OC, int with_bias, int off) {
+    char name[128];
+    args a = {.N = N, .IC = IC, .OC = OC, .off = off, .precision = SL_PRECISION_FP32};
+    size_t nin = (size_t)N * IC + off, nw = (size_t)OC * IC + off, nout = (size_t)N * OC + off, nb = (size_t)OC + off;
+    float *inp = frand(nin, 1.0f), *w = frand(nw, 0.05f), *bias = with_bias ? frand(nb, 0.1f) : NULL;
+    float *out = frand(nout, 1.0f), *pre = frand(nout, 1.5f), *dout = frand(nout, 1.0f), *dinp = frand(nin, 1.0f);
+    float *dw = frand(nw, 1.0f), *db = with_bias ? frand(nb, 1.0f) : NULL;
+    snprintf(name, sizeof name, "matmul_gelu_forward_%s", tag);
+    RUN(name, op_matmul_gelu_fwd, &a, CMP_REL, REL_TOL, {"out", out, F(nout), OUT}, {"pre", pre, F(nout), OUT},
+        {"inp", inp, F(nin), IN}, {"weight", w, F(nw), IN}, {"bias", bias, with_bias ? F(nb) : 0, IN});
+    snprintf(name, sizeof name, "matmul_gelu_backward_%s", tag);
+    RUN(name, op_matmul_gelu_bwd, &a, CMP_REL, REL_TOL, {"dinp", dinp, F(nin), OUT}, {"dweight", dw, F(nw), INOUT},
+        {"dbias", db, with_bias ? F(nb) : 0, INOUT}, {"dout", dout, F(nout), INOUT}, {"pre", pre, F(nout), IN},
+        {"inp", inp, F(nin), IN}, {"weight", w, F(nw), IN});
+    snprintf(name, sizeof name, "matmul_gelu_backward_no_dinp_%s", tag);
+    RUN(name, op_matmul_gelu_bwd, &a, CMP_REL, REL_TOL, {"dinp", NULL, 0, OUT}, {"dweight", dw, F(nw), INOUT},
+        {"dbias", db, with_bias ? F(nb) : 0, INOUT}, {"dout", dout, F(nout), INOUT}, {"pre", pre, F(nout), IN},
+        {"inp", inp, F(nin), IN}, {"weight", w, F(nw), IN});
+    free(inp); free(w); free(bias); free(out); free(pre); free(dout); free(dinp); free(dw); free(db);
+}
+
+// x[i] rounded to the 16-bit format of `precision` (the engine's rounding of what the GEMMs read).
+static void round_host(float *x, size_t n, int precision) {
+    if (x) sl_ops_cpu.round_to(x, n, precision);
+}
+
+// The GEMMs under set_precision(bf16 / fp16) on inputs already rounded to that format, against the
+// CPU's fp32 GEMMs on the same inputs, within BF16_TOL.
+static void test_matmul_16bit(const char *tag, int precision, int N, int IC, int OC) {
+    char name[160];
+    const char *pname = precision == SL_PRECISION_BF16 ? "bf16" : "fp16";
+    args a = {.N = N, .IC = IC, .OC = OC, .precision = precision};
+    size_t nin = (size_t)N * IC, nw = (size_t)OC * IC, nout = (size_t)N * OC;
+    float *inp = frand(nin, 1.0f), *w = frand(nw, 0.05f), *bias = frand(OC, 0.1f), *out = frand(nout, 1.0f);
+    float *pre = frand(nout, 1.0f), *dout = frand(nout, 1.0f), *dinp = frand(nin, 1.0f), *dw = frand(nw, 1.0f);
+    float *db = frand(OC, 1.0f);
+    round_host(inp, nin, precision); round_host(w, nw, precision); round_host(bias, OC, precision);
+    round_host(dout, nout, precision); round_host(pre, nout, precision);
+    snprintf(name, sizeof name, "matmul_forward_%s_compute_%s", pname, tag);
+    RUN(name, op_matmul_fwd_prec, &a, CMP_REL, BF16_TOL, {"out", out, F(nout), OUT}, {"inp", inp, F(nin), IN},
+        {"weight", w, F(nw), IN}, {"bias", bias, F(OC), IN});
+    snprintf(name, sizeof name, "matmul_backward_%s_compute_%s", pname, tag);
+    RUN(name, op_matmul_bwd_prec, &a, CMP_REL, BF16_TOL, {"dinp", dinp, F(nin), OUT}, {"dweight", dw, F(nw), INOUT},
+        {"dbias", db, F(OC), INOUT}, {"dout", dout, F(nout), IN}, {"inp", inp, F(nin), IN}, {"weight", w, F(nw), IN});
+    snprintf(name, sizeof name, "matmul_gelu_forward_%s_compute_%s", pname, tag);
+    RUN(name, op_matmul_gelu_fwd, &a, CMP_REL, BF16_TOL, {"out", out, F(nout), OUT}, {"pre", pre, F(nout), OUT},
+        {"inp", inp, F(nin), IN}, {"weight", w, F(nw), IN}, {"bias", bias, F(OC), IN});
+    free(inp); free(w); free(bias); free(out); free(pre); free(dout); free(dinp); free(dw); free(db);
+}
+
+// Fused residual + layernorm / rmsnorm against the CPU, out of place and in place (resid = a).
+static void test_residual_norms(const char *tag, int N, int C) {
+    char name[128];
+    size_t n = (size_t)N * C;
+    float *x = frand(n, 1.0f), *y = frand(n, 1.0f), *w = frand(C, 1.0f), *b = frand(C, 0.1f);
+    float *resid = frand(n, 1.0f), *out = frand(n, 1.0f), *mean = frand(N, 1.0f), *rstd = frand(N, 1.0f);
+    for (size_t i = 0; i < n; i++) x[i] += 0.5f;  // a non-zero mean
+    for (int in_place = 0; in_place < 2; in_place++) {
+        args a = {.N = N, .C = C, .eps = 1e-5f, .off = in_place};
+        const char *how = in_place ? "in_place" : "out_of_place";
+        snprintf(name, sizeof name, "residual_layernorm_forward_%s_%s", how, tag);
+        float *r = in_place ? x : resid;  // in place: resid starts as a
+        int r_role = in_place ? INOUT : OUT;
+        RUN(name, op_residual_layernorm_fwd, &a, CMP_REL, REL_TOL, {"resid", r, F(n), r_role}, {"out", out, F(n), OUT},
+            {"mean", mean, F(N), OUT}, {"rstd", rstd, F(N), OUT}, {"a", x, F(n), IN}, {"b", y, F(n), IN},
+            {"w", w, F(C), IN}, {"bias", b, F(C), IN});
+        a.eps = 1e-6f;
+        snprintf(name, sizeof name, "residual_rmsnorm_forward_%s_%s", how, tag);
+        RUN(name, op_residual_rmsnorm_fwd, &a, CMP_REL, REL_TOL, {"resid", r, F(n), r_role}, {"out", out, F(n), OUT},
+            {"rstd", rstd, F(N), OUT}, {"a", x, F(n), IN}, {"b", y, F(n), IN}, {"w", w, F(C), IN});
+    }
+    free(x); free(y); free(w); free(b); free(resid); free(out); free(mean); free(rstd);
+}
+
+// On the GPU, the fused residual + norm (in place, as the model calls it) gives the bits of
+// residual_forward followed by the norm: resid, out, mean (layernorm) and rstd.
+static void test_residual_norm_fusion_exact(const char *tag, int N, int C) {
+    size_t n = (size_t)N * C, sizes[8] = {F(n), F(n), F(C), F(C), F(n), F(n), F(N), F(N)};
+    float *hx = frand(n, 1.0f), *hy = frand(n, 1.0f), *hw = frand(C, 1.0f), *hb = frand(C, 0.1f);
+    for (int rms = 0; rms < 2; rms++) {
+        char name[128];
+        snprintf(name, sizeof name, "residual_%s_fused_equals_unfused_bits_%s", rms ? "rmsnorm" : "layernorm", tag);
+        // per side (0: separate ops, 1: fused): x (a, and resid of the fused side), y (b), w, bias,
+        // resid (separate side), out, mean, rstd
+        float *d[2][8] = {{0}}, *h[2][4];
+        int ok = 1;
+        for (int k = 0; k < 2; k++)
+            for (int i = 0; i < 8; i++) ok = ok && (d[k][i] = gpu->alloc(sizes[i], "fusion test buffer"));
+        if (!ok) fail(name, "alloc: %s", sl_error());
+        for (int k = 0; k < 2 && ok; k++) {
+            float **b = d[k];
+            gpu->upload(b[0], hx, F(n)); gpu->upload(b[1], hy, F(n));
+            gpu->upload(b[2], hw, F(C)); gpu->upload(b[3], hb, F(C));
+            if (k == 0) {
+                gpu->residual_forward(b[4], b[0], b[1], n);
+                if (rms) gpu->rmsnorm_forward(b[5], b[7], b[4], b[2], N, C, 1e-6f);
+                else gpu->layernorm_forward(b[5], b[6], b[7], b[4], b[2], b[3], N, C, 1e-5f);
+            } else if (rms) {
+                gpu->residual_rmsnorm_forward(b[0], b[5], b[7], b[0], b[1], b[2], N, C, 1e-6f);
+            } else {
+                gpu->residual_layernorm_forward(b[0], b[5], b[6], b[7], b[0], b[1], b[2], b[3], N, C, 1e-5f);
+            }
+            float *src[4] = {k == 0 ? b[4] : b[0], b[5], b[6], b[7]};
+            for (int j = 0; j < 4; j++) {
+                h[k][j] = xmalloc(sizes[4 + j]);
+                gpu->download(h[k][j], src[j], sizes[4 + j]);
+            }
+        }
+        if (ok && gpu->synchronize()) { fail(name, "%s", sl_error()); ok = -1; }
+        if (ok == 1) {
+            int same = 1;
+            for (int j = 0; j < 4; j++) same = same && !memcmp(h[0][j], h[1][j], sizes[4 + j]);
+            if (same) pass(name, 0.0);
+            else fail(name, "resid/out/mean/rstd of the fused kernel differ from residual_forward + the norm");
+        }
+        for (int k = 0; k < 2 && ok; k++)
+            for (int j = 0; j < 4; j++) free(h[k][j]);
+        for (int k = 0; k < 2; k++)
+            for (int i = 0; i < 8; i++) gpu->dealloc(d[k][i]);
+    }
+    free(hx); free(hy); free(hw); free(hb);
 }
 
 static void test_norms(const char *tag, int N, int C) {
@@ -574,12 +741,13 @@ static void test_flat_passes(const char *tag, size_t n) {
 // ---- table and memory checks -------------------------------------------------------------------
 
 #define SL_OPS_FNS(X)                                                                                      \
-    X(encoder_forward) X(encoder_backward) X(matmul_forward) X(matmul_backward) X(layernorm_forward)     \
-    X(layernorm_backward) X(rmsnorm_forward) X(rmsnorm_backward) X(residual_forward) X(gelu_forward)    \
-    X(gelu_backward) X(swiglu_forward) X(swiglu_backward) X(rope_forward) X(rope_backward)              \
+    X(encoder_forward) X(encoder_backward) X(matmul_forward) X(matmul_backward) X(matmul_gelu_forward)   \
+    X(matmul_gelu_backward) X(layernorm_forward) X(layernorm_backward) X(rmsnorm_forward)                \
+    X(rmsnorm_backward) X(residual_forward) X(residual_layernorm_forward) X(residual_rmsnorm_forward)    \
+    X(gelu_forward) X(gelu_backward) X(swiglu_forward) X(swiglu_backward) X(rope_forward) X(rope_backward) \
     X(attention_forward) X(attention_backward) X(attention_decode) X(crossentropy_forward)              \
-    X(crossentropy_backward) X(alloc) X(dealloc) X(memzero) X(upload) X(download) X(copy) X(synchronize) \
-    X(sumsq) X(scale) X(nonfinite) X(round_to) X(adam_step) X(sgd_step)
+    X(crossentropy_backward) X(set_precision) X(alloc) X(dealloc) X(memzero) X(upload) X(download)      \
+    X(copy) X(synchronize) X(sumsq) X(scale) X(nonfinite) X(round_to) X(adam_step) X(sgd_step)
 
 static void test_table(void) {
     char missing[1024] = "";
@@ -662,8 +830,26 @@ int main(int argc, char **argv) {
     test_matmul("gpt2_proj", 1024, 3072, 768, 1, 0);
     test_matmul("gpt2_lm_head", 256, 768, 50257, 0, 0);
 
+    test_matmul_gelu("small_bias_unfused", 37, 19, 23, 1, 0);   // OC % 8 != 0: the fallback path
+    test_matmul_gelu("small_nobias_unfused", 37, 19, 23, 0, 0);
+    test_matmul_gelu("small_bias", 37, 19, 24, 1, 0);           // the GELU_AUX_BIAS epilogue
+    test_matmul_gelu("small_nobias", 37, 19, 24, 0, 0);         // GELU_AUX
+    test_matmul_gelu("unaligned_bias", 37, 19, 24, 1, 1);
+    test_matmul_gelu("one_row", 1, 64, 96, 1, 0);
+    test_matmul_gelu("gpt2_fc", 1024, 768, 3072, 1, 0);
+    test_matmul_gelu("gpt2_fc_nobias", 1024, 768, 3072, 0, 0);
+
+    test_matmul_16bit("small", SL_PRECISION_BF16, 37, 19, 24);
+    test_matmul_16bit("gpt2_fc", SL_PRECISION_BF16, 1024, 768, 3072);
+    test_matmul_16bit("gpt2_proj", SL_PRECISION_BF16, 1024, 3072, 768);
+    test_matmul_16bit("gpt2_fc", SL_PRECISION_FP16, 1024, 768, 3072);
+
     test_norms("small", 37, 100);
     test_norms("gpt2", 1024, 768);
+    test_residual_norms("small", 37, 100);
+    test_residual_norms("gpt2", 1024, 768);
+    test_residual_norm_fusion_exact("small", 37, 100);
+    test_residual_norm_fusion_exact("gpt2", 1024, 768);
 
     test_elementwise("small", 1001, 37, 100);
     test_elementwise("gpt2", (size_t)1024 * 3072 + 3, 1024, 2048);

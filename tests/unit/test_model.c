@@ -1,14 +1,16 @@
 // test_model.c: a tiny GPT-2 and a tiny LLaMA against transformers (fixtures from
 // tests/reference/make_model_fixtures.py): logits, loss and every parameter gradient within 1e-5
 // relative (per tensor: max |ours - theirs| / max |theirs|), and 10 AdamW steps tracking
-// PyTorch's losses. Also: gradient accumulation equals one bigger batch, and the model rejects
-// out-of-range tokens and over-long sequences with a clear message.
+// PyTorch's losses. Also: gradient accumulation equals one bigger batch, the fused ops (GEMM + GELU,
+// residual + norm) change no bit of the model, every forward/backward tells the backend the model's
+// precision, and the model rejects out-of-range tokens and over-long sequences with a clear message.
 #include "test.h"
 
 #include "shardlm/engine.h"
 #include "shardlm/error.h"
 #include "shardlm/hf_weights.h"
 #include "shardlm/model.h"
+#include "shardlm/precision.h"
 #include "shardlm/safetensors.h"
 
 #define REL_TOL 1e-5
@@ -206,6 +208,91 @@ TEST(bad_tokens_and_lengths_are_rejected) {
     CHECK(strstr(sl_error(), "exceeds") != NULL);
     CHECK(sl_model_backward(&m, 1.0f) == -1);
     free(big);
+    sl_model_free(&m);
+}
+
+// ---- the fused ops, seen from the model -------------------------------------------------------
+
+// A CPU table whose fused entries run the separate ops one after another (what the model did before
+// the fused ops existed), and which records what set_precision was told.
+static int told_precision = -1, precision_calls;
+static void unfused_matmul_gelu_forward(float *out, float *pre, const float *inp, const float *w, const float *b,
+                                        int N, int IC, int OC) {
+    sl_ops_cpu.matmul_forward(pre, inp, w, b, N, IC, OC);
+    sl_ops_cpu.gelu_forward(out, pre, (size_t)N * OC);
+}
+static void unfused_matmul_gelu_backward(float *dinp, float *dw, float *db, float *dout, const float *pre,
+                                         const float *inp, const float *w, int N, int IC, int OC) {
+    float *dpre = malloc(sizeof(float) * (size_t)N * OC);
+    sl_ops_cpu.gelu_backward(dpre, pre, dout, (size_t)N * OC);
+    sl_ops_cpu.matmul_backward(dinp, dw, db, dpre, inp, w, N, IC, OC);
+    memcpy(dout, dpre, sizeof(float) * (size_t)N * OC);
+    free(dpre);
+}
+static void unfused_residual_layernorm(float *resid, float *out, float *mean, float *rstd, const float *a,
+                                       const float *b, const float *w, const float *bias, int N, int C, float eps) {
+    sl_ops_cpu.residual_forward(resid, a, b, (size_t)N * C);
+    sl_ops_cpu.layernorm_forward(out, mean, rstd, resid, w, bias, N, C, eps);
+}
+static void unfused_residual_rmsnorm(float *resid, float *out, float *rstd, const float *a, const float *b,
+                                     const float *w, int N, int C, float eps) {
+    sl_ops_cpu.residual_forward(resid, a, b, (size_t)N * C);
+    sl_ops_cpu.rmsnorm_forward(out, rstd, resid, w, N, C, eps);
+}
+static void record_precision(int precision) {
+    told_precision = precision;
+    precision_calls++;
+}
+
+// The model on the CPU table and on the unfused one: identical logits, loss and gradients (bits).
+TEST(fused_ops_change_no_bit_of_the_model) {
+    sl_ops unfused = sl_ops_cpu;
+    unfused.matmul_gelu_forward = unfused_matmul_gelu_forward;
+    unfused.matmul_gelu_backward = unfused_matmul_gelu_backward;
+    unfused.residual_layernorm_forward = unfused_residual_layernorm;
+    unfused.residual_rmsnorm_forward = unfused_residual_rmsnorm;
+    const char *presets[2] = {"gpt2-tiny", "llama-tiny"};
+    for (int p = 0; p < 2; p++) {
+        sl_model_config cfg;
+        CHECK(sl_config_preset(&cfg, presets[p]) == 0);
+        sl_model a, b;
+        CHECK(sl_model_create(&a, &cfg, &sl_ops_cpu) == 0);
+        CHECK(sl_model_create(&b, &cfg, &unfused) == 0);
+        sl_model_init_weights(&a, 3);
+        sl_model_init_weights(&b, 3);
+        int B = 2, T = 16, in[32], tg[32];
+        for (int i = 0; i < 32; i++) { in[i] = (i * 29 + 3) % cfg.vocab_size; tg[i] = (i * 41 + 7) % cfg.vocab_size; }
+        float la = 0, lb = 0;
+        CHECK(sl_model_forward(&a, in, tg, B, T, &la) == 0 && sl_model_forward(&b, in, tg, B, T, &lb) == 0);
+        size_t nl = (size_t)B * T * cfg.padded_vocab_size;
+        CHECK_MSG(la == lb && !memcmp(a.logits, b.logits, sizeof(float) * nl), "%s: forward differs", presets[p]);
+        CHECK(sl_model_backward(&a, 1.0f) == 0 && sl_model_backward(&b, 1.0f) == 0);
+        CHECK_MSG(!memcmp(a.grads, b.grads, sizeof(float) * a.layout.total), "%s: gradients differ", presets[p]);
+        sl_model_free(&a);
+        sl_model_free(&b);
+    }
+}
+
+// Every forward and backward hands the model's precision to the backend (fp32 unless set).
+TEST(model_tells_the_backend_its_precision) {
+    sl_ops ops = sl_ops_cpu;
+    ops.set_precision = record_precision;
+    sl_model_config cfg;
+    CHECK(sl_config_preset(&cfg, "gpt2-tiny") == 0);
+    sl_model m;
+    CHECK(sl_model_create(&m, &cfg, &ops) == 0);
+    sl_model_init_weights(&m, 1);
+    CHECK(m.precision == SL_PRECISION_FP32);
+    int in[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    precision_calls = 0;
+    CHECK(sl_model_forward(&m, in, in, 1, 8, NULL) == 0);
+    CHECK(precision_calls == 1 && told_precision == SL_PRECISION_FP32);
+    m.precision = SL_PRECISION_BF16;
+    CHECK(sl_model_backward(&m, 1.0f) == 0);
+    CHECK(precision_calls == 2 && told_precision == SL_PRECISION_BF16);
+    m.precision = SL_PRECISION_FP16;
+    CHECK(sl_model_forward(&m, in, NULL, 1, 8, NULL) == 0);
+    CHECK(precision_calls == 3 && told_precision == SL_PRECISION_FP16);
     sl_model_free(&m);
 }
 

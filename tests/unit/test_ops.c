@@ -1,11 +1,14 @@
 // test_ops.c: every op's backward against central finite differences of its forward, computed in
 // double precision (the reference ops), and every CPU op (float) against the double reference,
-// forward and backward. Finite differences probe a random subset of each input's elements.
+// forward and backward. Finite differences probe a random subset of each input's elements. The
+// fused ops (GEMM + GELU, residual + norm) against the ops they fuse, bit for bit.
 #include "test.h"
 
 #include "ops/cpu/cpu_ops.h"
 #include "ops/ref/ref_ops.h"
 #include "shardlm/ops.h"
+#include "shardlm/ops_profile.h"
+#include "shardlm/precision.h"
 #include "shardlm/rng.h"
 
 static sl_rng rng;
@@ -328,6 +331,117 @@ TEST(thread_count_does_not_change_results) {
         free(o[k]); free(lse[k]); free(g[k]); free(ln[k]); free(mean[k]); free(rstd[k]); free(dlx[k]); free(dlw[k]); free(dlb[k]);
     }
     free(dq); free(dr); free(dx); free(dy); free(dw); free(db); free(q); free(r); free(x); free(y); free(w); free(b);
+}
+
+// ---------------------------------------------------------------- fused ops == the ops they fuse
+// The CPU's fused ops (through the table, as the model calls them) give exactly the bits of the
+// separate ops run one after another.
+static int same_bits(const float *a, const float *b, size_t n) { return memcmp(a, b, sizeof(float) * n) == 0; }
+static float *fcopy(const float *x, size_t n) {
+    float *y = malloc(sizeof(float) * n);
+    memcpy(y, x, sizeof(float) * n);
+    return y;
+}
+static float *frand_f(size_t n, double scale) {
+    double *d = drand_vec(n, scale);
+    float *f = to_f(d, n);
+    free(d);
+    return f;
+}
+
+static void check_matmul_gelu(const sl_ops *ops, int N, int IC, int OC, int with_bias) {
+    size_t ni = (size_t)N * IC, nw = (size_t)OC * IC, no = (size_t)N * OC;
+    float *inp = frand_f(ni, 1), *w = frand_f(nw, 0.05), *b = with_bias ? frand_f(OC, 0.1) : NULL;
+    float *dout = frand_f(no, 1);
+    // separate: matmul, gelu; gelu backward, matmul backward
+    float *pre0 = fzeros(no), *out0 = fzeros(no), *dpre0 = fzeros(no);
+    float *dinp0 = fzeros(ni), *dw0 = frand_f(nw, 1), *db0 = with_bias ? frand_f(OC, 1) : NULL;
+    cpu_matmul_forward(pre0, inp, w, b, N, IC, OC);
+    cpu_gelu_forward(out0, pre0, no);
+    cpu_gelu_backward(dpre0, pre0, dout, no);
+    float *dw1 = fcopy(dw0, nw), *db1 = with_bias ? fcopy(db0, OC) : NULL, *dw_nodinp = fcopy(dw0, nw);
+    cpu_matmul_backward(dinp0, dw0, db0, dpre0, inp, w, N, IC, OC);
+    // fused, through the table
+    float *pre1 = fzeros(no), *out1 = fzeros(no), *dinp1 = fzeros(ni), *d1 = fcopy(dout, no);
+    ops->matmul_gelu_forward(out1, pre1, inp, w, b, N, IC, OC);
+    ops->matmul_gelu_backward(dinp1, dw1, db1, d1, pre1, inp, w, N, IC, OC);
+    CHECK_MSG(same_bits(pre1, pre0, no) && same_bits(out1, out0, no), "%s forward N=%d IC=%d OC=%d bias=%d", ops->name,
+              N, IC, OC, with_bias);
+    CHECK_MSG(same_bits(d1, dpre0, no), "%s: dout is not overwritten with the pre-GELU gradient", ops->name);
+    CHECK_MSG(same_bits(dinp1, dinp0, ni) && same_bits(dw1, dw0, nw), "%s backward N=%d IC=%d OC=%d", ops->name, N, IC,
+              OC);
+    if (with_bias) CHECK_MSG(same_bits(db1, db0, OC), "%s dbias N=%d IC=%d OC=%d", ops->name, N, IC, OC);
+    // without dinp: the parameter gradients alone, and accumulated (+=) on top of what was there
+    memcpy(d1, dout, sizeof(float) * no);
+    float *dw_ref = fcopy(dw_nodinp, nw);
+    cpu_matmul_backward(NULL, dw_ref, NULL, dpre0, inp, w, N, IC, OC);
+    ops->matmul_gelu_backward(NULL, dw_nodinp, NULL, d1, pre1, inp, w, N, IC, OC);
+    CHECK(same_bits(dw_nodinp, dw_ref, nw) && same_bits(d1, dpre0, no));
+    free(inp); free(w); free(b); free(dout); free(pre0); free(out0); free(dpre0); free(dinp0); free(dw0); free(db0);
+    free(dw1); free(db1); free(dw_nodinp); free(pre1); free(out1); free(dinp1); free(d1); free(dw_ref);
+}
+
+TEST(matmul_gelu_equals_matmul_then_gelu_bit_for_bit) {
+    const sl_ops *prof = sl_ops_profile_wrap(&sl_ops_cpu);  // the profiling table forwards the same op
+    for (int k = 0; k < 2; k++) {
+        const sl_ops *ops = k ? prof : &sl_ops_cpu;
+        check_matmul_gelu(ops, 7, 13, 11, 1);     // odd shapes
+        check_matmul_gelu(ops, 7, 13, 11, 0);
+        check_matmul_gelu(ops, 64, 768, 3072, 1);  // GPT-2 124M's c_fc (threads in play)
+        check_matmul_gelu(ops, 64, 768, 3072, 0);
+    }
+    int n = 0, found = 0;
+    const sl_op_stat *st = sl_ops_profile_ops(&n);
+    for (int i = 0; i < n; i++) found += !strcmp(st[i].name, "matmul_gelu_forward") && st[i].flops > 0;
+    CHECK_MSG(found == 1, "the profile table did not count matmul_gelu_forward's FLOPs");
+}
+
+static void check_residual_norm(int rms, int N, int C, int in_place) {
+    size_t n = (size_t)N * C;
+    float *a = frand_f(n, 1), *b = frand_f(n, 1), *w = frand_f(C, 1), *bias = frand_f(C, 0.1);
+    for (size_t i = 0; i < n; i++) a[i] += 0.5f;  // a non-zero mean
+    // separate: residual_forward then the norm
+    float *r0 = fzeros(n), *o0 = fzeros(n), *m0 = fzeros(N), *s0 = fzeros(N);
+    cpu_residual_forward(r0, a, b, n);
+    if (rms) cpu_rmsnorm_forward(o0, s0, r0, w, N, C, 1e-6f);
+    else cpu_layernorm_forward(o0, m0, s0, r0, w, bias, N, C, 1e-5f);
+    // fused, in place (resid = a, as the model calls it) or into its own buffer
+    float *ac = fcopy(a, n), *r1 = in_place ? ac : fzeros(n), *o1 = fzeros(n), *m1 = fzeros(N), *s1 = fzeros(N);
+    if (rms) sl_ops_cpu.residual_rmsnorm_forward(r1, o1, s1, ac, b, w, N, C, 1e-6f);
+    else sl_ops_cpu.residual_layernorm_forward(r1, o1, m1, s1, ac, b, w, bias, N, C, 1e-5f);
+    CHECK_MSG(same_bits(r1, r0, n) && same_bits(o1, o0, n) && same_bits(s1, s0, N) && same_bits(m1, m0, N),
+              "%s N=%d C=%d in_place=%d", rms ? "rmsnorm" : "layernorm", N, C, in_place);
+    free(a); free(b); free(w); free(bias); free(r0); free(o0); free(m0); free(s0);
+    free(ac); free(o1); free(m1); free(s1);
+    if (!in_place) free(r1);
+}
+
+TEST(residual_norm_equals_residual_then_norm_bit_for_bit) {
+    for (int rms = 0; rms < 2; rms++)
+        for (int in_place = 0; in_place < 2; in_place++) {
+            check_residual_norm(rms, 6, 37, in_place);
+            check_residual_norm(rms, 256, 768, in_place);  // GPT-2 width, above the parallel threshold
+        }
+    // and for one thread and two (rows split differently between threads)
+    for (int t = 1; t <= 2; t++) {
+        sl_ops_cpu_set_threads(t);
+        check_residual_norm(0, 200, 256, 1);
+        check_residual_norm(1, 200, 256, 1);
+    }
+    sl_ops_cpu_set_threads(2);
+}
+
+TEST(cpu_set_precision_changes_nothing) {
+    int N = 9, IC = 17, OC = 12;
+    float *inp = frand_f((size_t)N * IC, 1), *w = frand_f((size_t)OC * IC, 1), *o0 = fzeros((size_t)N * OC),
+          *o1 = fzeros((size_t)N * OC);
+    CHECK(sl_ops_cpu.set_precision != NULL);
+    cpu_matmul_forward(o0, inp, w, NULL, N, IC, OC);
+    sl_ops_cpu.set_precision(SL_PRECISION_BF16);
+    sl_ops_cpu.matmul_forward(o1, inp, w, NULL, N, IC, OC);
+    sl_ops_cpu.set_precision(SL_PRECISION_FP32);
+    CHECK(same_bits(o0, o1, (size_t)N * OC));
+    free(inp); free(w); free(o0); free(o1);
 }
 
 int main(void) {

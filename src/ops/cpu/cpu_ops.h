@@ -14,6 +14,10 @@ void cpu_encoder_backward(float *dwte, float *dwpe, const float *dout, const int
 void cpu_matmul_forward(float *out, const float *inp, const float *weight, const float *bias, int N, int IC, int OC);
 void cpu_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                          const float *weight, int N, int IC, int OC);
+void cpu_matmul_gelu_forward(float *out, float *pre, const float *inp, const float *weight, const float *bias, int N,
+                             int IC, int OC);
+void cpu_matmul_gelu_backward(float *dinp, float *dweight, float *dbias, float *dout, const float *pre,
+                              const float *inp, const float *weight, int N, int IC, int OC);
 void cpu_layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *w, const float *b,
                            int N, int C, float eps);
 void cpu_layernorm_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp, const float *w,
@@ -22,6 +26,10 @@ void cpu_rmsnorm_forward(float *out, float *rstd, const float *inp, const float 
 void cpu_rmsnorm_backward(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
                           const float *rstd, int N, int C);
 void cpu_residual_forward(float *out, const float *a, const float *b, size_t n);
+void cpu_residual_layernorm_forward(float *resid, float *out, float *mean, float *rstd, const float *a, const float *b,
+                                    const float *w, const float *bias, int N, int C, float eps);
+void cpu_residual_rmsnorm_forward(float *resid, float *out, float *rstd, const float *a, const float *b, const float *w,
+                                  int N, int C, float eps);
 void cpu_gelu_forward(float *out, const float *inp, size_t n);
 void cpu_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n);
 void cpu_swiglu_forward(float *out, const float *inp, int N, int I);

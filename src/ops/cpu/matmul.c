@@ -1,4 +1,6 @@
 // matmul.c: linear layers through OpenBLAS sgemm. Weights are (OC, IC) as nn.Linear stores them.
+// The GEMM + GELU pair is the plain composition of the ops it fuses (matmul then gelu forward; gelu
+// then matmul backward), so it gives their bits exactly; the fusion pays off on the GPU only.
 #include "ops/cpu/cpu_ops.h"
 
 #include <cblas.h>
@@ -32,4 +34,16 @@ void cpu_matmul_backward(float *dinp, float *dweight, float *dbias, const float 
             for (size_t o = o0; o < o1; o++) dbias[o] += d[o];
         }
     }
+}
+
+void cpu_matmul_gelu_forward(float *out, float *pre, const float *inp, const float *weight, const float *bias, int N,
+                             int IC, int OC) {
+    cpu_matmul_forward(pre, inp, weight, bias, N, IC, OC);
+    cpu_gelu_forward(out, pre, (size_t)N * OC);
+}
+
+void cpu_matmul_gelu_backward(float *dinp, float *dweight, float *dbias, float *dout, const float *pre,
+                              const float *inp, const float *weight, int N, int IC, int OC) {
+    cpu_gelu_backward(dout, pre, dout, (size_t)N * OC);  // in place: dout becomes d(pre)
+    cpu_matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, IC, OC);
 }

@@ -1,29 +1,63 @@
-// norm.c: LayerNorm (GPT-2) and RMSNorm (LLaMA), forward and backward. Rows are parallel; the
-// weight/bias gradients are column sums computed by column blocks, so results do not depend on
-// the thread count.
+// norm.c: LayerNorm (GPT-2) and RMSNorm (LLaMA), forward and backward, and the forwards fused with
+// the residual add before them. Rows are parallel; the weight/bias gradients are column sums computed
+// by column blocks, so results do not depend on the thread count.
+// The forward of one row is a function kept out of line (noinline): the plain and the fused forwards
+// call the same machine code on the same row values, so fused == residual_forward + norm, bit for bit.
 #include "ops/cpu/cpu_ops.h"
 
 #include <math.h>
 
+// y (C) = (x - mean) * rstd * w + b for one row; *mean, *rstd receive the row's statistics.
+__attribute__((noinline)) static void layernorm_row(float *y, float *mean, float *rstd, const float *x,
+                                                    const float *w, const float *b, int C, float eps) {
+    float m = 0.0f;
+#pragma omp simd reduction(+ : m)
+    for (int c = 0; c < C; c++) m += x[c];
+    m /= (float)C;
+    float v = 0.0f;
+#pragma omp simd reduction(+ : v)
+    for (int c = 0; c < C; c++) v += (x[c] - m) * (x[c] - m);
+    v /= (float)C;
+    float r = 1.0f / sqrtf(v + eps);
+#pragma omp simd
+    for (int c = 0; c < C; c++) y[c] = (x[c] - m) * r * w[c] + b[c];
+    *mean = m;
+    *rstd = r;
+}
+
+// y (C) = w * (x * rstd) for one row; *rstd receives 1/sqrt(mean(x^2) + eps).
+__attribute__((noinline)) static void rmsnorm_row(float *y, float *rstd, const float *x, const float *w, int C,
+                                                  float eps) {
+    float ss = 0.0f;
+#pragma omp simd reduction(+ : ss)
+    for (int c = 0; c < C; c++) ss += x[c] * x[c];
+    float r = 1.0f / sqrtf(ss / (float)C + eps);
+    // transformers computes (x * rstd) first, then multiplies by the weight
+#pragma omp simd
+    for (int c = 0; c < C; c++) y[c] = w[c] * (x[c] * r);
+    *rstd = r;
+}
+
+// resid (C) = a + b for one row (resid may be a or b), as residual_forward computes it.
+static inline void residual_row(float *resid, const float *a, const float *b, int C) {
+#pragma omp simd
+    for (int c = 0; c < C; c++) resid[c] = a[c] + b[c];
+}
+
 void cpu_layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *w, const float *b,
                            int N, int C, float eps) {
 #pragma omp parallel for schedule(static) if((size_t)N * C >= SL_PAR_MIN_WORK)
+    for (int n = 0; n < N; n++)
+        layernorm_row(out + (size_t)n * C, mean + n, rstd + n, inp + (size_t)n * C, w, b, C, eps);
+}
+
+void cpu_residual_layernorm_forward(float *resid, float *out, float *mean, float *rstd, const float *a, const float *b,
+                                    const float *w, const float *bias, int N, int C, float eps) {
+#pragma omp parallel for schedule(static) if((size_t)N * C >= SL_PAR_MIN_WORK)
     for (int n = 0; n < N; n++) {
-        const float *x = inp + (size_t)n * C;
-        float *y = out + (size_t)n * C;
-        float m = 0.0f;
-#pragma omp simd reduction(+ : m)
-        for (int c = 0; c < C; c++) m += x[c];
-        m /= (float)C;
-        float v = 0.0f;
-#pragma omp simd reduction(+ : v)
-        for (int c = 0; c < C; c++) v += (x[c] - m) * (x[c] - m);
-        v /= (float)C;
-        float r = 1.0f / sqrtf(v + eps);
-#pragma omp simd
-        for (int c = 0; c < C; c++) y[c] = (x[c] - m) * r * w[c] + b[c];
-        mean[n] = m;
-        rstd[n] = r;
+        size_t row = (size_t)n * C;
+        residual_row(resid + row, a + row, b + row, C);
+        layernorm_row(out + row, mean + n, rstd + n, resid + row, w, bias, C, eps);
     }
 }
 
@@ -62,17 +96,16 @@ void cpu_layernorm_backward(float *dinp, float *dw, float *db, const float *dout
 
 void cpu_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *w, int N, int C, float eps) {
 #pragma omp parallel for schedule(static) if((size_t)N * C >= SL_PAR_MIN_WORK)
+    for (int n = 0; n < N; n++) rmsnorm_row(out + (size_t)n * C, rstd + n, inp + (size_t)n * C, w, C, eps);
+}
+
+void cpu_residual_rmsnorm_forward(float *resid, float *out, float *rstd, const float *a, const float *b, const float *w,
+                                  int N, int C, float eps) {
+#pragma omp parallel for schedule(static) if((size_t)N * C >= SL_PAR_MIN_WORK)
     for (int n = 0; n < N; n++) {
-        const float *x = inp + (size_t)n * C;
-        float *y = out + (size_t)n * C;
-        float ss = 0.0f;
-#pragma omp simd reduction(+ : ss)
-        for (int c = 0; c < C; c++) ss += x[c] * x[c];
-        float r = 1.0f / sqrtf(ss / (float)C + eps);
-        // transformers computes (x * rstd) first, then multiplies by the weight
-#pragma omp simd
-        for (int c = 0; c < C; c++) y[c] = w[c] * (x[c] * r);
-        rstd[n] = r;
+        size_t row = (size_t)n * C;
+        residual_row(resid + row, a + row, b + row, C);
+        rmsnorm_row(out + row, rstd + n, resid + row, w, C, eps);
     }
 }
 

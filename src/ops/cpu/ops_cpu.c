@@ -21,6 +21,8 @@ static void *cpu_stream(void) { return NULL; }
 static size_t cpu_peak_bytes(void) { return 0; }
 static void cpu_reset_peak_bytes(void) {}
 static void cpu_scale(float *x, size_t n, float coef) { sl_grad_scale(x, n, coef); }
+// OpenBLAS computes in fp32 whatever the training precision: nothing to switch.
+static void cpu_set_precision(int precision) { (void)precision; }
 
 static void cpu_round_to(float *x, size_t n, int precision) {
     if (precision == SL_PRECISION_BF16) sl_round_to_bf16_array(x, n);
@@ -33,11 +35,15 @@ const sl_ops sl_ops_cpu = {
     .encoder_backward = cpu_encoder_backward,
     .matmul_forward = cpu_matmul_forward,
     .matmul_backward = cpu_matmul_backward,
+    .matmul_gelu_forward = cpu_matmul_gelu_forward,
+    .matmul_gelu_backward = cpu_matmul_gelu_backward,
     .layernorm_forward = cpu_layernorm_forward,
     .layernorm_backward = cpu_layernorm_backward,
     .rmsnorm_forward = cpu_rmsnorm_forward,
     .rmsnorm_backward = cpu_rmsnorm_backward,
     .residual_forward = cpu_residual_forward,
+    .residual_layernorm_forward = cpu_residual_layernorm_forward,
+    .residual_rmsnorm_forward = cpu_residual_rmsnorm_forward,
     .gelu_forward = cpu_gelu_forward,
     .gelu_backward = cpu_gelu_backward,
     .swiglu_forward = cpu_swiglu_forward,
@@ -49,6 +55,7 @@ const sl_ops sl_ops_cpu = {
     .attention_decode = cpu_attention_decode,
     .crossentropy_forward = cpu_crossentropy_forward,
     .crossentropy_backward = cpu_crossentropy_backward,
+    .set_precision = cpu_set_precision,
     .on_device = 0,
     .alloc = cpu_alloc,
     .dealloc = cpu_dealloc,

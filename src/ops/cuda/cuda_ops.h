@@ -16,6 +16,11 @@ void cuda_encoder_backward(float *dwte, float *dwpe, const float *dout, const in
 void cuda_matmul_forward(float *out, const float *inp, const float *weight, const float *bias, int N, int IC, int OC);
 void cuda_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                           const float *weight, int N, int IC, int OC);
+void cuda_matmul_gelu_forward(float *out, float *pre, const float *inp, const float *weight, const float *bias,
+                              int N, int IC, int OC);
+void cuda_matmul_gelu_backward(float *dinp, float *dweight, float *dbias, float *dout, const float *pre,
+                               const float *inp, const float *weight, int N, int IC, int OC);
+void cuda_set_precision(int precision);  // the GEMMs' compute type (ops.h set_precision)
 // norm.cu
 void cuda_layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *w, const float *b,
                             int N, int C, float eps);
@@ -24,6 +29,10 @@ void cuda_layernorm_backward(float *dinp, float *dw, float *db, const float *dou
 void cuda_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *w, int N, int C, float eps);
 void cuda_rmsnorm_backward(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
                            const float *rstd, int N, int C);
+void cuda_residual_layernorm_forward(float *resid, float *out, float *mean, float *rstd, const float *a,
+                                     const float *b, const float *w, const float *bias, int N, int C, float eps);
+void cuda_residual_rmsnorm_forward(float *resid, float *out, float *rstd, const float *a, const float *b,
+                                   const float *w, int N, int C, float eps);
 // elementwise.cu
 void cuda_residual_forward(float *out, const float *a, const float *b, size_t n);
 void cuda_gelu_forward(float *out, const float *inp, size_t n);

@@ -12,23 +12,10 @@
 #include "ops/cuda/cuda_math.cuh"
 
 #define EW_THREADS 256
-#define GELU_K 0.7978845608028654f  // sqrt(2/pi)
 
 static unsigned int grid_for(size_t n) {
     size_t blocks = (n + EW_THREADS - 1) / EW_THREADS;
     return (unsigned int)(blocks < ((size_t)1 << 20) ? blocks : ((size_t)1 << 20));
-}
-
-
-__device__ __forceinline__ float vtanhf_dev(float u) {
-    float e = vexpf_dev(__fmul_rn(2.0f, u > 20.0f ? 20.0f : u));
-    return __fsub_rn(1.0f, __fdiv_rn(2.0f, __fadd_rn(e, 1.0f)));
-}
-
-// tanh(sqrt(2/pi) * (x + 0.044715 x^3)), as the CPU evaluates it
-__device__ __forceinline__ float gelu_tanh_arg(float x) {
-    float cube = __fmul_rn(__fmul_rn(__fmul_rn(0.044715f, x), x), x);
-    return vtanhf_dev(__fmul_rn(GELU_K, __fadd_rn(x, cube)));
 }
 
 // ---- kernels -------------------------------------------------------------------------------------
@@ -43,24 +30,12 @@ __global__ void residual_forward_kernel(T *out, const T *a, const T *b, size_t n
 
 template <typename T>
 __global__ void gelu_forward_kernel(T *out, const T *inp, size_t n) {
-    GRID_STRIDE(i, n) {
-        float x = to_f32(inp[i]);
-        float th = gelu_tanh_arg(x);
-        out[i] = from_f32<T>(__fmul_rn(__fmul_rn(0.5f, x), __fadd_rn(1.0f, th)));
-    }
+    GRID_STRIDE(i, n) out[i] = from_f32<T>(gelu_dev(to_f32(inp[i])));
 }
 
 template <typename T>
 __global__ void gelu_backward_kernel(T *dinp, const T *inp, const T *dout, size_t n) {
-    GRID_STRIDE(i, n) {
-        float x = to_f32(inp[i]);
-        float th = gelu_tanh_arg(x);
-        // du = K * (1 + 3 * 0.044715 * x * x)
-        float du = __fmul_rn(GELU_K, __fadd_rn(1.0f, __fmul_rn(__fmul_rn(__fmul_rn(3.0f, 0.044715f), x), x)));
-        float left = __fmul_rn(0.5f, __fadd_rn(1.0f, th));
-        float right = __fmul_rn(__fmul_rn(__fmul_rn(0.5f, x), __fsub_rn(1.0f, __fmul_rn(th, th))), du);
-        dinp[i] = from_f32<T>(__fmul_rn(to_f32(dout[i]), __fadd_rn(left, right)));
-    }
+    GRID_STRIDE(i, n) dinp[i] = from_f32<T>(gelu_backward_dev(to_f32(inp[i]), to_f32(dout[i])));
 }
 
 // out (N,I) = silu(gate) * up with inp (N,2I) = gate | up.

@@ -1,5 +1,6 @@
-// matmul.cu: the linear layers (ops.h matmul_forward / matmul_backward) on the GPU through cuBLASLt,
-// plus the deterministic bias-gradient column sum.
+// matmul.cu: the linear layers (ops.h matmul_forward / matmul_backward, and the GEMM + GELU pair
+// matmul_gelu_forward / matmul_gelu_backward) on the GPU through cuBLASLt, plus the deterministic
+// bias-gradient column sum (fused with the GELU gradient for matmul_gelu_backward).
 //
 // cuBLASLt is not linked: sl_cuda_matmul_init() (called once by cuda_backend_init) dlopens
 // libcublasLt.so.13 and dlsyms the functions below; <cublasLt.h> is included for its types only.
@@ -22,11 +23,31 @@
 // two-pass kernel does it: fixed row chunks -> partial sums, then each column's partials in chunk
 // order, added to dbias. The chunking depends only on (N, OC), so the result is bit-reproducible.
 //
+// GEMM + GELU. Forward: the forward GEMM with CUBLASLT_EPILOGUE_GELU_AUX_BIAS (GELU_AUX without a
+// bias) writes gelu(inp @ weight^T + bias) to D = out and the pre-activation to the auxiliary matrix
+// (EPILOGUE_AUX_POINTER = pre, laid out like D: col-major OC x N, EPILOGUE_AUX_LD = OC). cuBLASLt
+// wants that leading dimension divisible by 8; when OC is not, when out, pre or bias is not 16-byte
+// aligned, or when the heuristic offers no algorithm with the epilogue, the op falls back to the
+// unfused path (matmul_forward into pre, then the GELU kernel): the same values up to rounding.
+// SHARDLM_GELU_EPILOGUE=0 in the environment at init takes the unfused path always (to compare).
+// Backward: cuBLASLt's DGELU / DGELU_BGRAD epilogues multiply a GEMM's *output* by gelu'(aux), so
+// they fit the GEMM that produces dout (the c_proj backward's dinp GEMM), not this op, whose GEMMs
+// read the GELU gradient as an *input* (dinp = dpre @ weight, dweight += dpre^T @ inp). Here the
+// GELU gradient is fused into the bias-gradient pass instead: one read of dout and pre writes dpre
+// over dout (same arithmetic as gelu_backward, cuda_math.cuh) and sums its columns into dbias; then
+// the two GEMMs of matmul_backward run on dpre.
+//
+// Compute type follows the training precision (ops.h set_precision): fp32 -> CUBLAS_COMPUTE_32F
+// (SHARDLM_TF32=1 at init: CUBLAS_COMPUTE_32F_FAST_TF32), bf16 -> CUBLAS_COMPUTE_32F_FAST_16BF,
+// fp16 -> CUBLAS_COMPUTE_32F_FAST_16F: the buffers stay fp32, cuBLASLt may down-convert the inputs to
+// the 16-bit format and run tensor-core kernels with fp32 accumulation. The engine has already rounded
+// the parameters (and gradients) to that format, so only the activations lose bits they had.
+//
 // Invariants:
-//   - fp32 in, fp32 out, CUBLAS_COMPUTE_32F (true fp32: results within ~1e-6 relative of the CPU).
-//     SHARDLM_TF32=1 in the environment at init selects CUBLAS_COMPUTE_32F_FAST_TF32 instead.
+//   - fp32 in, fp32 out. Under CUBLAS_COMPUTE_32F (true fp32) results are within ~1e-6 relative of
+//     the CPU; the 16-bit compute types are within bf16 / fp16 rounding of it (~1e-2 / ~1e-3 relative).
 //   - Deterministic: the algorithm of a GEMM is chosen by cuBLASLt's heuristic once per shape (and
-//     pointer alignment) and cached with its descriptors; a fixed algorithm gives the same bits on
+//     epilogue, pointer alignments, compute type) and cached with its descriptors; a fixed algorithm gives the same bits on
 //     every call (cuBLASLt's split-K reductions are sequenced, not atomic).
 //   - One 32 MiB workspace, allocated at init, shared by every GEMM and the bias-gradient partial
 //     sums: all of them are queued on the one backend stream, so their uses never overlap.
@@ -36,6 +57,7 @@
 //     An evicted plan's descriptors may be destroyed while its GEMM is still queued: cublasLtMatmul
 //     captures what it needs when it is called.
 #include "ops/cuda/cuda_common.cuh"
+#include "ops/cuda/cuda_math.cuh"
 
 #include <cublasLt.h>
 #include <dlfcn.h>
@@ -47,6 +69,7 @@
 extern "C" {
 #include "shardlm/cuda_dlopen.h"
 #include "shardlm/error.h"
+#include "shardlm/precision.h"
 }
 
 #define SL_MATMUL_WORKSPACE_BYTES ((size_t)32 << 20)
@@ -72,7 +95,9 @@ static void *lt_lib;                 // dlopen handle
 static char lt_path[512];            // the file it came from
 static cublasLtHandle_t lt_handle;
 static void *workspace;              // SL_MATMUL_WORKSPACE_BYTES of device memory
-static cublasComputeType_t compute_type = CUBLAS_COMPUTE_32F;
+static cublasComputeType_t fp32_compute = CUBLAS_COMPUTE_32F;  // fp32 runs (TF32 with SHARDLM_TF32=1)
+static int run_precision = SL_PRECISION_FP32;                   // set_precision's last value
+static int gelu_epilogue = 1;                                   // 0: SHARDLM_GELU_EPILOGUE=0 at init
 
 static const char *lt_status_string(cublasStatus_t s) {
     const char *msg = lt.cublasLtGetStatusString ? lt.cublasLtGetStatusString(s) : NULL;
@@ -117,7 +142,9 @@ int sl_cuda_matmul_init(void) {
                          version % 100, CUBLAS_VER_MAJOR, CUBLAS_VER_MAJOR);
 
     const char *tf32 = getenv("SHARDLM_TF32");
-    compute_type = (tf32 && !strcmp(tf32, "1")) ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    fp32_compute = (tf32 && !strcmp(tf32, "1")) ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    const char *epi = getenv("SHARDLM_GELU_EPILOGUE");
+    gelu_epilogue = !(epi && !strcmp(epi, "0"));
 
     cublasStatus_t st = lt.cublasLtCreate(&lt_handle);
     if (st != CUBLAS_STATUS_SUCCESS) {
@@ -134,16 +161,29 @@ int sl_cuda_matmul_init(void) {
     return 0;
 }
 
+// ---- compute type ---------------------------------------------------------------------------------
+
+void cuda_set_precision(int precision) { run_precision = precision; }
+
+// The compute type of the GEMMs queued now (see the top comment).
+static cublasComputeType_t compute_type(void) {
+    if (run_precision == SL_PRECISION_BF16) return CUBLAS_COMPUTE_32F_FAST_16BF;
+    if (run_precision == SL_PRECISION_FP16) return CUBLAS_COMPUTE_32F_FAST_16F;
+    return fp32_compute;
+}
+
 // ---- one GEMM: descriptors and algorithm cached per shape --------------------------------------
 
-typedef enum { GEMM_FORWARD = 0, GEMM_DINP = 1, GEMM_DWEIGHT = 2 } gemm_kind;
+typedef enum { GEMM_FORWARD = 0, GEMM_DINP = 1, GEMM_DWEIGHT = 2, GEMM_FORWARD_GELU = 3 } gemm_kind;
 
 // Everything that decides the descriptors and the algorithm. Compared with memcmp: always memset first.
+// epilogue: a cublasLtEpilogue_t (DEFAULT, BIAS, GELU_AUX, GELU_AUX_BIAS); aux_ld only with GELU_AUX*.
 typedef struct {
-    int kind, transa, transb, bias_epilogue;
+    int kind, transa, transb, epilogue;
     uint64_t m, n, k;
-    int64_t lda, ldb, ldc;
-    uint32_t align_a, align_b, align_c;  // pointer alignment (bytes, power of two, at most 256)
+    int64_t lda, ldb, ldc, aux_ld;
+    uint32_t align_a, align_b, align_c;     // pointer alignment (bytes, power of two, at most 256)
+    uint32_t align_bias, align_aux;         // likewise for the epilogue's vectors (0: none)
     int compute;
 } gemm_key;
 
@@ -175,8 +215,9 @@ static void plan_destroy(gemm_plan *p) {
 }
 
 // Builds the descriptors of `key` and asks the heuristic for its best algorithm. -1 (recorded) when a
-// descriptor call fails; has_algo = 0 when no algorithm fits.
-static int plan_build(gemm_plan *p, const gemm_key *key) {
+// descriptor call fails; has_algo = 0 when no algorithm fits. The epilogue's pointers are set before
+// the heuristic runs: it reads their alignment from them (later calls share that alignment: the key).
+static int plan_build(gemm_plan *p, const gemm_key *key, const float *bias, float *aux) {
     memset(p, 0, sizeof *p);
     p->key = *key;
     cublasOperation_t ta = key->transa ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -184,11 +225,17 @@ static int plan_build(gemm_plan *p, const gemm_key *key) {
     // Stored shapes (before op): A is m x k (k x m when transposed), B is k x n (n x k when transposed).
     uint64_t a_rows = key->transa ? key->k : key->m, a_cols = key->transa ? key->m : key->k;
     uint64_t b_rows = key->transb ? key->n : key->k, b_cols = key->transb ? key->k : key->n;
-    cublasLtEpilogue_t epi = key->bias_epilogue ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+    cublasLtEpilogue_t epi = (cublasLtEpilogue_t)key->epilogue;
     if (LT_CHECK(lt.cublasLtMatmulDescCreate(&p->desc, (cublasComputeType_t)key->compute, CUDA_R_32F)) ||
         LT_CHECK(lt.cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta)) ||
         LT_CHECK(lt.cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb)) ||
         LT_CHECK(lt.cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi)) ||
+        (bias && LT_CHECK(lt.cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                                            sizeof bias))) ||
+        (aux && LT_CHECK(lt.cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                                           &aux, sizeof aux))) ||
+        (aux && LT_CHECK(lt.cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
+                                                           &key->aux_ld, sizeof key->aux_ld))) ||
         LT_CHECK(lt.cublasLtMatrixLayoutCreate(&p->a, CUDA_R_32F, a_rows, a_cols, key->lda)) ||
         LT_CHECK(lt.cublasLtMatrixLayoutCreate(&p->b, CUDA_R_32F, b_rows, b_cols, key->ldb)) ||
         LT_CHECK(lt.cublasLtMatrixLayoutCreate(&p->c, CUDA_R_32F, key->m, key->n, key->ldc))) {
@@ -215,10 +262,14 @@ static int plan_build(gemm_plan *p, const gemm_key *key) {
         cublasStatus_t st = lt.cublasLtMatmulAlgoGetHeuristic(lt_handle, p->desc, p->a, p->b, p->c, p->c, pref, 1,
                                                               &result, &found);
         // NOT_SUPPORTED means "no algorithm for this configuration": the caller decides what to do.
+        // So does any refusal of a GELU epilogue (an unsupported combination with the compute type,
+        // say): its caller has the unfused path.
+        int gelu = key->epilogue == CUBLASLT_EPILOGUE_GELU_AUX ||
+                   key->epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
         if (st == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS) {
             p->algo = result.algo;
             p->has_algo = 1;
-        } else if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED) {
+        } else if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED && !gelu) {
             rc = LT_CHECK(st);
         }
     }
@@ -229,7 +280,7 @@ static int plan_build(gemm_plan *p, const gemm_key *key) {
 }
 
 // The cached plan for key (built on first use; the oldest slot is reused when the table is full).
-static gemm_plan *plan_get(const gemm_key *key) {
+static gemm_plan *plan_get(const gemm_key *key, const float *bias, float *aux) {
     for (int i = 0; i < SL_MATMUL_CACHE_SIZE; i++)
         if (plans[i].used && !memcmp(&plans[i].key, key, sizeof *key)) return &plans[i];
     gemm_plan *slot = NULL;
@@ -240,19 +291,24 @@ static gemm_plan *plan_get(const gemm_key *key) {
         next_evict = (next_evict + 1) % SL_MATMUL_CACHE_SIZE;
         plan_destroy(slot);
     }
-    return plan_build(slot, key) ? NULL : slot;
+    return plan_build(slot, key, bias, aux) ? NULL : slot;
 }
 
 static const char *kind_name(int kind) {
-    return kind == GEMM_FORWARD ? "matmul_forward" : kind == GEMM_DINP ? "matmul_backward (dinp)"
-                                                                       : "matmul_backward (dweight)";
+    switch (kind) {
+    case GEMM_FORWARD: return "matmul_forward";
+    case GEMM_DINP: return "matmul_backward (dinp)";
+    case GEMM_DWEIGHT: return "matmul_backward (dweight)";
+    default: return "matmul_gelu_forward";
+    }
 }
 
-// D (m x n, ld ldc) = op(A) @ op(B) + beta * D (+ bias over D's rows when bias != NULL), column-major.
-// Returns 1 when no algorithm exists with the bias epilogue (nothing was queued; the caller adds the
-// bias itself), 0 when queued, -1 when it failed (recorded).
+// D (m x n, ld ldc) = op(A) @ op(B) + beta * D, column-major, with an epilogue: + bias over D's rows
+// when bias != NULL; with aux != NULL, aux (m x n, ld ldc) = that result and D = gelu(it) (GELU_AUX).
+// Returns 1 when no algorithm exists with the epilogue asked for (nothing was queued; the caller does
+// it unfused), 0 when queued, -1 when it failed (recorded).
 static int gemm(int kind, int transa, int transb, int m, int n, int k, const float *A, int lda, const float *B,
-                int ldb, float *D, int ldc, float beta, const float *bias) {
+                int ldb, float *D, int ldc, float beta, const float *bias, float *aux) {
     if (!lt_handle) {
         sl_cuda_record_failure("%s called before cuda_backend_init (cuBLASLt is not loaded)", kind_name(kind));
         return -1;
@@ -262,7 +318,9 @@ static int gemm(int kind, int transa, int transb, int m, int n, int k, const flo
     key.kind = kind;
     key.transa = transa;
     key.transb = transb;
-    key.bias_epilogue = bias != NULL;
+    key.epilogue = aux ? (bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX)
+                       : (bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT);
+    key.aux_ld = aux ? ldc : 0;
     key.m = (uint64_t)m;
     key.n = (uint64_t)n;
     key.k = (uint64_t)k;
@@ -272,17 +330,22 @@ static int gemm(int kind, int transa, int transb, int m, int n, int k, const flo
     key.align_a = pointer_alignment(A);
     key.align_b = pointer_alignment(B);
     key.align_c = pointer_alignment(D);
-    key.compute = (int)compute_type;
-    gemm_plan *p = plan_get(&key);
+    key.align_bias = bias ? pointer_alignment(bias) : 0;
+    key.align_aux = aux ? pointer_alignment(aux) : 0;
+    key.compute = (int)compute_type();
+    gemm_plan *p = plan_get(&key, bias, aux);
     if (!p) return -1;
     if (!p->has_algo) {
-        if (bias) return 1;
+        if (bias || aux) return 1;
         sl_cuda_record_failure("cuBLASLt has no algorithm for %s (m=%d n=%d k=%d, alignments %u/%u/%u bytes)",
                                kind_name(kind), m, n, k, key.align_a, key.align_b, key.align_c);
         return -1;
     }
     if (bias && LT_CHECK(lt.cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
                                                            sizeof bias)))
+        return -1;
+    if (aux && LT_CHECK(lt.cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux,
+                                                          sizeof aux)))
         return -1;
     const float alpha = 1.0f;
     return LT_CHECK(lt.cublasLtMatmul(lt_handle, p->desc, &alpha, A, p->a, B, p->b, &beta, D, p->c, D, p->c,
@@ -303,16 +366,26 @@ static __global__ void add_bias_kernel(float *out, const float *bias, size_t tot
 
 // Pass 1: block (x = column tile, y = row chunk) sums rows [chunk*rows_per_chunk, +rows_per_chunk) of
 // its 32 columns, lane by lane in row order, then lanes in lane order. With one chunk it adds the
-// sum straight into dbias; otherwise it writes partial[chunk][col].
-static __global__ void bias_grad_partial_kernel(float *partial, float *dbias, const float *dout, int N, int OC,
-                                         int rows_per_chunk) {
+// sum straight into dbias; otherwise it writes partial[chunk][col]. With pre != NULL every element
+// is first replaced by its GELU gradient, dpre = dout * gelu'(pre), written to dpre (which may be
+// dout itself: each element is read and written by one thread), and dpre is what is summed.
+static __global__ void bias_grad_partial_kernel(float *partial, float *dbias, const float *dout, const float *pre,
+                                                float *dpre, int N, int OC, int rows_per_chunk) {
     __shared__ float lanes[BIAS_LANES][BIAS_COLS + 1];
     int col = blockIdx.x * BIAS_COLS + threadIdx.x;
     int r0 = blockIdx.y * rows_per_chunk;
     int r1 = min(N, r0 + rows_per_chunk);
     float sum = 0.0f;
     if (col < OC)
-        for (int r = r0 + threadIdx.y; r < r1; r += BIAS_LANES) sum += dout[(size_t)r * OC + col];
+        for (int r = r0 + threadIdx.y; r < r1; r += BIAS_LANES) {
+            size_t i = (size_t)r * OC + col;
+            float d = dout[i];
+            if (pre) {
+                d = gelu_backward_dev(pre[i], d);
+                dpre[i] = d;
+            }
+            sum += d;
+        }
     lanes[threadIdx.y][threadIdx.x] = sum;
     __syncthreads();
     if (threadIdx.y != 0 || col >= OC) return;
@@ -331,8 +404,9 @@ static __global__ void bias_grad_finish_kernel(float *dbias, const float *partia
     dbias[col] += total;
 }
 
-// dbias (OC) += column sums of dout (N,OC). The chunk count depends only on (N, OC).
-static void bias_grad_accumulate(float *dbias, const float *dout, int N, int OC) {
+// dbias (OC) += column sums of dout (N,OC). The chunk count depends only on (N, OC). With pre, the
+// sums are of dpre = dout * gelu'(pre), which is written over dpre (see the partial kernel).
+static void bias_grad_accumulate(float *dbias, const float *dout, const float *pre, float *dpre, int N, int OC) {
     cudaStream_t s = sl_cuda_stream();
     int rows_per_chunk = BIAS_ROWS_PER_CHUNK;
     size_t max_chunks = SL_MATMUL_WORKSPACE_BYTES / (sizeof(float) * (size_t)OC);
@@ -342,7 +416,8 @@ static void bias_grad_accumulate(float *dbias, const float *dout, int N, int OC)
     if (chunks < 1) chunks = 1;
     rows_per_chunk = (int)(((size_t)N + chunks - 1) / chunks);
     dim3 grid(ceil_div_u((size_t)OC, BIAS_COLS), (unsigned)chunks), block(BIAS_COLS, BIAS_LANES);
-    bias_grad_partial_kernel<<<grid, block, 0, s>>>((float *)workspace, dbias, dout, N, OC, rows_per_chunk);
+    bias_grad_partial_kernel<<<grid, block, 0, s>>>((float *)workspace, dbias, dout, pre, dpre, N, OC,
+                                                    rows_per_chunk);
     CUDA_LAUNCH_CHECK();
     if (chunks > 1) {
         bias_grad_finish_kernel<<<ceil_div_u((size_t)OC, 256), 256, 0, s>>>(dbias, (const float *)workspace,
@@ -370,10 +445,10 @@ void cuda_matmul_forward(float *out, const float *inp, const float *weight, cons
     }
     const float *epi_bias = bias && pointer_alignment(bias) >= BIAS_EPILOGUE_MIN_ALIGN ? bias : NULL;
     // out^T (OC,N) = op(weight: col-major IC x OC, transposed) @ inp^T (col-major IC x N)
-    int rc = gemm(GEMM_FORWARD, 1, 0, OC, N, IC, weight, IC, inp, IC, out, OC, 0.0f, epi_bias);
+    int rc = gemm(GEMM_FORWARD, 1, 0, OC, N, IC, weight, IC, inp, IC, out, OC, 0.0f, epi_bias, NULL);
     if (rc == 1) {  // no algorithm with the bias epilogue for this shape: plain GEMM, then the bias kernel
         epi_bias = NULL;
-        rc = gemm(GEMM_FORWARD, 1, 0, OC, N, IC, weight, IC, inp, IC, out, OC, 0.0f, NULL);
+        rc = gemm(GEMM_FORWARD, 1, 0, OC, N, IC, weight, IC, inp, IC, out, OC, 0.0f, NULL, NULL);
     }
     if (rc == 0 && bias && !epi_bias) {
         size_t total = (size_t)N * OC;
@@ -391,8 +466,39 @@ void cuda_matmul_backward(float *dinp, float *dweight, float *dbias, const float
         return;
     }
     // dinp^T (IC,N) = weight^T (col-major IC x OC) @ dout^T (col-major OC x N)
-    if (dinp) gemm(GEMM_DINP, 0, 0, IC, N, OC, weight, IC, dout, OC, dinp, IC, 0.0f, NULL);
+    if (dinp) gemm(GEMM_DINP, 0, 0, IC, N, OC, weight, IC, dout, OC, dinp, IC, 0.0f, NULL, NULL);
     // dweight^T (IC,OC) += inp^T (col-major IC x N) @ op(dout^T: col-major OC x N, transposed)
-    if (dweight) gemm(GEMM_DWEIGHT, 0, 1, IC, OC, N, inp, IC, dout, OC, dweight, IC, 1.0f, NULL);
-    if (dbias) bias_grad_accumulate(dbias, dout, N, OC);
+    if (dweight) gemm(GEMM_DWEIGHT, 0, 1, IC, OC, N, inp, IC, dout, OC, dweight, IC, 1.0f, NULL, NULL);
+    if (dbias) bias_grad_accumulate(dbias, dout, NULL, NULL, N, OC);
+}
+
+// cuBLASLt's rule for the GELU auxiliary matrix's leading dimension (elements); out and pre below this
+// alignment skip the epilogue (vectorised stores, as for the bias).
+#define GELU_AUX_LD_MULTIPLE 8
+#define GELU_EPILOGUE_MIN_ALIGN 16
+
+void cuda_matmul_gelu_forward(float *out, float *pre, const float *inp, const float *weight, const float *bias,
+                              int N, int IC, int OC) {
+    if (N <= 0 || OC <= 0) return;
+    int fused = gelu_epilogue && IC > 0 && OC % GELU_AUX_LD_MULTIPLE == 0 && pointer_alignment(out) >= GELU_EPILOGUE_MIN_ALIGN &&
+                pointer_alignment(pre) >= GELU_EPILOGUE_MIN_ALIGN &&
+                (!bias || pointer_alignment(bias) >= BIAS_EPILOGUE_MIN_ALIGN);
+    if (fused) {
+        // out^T = gelu(weight^T-product + bias), pre^T = the product + bias (aux, same layout as out^T)
+        int rc = gemm(GEMM_FORWARD_GELU, 1, 0, OC, N, IC, weight, IC, inp, IC, out, OC, 0.0f, bias, pre);
+        if (rc != 1) return;  // queued, or failed (recorded)
+    }
+    // Unfused: switched off, OC not a multiple of 8, a misaligned out / pre / bias, or no algorithm
+    // with the epilogue.
+    cuda_matmul_forward(pre, inp, weight, bias, N, IC, OC);
+    cuda_gelu_forward(out, pre, (size_t)N * OC);
+}
+
+void cuda_matmul_gelu_backward(float *dinp, float *dweight, float *dbias, float *dout, const float *pre,
+                               const float *inp, const float *weight, int N, int IC, int OC) {
+    if (N <= 0 || OC <= 0) return;
+    // dout -> dpre in place, fused with dbias += colsum(dpre) when there is a bias
+    if (dbias) bias_grad_accumulate(dbias, dout, pre, dout, N, OC);
+    else cuda_gelu_backward(dout, pre, dout, (size_t)N * OC);
+    cuda_matmul_backward(dinp, dweight, NULL, dout, inp, weight, N, IC, OC);
 }

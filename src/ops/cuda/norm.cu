@@ -1,4 +1,5 @@
-// norm.cu: LayerNorm (GPT-2) and RMSNorm (LLaMA) on the GPU, forward and backward.
+// norm.cu: LayerNorm (GPT-2) and RMSNorm (LLaMA) on the GPU, forward and backward, and the forwards
+// fused with the residual add before them (ops.h residual_layernorm_forward / residual_rmsnorm_forward).
 //
 // Forward and the dinp part of backward: one warp per row (8 rows per 256-thread block). Each lane
 // sums columns lane, lane+32, ... in order, then warp_sum's fixed butterfly combines the lanes; the
@@ -15,6 +16,10 @@
 // Cost: forward reads a row 3x (LN) / 2x (RMS) (cache-resident re-reads) and writes it once;
 // backward reads dout, inp twice (dinp pass, parameter pass) plus 2 x n_chunks x C floats of partials.
 // Row sums are not bit-identical to the CPU's (OpenMP simd order); the elementwise maths is.
+// Fused residual + norm: the same warp first writes its row of resid = a + b (each lane its columns
+// lane, lane+32, ...), then runs the very row function of the plain forward on it (each lane re-reads
+// only what it wrote, from L1/L2), so fused == residual_forward + norm forward, bit for bit, and the
+// separate residual pass (read a and b, write resid, read resid again) disappears.
 #include "ops/cuda/cuda_common.cuh"
 
 #define NORM_THREADS 256
@@ -35,15 +40,11 @@ static void norm_chunking(int N, int *rows_per_chunk, int *n_chunks) {
 
 // ---- LayerNorm -----------------------------------------------------------------------------------
 
-// out (N,C) = (inp - mean) * rstd * w + b; mean, rstd (N). One warp per row.
+// One row of LayerNorm by one warp (lane 0..31): y (C) = (x - mean) * rstd * w + b; lane 0 saves the
+// row's mean and rstd.
 template <typename T>
-__global__ void layernorm_forward_kernel(T *out, float *mean, float *rstd, const T *inp, const T *w, const T *b,
-                                         int N, int C, float eps) {
-    int lane = threadIdx.x % 32;
-    int n = blockIdx.x * NORM_ROWS_PER_BLOCK + threadIdx.x / 32;
-    if (n >= N) return;  // whole warps leave together
-    const T *x = inp + (size_t)n * C;
-    T *y = out + (size_t)n * C;
+__device__ __forceinline__ void layernorm_row(T *y, float *mean, float *rstd, const T *x, const T *w, const T *b,
+                                              int C, float eps, int lane) {
     float s = 0.0f;
     for (int c = lane; c < C; c += 32) s = __fadd_rn(s, to_f32(x[c]));
     float m = __fdiv_rn(warp_sum(s), (float)C);
@@ -59,9 +60,38 @@ __global__ void layernorm_forward_kernel(T *out, float *mean, float *rstd, const
         y[c] = from_f32<T>(__fadd_rn(__fmul_rn(xhat_r, to_f32(w[c])), to_f32(b[c])));
     }
     if (lane == 0) {
-        mean[n] = m;
-        rstd[n] = r;
+        *mean = m;
+        *rstd = r;
     }
+}
+
+// resid (C) = a + b for one row by one warp, each lane its columns lane, lane+32, ... (resid may be a or b).
+template <typename T>
+__device__ __forceinline__ void residual_row(T *resid, const T *a, const T *b, int C, int lane) {
+    for (int c = lane; c < C; c += 32) resid[c] = from_f32<T>(__fadd_rn(to_f32(a[c]), to_f32(b[c])));
+}
+
+// out (N,C) = (inp - mean) * rstd * w + b; mean, rstd (N). One warp per row.
+template <typename T>
+__global__ void layernorm_forward_kernel(T *out, float *mean, float *rstd, const T *inp, const T *w, const T *b,
+                                         int N, int C, float eps) {
+    int lane = threadIdx.x % 32;
+    int n = blockIdx.x * NORM_ROWS_PER_BLOCK + threadIdx.x / 32;
+    if (n >= N) return;  // whole warps leave together
+    size_t row = (size_t)n * C;
+    layernorm_row<T>(out + row, mean + n, rstd + n, inp + row, w, b, C, eps, lane);
+}
+
+// resid (N,C) = a + b, then out = LayerNorm(resid) as above. One warp per row.
+template <typename T>
+__global__ void residual_layernorm_forward_kernel(T *resid, T *out, float *mean, float *rstd, const T *a, const T *b,
+                                                  const T *w, const T *bias, int N, int C, float eps) {
+    int lane = threadIdx.x % 32;
+    int n = blockIdx.x * NORM_ROWS_PER_BLOCK + threadIdx.x / 32;
+    if (n >= N) return;
+    size_t row = (size_t)n * C;
+    residual_row<T>(resid + row, a + row, b + row, C, lane);
+    layernorm_row<T>(out + row, mean + n, rstd + n, resid + row, w, bias, C, eps, lane);
 }
 
 // dinp (N,C) += the LayerNorm input gradient. One warp per row.
@@ -92,14 +122,9 @@ __global__ void layernorm_backward_dinp_kernel(T *dinp, const T *dout, const T *
 
 // ---- RMSNorm -------------------------------------------------------------------------------------
 
-// out (N,C) = w * (inp * rstd); rstd (N). One warp per row.
+// One row of RMSNorm by one warp: y (C) = w * (x * rstd); lane 0 saves rstd.
 template <typename T>
-__global__ void rmsnorm_forward_kernel(T *out, float *rstd, const T *inp, const T *w, int N, int C, float eps) {
-    int lane = threadIdx.x % 32;
-    int n = blockIdx.x * NORM_ROWS_PER_BLOCK + threadIdx.x / 32;
-    if (n >= N) return;
-    const T *x = inp + (size_t)n * C;
-    T *y = out + (size_t)n * C;
+__device__ __forceinline__ void rmsnorm_row(T *y, float *rstd, const T *x, const T *w, int C, float eps, int lane) {
     float ss = 0.0f;
     for (int c = lane; c < C; c += 32) {
         float xc = to_f32(x[c]);
@@ -108,7 +133,29 @@ __global__ void rmsnorm_forward_kernel(T *out, float *rstd, const T *inp, const 
     float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(warp_sum(ss), (float)C), eps)));
     // transformers computes (x * rstd) first, then multiplies by the weight
     for (int c = lane; c < C; c += 32) y[c] = from_f32<T>(__fmul_rn(to_f32(w[c]), __fmul_rn(to_f32(x[c]), r)));
-    if (lane == 0) rstd[n] = r;
+    if (lane == 0) *rstd = r;
+}
+
+// out (N,C) = w * (inp * rstd); rstd (N). One warp per row.
+template <typename T>
+__global__ void rmsnorm_forward_kernel(T *out, float *rstd, const T *inp, const T *w, int N, int C, float eps) {
+    int lane = threadIdx.x % 32;
+    int n = blockIdx.x * NORM_ROWS_PER_BLOCK + threadIdx.x / 32;
+    if (n >= N) return;
+    size_t row = (size_t)n * C;
+    rmsnorm_row<T>(out + row, rstd + n, inp + row, w, C, eps, lane);
+}
+
+// resid (N,C) = a + b, then out = RMSNorm(resid). One warp per row.
+template <typename T>
+__global__ void residual_rmsnorm_forward_kernel(T *resid, T *out, float *rstd, const T *a, const T *b, const T *w,
+                                                int N, int C, float eps) {
+    int lane = threadIdx.x % 32;
+    int n = blockIdx.x * NORM_ROWS_PER_BLOCK + threadIdx.x / 32;
+    if (n >= N) return;
+    size_t row = (size_t)n * C;
+    residual_row<T>(resid + row, a + row, b + row, C, lane);
+    rmsnorm_row<T>(out + row, rstd + n, resid + row, w, C, eps, lane);
 }
 
 // dinp (N,C) += the RMSNorm input gradient. One warp per row.
@@ -203,6 +250,15 @@ extern "C" void cuda_layernorm_forward(float *out, float *mean, float *rstd, con
     CUDA_LAUNCH_CHECK();
 }
 
+extern "C" void cuda_residual_layernorm_forward(float *resid, float *out, float *mean, float *rstd, const float *a,
+                                                const float *b, const float *w, const float *bias, int N, int C,
+                                                float eps) {
+    if (N <= 0 || C <= 0) return;
+    residual_layernorm_forward_kernel<float><<<ceil_div_u((size_t)N, NORM_ROWS_PER_BLOCK), NORM_THREADS, 0,
+                                               sl_cuda_stream()>>>(resid, out, mean, rstd, a, b, w, bias, N, C, eps);
+    CUDA_LAUNCH_CHECK();
+}
+
 extern "C" void cuda_layernorm_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp,
                                         const float *w, const float *mean, const float *rstd, int N, int C) {
     if (N <= 0 || C <= 0) return;
@@ -217,6 +273,14 @@ extern "C" void cuda_rmsnorm_forward(float *out, float *rstd, const float *inp, 
     if (N <= 0 || C <= 0) return;
     rmsnorm_forward_kernel<float><<<ceil_div_u((size_t)N, NORM_ROWS_PER_BLOCK), NORM_THREADS, 0,
                                     sl_cuda_stream()>>>(out, rstd, inp, w, N, C, eps);
+    CUDA_LAUNCH_CHECK();
+}
+
+extern "C" void cuda_residual_rmsnorm_forward(float *resid, float *out, float *rstd, const float *a, const float *b,
+                                              const float *w, int N, int C, float eps) {
+    if (N <= 0 || C <= 0) return;
+    residual_rmsnorm_forward_kernel<float><<<ceil_div_u((size_t)N, NORM_ROWS_PER_BLOCK), NORM_THREADS, 0,
+                                             sl_cuda_stream()>>>(resid, out, rstd, a, b, w, N, C, eps);
     CUDA_LAUNCH_CHECK();
 }
 

@@ -263,11 +263,15 @@ extern "C" const sl_ops sl_ops_cuda = {
     /* encoder_backward */ cuda_encoder_backward,
     /* matmul_forward */ cuda_matmul_forward,
     /* matmul_backward */ cuda_matmul_backward,
+    /* matmul_gelu_forward */ cuda_matmul_gelu_forward,
+    /* matmul_gelu_backward */ cuda_matmul_gelu_backward,
     /* layernorm_forward */ cuda_layernorm_forward,
     /* layernorm_backward */ cuda_layernorm_backward,
     /* rmsnorm_forward */ cuda_rmsnorm_forward,
     /* rmsnorm_backward */ cuda_rmsnorm_backward,
     /* residual_forward */ cuda_residual_forward,
+    /* residual_layernorm_forward */ cuda_residual_layernorm_forward,
+    /* residual_rmsnorm_forward */ cuda_residual_rmsnorm_forward,
     /* gelu_forward */ cuda_gelu_forward,
     /* gelu_backward */ cuda_gelu_backward,
     /* swiglu_forward */ cuda_swiglu_forward,
@@ -279,6 +283,7 @@ extern "C" const sl_ops sl_ops_cuda = {
     /* attention_decode */ cuda_attention_decode,
     /* crossentropy_forward */ cuda_crossentropy_forward,
     /* crossentropy_backward */ cuda_crossentropy_backward,
+    /* set_precision */ cuda_set_precision,
     /* on_device */ 1,
     /* alloc */ cuda_alloc,
     /* dealloc */ cuda_dealloc,
@@ -300,4 +305,4 @@ extern "C" const sl_ops sl_ops_cuda = {
 
 // Every field above is positional (C++17 has no designated initialisers): a field added to sl_ops
 // without a line here breaks the build instead of leaving a NULL pointer.
-static_assert(sizeof(sl_ops) == sizeof(void *) * 38, "sl_ops changed: update sl_ops_cuda in ops_cuda.cu");
+static_assert(sizeof(sl_ops) == sizeof(void *) * 43, "sl_ops changed: update sl_ops_cuda in ops_cuda.cu");
