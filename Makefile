@@ -59,7 +59,7 @@ endif
 # where sl_cuda_dlopen looks first (src/base/cuda_dlopen.c)
 $(B)/obj/src/base/cuda_dlopen.o: CPPFLAGS += -DSHARDLM_CUDA_LIBDIR='"$(CUDA_HOME)/lib64"'
 
-.PHONY: all test test-plain test-gpu bench demo clean
+.PHONY: all test test-plain test-gpu bench bench-gpu demo clean
 all: $(B)/shardlm $(TEST_BIN)
 
 $(B)/obj/%.o: %.c
@@ -101,6 +101,10 @@ demo:
 
 bench: all
 	@bash bench/run.sh
+
+# The GPU benchmark against PyTorch (one call on a GPU machine; bench/gpu.sh builds what it needs)
+bench-gpu:
+	@bash bench/gpu.sh
 
 clean:
 	rm -rf build

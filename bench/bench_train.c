@@ -20,14 +20,30 @@
 // sl_engine_memory_use on rank 0 (every rank allocates the same).
 //
 // Two passes, so that profiling cannot distort the headline:
-//   1. --warmup W untimed steps, then --steps S timed steps with the plain CPU ops table: the
+//   1. --warmup W untimed steps, then --steps S timed steps with the plain ops table: the
 //      headline ms_per_step (mean) and tokens_per_s = B*T / mean step time.
 //   2. --profile-steps P steps with the profiling ops table (ops_profile.h): per-op ms per step, plus
 //      "optimizer" (sl_engine_step: clip + AdamW + zero grad) and "model_other" (time of forward +
 //      backward not spent inside an op: input checks, copies, memsets).
 //
+// Device and precision: --device cpu|cuda|cuda:N picks the ops table (sl_ops_for_device, as `shardlm
+// train --device` does) and --precision fp32|bf16|fp16 the engine's mixed precision (fp32 master
+// weights, DeepSpeed's bf16 / fp16 semantics). On a device every timed interval ends with
+// ops->synchronize(), so the clock covers the queued work; peak_bytes is ops->peak_bytes() after
+// reset_peak_bytes() at start (bytes held through ops->alloc: parameters, gradients, optimizer state,
+// master weights, activations; the backend's private scratch such as cuBLASLt's workspace is not
+// counted; 0 on the cpu). The profiled pass wraps the chosen table, which on a device synchronizes
+// around every op (per-op device time, launch gaps included).
+//
+// --batch auto: the largest micro-batch that fits, trying --max-batch (64), then half, ... down to 1.
+// Each try runs in a child process (fork, before this process touches the device): it builds the
+// model and engine and runs one full step; an allocation failure is an error returned by ops->alloc
+// (or a recorded CUDA error at the step's synchronize), never a crash, and a failed try leaves no
+// poisoned device context behind. The tries are reported as "batch_search".
+//
 //   bench_train --model gpt2 --batch 4 --seq 256 --threads 2 --steps 3 --warmup 1 [--profile-steps 1]
 //               [--seed 1234] [--report]   (--report also prints the profile table to stderr)
+//               [--device cpu|cuda|cuda:N] [--precision fp32|bf16|fp16] [--batch auto [--max-batch 64]]
 //               [--overlap 0|1] [--zero-stage 0|1|2|3] [--prefetch 0|1] [--bucket ELEMENTS]
 //               [--first-bucket ELEMENTS]
 //   mpirun -np 2 -x OMP_NUM_THREADS=1 bench_train --model gpt2 --batch 4 --seq 256 --threads 1 ...
@@ -35,6 +51,7 @@
 #include "shardlm/config.h"
 #include "shardlm/engine.h"
 #include "shardlm/error.h"
+#include "shardlm/launch_env.h"
 #include "shardlm/model.h"
 #include "shardlm/ops.h"
 #include "shardlm/ops_profile.h"
@@ -45,12 +62,16 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 typedef struct {
     const char *model;
+    const char *device;               // cpu | cuda | cuda:N
+    int precision;                    // sl_precision
     int B, T, threads, steps, warmup, profile_steps, report;
+    int batch_auto, max_batch;        // --batch auto: search from max_batch down
     int overlap, zero_stage, prefetch;
     long long bucket, first_bucket;   // elements
     unsigned long long seed;
@@ -89,7 +110,9 @@ static int usage(const char *prog) {
     fprintf(stderr,
             "usage: %s --model PRESET --batch B --seq T [--threads N] [--steps S] [--warmup W]\n"
             "          [--profile-steps P] [--seed SEED] [--report] [--overlap 0|1] [--zero-stage 0|1|2|3]\n"
-            "          [--prefetch 0|1] [--bucket ELEMENTS] [--first-bucket ELEMENTS]\n",
+            "          [--prefetch 0|1] [--bucket ELEMENTS] [--first-bucket ELEMENTS]\n"
+            "          [--device cpu|cuda|cuda:N] [--precision fp32|bf16|fp16] [--max-batch M]\n"
+            "          (--batch auto: the largest micro-batch of M, M/2, ..., 1 that runs a step)\n",
             prog);
     return 2;
 }
@@ -116,8 +139,20 @@ static int parse_ll(const char *s, long long *out, const char *flag) {
     return 0;
 }
 
+static int parse_precision(const char *s, int *out) {
+    if (strcmp(s, "fp32") == 0) *out = SL_PRECISION_FP32;
+    else if (strcmp(s, "bf16") == 0) *out = SL_PRECISION_BF16;
+    else if (strcmp(s, "fp16") == 0) *out = SL_PRECISION_FP16;
+    else {
+        fprintf(stderr, "bench_train: --precision expects fp32, bf16 or fp16, got '%s'\n", s);
+        return -1;
+    }
+    return 0;
+}
+
 static int parse_args(int argc, char **argv, bench_args *a) {
-    *a = (bench_args){.model = "gpt2-demo", .B = 8, .T = 128, .threads = 1, .steps = 10, .warmup = 2,
+    *a = (bench_args){.model = "gpt2-demo", .device = "cpu", .precision = SL_PRECISION_FP32, .B = 8, .T = 128,
+                      .max_batch = 64, .threads = 1, .steps = 10, .warmup = 2,
                       .profile_steps = -1, .seed = 1234, .overlap = 1, .zero_stage = 0, .prefetch = 1,
                       .bucket = 500000000, .first_bucket = 262144, .world = 1};
     for (int i = 1; i < argc; i++) {
@@ -127,7 +162,13 @@ static int parse_args(int argc, char **argv, bench_args *a) {
         const char *v = argv[++i];
         int rc = 0;
         if (strcmp(f, "--model") == 0) a->model = v;
-        else if (strcmp(f, "--batch") == 0) rc = parse_int(v, &a->B, f);
+        else if (strcmp(f, "--batch") == 0) {
+            a->batch_auto = strcmp(v, "auto") == 0;
+            if (!a->batch_auto) rc = parse_int(v, &a->B, f);
+        }
+        else if (strcmp(f, "--max-batch") == 0) rc = parse_int(v, &a->max_batch, f);
+        else if (strcmp(f, "--device") == 0) a->device = v;
+        else if (strcmp(f, "--precision") == 0) rc = parse_precision(v, &a->precision);
         else if (strcmp(f, "--seq") == 0) rc = parse_int(v, &a->T, f);
         else if (strcmp(f, "--threads") == 0) rc = parse_int(v, &a->threads, f);
         else if (strcmp(f, "--steps") == 0) rc = parse_int(v, &a->steps, f);
@@ -142,8 +183,8 @@ static int parse_args(int argc, char **argv, bench_args *a) {
         else return usage(argv[0]);
         if (rc) return 2;
     }
-    if (a->B < 1 || a->T < 1 || a->steps < 1) {
-        fprintf(stderr, "bench_train: --batch, --seq and --steps must be at least 1\n");
+    if ((!a->batch_auto && a->B < 1) || a->T < 1 || a->steps < 1 || a->max_batch < 1) {
+        fprintf(stderr, "bench_train: --batch, --seq, --steps and --max-batch must be at least 1\n");
         return 2;
     }
     if (a->overlap > 1 || a->prefetch > 1 || a->zero_stage > 3) {
@@ -175,6 +216,13 @@ typedef struct {
     float last_loss;
 } run_totals;
 
+// Waits for the device's queued work (nothing to wait for on the cpu), so the clock read after it
+// covers that work; -1 with the error when queued work failed.
+static int drain(const sl_engine *e) {
+    const sl_ops *ops = e->model->ops;
+    return ops->on_device ? ops->synchronize() : 0;
+}
+
 // Runs `n` training steps numbered from `first`; adds their times to *tot.
 static int run_steps(sl_engine *e, int *inputs, int *targets, const bench_args *a, int first, int n,
                      double *per_step, run_totals *tot) {
@@ -183,9 +231,9 @@ static int run_steps(sl_engine *e, int *inputs, int *targets, const bench_args *
         fill_batch(inputs, targets, a->B, a->T, vocab, a->seed, a->rank, first + s);
         float loss;
         double t0 = now_seconds();
-        if (sl_engine_forward_backward(e, inputs, targets, a->B, a->T, &loss)) return -1;
+        if (sl_engine_forward_backward(e, inputs, targets, a->B, a->T, &loss) || drain(e)) return -1;
         double t1 = now_seconds();
-        if (sl_engine_step(e)) return -1;
+        if (sl_engine_step(e) || drain(e)) return -1;
         double t2 = now_seconds();
         if (per_step) per_step[s] = t2 - t0;
         if (tot) {
@@ -211,30 +259,25 @@ static int die(const bench_args *a) {
     return 1;
 }
 
-int main(int argc, char **argv) {
-    bench_args a;
-    int rc = parse_args(argc, argv, &a);
-    if (rc) return rc;
-    sl_comm *world = NULL;
-    if (sl_comm_init_world(&world, "auto", NULL, NULL)) { fprintf(stderr, "bench_train: %s\n", sl_error()); return 1; }
-    a.rank = sl_comm_rank(world);
-    a.world = sl_comm_size(world);
-    int rank0 = a.rank == 0;
-    sl_ops_cpu_set_threads(a.threads);
-
+// The ops table of --device, a model of the preset with random weights, and an engine with the
+// benchmark's optimizer, on data-parallel group `dp`. The device's peak-memory mark starts here.
+static int build(const bench_args *a, sl_comm *dp, const sl_ops **ops_out, sl_model *model, sl_engine *engine) {
+    sl_ops_cpu_set_threads(a->threads);
+    sl_launch_env env;
+    int local_rank = sl_launch_env_detect(&env) == 0 ? env.local_rank : 0;
+    const sl_ops *ops = sl_ops_for_device(a->device, local_rank);
+    if (!ops) return -1;
+    if (ops->reset_peak_bytes) ops->reset_peak_bytes();
+    *ops_out = ops;
     sl_model_config cfg;
-    if (sl_config_preset(&cfg, a.model)) return die(&a);
-    if (a.T > cfg.max_seq_len) {
-        fprintf(stderr, "bench_train: --seq %d exceeds %s's %d positions\n", a.T, a.model, cfg.max_seq_len);
-        return 1;
-    }
-    sl_model model;
-    if (sl_model_create(&model, &cfg, &sl_ops_cpu)) return die(&a);
-    sl_model_init_weights(&model, a.seed);
+    if (sl_config_preset(&cfg, a->model)) return -1;
+    if (a->T > cfg.max_seq_len) return sl_errorf("--seq %d exceeds %s's %d positions", a->T, a->model, cfg.max_seq_len);
+    if (sl_model_create(model, &cfg, ops)) return -1;
+    if (sl_model_init_weights(model, a->seed)) return -1;
 
     sl_engine_config ec;
     memset(&ec, 0, sizeof ec);
-    ec.micro_batch = a.B;
+    ec.micro_batch = a->B;
     ec.grad_accum_steps = 1;
     ec.gradient_clipping = 1.0f;
     sl_optim_defaults(&ec.optim);
@@ -245,14 +288,100 @@ int main(int argc, char **argv) {
     ec.optim.eps = 1e-8;
     ec.optim.weight_decay = 0.1;
     sl_schedule_constant(&ec.schedule, ec.optim.lr);
-    ec.dp = world;
-    ec.reduce_bucket_size = (size_t)a.bucket;
-    ec.first_bucket_size = (size_t)a.first_bucket;
-    ec.overlap_comm = a.overlap;
-    ec.zero_stage = a.zero_stage;
-    ec.prefetch = a.prefetch;
+    ec.dp = dp;
+    ec.reduce_bucket_size = (size_t)a->bucket;
+    ec.first_bucket_size = (size_t)a->first_bucket;
+    ec.overlap_comm = a->overlap;
+    ec.zero_stage = a->zero_stage;
+    ec.prefetch = a->prefetch;
+    sl_loss_scaler_defaults(&ec.precision);   // DeepSpeed's defaults, as `shardlm train` starts from
+    ec.precision.precision = (sl_precision)a->precision;
+    return sl_engine_init(engine, model, &ec);
+}
+
+// One try of the batch search, in a child process: build everything at a->B and run one step.
+static int try_batch(const bench_args *a) {
+    sl_comm *self = NULL;
+    const sl_ops *ops;
+    sl_model model;
     sl_engine engine;
-    if (sl_engine_init(&engine, &model, &ec)) return die(&a);
+    if (sl_comm_init_world(&self, "self", NULL, NULL) || build(a, self, &ops, &model, &engine)) return -1;
+    size_t N = (size_t)a->B * a->T;
+    int *inputs = malloc(N * sizeof(int)), *targets = malloc(N * sizeof(int));
+    if (!inputs || !targets) return sl_errorf("out of host memory for a batch of %zu tokens", N);
+    return run_steps(&engine, inputs, targets, a, 0, 1, NULL, NULL);
+}
+
+#define MAX_TRIES 24
+static int tried_B[MAX_TRIES], tried_ok[MAX_TRIES], n_tried;
+
+// Whether an error message says memory ran out (ops->alloc's "out of GPU memory allocating ...", a
+// recorded CUDA "out of memory", cuBLAS's ALLOC_FAILED, the host's "out of memory").
+static int is_out_of_memory(const char *msg) {
+    return strstr(msg, "out of GPU memory") || strstr(msg, "out of memory") || strstr(msg, "ALLOC_FAILED") ||
+           strstr(msg, "out of host memory");
+}
+
+enum { TRY_FITS = 0, TRY_NO_MEMORY = 3, TRY_FAILED = 4 };
+
+// --batch auto: B = max_batch, max_batch/2, ..., 1, each tried in a forked child (so this process
+// never touches the device before the real run); a->B becomes the first that ran a step. A try that
+// fails for any reason but memory (no GPU, a kernel error) ends the search: smaller batches would
+// fail the same way.
+static int search_batch(bench_args *a) {
+    for (int B = a->max_batch; B >= 1 && n_tried < MAX_TRIES; B /= 2) {
+        fflush(stdout);
+        fflush(stderr);
+        pid_t pid = fork();
+        if (pid < 0) return sl_errorf("batch search: fork failed");
+        if (pid == 0) {
+            a->B = B;
+            if (try_batch(a) == 0) _exit(TRY_FITS);
+            int oom = is_out_of_memory(sl_error());
+            fprintf(stderr, "bench_train: batch search: B=%d %s: %s\n", B, oom ? "does not fit" : "failed", sl_error());
+            _exit(oom ? TRY_NO_MEMORY : TRY_FAILED);
+        }
+        int status = 0;
+        if (waitpid(pid, &status, 0) < 0) return sl_errorf("batch search: waitpid failed");
+        int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1, ok = code == TRY_FITS;
+        tried_B[n_tried] = B;
+        tried_ok[n_tried++] = ok;
+        if (WIFSIGNALED(status))
+            return sl_errorf("batch search: the try at B=%d died of signal %d", B, WTERMSIG(status));
+        if (!ok && code != TRY_NO_MEMORY) return sl_errorf("batch search: the try at B=%d failed (not for memory)", B);
+        if (ok) {
+            fprintf(stderr, "bench_train: batch search: B=%d fits (%s, %s, T=%d)\n", B, a->model, a->device, a->T);
+            a->B = B;
+            return 0;
+        }
+    }
+    return sl_errorf("batch search: no micro-batch from %d down to 1 ran a step of %s at T=%d on %s", a->max_batch,
+                     a->model, a->T, a->device);
+}
+
+int main(int argc, char **argv) {
+    bench_args a;
+    int rc = parse_args(argc, argv, &a);
+    if (rc) return rc;
+    if (a.batch_auto) {
+        sl_launch_env env;
+        if (sl_launch_env_detect(&env) == 0 && env.world_size > 1) {
+            fprintf(stderr, "bench_train: --batch auto runs in a single process only (not under a launcher)\n");
+            return 2;
+        }
+        if (search_batch(&a)) return die(&a);
+    }
+    sl_comm *world = NULL;
+    if (sl_comm_init_world(&world, "auto", NULL, NULL)) { fprintf(stderr, "bench_train: %s\n", sl_error()); return 1; }
+    a.rank = sl_comm_rank(world);
+    a.world = sl_comm_size(world);
+    int rank0 = a.rank == 0;
+
+    const sl_ops *ops;
+    sl_model model;
+    sl_engine engine;
+    if (build(&a, world, &ops, &model, &engine)) return die(&a);
+    sl_model_config cfg = model.cfg;
 
     size_t N = (size_t)a.B * a.T;                      // tokens per rank per step
     double global_tokens = (double)N * a.world;        // tokens per step over all ranks
@@ -272,6 +401,7 @@ int main(int argc, char **argv) {
     step_no += a.steps;
     double wall = now_seconds() - wall0, busy1 = machine_busy_seconds(), own = own_cpu_seconds() - own0;
     size_t bytes1 = sl_comm_bytes_sent(world);
+    size_t peak_bytes = ops->peak_bytes ? ops->peak_bytes() : 0;   // start, warmup and timed steps
     // a step takes as long as its slowest rank; CPU time of every rank is the benchmark's own
     if (a.world > 1 && (sl_comm_allreduce(world, per_step, (size_t)a.steps, SL_DTYPE_F64, SL_OP_MAX) ||
                         sl_comm_allreduce(world, &own, 1, SL_DTYPE_F64, SL_OP_SUM)))
@@ -326,9 +456,9 @@ int main(int argc, char **argv) {
     // pass 2: breakdown, profiling ops (every rank takes part: the steps communicate)
     run_totals prof = {0};
     if (a.profile_steps > 0) {
-        model.ops = sl_ops_profile_wrap(&sl_ops_cpu);
+        model.ops = sl_ops_profile_wrap(ops);
         if (run_steps(&engine, inputs, targets, &a, step_no, a.profile_steps, NULL, &prof)) return die(&a);
-        model.ops = &sl_ops_cpu;
+        model.ops = ops;
     }
     sl_engine_memory mem = sl_engine_memory_use(&engine);
 
@@ -340,6 +470,12 @@ int main(int argc, char **argv) {
            a.model, a.B, a.T, a.threads, a.steps, a.warmup, 1e3 * mean, 1e3 * min, 1e3 * median, global_tokens / mean,
            1e3 * head.fb_seconds / a.steps, 1e3 * head.step_seconds / a.steps, head.last_loss, model.layout.total,
            openblas_get_config(), openblas_get_corename(), other_load, wall > 0 ? own / wall : 0.0);
+    printf(",\"device\":\"%s\",\"ops\":\"%s\",\"precision\":\"%s\",\"peak_bytes\":%zu,\"n_layer\":%d,"
+           "\"n_head\":%d,\"n_embd\":%d,\"vocab_size\":%d,\"padded_vocab_size\":%d,\"batch_search\":[",
+           a.device, ops->name, sl_precision_name((sl_precision)a.precision), peak_bytes, cfg.n_layer, cfg.n_head,
+           cfg.n_embd, cfg.vocab_size, cfg.padded_vocab_size);
+    for (int i = 0; i < n_tried; i++) printf("%s{\"B\":%d,\"fits\":%d}", i ? "," : "", tried_B[i], tried_ok[i]);
+    printf("]");
     printf(",\"world\":%d,\"backend\":\"%s\",\"global_batch\":%d,\"zero_stage\":%d,\"overlap\":%d,\"bucket\":%lld,"
            "\"first_bucket\":%lld,\"buckets\":%d,\"bytes_sent_per_step\":%.0f,\"grad_bytes\":%.0f,"
            "\"ring_allreduce_bytes_formula\":%.0f,\"stage3_bytes_formula\":%.0f,\"sent_over_grad_bytes\":%.4f,"
@@ -360,22 +496,22 @@ int main(int argc, char **argv) {
            mem.grads, mem.optim, mem.params + mem.grads + mem.optim);
     if (a.profile_steps > 0) {
         int P = a.profile_steps, n_ops, n_shapes;
-        const sl_op_stat *ops = sl_ops_profile_ops(&n_ops);
+        const sl_op_stat *stat = sl_ops_profile_ops(&n_ops);
         const sl_op_stat *shapes = sl_ops_profile_matmul_shapes(&n_shapes);
         double op_total = sl_ops_profile_total_seconds(), gemm = 0;
         double step_total = prof.fb_seconds + prof.step_seconds;
         printf(",\"profile_steps\":%d,\"profiled_ms_per_step\":%.3f,\"breakdown\":{", P, 1e3 * step_total / P);
         for (int i = 0; i < n_ops; i++) {
-            printf("%s\"%s\":%.3f", i ? "," : "", ops[i].name, 1e3 * ops[i].seconds / P);
-            if (strncmp(ops[i].name, "matmul_", 7) == 0) gemm += ops[i].seconds;
+            printf("%s\"%s\":%.3f", i ? "," : "", stat[i].name, 1e3 * stat[i].seconds / P);
+            if (strncmp(stat[i].name, "matmul_", 7) == 0) gemm += stat[i].seconds;
         }
         printf("%s\"optimizer\":%.3f,\"model_other\":%.3f}", n_ops ? "," : "", 1e3 * prof.step_seconds / P,
                1e3 * (prof.fb_seconds - op_total) / P);
         printf(",\"gflops\":{");
         int first = 1;
         for (int i = 0; i < n_ops; i++) {
-            if (ops[i].flops <= 0 || ops[i].seconds <= 0) continue;
-            printf("%s\"%s\":%.2f", first ? "" : ",", ops[i].name, ops[i].flops / ops[i].seconds / 1e9);
+            if (stat[i].flops <= 0 || stat[i].seconds <= 0) continue;
+            printf("%s\"%s\":%.2f", first ? "" : ",", stat[i].name, stat[i].flops / stat[i].seconds / 1e9);
             first = 0;
         }
         printf("},\"matmul_shapes\":[");
@@ -385,8 +521,9 @@ int main(int argc, char **argv) {
                    shapes[i].seconds > 0 ? shapes[i].flops / shapes[i].seconds / 1e9 : 0.0);
         printf("],\"gemm_fraction\":%.4f", step_total > 0 ? gemm / step_total : 0.0);
         if (a.report) {
-            fprintf(stderr, "profile of %s B=%d T=%d threads=%d ranks=%d (rank 0) over %d steps:\n", a.model, a.B,
-                    a.T, a.threads, a.world, P);
+            fprintf(stderr, "profile of %s B=%d T=%d threads=%d ranks=%d device=%s precision=%s (rank 0) over %d "
+                    "steps:\n", a.model, a.B, a.T, a.threads, a.world, a.device,
+                    sl_precision_name((sl_precision)a.precision), P);
             sl_ops_profile_report(stderr, P);
         }
     }

@@ -24,6 +24,7 @@
 #   BENCH_RANKS=2            ranks of the data-parallel runs
 #   BENCH_SMALL_BUCKET=6553600  reduce_bucket_size of the extra small-bucket DDP row (25 MiB of fp32)
 #   BENCH_DIST_RETRIES=2     reruns of a data-parallel run whose other_load was above 0.2
+#   BENCH_BUILD=build        build directory (library and bench_train; CU_B for its CUDA objects)
 #   BENCH_OUT_DIR=bench      where results.jsonl, bench.log and RESULTS.md are read and written (a scratch
 #                            directory keeps a trial run away from the committed results)
 set -euo pipefail
@@ -32,6 +33,7 @@ cd "$(dirname "$0")/.."
 BLAS_DIR=${BLAS_DIR:-/usr/lib/x86_64-linux-gnu/openblas-openmp}
 BLAS_INC=${BLAS_INC:-/usr/include/x86_64-linux-gnu/openblas-openmp}
 OUT_DIR=${BENCH_OUT_DIR:-bench}
+BUILD=${BENCH_BUILD:-build}   # the build directory whose library bench_train links (bench/build_bench.sh)
 mkdir -p "$OUT_DIR"
 JSONL=$OUT_DIR/results.jsonl
 LOG=$OUT_DIR/bench.log
@@ -343,6 +345,11 @@ else:
               f"{b.get('model_other', 0):.1f} | {b.get('optimizer', 0):.1f} |")
     w("")
 w("Raw JSON lines: bench/results.jsonl. Log: bench/bench.log.")
+# bench/gpu.sh owns the GPU section between these markers: keep it as it is
+BEGIN, END = "<!-- gpu-section:begin -->", "<!-- gpu-section:end -->"
+old = open(dst).read() if os.path.exists(dst) else ""
+if BEGIN in old and END in old:
+    out.append("\n" + old[old.index(BEGIN):old.index(END) + len(END)])
 open(dst, "w").write("\n".join(out) + "\n")
 print(f"wrote {dst} ({len(rows)} runs)")
 PYEOF
@@ -350,15 +357,9 @@ PYEOF
 
 if [[ "${BENCH_RENDER_ONLY:-0}" == 1 ]]; then render; exit 0; fi
 
-echo "bench: building build/bench_train"
-make --no-print-directory build/libshardlm.a >/dev/null
-# the library's comm module links Open MPI (as the Makefile does)
-MPI_CFLAGS=${MPI_CFLAGS:-$(mpicc --showme:compile 2>/dev/null || true)}
-MPI_LIBS=${MPI_LIBS:-$(mpicc --showme:link 2>/dev/null || true)}
-# shellcheck disable=SC2086
-${CC:-gcc} -Iinclude -Isrc -I"$BLAS_INC" $MPI_CFLAGS -std=c17 -Wall -Wextra -Werror -D_GNU_SOURCE -O3 -march=native \
-    -fno-fast-math -fno-math-errno -fopenmp bench/bench_train.c build/libshardlm.a -o build/bench_train \
-    -L"$BLAS_DIR" -Wl,-rpath,"$BLAS_DIR" -lopenblas -lcjson -lpcre2-8 $MPI_LIBS -lm
+echo "bench: building $BUILD/bench_train"
+# the Makefile's flags; the static CUDA runtime too when the library has the CUDA backend
+BLAS_DIR="$BLAS_DIR" BLAS_INC="$BLAS_INC" bash bench/build_bench.sh "$BUILD"
 
 if [[ -z "${BENCH_ONLY:-}" && "$BENCH_DIST" != only ]]; then : > "$JSONL"; : > "$LOG"; fi
 # machine description, once per run
@@ -407,7 +408,7 @@ for cfg in "${CONFIGS[@]}"; do
         echo "bench: $model B=$B T=$T threads=$th (warmup $warmup, steps $steps, profiled $psteps) load $(load1)"
         echo "== $model B=$B T=$T threads=$th $(date)" >> "$LOG"
         if [[ "${BENCH_SHARDLM:-1}" == 1 ]]; then
-            record "$(load1)" env OMP_NUM_THREADS="$th" ./build/bench_train --model "$model" --batch "$B" --seq "$T" \
+            record "$(load1)" env OMP_NUM_THREADS="$th" "./$BUILD/bench_train" --model "$model" --batch "$B" --seq "$T" \
                 --threads "$th" --steps "$steps" --warmup "$warmup" --profile-steps "$psteps" --report
         fi
         if [[ "${BENCH_TORCH:-1}" == 1 ]]; then
@@ -454,23 +455,23 @@ if [[ "$BENCH_DIST" != 0 ]]; then
             echo "bench: data parallel $model T=$T global batch $GB: 1 rank x $RANKS threads (micro-batch $GB) vs $RANKS ranks x 1 thread (micro-batch $B) load $(load1)"
             echo "== dist $model B=$B T=$T ranks=$RANKS $(date)" >> "$LOG"
             DESC="1 rank x $RANKS threads, micro-batch $GB"
-            record_dist base env OMP_NUM_THREADS="$RANKS" ./build/bench_train "${common[@]}" --batch "$GB" --threads "$RANKS"
+            record_dist base env OMP_NUM_THREADS="$RANKS" "./$BUILD/bench_train" "${common[@]}" --batch "$GB" --threads "$RANKS"
             DESC="$RANKS ranks x 1 thread, overlap on"
-            record_dist ddp "${MPIRUN[@]}" ./build/bench_train "${common[@]}" --batch "$B" --threads 1 --overlap 1
+            record_dist ddp "${MPIRUN[@]}" "./$BUILD/bench_train" "${common[@]}" --batch "$B" --threads 1 --overlap 1
             DESC="$RANKS ranks x 1 thread, overlap on, ${SMALL_BUCKET}-element buckets"
-            record_dist ddp-small "${MPIRUN[@]}" ./build/bench_train "${common[@]}" --batch "$B" --threads 1 --overlap 1 \
+            record_dist ddp-small "${MPIRUN[@]}" "./$BUILD/bench_train" "${common[@]}" --batch "$B" --threads 1 --overlap 1 \
                 --bucket "$SMALL_BUCKET"
             DESC="$RANKS ranks x 1 thread, overlap off"
-            record_dist ddp-nooverlap "${MPIRUN[@]}" ./build/bench_train "${common[@]}" --batch "$B" --threads 1 --overlap 0
+            record_dist ddp-nooverlap "${MPIRUN[@]}" "./$BUILD/bench_train" "${common[@]}" --batch "$B" --threads 1 --overlap 0
             DESC="$RANKS ranks x 1 thread, ZeRO-1, overlap on"
-            record_dist zero1 "${MPIRUN[@]}" ./build/bench_train "${common[@]}" --batch "$B" --threads 1 --overlap 1 --zero-stage 1
+            record_dist zero1 "${MPIRUN[@]}" "./$BUILD/bench_train" "${common[@]}" --batch "$B" --threads 1 --overlap 1 --zero-stage 1
             DESC="$RANKS ranks x 1 thread, ZeRO-2, overlap on"
-            record_dist zero2 "${MPIRUN[@]}" ./build/bench_train "${common[@]}" --batch "$B" --threads 1 --overlap 1 --zero-stage 2
+            record_dist zero2 "${MPIRUN[@]}" "./$BUILD/bench_train" "${common[@]}" --batch "$B" --threads 1 --overlap 1 --zero-stage 2
             DESC="$RANKS ranks x 1 thread, ZeRO-3, prefetch on"
-            record_dist zero3 "${MPIRUN[@]}" ./build/bench_train "${common[@]}" --batch "$B" --threads 1 --overlap 1 --zero-stage 3 \
+            record_dist zero3 "${MPIRUN[@]}" "./$BUILD/bench_train" "${common[@]}" --batch "$B" --threads 1 --overlap 1 --zero-stage 3 \
                 --prefetch 1
             DESC="$RANKS ranks x 1 thread, ZeRO-3, prefetch off"
-            record_dist zero3-noprefetch "${MPIRUN[@]}" ./build/bench_train "${common[@]}" --batch "$B" --threads 1 --overlap 1 \
+            record_dist zero3-noprefetch "${MPIRUN[@]}" "./$BUILD/bench_train" "${common[@]}" --batch "$B" --threads 1 --overlap 1 \
                 --zero-stage 3 --prefetch 0
         done
     fi

@@ -1,11 +1,14 @@
 // comm.h: process groups and collectives on existing engines. Backends: "self" (one process, no
 // library), "mpi" (Open MPI, host memory), and "nccl" (NVIDIA NCCL, device memory, one GPU per
 // process: local rank modulo the visible devices; bootstrapped over MPI; present only when built
-// with CUDA's NCCL, else sl_comm_init_world says "built without NCCL"). With "nccl" every buffer
-// is device memory (cudaMalloc) of this process's GPU; operations run on the group's own CUDA
-// stream, which is ordered after work already queued on the legacy default stream (work on other
-// streams must be synchronised by the caller); blocking calls return when the operation has
-// finished on the GPU; send/recv ignore the tag and cannot detect a count mismatch.
+// with CUDA's NCCL, else sl_comm_init_world says "built without NCCL"). With "nccl" a call's buffers
+// are device memory (cudaMalloc) of this process's GPU, moved by NCCL on the group's own CUDA
+// stream, or all host memory (the small control messages: a loss, a norm, a flag, a checkpoint's
+// status), which go over the group's MPI communicator instead; every rank must pass the same kind of
+// memory to one call, and one call may not mix the two. The stream is ordered after work already
+// queued on the legacy default stream; work on other streams (the ops backend's) must be ordered
+// first with sl_comm_order_after. Blocking calls return when the operation has finished on the GPU;
+// send/recv ignore the tag and cannot detect a count mismatch.
 // Model and engine code talk to a group only through these functions. Every call returns 0, or -1
 // with a message naming the operation, the group and the rank (error.h).
 //
@@ -106,6 +109,15 @@ int sl_comm_ireduce_scatterv(sl_comm *c, const void *send, void *recv, const siz
                              sl_reduce_op op, sl_comm_request *req);
 int sl_comm_wait(sl_comm_request *req);
 int sl_comm_test(sl_comm_request *req, int *done);
+
+// Makes the group's later operations start only after the work already queued on `stream` (a
+// cudaStream_t as void*, the ops table's stream()), without blocking the host: "nccl" records an
+// event on `stream` and makes the group's stream wait for it, so a collective reads gradients only
+// once the kernels that write them have run, and writes a buffer only once the kernels that read it
+// have. A NULL stream, and the "self" and "mpi" backends (host memory, whose ops have finished when
+// they return), do nothing. The other direction needs nothing: once sl_comm_wait (or a blocking call)
+// has returned, work queued afterwards on any stream sees the result.
+int sl_comm_order_after(sl_comm *c, void *stream);
 
 // Bytes this process has passed to collectives/sends on the group since creation (for benchmarks),
 // counted when a call succeeds (at start for non-blocking forms), the same for every backend:

@@ -23,7 +23,9 @@ typedef struct {
     float gradient_clipping;  // max global norm; 0 = off
     sl_optim_config optim;
     sl_schedule schedule;
-    // data parallelism (DDP); dp NULL or of size 1 = a single process
+    // data parallelism (DDP); dp NULL or of size 1 = a single process. A model on a GPU exchanges
+    // through an "nccl" group only (refused otherwise, naming --comm-backend nccl), which runs the
+    // DDP / ZeRO code even at size 1; an "nccl" group with a CPU model is refused too.
     sl_comm *dp;
     size_t reduce_bucket_size;   // elements per gradient bucket (DeepSpeed's reduce_bucket_size)
     size_t first_bucket_size;    // the small first bucket (the head's end of the buffer)
@@ -48,7 +50,7 @@ typedef struct {
     float last_loss;          // mean micro-batch loss of the last completed step
     float last_lr;
     float last_grad_norm;     // before clipping
-    int distributed;          // dp group with more than one rank
+    int distributed;          // dp group with more than one rank, or an nccl group of any size
     sl_ddp ddp;
     int ddp_active;           // this backward reduces its gradients through ddp (last micro-batch)
     // ZeRO (stage >= 1, with a dp group of any size): this rank owns [shard_begin, shard_begin +

@@ -28,6 +28,11 @@
 // on the owned slice (sl_zero_step_params / shard_grads) and sl_zero_after_step shares the result:
 // stages 1-2 all-gather the new parameters into every rank's full buffer, stage 3 only forgets its
 // gathered windows.
+//
+// Memory: slices, windows and the model's buffers are allocated and touched through the model's ops
+// table, so they are GPU memory under cuda (with the nccl comm backend) and host memory on the cpu.
+// Every collective is queued behind the ops' stream (sl_comm_order_after); the host waits for a
+// collective before handing its result to ops. Only the checkpoint helpers below take host buffers.
 #ifndef SHARDLM_ZERO_H
 #define SHARDLM_ZERO_H
 
@@ -87,13 +92,15 @@ int sl_zero_after_step(sl_zero *z);
 // Zeroes every gradient (shard_grads and, for stage 1, the full buffer) and the accumulation state.
 void sl_zero_zero_grads(sl_zero *z);
 
-// Stage 3 (collective): the full parameters into `full` (total floats) on every rank that passes
-// one (NULL: this rank only takes part).
+// Stage 3 (collective): the full parameters into `full` (total floats of HOST memory, filled unit by
+// unit through the windows, so no full-size device buffer is needed) on every rank that passes one
+// (NULL: this rank only takes part).
 int sl_zero_gather_params(sl_zero *z, float *full);
-// The same for any buffer shaped like this rank's slice (the fp32 master weights); the windows are
-// left empty afterwards.
+// The same for any buffer in the backend's memory shaped like this rank's slice (the fp32 master
+// weights); the windows are left empty afterwards.
 int sl_zero_gather_slices(sl_zero *z, const float *slice, float *full);
-// Stage 3 (collective): replaces every rank's slice from root's full parameters (NULL elsewhere).
+// Stage 3 (collective): replaces every rank's slice from root's full parameters (HOST memory, total
+// floats; NULL elsewhere), unit by unit through a window.
 int sl_zero_scatter_params(sl_zero *z, const float *full, int root);
 
 // Floats in one set of windows (parameters or gradients): unit 0 + last unit + 2 largest blocks.

@@ -69,6 +69,9 @@ static void usage(FILE *f) {
         "  --precision P           fp32 | bf16 | fp16 (DeepSpeed's bf16 / fp16 blocks: fp32 master weights,\n"
         "                          16-bit parameters and gradients; fp16 with dynamic loss scaling)\n"
         "  --device D              cpu | cuda | cuda:N (default cpu; cuda uses GPU LOCAL_RANK)\n"
+        "  --comm-backend B        auto | self | mpi | nccl (default auto: mpi when started as several ranks,\n"
+        "                          else self); nccl (GPU memory, one GPU per local rank) is required by\n"
+        "                          --device cuda with several ranks or ZeRO, and works with one process\n"
         "  --log-interval N        steps_per_print (default 1)\n"
         "  --eval-interval N       validation every N steps, 0 = never (default 50)\n"
         "  --eval-batches N        validation batches (default 8)\n"
@@ -93,6 +96,7 @@ typedef struct {
     int given;              // DeepSpeed batch triple bits (1 train_batch_size, 2 micro, 4 accum)
     int lr_given, wd_given, momentum_given;
     char precision[16];     // --precision, "" = the config's
+    char comm_backend[16];  // --comm-backend (sl_comm_init_world's name), default "auto"
 } flag_extras;
 
 // Parses flags into c (after the JSON config, so flags win). Returns 0, 1 for --help, -1 on error.
@@ -133,6 +137,7 @@ static int parse_flags(int argc, char **argv, sl_train_config *c, flag_extras *x
         if (sl_arg_int(&a, "--threads", &c->threads)) continue;
         if (sl_arg_str(&a, "--precision", x->precision, sizeof x->precision)) continue;
         if (sl_arg_str(&a, "--device", c->device, sizeof c->device)) continue;
+        if (sl_arg_str(&a, "--comm-backend", x->comm_backend, sizeof x->comm_backend)) continue;
         if (sl_arg_int(&a, "--log-interval", &c->steps_per_print)) continue;
         if (sl_arg_int(&a, "--eval-interval", &c->eval_interval)) continue;
         if (sl_arg_int(&a, "--eval-batches", &c->eval_batches)) continue;
@@ -216,6 +221,38 @@ static int parse_flags(int argc, char **argv, sl_train_config *c, flag_extras *x
         cJSON_Delete(c->scheduler_block);
         c->scheduler_block = NULL;
     }
+    return 0;
+}
+
+static int is_gpu_device(const char *device) { return !strcmp(device, "cuda") || !strncmp(device, "cuda:", 5); }
+
+// Before any process group exists (NCCL would fail first on a machine without a GPU, saying less):
+// the nccl comm backend moves GPU memory, on GPU LOCAL_RANK of every process.
+static int check_comm_backend_flag(const sl_train_config *c, const char *backend) {
+    if (strcmp(backend, "nccl") != 0) return 0;
+    if (!is_gpu_device(c->device))
+        return sl_errorf("--comm-backend nccl moves GPU memory: it needs --device cuda (this run has --device %s); "
+                         "on the CPU use --comm-backend mpi or auto", c->device);
+    if (strcmp(c->device, "cuda") != 0)
+        return sl_errorf("--comm-backend nccl puts every process on GPU LOCAL_RANK (modulo the visible GPUs), so it "
+                         "takes --device cuda, not --device %s (choose the GPUs with CUDA_VISIBLE_DEVICES)", c->device);
+    return 0;
+}
+
+// Once the world exists, before the GPU is touched: a GPU run that exchanges gradients (several
+// ranks) or shards (ZeRO) needs NCCL, since the mpi backend moves host memory only (Open MPI as
+// packaged is not CUDA-aware) and self copies with memmove.
+static int check_gpu_exchange(const sl_train_config *c, sl_comm *world) {
+    if (!is_gpu_device(c->device) || sl_comm_backend_of(world) == SL_COMM_NCCL) return 0;
+    const char *name = sl_comm_backend_of(world) == SL_COMM_MPI ? "mpi" : "self";
+    int n = sl_comm_size(world);
+    if (n > 1)
+        return sl_errorf("--device %s with %d ranks needs the nccl comm backend (the %s backend moves host memory "
+                         "only): pass --comm-backend nccl, e.g. shardlm launch --nproc-per-node %d train --device "
+                         "cuda --comm-backend nccl ...", c->device, n, name, n);
+    if (c->zero_stage >= 1)
+        return sl_errorf("--device %s with ZeRO stage %d needs the nccl comm backend (the %s backend moves host memory "
+                         "only): pass --comm-backend nccl (one process works too)", c->device, c->zero_stage, name);
     return 0;
 }
 
@@ -567,17 +604,20 @@ int cmd_train(int argc, char **argv) {
     flag_extras x;
     memset(&x, 0, sizeof x);
     x.warmup_steps = -1;
+    snprintf(x.comm_backend, sizeof x.comm_backend, "auto");
     x.weight_decay = c.optim.weight_decay;
     int p = parse_flags(argc, argv, &c, &x);
     if (p == 1) { usage(stdout); sl_train_config_free(&c); return 0; }
     int rc = p;
     sl_comm *world = NULL;
-    if (rc == 0) rc = sl_comm_init_world(&world, "auto", NULL, NULL);
+    if (rc == 0) rc = check_comm_backend_flag(&c, x.comm_backend);
+    if (rc == 0) rc = sl_comm_init_world(&world, x.comm_backend, NULL, NULL);
     if (rc == 0) {
         c.world_size = sl_comm_size(world);
         is_rank0 = sl_comm_rank(world) == 0;
         rc = sl_train_config_resolve(&c, x.given);
     }
+    if (rc == 0) rc = check_gpu_exchange(&c, world);
     if (rc == 0) {
         sl_ops_cpu_set_threads(c.threads);
         rc = run(&c, world);

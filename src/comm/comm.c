@@ -554,6 +554,12 @@ int sl_comm_wait(sl_comm_request *req) {
     return rc;
 }
 
+int sl_comm_order_after(sl_comm *c, void *stream) {
+    if (check_comm(c, "sl_comm_order_after")) return -1;
+    if (!stream || !c->vt->order_after) return 0;
+    return c->vt->order_after(c, stream);
+}
+
 int sl_comm_test(sl_comm_request *req, int *done) {
     if (!req) return sl_errorf("sl_comm_test: request is NULL");
     sl_request_impl *impl = req->impl;

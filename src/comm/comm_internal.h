@@ -56,6 +56,8 @@ typedef struct {
                       sl_dtype dtype, sl_request_impl **impl);
     int (*reduce_scatterv)(sl_comm *c, const void *send, void *recv, const size_t *counts, sl_dtype dtype,
                            sl_reduce_op op, sl_request_impl **impl);
+    // sl_comm_order_after with a non-NULL stream; NULL for backends on host memory (nothing to order).
+    int (*order_after)(sl_comm *c, void *stream);
 } sl_comm_vtable;
 
 #define SL_COMM_NAME_MAX 32

@@ -17,7 +17,16 @@
 //   not a hang.
 // - The stream is an ordinary (blocking) CUDA stream: it starts after work already queued on the
 //   legacy default stream, and default-stream work queued later waits for it. Work on the caller's
-//   own non-blocking streams must be synchronised by the caller first.
+//   own non-blocking streams (the CUDA ops backend's) is ordered by sl_comm_order_after: the group's
+//   `order_ev` is recorded on that stream and the group's stream waits for it (cudaStreamWaitEvent),
+//   so the host never blocks for it.
+// - A call whose buffers are host memory (cudaPointerGetAttributes: not device or managed memory)
+//   goes over the group's MPI communicator instead of NCCL, blocking or not (the MPI request becomes
+//   the call's request). Those are the small control messages (losses, norms, flags, checkpoint
+//   status) that callers keep on the host; staging them through the GPU would only add copies. A
+//   call mixing host and device buffers is an error. All ranks run the same code, so they agree on
+//   the path; a rank passing host memory where another passes device memory would hang, as any
+//   mismatched collective does.
 // - Blocking calls enqueue on the stream, record the group's event and wait for it; non-blocking
 //   calls record a new event owned by the request (test = cudaEventQuery). While waiting, the
 //   communicator is polled for asynchronous errors (a failed peer): on one it is aborted (the only
@@ -51,7 +60,8 @@
 
 #define CUDA_FUNCS(X)                                                                                  \
     X(cudaGetDeviceCount) X(cudaSetDevice) X(cudaGetErrorString) X(cudaStreamCreate) X(cudaStreamDestroy) \
-    X(cudaStreamSynchronize) X(cudaEventCreateWithFlags) X(cudaEventDestroy) X(cudaEventRecord) X(cudaEventQuery)
+    X(cudaStreamSynchronize) X(cudaEventCreateWithFlags) X(cudaEventDestroy) X(cudaEventRecord) X(cudaEventQuery) \
+    X(cudaStreamWaitEvent) X(cudaPointerGetAttributes) X(cudaGetLastError)
 #define NCCL_FUNCS(X)                                                                                  \
     X(ncclGetUniqueId) X(ncclCommInitRank) X(ncclCommDestroy) X(ncclCommAbort) X(ncclCommGetAsyncError)   \
     X(ncclGetErrorString) X(ncclGetLastError) X(ncclAllReduce) X(ncclReduceScatter) X(ncclAllGather)      \
@@ -144,6 +154,7 @@ typedef struct {
     ncclComm_t nccl;      // NULL before setup and after an abort
     cudaStream_t stream;
     cudaEvent_t sync_ev;  // recorded by blocking calls
+    cudaEvent_t order_ev; // recorded on a caller's stream by sl_comm_order_after
     int device;
     int aborted;
 } nccl_group;
@@ -157,6 +168,7 @@ static void group_release(nccl_group *g) {
             L.ncclCommDestroy(g->nccl);
         }
         if (g->sync_ev) L.cudaEventDestroy(g->sync_ev);
+        if (g->order_ev) L.cudaEventDestroy(g->order_ev);
         if (g->stream) L.cudaStreamDestroy(g->stream);
     }
     sl_comm_free(g->mpi);   // the last MPI group freed after the world finalises MPI (comm_mpi.c)
@@ -188,7 +200,9 @@ static int group_setup(sl_comm *c, nccl_group *g) {
     int ok = cuda_check(w, "cudaSetDevice", L.cudaSetDevice(g->device)) == 0 &&
              cuda_check(w, "cudaStreamCreate", L.cudaStreamCreate(&g->stream)) == 0 &&
              cuda_check(w, "cudaEventCreateWithFlags",
-                        L.cudaEventCreateWithFlags(&g->sync_ev, cudaEventDisableTiming)) == 0;
+                        L.cudaEventCreateWithFlags(&g->sync_ev, cudaEventDisableTiming)) == 0 &&
+             cuda_check(w, "cudaEventCreateWithFlags",
+                        L.cudaEventCreateWithFlags(&g->order_ev, cudaEventDisableTiming)) == 0;
     ncclUniqueId id;
     memset(&id, 0, sizeof id);
     if (ok && c->rank == 0) ok = nccl_check(w, "ncclGetUniqueId", L.ncclGetUniqueId(&id)) == 0;
@@ -438,8 +452,8 @@ static int group_abandon(sl_comm *c, const char *call, ncclResult_t rc) {
     return sl_errorf("%s", msg);
 }
 
-static int nccl_allgatherv(sl_comm *c, const void *send, void *recv, const size_t *counts, const size_t *displs,
-                           sl_dtype dtype, sl_request_impl **impl) {
+static int do_allgatherv(sl_comm *c, const void *send, void *recv, const size_t *counts, const size_t *displs,
+                         sl_dtype dtype, sl_request_impl **impl) {
     size_t es = sl_dtype_size(dtype);
     if (begin(c, "ncclBroadcast (allgatherv)") || nccl_check(at(c), "ncclGroupStart", L.ncclGroupStart())) return -1;
     for (int r = 0; r < c->size; r++) {
@@ -453,8 +467,8 @@ static int nccl_allgatherv(sl_comm *c, const void *send, void *recv, const size_
     return finish(c, "allgatherv", impl);
 }
 
-static int nccl_reduce_scatterv(sl_comm *c, const void *send, void *recv, const size_t *counts, sl_dtype dtype,
-                                sl_reduce_op op, sl_request_impl **impl) {
+static int do_reduce_scatterv(sl_comm *c, const void *send, void *recv, const size_t *counts, sl_dtype dtype,
+                              sl_reduce_op op, sl_request_impl **impl) {
     size_t es = sl_dtype_size(dtype), off = 0;
     if (begin(c, "ncclReduce (reduce_scatterv)") || nccl_check(at(c), "ncclGroupStart", L.ncclGroupStart())) return -1;
     for (int r = 0; r < c->size; r++) {
@@ -470,22 +484,63 @@ static int nccl_reduce_scatterv(sl_comm *c, const void *send, void *recv, const 
     return finish(c, "reduce_scatterv", impl);
 }
 
+// ---- host memory: over the group's MPI communicator --------------------------------------------------
+
+// 1 when p is host memory (pageable or pinned), 0 for device or managed memory, -1 for NULL (a
+// zero-count side says nothing). CUDA before 11 fails the query for unregistered host memory: that
+// error is cleared and counts as host.
+static int is_host(const void *p) {
+    if (!p) return -1;
+    struct cudaPointerAttributes a;
+    memset(&a, 0, sizeof a);
+    if (L.cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+        L.cudaGetLastError();
+        return 1;
+    }
+    return a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged;
+}
+
+// Which path a call takes: 1 MPI (host buffers), 0 NCCL (device buffers), -1 with a message when
+// its two buffers (b may be NULL) are of different kinds.
+static int host_path(const sl_comm *c, const char *what, const void *a, const void *b) {
+    int ha = is_host(a), hb = is_host(b);
+    if (ha >= 0 && hb >= 0 && ha != hb)
+        return sl_errorf("%s on group %s (rank %d of %d): one buffer is host memory, the other device memory; the "
+                         "nccl backend moves device buffers with NCCL and host buffers with MPI, never both in one "
+                         "call", what, c->name, c->rank, c->size);
+    return ha > 0 || hb > 0;
+}
+
+// A non-blocking MPI operation started on the group's MPI communicator becomes this call's request.
+static int mpi_started(int rc, sl_comm_request *req, sl_request_impl **impl) {
+    *impl = rc ? NULL : req->impl;
+    return rc;
+}
+
 // ---- vtable entries --------------------------------------------------------------------------------
 
 static int nccl_allreduce(sl_comm *c, void *buf, size_t count, sl_dtype dtype, sl_reduce_op op) {
+    int host = host_path(c, "allreduce", buf, NULL);
+    if (host) return host < 0 ? -1 : sl_comm_allreduce(G(c)->mpi, buf, count, dtype, op);
     return do_allreduce(c, buf, count, dtype, op, NULL);
 }
 
 static int nccl_reduce_scatter(sl_comm *c, const void *send, void *recv, size_t recv_count, sl_dtype dtype,
                                sl_reduce_op op) {
+    int host = host_path(c, "reduce_scatter", send, recv);
+    if (host) return host < 0 ? -1 : sl_comm_reduce_scatter(G(c)->mpi, send, recv, recv_count, dtype, op);
     return do_reduce_scatter(c, send, recv, recv_count, dtype, op, NULL);
 }
 
 static int nccl_allgather(sl_comm *c, const void *send, void *recv, size_t send_count, sl_dtype dtype) {
+    int host = host_path(c, "allgather", send, recv);
+    if (host) return host < 0 ? -1 : sl_comm_allgather(G(c)->mpi, send, recv, send_count, dtype);
     return do_allgather(c, send, recv, send_count, dtype, NULL);
 }
 
 static int nccl_broadcast(sl_comm *c, void *buf, size_t count, sl_dtype dtype, int root) {
+    int host = host_path(c, "broadcast", buf, NULL);
+    if (host) return host < 0 ? -1 : sl_comm_broadcast(G(c)->mpi, buf, count, dtype, root);
     return do_broadcast(c, buf, count, dtype, root, NULL);
 }
 
@@ -497,7 +552,8 @@ static int nccl_barrier(sl_comm *c) {
 }
 
 static int nccl_send(sl_comm *c, const void *buf, size_t count, sl_dtype dtype, int peer, int tag) {
-    (void)tag;
+    int host = host_path(c, "send", buf, NULL);
+    if (host) return host < 0 ? -1 : sl_comm_send(G(c)->mpi, buf, count, dtype, peer, tag);
     if (begin(c, "ncclSend") ||
         nccl_check(at(c), "ncclSend", L.ncclSend(buf, count, nccl_type(dtype), peer, G(c)->nccl, G(c)->stream)))
         return -1;
@@ -505,7 +561,8 @@ static int nccl_send(sl_comm *c, const void *buf, size_t count, sl_dtype dtype, 
 }
 
 static int nccl_recv(sl_comm *c, void *buf, size_t count, sl_dtype dtype, int peer, int tag) {
-    (void)tag;
+    int host = host_path(c, "recv", buf, NULL);
+    if (host) return host < 0 ? -1 : sl_comm_recv(G(c)->mpi, buf, count, dtype, peer, tag);
     if (begin(c, "ncclRecv") ||
         nccl_check(at(c), "ncclRecv", L.ncclRecv(buf, count, nccl_type(dtype), peer, G(c)->nccl, G(c)->stream)))
         return -1;
@@ -514,21 +571,68 @@ static int nccl_recv(sl_comm *c, void *buf, size_t count, sl_dtype dtype, int pe
 
 static int nccl_iallreduce(sl_comm *c, void *buf, size_t count, sl_dtype dtype, sl_reduce_op op,
                            sl_request_impl **impl) {
+    sl_comm_request req;
+    int host = host_path(c, "iallreduce", buf, NULL);
+    if (host < 0) return -1;
+    if (host) return mpi_started(sl_comm_iallreduce(G(c)->mpi, buf, count, dtype, op, &req), &req, impl);
     return do_allreduce(c, buf, count, dtype, op, impl);
 }
 
 static int nccl_ireduce_scatter(sl_comm *c, const void *send, void *recv, size_t recv_count, sl_dtype dtype,
                                 sl_reduce_op op, sl_request_impl **impl) {
+    sl_comm_request req;
+    int host = host_path(c, "ireduce_scatter", send, recv);
+    if (host < 0) return -1;
+    if (host)
+        return mpi_started(sl_comm_ireduce_scatter(G(c)->mpi, send, recv, recv_count, dtype, op, &req), &req, impl);
     return do_reduce_scatter(c, send, recv, recv_count, dtype, op, impl);
 }
 
 static int nccl_iallgather(sl_comm *c, const void *send, void *recv, size_t send_count, sl_dtype dtype,
                            sl_request_impl **impl) {
+    sl_comm_request req;
+    int host = host_path(c, "iallgather", send, recv);
+    if (host < 0) return -1;
+    if (host) return mpi_started(sl_comm_iallgather(G(c)->mpi, send, recv, send_count, dtype, &req), &req, impl);
     return do_allgather(c, send, recv, send_count, dtype, impl);
 }
 
 static int nccl_ibroadcast(sl_comm *c, void *buf, size_t count, sl_dtype dtype, int root, sl_request_impl **impl) {
+    sl_comm_request req;
+    int host = host_path(c, "ibroadcast", buf, NULL);
+    if (host < 0) return -1;
+    if (host) return mpi_started(sl_comm_ibroadcast(G(c)->mpi, buf, count, dtype, root, &req), &req, impl);
     return do_broadcast(c, buf, count, dtype, root, impl);
+}
+
+static int nccl_allgatherv(sl_comm *c, const void *send, void *recv, const size_t *counts, const size_t *displs,
+                           sl_dtype dtype, sl_request_impl **impl) {
+    sl_comm_request req;
+    int host = host_path(c, "allgatherv", send, recv);
+    if (host < 0) return -1;
+    if (host && !impl) return sl_comm_allgatherv(G(c)->mpi, send, recv, counts, displs, dtype);
+    if (host) return mpi_started(sl_comm_iallgatherv(G(c)->mpi, send, recv, counts, displs, dtype, &req), &req, impl);
+    return do_allgatherv(c, send, recv, counts, displs, dtype, impl);
+}
+
+static int nccl_reduce_scatterv(sl_comm *c, const void *send, void *recv, const size_t *counts, sl_dtype dtype,
+                                sl_reduce_op op, sl_request_impl **impl) {
+    sl_comm_request req;
+    int host = host_path(c, "reduce_scatterv", send, recv);
+    if (host < 0) return -1;
+    if (host && !impl) return sl_comm_reduce_scatterv(G(c)->mpi, send, recv, counts, dtype, op);
+    if (host) return mpi_started(sl_comm_ireduce_scatterv(G(c)->mpi, send, recv, counts, dtype, op, &req), &req, impl);
+    return do_reduce_scatterv(c, send, recv, counts, dtype, op, impl);
+}
+
+// The group's stream waits (on the GPU) for the work queued on `stream` so far.
+static int nccl_order_after(sl_comm *c, void *stream) {
+    nccl_group *g = c->impl;
+    where w = at(c);
+    if (begin(c, "sl_comm_order_after")) return -1;
+    if (cuda_check(w, "cudaEventRecord (sl_comm_order_after)", L.cudaEventRecord(g->order_ev, (cudaStream_t)stream)))
+        return -1;
+    return cuda_check(w, "cudaStreamWaitEvent (sl_comm_order_after)", L.cudaStreamWaitEvent(g->stream, g->order_ev, 0));
 }
 
 const sl_comm_vtable sl_comm_nccl_vtable = {
@@ -547,6 +651,7 @@ const sl_comm_vtable sl_comm_nccl_vtable = {
     .ibroadcast = nccl_ibroadcast,
     .allgatherv = nccl_allgatherv,
     .reduce_scatterv = nccl_reduce_scatterv,
+    .order_after = nccl_order_after,
 };
 
 #else

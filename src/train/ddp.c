@@ -1,13 +1,15 @@
-// ddp.c: bucketed, overlapped gradient all-reduce (see ddp.h). Invariant: buckets [0, next) have
-// been started and nothing writes their range again during this backward.
+// ddp.c: bucketed, overlapped gradient all-reduce (see ddp.h). Invariants: buckets [0, next) have
+// been started and nothing writes their range again during this backward; a bucket's all-reduce is
+// queued behind the ops' stream (sl_comm_order_after), so it reads what backward wrote; nothing else
+// reads or scales the gradients before sl_ddp_finish has waited for every bucket.
 #include "shardlm/ddp.h"
 #include "shardlm/error.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-int sl_ddp_init(sl_ddp *d, sl_comm *dp, float *grads, size_t total, size_t bucket_size, size_t first_bucket_size,
-                int overlap) {
+int sl_ddp_init(sl_ddp *d, sl_comm *dp, const sl_ops *ops, float *grads, size_t total, size_t bucket_size,
+                size_t first_bucket_size, int overlap) {
     memset(d, 0, sizeof *d);
     if (bucket_size == 0) return sl_errorf("ddp: reduce_bucket_size must be positive");
     if (first_bucket_size == 0 || first_bucket_size > bucket_size) first_bucket_size = bucket_size;
@@ -23,6 +25,7 @@ int sl_ddp_init(sl_ddp *d, sl_comm *dp, float *grads, size_t total, size_t bucke
         d->n_buckets++;
     }
     d->dp = dp;
+    d->ops = ops;
     d->grads = grads;
     d->total = total;
     d->overlap = overlap;
@@ -34,7 +37,10 @@ void sl_ddp_free(sl_ddp *d) {
     memset(d, 0, sizeof *d);
 }
 
+// The bucket's gradients were written by kernels queued on the ops' stream: the all-reduce waits for
+// them on the GPU, not the host.
 static int start_bucket(sl_ddp *d, sl_ddp_bucket *b) {
+    if (sl_comm_order_after(d->dp, d->ops->stream())) return -1;
     b->started = 1;
     return sl_comm_iallreduce(d->dp, d->grads + b->begin, b->end - b->begin, SL_DTYPE_F32, SL_OP_SUM, &b->req);
 }
@@ -63,8 +69,6 @@ int sl_ddp_finish(sl_ddp *d) {
     }
     d->next = 0;
     if (rc) return rc;
-    float inv = 1.0f / (float)sl_comm_size(d->dp);
-#pragma omp parallel for simd schedule(static)
-    for (size_t i = 0; i < d->total; i++) d->grads[i] *= inv;
+    d->ops->scale(d->grads, d->total, 1.0f / (float)sl_comm_size(d->dp));
     return 0;
 }

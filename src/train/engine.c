@@ -19,12 +19,20 @@ static long long params_hash(const float *p, size_t n) {
     return (long long)(sl_fnv1a64(SL_FNV1A64_INIT, p, n * sizeof(float)) >> 1);
 }
 
-// Rank 0's parameters to every rank, then a check that all ranks hold the same bits.
+// Rank 0's parameters to every rank, then a check that all ranks hold the same bits (hashed on the
+// host: a device model's parameters are downloaded for it once).
 static int sync_parameters(sl_engine *e) {
     sl_model *m = e->model;
-    if (sl_comm_broadcast(e->cfg.dp, m->params, m->layout.total, SL_DTYPE_F32, 0)) return -1;
+    const sl_ops *ops = m->ops;
+    size_t n = m->layout.total;
+    if (sl_comm_order_after(e->cfg.dp, ops->stream()) || sl_comm_broadcast(e->cfg.dp, m->params, n, SL_DTYPE_F32, 0))
+        return -1;
+    float *host = ops->on_device ? sl_malloc(n * sizeof(float), "parameters to hash") : m->params;
+    if (!host) return -1;
+    if (host != m->params) ops->download(host, m->params, n * sizeof(float));
+    long long mine = params_hash(host, n);
+    if (host != m->params) free(host);
     int world = sl_comm_size(e->cfg.dp);
-    long long mine = params_hash(m->params, m->layout.total);
     long long *all = sl_calloc((size_t)world, sizeof(long long), "parameter hashes");
     if (!all) return -1;
     int rc = sl_comm_allgather(e->cfg.dp, &mine, all, 1, SL_DTYPE_I64);
@@ -47,6 +55,26 @@ static int engine_unit_hook(void *ctx, sl_unit_event event, int unit, int next_u
     return 0;
 }
 
+// Which comm backend can carry the model's buffers: device memory only through NCCL (Open MPI as
+// packaged is not CUDA-aware, and "self" copies with memmove), and NCCL only device memory.
+static int check_comm_backend(const sl_model *model, const sl_engine_config *cfg, int distributed) {
+    sl_comm_backend backend = sl_comm_backend_of(cfg->dp);
+    const char *dev = model->ops->name;
+    if (!cfg->dp) return 0;
+    if (backend == SL_COMM_NCCL && !model->ops->on_device)
+        return sl_errorf("engine: the nccl comm backend moves GPU memory, but the model lives on the %s backend; "
+                         "train with --device cuda, or use --comm-backend mpi (or auto) on the CPU", dev);
+    if (!model->ops->on_device || backend == SL_COMM_NCCL || !(distributed || cfg->zero_stage >= 1)) return 0;
+    const char *name = backend == SL_COMM_MPI ? "mpi" : "self";
+    if (distributed)
+        return sl_errorf("engine: data parallelism over %d ranks on the %s backend exchanges GPU buffers, which the %s "
+                         "comm backend cannot carry (it moves host memory only); use the nccl comm backend: "
+                         "--comm-backend nccl", sl_comm_size(cfg->dp), dev, name);
+    return sl_errorf("engine: ZeRO stage %d on the %s backend exchanges GPU buffers, which the %s comm backend cannot "
+                     "carry (it moves host memory only); use the nccl comm backend (it works with one process too): "
+                     "--comm-backend nccl", cfg->zero_stage, dev, name);
+}
+
 int sl_engine_init(sl_engine *e, sl_model *model, const sl_engine_config *cfg) {
     memset(e, 0, sizeof *e);
     e->model = model;
@@ -58,14 +86,11 @@ int sl_engine_init(sl_engine *e, sl_model *model, const sl_engine_config *cfg) {
         return sl_errorf("engine: ZeRO stage %d is not one of 0, 1, 2, 3", cfg->zero_stage);
     if (!model->params || !model->grads)
         return sl_errorf("engine: the model's buffers belong to another engine (ZeRO-2/3 took them)");
+    // An NCCL group exchanges even alone: one GPU runs the code path of N (and tests it).
+    int nccl = cfg->dp && sl_comm_backend_of(cfg->dp) == SL_COMM_NCCL;
+    e->distributed = cfg->dp && (sl_comm_size(cfg->dp) > 1 || nccl);
+    if (check_comm_backend(model, cfg, e->distributed)) return -1;
     if (sl_decay_mask_from_layout(&e->decay_mask, &model->layout, cfg->optim.decay_all)) return -1;
-    e->distributed = cfg->dp && sl_comm_size(cfg->dp) > 1;
-    if (model->ops->on_device && (e->distributed || (cfg->dp && cfg->zero_stage >= 1))) {
-        sl_decay_mask_free(&e->decay_mask);
-        return sl_errorf("engine: data parallelism and ZeRO on the %s backend are not wired yet (the gradient "
-                         "exchange still runs on host buffers); train on one GPU, or with --device cpu",
-                         model->ops->name);
-    }
     e->sharded = cfg->dp && cfg->zero_stage >= 1;
     sl_model_zero_grad(model);
     if (e->distributed && sync_parameters(e)) { sl_engine_free(e); return -1; }
@@ -79,7 +104,8 @@ int sl_engine_init(sl_engine *e, sl_model *model, const sl_engine_config *cfg) {
         e->shard_begin = e->zero.shard_begin;
     } else if (e->distributed) {
         size_t bucket = cfg->reduce_bucket_size ? cfg->reduce_bucket_size : 500000000;
-        if (sl_ddp_init(&e->ddp, cfg->dp, model->grads, total, bucket, cfg->first_bucket_size, cfg->overlap_comm)) {
+        if (sl_ddp_init(&e->ddp, cfg->dp, model->ops, model->grads, total, bucket, cfg->first_bucket_size,
+                        cfg->overlap_comm)) {
             sl_engine_free(e);
             return -1;
         }
@@ -209,12 +235,22 @@ int sl_engine_step(sl_engine *e) {
 
 int sl_engine_detach_model(sl_engine *e, int everywhere) {
     sl_model *m = e->model;
+    const sl_ops *ops = m->ops;
     if (e->sharded && e->zero.stage == 3) {
+        // the model's own buffer again (the backend's memory), filled through a host copy on a GPU
         int root_only = !everywhere && e->zero.rank != 0;
-        float *full = root_only ? NULL : sl_calloc(e->padded_total, sizeof(float), "parameters");
-        if (!root_only && !full) return -1;
-        if (sl_zero_gather_params(&e->zero, full)) {
-            free(full);
+        size_t bytes = e->padded_total * sizeof(float);
+        float *full = root_only ? NULL : ops->alloc(bytes, "parameters");
+        float *host = full && ops->on_device ? sl_malloc(bytes, "parameters (host copy)") : full;
+        if (!root_only && !host) {
+            if (full) ops->dealloc(full);
+            return -1;
+        }
+        int rc = sl_zero_gather_params(&e->zero, host);
+        if (rc == 0 && host != full) ops->upload(full, host, bytes);
+        if (host != full) free(host);
+        if (rc) {
+            if (full) ops->dealloc(full);
             return -1;
         }
         m->params = full;

@@ -176,60 +176,77 @@ static int finish_on_rank0(sl_engine *e, const float *params, const char *root, 
 }
 
 // ---- a device engine's state, staged through host memory for checkpoint files ------------------
-// (one process per GPU, no ZeRO: the whole state is this rank's). While staged, the engine's
-// parameter, master and optimizer-state pointers are host copies.
+// Checkpoint files are written from and read into host memory. On a GPU, this rank's optimizer state
+// (its ZeRO slice, or all of it) and, for a load, the model's full parameters where it holds them
+// (stages 0-2) are swapped for host copies while save_impl / load_impl run, then swapped back (a
+// load uploads them). The weights a save writes come from engine_weights_for_save, already in host
+// memory; a ZeRO-3 load hands rank 0's host copy to sl_zero_scatter_params. The fp32 master is never
+// staged: a load recomputes it from the parameters (engine_capture_master).
 typedef struct {
-    float *params, *master, *state[2];
+    float *params, *state[2];   // the device buffers while their host copies stand in
 } device_state;
 
-static void *host_mirror(const sl_ops *ops, const float *dev, size_t n, int download) {
+static float *host_mirror(const sl_ops *ops, const float *dev, size_t n) {
     float *h = sl_calloc(n ? n : 1, sizeof(float), "checkpoint staging buffer");
-    if (h && download) ops->download(h, dev, n * sizeof(float));
+    if (h) ops->download(h, dev, n * sizeof(float));
     return h;
-}
-
-static int stage_to_host(sl_engine *e, device_state *dev, int download) {
-    const sl_ops *ops = e->model->ops;
-    memset(dev, 0, sizeof *dev);
-    if (!ops->on_device) return 0;
-    dev->params = e->model->params;
-    dev->master = e->master;
-    size_t n = e->model->capacity;
-    int bad = !(e->model->params = host_mirror(ops, dev->params, n, download));
-    if (dev->master) bad |= !(e->master = host_mirror(ops, dev->master, e->shard_size, download));
-    for (int i = 0; i < e->n_optim_state; i++) {
-        dev->state[i] = e->optim_state[i];
-        bad |= !(e->optim_state[i] = host_mirror(ops, dev->state[i], e->state_numel, download));
-    }
-    return bad ? -1 : 0;
 }
 
 static void unstage(sl_engine *e, device_state *dev, int upload) {
     const sl_ops *ops = e->model->ops;
-    if (!ops->on_device) return;
-    if (upload) ops->upload(dev->params, e->model->params, e->model->capacity * sizeof(float));
-    free(e->model->params);
-    e->model->params = dev->params;
-    if (dev->master) {
-        if (upload) ops->upload(dev->master, e->master, e->shard_size * sizeof(float));
-        free(e->master);
-        e->master = dev->master;
+    if (dev->params) {
+        if (upload && e->model->params) ops->upload(dev->params, e->model->params, e->model->capacity * sizeof(float));
+        free(e->model->params);
+        e->model->params = dev->params;
     }
-    for (int i = 0; i < e->n_optim_state; i++) {
-        if (upload) ops->upload(dev->state[i], e->optim_state[i], e->state_numel * sizeof(float));
+    for (int i = 0; i < 2; i++) {
+        if (!dev->state[i]) continue;
+        if (upload && e->optim_state[i]) ops->upload(dev->state[i], e->optim_state[i], e->state_numel * sizeof(float));
         free(e->optim_state[i]);
         e->optim_state[i] = dev->state[i];
     }
+    memset(dev, 0, sizeof *dev);
 }
 
-static int save_impl(sl_engine *e, const char *root, const char *tag, const char *client_state_json);
+// Collective: every rank learns whether all staged (a rank short of host memory must not leave the
+// others waiting in the checkpoint's collectives).
+static int stage_to_host(sl_engine *e, device_state *dev, int with_params) {
+    const sl_ops *ops = e->model->ops;
+    memset(dev, 0, sizeof *dev);
+    if (!ops->on_device) return 0;
+    int bad = 0;
+    if (with_params && e->model->params) {
+        dev->params = e->model->params;
+        bad |= !(e->model->params = host_mirror(ops, dev->params, e->model->capacity));
+    }
+    for (int i = 0; i < e->n_optim_state; i++) {
+        dev->state[i] = e->optim_state[i];
+        bad |= !(e->optim_state[i] = host_mirror(ops, dev->state[i], e->state_numel));
+    }
+    int rc = bad ? -1 : 0;
+    if (e->distributed && sl_comm_allreduce(e->cfg.dp, &rc, 1, SL_DTYPE_I32, SL_OP_MIN)) rc = -1;
+    if (rc) {
+        if (!bad) sl_errorf("another rank could not stage its checkpoint state in host memory");
+        unstage(e, dev, 0);
+    }
+    return rc;
+}
+
+static int save_impl(sl_engine *e, const char *root, const char *tag, const char *client_state_json,
+                     const float *full);
 static int load_impl(sl_engine *e, const char *path, char **client_state_json);
 
 int sl_engine_save(sl_engine *e, const char *root, const char *tag, const char *client_state_json) {
+    if (e->micro_step != 0) return sl_errorf("checkpoint %s: cannot save in the middle of gradient accumulation", tag);
+    // model.safetensors holds the fp32 weights: the master under fp16/bf16, gathered under ZeRO
+    float *full = NULL;
+    int owned = 0;
+    if (engine_weights_for_save(e, &full, &owned)) return -1;
     device_state dev;
-    int rc = stage_to_host(e, &dev, 1);
-    if (rc == 0) rc = save_impl(e, root, tag, client_state_json);
+    int rc = stage_to_host(e, &dev, 0);
+    if (rc == 0) rc = save_impl(e, root, tag, client_state_json, full);
     unstage(e, &dev, 0);
+    if (owned) free(full);
     return rc;
 }
 
@@ -245,8 +262,8 @@ int sl_engine_load(sl_engine *e, const char *path, char **client_state_json) {
     return rc;
 }
 
-static int save_impl(sl_engine *e, const char *root, const char *tag, const char *client_state_json) {
-    if (e->micro_step != 0) return sl_errorf("checkpoint %s: cannot save in the middle of gradient accumulation", tag);
+static int save_impl(sl_engine *e, const char *root, const char *tag, const char *client_state_json,
+                     const float *full) {
     int rank = rank_of(e), world = world_of(e), rc = 0;
     char tmp[4096] = "";
     if (rank == 0) rc = sl_ckpt_begin(root, tag, tmp, sizeof tmp);
@@ -278,15 +295,8 @@ static int save_impl(sl_engine *e, const char *root, const char *tag, const char
         mine.bytes = (long long)bytes;
         if (mine.status) fprintf(stderr, "error: [rank %d] %s\n", rank, sl_error());
     }
-    // model.safetensors holds the fp32 weights: the master under fp16/bf16, gathered under ZeRO
-    float *full = NULL;
-    int owned = 0;
-    if (engine_weights_for_save(e, &full, &owned)) return -1;
     shard_record *recs = sl_calloc((size_t)world, sizeof *recs, "checkpoint records");
-    if (!recs) {
-        if (owned) free(full);
-        return -1;
-    }
+    if (!recs) return -1;
     if (e->distributed) rc = sl_comm_allgather(e->cfg.dp, &mine, recs, 6, SL_DTYPE_I64);
     else recs[0] = mine;
     if (rc == 0 && rank == 0) {
@@ -299,7 +309,6 @@ static int save_impl(sl_engine *e, const char *root, const char *tag, const char
         }
     }
     free(recs);
-    if (owned) free(full);
     return share_status(e, rc, "to save the checkpoint");
 }
 

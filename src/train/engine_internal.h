@@ -29,8 +29,11 @@ int engine_check_overflow(sl_engine *e, const float *g, size_t n, int *overflow)
 float *engine_update_target(sl_engine *e);
 // After the optimizer updated the master slice: the model's slice = master rounded.
 void engine_publish_master(sl_engine *e);
-// The full fp32 weights for a checkpoint: *full is the master (stage 0), a gathered copy (stages
-// 1-3, rank 0 only at stage 3; *owned = 1, free it), or the model's parameters in fp32.
+// The full fp32 weights for a checkpoint, in HOST memory (collective over the data-parallel group).
+// Without ZeRO-3 or a sharded master they sit in one local buffer (the master without ZeRO, else the
+// model's fp32 parameters): on the cpu *full is that buffer, on a GPU a copy downloaded on rank 0
+// (NULL elsewhere). ZeRO with a master, and stage 3, gather the ranks' slices into a copy on every
+// rank (rank 0 only at stage 3). *owned = 1: a copy, free it.
 int engine_weights_for_save(sl_engine *e, float **full, int *owned);
 // Scaler state <-> trainer_state.json ("loss_scaler" object) and across ranks.
 void engine_scaler_to_json(const sl_engine *e, void *cjson_root);

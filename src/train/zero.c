@@ -6,7 +6,11 @@
 //   completed; the optimizer step drops every window (unit = -1);
 // - a gradient window is reused only after its reduction completed; sl_zero_finish_backward leaves
 //   no reduction in flight, so shard_grads is stable between backwards;
-// - before the optimizer changes shard_params, no gather that reads it is in flight.
+// - before the optimizer changes shard_params, no gather that reads it is in flight;
+// - every buffer here (shards, windows, the model's params / grads) is the backend's memory, touched
+//   only through the model's ops table and the group's collectives; each collective on them is queued
+//   behind the ops' stream first (ordered()), so it reads what kernels wrote and overwrites a window
+//   only after the kernels that read it; the host waits for a collective before ops use its result.
 #include "shardlm/zero.h"
 #include "shardlm/error.h"
 
@@ -18,6 +22,10 @@ static size_t unit_begin(const sl_zero *z, int u) { return z->model->layout.unit
 static size_t unit_size(const sl_zero *z, int u) { return sl_layout_unit_size(&z->model->layout, u); }
 static size_t min_sz(size_t a, size_t b) { return a < b ? a : b; }
 static size_t max_sz(size_t a, size_t b) { return a > b ? a : b; }
+static const sl_ops *ops_of(const sl_zero *z) { return z->model->ops; }
+
+// The group's next collective starts after the work queued so far on the ops' stream (GPU side).
+static int ordered(sl_zero *z) { return sl_comm_order_after(z->dp, ops_of(z)->stream()); }
 
 // This rank's part [lo, hi) of unit u (empty when lo == hi).
 static void owned_part(const sl_zero *z, int u, size_t *lo, size_t *hi) {
@@ -73,7 +81,8 @@ static int start_gather_from(sl_zero *z, const float *src, sl_zero_window *w, in
     w->unit = u;
     w->pending = 1;
     w->stamp = ++z->clock;
-    if (sl_comm_iallgatherv(z->dp, send, w->data, z->counts, z->displs, SL_DTYPE_F32, &w->req)) {
+    if (ordered(z) || sl_comm_iallgatherv(z->dp, send, w->data, z->counts, z->displs, SL_DTYPE_F32, &w->req)) {
+        w->pending = 0;
         w->unit = -1;
         return sl_error_context("ZeRO-3: gathering the parameters of unit %d", u);
     }
@@ -83,17 +92,19 @@ static int start_gather_from(sl_zero *z, const float *src, sl_zero_window *w, in
 static int start_gather(sl_zero *z, sl_zero_window *w, int u) { return start_gather_from(z, z->shard_params, w, u); }
 
 // Starts reducing unit u's gradients in src into their owners' shard_grads; with earlier
-// micro-batches accumulated, the owner first adds its running sum into its part of src.
+// micro-batches accumulated, the owner first adds its running sum into its part of src (the ops'
+// elementwise add, residual_forward, in place), so the sum over micro-batches and ranks happens
+// inside the collective and shard_grads is simply overwritten by it.
 static int start_reduce(sl_zero *z, float *src, int u, sl_comm_request *req) {
     size_t lo, hi, ub = unit_begin(z, u);
     owned_part(z, u, &lo, &hi);
     unit_counts(z, u);
     float *recv = hi > lo ? z->shard_grads + (lo - z->shard_begin) : z->shard_grads;
-    if (z->accumulated) {
+    if (z->accumulated && hi > lo) {
         float *dst = src + (lo - ub);
-        for (size_t i = 0; i < hi - lo; i++) dst[i] += recv[i];
+        ops_of(z)->residual_forward(dst, dst, recv, hi - lo);
     }
-    if (sl_comm_ireduce_scatterv(z->dp, src, recv, z->counts, SL_DTYPE_F32, SL_OP_SUM, req))
+    if (ordered(z) || sl_comm_ireduce_scatterv(z->dp, src, recv, z->counts, SL_DTYPE_F32, SL_OP_SUM, req))
         return sl_error_context("ZeRO-%d: reducing the gradients of unit %d", z->stage, u);
     return 0;
 }
@@ -134,7 +145,7 @@ static int grads_get(sl_zero *z, int u) {
     sl_zero_window *w = pick(z, z->gwin, u);
     if (!w || w->busy) return sl_errorf("ZeRO-%d: unit %d needs a gradient window but none is free", z->stage, u);
     if (wait_window(w)) return sl_error_context("ZeRO-%d: reducing gradients", z->stage);
-    memset(w->data, 0, unit_size(z, u) * sizeof(float));
+    ops_of(z)->memzero(w->data, unit_size(z, u) * sizeof(float));
     w->unit = u;
     w->busy = 1;
     w->stamp = ++z->clock;
@@ -203,7 +214,7 @@ int sl_zero_before_step(sl_zero *z) {
 }
 
 void sl_zero_zero_grads(sl_zero *z) {
-    memset(z->shard_grads, 0, z->shard_size * sizeof(float));
+    ops_of(z)->memzero(z->shard_grads, z->shard_size * sizeof(float));
     if (z->stage == 1) sl_model_zero_grad(z->model);
     z->accumulated = 0;
 }
@@ -215,7 +226,7 @@ int sl_zero_after_step(sl_zero *z) {
         return 0;
     }
     float *p = z->model->params;
-    if (sl_comm_allgather(z->dp, p + z->shard_begin, p, z->shard_size, SL_DTYPE_F32))
+    if (ordered(z) || sl_comm_allgather(z->dp, p + z->shard_begin, p, z->shard_size, SL_DTYPE_F32))
         return sl_error_context("ZeRO-%d: gathering the updated parameters", z->stage);
     return 0;
 }
@@ -228,7 +239,7 @@ int sl_zero_gather_slices(sl_zero *z, const float *slice, float *full) {
         if (!w || w->busy) return sl_errorf("ZeRO-3: cannot gather the parameters while the model uses them");
         if ((!params || w->unit != u) && start_gather_from(z, slice, w, u)) return -1;
         if (wait_window(w)) return -1;
-        if (full) memcpy(full + unit_begin(z, u), w->data, unit_size(z, u) * sizeof(float));
+        if (full) ops_of(z)->download(full + unit_begin(z, u), w->data, unit_size(z, u) * sizeof(float));
         if (!params) w->unit = -1;  // the window holds something other than the parameters now
     }
     return 0;
@@ -243,11 +254,12 @@ int sl_zero_scatter_params(sl_zero *z, const float *full, int root) {
         if (!w || w->busy) return sl_errorf("ZeRO-3: cannot load parameters while the model uses them");
         size_t n = unit_size(z, u), lo, hi;
         w->unit = -1;
-        if (z->rank == root) memcpy(w->data, full + unit_begin(z, u), n * sizeof(float));
-        if (sl_comm_broadcast(z->dp, w->data, n, SL_DTYPE_F32, root)) return -1;
+        if (z->rank == root) ops_of(z)->upload(w->data, full + unit_begin(z, u), n * sizeof(float));
+        if (ordered(z) || sl_comm_broadcast(z->dp, w->data, n, SL_DTYPE_F32, root)) return -1;
         owned_part(z, u, &lo, &hi);
         if (hi > lo)
-            memcpy(z->shard_params + (lo - z->shard_begin), w->data + (lo - unit_begin(z, u)), (hi - lo) * sizeof(float));
+            ops_of(z)->copy(z->shard_params + (lo - z->shard_begin), w->data + (lo - unit_begin(z, u)),
+                            (hi - lo) * sizeof(float));
     }
     return 0;
 }
@@ -279,7 +291,7 @@ static int alloc_windows(sl_zero *z, sl_zero_window *w, const char *what) {
     size_t block = largest_block(&z->model->layout);
     size_t sizes[4] = {unit_size(z, 0), unit_size(z, last_unit(z)), block, block};
     for (int i = 0; i < 4; i++) {
-        w[i].data = sl_calloc(sizes[i] ? sizes[i] : 1, sizeof(float), what);
+        w[i].data = ops_of(z)->alloc((sizes[i] ? sizes[i] : 1) * sizeof(float), what);
         if (!w[i].data) return -1;
         w[i].cap = sizes[i];
     }
@@ -303,23 +315,23 @@ int sl_zero_init(sl_zero *z, sl_model *model, sl_comm *dp, int stage, int prefet
     z->shard_begin = z->shard_size * (size_t)z->rank;
     z->counts = sl_calloc((size_t)z->world, sizeof(size_t), "ZeRO counts");
     z->displs = sl_calloc((size_t)z->world, sizeof(size_t), "ZeRO counts");
-    z->shard_grads = sl_calloc(z->shard_size, sizeof(float), "ZeRO gradient slice");
+    z->shard_grads = model->ops->alloc(z->shard_size * sizeof(float), "ZeRO gradient slice");
     if (!z->counts || !z->displs || !z->shard_grads) goto fail;
     if (stage <= 2 && sl_model_reserve(model, z->padded_total)) goto fail;
     if (stage == 1 && !(z->unit_req = sl_calloc((size_t)model->layout.n_units, sizeof *z->unit_req, "ZeRO requests")))
         goto fail;
     if (stage >= 2) {
         if (alloc_windows(z, z->gwin, "ZeRO gradient windows")) goto fail;
-        free(model->grads);
+        model->ops->dealloc(model->grads);
         model->grads = NULL;
     }
     if (stage == 3) {
-        z->shard_params = sl_calloc(z->shard_size, sizeof(float), "ZeRO-3 parameter slice");
+        z->shard_params = model->ops->alloc(z->shard_size * sizeof(float), "ZeRO-3 parameter slice");
         if (!z->shard_params || alloc_windows(z, z->pwin, "ZeRO-3 parameter windows")) goto fail;
         size_t end = min_sz(z->shard_begin + z->shard_size, z->total);
         if (end > z->shard_begin)
-            memcpy(z->shard_params, model->params + z->shard_begin, (end - z->shard_begin) * sizeof(float));
-        free(model->params);
+            model->ops->copy(z->shard_params, model->params + z->shard_begin, (end - z->shard_begin) * sizeof(float));
+        model->ops->dealloc(model->params);
         model->params = NULL;
     }
     sl_model_bind_views(model);
@@ -329,13 +341,17 @@ fail:
     return sl_error_context("setting up ZeRO stage %d", stage);
 }
 
+// Frees what this rank allocated (the model's own buffers are the model's).
 void sl_zero_free(sl_zero *z) {
-    for (int i = 0; i < 4; i++) {
-        free(z->pwin[i].data);
-        free(z->gwin[i].data);
+    if (z->model) {
+        void (*dealloc)(void *) = ops_of(z)->dealloc;
+        for (int i = 0; i < 4; i++) {
+            if (z->pwin[i].data) dealloc(z->pwin[i].data);
+            if (z->gwin[i].data) dealloc(z->gwin[i].data);
+        }
+        if (z->shard_params) dealloc(z->shard_params);
+        if (z->shard_grads) dealloc(z->shard_grads);
     }
-    free(z->shard_params);
-    free(z->shard_grads);
     free(z->unit_req);
     free(z->counts);
     free(z->displs);

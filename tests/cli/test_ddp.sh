@@ -6,7 +6,8 @@
 #   * gradient accumulation (2 x half batch) matches the bigger micro-batch;
 #   * overlapping the all-reduce with backward gives bit-identical results to reducing afterwards;
 #   * a checkpoint from 2 ranks resumes bit-for-bit on 2 ranks, and resumes on 1 rank;
-#   * ZeRO stage 1 (optimizer state sharded) is bit-identical to stage 0, with 1/N of the state.
+#   * ZeRO stage 1 (optimizer state sharded) is bit-identical to stage 0, with 1/N of the state;
+#   * --device cuda with several ranks over MPI is refused, naming --comm-backend nccl.
 # Prints PASS/FAIL lines for tests/run.sh; prints one SKIP line when mpirun is missing.
 set -u
 BIN=${SHARDLM_BIN:-build/shardlm}
@@ -135,4 +136,17 @@ mkdir -p "$tmp/z1r"; cp -r "$tmp/z1w2/step_00000008" "$tmp/z1r/"; echo step_0000
 mpi 2 "$BIN" "${common[@]}" --batch-size 3 --data "$tmp/nothing" --save-dir "$tmp/bad" >"$tmp/bad.out" 2>&1
 rc=$?
 if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "error: \[rank [01]\]" "$tmp/bad.out"; then pass failing_rank_is_named; else fail failing_rank_is_named "exit $rc"; tail -5 "$tmp/bad.out"; fi
+
+# GPU buffers cross processes only through NCCL (Open MPI here is not CUDA-aware): several ranks on
+# --device cuda over MPI (picked by auto, or named) are refused on every rank before any GPU is
+# touched, with the flag to pass
+for how in auto mpi; do
+  mpi 2 "$BIN" "${common[@]}" --batch-size 3 --device cuda --comm-backend $how --save-dir "$tmp/gpu_$how" >"$tmp/gpu_$how.out" 2>&1
+  rc=$?
+  if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$(grep -c 'with 2 ranks needs the nccl comm backend (the mpi backend moves host memory only): pass --comm-backend nccl' "$tmp/gpu_$how.out")" -eq 2 ]; then
+    pass "gpu_over_${how}_backend_is_refused_naming_nccl"
+  else
+    fail "gpu_over_${how}_backend_is_refused_naming_nccl" "exit $rc"; tail -5 "$tmp/gpu_$how.out"
+  fi
+done
 exit 0

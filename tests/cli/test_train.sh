@@ -4,8 +4,9 @@
 #     files byte-identical, same losses), for GPT-2 and LLaMA, with gradient accumulation;
 #   * the loss falls; metrics are JSON lines; `latest` points at the newest checkpoint;
 #   * a DeepSpeed JSON config is honoured (batch rule, scheduler) and an impossible one is refused;
-#   * bad input (missing data, malformed config, corrupt checkpoint, unknown flag) exits non-zero with
-#     a message naming the problem, and never damages the existing checkpoint.
+#   * bad input (missing data, malformed config, corrupt checkpoint, unknown flag, a comm backend that
+#     cannot carry the device's memory) exits non-zero with a message naming the problem, and never
+#     damages the existing checkpoint.
 # Prints PASS/FAIL lines for tests/run.sh; skips (exit 0) when "$SHARDLM_BIN" is not built.
 set -u
 BIN=${SHARDLM_BIN:-build/shardlm}
@@ -129,6 +130,16 @@ bad resume_with_other_model_is_refused "does not match" train --model llama-tiny
 bad resume_with_other_micro_batch_is_refused "micro batch 2, this run uses 3" train --model gpt2-tiny "${common[@]}" --batch-size 3 --steps 25 --save-dir "$ck" --resume
 bad resume_with_other_seq_len_is_refused "seq_len 32, this run uses 16" train --model gpt2-tiny "${common[@]}" --seq-len 16 --steps 25 --save-dir "$ck" --resume
 bad non_finite_flag_is_refused "expects a finite number" train --lr nan
+# comm backends and devices: NCCL moves GPU memory only, and a GPU's buffers cross processes only
+# through NCCL; both refusals come before any GPU or MPI is touched (this machine may have neither)
+bad nccl_on_cpu_is_refused "comm-backend nccl moves GPU memory: it needs --device cuda \(this run has --device cpu\)" \
+  train --model gpt2-tiny --data "$tmp/data" --seq-len 32 --save-dir "$tmp/x" --steps 1 --device cpu --comm-backend nccl
+bad nccl_with_indexed_gpu_is_refused "takes --device cuda, not --device cuda:1" \
+  train --model gpt2-tiny --data "$tmp/data" --seq-len 32 --save-dir "$tmp/x" --steps 1 --device cuda:1 --comm-backend nccl
+bad gpu_zero_without_nccl_is_refused "ZeRO stage 2 needs the nccl comm backend.*pass --comm-backend nccl" \
+  train --model gpt2-tiny --data "$tmp/data" --seq-len 32 --save-dir "$tmp/x" --steps 1 --device cuda --zero-stage 2
+bad unknown_comm_backend_is_named "unknown comm backend \"gloo\"" \
+  train --model gpt2-tiny --data "$tmp/data" --seq-len 32 --save-dir "$tmp/x" --steps 1 --comm-backend gloo
 echo "latest-missing" >"$tmp/corrupt/latest"
 bad dangling_latest_is_named "latest-missing" generate --model "$tmp/corrupt"
 # damaged token shards: truncated, and with a wrong magic number

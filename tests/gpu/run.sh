@@ -8,7 +8,14 @@
 #      process per GPU: NP=2 by default (NCCL needs a GPU per process; with one GPU it runs NP=1,
 #      which checks the calls but not the communication). SKIP when the library was built without
 #      NCCL or no GPU is visible.
-# Ends with one "N passed, N failed" over both; exits non-zero on any failure.
+#   3. Data-parallel training on 2 GPUs through NCCL (SKIP with fewer than 2 GPUs, or without NCCL,
+#      mpirun or $SHARDLM_BUILD/shardlm): gpt2-tiny, 8 steps, global batch 6. DDP and ZeRO stages 1-3
+#      on 2 GPUs follow 2 MPI ranks on the CPU within 2e-3 relative per step (another backend: GEMMs,
+#      attention and reductions sum in other orders; a real error, e.g. a gradient reduced before
+#      backward wrote it, moves the loss by > 1e-2 within two steps) and one GPU within 2e-4 (the
+#      CPU tests' tolerance for a different world size); a 2-GPU ZeRO-3 run resumed from its step-4
+#      checkpoint reaches byte-identical step-8 weights.
+# Ends with one "N passed, N failed" over all; exits non-zero on any failure.
 set -u
 cd "$(dirname "$0")/../.." || exit 1
 bdir=${SHARDLM_BUILD:-build}
@@ -77,7 +84,54 @@ run_nccl() {
   fi
 }
 
+# ---- 3. DDP / ZeRO on 2 GPUs against MPI on the CPU -------------------------------------------------
+run_train_nccl() {
+  local bin="$bdir/shardlm" data=${SHARDLM_DATA:-../shared/data}
+  [ "$ngpu" -ge 2 ] || { echo "SKIP train_nccl_2gpu: $ngpu GPU(s) visible, 2 needed"; return; }
+  [ -x "$bin" ] || { echo "SKIP train_nccl_2gpu: $bin is not built"; return; }
+  "$bin" report 2>/dev/null | grep -Eq '^  comm nccl +built in' || { echo "SKIP train_nccl_2gpu: built without NCCL"; return; }
+  command -v mpirun >/dev/null 2>&1 || { echo "FAIL train_nccl_2gpu: mpirun not found"; failed=$((failed + 1)); return; }
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+  unset SHARDLM_RANK SHARDLM_WORLD_SIZE RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE MASTER_ADDR
+  local t="$tmp/train" log="$tmp/train/log"
+  mkdir -p "$t/corpus" && cp "$data"/sotu/179*.txt "$t/corpus/"
+  "$bin" prepare --input "$t/corpus" --output "$t/data" --train-tokenizer 512 >>"$log" 2>&1
+  local common=(train --model gpt2-tiny --data "$t/data" --seq-len 32 --steps 8 --seed 3 --lr 1e-2 --no-shuffle
+                --eval-interval 4 --eval-batches 2 --sample-tokens 0 --log-interval 4 --threads 1)
+  ok() { echo "PASS $1"; passed=$((passed + 1)); }
+  bad() { echo "FAIL $1"; shift; [ $# -gt 0 ] && echo "  $*"; tail -n 15 "$log"; failed=$((failed + 1)); }
+  losses() { grep '"loss"' "$1/metrics.jsonl" 2>/dev/null | sed 's/.*"loss":\([0-9.e+-]*\).*/\1/'; }
+  close() {  # close NAME TOL DIR_A DIR_B: every step's loss within TOL relative
+    losses "$3" >"$t/a"; losses "$4" >"$t/b"
+    if [ -s "$t/a" ] && [ "$(wc -l <"$t/a")" -eq "$(wc -l <"$t/b")" ] &&
+       paste "$t/a" "$t/b" | awk -v tol="$2" '{ d = $1 - $2; if (d < 0) d = -d; if (d > tol * $2) bad = 1 } END { exit bad }'; then
+      ok "$1"
+    else
+      bad "$1" "$(paste "$t/a" "$t/b" | head -8 | tr '\n' ' ')"
+    fi
+  }
+  timeout 600 mpirun --allow-run-as-root -np 2 "$bin" "${common[@]}" --batch-size 3 --device cpu --save-dir "$t/cpu2" \
+    >>"$log" 2>&1 || bad train_mpi_cpu_2_ranks_runs
+  timeout 600 "$bin" "${common[@]}" --batch-size 6 --device cuda --save-dir "$t/gpu1" >>"$log" 2>&1 || bad train_1gpu_runs
+  for s in 0 1 2 3; do
+    timeout 600 mpirun --allow-run-as-root -np 2 "$bin" "${common[@]}" --batch-size 3 --device cuda --comm-backend nccl \
+      --zero-stage $s --save-interval 4 --save-dir "$t/nccl_s$s" >>"$log" 2>&1 || bad "train_nccl_2gpu_stage${s}_runs"
+    close "nccl_2gpu_stage${s}_tracks_mpi_2_ranks_on_cpu" 2e-3 "$t/nccl_s$s" "$t/cpu2"
+    close "nccl_2gpu_stage${s}_matches_1gpu" 2e-4 "$t/nccl_s$s" "$t/gpu1"
+  done
+  mkdir -p "$t/resume" && cp -r "$t/nccl_s3/step_00000004" "$t/resume/" && echo step_00000004 >"$t/resume/latest"
+  timeout 600 mpirun --allow-run-as-root -np 2 "$bin" "${common[@]}" --batch-size 3 --device cuda --comm-backend nccl \
+    --zero-stage 3 --resume auto --save-dir "$t/resume" >>"$log" 2>&1 || bad train_nccl_2gpu_stage3_resume_runs
+  if cmp -s "$t/nccl_s3/step_00000008/model.safetensors" "$t/resume/step_00000008/model.safetensors" &&
+     cmp -s "$t/nccl_s3/step_00000008/optim_00001_of_00002.safetensors" "$t/resume/step_00000008/optim_00001_of_00002.safetensors"; then
+    ok nccl_2gpu_stage3_resume_is_bit_for_bit
+  else
+    bad nccl_2gpu_stage3_resume_is_bit_for_bit
+  fi
+}
+
 run_ops
 run_nccl
+run_train_nccl
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

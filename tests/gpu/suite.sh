@@ -15,6 +15,13 @@
 #      checkpoints 4 and 5 hold identical weights and optimizer state).
 #   5. A GPU run resumed from its step-10 checkpoint reaches a byte-identical step-20 checkpoint.
 #   6. compute-sanitizer (memcheck, racecheck, synccheck) on 2 steps: no errors.
+#   7. DDP and ZeRO stages 1-3 on the GPU through the NCCL comm backend, at world size 1 (one GPU runs
+#      the device path of N ranks: bucketed all-reduce ordered after backward's stream, reduce-scatter,
+#      all-gather, ZeRO-3 windows, checkpoints staged through the host): fp32 stages 0-3 and bf16
+#      stages 1 and 3 give byte-identical step-20 weights and optimizer state, and identical losses,
+#      to the plain single-GPU run (a one-rank collective moves data without arithmetic, and the 1/N
+#      scaling is by 1); a bf16 stage-3 NCCL run resumed from its step-10 checkpoint, and a plain run
+#      resumed from it, reach the same bytes; a stage-3 run samples text after training.
 # Logs go to $OUT/gpu_suite (when OUT is set) or a temporary directory. Ends "N passed, N failed".
 set -u
 cd "$(dirname "$0")/../.."
@@ -120,6 +127,61 @@ if [ -x "$CS" ]; then
 else
   fail compute_sanitizer_available "$CS not found"
 fi
+# 7. NCCL at world size 1: DDP and ZeRO 1-3 against the plain single-GPU run, bit for bit
+if "$BIN" report 2>/dev/null | grep -Eq '^  comm nccl +built in'; then
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+  unset SHARDLM_RANK SHARDLM_WORLD_SIZE RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE
+  one_rank() {  # one process under mpirun (a singleton MPI start without it)
+    if command -v mpirun >/dev/null 2>&1; then mpirun --allow-run-as-root -np 1 "$@"; else "$@"; fi
+  }
+  step_losses() { grep '"loss"' "$1/metrics.jsonl" | sed 's/,"tokens_per_s".*//'; }
+  same_run() {  # same_run NAME DIR REF: step-20 weights, optimizer state and every step's loss identical
+    local a="$2/step_00000020" b="$3/step_00000020"
+    if cmp -s "$a/model.safetensors" "$b/model.safetensors" &&
+       cmp -s "$a/optim_00000_of_00001.safetensors" "$b/optim_00000_of_00001.safetensors" &&
+       [ -s "$2/metrics.jsonl" ] && [ "$(step_losses "$2")" = "$(step_losses "$3")" ]; then
+      pass "$1"
+    else
+      fail "$1" "step-20 checkpoint or losses differ between $2 and $3"
+    fi
+  }
+  n20=("${common[@]}" --steps 20 --device cuda --save-interval 10)
+  "$BIN" "${n20[@]}" --precision fp32 --save-dir "$tmp/n_plain" >"$logdir/nccl1_plain.log" 2>&1 ||
+    fail nccl1_plain_runs "$(tail -3 "$logdir/nccl1_plain.log")"
+  for s in 0 1 2 3; do
+    sample=0; [ $s -eq 3 ] && sample=16   # stage 3 gathers the weights on the GPU to sample after training
+    one_rank "$BIN" "${n20[@]}" --precision fp32 --comm-backend nccl --zero-stage $s --sample-tokens $sample \
+      --save-dir "$tmp/n_s$s" >"$logdir/nccl1_fp32_stage$s.log" 2>&1 ||
+      fail "nccl1_fp32_stage${s}_runs" "$(tail -3 "$logdir/nccl1_fp32_stage$s.log")"
+    same_run "nccl_world1_fp32_stage${s}_bit_identical_to_one_gpu" "$tmp/n_s$s" "$tmp/n_plain"
+  done
+  grep -q '^sample (16 tokens' "$logdir/nccl1_fp32_stage3.log" && pass nccl_world1_stage3_samples_after_training ||
+    fail nccl_world1_stage3_samples_after_training "$(tail -3 "$logdir/nccl1_fp32_stage3.log")"
+  # bf16: fp32 master slices, gathered for the checkpoint (stage 1 through host memory, stage 3
+  # through the windows); the reference is step 5's plain bf16 run with the same flags
+  for s in 1 3; do
+    one_rank "$BIN" "${n20[@]}" --precision bf16 --comm-backend nccl --zero-stage $s --save-dir "$tmp/nb_s$s" \
+      >"$logdir/nccl1_bf16_stage$s.log" 2>&1 || fail "nccl1_bf16_stage${s}_runs" "$(tail -3 "$logdir/nccl1_bf16_stage$s.log")"
+    same_run "nccl_world1_bf16_stage${s}_bit_identical_to_one_gpu" "$tmp/nb_s$s" "$tmp/r1"
+  done
+  # resume a ZeRO-3 NCCL run from its step-10 checkpoint, with NCCL stage 3 and with a plain GPU run
+  for how in nccl plain; do
+    d="$tmp/nr_$how"; mkdir -p "$d" && cp -r "$tmp/nb_s3/step_00000010" "$d/" && echo step_00000010 >"$d/latest"
+    if [ $how = nccl ]; then
+      one_rank "$BIN" "${n20[@]}" --precision bf16 --comm-backend nccl --zero-stage 3 --resume auto --save-dir "$d" \
+        >"$logdir/nccl1_resume_$how.log" 2>&1
+    else
+      "$BIN" "${n20[@]}" --precision bf16 --resume auto --save-dir "$d" >"$logdir/nccl1_resume_$how.log" 2>&1
+    fi || fail "nccl1_resume_${how}_runs" "$(tail -3 "$logdir/nccl1_resume_$how.log")"
+    cmp -s "$d/step_00000020/model.safetensors" "$tmp/nb_s3/step_00000020/model.safetensors" &&
+      cmp -s "$d/step_00000020/optim_00000_of_00001.safetensors" "$tmp/nb_s3/step_00000020/optim_00000_of_00001.safetensors" &&
+      pass "nccl_world1_stage3_checkpoint_resumes_${how}_bit_identical" ||
+      fail "nccl_world1_stage3_checkpoint_resumes_${how}_bit_identical"
+  done
+else
+  fail nccl_backend_built "shardlm report does not list the nccl comm backend as built in"
+fi
+
 echo "logs: $logdir"
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

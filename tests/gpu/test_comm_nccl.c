@@ -12,7 +12,9 @@
 // place), broadcast from the last rank (f64, u8), barrier, a send/recv ring, allgatherv (uneven,
 // a zero count, gaps, in place) and reduce_scatterv (uneven, zero count, sum/max), every
 // non-blocking form outstanding at once (test polling, reverse waits), a large allreduce, split
-// groups, and error messages naming the group.
+// groups, error messages naming the group, host buffers on the NCCL group (carried by its MPI
+// communicator; mixing host and device buffers in one call is refused), and sl_comm_order_after
+// (the collective waits for a copy still queued on another, non-blocking stream).
 #include <cuda_runtime_api.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -381,6 +383,71 @@ static void check_split_and_errors(void) {
     cudaFree(d);
 }
 
+// Host buffers handed to the NCCL group (the engine's losses, norms, flags, checkpoint status) go over
+// its MPI communicator: the MPI world's results and byte counts, blocking and non-blocking.
+static void check_host_buffers(void) {
+    double h[7], m[7];
+    fill(h, SL_DTYPE_F64, 7, rank, 14);
+    memcpy(m, h, sizeof h);
+    bytes_mark();
+    EXPECT(sl_comm_allreduce(nccl, h, 7, SL_DTYPE_F64, SL_OP_SUM) == 0);
+    EXPECT(sl_comm_allreduce(mpi, m, 7, SL_DTYPE_F64, SL_OP_SUM) == 0);
+    EXPECT(memcmp(h, m, sizeof h) == 0);
+    EXPECT(bytes_agree());
+    int64_t mine[3] = {rank, 2 * rank, -rank}, all_n[3 * 8], all_m[3 * 8];
+    EXPECT(sl_comm_allgather(nccl, mine, all_n, 3, SL_DTYPE_I64) == 0);
+    EXPECT(sl_comm_allgather(mpi, mine, all_m, 3, SL_DTYPE_I64) == 0);
+    EXPECT(memcmp(all_n, all_m, 3 * sizeof(int64_t) * (size_t)size) == 0);
+    int32_t flag_n = rank == size - 1, flag_m = flag_n;
+    sl_comm_request req;
+    EXPECT(sl_comm_iallreduce(nccl, &flag_n, 1, SL_DTYPE_I32, SL_OP_MAX, &req) == 0);
+    EXPECT(sl_comm_wait(&req) == 0 && req.done && req.impl == NULL);
+    EXPECT(sl_comm_allreduce(mpi, &flag_m, 1, SL_DTYPE_I32, SL_OP_MAX) == 0);
+    EXPECT(flag_n == flag_m && flag_n == 1);
+    char path[64] = "", want[64] = "";
+    if (rank == 0) snprintf(path, sizeof path, "/tmp/checkpoint-%d", size);
+    snprintf(want, sizeof want, "/tmp/checkpoint-%d", size);
+    EXPECT(sl_comm_broadcast(nccl, path, sizeof path, SL_DTYPE_U8, 0) == 0);
+    EXPECT(strcmp(path, want) == 0);
+    report("host_buffers_go_over_mpi");
+
+    float *d = dalloc(4 * sizeof(float)), hf[4 * 8];
+    EXPECT(sl_comm_allgather(nccl, d, hf, 4, SL_DTYPE_F32) == -1);
+    EXPECT(strstr(sl_error(), "host memory") && strstr(sl_error(), "group world"));
+    report("mixed_host_and_device_buffers_are_refused");
+    cudaFree(d);
+}
+
+// sl_comm_order_after: the group's stream waits for a copy still queued on another, non-blocking
+// stream (as the CUDA ops backend queues its kernels), so the collective reduces the copied data,
+// not the zeros the buffer held before. 128 MiB from pinned memory takes long enough that an
+// unordered all-reduce would overtake the copy.
+static void check_order_after(void) {
+    size_t n = (size_t)32 << 20;
+    float *h = NULL, *want = malloc(n * sizeof(float));
+    cuda_or_die(cudaMallocHost((void **)&h, n * sizeof(float)), "cudaMallocHost");
+    fill(h, SL_DTYPE_F32, n, rank, 15);
+    memcpy(want, h, n * sizeof(float));
+    float *d = dalloc(n * sizeof(float));
+    cuda_or_die(cudaMemset(d, 0, n * sizeof(float)), "cudaMemset");
+    cuda_or_die(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    cudaStream_t s;
+    cuda_or_die(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    cuda_or_die(cudaMemcpyAsync(d, h, n * sizeof(float), cudaMemcpyHostToDevice, s), "cudaMemcpyAsync");
+    EXPECT(sl_comm_order_after(nccl, (void *)s) == 0);
+    EXPECT(sl_comm_allreduce(nccl, d, n, SL_DTYPE_F32, SL_OP_SUM) == 0);
+    EXPECT(sl_comm_allreduce(mpi, want, n, SL_DTYPE_F32, SL_OP_SUM) == 0);
+    EXPECT(same(d, want, n * sizeof(float)));
+    EXPECT(sl_comm_order_after(nccl, NULL) == 0);       // nothing to wait for
+    EXPECT(sl_comm_order_after(mpi, (void *)s) == 0);   // host memory: nothing to order
+    report("order_after_waits_for_another_stream");
+    cuda_or_die(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+    cudaStreamDestroy(s);
+    cudaFreeHost(h);
+    cudaFree(d);
+    free(want);
+}
+
 int main(int argc, char **argv) {
     if (!sl_comm_nccl_built()) {
         printf("SKIP test_comm_nccl: libshardlm was built without NCCL\n");
@@ -409,6 +476,8 @@ int main(int argc, char **argv) {
     check_nonblocking();
     check_large();
     check_split_and_errors();
+    check_host_buffers();
+    check_order_after();
     sl_comm_free(nccl);
     sl_comm_free(mpi);   // the last group: MPI_Finalize
     if (rank == 0) printf("%s test_comm_nccl: %d failed\n", total_failed ? "FAILED" : "DONE", total_failed);

@@ -1,8 +1,9 @@
 // test_comm_self.c: the "self" backend (a world of one process): every collective, the in-place
 // forms, the variable-count forms (allgatherv, reduce_scatterv), non-blocking requests, split,
-// topology with world size 1, byte counting, backend selection ("auto" without a launcher), and
-// the errors (bad arguments, send/recv to oneself, topology sizes that do not divide the world,
-// v-form counts above INT_MAX). The MPI backend is tested by tests/cli/test_comm_mpi.sh under mpirun.
+// topology with world size 1, byte counting, backend selection ("auto" without a launcher),
+// sl_comm_order_after (nothing to order on host memory), and the errors (bad arguments, send/recv
+// to oneself, topology sizes that do not divide the world, v-form counts above INT_MAX). The MPI
+// backend is tested by tests/cli/test_comm_mpi.sh under mpirun.
 #include <stdint.h>
 
 #include "shardlm/comm.h"
@@ -361,6 +362,22 @@ TEST(split_gives_named_groups) {
     CHECK(sl_comm_split(w, -1, 0, "none", &none) == 0);   // negative color: not a member
     CHECK(none == NULL);
     sl_comm_free(g);
+    sl_comm_free(w);
+}
+
+// Host-memory backends have nothing to order after: a stream (here a dummy handle, never touched)
+// or none is accepted and changes nothing; a NULL group is an error.
+TEST(order_after_is_a_no_op_on_the_self_backend) {
+    sl_comm *w = self_world();
+    if (!w) return;
+    int dummy_stream;
+    CHECK(sl_comm_order_after(w, NULL) == 0);
+    CHECK(sl_comm_order_after(w, &dummy_stream) == 0);
+    CHECK(sl_comm_bytes_sent(w) == 0);
+    float f[2] = {1, 2};
+    CHECK(sl_comm_allreduce(w, f, 2, SL_DTYPE_F32, SL_OP_SUM) == 0 && f[1] == 2);
+    CHECK(sl_comm_order_after(NULL, &dummy_stream) == -1);
+    CHECK_MSG(strstr(sl_error(), "sl_comm_order_after") != NULL, "%s", sl_error());
     sl_comm_free(w);
 }
 

@@ -1,0 +1,281 @@
+#!/usr/bin/env bash
+# bench/gpu.sh: the GPU benchmark in one call (made for the device tool: one command, at most 10
+# minutes, results copied back from $OUT). On a machine with an NVIDIA GPU it
+#   1. records the machine (nvidia-smi name, driver, CUDA; nvcc; torch), the date and the commit;
+#   2. builds the library and the benchmark programs (bench/build_bench.sh, make -j$(nproc));
+#   3. measures the GEMM rate: torch.matmul on random 8192^3 matrices (bf16, fp32, tf32; median)
+#      and shardlm's own matmul_forward (cuBLASLt) at bf16 and fp32 (bench/bench_gemm.c);
+#   4. for GPT-2 124M and 355M at T=1024, bf16: shardlm (bench_train --device cuda --precision bf16
+#      --batch auto, with its per-op profile), PyTorch eager and torch.compile (bench/torch_gpu.py,
+#      flash attention through SDPA), each at the largest micro-batch that fits (searched from
+#      GPU_MAX_BATCH down by halves); then, for each model, each side again at the largest micro-batch
+#      both fit, when that differs (the like-for-like rows; these go first when the budget runs out);
+#   5. renders the "GPU" section of bench/RESULTS.md (bench/gpu_render.py) after every model, so a
+#      run cut short still leaves its finished rows.
+# Every stage has a timeout and the whole run a budget (GPU_BUDGET_S, default 540 s); a stage that
+# fails or does not fit the budget is logged, recorded as a "gpu-skip" line and rendered as not
+# measured, and the run goes on. Without an importable torch (or one that sees no GPU) the PyTorch
+# rows are skipped with that reason and the shardlm rows are still produced.
+#
+# Outputs (GPU_OUT_DIR, default bench/): gpu_results.jsonl (one JSON line per run, started afresh),
+# gpu_bench.log (everything the programs printed, build included), RESULTS.md (its GPU section
+# replaced). With $OUT set (the device tool), all of them and gpu_section.md are copied there after
+# every stage. Render again elsewhere: bash bench/gpu.sh --render FILE.jsonl [RESULTS.md] (the
+# concatenation of two runs' files renders as one, e.g. GPU_MODELS=gpt2 and GPU_MODELS=gpt2-medium
+# run in two calls).
+#
+# Libraries: when the machine lacks OpenBLAS / cJSON / PCRE2 / Open MPI headers or libraries and
+# GPU_DEPS_DIR (default build/gpu-deps, made by bench/gpu_deps.sh) holds .deb files, they are unpacked
+# under /tmp and only the libraries the machine lacks go on the library path.
+#
+# Environment: GPU_BUDGET_S=540  GPU_MODELS="gpt2 gpt2-medium"  GPU_SEQ=1024  GPU_MAX_BATCH=64
+#   (GPU_SHARDLM_MAX_BATCH / GPU_TORCH_MAX_BATCH: one side's first try)  GPU_GEMM_SIZE=8192
+#   GPU_STEPS=6  GPU_WARMUP=2  GPU_TORCH=1 (0: shardlm only)  GPU_COMPILE=1 (0: no torch.compile rows)
+#   GPU_LIKE=1 (0: no like-for-like rows)  GPU_BUILD=build/gpu  GPU_COMMIT (when git is not there)
+#   PYTHON=python3
+#   GPU_DEVICE=cuda; GPU_DEVICE=cpu is a dry run of this script's logic on a machine without a GPU (with
+#   GPU_MODELS=gpt2-tiny GPU_SEQ=64 GPU_MAX_BATCH=8 GPU_OUT_DIR=/tmp/somewhere: it measures nothing useful)
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+PY=${PYTHON:-python3}
+if [[ "${1:-}" == --render ]]; then
+    exec "$PY" bench/gpu_render.py "${2:?usage: gpu.sh --render FILE.jsonl [RESULTS.md]}" "${3:-bench/RESULTS.md}"
+fi
+
+BUDGET=${GPU_BUDGET_S:-540}
+OUT_DIR=${GPU_OUT_DIR:-bench}
+JSONL=$OUT_DIR/gpu_results.jsonl
+LOG=$OUT_DIR/gpu_bench.log
+RESULTS=$OUT_DIR/RESULTS.md
+BUILD=${GPU_BUILD:-build/gpu}
+SEQ=${GPU_SEQ:-1024}
+MAXB=${GPU_MAX_BATCH:-64}
+DEV=${GPU_DEVICE:-cuda}
+STEPS=${GPU_STEPS:-6}
+WARMUP=${GPU_WARMUP:-2}
+export PYTHONUNBUFFERED=1
+mkdir -p "$OUT_DIR"
+: > "$JSONL"
+: > "$LOG"
+[[ -f "$RESULTS" ]] || cp bench/RESULTS.md "$RESULTS" 2>/dev/null || : > "$RESULTS"
+
+say() { echo "gpu.sh [$(printf '%3d' "$SECONDS")s] $*" | tee -a "$LOG"; }
+left() { echo $((BUDGET - SECONDS)); }
+skip() {  # skip STAGE WHY: a not-measured line for the renderer
+    say "SKIPPED $1: $2"
+    "$PY" -c 'import json,sys; print(json.dumps({"impl": "gpu-skip", "stage": sys.argv[1], "why": sys.argv[2]}))' \
+        "$1" "$2" >> "$JSONL"
+}
+publish() {  # render, then copy everything to $OUT
+    "$PY" bench/gpu_render.py "$JSONL" "$RESULTS" --section "$OUT_DIR/gpu_section.md" >> "$LOG" 2>&1 ||
+        echo "gpu.sh: rendering failed (see $LOG)" >&2
+    if [[ -n "${OUT:-}" ]]; then
+        cp "$JSONL" "$LOG" "$RESULTS" "$OUT/" 2>/dev/null
+        cp "$OUT_DIR/gpu_section.md" "$OUT/" 2>/dev/null
+    fi
+    return 0
+}
+
+# run_json TAG LIMIT_S [ENV=V ...] COMMAND...: runs COMMAND under a timeout of min(LIMIT_S, what the
+# budget leaves less 20 s), sampling the GPU's used memory (nvidia-smi) meanwhile; every JSON line it
+# prints goes to $JSONL with "tag", "wall_s" and "smi_peak_mib" added. LAST holds the last line.
+run_json() {
+    local tag=$1 limit=$2; shift 2
+    local room=$(($(left) - 20))
+    (( room < limit )) && limit=$room
+    LAST=""
+    if (( limit < 15 )); then skip "$tag" "out of time budget ($(left) s left of $BUDGET)"; return 1; fi
+    say "run $tag (limit ${limit}s): $*"
+    local smi=/tmp/gpu_sh_smi.$$ out=/tmp/gpu_sh_out.$$ t0=$SECONDS rc smi_pid=""
+    if command -v nvidia-smi >/dev/null; then
+        nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 > "$smi" 2>/dev/null &
+        smi_pid=$!
+    fi
+    timeout --kill-after=10 "$limit" env "$@" > "$out" 2>> "$LOG"
+    rc=$?
+    [[ -n "$smi_pid" ]] && kill "$smi_pid" 2>/dev/null && wait "$smi_pid" 2>/dev/null
+    local peak wall=$((SECONDS - t0))
+    peak=$(sort -n "$smi" 2>/dev/null | tail -1)
+    [[ "$peak" =~ ^[0-9]+$ ]] || peak=null
+    cat "$out" >> "$LOG"
+    if (( rc != 0 )) || ! grep -q '^{' "$out"; then
+        local why="exit status $rc"
+        (( rc == 124 || rc == 137 )) && why="timed out after ${limit}s"
+        skip "$tag" "$why (see gpu_bench.log)"
+        rm -f "$smi" "$out"
+        return 1
+    fi
+    local line
+    while IFS= read -r line; do
+        [[ "$line" == \{* ]] || continue
+        LAST="${line%\}}, \"tag\": \"$tag\", \"wall_s\": $wall, \"smi_peak_mib\": $peak}"
+        echo "$LAST" >> "$JSONL"
+    done < "$out"
+    rm -f "$smi" "$out"
+    say "  done in ${wall}s"
+    return 0
+}
+field() { "$PY" -c 'import json,sys; print(json.loads(sys.argv[1])[sys.argv[2]])' "$1" "$2"; }
+
+# ---------------------------------------------------------------- 1. the machine
+say "GPU benchmark: budget ${BUDGET}s, models ${GPU_MODELS:-gpt2 gpt2-medium}, T=$SEQ, bf16"
+if [[ "$DEV" != cpu ]] && ! nvidia-smi >> "$LOG" 2>&1; then
+    say "no GPU: nvidia-smi failed; nothing to measure"
+    skip all "no GPU (nvidia-smi failed)"
+    publish
+    exit 1
+fi
+# the source measured: GPU_COMMIT, else git's commit ("+dirty" when src/, include/ or bench/ differ from it)
+if [[ -n "${GPU_COMMIT:-}" ]]; then COMMIT=$GPU_COMMIT
+elif COMMIT=$(git rev-parse --short HEAD 2>/dev/null); then
+    git diff --quiet HEAD -- src include bench 2>/dev/null || COMMIT="$COMMIT+dirty"
+else COMMIT=unknown; fi
+export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+[[ -x "$CUDA_HOME/bin/nvcc" ]] || { n=$(command -v nvcc) && CUDA_HOME=$(dirname "$(dirname "$n")"); }
+# PyTorch: importable, and seeing the GPU? TORCH_WHY: its version, or why not
+TORCH_OK=0
+TORCH_PROBE='import sys, torch
+assert sys.argv[1] == "cpu" or torch.cuda.is_available(), "torch %s sees no CUDA GPU" % torch.__version__
+print(torch.__version__)'
+if [[ "${GPU_TORCH:-1}" != 1 ]]; then
+    TORCH_WHY="GPU_TORCH=0"
+elif TORCH_WHY=$("$PY" -c "$TORCH_PROBE" "$DEV" 2>/tmp/gpu_sh_torch.$$); then
+    TORCH_OK=1
+    TORCH_WHY=$(echo "$TORCH_WHY" | tail -1)
+else
+    TORCH_WHY="torch not usable: $(tail -1 /tmp/gpu_sh_torch.$$)"
+fi
+rm -f /tmp/gpu_sh_torch.$$
+(( TORCH_OK )) || skip pytorch "PyTorch rows: $TORCH_WHY"
+"$PY" - "$COMMIT" "$BUDGET" "$TORCH_OK" "$TORCH_WHY" "$CUDA_HOME" >> "$JSONL" <<'PYEOF'
+import json, os, subprocess, sys, time
+def sh(c):
+    try: return subprocess.run(c, shell=True, capture_output=True, text=True, timeout=30).stdout.strip()
+    except Exception: return "?"
+q = sh("nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit "
+       "--format=csv,noheader").split("\n")[0]
+f = [x.strip() for x in q.split(",")] + ["?"] * 5
+print(json.dumps({"impl": "gpu-meta", "gpu": f[0], "driver": f[1], "memory_total": f[2], "max_sm_clock": f[3],
+    "power_limit": f[4], "cuda_driver": sh("nvidia-smi | sed -n 's/.*CUDA Version: *\\([0-9.]*\\).*/\\1/p' | head -1"),
+    "nvcc": sh(sys.argv[5] + "/bin/nvcc --version | sed -n 's/.*release \\([0-9.]*\\).*/\\1/p'"),
+    "torch": sys.argv[4] if sys.argv[3] == "1" else None, "torch_missing": None if sys.argv[3] == "1" else sys.argv[4],
+    "cpu": sh("lscpu | sed -n 's/^Model name:[ \\t]*//p' | head -1"), "cores": os.cpu_count(),
+    "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "commit": sys.argv[1], "budget_s": int(sys.argv[2])}))
+PYEOF
+
+# ---------------------------------------------------------------- 2. libraries and build
+deps_present() {
+    [[ -f "${BLAS_INC:-/usr/include/x86_64-linux-gnu/openblas-openmp}/cblas.h" ]] && command -v mpicc >/dev/null &&
+        printf '#include <cjson/cJSON.h>\n#define PCRE2_CODE_UNIT_WIDTH 8\n#include <pcre2.h>\n' |
+            ${CC:-gcc} -E -x c - >/dev/null 2>&1 &&
+        ldconfig -p | grep -q 'libcjson.so ' && ldconfig -p | grep -q 'libpcre2-8.so '
+}
+# Unpacks GPU_DEPS_DIR's .debs under /tmp/shardlm-deps/root; links into .../shim only the libraries
+# that ldconfig does not know, and points the compiler, linker, loader and Makefile at them.
+use_carried_deps() {
+    local dir=${GPU_DEPS_DIR:-build/gpu-deps} P=/tmp/shardlm-deps d f n
+    ls "$dir"/*.deb >/dev/null 2>&1 || return 1
+    mkdir -p "$P/root" "$P/shim"
+    for d in "$dir"/*.deb; do
+        dpkg-deb -x "$d" "$P/root" 2>> "$LOG" ||
+            (mkdir -p "$P/x" && cd "$P/x" && ar x "$OLDPWD/$d" && tar -xf data.tar.* -C "$P/root") || return 1
+    done
+    local known; known=$(ldconfig -p)
+    local L=$P/root/usr/lib/x86_64-linux-gnu
+    for f in "$L"/*.so* "$L"/openblas-openmp/*.so* "$L"/openmpi/lib/*.so*; do
+        [[ -e "$f" ]] || continue
+        n=$(basename "$f")
+        grep -q "^[[:space:]]*$n " <<< "$known" && continue
+        ln -sf "$(readlink -f "$f")" "$P/shim/$n"
+    done
+    export CPATH=$P/root/usr/include${CPATH:+:$CPATH}
+    export LIBRARY_PATH=$P/shim${LIBRARY_PATH:+:$LIBRARY_PATH}
+    export LD_LIBRARY_PATH=$P/shim${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    [[ -f /usr/include/x86_64-linux-gnu/openblas-openmp/cblas.h ]] ||
+        export BLAS_INC=$P/root/usr/include/x86_64-linux-gnu/openblas-openmp BLAS_DIR=$P/shim
+    if ! command -v mpicc >/dev/null; then
+        export MPI_CFLAGS="-I$L/openmpi/include -I$L/openmpi/include/openmpi" MPI_LIBS="-L$P/shim -lmpi"
+    fi
+    say "unpacked $(ls "$dir"/*.deb | wc -l) carried packages from $dir;" \
+        "libraries this machine lacked: $(ls "$P/shim" | tr '\n' ' ')"
+}
+SHARDLM_OK=0
+if ! deps_present && ! use_carried_deps; then
+    say "missing build dependencies (OpenBLAS-openmp / cJSON / PCRE2 / Open MPI headers or libraries) and no carried" \
+        ".debs in ${GPU_DEPS_DIR:-build/gpu-deps} (make them here with bench/gpu_deps.sh, carry that folder)"
+fi
+build_limit=$(($(left) - 60))
+(( build_limit > 300 )) && build_limit=300
+(( build_limit < 30 )) && build_limit=30
+say "building $BUILD (make -j$(nproc), CUDA_HOME=$CUDA_HOME)"
+if timeout "$build_limit" env CU_B="$BUILD" MAKE_JOBS="$(nproc)" \
+        bash bench/build_bench.sh "$BUILD" >> "$LOG" 2>&1; then
+    if [[ "$DEV" == cpu ]] || ar t "$BUILD/libshardlm.a" | grep -q '\.cu\.o$'; then
+        SHARDLM_OK=1
+        say "built in ${SECONDS}s"
+    else
+        skip shardlm "built without the CUDA backend (no nvcc under $CUDA_HOME)"
+    fi
+else
+    tail -30 "$LOG"
+    skip shardlm "build failed (see gpu_bench.log)"
+fi
+publish
+
+# ---------------------------------------------------------------- 3. GEMM rates
+if (( TORCH_OK )); then
+    run_json gemm-torch 120 "$PY" bench/torch_gpu.py --device "$DEV" --gemm --gemm-size "${GPU_GEMM_SIZE:-8192}" \
+        --gemm-repeats 50
+else
+    skip gemm-torch "$TORCH_WHY"
+fi
+if (( SHARDLM_OK )); then
+    run_json gemm-shardlm-bf16 60 "$BUILD/bench_gemm" --device "$DEV" --precision bf16 --size "${GPU_GEMM_SIZE:-8192}" \
+        --repeats 30
+    run_json gemm-shardlm-fp32 60 "$BUILD/bench_gemm" --device "$DEV" --precision fp32 --size "${GPU_GEMM_SIZE:-8192}" \
+        --repeats 10
+fi
+publish
+
+# ---------------------------------------------------------------- 4. the models
+shardlm_run() {  # shardlm_run TAG LIMIT BATCH(auto|N)
+    run_json "$1" "$2" "$BUILD/bench_train" --model "$model" --device "$DEV" --precision bf16 --seq "$SEQ" \
+        --batch "$3" --max-batch "${GPU_SHARDLM_MAX_BATCH:-$MAXB}" --steps "$STEPS" --warmup "$WARMUP" \
+        --profile-steps 1 --report
+}
+torch_run() {  # torch_run TAG LIMIT MODE BATCHES [--profile]
+    local tag=$1 limit=$2 mode=$3 batches=$4; shift 4
+    run_json "$tag" "$limit" "$PY" bench/torch_gpu.py --device "$DEV" --model "$model" --seq "$SEQ" --mode "$mode" \
+        --batch "$batches" --max-batch "${GPU_TORCH_MAX_BATCH:-$MAXB}" --steps "$STEPS" --warmup "$WARMUP" "$@"
+}
+halves() { if (( $1 > 1 )); then echo "$1,$(($1 / 2))"; else echo 1; fi; }   # "B,B/2": a fallback if B no longer fits
+# First every model at the largest micro-batch each side fits, then (budget permitting) the
+# like-for-like rows, so a tight budget loses the extra rows rather than a model.
+declare -A BS BT
+for model in ${GPU_MODELS:-gpt2 gpt2-medium}; do
+    say "== $model T=$SEQ bf16: largest micro-batch on each side"
+    if (( SHARDLM_OK )) && shardlm_run "shardlm:$model:max" 240 auto; then BS[$model]=$(field "$LAST" B); fi
+    if (( TORCH_OK )); then
+        if torch_run "eager:$model:max" 150 eager auto --profile; then BT[$model]=$(field "$LAST" B); fi
+        if [[ "${GPU_COMPILE:-1}" == 1 && -n "${BT[$model]:-}" ]]; then
+            torch_run "compile:$model:max" 240 compile "$(halves "${BT[$model]}")" --profile
+        fi
+    fi
+    publish
+done
+for model in ${GPU_MODELS:-gpt2 gpt2-medium}; do
+    bs=${BS[$model]:-} bt=${BT[$model]:-}
+    [[ "${GPU_LIKE:-1}" == 1 && -n "$bs" && -n "$bt" && "$bs" != "$bt" ]] || continue
+    bl=$((bs < bt ? bs : bt))
+    say "== $model: like-for-like micro-batch $bl (shardlm fits $bs, PyTorch $bt)"
+    if (( bs > bl )); then shardlm_run "shardlm:$model:like" 180 "$bl"; fi
+    if (( bt > bl )); then
+        torch_run "eager:$model:like" 120 eager "$bl"
+        [[ "${GPU_COMPILE:-1}" == 1 ]] && torch_run "compile:$model:like" 200 compile "$bl"
+    fi
+    publish
+done
+say "finished in ${SECONDS}s"
+publish
+tail -40 "$OUT_DIR/gpu_section.md" 2>/dev/null
+exit 0
