@@ -4,6 +4,7 @@ CC      ?= gcc
 BLAS_DIR ?= /usr/lib/x86_64-linux-gnu/openblas-openmp
 BLAS_INC ?= /usr/include/x86_64-linux-gnu/openblas-openmp
 WARN    := -std=c17 -Wall -Wextra -Werror -D_GNU_SOURCE
+# MPI_CFLAGS / MPI_LIBS: overridable (scripts/gpu_env.sh points them at carried Open MPI packages)
 MPI_CFLAGS ?= $(shell mpicc --showme:compile 2>/dev/null)
 MPI_LIBS   ?= $(shell mpicc --showme:link 2>/dev/null)
 CPPFLAGS := -Iinclude -Isrc -I$(BLAS_INC) $(MPI_CFLAGS)
@@ -59,7 +60,7 @@ endif
 # where sl_cuda_dlopen looks first (src/base/cuda_dlopen.c)
 $(B)/obj/src/base/cuda_dlopen.o: CPPFLAGS += -DSHARDLM_CUDA_LIBDIR='"$(CUDA_HOME)/lib64"'
 
-.PHONY: all test test-plain test-gpu bench bench-gpu demo clean
+.PHONY: all test test-plain test-gpu test-gpu-suite bench bench-gpu demo clean
 all: $(B)/shardlm $(TEST_BIN)
 
 $(B)/obj/%.o: %.c
@@ -94,6 +95,10 @@ test-plain: all
 # The NCCL backend against the MPI one on 2 GPUs (needs a GPU machine; not part of `make test`).
 test-gpu: all
 	@bash tests/gpu/run.sh
+
+# The whole GPU verification (tests/gpu/suite.sh: builds build/gpu itself; PART=build|ops|train|all).
+test-gpu-suite:
+	@bash tests/gpu/suite.sh $(or $(PART),all)
 
 # The main job on the built-in default: setup, build, prepare ../shared/data/sotu, train, sample.
 demo:

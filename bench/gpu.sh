@@ -25,8 +25,8 @@
 # run in two calls).
 #
 # Libraries: when the machine lacks OpenBLAS / cJSON / PCRE2 / Open MPI headers or libraries and
-# GPU_DEPS_DIR (default build/gpu-deps, made by bench/gpu_deps.sh) holds .deb files, they are unpacked
-# under /tmp and only the libraries the machine lacks go on the library path.
+# GPU_DEPS_DIR (default build/gpu-deps, made by bench/gpu_deps.sh) holds .deb files, scripts/gpu_env.sh
+# unpacks them under /tmp and puts on the library path only the libraries the machine lacks.
 #
 # Environment: GPU_BUDGET_S=540  GPU_MODELS="gpt2 gpt2-medium"  GPU_SEQ=1024  GPU_MAX_BATCH=64
 #   (GPU_SHARDLM_MAX_BATCH / GPU_TORCH_MAX_BATCH: one side's first try)  GPU_GEMM_SIZE=8192
@@ -164,46 +164,11 @@ print(json.dumps({"impl": "gpu-meta", "gpu": f[0], "driver": f[1], "memory_total
 PYEOF
 
 # ---------------------------------------------------------------- 2. libraries and build
-deps_present() {
-    [[ -f "${BLAS_INC:-/usr/include/x86_64-linux-gnu/openblas-openmp}/cblas.h" ]] && command -v mpicc >/dev/null &&
-        printf '#include <cjson/cJSON.h>\n#define PCRE2_CODE_UNIT_WIDTH 8\n#include <pcre2.h>\n' |
-            ${CC:-gcc} -E -x c - >/dev/null 2>&1 &&
-        ldconfig -p | grep -q 'libcjson.so ' && ldconfig -p | grep -q 'libpcre2-8.so '
-}
-# Unpacks GPU_DEPS_DIR's .debs under /tmp/shardlm-deps/root; links into .../shim only the libraries
-# that ldconfig does not know, and points the compiler, linker, loader and Makefile at them.
-use_carried_deps() {
-    local dir=${GPU_DEPS_DIR:-build/gpu-deps} P=/tmp/shardlm-deps d f n
-    ls "$dir"/*.deb >/dev/null 2>&1 || return 1
-    mkdir -p "$P/root" "$P/shim"
-    for d in "$dir"/*.deb; do
-        dpkg-deb -x "$d" "$P/root" 2>> "$LOG" ||
-            (mkdir -p "$P/x" && cd "$P/x" && ar x "$OLDPWD/$d" && tar -xf data.tar.* -C "$P/root") || return 1
-    done
-    local known; known=$(ldconfig -p)
-    local L=$P/root/usr/lib/x86_64-linux-gnu
-    for f in "$L"/*.so* "$L"/openblas-openmp/*.so* "$L"/openmpi/lib/*.so*; do
-        [[ -e "$f" ]] || continue
-        n=$(basename "$f")
-        grep -q "^[[:space:]]*$n " <<< "$known" && continue
-        ln -sf "$(readlink -f "$f")" "$P/shim/$n"
-    done
-    export CPATH=$P/root/usr/include${CPATH:+:$CPATH}
-    export LIBRARY_PATH=$P/shim${LIBRARY_PATH:+:$LIBRARY_PATH}
-    export LD_LIBRARY_PATH=$P/shim${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-    [[ -f /usr/include/x86_64-linux-gnu/openblas-openmp/cblas.h ]] ||
-        export BLAS_INC=$P/root/usr/include/x86_64-linux-gnu/openblas-openmp BLAS_DIR=$P/shim
-    if ! command -v mpicc >/dev/null; then
-        export MPI_CFLAGS="-I$L/openmpi/include -I$L/openmpi/include/openmpi" MPI_LIBS="-L$P/shim -lmpi"
-    fi
-    say "unpacked $(ls "$dir"/*.deb | wc -l) carried packages from $dir;" \
-        "libraries this machine lacked: $(ls "$P/shim" | tr '\n' ' ')"
-}
+# shellcheck source=scripts/gpu_env.sh
+source scripts/gpu_env.sh
+gpu_env_setup "$LOG"
+say "$GPU_ENV_MSG"
 SHARDLM_OK=0
-if ! deps_present && ! use_carried_deps; then
-    say "missing build dependencies (OpenBLAS-openmp / cJSON / PCRE2 / Open MPI headers or libraries) and no carried" \
-        ".debs in ${GPU_DEPS_DIR:-build/gpu-deps} (make them here with bench/gpu_deps.sh, carry that folder)"
-fi
 build_limit=$(($(left) - 60))
 (( build_limit > 300 )) && build_limit=300
 (( build_limit < 30 )) && build_limit=30

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # tests/gpu/run.sh (`make test-gpu`): the GPU tests, against build/libshardlm.a (or
 # $SHARDLM_BUILD/libshardlm.a). Not part of `make test`: they need a GPU.
-#   1. tests/gpu/test_ops_cuda.c: every CUDA op against the CPU op (one process, one GPU; SHARDLM_DEVICE
-#      picks the device, default cuda:0). Linked like the shardlm binary: static CUDA runtime,
-#      cuBLASLt dlopen'ed. SKIP when the library has no CUDA backend (no sl_ops_cuda) or no GPU is visible.
+#   1. tests/gpu/test_ops_cuda.c: every CUDA op against the CPU op (one GPU; SHARDLM_DEVICE picks the
+#      device, default cuda:0), one process per op group under `timeout 120` (a CUDA error is sticky in
+#      the backend: one failure would fail every later case of its process). Linked like the shardlm
+#      binary: static CUDA runtime, cuBLASLt dlopen'ed. SKIP when the library has no CUDA backend (no
+#      sl_ops_cuda) or no GPU is visible.
 #   2. tests/gpu/test_comm_nccl.c: the NCCL comm backend against the MPI one, under mpirun with one
 #      process per GPU: NP=2 by default (NCCL needs a GPU per process; with one GPU it runs NP=1,
 #      which checks the calls but not the communication). SKIP when the library was built without
-#      NCCL or no GPU is visible.
+#      NCCL, no GPU is visible or mpirun is missing.
 #   3. Data-parallel training on 2 GPUs through NCCL (SKIP with fewer than 2 GPUs, or without NCCL,
 #      mpirun or $SHARDLM_BUILD/shardlm): gpt2-tiny, 8 steps, global batch 6. DDP and ZeRO stages 1-3
 #      on 2 GPUs follow 2 MPI ranks on the CPU within 2e-3 relative per step (another backend: GEMMs,
@@ -15,7 +17,11 @@
 #      backward wrote it, moves the loss by > 1e-2 within two steps) and one GPU within 2e-4 (the
 #      CPU tests' tolerance for a different world size); a 2-GPU ZeRO-3 run resumed from its step-4
 #      checkpoint reaches byte-identical step-8 weights.
-# Ends with one "N passed, N failed" over all; exits non-zero on any failure.
+# `run.sh build` only compiles the test programs (test_ops_cuda, test_model_cuda, test_comm_nccl) into
+# $SHARDLM_BUILD/gpu_tests/, which the runs reuse while newer than the library and their source.
+# Output goes to stdout as it comes (tee). SHARDLM_GPU_SUITE_DRY=1 counts one GPU without nvidia-smi (a dry
+# run of the scripting on a machine without one). Ends with one "N passed, N failed" over all; exits
+# non-zero on any failure.
 set -u
 cd "$(dirname "$0")/../.." || exit 1
 bdir=${SHARDLM_BUILD:-build}
@@ -24,73 +30,95 @@ lib="$bdir/libshardlm.a"
 [ -f "$lib" ] || { echo "FAIL test_gpu: $lib is not built (run make first)"; echo "0 passed, 1 failed"; exit 1; }
 ngpu=0
 command -v nvidia-smi >/dev/null 2>&1 && ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+[ "${SHARDLM_GPU_SUITE_DRY:-0}" = 1 ] && [ "$ngpu" -eq 0 ] && ngpu=1
 
 tmp=$(mktemp -d /tmp/shardlm_test_gpu_XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
+# shellcheck source=scripts/gpu_env.sh
+source scripts/gpu_env.sh
+gpu_env_setup "$tmp/deps.log" || echo "note: $GPU_ENV_MSG"
 BLAS_DIR=${BLAS_DIR:-/usr/lib/x86_64-linux-gnu/openblas-openmp}
 BLAS_INC=${BLAS_INC:-/usr/include/x86_64-linux-gnu/openblas-openmp}
-base_flags="-std=c17 -Wall -Wextra -Werror -D_GNU_SOURCE -fopenmp -g -O2 -Iinclude -Isrc -I$BLAS_INC $(mpicc --showme:compile 2>/dev/null)"
-base_libs="-L$BLAS_DIR -Wl,-rpath,$BLAS_DIR -lopenblas -lcjson -lpcre2-8 $(mpicc --showme:link 2>/dev/null)"
+base_flags="-std=c17 -Wall -Wextra -Werror -D_GNU_SOURCE -fopenmp -g -O2 -Iinclude -Isrc -I$BLAS_INC $MPI_CFLAGS"
+base_libs="-L$BLAS_DIR -Wl,-rpath,$BLAS_DIR -lopenblas -lcjson -lpcre2-8 $MPI_LIBS"
+tdir="$bdir/gpu_tests"
 passed=0; failed=0
 
 # count FILE: adds FILE's PASS / FAIL lines to the totals
 count() {
   passed=$((passed + $(grep -c '^PASS ' "$1"))); failed=$((failed + $(grep -c '^FAIL ' "$1")))
 }
-
-# ---- 1. CUDA ops against the CPU ops --------------------------------------------------------------
-run_ops() {
-  if ! nm "$lib" 2>/dev/null | grep -Eq ' [DR] sl_ops_cuda$'; then
-    echo "SKIP ops_cuda: $lib was built without the CUDA ops backend (no nvcc at build time, or CUDA=0)"; return
-  fi
-  [ "$ngpu" -gt 0 ] || { echo "SKIP ops_cuda: no CUDA GPU visible (nvidia-smi -L)"; return; }
+# build_prog NAME: tests/gpu/NAME.c -> $tdir/NAME (unless up to date); prints FAIL and returns 1 on an error
+build_prog() {
+  local prog="$tdir/$1" src="tests/gpu/$1.c" extra="-L$CUDA_HOME/lib64 -lcudart_static -ldl -lrt -lpthread -lstdc++"
+  [ "$prog" -nt "$lib" ] && [ "$prog" -nt "$src" ] && return 0
+  [ "$1" = test_comm_nccl ] && extra="-isystem $CUDA_HOME/include -L$CUDA_HOME/lib64 -Wl,-rpath,$CUDA_HOME/lib64 -lcudart"
+  mkdir -p "$tdir"
   # shellcheck disable=SC2086
-  if ! ${CC:-gcc} $base_flags tests/gpu/test_ops_cuda.c "$lib" -o "$tmp/test_ops_cuda" $base_libs \
-       -L"$CUDA_HOME/lib64" -lcudart_static -ldl -lrt -lpthread -lstdc++ -lm >"$tmp/cc_ops.log" 2>&1; then
-    echo "FAIL ops_cuda_compiles"; cat "$tmp/cc_ops.log"; failed=$((failed + 1)); return
+  if ! timeout 120 ${CC:-gcc} $base_flags "$src" "$lib" -o "$prog" $base_libs $extra -lm >"$tmp/cc_$1.log" 2>&1; then
+    echo "FAIL $1_compiles"; tail -n 30 "$tmp/cc_$1.log"; failed=$((failed + 1)); rm -f "$prog"; return 1
   fi
+}
+has_cuda() { nm "$lib" 2>/dev/null | grep -Eq ' [DR] sl_ops_cuda$'; }
+has_nccl() { nm "$lib" 2>/dev/null | grep -q ' T sl_comm_nccl_init_world$'; }
+build_all() {
+  if has_cuda; then
+    build_prog test_ops_cuda && echo "PASS test_ops_cuda_compiles" && passed=$((passed + 1))
+    build_prog test_model_cuda && echo "PASS test_model_cuda_compiles" && passed=$((passed + 1))
+  else
+    echo "SKIP test_ops_cuda, test_model_cuda: $lib was built without the CUDA ops backend"
+  fi
+  if has_nccl; then
+    build_prog test_comm_nccl && echo "PASS test_comm_nccl_compiles" && passed=$((passed + 1))
+  else
+    echo "SKIP test_comm_nccl: $lib was built without NCCL"
+  fi
+}
+
+# ---- 1. CUDA ops against the CPU ops, one process per op group ------------------------------------
+run_ops() {
+  has_cuda || { echo "SKIP ops_cuda: $lib was built without the CUDA ops backend (no nvcc at build time, or CUDA=0)"; return; }
+  [ "$ngpu" -gt 0 ] || { echo "SKIP ops_cuda: no CUDA GPU visible (nvidia-smi -L)"; return; }
+  build_prog test_ops_cuda || return
   unset SHARDLM_RANK SHARDLM_WORLD_SIZE RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE
-  timeout 1200 "$tmp/test_ops_cuda" "${SHARDLM_DEVICE:-cuda:0}" >"$tmp/ops.txt" 2>"$tmp/ops_err.txt"; local rc=$?
-  grep -v '^[0-9]* passed, [0-9]* failed$' "$tmp/ops.txt"
-  count "$tmp/ops.txt"
-  if [ $rc -ne 0 ] && ! grep -q '^FAIL ' "$tmp/ops.txt"; then
-    echo "FAIL ops_cuda_exit_status_$rc"; failed=$((failed + 1))
-  fi
-  [ $rc -ne 0 ] && tail -n 40 "$tmp/ops_err.txt"
+  local dev=${SHARDLM_DEVICE:-cuda:0} g rc
+  for g in $("$tdir/test_ops_cuda" "$dev" list); do
+    echo "-- op group $g"
+    timeout -k 10 120 "$tdir/test_ops_cuda" "$dev" "$g" 2>&1 | tee "$tmp/ops_$g.txt"; rc=${PIPESTATUS[0]}
+    count "$tmp/ops_$g.txt"
+    if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+      echo "FAIL ops_cuda_${g}_timed_out_after_120s"; failed=$((failed + 1))
+    elif [ "$rc" -ne 0 ] && ! grep -q '^FAIL ' "$tmp/ops_$g.txt"; then
+      echo "FAIL ops_cuda_${g}_exit_status_$rc"; failed=$((failed + 1))
+    fi
+  done
 }
 
 # ---- 2. NCCL against MPI --------------------------------------------------------------------------
 run_nccl() {
-  if ! nm "$lib" 2>/dev/null | grep -q ' T sl_comm_nccl_init_world$'; then
-    echo "SKIP comm_nccl: $lib was built without NCCL (no $CUDA_HOME/include/nccl.h or libnccl at build time)"; return
-  fi
-  command -v mpirun >/dev/null 2>&1 || { echo "FAIL comm_nccl: mpirun not found"; failed=$((failed + 1)); return; }
+  has_nccl || { echo "SKIP comm_nccl: $lib was built without NCCL (no $CUDA_HOME/include/nccl.h or libnccl at build time)"; return; }
+  command -v mpirun >/dev/null 2>&1 || { echo "SKIP comm_nccl: no mpirun on this machine (Open MPI's runtime is not installed)"; return; }
   [ "$ngpu" -gt 0 ] || { echo "SKIP comm_nccl: no CUDA GPU visible (nvidia-smi -L)"; return; }
-  local np=${NP:-2}
+  local np=${NP:-2} rc
   [ "$np" -gt "$ngpu" ] && { echo "note: $ngpu GPU(s) visible: running with $ngpu process(es) instead of $np"; np=$ngpu; }
-  # shellcheck disable=SC2086
-  if ! ${CC:-gcc} $base_flags -isystem "$CUDA_HOME/include" tests/gpu/test_comm_nccl.c "$lib" -o "$tmp/test_comm_nccl" \
-       $base_libs -L"$CUDA_HOME/lib64" -Wl,-rpath,"$CUDA_HOME/lib64" -lcudart -lm >"$tmp/cc_nccl.log" 2>&1; then
-    echo "FAIL comm_nccl_compiles"; cat "$tmp/cc_nccl.log"; failed=$((failed + 1)); return
-  fi
+  build_prog test_comm_nccl || return
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
   unset SHARDLM_RANK SHARDLM_WORLD_SIZE RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE MASTER_ADDR
-  timeout 600 mpirun --allow-run-as-root -np "$np" "$tmp/test_comm_nccl" >"$tmp/nccl.txt" 2>"$tmp/nccl_err.txt"; local rc=$?
-  cat "$tmp/nccl.txt"
+  timeout -k 10 300 mpirun --allow-run-as-root -np "$np" "$tdir/test_comm_nccl" 2>&1 | tee "$tmp/nccl.txt"; rc=${PIPESTATUS[0]}
   count "$tmp/nccl.txt"
-  if [ $rc -ne 0 ]; then
-    grep -q '^FAIL ' "$tmp/nccl.txt" || { echo "FAIL np${np}_nccl_mpirun_exit_status_$rc"; failed=$((failed + 1)); }
-    tail -n 60 "$tmp/nccl_err.txt"
+  if [ "$rc" -ne 0 ] && ! grep -q '^FAIL ' "$tmp/nccl.txt"; then
+    echo "FAIL np${np}_nccl_mpirun_exit_status_$rc"; failed=$((failed + 1))
   fi
 }
 
 # ---- 3. DDP / ZeRO on 2 GPUs against MPI on the CPU -------------------------------------------------
 run_train_nccl() {
   local bin="$bdir/shardlm" data=${SHARDLM_DATA:-../shared/data}
+  [ -z "${SHARDLM_DATA:-}" ] && [ -d build/gpu-data/sotu ] && data=build/gpu-data
   [ "$ngpu" -ge 2 ] || { echo "SKIP train_nccl_2gpu: $ngpu GPU(s) visible, 2 needed"; return; }
   [ -x "$bin" ] || { echo "SKIP train_nccl_2gpu: $bin is not built"; return; }
   "$bin" report 2>/dev/null | grep -Eq '^  comm nccl +built in' || { echo "SKIP train_nccl_2gpu: built without NCCL"; return; }
-  command -v mpirun >/dev/null 2>&1 || { echo "FAIL train_nccl_2gpu: mpirun not found"; failed=$((failed + 1)); return; }
+  command -v mpirun >/dev/null 2>&1 || { echo "SKIP train_nccl_2gpu: no mpirun on this machine"; return; }
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
   unset SHARDLM_RANK SHARDLM_WORLD_SIZE RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE MASTER_ADDR
   local t="$tmp/train" log="$tmp/train/log"
@@ -130,8 +158,12 @@ run_train_nccl() {
   fi
 }
 
-run_ops
-run_nccl
-run_train_nccl
+if [ "${1:-}" = build ]; then
+  build_all
+else
+  run_ops
+  run_nccl
+  run_train_nccl
+fi
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -22,53 +22,117 @@
 #      to the plain single-GPU run (a one-rank collective moves data without arithmetic, and the 1/N
 #      scaling is by 1); a bf16 stage-3 NCCL run resumed from its step-10 checkpoint, and a plain run
 #      resumed from it, reach the same bytes; a stage-3 run samples text after training.
-# Logs go to $OUT/gpu_suite (when OUT is set) or a temporary directory. Ends "N passed, N failed".
+#
+# usage: suite.sh [build|ops|train|all] (default all), one device-tool call each or together:
+#   build  make (B=build/gpu) + `shardlm report` + the GPU test programs compile (tests/gpu/run.sh build);
+#   ops    1 and 2 (the op groups, NCCL collectives, the model);  train  3-7;  all  everything.
+# Every part builds first (a no-op when build/gpu is up to date, e.g. on a warm machine), every step runs
+# under `timeout`, and the whole part within SUITE_BUDGET_S (default 570 s: the device tool stops a
+# command at 600). Libraries the machine lacks come from carried .debs (scripts/gpu_env.sh; run
+# tests/gpu/pack.sh here first). Data: SHARDLM_DATA, else build/gpu-data (tests/gpu/pack.sh), else
+# ../shared/data; holds sotu/ and the tokenizer gpt2/. Logs go to a temporary directory; at the end (also
+# on an early exit) they are packed into $OUT/gpu_suite_PART.tgz and the PASS / FAIL / SKIP lines and the
+# final one copied to $OUT/gpu_suite_PART_summary.txt (when OUT is set; else the directory is kept).
+# SHARDLM_GPU_SUITE_DRY=1 skips only the nvidia-smi check (a dry run of the scripting without a GPU).
+# Ends "N passed, N failed".
 set -u
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
+part=${1:-all}
+case $part in build | ops | train | all) ;; *) echo "usage: tests/gpu/suite.sh [build|ops|train|all]" >&2; exit 2 ;; esac
 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
-DATA=${SHARDLM_DATA:-../shared/data}
-logdir=${OUT:+$OUT/gpu_suite}
-logdir=${logdir:-$(mktemp -d /tmp/shardlm_gpu_suite_XXXXXX)}
-mkdir -p "$logdir"
+export CUDA_HOME
+B=${SHARDLM_GPU_BUILD:-build/gpu}
+BIN=$B/shardlm
+BUDGET=${SUITE_BUDGET_S:-570}
+if [ -n "${SHARDLM_DATA:-}" ]; then DATA=$SHARDLM_DATA
+elif [ -d build/gpu-data/sotu ]; then DATA=build/gpu-data
+else DATA=../shared/data; fi
+export SHARDLM_DATA=$DATA
+logdir=$(mktemp -d /tmp/shardlm_gpu_suite_XXXXXX)
+tmp=$(mktemp -d /tmp/shardlm_gpu_train_XXXXXX)
+summary=$logdir/summary.txt
 passed=0 failed=0
-pass() { echo "PASS $1"; passed=$((passed + 1)); }
-fail() { echo "FAIL $1"; shift; [ $# -gt 0 ] && echo "  $*"; failed=$((failed + 1)); }
+note() { echo "$*" | tee -a "$summary"; }
+pass() { note "PASS $1"; passed=$((passed + 1)); }
+fail() { note "FAIL $1"; shift; [ $# -gt 0 ] && echo "  $*"; failed=$((failed + 1)); }
+finish() {
+  note "$passed passed, $failed failed"
+  if [ -n "${OUT:-}" ]; then
+    tar -czf "$OUT/gpu_suite_$part.tgz" -C "$logdir" . && cp "$summary" "$OUT/gpu_suite_${part}_summary.txt"
+    rm -rf "$logdir"
+  else
+    echo "logs: $logdir"
+  fi
+  rm -rf "$tmp"
+  exit $((failed > 0))
+}
+trap finish EXIT
+trap 'note "FAIL suite_interrupted"; failed=$((failed + 1)); exit 1' INT TERM
 count() {  # adds a sub-suite's "N passed, N failed" line
   local line; line=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$1" | tail -1)
   if [ -z "$line" ]; then fail "$2_summary" "no summary line in $1"; return; fi
   passed=$((passed + $(echo "$line" | cut -d' ' -f1))); failed=$((failed + $(echo "$line" | cut -d' ' -f3)))
 }
-nvidia-smi -L >"$logdir/gpus.txt" 2>&1 || { echo "SKIP gpu suite: no GPU (nvidia-smi -L failed)"; exit 0; }
-cat "$logdir/gpus.txt"
-make -j"$(nproc)" all >"$logdir/build.log" 2>&1 || { fail build "$(tail -20 "$logdir/build.log")"; echo "$passed passed, $failed failed"; exit 1; }
-BIN=build/shardlm
-"$BIN" report >"$logdir/report.txt" 2>&1
-grep -q "ops cuda.*built in" "$logdir/report.txt" && pass cuda_backend_built || fail cuda_backend_built "$(cat "$logdir/report.txt")"
+# t LIMIT LOG COMMAND...: COMMAND under timeout (LIMIT s, or what the budget leaves less 15 s), output to
+# LOG; its exit status (124 on a timeout, noted in the summary)
+t() {
+  local limit=$1 log=$2 rc; shift 2
+  local room=$((BUDGET - SECONDS - 15))
+  [ "$room" -lt "$limit" ] && limit=$room
+  if [ "$limit" -lt 5 ]; then echo "not run: out of the suite's budget" >"$log"; note "TIMEOUT $(basename "$log"): out of the suite's budget (${BUDGET}s)"; return 124; fi
+  timeout -k 10 "$limit" "$@" >"$log" 2>&1; rc=$?
+  if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then note "TIMEOUT $(basename "$log") after ${limit}s: $*"; rc=124; fi
+  return $rc
+}
 
-# 1. ops and NCCL
-bash tests/gpu/run.sh >"$logdir/ops_and_nccl.txt" 2>&1
-grep -E '^(PASS|FAIL|SKIP)' "$logdir/ops_and_nccl.txt"
-count "$logdir/ops_and_nccl.txt" ops_and_nccl
-
-# 2. the model
-BLAS_DIR=${BLAS_DIR:-/usr/lib/x86_64-linux-gnu/openblas-openmp}
-BLAS_INC=${BLAS_INC:-/usr/include/x86_64-linux-gnu/openblas-openmp}
-# shellcheck disable=SC2046
-if gcc -std=c17 -Wall -Wextra -Werror -D_GNU_SOURCE -fopenmp -O2 -Iinclude -Isrc -I"$BLAS_INC" $(mpicc --showme:compile) \
-     tests/gpu/test_model_cuda.c build/libshardlm.a -o "$logdir/test_model_cuda" -L"$BLAS_DIR" -Wl,-rpath,"$BLAS_DIR" \
-     -lopenblas -lcjson -lpcre2-8 $(mpicc --showme:link) -L"$CUDA_HOME/lib64" -lcudart_static -ldl -lrt -lpthread -lm \
-     -lstdc++ >"$logdir/model_cc.log" 2>&1; then
-  "$logdir/test_model_cuda" cuda:0 >"$logdir/model.txt" 2>&1
-  grep -E '^(PASS|FAIL)' "$logdir/model.txt"
-  count "$logdir/model.txt" model
+echo "gpu suite: part $part, build $B, data $DATA, logs $logdir"
+if [ "${SHARDLM_GPU_SUITE_DRY:-0}" = 1 ]; then
+  echo "dry run (SHARDLM_GPU_SUITE_DRY=1): no nvidia-smi check"
+elif nvidia-smi -L >"$logdir/gpus.txt" 2>&1; then
+  cat "$logdir/gpus.txt"
 else
-  fail test_model_cuda_compiles "$(tail -20 "$logdir/model_cc.log")"
+  note "SKIP gpu suite: no GPU (nvidia-smi -L failed)"; exit 0
+fi
+# shellcheck source=scripts/gpu_env.sh
+source scripts/gpu_env.sh
+gpu_env_setup "$logdir/deps.log"; echo "$GPU_ENV_MSG" | tee -a "$logdir/deps.log"
+
+# the build: every part (make is a no-op on an up-to-date build/gpu)
+if ! t 300 "$logdir/build.log" make -j"$(nproc)" B="$B" CU_B="$B" "$BIN"; then
+  fail build "$(tail -20 "$logdir/build.log")"; exit 1
+fi
+[ "$part" = build ] || [ "$part" = all ] && pass build
+t 150 "$logdir/build_tests.txt" env SHARDLM_BUILD="$B" bash tests/gpu/run.sh build
+if [ "$part" = build ] || [ "$part" = all ]; then
+  grep -E '^(PASS|FAIL|SKIP)' "$logdir/build_tests.txt" | tee -a "$summary"
+  count "$logdir/build_tests.txt" gpu_test_programs
+  "$BIN" report >"$logdir/report.txt" 2>&1
+  grep -Eq '^  ops cuda +built in' "$logdir/report.txt" && pass cuda_backend_built ||
+    fail cuda_backend_built "$(cat "$logdir/report.txt")"
+  grep -Eq '^  comm nccl +built in' "$logdir/report.txt" && pass nccl_backend_built ||
+    fail nccl_backend_built "$(grep -E 'nccl|comm' "$logdir/report.txt")"
 fi
 
+# 1. ops and NCCL
+if [ "$part" = ops ] || [ "$part" = all ]; then
+  t 420 "$logdir/ops_and_nccl.txt" env SHARDLM_BUILD="$B" bash tests/gpu/run.sh
+  grep -E '^(PASS|FAIL|SKIP)' "$logdir/ops_and_nccl.txt" | tee -a "$summary"
+  count "$logdir/ops_and_nccl.txt" ops_and_nccl
+
+  # 2. the model
+  if [ -x "$B/gpu_tests/test_model_cuda" ]; then
+    t 120 "$logdir/model.txt" "$B/gpu_tests/test_model_cuda" cuda:0
+    grep -E '^(PASS|FAIL|SKIP)' "$logdir/model.txt" | tee -a "$summary"
+    count "$logdir/model.txt" model
+  else
+    fail test_model_cuda_built "$(grep -A20 test_model_cuda "$logdir/build_tests.txt" | head -20)"
+  fi
+fi
+[ "$part" = train ] || [ "$part" = all ] || exit 0
+
 # data for the training checks
-tmp=$(mktemp -d /tmp/shardlm_gpu_train_XXXXXX)
-trap 'rm -rf "$tmp"' EXIT
-"$BIN" prepare --input "$DATA/sotu" --output "$tmp/data" >"$logdir/prepare.log" 2>&1 || fail prepare "$(tail -5 "$logdir/prepare.log")"
+t 120 "$logdir/prepare.log" "$BIN" prepare --input "$DATA/sotu" --tokenizer "$DATA/gpt2" --output "$tmp/data" ||
+  fail prepare "$(tail -5 "$logdir/prepare.log")"
 common=(train --model gpt2-demo --data "$tmp/data" --seq-len 128 --batch-size 8 --seed 1 --lr 1e-3 --no-shuffle
         --eval-interval 0 --sample-tokens 0 --log-interval 50)
 losses() { grep '"loss"' "$1/metrics.jsonl" | sed 's/.*"loss":\([0-9.e+-]*\).*/\1/'; }
@@ -83,11 +147,11 @@ close() {  # close NAME TOL A B
 }
 
 # 3. 300 steps, GPU vs CPU fp32
-OMP_NUM_THREADS=$(nproc) "$BIN" "${common[@]}" --steps 300 --device cpu --no-save --save-dir "$tmp/cpu" \
-  --metrics "$tmp/cpu/metrics.jsonl" >"$logdir/train_cpu.log" 2>&1 || fail train_cpu_runs "$(tail -3 "$logdir/train_cpu.log")"
+t 240 "$logdir/train_cpu.log" env OMP_NUM_THREADS="$(nproc)" "$BIN" "${common[@]}" --steps 300 --device cpu --no-save \
+  --save-dir "$tmp/cpu" --metrics "$tmp/cpu/metrics.jsonl" || fail train_cpu_runs "$(tail -3 "$logdir/train_cpu.log")"
 for p in fp32 bf16; do
-  "$BIN" "${common[@]}" --steps 300 --device cuda --precision $p --no-save --save-dir "$tmp/gpu_$p" \
-    --metrics "$tmp/gpu_$p/metrics.jsonl" >"$logdir/train_gpu_$p.log" 2>&1 || fail "train_gpu_${p}_runs" "$(tail -3 "$logdir/train_gpu_$p.log")"
+  t 120 "$logdir/train_gpu_$p.log" "$BIN" "${common[@]}" --steps 300 --device cuda --precision $p --no-save \
+    --save-dir "$tmp/gpu_$p" --metrics "$tmp/gpu_$p/metrics.jsonl" || fail "train_gpu_${p}_runs" "$(tail -3 "$logdir/train_gpu_$p.log")"
   losses "$tmp/gpu_$p" >"$tmp/gpu_$p.loss"
 done
 losses "$tmp/cpu" >"$tmp/cpu.loss"
@@ -96,8 +160,8 @@ close gpu_fp32_300_steps_track_cpu_fp32 2e-2 "$tmp/gpu_fp32.loss" "$tmp/cpu.loss
 close gpu_bf16_300_steps_track_cpu_fp32 5e-2 "$tmp/gpu_bf16.loss" "$tmp/cpu.loss"
 
 # 4. fp16 with an injected overflow at step 5
-SHARDLM_FAULT=0:5:overflow "$BIN" "${common[@]}" --steps 8 --device cuda --precision fp16 --save-interval 1 \
-  --save-dir "$tmp/ov" >"$logdir/overflow.log" 2>&1 || fail fp16_overflow_run "$(tail -3 "$logdir/overflow.log")"
+t 120 "$logdir/overflow.log" env SHARDLM_FAULT=0:5:overflow "$BIN" "${common[@]}" --steps 8 --device cuda --precision fp16 \
+  --save-interval 1 --save-dir "$tmp/ov" || fail fp16_overflow_run "$(tail -3 "$logdir/overflow.log")"
 [ "$(grep -c 'gradient overflow' "$logdir/overflow.log")" -eq 1 ] && grep -q '^step 5 | fp16 gradient overflow' "$logdir/overflow.log" &&
   pass gpu_fp16_overflow_skips_exactly_step_5 || fail gpu_fp16_overflow_skips_exactly_step_5 "$(grep overflow "$logdir/overflow.log")"
 cmp -s "$tmp/ov/step_00000004/model.safetensors" "$tmp/ov/step_00000005/model.safetensors" &&
@@ -106,11 +170,11 @@ cmp -s "$tmp/ov/step_00000004/model.safetensors" "$tmp/ov/step_00000005/model.sa
   pass gpu_skipped_step_changes_nothing || fail gpu_skipped_step_changes_nothing
 
 # 5. resume on the GPU
-"$BIN" "${common[@]}" --steps 20 --device cuda --precision bf16 --save-interval 10 --save-dir "$tmp/r1" \
-  >"$logdir/resume_a.log" 2>&1 || fail gpu_run_20 "$(tail -3 "$logdir/resume_a.log")"
+t 120 "$logdir/resume_a.log" "$BIN" "${common[@]}" --steps 20 --device cuda --precision bf16 --save-interval 10 \
+  --save-dir "$tmp/r1" || fail gpu_run_20 "$(tail -3 "$logdir/resume_a.log")"
 mkdir -p "$tmp/r2" && cp -r "$tmp/r1/step_00000010" "$tmp/r2/" && echo step_00000010 >"$tmp/r2/latest"
-"$BIN" "${common[@]}" --steps 20 --device cuda --precision bf16 --resume auto --save-dir "$tmp/r2" \
-  >"$logdir/resume_b.log" 2>&1 || fail gpu_resume_runs "$(tail -3 "$logdir/resume_b.log")"
+t 120 "$logdir/resume_b.log" "$BIN" "${common[@]}" --steps 20 --device cuda --precision bf16 --resume auto \
+  --save-dir "$tmp/r2" || fail gpu_resume_runs "$(tail -3 "$logdir/resume_b.log")"
 cmp -s "$tmp/r1/step_00000020/model.safetensors" "$tmp/r2/step_00000020/model.safetensors" &&
   cmp -s "$tmp/r1/step_00000020/optim_00000_of_00001.safetensors" "$tmp/r2/step_00000020/optim_00000_of_00001.safetensors" &&
   pass gpu_resume_is_bit_identical || fail gpu_resume_is_bit_identical
@@ -119,8 +183,8 @@ cmp -s "$tmp/r1/step_00000020/model.safetensors" "$tmp/r2/step_00000020/model.sa
 CS=$(command -v compute-sanitizer 2>/dev/null || echo "$CUDA_HOME/bin/compute-sanitizer")
 if [ -x "$CS" ]; then
   for tool in memcheck racecheck synccheck; do
-    "$CS" --tool $tool --error-exitcode 99 "$BIN" "${common[@]}" --model gpt2-tiny --seq-len 32 --batch-size 2 --steps 2 \
-      --device cuda --no-save >"$logdir/sanitizer_$tool.log" 2>&1; rc=$?
+    t 120 "$logdir/sanitizer_$tool.log" "$CS" --tool $tool --error-exitcode 99 "$BIN" "${common[@]}" --model gpt2-tiny \
+      --seq-len 32 --batch-size 2 --steps 2 --device cuda --no-save; rc=$?
     grep -q "ERROR SUMMARY: 0 errors" "$logdir/sanitizer_$tool.log" && [ $rc -eq 0 ] && pass "compute_sanitizer_${tool}_clean" ||
       fail "compute_sanitizer_${tool}_clean" "$(grep -E 'ERROR SUMMARY|Invalid|Race|error' "$logdir/sanitizer_$tool.log" | head -5)"
   done
@@ -131,9 +195,8 @@ fi
 if "$BIN" report 2>/dev/null | grep -Eq '^  comm nccl +built in'; then
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
   unset SHARDLM_RANK SHARDLM_WORLD_SIZE RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE
-  one_rank() {  # one process under mpirun (a singleton MPI start without it)
-    if command -v mpirun >/dev/null 2>&1; then mpirun --allow-run-as-root -np 1 "$@"; else "$@"; fi
-  }
+  one_rank=()   # one process under mpirun; without it a singleton MPI start (scripts/gpu_env.sh)
+  command -v mpirun >/dev/null 2>&1 && one_rank=(mpirun --allow-run-as-root -np 1)
   step_losses() { grep '"loss"' "$1/metrics.jsonl" | sed 's/,"tokens_per_s".*//'; }
   same_run() {  # same_run NAME DIR REF: step-20 weights, optimizer state and every step's loss identical
     local a="$2/step_00000020" b="$3/step_00000020"
@@ -146,12 +209,12 @@ if "$BIN" report 2>/dev/null | grep -Eq '^  comm nccl +built in'; then
     fi
   }
   n20=("${common[@]}" --steps 20 --device cuda --save-interval 10)
-  "$BIN" "${n20[@]}" --precision fp32 --save-dir "$tmp/n_plain" >"$logdir/nccl1_plain.log" 2>&1 ||
+  t 120 "$logdir/nccl1_plain.log" "$BIN" "${n20[@]}" --precision fp32 --save-dir "$tmp/n_plain" ||
     fail nccl1_plain_runs "$(tail -3 "$logdir/nccl1_plain.log")"
   for s in 0 1 2 3; do
     sample=0; [ $s -eq 3 ] && sample=16   # stage 3 gathers the weights on the GPU to sample after training
-    one_rank "$BIN" "${n20[@]}" --precision fp32 --comm-backend nccl --zero-stage $s --sample-tokens $sample \
-      --save-dir "$tmp/n_s$s" >"$logdir/nccl1_fp32_stage$s.log" 2>&1 ||
+    t 120 "$logdir/nccl1_fp32_stage$s.log" ${one_rank[@]+"${one_rank[@]}"} "$BIN" "${n20[@]}" --precision fp32 --comm-backend nccl --zero-stage $s \
+      --sample-tokens $sample --save-dir "$tmp/n_s$s" ||
       fail "nccl1_fp32_stage${s}_runs" "$(tail -3 "$logdir/nccl1_fp32_stage$s.log")"
     same_run "nccl_world1_fp32_stage${s}_bit_identical_to_one_gpu" "$tmp/n_s$s" "$tmp/n_plain"
   done
@@ -160,18 +223,18 @@ if "$BIN" report 2>/dev/null | grep -Eq '^  comm nccl +built in'; then
   # bf16: fp32 master slices, gathered for the checkpoint (stage 1 through host memory, stage 3
   # through the windows); the reference is step 5's plain bf16 run with the same flags
   for s in 1 3; do
-    one_rank "$BIN" "${n20[@]}" --precision bf16 --comm-backend nccl --zero-stage $s --save-dir "$tmp/nb_s$s" \
-      >"$logdir/nccl1_bf16_stage$s.log" 2>&1 || fail "nccl1_bf16_stage${s}_runs" "$(tail -3 "$logdir/nccl1_bf16_stage$s.log")"
+    t 120 "$logdir/nccl1_bf16_stage$s.log" ${one_rank[@]+"${one_rank[@]}"} "$BIN" "${n20[@]}" --precision bf16 --comm-backend nccl --zero-stage $s \
+      --save-dir "$tmp/nb_s$s" || fail "nccl1_bf16_stage${s}_runs" "$(tail -3 "$logdir/nccl1_bf16_stage$s.log")"
     same_run "nccl_world1_bf16_stage${s}_bit_identical_to_one_gpu" "$tmp/nb_s$s" "$tmp/r1"
   done
   # resume a ZeRO-3 NCCL run from its step-10 checkpoint, with NCCL stage 3 and with a plain GPU run
   for how in nccl plain; do
     d="$tmp/nr_$how"; mkdir -p "$d" && cp -r "$tmp/nb_s3/step_00000010" "$d/" && echo step_00000010 >"$d/latest"
     if [ $how = nccl ]; then
-      one_rank "$BIN" "${n20[@]}" --precision bf16 --comm-backend nccl --zero-stage 3 --resume auto --save-dir "$d" \
-        >"$logdir/nccl1_resume_$how.log" 2>&1
+      t 120 "$logdir/nccl1_resume_$how.log" ${one_rank[@]+"${one_rank[@]}"} "$BIN" "${n20[@]}" --precision bf16 --comm-backend nccl --zero-stage 3 \
+        --resume auto --save-dir "$d"
     else
-      "$BIN" "${n20[@]}" --precision bf16 --resume auto --save-dir "$d" >"$logdir/nccl1_resume_$how.log" 2>&1
+      t 120 "$logdir/nccl1_resume_$how.log" "$BIN" "${n20[@]}" --precision bf16 --resume auto --save-dir "$d"
     fi || fail "nccl1_resume_${how}_runs" "$(tail -3 "$logdir/nccl1_resume_$how.log")"
     cmp -s "$d/step_00000020/model.safetensors" "$tmp/nb_s3/step_00000020/model.safetensors" &&
       cmp -s "$d/step_00000020/optim_00000_of_00001.safetensors" "$tmp/nb_s3/step_00000020/optim_00000_of_00001.safetensors" &&
@@ -182,6 +245,3 @@ else
   fail nccl_backend_built "shardlm report does not list the nccl comm backend as built in"
 fi
 
-echo "logs: $logdir"
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]

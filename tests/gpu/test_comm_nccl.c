@@ -449,6 +449,7 @@ static void check_order_after(void) {
 }
 
 int main(int argc, char **argv) {
+    setvbuf(stdout, NULL, _IOLBF, 0);   // line-buffered: a crash keeps the lines printed so far
     if (!sl_comm_nccl_built()) {
         printf("SKIP test_comm_nccl: libshardlm was built without NCCL\n");
         return 0;

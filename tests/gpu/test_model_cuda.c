@@ -157,6 +157,7 @@ static void check_bf16_compute(const char *preset, const sl_ops *gpu) {
 }
 
 int main(int argc, char **argv) {
+    setvbuf(stdout, NULL, _IOLBF, 0);   // line-buffered: a crash keeps the lines printed so far
     const sl_ops *gpu = sl_ops_for_device(argc > 1 ? argv[1] : "cuda:0", 0);
     if (!gpu) {
         printf("FAIL cuda_backend_available: %s\n0 passed, 1 failed\n", sl_error());

@@ -797,8 +797,32 @@ static void test_memory(void) {
     else pass("alloc_failure_message", 0.0);
 }
 
+// The op groups, each runnable alone (argv[2]): a CUDA error is sticky in the backend, so one failing op
+// would fail every later case of its process; tests/gpu/run.sh runs each group as its own process.
+static const char *const GROUPS[] = {"basics", "encoder", "matmul", "matmul_gelu", "matmul_16bit", "norm", "elementwise",
+                                     "rope", "attention", "decode", "crossentropy", "optimizer"};
+static const char *only;   // the group to run; NULL: all
+static int group(const char *name) { return !only || !strcmp(only, name); }
+
+// usage: test_ops_cuda [DEVICE [GROUP|all|list]]
 int main(int argc, char **argv) {
+    setvbuf(stdout, NULL, _IOLBF, 0);   // line-buffered: a crash keeps the lines printed so far
     const char *device = argc > 1 ? argv[1] : "cuda:0";
+    const int ngroups = (int)(sizeof GROUPS / sizeof GROUPS[0]);
+    if (argc > 2 && !strcmp(argv[2], "list")) {
+        for (int g = 0; g < ngroups; g++) printf("%s\n", GROUPS[g]);
+        return 0;
+    }
+    if (argc > 2 && strcmp(argv[2], "all")) {
+        only = argv[2];
+        int known = 0;
+        for (int g = 0; g < ngroups; g++) known |= !strcmp(only, GROUPS[g]);
+        if (!known) {
+            printf("FAIL op_group_known: no op group '%s' (test_ops_cuda %s list prints them)\n", only, device);
+            printf("0 passed, 1 failed\n");
+            return 1;
+        }
+    }
     gpu = sl_ops_for_device(device, 0);
     if (!gpu) {
         if (strstr(sl_error(), "no usable CUDA GPU")) {
@@ -814,68 +838,92 @@ int main(int argc, char **argv) {
            gpu->name, REL_TOL);
     fflush(stdout);
     rng = sl_rng_make(1234, 0, 0, SL_RNG_TEST);
-    test_table();
-    test_memory();
+    if (group("basics")) {
+        test_table();
+        test_memory();
+    }
 
-    test_encoder("small", 2, 37, 40, 97, 1);
-    test_encoder("no_wpe", 3, 17, 64, 50, 0);
-    test_encoder("gpt2", 1, 1024, 768, 50257, 1);
+    if (group("encoder")) {
+        test_encoder("small", 2, 37, 40, 97, 1);
+        test_encoder("no_wpe", 3, 17, 64, 50, 0);
+        test_encoder("gpt2", 1, 1024, 768, 50257, 1);
+    }
 
-    test_matmul("small_bias", 37, 19, 23, 1, 0);
-    test_matmul("small_nobias", 37, 19, 23, 0, 0);
-    test_matmul("unaligned_bias", 37, 19, 23, 1, 1);
-    test_matmul("one_row", 1, 64, 96, 1, 0);
-    test_matmul("gpt2_qkv", 1024, 768, 2304, 1, 0);
-    test_matmul("gpt2_fc", 1024, 768, 3072, 1, 0);
-    test_matmul("gpt2_proj", 1024, 3072, 768, 1, 0);
-    test_matmul("gpt2_lm_head", 256, 768, 50257, 0, 0);
+    if (group("matmul")) {
+        test_matmul("small_bias", 37, 19, 23, 1, 0);
+        test_matmul("small_nobias", 37, 19, 23, 0, 0);
+        test_matmul("unaligned_bias", 37, 19, 23, 1, 1);
+        test_matmul("one_row", 1, 64, 96, 1, 0);
+        test_matmul("gpt2_qkv", 1024, 768, 2304, 1, 0);
+        test_matmul("gpt2_fc", 1024, 768, 3072, 1, 0);
+        test_matmul("gpt2_proj", 1024, 3072, 768, 1, 0);
+        test_matmul("gpt2_lm_head", 256, 768, 50257, 0, 0);
+    }
 
-    test_matmul_gelu("small_bias_unfused", 37, 19, 23, 1, 0);   // OC % 8 != 0: the fallback path
-    test_matmul_gelu("small_nobias_unfused", 37, 19, 23, 0, 0);
-    test_matmul_gelu("small_bias", 37, 19, 24, 1, 0);           // the GELU_AUX_BIAS epilogue
-    test_matmul_gelu("small_nobias", 37, 19, 24, 0, 0);         // GELU_AUX
-    test_matmul_gelu("unaligned_bias", 37, 19, 24, 1, 1);
-    test_matmul_gelu("one_row", 1, 64, 96, 1, 0);
-    test_matmul_gelu("gpt2_fc", 1024, 768, 3072, 1, 0);
-    test_matmul_gelu("gpt2_fc_nobias", 1024, 768, 3072, 0, 0);
+    if (group("matmul_gelu")) {
+        test_matmul_gelu("small_bias_unfused", 37, 19, 23, 1, 0);   // OC % 8 != 0: the fallback path
+        test_matmul_gelu("small_nobias_unfused", 37, 19, 23, 0, 0);
+        test_matmul_gelu("small_bias", 37, 19, 24, 1, 0);           // the GELU_AUX_BIAS epilogue
+        test_matmul_gelu("small_nobias", 37, 19, 24, 0, 0);         // GELU_AUX
+        test_matmul_gelu("unaligned_bias", 37, 19, 24, 1, 1);
+        test_matmul_gelu("one_row", 1, 64, 96, 1, 0);
+        test_matmul_gelu("gpt2_fc", 1024, 768, 3072, 1, 0);
+        test_matmul_gelu("gpt2_fc_nobias", 1024, 768, 3072, 0, 0);
+    }
 
-    test_matmul_16bit("small", SL_PRECISION_BF16, 37, 19, 24);
-    test_matmul_16bit("gpt2_fc", SL_PRECISION_BF16, 1024, 768, 3072);
-    test_matmul_16bit("gpt2_proj", SL_PRECISION_BF16, 1024, 3072, 768);
-    test_matmul_16bit("gpt2_fc", SL_PRECISION_FP16, 1024, 768, 3072);
+    if (group("matmul_16bit")) {
+        test_matmul_16bit("small", SL_PRECISION_BF16, 37, 19, 24);
+        test_matmul_16bit("gpt2_fc", SL_PRECISION_BF16, 1024, 768, 3072);
+        test_matmul_16bit("gpt2_proj", SL_PRECISION_BF16, 1024, 3072, 768);
+        test_matmul_16bit("gpt2_fc", SL_PRECISION_FP16, 1024, 768, 3072);
+    }
 
-    test_norms("small", 37, 100);
-    test_norms("gpt2", 1024, 768);
-    test_residual_norms("small", 37, 100);
-    test_residual_norms("gpt2", 1024, 768);
-    test_residual_norm_fusion_exact("small", 37, 100);
-    test_residual_norm_fusion_exact("gpt2", 1024, 768);
+    if (group("norm")) {
+        test_norms("small", 37, 100);
+        test_norms("gpt2", 1024, 768);
+        test_residual_norms("small", 37, 100);
+        test_residual_norms("gpt2", 1024, 768);
+        test_residual_norm_fusion_exact("small", 37, 100);
+        test_residual_norm_fusion_exact("gpt2", 1024, 768);
+    }
 
-    test_elementwise("small", 1001, 37, 100);
-    test_elementwise("gpt2", (size_t)1024 * 3072 + 3, 1024, 2048);
+    if (group("elementwise")) {
+        test_elementwise("small", 1001, 37, 100);
+        test_elementwise("gpt2", (size_t)1024 * 3072 + 3, 1024, 2048);
+    }
 
-    test_rope("small", 2, 37, 4, 2, 64, 0);
-    test_rope("small", 2, 37, 4, 2, 64, 5);
-    test_rope("decode", 1, 1, 4, 2, 64, 77);
-    test_rope("llama", 1, 130, 8, 2, 128, 0);
+    if (group("rope")) {
+        test_rope("small", 2, 37, 4, 2, 64, 0);
+        test_rope("small", 2, 37, 4, 2, 64, 5);
+        test_rope("decode", 1, 1, 4, 2, 64, 77);
+        test_rope("llama", 1, 130, 8, 2, 128, 0);
+    }
 
-    test_attention("mha_T77", 2, 77, 4, 4, 64);
-    test_attention("gqa_T100", 2, 100, 4, 2, 64);
-    test_attention("gqa_T1", 3, 1, 4, 2, 64);
-    test_attention("gqa_hd128_T130", 1, 130, 8, 2, 128);
-    test_attention("gpt2_T1024", 1, 1024, 12, 12, 64);
+    if (group("attention")) {
+        test_attention("mha_T77", 2, 77, 4, 4, 64);
+        test_attention("gqa_T100", 2, 100, 4, 2, 64);
+        test_attention("gqa_T1", 3, 1, 4, 2, 64);
+        test_attention("gqa_hd128_T130", 1, 130, 8, 2, 128);
+        test_attention("gpt2_T1024", 1, 1024, 12, 12, 64);
+    }
 
-    test_decode("ctx1", 1, 4, 2, 64);
-    test_decode("gqa_ctx77", 77, 4, 2, 64);
-    test_decode("gpt2_ctx1024", 1024, 12, 12, 64);
+    if (group("decode")) {
+        test_decode("ctx1", 1, 4, 2, 64);
+        test_decode("gqa_ctx77", 77, 4, 2, 64);
+        test_decode("gpt2_ctx1024", 1024, 12, 12, 64);
+    }
 
-    test_crossentropy("small", 37, 100, 128);
-    test_crossentropy("gpt2", 64, 50257, 50304);
+    if (group("crossentropy")) {
+        test_crossentropy("small", 37, 100, 128);
+        test_crossentropy("gpt2", 64, 50257, 50304);
+    }
 
-    test_flat_passes("small", 1001);
-    test_flat_passes("large", (size_t)7 << 20);
-    test_optimizer("small", 1001);
-    test_optimizer("large", ((size_t)7 << 20) + 13);
+    if (group("optimizer")) {
+        test_flat_passes("small", 1001);
+        test_flat_passes("large", (size_t)7 << 20);
+        test_optimizer("small", 1001);
+        test_optimizer("large", ((size_t)7 << 20) + 13);
+    }
 
     if (gpu->synchronize()) fail("synchronize_at_end", "%s", sl_error());
     else pass("synchronize_at_end", 0.0);

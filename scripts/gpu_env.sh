@@ -1,0 +1,66 @@
+# shellcheck shell=bash
+# scripts/gpu_env.sh: sourced (not run) by bench/gpu.sh, tests/gpu/suite.sh and tests/gpu/run.sh to
+# build and run on a GPU machine that may lack the libraries shardlm builds against.
+#
+# gpu_env_setup LOG: when the machine lacks OpenBLAS (openmp) / cJSON / PCRE2 / Open MPI headers or
+# libraries and GPU_DEPS_DIR (default build/gpu-deps, made by bench/gpu_deps.sh) holds .deb files, unpacks
+# them under /tmp/shardlm-deps/root and links into /tmp/shardlm-deps/shim only the libraries that
+# ldconfig does not know; then points CPATH, LIBRARY_PATH, LD_LIBRARY_PATH, BLAS_INC / BLAS_DIR and the
+# Makefile's MPI_CFLAGS / MPI_LIBS at them (OPAL_PREFIX too, so the relocated Open MPI finds its MCA
+# plugins). Always exports MPI_CFLAGS / MPI_LIBS (from mpicc when there is one) and
+# OMPI_MCA_ess_singleton_isolated=1 (a one-process MPI_Init without mpirun / orted). Sets GPU_ENV_MSG to
+# one line saying what it did; returns 1 when the dependencies are missing and none were carried.
+# Runs once per process tree (GPU_ENV_DONE).
+
+gpu_deps_present() {
+    [[ -f "${BLAS_INC:-/usr/include/x86_64-linux-gnu/openblas-openmp}/cblas.h" ]] && command -v mpicc >/dev/null &&
+        printf '#include <cjson/cJSON.h>\n#define PCRE2_CODE_UNIT_WIDTH 8\n#include <pcre2.h>\n' |
+            ${CC:-gcc} -E -x c - >/dev/null 2>&1 &&
+        ldconfig -p | grep -q 'libcjson.so ' && ldconfig -p | grep -q 'libpcre2-8.so '
+}
+
+gpu_use_carried_deps() {  # gpu_use_carried_deps LOG
+    local dir=${GPU_DEPS_DIR:-build/gpu-deps} P=/tmp/shardlm-deps d f n known
+    ls "$dir"/*.deb >/dev/null 2>&1 || return 1
+    mkdir -p "$P/root" "$P/shim"
+    for d in "$dir"/*.deb; do
+        dpkg-deb -x "$d" "$P/root" 2>> "$1" ||
+            (mkdir -p "$P/x" && cd "$P/x" && ar x "$OLDPWD/$d" && tar -xf data.tar.* -C "$P/root") || return 1
+    done
+    known=$(ldconfig -p)
+    local L=$P/root/usr/lib/x86_64-linux-gnu
+    for f in "$L"/*.so* "$L"/openblas-openmp/*.so* "$L"/openmpi/lib/*.so*; do
+        [[ -e "$f" ]] || continue
+        n=$(basename "$f")
+        grep -q "^[[:space:]]*$n " <<< "$known" && continue
+        ln -sf "$(readlink -f "$f")" "$P/shim/$n"
+    done
+    export CPATH=$P/root/usr/include${CPATH:+:$CPATH}
+    export LIBRARY_PATH=$P/shim${LIBRARY_PATH:+:$LIBRARY_PATH}
+    export LD_LIBRARY_PATH=$P/shim${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    [[ -f /usr/include/x86_64-linux-gnu/openblas-openmp/cblas.h ]] ||
+        export BLAS_INC=$P/root/usr/include/x86_64-linux-gnu/openblas-openmp BLAS_DIR=$P/shim
+    if ! command -v mpicc >/dev/null; then
+        export MPI_CFLAGS="-I$L/openmpi/include -I$L/openmpi/include/openmpi" MPI_LIBS="-L$P/shim -lmpi"
+        export OPAL_PREFIX=$P/root/usr   # Debian's plugins: $OPAL_PREFIX/lib/x86_64-linux-gnu/openmpi/lib/openmpi3
+    fi
+    # shellcheck disable=SC2012
+    GPU_ENV_MSG="unpacked $(ls "$dir"/*.deb | wc -l) carried packages from $dir; libraries this machine lacked:"
+    # shellcheck disable=SC2012
+    GPU_ENV_MSG+=" $(ls "$P/shim" | tr '\n' ' ')"
+}
+
+gpu_env_setup() {  # gpu_env_setup LOG
+    local rc=0
+    GPU_ENV_MSG="build dependencies present"
+    if [[ -z "${GPU_ENV_DONE:-}" ]] && ! gpu_deps_present && ! gpu_use_carried_deps "$1"; then
+        GPU_ENV_MSG="missing build dependencies (OpenBLAS-openmp / cJSON / PCRE2 / Open MPI headers or libraries) and"
+        GPU_ENV_MSG+=" no carried .debs in ${GPU_DEPS_DIR:-build/gpu-deps} (make them with bench/gpu_deps.sh, carry that folder)"
+        rc=1
+    fi
+    export GPU_ENV_DONE=1
+    export MPI_CFLAGS=${MPI_CFLAGS-$(mpicc --showme:compile 2>/dev/null)}
+    export MPI_LIBS=${MPI_LIBS-$(mpicc --showme:link 2>/dev/null)}
+    export OMPI_MCA_ess_singleton_isolated=1
+    return $rc
+}
