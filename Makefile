@@ -50,12 +50,15 @@ $(B)/obj/src/ops/backend.o $(B)/obj/src/cli/report.o: CPPFLAGS += -DSHARDLM_HAVE
 $(B)/obj/src/cli/report.o: CPPFLAGS += -DSHARDLM_CUDA_ARCH_DESC='"$(CUDA_ARCH_DESC)"'
 endif
 
-# NCCL comm backend (src/comm/comm_nccl.c): compiled in when CUDA's nccl.h and libnccl exist.
-# libnccl/libcudart are dlopen'ed at run time, so it links nothing from CUDA. NCCL=0 disables it.
-NCCL ?= $(shell test -f $(CUDA_HOME)/include/nccl.h && test -f $(CUDA_HOME)/include/cuda_runtime_api.h && \
-          ls $(CUDA_HOME)/lib64/libnccl.so* >/dev/null 2>&1 && echo 1)
+# NCCL comm backend (src/comm/comm_nccl.c): compiled in when nccl.h and libnccl exist under
+# NCCL_HOME (default CUDA_HOME; lib64/ or lib/, e.g. the nvidia-nccl wheel's folder). libnccl and
+# libcudart are dlopen'ed at run time, so it links nothing from CUDA. NCCL=0 disables it.
+NCCL_HOME ?= $(CUDA_HOME)
+NCCL ?= $(shell test -f $(NCCL_HOME)/include/nccl.h && test -f $(CUDA_HOME)/include/cuda_runtime_api.h && \
+          ls $(NCCL_HOME)/lib64/libnccl.so* $(NCCL_HOME)/lib/libnccl.so* 2>/dev/null | grep -q . && echo 1)
 ifeq ($(NCCL),1)
-$(B)/obj/src/comm/comm.o $(B)/obj/src/comm/comm_nccl.o: CPPFLAGS += -DSHARDLM_HAVE_NCCL -isystem $(CUDA_HOME)/include
+$(B)/obj/src/comm/comm.o $(B)/obj/src/comm/comm_nccl.o: CPPFLAGS += -DSHARDLM_HAVE_NCCL -isystem $(NCCL_HOME)/include \
+  -isystem $(CUDA_HOME)/include
 endif
 # where sl_cuda_dlopen looks first (src/base/cuda_dlopen.c)
 $(B)/obj/src/base/cuda_dlopen.o: CPPFLAGS += -DSHARDLM_CUDA_LIBDIR='"$(CUDA_HOME)/lib64"'

@@ -62,5 +62,23 @@ gpu_env_setup() {  # gpu_env_setup LOG
     export MPI_CFLAGS=${MPI_CFLAGS-$(mpicc --showme:compile 2>/dev/null)}
     export MPI_LIBS=${MPI_LIBS-$(mpicc --showme:link 2>/dev/null)}
     export OMPI_MCA_ess_singleton_isolated=1
+    gpu_use_wheel_libs
     return $rc
+}
+
+# A CUDA toolkit without NCCL (or cuBLASLt): use the nvidia-* wheels of the machine's Python (as
+# PyTorch does). NCCL_HOME tells the Makefile where nccl.h is; the libraries are dlopen'ed by name,
+# so their folders go on LD_LIBRARY_PATH, after anything already there.
+gpu_use_wheel_libs() {
+    local cuda=${CUDA_HOME:-/usr/local/cuda} site
+    site=$(python3 -c 'import nvidia, os; print(os.path.dirname(list(nvidia.__path__)[0]))' 2>/dev/null) || return 0
+    [[ -n "$site" ]] || return 0
+    if [[ ! -f "$cuda/include/nccl.h" && -f "$site/nvidia/nccl/include/nccl.h" ]]; then
+        export NCCL_HOME=$site/nvidia/nccl
+        export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$site/nvidia/nccl/lib
+    fi
+    if ! ls "$cuda"/lib64/libcublasLt.so* >/dev/null 2>&1 && [[ -d "$site/nvidia/cublas/lib" ]]; then
+        export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$site/nvidia/cublas/lib
+    fi
+    return 0
 }
