@@ -62,6 +62,7 @@ int sl_kv_cache_forward(sl_kv_cache *kv, int token, const float **logits) {
     int C = c->n_embd, F = c->n_inner, NH = c->n_head, NKV = c->n_kv_head, HD = sl_config_head_dim(c);
     int KV = NKV * HD, QKV = (NH + 2 * NKV) * HD, FC = c->arch == SL_ARCH_LLAMA ? 2 * F : F, pos = kv->pos;
 
+    if (ops->set_precision) ops->set_precision(m->precision);  // the GEMMs' compute type is the backend's last setting
     const float *wpe_row = L->wpe >= 0 ? P(m, L->wpe) + (size_t)pos * C : NULL;
     memcpy(kv->x, P(m, L->wte) + (size_t)token * C, sizeof(float) * C);
     if (wpe_row) ops->residual_forward(kv->x, kv->x, wpe_row, (size_t)C);

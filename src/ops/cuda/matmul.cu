@@ -335,6 +335,11 @@ static int gemm(int kind, int transa, int transb, int m, int n, int k, const flo
     key.compute = (int)compute_type();
     gemm_plan *p = plan_get(&key, bias, aux);
     if (!p) return -1;
+    if (!p->has_algo && key.compute != (int)fp32_compute) {
+        // a 16-bit compute type the heuristic refuses for this shape / alignment: compute in fp32
+        key.compute = (int)fp32_compute;
+        if (!(p = plan_get(&key, bias, aux))) return -1;
+    }
     if (!p->has_algo) {
         if (bias || aux) return 1;
         sl_cuda_record_failure("cuBLASLt has no algorithm for %s (m=%d n=%d k=%d, alignments %u/%u/%u bytes)",

@@ -14,8 +14,9 @@
 //     waits for the fill, so the buffer is ready for any stream, NCCL's included), or NULL with
 //     "out of GPU memory allocating <what> (<bytes> bytes): ..." set. upload queues the copy (from
 //     pageable host memory the source may be reused as soon as it returns); download waits.
-//   - Work queued here and NCCL's work on its own stream are not ordered: synchronize before
-//     handing a buffer written by an op to a collective.
+//   - Work queued here and NCCL's work on its own stream are ordered only when asked: a collective
+//     on a buffer written by an op first calls sl_comm_order_after(group, ops->stream()) (comm.h),
+//     which makes NCCL's stream wait for this one on the GPU.
 #include "ops/cuda/cuda_common.cuh"
 
 #include <pthread.h>
