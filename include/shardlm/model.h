@@ -9,6 +9,7 @@
 #include "shardlm/config.h"
 #include "shardlm/layout.h"
 #include "shardlm/ops.h"
+#include "shardlm/precision.h"
 
 // What the model tells its unit hook, in order, for one forward and one backward:
 //   forward : PARAMS_GET u (then PARAMS_PUT u) for 0, 1 .. n_layer, n_layer+1 and, with a tied head, 0 again
@@ -18,6 +19,8 @@
 // engine can start gathering it early (ZeRO-3 prefetch).
 typedef enum { SL_PARAMS_GET, SL_PARAMS_PUT, SL_GRADS_GET, SL_GRADS_PUT } sl_unit_event;
 
+// Activations are the ops table's storage type (ops.h: bf16 when ops->act_bf16, else fp32) behind
+// their float pointers; the saved statistics (norm mean / rstd, lse) are always fp32.
 typedef struct {
     float *ln1, *ln1_mean, *ln1_rstd;  // (B,T,C), (B,T), (B,T); mean unused for RMSNorm
     float *qkv;                        // (B,T,(NH+2NKV)*HD), after RoPE for LLaMA
@@ -43,10 +46,17 @@ typedef struct {
     float *grads;    // (layout.total)
     size_t capacity; // floats allocated for params and grads (>= layout.total; the tail stays zero)
     float *rope_cos, *rope_sin;  // (max_seq_len, HD/2), LLaMA only
+    // With ops->act_bf16: the parameters rounded to bf16 (layout.total elements of 2 bytes, flat
+    // offsets as params), the `weight` of every matmul op; sl_model_params_changed refreshes it.
+    // NULL otherwise.
+    sl_bf16 *weights_bf16;
 
-    // activations, allocated for up to act_B x act_T
+    // activations, allocated for up to act_B x act_T in one arena: the storage-typed tensors
+    // (act_elem bytes an element: 2 with ops->act_bf16, else 4), then the fp32 statistics
     int act_B, act_T;
-    float *act_memory;
+    void *act_memory;
+    size_t act_elem;             // bytes per activation element
+    size_t act_bytes;            // bytes of the arena, statistics included
     int *inputs, *targets;       // (B,T) copies of the last forward's batch
     float *encoded;              // (B,T,C)
     sl_layer_acts *layers;
@@ -91,6 +101,11 @@ void sl_model_zero_grad(sl_model *m);
 
 // Points every unit's views into params / grads (after they move).
 void sl_model_bind_views(sl_model *m);
+
+// Tells the model its parameters changed (init, a step, a checkpoint load): with ops->act_bf16 the
+// bf16 weight shadow is rewritten from params (-1 when params is not the whole buffer: ZeRO-3);
+// without it nothing happens.
+int sl_model_params_changed(sl_model *m);
 
 // Grows the parameter and gradient buffers to `capacity` floats (>= layout.total), the tail zeroed,
 // so a sharded engine can gather equal-sized shards in place.

@@ -7,6 +7,24 @@
 // Attention reads q, k, v straight out of the fused qkv activation (N, (NH + 2*NKV) * HD):
 // query head h at column h*HD, key head g at NH*HD + g*HD, value head g at (NH+NKV)*HD + g*HD;
 // query head h uses key/value head h / (NH/NKV) (grouped-query attention).
+//
+// Activation storage (sl_ops.act_bf16). With act_bf16 = 0 every pointer is what its prototype says,
+// float32. With act_bf16 = 1 every ACTIVATION pointer an op receives points to bf16 storage (sl_bf16
+// bits, 2 bytes an element) although the prototypes say float *; the op reads and writes bf16 there
+// (rounding to nearest even) and computes in fp32 inside. Storage-typed (activations):
+//   * inp / out / dinp / dout of every op, a / b of the residual adds, the fused norms' resid;
+//   * qkv and dqkv, attention's out (and q, k_cache, v_cache, out of attention_decode);
+//   * the logits of cross-entropy, and the dlogits its backward writes over them in place;
+//   * matmul_gelu's pre (and the dout it overwrites with dpre);
+//   * the `weight` of matmul_forward / matmul_backward / matmul_gelu_*: with act_bf16 the model
+//     hands them a bf16 SHADOW copy of its weights (sl_model.weights_bf16, refreshed by to_storage
+//     after every change of the parameters), because cuBLASLt wants A and B of one type.
+// Always fp32, whatever act_bf16 says:
+//   * parameters read elementwise (norm weights and biases, matmul biases, wte / wpe of the encoder);
+//   * parameter gradients (dweight, dbias, dw, db, dwte, dwpe), which still ACCUMULATE in fp32;
+//   * the saved statistics: norms' mean / rstd, attention's lse, cross-entropy's lse (and the
+//     double it returns); the RoPE cos / sin tables;
+//   * every buffer of the optimizer passes (sumsq .. sgd_step), to_storage's src.
 #ifndef SHARDLM_OPS_H
 #define SHARDLM_OPS_H
 
@@ -126,6 +144,9 @@ typedef struct sl_ops {
 
     // ---- memory: where this backend's tensors live -------------------------------------------
     int on_device;                                   // 0: host memory (cpu); 1: GPU memory (cuda)
+    // 1: activations (and the GEMMs' weight argument) are bf16 storage, see the top of this file;
+    // 0: everything is fp32. cpu and cuda: 0; cpu-bf16 (emulate_bf16.c, a test backend): 1.
+    int act_bf16;
     void *(*alloc)(size_t bytes, const char *what);  // zero-filled; NULL with a message naming `what`
     void (*dealloc)(void *p);
     void (*memzero)(void *p, size_t bytes);
@@ -148,6 +169,9 @@ typedef struct sl_ops {
     int (*nonfinite)(const float *x, size_t n);       // 1 when any element is Inf or NaN
     // x[i] = x rounded to bf16 / fp16 storage (sl_precision; fp32: nothing), as precision.h rounds.
     void (*round_to)(float *x, size_t n, int precision);
+    // dst (n bf16 storage elements, 2 bytes each) = src (n fp32) rounded to nearest even, exactly as
+    // sl_f32_to_bf16; fills the bf16 weight shadow of an act_bf16 backend.
+    void (*to_storage)(void *dst, const float *src, size_t n);
     // One launch over every segment (segs: a host array): the multi-tensor AdamW / Adam and SGD
     // of optim.h, bit-identical across backends.
     void (*adam_step)(const sl_adam_args *a, float *p, const float *g, float *m, float *v, const sl_segment *segs,
@@ -156,9 +180,13 @@ typedef struct sl_ops {
 } sl_ops;
 
 extern const sl_ops sl_ops_cpu;
+// A test backend emulating the GPU's bf16 activation storage on the CPU (act_bf16 = 1): each op
+// widens its storage-typed inputs to fp32, runs sl_ops_cpu's op and rounds its storage-typed outputs
+// back to bf16. Slow; `--device cpu` picks it when SHARDLM_EMULATE_BF16_STORAGE=1.
+extern const sl_ops sl_ops_cpu_bf16;
 
 // The ops table for `--device cpu|cuda` ("cuda:N" picks GPU N; "cuda" the one LOCAL_RANK says, as
-// torchrun does). Initialises the device. NULL with a message when the name is unknown, the binary
+// torchrun does; "cpu" is sl_ops_cpu_bf16 when SHARDLM_EMULATE_BF16_STORAGE=1). Initialises the device. NULL with a message when the name is unknown, the binary
 // was built without CUDA, or no usable GPU is there.
 const sl_ops *sl_ops_for_device(const char *device, int local_rank);
 // 1 when this binary has the CUDA backend compiled in.

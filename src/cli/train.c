@@ -572,9 +572,10 @@ static int run(sl_train_config *c, sl_comm *world) {
         sl_generate_config gc = {c->sample_tokens, {1.0f, 40, 1.0f}, c->seed, 0};
         if (c->sample_tokens > model.cfg.max_seq_len - 1) gc.max_new_tokens = model.cfg.max_seq_len - 1;
         printf("sample (%d tokens, temperature 1.0, top-k 40):\n---\n", gc.max_new_tokens);
-        // token-by-token decoding runs on the CPU: a GPU model hands its weights to a host copy
+        // token-by-token decoding runs on the CPU in fp32: a GPU model (or one with bf16 activation
+        // storage) hands its weights to a host copy
         sl_model host_model, *sm = &model;
-        if (model.ops->on_device) {
+        if (model.ops->on_device || model.ops->act_bf16) {
             if (sl_model_create(&host_model, &model.cfg, &sl_ops_cpu)) goto done;
             model.ops->download(host_model.params, model.params, model.layout.total * sizeof(float));
             sm = &host_model;

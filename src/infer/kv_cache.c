@@ -11,6 +11,9 @@
 
 int sl_kv_cache_init(sl_kv_cache *kv, const sl_model *m, int max_ctx) {
     memset(kv, 0, sizeof *kv);
+    if (m->ops->act_bf16)  // its buffers are fp32 host memory
+        return sl_errorf("KV cache: the %s backend stores activations in bf16; decode with the cpu backend",
+                         m->ops->name);
     const sl_model_config *c = &m->cfg;
     if (max_ctx <= 0 || max_ctx > c->max_seq_len) max_ctx = c->max_seq_len;
     size_t HD = (size_t)sl_config_head_dim(c), KV = (size_t)c->n_kv_head * HD, C = (size_t)c->n_embd;

@@ -23,6 +23,10 @@ static inline size_t unit_offset(const sl_model *m, int idx) {
 }
 #define P(m, idx) ((m)->param_view[(m)->layout.tensors[(idx)].unit] + unit_offset((m), (idx)))
 #define G(m, idx) ((m)->grad_view[(m)->layout.tensors[(idx)].unit] + unit_offset((m), (idx)))
+// A matmul op's weight: the bf16 shadow with ops->act_bf16 (ops.h: storage-typed), else P.
+#define W(m, idx)                                                                           \
+    ((m)->weights_bf16 ? (const float *)(const void *)((m)->weights_bf16 + (m)->layout.tensors[(idx)].offset) \
+                       : P(m, idx))
 // Tells the unit hook (if any) about an event; returns -1 from the calling function on its error.
 #define HOOK(m, event, unit, next)                                                                   \
     do {                                                                                             \
@@ -45,6 +49,10 @@ int sl_model_create(sl_model *m, const sl_model_config *cfg, const sl_ops *ops) 
     m->grads = ops->alloc(m->layout.total * sizeof(float), "gradients");
     if (!m->params || !m->grads) { sl_model_free(m); return -1; }
     m->capacity = m->layout.total;
+    if (ops->act_bf16 && !(m->weights_bf16 = ops->alloc(m->layout.total * sizeof(sl_bf16), "bf16 weights"))) {
+        sl_model_free(m);
+        return -1;
+    }
     m->param_view = sl_calloc((size_t)m->layout.n_units, sizeof(float *), "unit views");
     m->grad_view = sl_calloc((size_t)m->layout.n_units, sizeof(float *), "unit views");
     if (!m->param_view || !m->grad_view) { sl_model_free(m); return -1; }
@@ -78,6 +86,7 @@ static void free_acts(sl_model *m) {
     release(m, m->inputs);
     release(m, m->targets);
     m->act_memory = NULL;
+    m->act_bytes = 0;
     m->layers = NULL;
     m->inputs = m->targets = NULL;
     m->act_B = m->act_T = 0;
@@ -88,6 +97,7 @@ void sl_model_free(sl_model *m) {
     free_acts(m);
     release(m, m->params);
     release(m, m->grads);
+    release(m, m->weights_bf16);
     release(m, m->rope_cos);
     release(m, m->rope_sin);
     free(m->param_view);
@@ -152,7 +162,59 @@ int sl_model_init_weights(sl_model *m, uint64_t seed) {
         m->ops->upload(m->params, host, L->total * sizeof(float));
         free(host);
     }
+    return sl_model_params_changed(m);
+}
+
+int sl_model_params_changed(sl_model *m) {
+    if (!m->weights_bf16) return 0;
+    if (!m->params)
+        return sl_errorf("bf16 activation storage: the parameters are not in one buffer (ZeRO-3), so their bf16 "
+                         "copy for the GEMMs cannot be refreshed");
+    m->ops->to_storage(m->weights_bf16, m->params, m->layout.total);
     return 0;
+}
+
+// The activation arena, planned in bytes: storage-typed tensors of `elem` bytes an element at `act`,
+// fp32 statistics at `stat`. With fp32 storage both share one cursor, in the order the tensors are
+// taken (the layout fp32 runs have always had); with bf16 storage the statistics follow all the
+// activations and every tensor starts 16-byte aligned. base NULL: a sizing pass.
+typedef struct {
+    char *base;
+    size_t elem, act, stat, stat_begin;
+    int split;
+} arena;
+
+static size_t arena_round(const arena *a, size_t bytes) { return a->split ? (bytes + 15) / 16 * 16 : bytes; }
+
+static float *take(arena *a, size_t n, int is_stat) {
+    size_t *cursor = is_stat && a->split ? &a->stat : &a->act;
+    size_t begin = *cursor + (cursor == &a->stat ? a->stat_begin : 0);
+    *cursor += arena_round(a, n * (is_stat ? sizeof(float) : a->elem));
+    return a->base ? (float *)(void *)(a->base + begin) : NULL;
+}
+
+// Points every activation into the arena (or, with base NULL, only sizes it); returns its bytes.
+static size_t plan_acts(sl_model *m, arena *a, int B, int T) {
+    const sl_model_config *c = &m->cfg;
+    size_t N = (size_t)B * T, C = (size_t)c->n_embd, F = (size_t)c->n_inner, QKV = (size_t)qkv_width(c);
+    size_t FC = (size_t)fc_width(c), NH = (size_t)c->n_head, Vp = (size_t)c->padded_vocab_size;
+    size_t big = QKV > FC ? QKV : FC, mid = C > F ? C : F;
+    sl_layer_acts scratch;
+#define ACT(ptr, n) ((ptr) = take(a, (n), 0))
+#define STAT(ptr, n) ((ptr) = take(a, (n), 1))
+    ACT(m->encoded, N * C);
+    for (int l = 0; l < c->n_layer; l++) {
+        sl_layer_acts *x = a->base ? &m->layers[l] : &scratch;
+        ACT(x->ln1, N * C); STAT(x->ln1_mean, N); STAT(x->ln1_rstd, N);
+        ACT(x->qkv, N * QKV); ACT(x->att, N * C); STAT(x->lse, NH * N); ACT(x->resid2, N * C);
+        ACT(x->ln2, N * C); STAT(x->ln2_mean, N); STAT(x->ln2_rstd, N);
+        ACT(x->fch, N * FC); ACT(x->fch_act, N * F); ACT(x->resid3, N * C);
+    }
+    ACT(m->lnf, N * C); STAT(m->lnf_mean, N); STAT(m->lnf_rstd, N); ACT(m->logits, N * Vp); STAT(m->logits_lse, N);
+    ACT(m->dresid, N * C); ACT(m->dln, N * C); ACT(m->dA, N * big); ACT(m->dB, N * mid);
+#undef ACT
+#undef STAT
+    return a->act + a->stat;
 }
 
 // Plans every activation for (B, T) in one allocation.
@@ -160,32 +222,21 @@ static int alloc_acts(sl_model *m, int B, int T) {
     if (m->act_memory && B <= m->act_B && T <= m->act_T && (size_t)B * T <= (size_t)m->act_B * m->act_T) return 0;
     free_acts(m);
     const sl_model_config *c = &m->cfg;
-    size_t N = (size_t)B * T, C = (size_t)c->n_embd, F = (size_t)c->n_inner, QKV = (size_t)qkv_width(c);
-    size_t FC = (size_t)fc_width(c), NH = (size_t)c->n_head, Vp = (size_t)c->padded_vocab_size;
-    size_t per_layer = N * C + 2 * N + N * QKV + N * C + NH * N + N * C + N * C + 2 * N + N * FC + N * F + N * C;
-    size_t big = QKV > FC ? QKV : FC, mid = C > F ? C : F;
-    size_t total = N * C + per_layer * (size_t)c->n_layer + N * C + 2 * N + N * Vp + N + N * C + N * C + N * big + N * mid;
-    m->act_memory = m->ops->alloc(total * sizeof(float), "activations");
+    size_t N = (size_t)B * T;
+    arena a = {NULL, m->ops->act_bf16 ? sizeof(sl_bf16) : sizeof(float), 0, 0, 0, m->ops->act_bf16};
+    size_t total = plan_acts(m, &a, B, T);
+    m->act_memory = m->ops->alloc(total, "activations");
     m->layers = sl_calloc((size_t)c->n_layer, sizeof(sl_layer_acts), "activations");
     m->inputs = m->ops->alloc(N * sizeof(int), "batch");
     m->targets = m->ops->alloc(N * sizeof(int), "batch");
     if (!m->act_memory || !m->layers || !m->inputs || !m->targets) {
         free_acts(m);
-        return sl_error_context("planning activations for B=%d T=%d (%.1f MB)", B, T, total * 4.0 / 1e6);
+        return sl_error_context("planning activations for B=%d T=%d (%.1f MB)", B, T, total / 1e6);
     }
-    float *p = m->act_memory;
-#define TAKE(ptr, n) do { (ptr) = p; p += (n); } while (0)
-    TAKE(m->encoded, N * C);
-    for (int l = 0; l < c->n_layer; l++) {
-        sl_layer_acts *a = &m->layers[l];
-        TAKE(a->ln1, N * C); TAKE(a->ln1_mean, N); TAKE(a->ln1_rstd, N);
-        TAKE(a->qkv, N * QKV); TAKE(a->att, N * C); TAKE(a->lse, NH * N); TAKE(a->resid2, N * C);
-        TAKE(a->ln2, N * C); TAKE(a->ln2_mean, N); TAKE(a->ln2_rstd, N);
-        TAKE(a->fch, N * FC); TAKE(a->fch_act, N * F); TAKE(a->resid3, N * C);
-    }
-    TAKE(m->lnf, N * C); TAKE(m->lnf_mean, N); TAKE(m->lnf_rstd, N); TAKE(m->logits, N * Vp); TAKE(m->logits_lse, N);
-    TAKE(m->dresid, N * C); TAKE(m->dln, N * C); TAKE(m->dA, N * big); TAKE(m->dB, N * mid);
-#undef TAKE
+    arena real = {m->act_memory, a.elem, 0, 0, a.act, a.split};
+    plan_acts(m, &real, B, T);
+    m->act_elem = a.elem;
+    m->act_bytes = total;
     m->act_B = B;
     m->act_T = T;
     return 0;
@@ -223,7 +274,10 @@ static void norm_backward(sl_model *m, float *dinp, const float *dout, const flo
         m->ops->rmsnorm_backward(dinp, G(m, w_idx), dout, inp, P(m, w_idx), rstd, N, c->n_embd);
 }
 
-static const float *head_weight(const sl_model *m) { return P(m, m->layout.lm_head >= 0 ? m->layout.lm_head : m->layout.wte); }
+// The head GEMM's weight (the shadow with bf16 storage; the embedding's when tied).
+static const float *head_weight(const sl_model *m) {
+    return W(m, m->layout.lm_head >= 0 ? m->layout.lm_head : m->layout.wte);
+}
 
 int sl_model_forward(sl_model *m, const int *inputs, const int *targets, int B, int T, float *loss) {
     const sl_model_config *c = &m->cfg;
@@ -266,20 +320,20 @@ int sl_model_forward(sl_model *m, const int *inputs, const int *targets, int B, 
         sl_layer_acts *a = &m->layers[l];
         HOOK(m, SL_PARAMS_GET, l + 1, l + 2);
         norm_forward(m, a->ln1, a->ln1_mean, a->ln1_rstd, resid, pending, k->ln1_w, k->ln1_b, (int)N);
-        ops->matmul_forward(a->qkv, a->ln1, P(m, k->qkv_w), P_OPT(m, k->qkv_b), (int)N, C, QKV);
+        ops->matmul_forward(a->qkv, a->ln1, W(m, k->qkv_w), P_OPT(m, k->qkv_b), (int)N, C, QKV);
         if (c->arch == SL_ARCH_LLAMA) ops->rope_forward(a->qkv, m->rope_cos, m->rope_sin, B, T, NH, NKV, HD, 0);
         ops->attention_forward(a->att, a->lse, a->qkv, B, T, NH, NKV, HD);
-        ops->matmul_forward(a->resid2, a->att, P(m, k->attn_proj_w), P_OPT(m, k->attn_proj_b), (int)N, C, C);
+        ops->matmul_forward(a->resid2, a->att, W(m, k->attn_proj_w), P_OPT(m, k->attn_proj_b), (int)N, C, C);
         // resid2 = attention output + resid, fused with ln2
         norm_forward(m, a->ln2, a->ln2_mean, a->ln2_rstd, a->resid2, resid, k->ln2_w, k->ln2_b, (int)N);
         if (c->arch == SL_ARCH_GPT2) {
-            ops->matmul_gelu_forward(a->fch_act, a->fch, a->ln2, P(m, k->fc_w), P_OPT(m, k->fc_b), (int)N, C, F);
+            ops->matmul_gelu_forward(a->fch_act, a->fch, a->ln2, W(m, k->fc_w), P_OPT(m, k->fc_b), (int)N, C, F);
         } else {
-            ops->matmul_forward(a->fch, a->ln2, P(m, k->fc_w), P_OPT(m, k->fc_b), (int)N, C, FC);
+            ops->matmul_forward(a->fch, a->ln2, W(m, k->fc_w), P_OPT(m, k->fc_b), (int)N, C, FC);
             ops->swiglu_forward(a->fch_act, a->fch, (int)N, F);
         }
         // resid3 = MLP output (+ resid2, added by the next norm)
-        ops->matmul_forward(a->resid3, a->fch_act, P(m, k->mlp_proj_w), P_OPT(m, k->mlp_proj_b), (int)N, F, C);
+        ops->matmul_forward(a->resid3, a->fch_act, W(m, k->mlp_proj_w), P_OPT(m, k->mlp_proj_b), (int)N, F, C);
         HOOK(m, SL_PARAMS_PUT, l + 1, l + 2);
         resid = a->resid3;
         pending = a->resid2;
@@ -325,13 +379,13 @@ int sl_model_backward(sl_model *m, float grad_scale) {
     HOOK(m, SL_GRADS_GET, head_unit, -1);
     ops->crossentropy_backward(m->logits, m->logits_lse, m->targets, N, c->vocab_size, Vp, dloss);
     int head = L->lm_head >= 0 ? L->lm_head : L->wte;
-    ops->matmul_backward(m->dln, G(m, head), NULL, m->logits, m->lnf, P(m, head), N, C, Vp);
+    ops->matmul_backward(m->dln, G(m, head), NULL, m->logits, m->lnf, W(m, head), N, C, Vp);
     if (tied) {  // the embedding's gradients stay open until the encoder adds its part
         HOOK(m, SL_PARAMS_PUT, 0, last);
         HOOK(m, SL_PARAMS_GET, last, c->n_layer);
         HOOK(m, SL_GRADS_GET, last, -1);
     }
-    ops->memzero(m->dresid, (size_t)N * C * sizeof(float));
+    ops->memzero(m->dresid, (size_t)N * C * m->act_elem);
     const float *final_resid = m->layers[c->n_layer - 1].resid3;
     norm_backward(m, m->dresid, m->dln, final_resid, L->lnf_w, L->lnf_b, m->lnf_mean, m->lnf_rstd, N);
     // the final norm and an untied head are final now; a tied head (wte) only after the encoder
@@ -347,21 +401,21 @@ int sl_model_backward(sl_model *m, float grad_scale) {
         HOOK(m, SL_GRADS_GET, unit, next);
         // MLP: dresid is d(resid3) and flows unchanged into d(resid2) through the residual
         ops->matmul_backward(m->dB, G(m, k->mlp_proj_w), G_OPT(m, k->mlp_proj_b), m->dresid, a->fch_act,
-                             P(m, k->mlp_proj_w), N, F, C);
+                             W(m, k->mlp_proj_w), N, F, C);
         if (c->arch == SL_ARCH_GPT2) {  // dB (the GELU output's gradient) becomes the pre-GELU gradient
-            ops->matmul_gelu_backward(m->dln, G(m, k->fc_w), G_OPT(m, k->fc_b), m->dB, a->fch, a->ln2, P(m, k->fc_w),
+            ops->matmul_gelu_backward(m->dln, G(m, k->fc_w), G_OPT(m, k->fc_b), m->dB, a->fch, a->ln2, W(m, k->fc_w),
                                       N, C, F);
         } else {
             ops->swiglu_backward(m->dA, a->fch, m->dB, N, F);
-            ops->matmul_backward(m->dln, G(m, k->fc_w), G_OPT(m, k->fc_b), m->dA, a->ln2, P(m, k->fc_w), N, C, FC);
+            ops->matmul_backward(m->dln, G(m, k->fc_w), G_OPT(m, k->fc_b), m->dA, a->ln2, W(m, k->fc_w), N, C, FC);
         }
         norm_backward(m, m->dresid, m->dln, a->resid2, k->ln2_w, k->ln2_b, a->ln2_mean, a->ln2_rstd, N);
         // attention
         ops->matmul_backward(m->dB, G(m, k->attn_proj_w), G_OPT(m, k->attn_proj_b), m->dresid, a->att,
-                             P(m, k->attn_proj_w), N, C, C);
+                             W(m, k->attn_proj_w), N, C, C);
         ops->attention_backward(m->dA, m->dB, a->qkv, a->att, a->lse, B, T, NH, NKV, HD);
         if (c->arch == SL_ARCH_LLAMA) ops->rope_backward(m->dA, m->rope_cos, m->rope_sin, B, T, NH, NKV, HD);
-        ops->matmul_backward(m->dln, G(m, k->qkv_w), G_OPT(m, k->qkv_b), m->dA, a->ln1, P(m, k->qkv_w), N, C, QKV);
+        ops->matmul_backward(m->dln, G(m, k->qkv_w), G_OPT(m, k->qkv_b), m->dA, a->ln1, W(m, k->qkv_w), N, C, QKV);
         norm_backward(m, m->dresid, m->dln, resid_in, k->ln1_w, k->ln1_b, a->ln1_mean, a->ln1_rstd, N);
         HOOK(m, SL_PARAMS_PUT, unit, next);
         HOOK(m, SL_GRADS_PUT, unit, next);

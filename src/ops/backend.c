@@ -1,5 +1,6 @@
 // backend.c: `--device cpu | cuda | cuda:N` -> the ops table (sl_ops_for_device), and whether this
-// binary has the CUDA backend (sl_ops_cuda_built). Plain C with no CUDA header: the CUDA backend
+// binary has the CUDA backend (sl_ops_cuda_built). SHARDLM_EMULATE_BF16_STORAGE=1 turns `cpu` into
+// cpu-bf16, the test backend emulating bf16 activation storage. Plain C with no CUDA header: the CUDA backend
 // is reached through cuda_ops.h's C declarations, and only when the Makefile defines
 // SHARDLM_HAVE_CUDA (nvcc found at build time, CUDA != 0).
 //
@@ -38,7 +39,11 @@ static int parse_gpu_index(const char *s) {
 }
 
 const sl_ops *sl_ops_for_device(const char *device, int local_rank) {
-    if (!device || !strcmp(device, "cpu")) return &sl_ops_cpu;
+    if (!device || !strcmp(device, "cpu")) {
+        // the test backend emulating the GPU's bf16 activation storage (ops.h: sl_ops_cpu_bf16)
+        const char *emulate = getenv("SHARDLM_EMULATE_BF16_STORAGE");
+        return emulate && !strcmp(emulate, "1") ? &sl_ops_cpu_bf16 : &sl_ops_cpu;
+    }
     int is_cuda = !strcmp(device, "cuda"), is_indexed = !strncmp(device, "cuda:", 5);
     if (!is_cuda && !is_indexed) {
         sl_errorf("--device '%s' is not a device: expected cpu, cuda or cuda:N (N = GPU index)", device);

@@ -86,6 +86,11 @@ int sl_engine_init(sl_engine *e, sl_model *model, const sl_engine_config *cfg) {
         return sl_errorf("engine: ZeRO stage %d is not one of 0, 1, 2, 3", cfg->zero_stage);
     if (!model->params || !model->grads)
         return sl_errorf("engine: the model's buffers belong to another engine (ZeRO-2/3 took them)");
+    // the GEMMs' bf16 weight copy is of the whole flat buffer, which ZeRO-3 never holds
+    if (model->ops->act_bf16 && cfg->dp && cfg->zero_stage == 3)
+        return sl_errorf("engine: ZeRO stage 3 is not supported with bf16 activation storage (the %s backend): its "
+                         "parameters live in gathered windows, not in the one buffer the GEMMs' bf16 weight copy is "
+                         "made from; use ZeRO stage 0, 1 or 2", model->ops->name);
     // An NCCL group exchanges even alone: one GPU runs the code path of N (and tests it).
     int nccl = cfg->dp && sl_comm_backend_of(cfg->dp) == SL_COMM_NCCL;
     e->distributed = cfg->dp && (sl_comm_size(cfg->dp) > 1 || nccl);
@@ -116,7 +121,7 @@ int sl_engine_init(sl_engine *e, sl_model *model, const sl_engine_config *cfg) {
         e->optim_state[i] = model->ops->alloc(e->state_numel * sizeof(float), "optimizer state");
         if (!e->optim_state[i]) { sl_engine_free(e); return -1; }
     }
-    if (engine_precision_init(e)) { sl_engine_free(e); return -1; }
+    if (engine_precision_init(e) || sl_model_params_changed(model)) { sl_engine_free(e); return -1; }
     if (e->sharded || e->distributed || engine_mixed(e)) {
         model->unit_hook = engine_unit_hook;
         model->unit_hook_ctx = e;
@@ -202,9 +207,12 @@ static int apply_step(sl_engine *e, float *g, size_t n, double used_scale) {
                          &e->decay_mask, e->shard_begin, e->shard_begin + n))
         return -1;
     engine_publish_master(e);
-    if (e->sharded) return sl_zero_after_step(&e->zero);
-    sl_model_zero_grad(e->model);
-    return 0;
+    if (e->sharded) {
+        if (sl_zero_after_step(&e->zero)) return -1;
+    } else {
+        sl_model_zero_grad(e->model);
+    }
+    return sl_model_params_changed(e->model);  // the GEMMs' bf16 weight copy (bf16 activation storage)
 }
 
 int sl_engine_step(sl_engine *e) {

@@ -258,6 +258,7 @@ int sl_engine_load(sl_engine *e, const char *path, char **client_state_json) {
     if (rc == 0) {
         sl_model_zero_grad(e->model);
         engine_capture_master(e);  // the weights just read are fp32: the master, rounded for the model
+        rc = sl_model_params_changed(e->model);
     }
     return rc;
 }

@@ -58,7 +58,7 @@ extern const sl_ops sl_ops_cuda;
   X(rope_forward) X(rope_backward) X(attention_forward) X(attention_backward) X(attention_decode) \
   X(crossentropy_forward) X(crossentropy_backward) X(set_precision) X(alloc) X(dealloc) X(memzero) \
   X(upload) X(download) X(copy) X(synchronize) X(stream) X(peak_bytes) X(reset_peak_bytes) X(sumsq) \
-  X(scale) X(nonfinite) X(round_to) X(adam_step) X(sgd_step)
+  X(scale) X(nonfinite) X(round_to) X(to_storage) X(adam_step) X(sgd_step)
 int main(int argc, char **argv) {
     int bad = 0;
 #define CHECK(f) if (!sl_ops_cuda.f) { printf("NULL entry: %s\n", #f); bad = 1; }

@@ -29,6 +29,9 @@ static void cpu_round_to(float *x, size_t n, int precision) {
     else if (precision == SL_PRECISION_FP16) sl_round_to_fp16_array(x, n);
 }
 
+// The bf16 weight shadow of an act_bf16 table (cpu-bf16 uses this one).
+static void cpu_to_storage(void *dst, const float *src, size_t n) { sl_f32_to_bf16_array(src, (sl_bf16 *)dst, n); }
+
 const sl_ops sl_ops_cpu = {
     .name = "cpu",
     .encoder_forward = cpu_encoder_forward,
@@ -57,6 +60,7 @@ const sl_ops sl_ops_cpu = {
     .crossentropy_backward = cpu_crossentropy_backward,
     .set_precision = cpu_set_precision,
     .on_device = 0,
+    .act_bf16 = 0,
     .alloc = cpu_alloc,
     .dealloc = cpu_dealloc,
     .memzero = cpu_memzero,
@@ -71,6 +75,7 @@ const sl_ops sl_ops_cpu = {
     .scale = cpu_scale,
     .nonfinite = sl_grads_have_overflow,
     .round_to = cpu_round_to,
+    .to_storage = cpu_to_storage,
     .adam_step = sl_adam_apply,
     .sgd_step = sl_sgd_apply,
 };

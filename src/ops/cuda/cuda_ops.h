@@ -58,6 +58,7 @@ double cuda_sumsq(const float *g, size_t n);
 void cuda_scale(float *x, size_t n, float coef);
 int cuda_nonfinite(const float *x, size_t n);
 void cuda_round_to(float *x, size_t n, int precision);
+void cuda_to_storage(void *dst, const float *src, size_t n);
 void cuda_adam_step(const sl_adam_args *a, float *p, const float *g, float *m, float *v, const sl_segment *segs,
                     int n_segs);
 void cuda_sgd_step(const sl_sgd_args *a, float *p, const float *g, float *buf, const sl_segment *segs, int n_segs);

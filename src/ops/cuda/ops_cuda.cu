@@ -286,6 +286,7 @@ extern "C" const sl_ops sl_ops_cuda = {
     /* crossentropy_backward */ cuda_crossentropy_backward,
     /* set_precision */ cuda_set_precision,
     /* on_device */ 1,
+    /* act_bf16 */ 0,
     /* alloc */ cuda_alloc,
     /* dealloc */ cuda_dealloc,
     /* memzero */ cuda_memzero,
@@ -300,10 +301,11 @@ extern "C" const sl_ops sl_ops_cuda = {
     /* scale */ cuda_scale,
     /* nonfinite */ cuda_nonfinite,
     /* round_to */ cuda_round_to,
+    /* to_storage */ cuda_to_storage,
     /* adam_step */ cuda_adam_step,
     /* sgd_step */ cuda_sgd_step,
 };
 
 // Every field above is positional (C++17 has no designated initialisers): a field added to sl_ops
 // without a line here breaks the build instead of leaving a NULL pointer.
-static_assert(sizeof(sl_ops) == sizeof(void *) * 43, "sl_ops changed: update sl_ops_cuda in ops_cuda.cu");
+static_assert(sizeof(sl_ops) == sizeof(void *) * 44, "sl_ops changed: update sl_ops_cuda in ops_cuda.cu");

@@ -173,6 +173,11 @@ __global__ void round_to_kernel(float *x, size_t n) {
     }
 }
 
+// round_to_bf16's bits: the top half of the rounded float (NaN -> 0x7FC0, as sl_f32_to_bf16).
+__global__ void to_storage_kernel(uint16_t *dst, const float *src, size_t n) {
+    GRID_STRIDE(i, n) dst[i] = (uint16_t)(__float_as_uint(round_to_bf16(src[i])) >> 16);
+}
+
 // ---- multi-tensor Adam / SGD ---------------------------------------------------------------------
 
 // Up to OPT_MAX_SEGS sorted, disjoint, non-empty segments, passed by value in the parameter block.
@@ -331,6 +336,13 @@ extern "C" void cuda_round_to(float *x, size_t n, int precision) {
     if (precision == SL_PRECISION_BF16) round_to_kernel<1><<<grid, OPT_THREADS, 0, sl_cuda_stream()>>>(x, n);
     else if (precision == SL_PRECISION_FP16) round_to_kernel<2><<<grid, OPT_THREADS, 0, sl_cuda_stream()>>>(x, n);
     else return;  // fp32: nothing to do
+    CUDA_LAUNCH_CHECK();
+}
+
+extern "C" void cuda_to_storage(void *dst, const float *src, size_t n) {
+    if (n == 0) return;
+    unsigned int grid = grid_for(n, (size_t)1 << 20);
+    to_storage_kernel<<<grid, OPT_THREADS, 0, sl_cuda_stream()>>>((uint16_t *)dst, src, n);
     CUDA_LAUNCH_CHECK();
 }
 

@@ -1,0 +1,321 @@
+// ops_cpu_bf16.c: sl_ops_cpu_bf16, a test backend emulating the GPU's bf16 activation storage
+// (ops.h, act_bf16 = 1) on the CPU. Each op widens its storage-typed inputs from bf16 into fp32
+// temporaries, runs sl_ops_cpu's op on them, and rounds its storage-typed outputs back to bf16
+// (nearest even, as sl_f32_to_bf16). In-place arguments (rope's qkv, crossentropy_backward's logits,
+// matmul_gelu_backward's dout) and accumulating ones (the norms' backward dinp) are widened, updated
+// and rounded back. fp32 arguments (parameters, their gradients, statistics) pass straight through.
+// Memory functions and optimizer passes are the CPU's. Slow (two conversions and a heap buffer per
+// tensor per op): it exists so that CI runs the model's bf16 storage plumbing without a GPU.
+#include "shardlm/ops.h"
+#include "shardlm/precision.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+static const sl_ops *const cpu = &sl_ops_cpu;
+
+// An fp32 temporary of n elements (aborts when the heap is out: an op has no error path).
+static float *scratch(size_t n) {
+    float *f = malloc((n ? n : 1) * sizeof(float));
+    if (!f) {
+        fprintf(stderr, "cpu-bf16: out of memory for a %zu-float temporary\n", n);
+        abort();
+    }
+    return f;
+}
+
+// bf16 storage (n elements) widened into a new fp32 temporary; NULL stays NULL.
+static float *widen(const float *storage, size_t n) {
+    if (!storage) return NULL;
+    float *f = scratch(n);
+    sl_bf16_to_f32_array((const sl_bf16 *)(const void *)storage, f, n);
+    return f;
+}
+
+// The fp32 temporary f rounded into bf16 storage (n elements), then freed; nothing for NULL.
+static void narrow(float *storage, float *f, size_t n) {
+    if (!storage) return;
+    sl_f32_to_bf16_array(f, (sl_bf16 *)(void *)storage, n);
+    free(f);
+}
+
+static size_t sz(int a, int b) { return (size_t)a * (size_t)b; }
+
+static void encoder_forward(float *out, const int *inp, const float *wte, const float *wpe, int B, int T, int C) {
+    size_t n = sz(B * T, C);
+    float *o = scratch(n);
+    cpu->encoder_forward(o, inp, wte, wpe, B, T, C);
+    narrow(out, o, n);
+}
+
+static void encoder_backward(float *dwte, float *dwpe, const float *dout, const int *inp, int B, int T, int C) {
+    float *d = widen(dout, sz(B * T, C));
+    cpu->encoder_backward(dwte, dwpe, d, inp, B, T, C);
+    free(d);
+}
+
+static void matmul_forward(float *out, const float *inp, const float *weight, const float *bias, int N, int IC,
+                           int OC) {
+    float *i = widen(inp, sz(N, IC)), *w = widen(weight, sz(OC, IC)), *o = scratch(sz(N, OC));
+    cpu->matmul_forward(o, i, w, bias, N, IC, OC);
+    narrow(out, o, sz(N, OC));
+    free(i);
+    free(w);
+}
+
+static void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                            const float *weight, int N, int IC, int OC) {
+    float *d = widen(dout, sz(N, OC)), *i = widen(inp, sz(N, IC)), *w = widen(weight, sz(OC, IC));
+    float *di = dinp ? scratch(sz(N, IC)) : NULL;
+    cpu->matmul_backward(di, dweight, dbias, d, i, w, N, IC, OC);
+    narrow(dinp, di, sz(N, IC));
+    free(d);
+    free(i);
+    free(w);
+}
+
+static void matmul_gelu_forward(float *out, float *pre, const float *inp, const float *weight, const float *bias,
+                                int N, int IC, int OC) {
+    float *i = widen(inp, sz(N, IC)), *w = widen(weight, sz(OC, IC));
+    float *o = scratch(sz(N, OC)), *p = scratch(sz(N, OC));
+    cpu->matmul_gelu_forward(o, p, i, w, bias, N, IC, OC);
+    narrow(out, o, sz(N, OC));
+    narrow(pre, p, sz(N, OC));
+    free(i);
+    free(w);
+}
+
+static void matmul_gelu_backward(float *dinp, float *dweight, float *dbias, float *dout, const float *pre,
+                                 const float *inp, const float *weight, int N, int IC, int OC) {
+    float *d = widen(dout, sz(N, OC)), *p = widen(pre, sz(N, OC)), *i = widen(inp, sz(N, IC));
+    float *w = widen(weight, sz(OC, IC)), *di = dinp ? scratch(sz(N, IC)) : NULL;
+    cpu->matmul_gelu_backward(di, dweight, dbias, d, p, i, w, N, IC, OC);
+    narrow(dinp, di, sz(N, IC));
+    narrow(dout, d, sz(N, OC));  // overwritten with the pre-GELU gradient
+    free(p);
+    free(i);
+    free(w);
+}
+
+static void layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *w, const float *b,
+                              int N, int C, float eps) {
+    float *i = widen(inp, sz(N, C)), *o = scratch(sz(N, C));
+    cpu->layernorm_forward(o, mean, rstd, i, w, b, N, C, eps);
+    narrow(out, o, sz(N, C));
+    free(i);
+}
+
+static void layernorm_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp, const float *w,
+                               const float *mean, const float *rstd, int N, int C) {
+    float *di = widen(dinp, sz(N, C)), *d = widen(dout, sz(N, C)), *i = widen(inp, sz(N, C));
+    cpu->layernorm_backward(di, dw, db, d, i, w, mean, rstd, N, C);
+    narrow(dinp, di, sz(N, C));  // accumulated into
+    free(d);
+    free(i);
+}
+
+static void rmsnorm_forward(float *out, float *rstd, const float *inp, const float *w, int N, int C, float eps) {
+    float *i = widen(inp, sz(N, C)), *o = scratch(sz(N, C));
+    cpu->rmsnorm_forward(o, rstd, i, w, N, C, eps);
+    narrow(out, o, sz(N, C));
+    free(i);
+}
+
+static void rmsnorm_backward(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
+                             const float *rstd, int N, int C) {
+    float *di = widen(dinp, sz(N, C)), *d = widen(dout, sz(N, C)), *i = widen(inp, sz(N, C));
+    cpu->rmsnorm_backward(di, dw, d, i, w, rstd, N, C);
+    narrow(dinp, di, sz(N, C));  // accumulated into
+    free(d);
+    free(i);
+}
+
+// The residual adds widen both addends before writing: out / resid may alias a or b.
+static void residual_forward(float *out, const float *a, const float *b, size_t n) {
+    float *x = widen(a, n), *y = widen(b, n), *o = scratch(n);
+    cpu->residual_forward(o, x, y, n);
+    narrow(out, o, n);
+    free(x);
+    free(y);
+}
+
+static void residual_layernorm_forward(float *resid, float *out, float *mean, float *rstd, const float *a,
+                                       const float *b, const float *w, const float *bias, int N, int C, float eps) {
+    size_t n = sz(N, C);
+    float *x = widen(a, n), *y = widen(b, n), *r = scratch(n), *o = scratch(n);
+    cpu->residual_layernorm_forward(r, o, mean, rstd, x, y, w, bias, N, C, eps);
+    narrow(resid, r, n);
+    narrow(out, o, n);
+    free(x);
+    free(y);
+}
+
+static void residual_rmsnorm_forward(float *resid, float *out, float *rstd, const float *a, const float *b,
+                                     const float *w, int N, int C, float eps) {
+    size_t n = sz(N, C);
+    float *x = widen(a, n), *y = widen(b, n), *r = scratch(n), *o = scratch(n);
+    cpu->residual_rmsnorm_forward(r, o, rstd, x, y, w, N, C, eps);
+    narrow(resid, r, n);
+    narrow(out, o, n);
+    free(x);
+    free(y);
+}
+
+static void gelu_forward(float *out, const float *inp, size_t n) {
+    float *i = widen(inp, n), *o = scratch(n);
+    cpu->gelu_forward(o, i, n);
+    narrow(out, o, n);
+    free(i);
+}
+
+static void gelu_backward(float *dinp, const float *inp, const float *dout, size_t n) {
+    float *i = widen(inp, n), *d = widen(dout, n), *di = scratch(n);
+    cpu->gelu_backward(di, i, d, n);
+    narrow(dinp, di, n);
+    free(i);
+    free(d);
+}
+
+static void swiglu_forward(float *out, const float *inp, int N, int I) {
+    float *i = widen(inp, sz(N, 2 * I)), *o = scratch(sz(N, I));
+    cpu->swiglu_forward(o, i, N, I);
+    narrow(out, o, sz(N, I));
+    free(i);
+}
+
+static void swiglu_backward(float *dinp, const float *inp, const float *dout, int N, int I) {
+    float *i = widen(inp, sz(N, 2 * I)), *d = widen(dout, sz(N, I)), *di = scratch(sz(N, 2 * I));
+    cpu->swiglu_backward(di, i, d, N, I);
+    narrow(dinp, di, sz(N, 2 * I));
+    free(i);
+    free(d);
+}
+
+static void rope_forward(float *qkv, const float *cos, const float *sin, int B, int T, int NH, int NKV, int HD,
+                         int pos0) {
+    size_t n = sz(B * T, (NH + 2 * NKV) * HD);
+    float *q = widen(qkv, n);
+    cpu->rope_forward(q, cos, sin, B, T, NH, NKV, HD, pos0);
+    narrow(qkv, q, n);  // in place
+}
+
+static void rope_backward(float *dqkv, const float *cos, const float *sin, int B, int T, int NH, int NKV, int HD) {
+    size_t n = sz(B * T, (NH + 2 * NKV) * HD);
+    float *d = widen(dqkv, n);
+    cpu->rope_backward(d, cos, sin, B, T, NH, NKV, HD);
+    narrow(dqkv, d, n);  // in place
+}
+
+static void attention_forward(float *out, float *lse, const float *qkv, int B, int T, int NH, int NKV, int HD) {
+    float *q = widen(qkv, sz(B * T, (NH + 2 * NKV) * HD)), *o = scratch(sz(B * T, NH * HD));
+    cpu->attention_forward(o, lse, q, B, T, NH, NKV, HD);
+    narrow(out, o, sz(B * T, NH * HD));
+    free(q);
+}
+
+static void attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
+                               int B, int T, int NH, int NKV, int HD) {
+    size_t nq = sz(B * T, (NH + 2 * NKV) * HD), no = sz(B * T, NH * HD);
+    float *d = widen(dout, no), *q = widen(qkv, nq), *o = widen(out, no), *dq = scratch(nq);
+    cpu->attention_backward(dq, d, q, o, lse, B, T, NH, NKV, HD);
+    narrow(dqkv, dq, nq);
+    free(d);
+    free(q);
+    free(o);
+}
+
+static void attention_decode(float *out, const float *q, const float *k_cache, const float *v_cache, int n_ctx,
+                             int NH, int NKV, int HD) {
+    float *qf = widen(q, sz(NH, HD)), *k = widen(k_cache, sz(n_ctx, NKV * HD)), *v = widen(v_cache, sz(n_ctx, NKV * HD));
+    float *o = scratch(sz(NH, HD));
+    cpu->attention_decode(o, qf, k, v, n_ctx, NH, NKV, HD);
+    narrow(out, o, sz(NH, HD));
+    free(qf);
+    free(k);
+    free(v);
+}
+
+static double crossentropy_forward(float *lse, const float *logits, const int *targets, int N, int V, int Vp) {
+    float *l = widen(logits, sz(N, Vp));
+    double loss = cpu->crossentropy_forward(lse, l, targets, N, V, Vp);
+    free(l);
+    return loss;
+}
+
+static void crossentropy_backward(float *logits, const float *lse, const int *targets, int N, int V, int Vp,
+                                  float dloss) {
+    float *l = widen(logits, sz(N, Vp));
+    cpu->crossentropy_backward(l, lse, targets, N, V, Vp, dloss);
+    narrow(logits, l, sz(N, Vp));  // dlogits, in place
+}
+
+// The CPU's own functions for everything that is not an op over activations.
+static void set_precision(int precision) { cpu->set_precision(precision); }
+static void *alloc(size_t bytes, const char *what) { return cpu->alloc(bytes, what); }
+static void dealloc(void *p) { cpu->dealloc(p); }
+static void memzero(void *p, size_t bytes) { cpu->memzero(p, bytes); }
+static void copy(void *dst, const void *src, size_t bytes) { cpu->copy(dst, src, bytes); }
+static int synchronize(void) { return cpu->synchronize(); }
+static void *stream(void) { return cpu->stream(); }
+static size_t peak_bytes(void) { return cpu->peak_bytes(); }
+static void reset_peak_bytes(void) { cpu->reset_peak_bytes(); }
+static double sumsq(const float *g, size_t n) { return cpu->sumsq(g, n); }
+static void scale(float *x, size_t n, float coef) { cpu->scale(x, n, coef); }
+static int nonfinite(const float *x, size_t n) { return cpu->nonfinite(x, n); }
+static void round_to(float *x, size_t n, int precision) { cpu->round_to(x, n, precision); }
+static void to_storage(void *dst, const float *src, size_t n) { cpu->to_storage(dst, src, n); }
+static void adam_step(const sl_adam_args *a, float *p, const float *g, float *m, float *v, const sl_segment *segs,
+                      int n_segs) {
+    cpu->adam_step(a, p, g, m, v, segs, n_segs);
+}
+static void sgd_step(const sl_sgd_args *a, float *p, const float *g, float *buf, const sl_segment *segs, int n_segs) {
+    cpu->sgd_step(a, p, g, buf, segs, n_segs);
+}
+
+const sl_ops sl_ops_cpu_bf16 = {
+    .name = "cpu-bf16",
+    .encoder_forward = encoder_forward,
+    .encoder_backward = encoder_backward,
+    .matmul_forward = matmul_forward,
+    .matmul_backward = matmul_backward,
+    .matmul_gelu_forward = matmul_gelu_forward,
+    .matmul_gelu_backward = matmul_gelu_backward,
+    .layernorm_forward = layernorm_forward,
+    .layernorm_backward = layernorm_backward,
+    .rmsnorm_forward = rmsnorm_forward,
+    .rmsnorm_backward = rmsnorm_backward,
+    .residual_forward = residual_forward,
+    .residual_layernorm_forward = residual_layernorm_forward,
+    .residual_rmsnorm_forward = residual_rmsnorm_forward,
+    .gelu_forward = gelu_forward,
+    .gelu_backward = gelu_backward,
+    .swiglu_forward = swiglu_forward,
+    .swiglu_backward = swiglu_backward,
+    .rope_forward = rope_forward,
+    .rope_backward = rope_backward,
+    .attention_forward = attention_forward,
+    .attention_backward = attention_backward,
+    .attention_decode = attention_decode,
+    .crossentropy_forward = crossentropy_forward,
+    .crossentropy_backward = crossentropy_backward,
+    .set_precision = set_precision,
+    .on_device = 0,
+    .act_bf16 = 1,
+    .alloc = alloc,
+    .dealloc = dealloc,
+    .memzero = memzero,
+    .upload = copy,
+    .download = copy,
+    .copy = copy,
+    .synchronize = synchronize,
+    .stream = stream,
+    .peak_bytes = peak_bytes,
+    .reset_peak_bytes = reset_peak_bytes,
+    .sumsq = sumsq,
+    .scale = scale,
+    .nonfinite = nonfinite,
+    .round_to = round_to,
+    .to_storage = to_storage,
+    .adam_step = adam_step,
+    .sgd_step = sgd_step,
+};

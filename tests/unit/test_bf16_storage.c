@@ -1,0 +1,249 @@
+// test_bf16_storage.c: bf16 activation storage (ops.h act_bf16) through the CPU's emulating table
+// sl_ops_cpu_bf16:
+//   * each op equals sl_ops_cpu's op applied to the bf16 inputs widened, its outputs rounded to bf16
+//     (bit for bit; fp32 outputs such as parameter gradients and statistics unrounded);
+//   * gpt2-tiny and llama-tiny with bf16 activations give the fp32 model's loss within 2e-2 relative
+//     and its gradients within a measured bound;
+//   * the activation arena takes about half the bytes of the fp32 one;
+//   * the bf16 weight shadow equals bf16(params) bit for bit after sl_model_params_changed, and an
+//     fp32 model has none.
+#include "test.h"
+
+#include "shardlm/model.h"
+#include "shardlm/ops.h"
+#include "shardlm/precision.h"
+#include "shardlm/rng.h"
+
+static const sl_ops *const ref = &sl_ops_cpu, *const emu = &sl_ops_cpu_bf16;
+
+// n bf16-representable values uniform in [-scale, scale), as floats.
+static float *values(size_t n, uint64_t seed, float scale) {
+    float *x = malloc(n * sizeof(float));
+    sl_rng r = sl_rng_make(seed, 0, 0, SL_RNG_TEST);
+    for (size_t i = 0; i < n; i++) x[i] = sl_round_to_bf16(scale * (2.0f * sl_rng_normal(&r) / 6.0f));
+    return x;
+}
+
+// The same values as bf16 storage, typed as the ops' float pointers.
+static float *storage(const float *x, size_t n) {
+    sl_bf16 *s = malloc(n * sizeof(sl_bf16));
+    sl_f32_to_bf16_array(x, s, n);
+    return (float *)(void *)s;
+}
+
+// Storage s equals fp32 x rounded to bf16, element for element.
+static int same_storage(const float *s, const float *x, size_t n) {
+    const sl_bf16 *b = (const sl_bf16 *)(const void *)s;
+    for (size_t i = 0; i < n; i++)
+        if (b[i] != sl_f32_to_bf16(x[i])) return 0;
+    return 1;
+}
+
+static int same_f32(const float *a, const float *b, size_t n) { return memcmp(a, b, n * sizeof(float)) == 0; }
+
+TEST(tables_declare_their_storage) {
+    CHECK(sl_ops_cpu.act_bf16 == 0);
+    CHECK(sl_ops_cpu_bf16.act_bf16 == 1);
+    CHECK(sl_ops_cpu_bf16.on_device == 0);
+    unsetenv("SHARDLM_EMULATE_BF16_STORAGE");
+    CHECK(sl_ops_for_device("cpu", 0) == &sl_ops_cpu);
+    setenv("SHARDLM_EMULATE_BF16_STORAGE", "1", 1);
+    CHECK(sl_ops_for_device("cpu", 0) == &sl_ops_cpu_bf16);
+    unsetenv("SHARDLM_EMULATE_BF16_STORAGE");
+}
+
+TEST(to_storage_rounds_to_nearest_even) {
+    float x[6] = {1.0f, 1.00390625f, 1.01171875f, -3.3f, INFINITY, NAN};  // ties at 1 + 2^-8 and 1 + 3*2^-8
+    sl_bf16 got[6];
+    sl_ops_cpu.to_storage(got, x, 6);
+    for (int i = 0; i < 6; i++) CHECK_MSG(got[i] == sl_f32_to_bf16(x[i]), "element %d: %04x", i, got[i]);
+    CHECK(got[1] == 0x3F80 && got[2] == 0x3F82);
+}
+
+TEST(matmul_ops_equal_fp32_on_rounded_inputs) {
+    int N = 24, IC = 40, OC = 36;
+    float *inp = values((size_t)N * IC, 1, 1.0f), *w = values((size_t)OC * IC, 2, 0.2f), *b = values(OC, 3, 0.1f);
+    float *dout = values((size_t)N * OC, 4, 0.5f);
+    float *s_inp = storage(inp, (size_t)N * IC), *s_w = storage(w, (size_t)OC * IC), *s_dout = storage(dout, (size_t)N * OC);
+    float *out = calloc((size_t)N * OC, 4), *s_out = calloc((size_t)N * OC, 2);
+    ref->matmul_forward(out, inp, w, b, N, IC, OC);
+    emu->matmul_forward(s_out, s_inp, s_w, b, N, IC, OC);
+    CHECK(same_storage(s_out, out, (size_t)N * OC));
+    // backward: dinp storage, dweight / dbias fp32 accumulating from the same start
+    float *dinp = calloc((size_t)N * IC, 4), *s_dinp = calloc((size_t)N * IC, 2);
+    float *dw = values((size_t)OC * IC, 5, 0.1f), *dw2 = malloc((size_t)OC * IC * 4), *db = calloc(OC, 4), *db2 = calloc(OC, 4);
+    memcpy(dw2, dw, (size_t)OC * IC * 4);
+    ref->matmul_backward(dinp, dw, db, dout, inp, w, N, IC, OC);
+    emu->matmul_backward(s_dinp, dw2, db2, s_dout, s_inp, s_w, N, IC, OC);
+    CHECK(same_storage(s_dinp, dinp, (size_t)N * IC));
+    CHECK(same_f32(dw, dw2, (size_t)OC * IC) && same_f32(db, db2, OC));
+    // fused GEMM + GELU: pre and out storage; backward overwrites dout (storage) with dpre
+    float *pre = calloc((size_t)N * OC, 4), *s_pre = calloc((size_t)N * OC, 2);
+    ref->matmul_gelu_forward(out, pre, inp, w, b, N, IC, OC);
+    emu->matmul_gelu_forward(s_out, s_pre, s_inp, s_w, b, N, IC, OC);
+    CHECK(same_storage(s_out, out, (size_t)N * OC) && same_storage(s_pre, pre, (size_t)N * OC));
+    float *pre_r = malloc((size_t)N * OC * 4);  // what backward reads: pre as stored
+    sl_bf16_to_f32_array((const sl_bf16 *)(const void *)s_pre, pre_r, (size_t)N * OC);
+    ref->matmul_gelu_backward(dinp, dw, db, dout, pre_r, inp, w, N, IC, OC);
+    emu->matmul_gelu_backward(s_dinp, dw2, db2, s_dout, s_pre, s_inp, s_w, N, IC, OC);
+    CHECK(same_storage(s_dinp, dinp, (size_t)N * IC) && same_storage(s_dout, dout, (size_t)N * OC));
+    CHECK(same_f32(dw, dw2, (size_t)OC * IC) && same_f32(db, db2, OC));
+    free(inp); free(w); free(b); free(dout); free(s_inp); free(s_w); free(s_dout); free(out); free(s_out);
+    free(dinp); free(s_dinp); free(dw); free(dw2); free(db); free(db2); free(pre); free(s_pre); free(pre_r);
+}
+
+TEST(norm_ops_equal_fp32_on_rounded_inputs) {
+    int N = 12, C = 48;
+    size_t n = (size_t)N * C;
+    float *a = values(n, 11, 2.0f), *b = values(n, 12, 1.0f), *w = values(C, 13, 1.0f), *bias = values(C, 14, 0.3f);
+    float *s_a = storage(a, n), *s_b = storage(b, n);
+    float mean[12], rstd[12], mean2[12], rstd2[12];
+    float *resid = malloc(n * 4), *out = malloc(n * 4), *s_out = malloc(n * 2);
+    // fused residual + layernorm, in place on a (resid == a) as the model calls it
+    ref->residual_layernorm_forward(resid, out, mean, rstd, a, b, w, bias, N, C, 1e-5f);
+    emu->residual_layernorm_forward(s_a, s_out, mean2, rstd2, s_a, s_b, w, bias, N, C, 1e-5f);
+    CHECK(same_storage(s_a, resid, n) && same_storage(s_out, out, n));
+    CHECK(same_f32(mean, mean2, N) && same_f32(rstd, rstd2, N));
+    // layernorm backward ACCUMULATES into the storage-typed dinp
+    float *x = malloc(n * 4);  // the input backward reads: the stored resid
+    sl_bf16_to_f32_array((const sl_bf16 *)(const void *)s_a, x, n);
+    ref->layernorm_forward(out, mean, rstd, x, w, bias, N, C, 1e-5f);
+    emu->layernorm_forward(s_out, mean2, rstd2, s_a, w, bias, N, C, 1e-5f);
+    CHECK(same_storage(s_out, out, n) && same_f32(rstd, rstd2, N));
+    float *dout = values(n, 15, 0.5f), *s_dout = storage(dout, n), *dinp = values(n, 16, 0.5f), *s_dinp = storage(dinp, n);
+    float *dw = calloc(C, 4), *db = calloc(C, 4), *dw2 = calloc(C, 4), *db2 = calloc(C, 4);
+    ref->layernorm_backward(dinp, dw, db, dout, x, w, mean, rstd, N, C);
+    emu->layernorm_backward(s_dinp, dw2, db2, s_dout, s_a, w, mean, rstd, N, C);
+    CHECK(same_storage(s_dinp, dinp, n) && same_f32(dw, dw2, C) && same_f32(db, db2, C));
+    sl_bf16_to_f32_array((const sl_bf16 *)(const void *)s_dinp, dinp, n);  // accumulate onward from the stored one
+    // rmsnorm forward / backward
+    ref->rmsnorm_forward(out, rstd, x, w, N, C, 1e-6f);
+    emu->rmsnorm_forward(s_out, rstd2, s_a, w, N, C, 1e-6f);
+    CHECK(same_storage(s_out, out, n) && same_f32(rstd, rstd2, N));
+    ref->rmsnorm_backward(dinp, dw, dout, x, w, rstd, N, C);
+    emu->rmsnorm_backward(s_dinp, dw2, s_dout, s_a, w, rstd, N, C);
+    CHECK(same_storage(s_dinp, dinp, n) && same_f32(dw, dw2, C));
+    free(a); free(b); free(w); free(bias); free(s_a); free(s_b); free(resid); free(out); free(s_out); free(x);
+    free(dout); free(s_dout); free(dinp); free(s_dinp); free(dw); free(db); free(dw2); free(db2);
+}
+
+TEST(attention_rope_and_activations_equal_fp32_on_rounded_inputs) {
+    int B = 2, T = 8, NH = 4, NKV = 2, HD = 8, I = 20;
+    size_t nq = (size_t)B * T * (NH + 2 * NKV) * HD, no = (size_t)B * T * NH * HD;
+    float *qkv = values(nq, 21, 1.0f), *s_qkv = storage(qkv, nq);
+    float cos[8 * 4], sin[8 * 4];
+    sl_rope_tables(cos, sin, T, HD, 10000.0f);
+    ref->rope_forward(qkv, cos, sin, B, T, NH, NKV, HD, 0);
+    emu->rope_forward(s_qkv, cos, sin, B, T, NH, NKV, HD, 0);
+    CHECK(same_storage(s_qkv, qkv, nq));
+    sl_bf16_to_f32_array((const sl_bf16 *)(const void *)s_qkv, qkv, nq);  // as stored
+    float *out = malloc(no * 4), *s_out = malloc(no * 2), lse[2 * 4 * 8], lse2[2 * 4 * 8];
+    ref->attention_forward(out, lse, qkv, B, T, NH, NKV, HD);
+    emu->attention_forward(s_out, lse2, s_qkv, B, T, NH, NKV, HD);
+    CHECK(same_storage(s_out, out, no) && same_f32(lse, lse2, (size_t)B * NH * T));
+    sl_bf16_to_f32_array((const sl_bf16 *)(const void *)s_out, out, no);
+    float *dout = values(no, 22, 0.5f), *s_dout = storage(dout, no), *dqkv = malloc(nq * 4), *s_dqkv = malloc(nq * 2);
+    ref->attention_backward(dqkv, dout, qkv, out, lse, B, T, NH, NKV, HD);
+    emu->attention_backward(s_dqkv, s_dout, s_qkv, s_out, lse, B, T, NH, NKV, HD);
+    CHECK(same_storage(s_dqkv, dqkv, nq));
+    // SwiGLU and GELU
+    size_t ni = (size_t)B * T * I;
+    float *g = values(2 * ni, 23, 2.0f), *s_g = storage(g, 2 * ni), *h = malloc(ni * 4), *s_h = malloc(ni * 2);
+    ref->swiglu_forward(h, g, B * T, I);
+    emu->swiglu_forward(s_h, s_g, B * T, I);
+    CHECK(same_storage(s_h, h, ni));
+    float *dg = malloc(2 * ni * 4), *s_dg = malloc(2 * ni * 2), *dh = values(ni, 24, 1.0f), *s_dh = storage(dh, ni);
+    ref->swiglu_backward(dg, g, dh, B * T, I);
+    emu->swiglu_backward(s_dg, s_g, s_dh, B * T, I);
+    CHECK(same_storage(s_dg, dg, 2 * ni));
+    ref->gelu_forward(h, g, ni);
+    emu->gelu_forward(s_h, s_g, ni);
+    CHECK(same_storage(s_h, h, ni));
+    free(qkv); free(s_qkv); free(out); free(s_out); free(dout); free(s_dout); free(dqkv); free(s_dqkv);
+    free(g); free(s_g); free(h); free(s_h); free(dg); free(s_dg); free(dh); free(s_dh);
+}
+
+TEST(encoder_and_crossentropy_equal_fp32_on_rounded_inputs) {
+    int B = 2, T = 4, C = 16, V = 30, Vp = 32, N = B * T;
+    float *wte = values((size_t)V * C, 31, 0.1f), *wpe = values((size_t)T * C, 32, 0.1f);
+    int inp[8] = {1, 5, 7, 29, 0, 3, 3, 12}, tg[8] = {5, 7, -1, 2, 3, 3, 12, 0};
+    float *out = malloc((size_t)N * C * 4), *s_out = malloc((size_t)N * C * 2);
+    ref->encoder_forward(out, inp, wte, wpe, B, T, C);
+    emu->encoder_forward(s_out, inp, wte, wpe, B, T, C);
+    CHECK(same_storage(s_out, out, (size_t)N * C));
+    float *dwte = calloc((size_t)V * C, 4), *dwte2 = calloc((size_t)V * C, 4), *dout = values((size_t)N * C, 33, 1.0f);
+    float *s_dout = storage(dout, (size_t)N * C);
+    ref->encoder_backward(dwte, NULL, dout, inp, B, T, C);
+    emu->encoder_backward(dwte2, NULL, s_dout, inp, B, T, C);
+    CHECK(same_f32(dwte, dwte2, (size_t)V * C));
+    float *logits = values((size_t)N * Vp, 34, 4.0f), *s_logits = storage(logits, (size_t)N * Vp), lse[8], lse2[8];
+    double l1 = ref->crossentropy_forward(lse, logits, tg, N, V, Vp);
+    double l2 = emu->crossentropy_forward(lse2, s_logits, tg, N, V, Vp);
+    CHECK(l1 == l2 && same_f32(lse, lse2, N));
+    ref->crossentropy_backward(logits, lse, tg, N, V, Vp, 0.25f);
+    emu->crossentropy_backward(s_logits, lse2, tg, N, V, Vp, 0.25f);  // dlogits in place, rounded
+    CHECK(same_storage(s_logits, logits, (size_t)N * Vp));
+    free(wte); free(wpe); free(out); free(s_out); free(dwte); free(dwte2); free(dout); free(s_dout); free(logits);
+    free(s_logits);
+}
+
+// The bf16 weight shadow is bf16(params), bit for bit.
+static int shadow_matches(const sl_model *m) {
+    for (size_t i = 0; i < m->layout.total; i++)
+        if (m->weights_bf16[i] != sl_f32_to_bf16(m->params[i])) return 0;
+    return 1;
+}
+
+TEST(weight_shadow_follows_the_parameters) {
+    sl_model_config cfg;
+    CHECK(sl_config_preset(&cfg, "gpt2-tiny") == 0);
+    sl_model f, b;
+    CHECK(sl_model_create(&f, &cfg, &sl_ops_cpu) == 0 && sl_model_create(&b, &cfg, &sl_ops_cpu_bf16) == 0);
+    CHECK(f.weights_bf16 == NULL && sl_model_params_changed(&f) == 0);  // fp32: nothing
+    CHECK(sl_model_init_weights(&b, 5) == 0 && shadow_matches(&b));
+    for (size_t i = 0; i < b.layout.total; i++) b.params[i] = b.params[i] * 1.37f + 1e-3f;
+    CHECK(!shadow_matches(&b));
+    CHECK(sl_model_params_changed(&b) == 0 && shadow_matches(&b));
+    sl_model_free(&f);
+    sl_model_free(&b);
+}
+
+// Relative L2 distance of a from b.
+static double rel_l2(const float *a, const float *b, size_t n) {
+    double d = 0, s = 0;
+    for (size_t i = 0; i < n; i++) {
+        d += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+        s += (double)b[i] * b[i];
+    }
+    return sqrt(d / (s > 0 ? s : 1));
+}
+
+// The same weights and batch through fp32 and bf16 activation storage.
+static void check_model(const char *preset, double grad_bound) {
+    sl_model_config cfg;
+    CHECK(sl_config_preset(&cfg, preset) == 0);
+    sl_model f, b;
+    CHECK(sl_model_create(&f, &cfg, &sl_ops_cpu) == 0 && sl_model_create(&b, &cfg, &sl_ops_cpu_bf16) == 0);
+    CHECK(sl_model_init_weights(&f, 9) == 0 && sl_model_init_weights(&b, 9) == 0);
+    int B = 4, T = 32, in[128], tg[128];
+    for (int i = 0; i < B * T; i++) { in[i] = (i * 37 + 11) % cfg.vocab_size; tg[i] = (i * 53 + 5) % cfg.vocab_size; }
+    float lf = 0, lb = 0;
+    CHECK(sl_model_forward(&f, in, tg, B, T, &lf) == 0 && sl_model_forward(&b, in, tg, B, T, &lb) == 0);
+    CHECK(sl_model_backward(&f, 1.0f) == 0 && sl_model_backward(&b, 1.0f) == 0);
+    double loss_rel = fabs((double)lb - lf) / fabs((double)lf), g_rel = rel_l2(b.grads, f.grads, f.layout.total);
+    double ratio = (double)b.act_bytes / (double)f.act_bytes;
+    printf("  %s: loss fp32 %.6f bf16 %.6f (rel %.2e); gradients rel L2 %.2e; activation arena %zu -> %zu bytes "
+           "(%.3f)\n", preset, lf, lb, loss_rel, g_rel, f.act_bytes, b.act_bytes, ratio);
+    CHECK_MSG(loss_rel < 2e-2, "%s loss rel %.3g", preset, loss_rel);
+    CHECK_MSG(g_rel < grad_bound, "%s gradient rel L2 %.3g >= %.3g", preset, g_rel, grad_bound);
+    CHECK(lb != lf);  // the storage is really bf16
+    CHECK(f.act_elem == 4 && b.act_elem == 2);
+    CHECK_MSG(ratio > 0.45 && ratio < 0.55, "%s arena ratio %.3f", preset, ratio);
+    sl_model_free(&f);
+    sl_model_free(&b);
+}
+
+TEST(gpt2_tiny_bf16_storage_tracks_fp32) { check_model("gpt2-tiny", 2e-2); }
+TEST(llama_tiny_bf16_storage_tracks_fp32) { check_model("llama-tiny", 2e-2); }
+
+TEST_MAIN()
