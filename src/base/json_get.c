@@ -42,16 +42,22 @@ int sl_json_get_string(const cJSON *obj, const char *key, char *out, size_t cap,
     return 0;
 }
 
-void sl_json_warn_unknown(const cJSON *obj, const char *const *known, const char *where) {
-    char list[1024] = "";
+size_t sl_json_unknown_keys(const cJSON *obj, const char *const *known, char *list, size_t cap) {
     size_t used = 0;
+    if (cap) list[0] = '\0';
     for (const cJSON *it = obj->child; it; it = it->next) {
         int ok = 0;
         for (int i = 0; known[i] && !ok; i++) ok = strcmp(known[i], it->string) == 0;
         if (ok) continue;
-        int n = snprintf(list + used, sizeof list - used, "%s%s", used ? ", " : "", it->string);
-        if (n < 0 || (size_t)n >= sizeof list - used) break;
+        int n = snprintf(list + used, cap - used, "%s%s", used ? ", " : "", it->string);
+        if (n < 0 || (size_t)n >= cap - used) break;  // the last key is left cut short
         used += (size_t)n;
     }
-    if (used) fprintf(stderr, "warning: %s: unknown keys ignored: %s\n", where, list);
+    return used;
+}
+
+void sl_json_warn_unknown(const cJSON *obj, const char *const *known, const char *where) {
+    char list[1024];
+    if (sl_json_unknown_keys(obj, known, list, sizeof list))
+        fprintf(stderr, "warning: %s: unknown keys ignored: %s\n", where, list);
 }

@@ -44,17 +44,9 @@ static void add_warning(sl_loss_scaler_config *cfg, const char *a, const char *b
 // Lists keys of `block` not in `known` into cfg->warning.
 static void warn_unknown(sl_loss_scaler_config *cfg, const cJSON *block, const char *const *known,
                          const char *where) {
-    char list[200] = "";
-    size_t used = 0;
-    for (const cJSON *it = block->child; it; it = it->next) {
-        int ok = 0;
-        for (int i = 0; known[i] && !ok; i++) ok = strcmp(known[i], it->string) == 0;
-        if (ok) continue;
-        int n = snprintf(list + used, sizeof list - used, "%s%s", used ? ", " : "", it->string);
-        if (n < 0 || (size_t)n >= sizeof list - used) break;
-        used += (size_t)n;
-    }
-    if (used) add_warning(cfg, where, ": unknown keys ignored: ", list);
+    char list[200];
+    if (sl_json_unknown_keys(block, known, list, sizeof list))
+        add_warning(cfg, where, ": unknown keys ignored: ", list);
 }
 
 static const char *const FP16_KEYS[] = {"enabled", "auto_cast", "loss_scale", "initial_scale_power",

@@ -32,10 +32,9 @@ static float *widen(const float *storage, size_t n) {
     return f;
 }
 
-// The fp32 temporary f rounded into bf16 storage (n elements), then freed; nothing for NULL.
+// The fp32 temporary f rounded into bf16 storage (n elements; none for NULL storage), then freed.
 static void narrow(float *storage, float *f, size_t n) {
-    if (!storage) return;
-    sl_f32_to_bf16_array(f, (sl_bf16 *)(void *)storage, n);
+    if (storage) sl_f32_to_bf16_array(f, (sl_bf16 *)(void *)storage, n);
     free(f);
 }
 
