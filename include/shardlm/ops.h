@@ -16,11 +16,14 @@
 //   * qkv and dqkv, attention's out (and q, k_cache, v_cache, out of attention_decode);
 //   * the logits of cross-entropy, and the dlogits its backward writes over them in place;
 //   * matmul_gelu's pre (and the dout it overwrites with dpre);
-//   * the `weight` of matmul_forward / matmul_backward / matmul_gelu_*: with act_bf16 the model
-//     hands them a bf16 SHADOW copy of its weights (sl_model.weights_bf16, refreshed by to_storage
-//     after every change of the parameters), because cuBLASLt wants A and B of one type.
+//   * the `weight` and `bias` of matmul_forward / matmul_backward / matmul_gelu_*: with act_bf16
+//     the model hands them a bf16 SHADOW copy of its parameters (sl_model.weights_bf16, refreshed by
+//     to_storage after every change of the parameters), because cuBLASLt wants A and B of one type
+//     and a bias epilogue's vector of D's type (torch's autocast likewise casts a linear's bias);
+//   * a fused residual norm's resid, which its norm reads back as stored (rounded), exactly as the
+//     unfused residual_forward followed by the norm's forward would.
 // Always fp32, whatever act_bf16 says:
-//   * parameters read elementwise (norm weights and biases, matmul biases, wte / wpe of the encoder);
+//   * parameters read elementwise (norm weights and biases, wte / wpe of the encoder);
 //   * parameter gradients (dweight, dbias, dw, db, dwte, dwpe), which still ACCUMULATE in fp32;
 //   * the saved statistics: norms' mean / rstd, attention's lse, cross-entropy's lse (and the
 //     double it returns); the RoPE cos / sin tables;
@@ -189,6 +192,12 @@ extern const sl_ops sl_ops_cpu_bf16;
 // torchrun does; "cpu" is sl_ops_cpu_bf16 when SHARDLM_EMULATE_BF16_STORAGE=1). Initialises the device. NULL with a message when the name is unknown, the binary
 // was built without CUDA, or no usable GPU is there.
 const sl_ops *sl_ops_for_device(const char *device, int local_rank);
+// The table a run at `precision` (sl_precision) uses on the device of `ops` (sl_ops_for_device's
+// answer): bf16 on the GPU stores activations in bf16 (sl_ops_cuda_bf16, act_bf16 = 1: half the
+// activation memory, bf16 tensor-core GEMMs reading bf16 operands, as torch's autocast) unless
+// `allow` is 0 (ZeRO-3, whose sharded parameters have no bf16 copy) or SHARDLM_BF16_STORAGE=0 is set;
+// every other case (cpu, fp32, fp16) returns ops unchanged.
+const sl_ops *sl_ops_for_precision(const sl_ops *ops, int precision, int allow);
 // 1 when this binary has the CUDA backend compiled in.
 int sl_ops_cuda_built(void);
 

@@ -282,7 +282,8 @@ static void report_backends(void) {
 #define SHARDLM_CUDA_ARCH_DESC "see CUDA_GENCODE"
 #endif
     if (sl_ops_cuda_built())
-        row("ops cuda", "built in (%s; cuBLASLt loaded at run time)", SHARDLM_CUDA_ARCH_DESC);
+        row("ops cuda", "built in (%s; cuBLASLt loaded at run time; fp32 and bf16 activation storage)",
+            SHARDLM_CUDA_ARCH_DESC);
     else
         row("ops cuda", "not built (no nvcc at build time, or CUDA=0)");
 }

@@ -32,8 +32,9 @@ static inline size_t unit_offset(const sl_model *m, int idx) {
     do {                                                                                             \
         if ((m)->unit_hook && (m)->unit_hook((m)->unit_hook_ctx, (event), (unit), (next))) return -1; \
     } while (0)
-// Optional tensors (biases) are -1 in the layout: NULL pointers for the ops.
-#define P_OPT(m, idx) ((idx) >= 0 ? P(m, idx) : NULL)
+// Optional tensors (biases) are -1 in the layout: NULL pointers for the ops. A matmul op's bias is,
+// like its weight, the bf16 shadow with ops->act_bf16 (WB).
+#define WB(m, idx) ((idx) >= 0 ? W(m, idx) : NULL)
 #define G_OPT(m, idx) ((idx) >= 0 ? G(m, idx) : NULL)
 
 static int qkv_width(const sl_model_config *c) { return (c->n_head + 2 * c->n_kv_head) * sl_config_head_dim(c); }
@@ -320,20 +321,20 @@ int sl_model_forward(sl_model *m, const int *inputs, const int *targets, int B, 
         sl_layer_acts *a = &m->layers[l];
         HOOK(m, SL_PARAMS_GET, l + 1, l + 2);
         norm_forward(m, a->ln1, a->ln1_mean, a->ln1_rstd, resid, pending, k->ln1_w, k->ln1_b, (int)N);
-        ops->matmul_forward(a->qkv, a->ln1, W(m, k->qkv_w), P_OPT(m, k->qkv_b), (int)N, C, QKV);
+        ops->matmul_forward(a->qkv, a->ln1, W(m, k->qkv_w), WB(m, k->qkv_b), (int)N, C, QKV);
         if (c->arch == SL_ARCH_LLAMA) ops->rope_forward(a->qkv, m->rope_cos, m->rope_sin, B, T, NH, NKV, HD, 0);
         ops->attention_forward(a->att, a->lse, a->qkv, B, T, NH, NKV, HD);
-        ops->matmul_forward(a->resid2, a->att, W(m, k->attn_proj_w), P_OPT(m, k->attn_proj_b), (int)N, C, C);
+        ops->matmul_forward(a->resid2, a->att, W(m, k->attn_proj_w), WB(m, k->attn_proj_b), (int)N, C, C);
         // resid2 = attention output + resid, fused with ln2
         norm_forward(m, a->ln2, a->ln2_mean, a->ln2_rstd, a->resid2, resid, k->ln2_w, k->ln2_b, (int)N);
         if (c->arch == SL_ARCH_GPT2) {
-            ops->matmul_gelu_forward(a->fch_act, a->fch, a->ln2, W(m, k->fc_w), P_OPT(m, k->fc_b), (int)N, C, F);
+            ops->matmul_gelu_forward(a->fch_act, a->fch, a->ln2, W(m, k->fc_w), WB(m, k->fc_b), (int)N, C, F);
         } else {
-            ops->matmul_forward(a->fch, a->ln2, W(m, k->fc_w), P_OPT(m, k->fc_b), (int)N, C, FC);
+            ops->matmul_forward(a->fch, a->ln2, W(m, k->fc_w), WB(m, k->fc_b), (int)N, C, FC);
             ops->swiglu_forward(a->fch_act, a->fch, (int)N, F);
         }
         // resid3 = MLP output (+ resid2, added by the next norm)
-        ops->matmul_forward(a->resid3, a->fch_act, W(m, k->mlp_proj_w), P_OPT(m, k->mlp_proj_b), (int)N, F, C);
+        ops->matmul_forward(a->resid3, a->fch_act, W(m, k->mlp_proj_w), WB(m, k->mlp_proj_b), (int)N, F, C);
         HOOK(m, SL_PARAMS_PUT, l + 1, l + 2);
         resid = a->resid3;
         pending = a->resid2;

@@ -1,5 +1,6 @@
-// backend.c: `--device cpu | cuda | cuda:N` -> the ops table (sl_ops_for_device), and whether this
-// binary has the CUDA backend (sl_ops_cuda_built). SHARDLM_EMULATE_BF16_STORAGE=1 turns `cpu` into
+// backend.c: `--device cpu | cuda | cuda:N` -> the ops table (sl_ops_for_device), its bf16-storage
+// twin for bf16 runs on the GPU (sl_ops_for_precision), and whether this binary has the CUDA backend
+// (sl_ops_cuda_built). SHARDLM_EMULATE_BF16_STORAGE=1 turns `cpu` into
 // cpu-bf16, the test backend emulating bf16 activation storage. Plain C with no CUDA header: the CUDA backend
 // is reached through cuda_ops.h's C declarations, and only when the Makefile defines
 // SHARDLM_HAVE_CUDA (nvcc found at build time, CUDA != 0).
@@ -10,14 +11,16 @@
 // CUDA_VISIBLE_DEVICES gets GPU 0 in every rank, as intended.
 #include "shardlm/error.h"
 #include "shardlm/ops.h"
+#include "shardlm/precision.h"
 
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
 #ifdef SHARDLM_HAVE_CUDA
-#include "ops/cuda/cuda_ops.h"   // C declarations only (cuda_backend_init)
-extern const sl_ops sl_ops_cuda;  // ops_cuda.cu
+#include "ops/cuda/cuda_ops.h"        // C declarations only (cuda_backend_init)
+extern const sl_ops sl_ops_cuda;       // ops_cuda.cu
+extern const sl_ops sl_ops_cuda_bf16;  // ops_cuda.cu: the same with bf16 activation storage
 #endif
 
 int sl_ops_cuda_built(void) {
@@ -76,4 +79,16 @@ const sl_ops *sl_ops_for_device(const char *device, int local_rank) {
               "or it was built with CUDA=0; see docs)", device);
     return NULL;
 #endif
+}
+
+const sl_ops *sl_ops_for_precision(const sl_ops *ops, int precision, int allow) {
+#ifdef SHARDLM_HAVE_CUDA
+    const char *env = getenv("SHARDLM_BF16_STORAGE");
+    if (ops == &sl_ops_cuda && precision == SL_PRECISION_BF16 && allow && !(env && !strcmp(env, "0")))
+        return &sl_ops_cuda_bf16;
+#else
+    (void)precision;
+    (void)allow;
+#endif
+    return ops;
 }

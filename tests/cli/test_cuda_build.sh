@@ -2,11 +2,15 @@
 # test_cuda_build.sh: the CUDA ops backend is built and wired up, checked without a GPU (CI). When
 # $CUDA_HOME/bin/nvcc exists (and CUDA=0 was not given to make), for the build directory holding
 # "$SHARDLM_BIN":
-#   - libshardlm.a defines sl_ops_cuda and every cuda_* function cuda_ops.h declares, and refers to no
+#   - libshardlm.a defines sl_ops_cuda and every cuda_* function cuda_ops.h declares (the C-linkage
+#     ones; the templated ops of cuda_ops.cuh are checked through the tables below), and refers to no
 #     cuBLASLt symbol (libcublasLt is dlopen'ed); the shardlm binary needs neither libcudart.so nor
 #     libcublasLt.so (static CUDA runtime);
-#   - a small program linked like the binary finds every entry of sl_ops_cuda filled (name "cuda",
-#     on_device 1), and sl_ops_for_device gives the CPU table for "cpu", names the value and the
+#   - a small program linked like the binary finds every entry of sl_ops_cuda and sl_ops_cuda_bf16
+#     filled (names "cuda" / "cuda-bf16", on_device 1, act_bf16 0 / 1, the bf16 table with its own
+#     ops and the same memory functions), sl_ops_for_precision picks cuda-bf16 only for bf16 on cuda
+#     when allowed and not switched off (SHARDLM_BF16_STORAGE=0), and
+#     sl_ops_for_device gives the CPU table for "cpu", names the value and the
 #     choices for a bad one, rejects "cuda:x", and (on a machine without a GPU) fails "cuda" with
 #     "no usable CUDA GPU";
 #   - tests/gpu/test_ops_cuda.c and test_model_cuda.c compile and link against the library (they run
@@ -47,6 +51,7 @@ check cuda_binary_static_runtime sh -c "! grep -Ei 'NEEDED.*(libcudart|libcublas
 # 2. A program linked like the binary: the table and sl_ops_for_device.
 cat >"$tmp/table.c" <<'EOF'
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include "shardlm/error.h"
 #include "shardlm/ops.h"
@@ -59,11 +64,33 @@ extern const sl_ops sl_ops_cuda;
   X(crossentropy_forward) X(crossentropy_backward) X(set_precision) X(alloc) X(dealloc) X(memzero) \
   X(upload) X(download) X(copy) X(synchronize) X(stream) X(peak_bytes) X(reset_peak_bytes) X(sumsq) \
   X(scale) X(nonfinite) X(round_to) X(to_storage) X(adam_step) X(sgd_step)
+extern const sl_ops sl_ops_cuda_bf16;
 int main(int argc, char **argv) {
     int bad = 0;
-#define CHECK(f) if (!sl_ops_cuda.f) { printf("NULL entry: %s\n", #f); bad = 1; }
+#define CHECK(f) if (!sl_ops_cuda.f || !sl_ops_cuda_bf16.f) { printf("NULL entry: %s\n", #f); bad = 1; }
     FNS(CHECK)
-    if (strcmp(sl_ops_cuda.name, "cuda") || sl_ops_cuda.on_device != 1) { printf("bad name/on_device\n"); bad = 1; }
+    if (strcmp(sl_ops_cuda.name, "cuda") || sl_ops_cuda.on_device != 1 || sl_ops_cuda.act_bf16 != 0) {
+        printf("bad name/on_device/act_bf16 of cuda\n"); bad = 1;
+    }
+    if (strcmp(sl_ops_cuda_bf16.name, "cuda-bf16") || sl_ops_cuda_bf16.on_device != 1 || sl_ops_cuda_bf16.act_bf16 != 1) {
+        printf("bad name/on_device/act_bf16 of cuda-bf16\n"); bad = 1;
+    }
+    // the bf16 twin: its own storage-typed ops, the same memory functions and optimizer passes
+    if (sl_ops_cuda_bf16.matmul_forward == sl_ops_cuda.matmul_forward ||
+        sl_ops_cuda_bf16.attention_forward == sl_ops_cuda.attention_forward ||
+        sl_ops_cuda_bf16.alloc != sl_ops_cuda.alloc || sl_ops_cuda_bf16.adam_step != sl_ops_cuda.adam_step) {
+        printf("cuda-bf16 does not have its own storage-typed ops / shared memory functions\n"); bad = 1;
+    }
+    // which table a run trains with (precision: 0 fp32, 1 bf16, 2 fp16 as sl_precision)
+    unsetenv("SHARDLM_BF16_STORAGE");
+    if (sl_ops_for_precision(&sl_ops_cuda, 1, 1) != &sl_ops_cuda_bf16 || sl_ops_for_precision(&sl_ops_cuda, 1, 0) != &sl_ops_cuda ||
+        sl_ops_for_precision(&sl_ops_cuda, 0, 1) != &sl_ops_cuda || sl_ops_for_precision(&sl_ops_cuda, 2, 1) != &sl_ops_cuda ||
+        sl_ops_for_precision(&sl_ops_cpu, 1, 1) != &sl_ops_cpu) {
+        printf("sl_ops_for_precision picks the wrong table\n"); bad = 1;
+    }
+    setenv("SHARDLM_BF16_STORAGE", "0", 1);
+    if (sl_ops_for_precision(&sl_ops_cuda, 1, 1) != &sl_ops_cuda) { printf("SHARDLM_BF16_STORAGE=0 ignored\n"); bad = 1; }
+    unsetenv("SHARDLM_BF16_STORAGE");
     if (!sl_ops_cuda_built()) { printf("sl_ops_cuda_built() is 0\n"); bad = 1; }
     if (sl_ops_for_device("cpu", 0) != &sl_ops_cpu) { printf("cpu: %s\n", sl_error()); bad = 1; }
     if (sl_ops_for_device("tpu", 0) || !strstr(sl_error(), "'tpu'") || !strstr(sl_error(), "cuda:N")) {

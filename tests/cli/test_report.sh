@@ -35,7 +35,7 @@ check report_comm_backends_built grep -Eq '^  comm mpi +built in' "$tmp/out.txt"
 check report_ops_cpu_built grep -Eq '^  ops cpu +built in' "$tmp/out.txt"
 # The ops cuda row follows the build: "built in (...)" when the library has the CUDA backend.
 if nm "$(dirname "$BIN")/libshardlm.a" 2>/dev/null | grep -Eq ' [DR] sl_ops_cuda$'; then
-  check report_ops_cuda_built grep -Eq '^  ops cuda +built in \(.*cuBLASLt loaded at run time\)$' "$tmp/out.txt"
+  check report_ops_cuda_built grep -Eq '^  ops cuda +built in \(.*cuBLASLt loaded at run time; fp32 and bf16 activation storage\)$' "$tmp/out.txt"
 else
   check report_ops_cuda_not_built grep -Eq '^  ops cuda +not built \(no nvcc at build time, or CUDA=0\)$' "$tmp/out.txt"
 fi

@@ -65,9 +65,10 @@ TEST(matmul_ops_equal_fp32_on_rounded_inputs) {
     float *inp = values((size_t)N * IC, 1, 1.0f), *w = values((size_t)OC * IC, 2, 0.2f), *b = values(OC, 3, 0.1f);
     float *dout = values((size_t)N * OC, 4, 0.5f);
     float *s_inp = storage(inp, (size_t)N * IC), *s_w = storage(w, (size_t)OC * IC), *s_dout = storage(dout, (size_t)N * OC);
+    float *s_b = storage(b, OC);  // the bias comes from the bf16 shadow too
     float *out = calloc((size_t)N * OC, 4), *s_out = calloc((size_t)N * OC, 2);
     ref->matmul_forward(out, inp, w, b, N, IC, OC);
-    emu->matmul_forward(s_out, s_inp, s_w, b, N, IC, OC);
+    emu->matmul_forward(s_out, s_inp, s_w, s_b, N, IC, OC);
     CHECK(same_storage(s_out, out, (size_t)N * OC));
     // backward: dinp storage, dweight / dbias fp32 accumulating from the same start
     float *dinp = calloc((size_t)N * IC, 4), *s_dinp = calloc((size_t)N * IC, 2);
@@ -80,7 +81,7 @@ TEST(matmul_ops_equal_fp32_on_rounded_inputs) {
     // fused GEMM + GELU: pre and out storage; backward overwrites dout (storage) with dpre
     float *pre = calloc((size_t)N * OC, 4), *s_pre = calloc((size_t)N * OC, 2);
     ref->matmul_gelu_forward(out, pre, inp, w, b, N, IC, OC);
-    emu->matmul_gelu_forward(s_out, s_pre, s_inp, s_w, b, N, IC, OC);
+    emu->matmul_gelu_forward(s_out, s_pre, s_inp, s_w, s_b, N, IC, OC);
     CHECK(same_storage(s_out, out, (size_t)N * OC) && same_storage(s_pre, pre, (size_t)N * OC));
     float *pre_r = malloc((size_t)N * OC * 4);  // what backward reads: pre as stored
     sl_bf16_to_f32_array((const sl_bf16 *)(const void *)s_pre, pre_r, (size_t)N * OC);
@@ -88,7 +89,7 @@ TEST(matmul_ops_equal_fp32_on_rounded_inputs) {
     emu->matmul_gelu_backward(s_dinp, dw2, db2, s_dout, s_pre, s_inp, s_w, N, IC, OC);
     CHECK(same_storage(s_dinp, dinp, (size_t)N * IC) && same_storage(s_dout, dout, (size_t)N * OC));
     CHECK(same_f32(dw, dw2, (size_t)OC * IC) && same_f32(db, db2, OC));
-    free(inp); free(w); free(b); free(dout); free(s_inp); free(s_w); free(s_dout); free(out); free(s_out);
+    free(inp); free(w); free(b); free(s_b); free(dout); free(s_inp); free(s_w); free(s_dout); free(out); free(s_out);
     free(dinp); free(s_dinp); free(dw); free(dw2); free(db); free(db2); free(pre); free(s_pre); free(pre_r);
 }
 
@@ -99,14 +100,16 @@ TEST(norm_ops_equal_fp32_on_rounded_inputs) {
     float *s_a = storage(a, n), *s_b = storage(b, n);
     float mean[12], rstd[12], mean2[12], rstd2[12];
     float *resid = malloc(n * 4), *out = malloc(n * 4), *s_out = malloc(n * 2);
-    // fused residual + layernorm, in place on a (resid == a) as the model calls it
-    ref->residual_layernorm_forward(resid, out, mean, rstd, a, b, w, bias, N, C, 1e-5f);
+    // fused residual + layernorm, in place on a (resid == a) as the model calls it: the norm reads
+    // the sum as stored, rounded to bf16
+    float *x = malloc(n * 4);  // the stored resid, widened: what the norm and backward read
+    ref->residual_forward(resid, a, b, n);
+    for (size_t i = 0; i < n; i++) x[i] = sl_round_to_bf16(resid[i]);
+    ref->layernorm_forward(out, mean, rstd, x, w, bias, N, C, 1e-5f);
     emu->residual_layernorm_forward(s_a, s_out, mean2, rstd2, s_a, s_b, w, bias, N, C, 1e-5f);
     CHECK(same_storage(s_a, resid, n) && same_storage(s_out, out, n));
     CHECK(same_f32(mean, mean2, N) && same_f32(rstd, rstd2, N));
     // layernorm backward ACCUMULATES into the storage-typed dinp
-    float *x = malloc(n * 4);  // the input backward reads: the stored resid
-    sl_bf16_to_f32_array((const sl_bf16 *)(const void *)s_a, x, n);
     ref->layernorm_forward(out, mean, rstd, x, w, bias, N, C, 1e-5f);
     emu->layernorm_forward(s_out, mean2, rstd2, s_a, w, bias, N, C, 1e-5f);
     CHECK(same_storage(s_out, out, n) && same_f32(rstd, rstd2, N));
@@ -123,6 +126,14 @@ TEST(norm_ops_equal_fp32_on_rounded_inputs) {
     ref->rmsnorm_backward(dinp, dw, dout, x, w, rstd, N, C);
     emu->rmsnorm_backward(s_dinp, dw2, s_dout, s_a, w, rstd, N, C);
     CHECK(same_storage(s_dinp, dinp, n) && same_f32(dw, dw2, C));
+    // fused residual + rmsnorm, out of place: resid stored first, the norm reads it back
+    float *s_a2 = storage(a, n), *s_resid = malloc(n * 2);
+    ref->residual_forward(resid, a, b, n);
+    for (size_t i = 0; i < n; i++) x[i] = sl_round_to_bf16(resid[i]);
+    ref->rmsnorm_forward(out, rstd, x, w, N, C, 1e-6f);
+    emu->residual_rmsnorm_forward(s_resid, s_out, rstd2, s_a2, s_b, w, N, C, 1e-6f);
+    CHECK(same_storage(s_resid, resid, n) && same_storage(s_out, out, n) && same_f32(rstd, rstd2, N));
+    free(s_a2); free(s_resid);
     free(a); free(b); free(w); free(bias); free(s_a); free(s_b); free(resid); free(out); free(s_out); free(x);
     free(dout); free(s_dout); free(dinp); free(s_dinp); free(dw); free(db); free(dw2); free(db2);
 }

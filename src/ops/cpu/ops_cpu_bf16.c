@@ -55,11 +55,13 @@ static void encoder_backward(float *dwte, float *dwpe, const float *dout, const 
 
 static void matmul_forward(float *out, const float *inp, const float *weight, const float *bias, int N, int IC,
                            int OC) {
-    float *i = widen(inp, sz(N, IC)), *w = widen(weight, sz(OC, IC)), *o = scratch(sz(N, OC));
-    cpu->matmul_forward(o, i, w, bias, N, IC, OC);
+    float *i = widen(inp, sz(N, IC)), *w = widen(weight, sz(OC, IC)), *b = widen(bias, (size_t)OC);
+    float *o = scratch(sz(N, OC));
+    cpu->matmul_forward(o, i, w, b, N, IC, OC);
     narrow(out, o, sz(N, OC));
     free(i);
     free(w);
+    free(b);
 }
 
 static void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
@@ -75,13 +77,14 @@ static void matmul_backward(float *dinp, float *dweight, float *dbias, const flo
 
 static void matmul_gelu_forward(float *out, float *pre, const float *inp, const float *weight, const float *bias,
                                 int N, int IC, int OC) {
-    float *i = widen(inp, sz(N, IC)), *w = widen(weight, sz(OC, IC));
+    float *i = widen(inp, sz(N, IC)), *w = widen(weight, sz(OC, IC)), *b = widen(bias, (size_t)OC);
     float *o = scratch(sz(N, OC)), *p = scratch(sz(N, OC));
-    cpu->matmul_gelu_forward(o, p, i, w, bias, N, IC, OC);
+    cpu->matmul_gelu_forward(o, p, i, w, b, N, IC, OC);
     narrow(out, o, sz(N, OC));
     narrow(pre, p, sz(N, OC));
     free(i);
     free(w);
+    free(b);
 }
 
 static void matmul_gelu_backward(float *dinp, float *dweight, float *dbias, float *dout, const float *pre,
@@ -138,26 +141,18 @@ static void residual_forward(float *out, const float *a, const float *b, size_t 
     free(y);
 }
 
+// The fused residual norms: resid is stored (rounded) first and the norm reads it back as stored,
+// as the GPU's kernels do and as residual_forward followed by the norm's forward would.
 static void residual_layernorm_forward(float *resid, float *out, float *mean, float *rstd, const float *a,
                                        const float *b, const float *w, const float *bias, int N, int C, float eps) {
-    size_t n = sz(N, C);
-    float *x = widen(a, n), *y = widen(b, n), *r = scratch(n), *o = scratch(n);
-    cpu->residual_layernorm_forward(r, o, mean, rstd, x, y, w, bias, N, C, eps);
-    narrow(resid, r, n);
-    narrow(out, o, n);
-    free(x);
-    free(y);
+    residual_forward(resid, a, b, sz(N, C));
+    layernorm_forward(out, mean, rstd, resid, w, bias, N, C, eps);
 }
 
 static void residual_rmsnorm_forward(float *resid, float *out, float *rstd, const float *a, const float *b,
                                      const float *w, int N, int C, float eps) {
-    size_t n = sz(N, C);
-    float *x = widen(a, n), *y = widen(b, n), *r = scratch(n), *o = scratch(n);
-    cpu->residual_rmsnorm_forward(r, o, rstd, x, y, w, N, C, eps);
-    narrow(resid, r, n);
-    narrow(out, o, n);
-    free(x);
-    free(y);
+    residual_forward(resid, a, b, sz(N, C));
+    rmsnorm_forward(out, rstd, resid, w, N, C, eps);
 }
 
 static void gelu_forward(float *out, const float *inp, size_t n) {

@@ -34,7 +34,9 @@
 //   - fp32 arithmetic with expf/logf (not the fast intrinsics), scale = 1/sqrtf(HD) as on the CPU:
 //     results are expected well inside the 1e-5 relative the CPU path is held to (the kernels' own
 //     summation order differs from OpenBLAS's, nothing else). Storage type is a template parameter
-//     (floatX; float is what is instantiated). Global offsets are size_t.
+//     (floatX: float, or __nv_bfloat16 for bf16 activation storage, widened to fp32 as the tiles are
+//     loaded into shared memory and rounded once on the final store; lse and delta stay fp32).
+//     Global offsets are size_t.
 //   - Every kernel is queued on sl_cuda_stream(); failures are recorded, never block the host.
 // Cost: forward 4*HD flops per causal (query, key) pair; backward 14*HD (S and dP are recomputed in
 // both the dK/dV and the dQ kernels), plus half a tile of masked work per diagonal tile.
@@ -463,23 +465,23 @@ constexpr size_t dkdv_smem(int D) {
     return sizeof(float) * ((size_t)(2 * BK + 2 * BQ) * (D + 1) + (size_t)BK * LS + 2 * BQ);
 }
 
-template <int D, bool PAD>
-void launch_forward(float *out, float *lse, const float *qkv, int B, int T, int NH, int NKV, int HD, float scale) {
+template <typename floatX, int D, bool PAD>
+void launch_forward(floatX *out, float *lse, const floatX *qkv, int B, int T, int NH, int NKV, int HD, float scale) {
     const int n_qt = (T + BQ - 1) / BQ;
     const size_t blocks = (size_t)n_qt * B * NH, smem = fwd_smem(D);
-    auto kernel = attention_forward_kernel<float, D, PAD>;
+    auto kernel = attention_forward_kernel<floatX, D, PAD>;
     if (!grid_ok(blocks, "cuda_attention_forward") || !allow_smem(kernel, smem)) return;
     kernel<<<(unsigned)blocks, NT, smem, sl_cuda_stream()>>>(out, lse, qkv, B, T, NH, NKV, HD, scale, n_qt);
     CUDA_LAUNCH_CHECK();
 }
 
-template <int D, bool PAD>
-void launch_backward(float *dqkv, const float *dout, const float *qkv, const float *lse, const float *delta, int B,
+template <typename floatX, int D, bool PAD>
+void launch_backward(floatX *dqkv, const floatX *dout, const floatX *qkv, const float *lse, const float *delta, int B,
                      int T, int NH, int NKV, int HD, float scale) {
     const int n_t = (T + BQ - 1) / BQ;
     const size_t kv_blocks = (size_t)n_t * B * NKV, q_blocks = (size_t)n_t * B * NH;
-    auto dkdv = attention_dkdv_kernel<float, D, PAD>;
-    auto dq = attention_dq_kernel<float, D, PAD>;
+    auto dkdv = attention_dkdv_kernel<floatX, D, PAD>;
+    auto dq = attention_dq_kernel<floatX, D, PAD>;
     if (!grid_ok(q_blocks, "cuda_attention_backward") || !allow_smem(dkdv, dkdv_smem(D)) ||
         !allow_smem(dq, dq_smem(D)))
         return;
@@ -491,23 +493,23 @@ void launch_backward(float *dqkv, const float *dout, const float *qkv, const flo
     CUDA_LAUNCH_CHECK();
 }
 
-// Calls FN<D, PAD>(...) for the compile-time width D that holds hd (1 <= hd <= 128, checked first):
-// the exact instance, or the next one up with the columns past hd zero-padded.
-#define ATT_DISPATCH(hd, FN, ...)                                  \
+// Calls FN<X, D, PAD>(...) for the compile-time width D that holds hd (1 <= hd <= 128, checked
+// first): the exact instance, or the next one up with the columns past hd zero-padded.
+#define ATT_DISPATCH(X, hd, FN, ...)                               \
     do {                                                           \
         switch (hd) {                                              \
-        case 8: FN<8, false>(__VA_ARGS__); break;                  \
-        case 16: FN<16, false>(__VA_ARGS__); break;                \
-        case 32: FN<32, false>(__VA_ARGS__); break;                \
-        case 64: FN<64, false>(__VA_ARGS__); break;                \
-        case 80: FN<80, false>(__VA_ARGS__); break;                \
-        case 96: FN<96, false>(__VA_ARGS__); break;                \
-        case 128: FN<128, false>(__VA_ARGS__); break;              \
+        case 8: FN<X, 8, false>(__VA_ARGS__); break;               \
+        case 16: FN<X, 16, false>(__VA_ARGS__); break;             \
+        case 32: FN<X, 32, false>(__VA_ARGS__); break;             \
+        case 64: FN<X, 64, false>(__VA_ARGS__); break;             \
+        case 80: FN<X, 80, false>(__VA_ARGS__); break;             \
+        case 96: FN<X, 96, false>(__VA_ARGS__); break;             \
+        case 128: FN<X, 128, false>(__VA_ARGS__); break;           \
         default:                                                   \
-            if ((hd) < 8) FN<8, true>(__VA_ARGS__);                \
-            else if ((hd) < 32) FN<32, true>(__VA_ARGS__);         \
-            else if ((hd) < 64) FN<64, true>(__VA_ARGS__);         \
-            else FN<128, true>(__VA_ARGS__);                       \
+            if ((hd) < 8) FN<X, 8, true>(__VA_ARGS__);             \
+            else if ((hd) < 32) FN<X, 32, true>(__VA_ARGS__);      \
+            else if ((hd) < 64) FN<X, 64, true>(__VA_ARGS__);      \
+            else FN<X, 128, true>(__VA_ARGS__);                    \
         }                                                          \
     } while (0)
 
@@ -532,15 +534,17 @@ float *delta_buffer(size_t n) {
 
 }  // namespace
 
-extern "C" void cuda_attention_forward(float *out, float *lse, const float *qkv, int B, int T, int NH, int NKV,
-                                       int HD) {
+template <typename floatX>
+void cuda_attention_forward(float *out, float *lse, const float *qkv, int B, int T, int NH, int NKV, int HD) {
     if (!shape_ok("cuda_attention_forward", NH, NKV, HD) || B <= 0 || T <= 0) return;
     const float scale = 1.0f / sqrtf((float)HD);
-    ATT_DISPATCH(HD, launch_forward, out, lse, qkv, B, T, NH, NKV, HD, scale);
+    ATT_DISPATCH(floatX, HD, launch_forward, as_storage<floatX>(out), lse, as_storage<floatX>(qkv), B, T, NH, NKV, HD,
+                 scale);
 }
 
-extern "C" void cuda_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out,
-                                        const float *lse, int B, int T, int NH, int NKV, int HD) {
+template <typename floatX>
+void cuda_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
+                             int B, int T, int NH, int NKV, int HD) {
     if (!shape_ok("cuda_attention_backward", NH, NKV, HD) || B <= 0 || T <= 0) return;
     const float scale = 1.0f / sqrtf((float)HD);
     const size_t rows = (size_t)B * T * NH;
@@ -548,14 +552,16 @@ extern "C" void cuda_attention_backward(float *dqkv, const float *dout, const fl
     if (!delta) return;
     const int warps = 8;
     if (!grid_ok((rows + warps - 1) / warps, "cuda_attention_backward")) return;
-    attention_delta_kernel<float><<<(unsigned)((rows + warps - 1) / warps), warps * 32, 0, sl_cuda_stream()>>>(
-        delta, dout, out, T, NH, HD, rows);
+    attention_delta_kernel<floatX><<<(unsigned)((rows + warps - 1) / warps), warps * 32, 0, sl_cuda_stream()>>>(
+        delta, as_storage<floatX>(dout), as_storage<floatX>(out), T, NH, HD, rows);
     CUDA_LAUNCH_CHECK();
-    ATT_DISPATCH(HD, launch_backward, dqkv, dout, qkv, lse, delta, B, T, NH, NKV, HD, scale);
+    ATT_DISPATCH(floatX, HD, launch_backward, as_storage<floatX>(dqkv), as_storage<floatX>(dout),
+                 as_storage<floatX>(qkv), lse, delta, B, T, NH, NKV, HD, scale);
 }
 
-extern "C" void cuda_attention_decode(float *out, const float *q, const float *k_cache, const float *v_cache,
-                                      int n_ctx, int NH, int NKV, int HD) {
+template <typename floatX>
+void cuda_attention_decode(float *out, const float *q, const float *k_cache, const float *v_cache, int n_ctx, int NH,
+                           int NKV, int HD) {
     if (!shape_ok("cuda_attention_decode", NH, NKV, HD)) return;
     if (n_ctx < 1) {
         sl_cuda_record_failure("cuda_attention_decode: n_ctx %d (the cache holds at least the current position)",
@@ -563,7 +569,12 @@ extern "C" void cuda_attention_decode(float *out, const float *q, const float *k
         return;
     }
     const float scale = 1.0f / sqrtf((float)HD);
-    attention_decode_kernel<float><<<NH, DEC_NT, 0, sl_cuda_stream()>>>(out, q, k_cache, v_cache, n_ctx, NH, NKV, HD,
-                                                                        scale);
+    attention_decode_kernel<floatX><<<NH, DEC_NT, 0, sl_cuda_stream()>>>(
+        as_storage<floatX>(out), as_storage<floatX>(q), as_storage<floatX>(k_cache), as_storage<floatX>(v_cache), n_ctx,
+        NH, NKV, HD, scale);
     CUDA_LAUNCH_CHECK();
 }
+
+SL_CUDA_STORAGE_INSTANCES(cuda_attention_forward)
+SL_CUDA_STORAGE_INSTANCES(cuda_attention_backward)
+SL_CUDA_STORAGE_INSTANCES(cuda_attention_decode)

@@ -107,14 +107,15 @@ __global__ void crossentropy_backward_kernel(T *logits, const float *lse, const 
 
 // ---- entry points --------------------------------------------------------------------------------
 
-extern "C" double cuda_crossentropy_forward(float *lse, const float *logits, const int *targets, int N, int V,
-                                            int Vp) {
+template <typename floatX>
+double cuda_crossentropy_forward(float *lse, const float *logits, const int *targets, int N, int V, int Vp) {
     if (N <= 0) return 0.0;
     double *row_loss = (double *)sl_cuda_scratch_get(&crossentropy_buf, sizeof(double) * ((size_t)N + 1), "crossentropy scratch");
     if (!row_loss) return NAN;
     double *total = row_loss + N;
     cudaStream_t s = sl_cuda_stream();
-    crossentropy_forward_kernel<float><<<(unsigned int)N, CE_THREADS, 0, s>>>(lse, row_loss, logits, targets, V, Vp);
+    crossentropy_forward_kernel<floatX><<<(unsigned int)N, CE_THREADS, 0, s>>>(lse, row_loss, as_storage<floatX>(logits),
+                                                                              targets, V, Vp);
     CUDA_LAUNCH_CHECK();
     loss_sum_kernel<<<1, CE_SUM_THREADS, 0, s>>>(total, row_loss, N);
     CUDA_LAUNCH_CHECK();
@@ -124,10 +125,14 @@ extern "C" double cuda_crossentropy_forward(float *lse, const float *logits, con
     return host_total;
 }
 
-extern "C" void cuda_crossentropy_backward(float *logits, const float *lse, const int *targets, int N, int V, int Vp,
-                                           float dloss) {
+template <typename floatX>
+void cuda_crossentropy_backward(float *logits, const float *lse, const int *targets, int N, int V, int Vp,
+                                float dloss) {
     if (N <= 0 || Vp <= 0) return;
-    crossentropy_backward_kernel<float><<<(unsigned int)N, CE_THREADS, 0, sl_cuda_stream()>>>(logits, lse, targets, V,
-                                                                                             Vp, dloss);
+    crossentropy_backward_kernel<floatX><<<(unsigned int)N, CE_THREADS, 0, sl_cuda_stream()>>>(
+        as_storage<floatX>(logits), lse, targets, V, Vp, dloss);
     CUDA_LAUNCH_CHECK();
 }
+
+SL_CUDA_STORAGE_INSTANCES(cuda_crossentropy_forward)
+SL_CUDA_STORAGE_INSTANCES(cuda_crossentropy_backward)

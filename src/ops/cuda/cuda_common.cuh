@@ -14,6 +14,7 @@
 extern "C" {
 #include "ops/cuda/cuda_ops.h"
 }
+#include "ops/cuda/cuda_ops.cuh"
 
 // Records the first failing CUDA call (file:line and cudaGetErrorString) for cuda_synchronize().
 void sl_cuda_record_error(cudaError_t err, const char *what, const char *file, int line);
@@ -48,7 +49,11 @@ void *sl_cuda_scratch_get(sl_cuda_scratch *s, size_t bytes, const char *what);
 
 static inline unsigned int ceil_div_u(size_t a, size_t b) { return (unsigned int)((a + b - 1) / b); }
 
-// Storage-type conversions for templated kernels (float today; bf16/fp16 storage instantiate the same code).
+// An op's storage-typed argument (ops.h: float * in the prototype) as what it points to: floatX.
+template <typename floatX> inline floatX *as_storage(float *p) { return reinterpret_cast<floatX *>(p); }
+template <typename floatX> inline const floatX *as_storage(const float *p) { return reinterpret_cast<const floatX *>(p); }
+
+// Storage-type conversions for the templated kernels (float, and __nv_bfloat16 for bf16 storage).
 __device__ __forceinline__ float to_f32(float x) { return x; }
 __device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
 __device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }

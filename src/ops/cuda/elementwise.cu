@@ -8,6 +8,8 @@
 // (no --use_fast_math / -ftz=true), which keep float subnormals as the CPU does.
 // Invariants: no reductions, so nothing depends on launch shape; dinp is OVERWRITTEN (ops.h); all
 // work queued on sl_cuda_stream(). Cost: one memory-bound pass per op.
+// Storage: every argument is an activation (floatX); with bf16 each value is widened to fp32, the
+// expression computed exactly as above, and the result rounded to nearest even once.
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/cuda_math.cuh"
 
@@ -66,38 +68,52 @@ __global__ void swiglu_backward_kernel(T *dinp, const T *inp, const T *dout, siz
     }
 }
 
-// ---- entry points --------------------------------------------------------------------------------
+// ---- entry points (cuda_ops.cuh) ------------------------------------------------------------------
 
-extern "C" void cuda_residual_forward(float *out, const float *a, const float *b, size_t n) {
+template <typename floatX>
+void cuda_residual_forward(float *out, const float *a, const float *b, size_t n) {
     if (n == 0) return;
-    residual_forward_kernel<float><<<grid_for(n), EW_THREADS, 0, sl_cuda_stream()>>>(out, a, b, n);
+    residual_forward_kernel<floatX><<<grid_for(n), EW_THREADS, 0, sl_cuda_stream()>>>(
+        as_storage<floatX>(out), as_storage<floatX>(a), as_storage<floatX>(b), n);
     CUDA_LAUNCH_CHECK();
 }
 
-extern "C" void cuda_gelu_forward(float *out, const float *inp, size_t n) {
+template <typename floatX>
+void cuda_gelu_forward(float *out, const float *inp, size_t n) {
     if (n == 0) return;
-    gelu_forward_kernel<float><<<grid_for(n), EW_THREADS, 0, sl_cuda_stream()>>>(out, inp, n);
+    gelu_forward_kernel<floatX><<<grid_for(n), EW_THREADS, 0, sl_cuda_stream()>>>(as_storage<floatX>(out),
+                                                                                  as_storage<floatX>(inp), n);
     CUDA_LAUNCH_CHECK();
 }
 
-extern "C" void cuda_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n) {
+template <typename floatX>
+void cuda_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n) {
     if (n == 0) return;
-    gelu_backward_kernel<float><<<grid_for(n), EW_THREADS, 0, sl_cuda_stream()>>>(dinp, inp, dout, n);
+    gelu_backward_kernel<floatX><<<grid_for(n), EW_THREADS, 0, sl_cuda_stream()>>>(
+        as_storage<floatX>(dinp), as_storage<floatX>(inp), as_storage<floatX>(dout), n);
     CUDA_LAUNCH_CHECK();
 }
 
-extern "C" void cuda_swiglu_forward(float *out, const float *inp, int N, int I) {
+template <typename floatX>
+void cuda_swiglu_forward(float *out, const float *inp, int N, int I) {
     if (N <= 0 || I <= 0) return;
     size_t total = (size_t)N * I;
-    swiglu_forward_kernel<float><<<grid_for(total), EW_THREADS, 0, sl_cuda_stream()>>>(out, inp, (size_t)N,
-                                                                                       (size_t)I);
+    swiglu_forward_kernel<floatX><<<grid_for(total), EW_THREADS, 0, sl_cuda_stream()>>>(
+        as_storage<floatX>(out), as_storage<floatX>(inp), (size_t)N, (size_t)I);
     CUDA_LAUNCH_CHECK();
 }
 
-extern "C" void cuda_swiglu_backward(float *dinp, const float *inp, const float *dout, int N, int I) {
+template <typename floatX>
+void cuda_swiglu_backward(float *dinp, const float *inp, const float *dout, int N, int I) {
     if (N <= 0 || I <= 0) return;
     size_t total = (size_t)N * I;
-    swiglu_backward_kernel<float><<<grid_for(total), EW_THREADS, 0, sl_cuda_stream()>>>(dinp, inp, dout, (size_t)N,
-                                                                                        (size_t)I);
+    swiglu_backward_kernel<floatX><<<grid_for(total), EW_THREADS, 0, sl_cuda_stream()>>>(
+        as_storage<floatX>(dinp), as_storage<floatX>(inp), as_storage<floatX>(dout), (size_t)N, (size_t)I);
     CUDA_LAUNCH_CHECK();
 }
+
+SL_CUDA_STORAGE_INSTANCES(cuda_residual_forward)
+SL_CUDA_STORAGE_INSTANCES(cuda_gelu_forward)
+SL_CUDA_STORAGE_INSTANCES(cuda_gelu_backward)
+SL_CUDA_STORAGE_INSTANCES(cuda_swiglu_forward)
+SL_CUDA_STORAGE_INSTANCES(cuda_swiglu_backward)

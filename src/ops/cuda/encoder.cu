@@ -13,6 +13,7 @@
 // Invariants: no floating-point atomics; every sum has a fixed order (the CPU's), so results are
 // bit-identical run to run and to the CPU backend; all work is queued on sl_cuda_stream(), no host
 // round trip. The sort scratch is a grow-only device buffer (one process drives one GPU).
+// Storage: out and dout are activations (floatX); wte, wpe and their gradients are fp32 parameters.
 // Cost: forward and dwpe are memory-bound passes; dwte is a radix sort of N ints (4 passes) plus one
 // read of dout; a token repeated L times is a serial chain of L adds (loads batched 8 at a time).
 #include "ops/cuda/cuda_common.cuh"
@@ -35,14 +36,14 @@ static unsigned int grid_for(size_t n) {
 
 // out (N,C) = wte[inp] (+ wpe[t]); wpe may be NULL.
 template <typename T>
-__global__ void encoder_forward_kernel(T *out, const int *inp, const T *wte, const T *wpe, size_t N, int T_len,
+__global__ void encoder_forward_kernel(T *out, const int *inp, const float *wte, const float *wpe, size_t N, int T_len,
                                        int C) {
     size_t total = N * (size_t)C;
     for (size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
          idx += (size_t)gridDim.x * blockDim.x) {
         size_t n = idx / (size_t)C, c = idx % (size_t)C;
-        float e = to_f32(wte[(size_t)inp[n] * C + c]);
-        if (wpe) e = __fadd_rn(e, to_f32(wpe[(n % (size_t)T_len) * C + c]));
+        float e = wte[(size_t)inp[n] * C + c];
+        if (wpe) e = __fadd_rn(e, wpe[(n % (size_t)T_len) * C + c]);
         out[idx] = from_f32<T>(e);
     }
 }
@@ -66,7 +67,8 @@ __device__ __forceinline__ int upper_bound_key(const int *keys, int lo, int hi, 
 // dwte[tok] += dout[rows of tok], in row order. keys (N): sorted token ids; rows (N): their rows.
 // Grid: (ceil(N / ENC_RUN_RANGE), ceil(C / ENC_THREADS)).
 template <typename T>
-__global__ void encoder_backward_wte_kernel(T *dwte, const T *dout, const int *keys, const int *rows, int N, int C) {
+__global__ void encoder_backward_wte_kernel(float *dwte, const T *dout, const int *keys, const int *rows, int N,
+                                            int C) {
     int c = blockIdx.y * blockDim.x + threadIdx.x;
     if (c >= C) return;
     int i0 = blockIdx.x * ENC_RUN_RANGE;
@@ -77,8 +79,8 @@ __global__ void encoder_backward_wte_kernel(T *dwte, const T *dout, const int *k
     while (i < i1) {
         int tok = keys[i];
         int end = upper_bound_key(keys, i + 1, N, tok);
-        T *w = dwte + (size_t)tok * C + c;
-        float acc = to_f32(*w);
+        float *w = dwte + (size_t)tok * C + c;
+        float acc = *w;
         int j = i;
         for (; j + 8 <= end; j += 8) {  // 8 loads in flight, then the adds in row order
             float d[8];
@@ -88,35 +90,36 @@ __global__ void encoder_backward_wte_kernel(T *dwte, const T *dout, const int *k
             for (int u = 0; u < 8; u++) acc = __fadd_rn(acc, d[u]);
         }
         for (; j < end; j++) acc = __fadd_rn(acc, to_f32(dout[(size_t)rows[j] * C + c]));
-        *w = from_f32<T>(acc);
+        *w = acc;
         i = end;
     }
 }
 
 // dwpe[t, c] += dout[b, t, c] for b = 0..B-1 in order; one thread per (t, c).
 template <typename T>
-__global__ void encoder_backward_wpe_kernel(T *dwpe, const T *dout, int B, int T_len, int C) {
+__global__ void encoder_backward_wpe_kernel(float *dwpe, const T *dout, int B, int T_len, int C) {
     size_t TC = (size_t)T_len * C;
     for (size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x; idx < TC;
          idx += (size_t)gridDim.x * blockDim.x) {
-        float acc = to_f32(dwpe[idx]);
+        float acc = dwpe[idx];
         for (int b = 0; b < B; b++) acc = __fadd_rn(acc, to_f32(dout[(size_t)b * TC + idx]));
-        dwpe[idx] = from_f32<T>(acc);
+        dwpe[idx] = acc;
     }
 }
 
 // ---- entry points --------------------------------------------------------------------------------
 
-extern "C" void cuda_encoder_forward(float *out, const int *inp, const float *wte, const float *wpe, int B, int T,
-                                     int C) {
+template <typename floatX>
+void cuda_encoder_forward(float *out, const int *inp, const float *wte, const float *wpe, int B, int T, int C) {
     size_t N = (size_t)B * T, total = N * (size_t)C;
     if (total == 0) return;
-    encoder_forward_kernel<float><<<grid_for(total), ENC_THREADS, 0, sl_cuda_stream()>>>(out, inp, wte, wpe, N, T, C);
+    encoder_forward_kernel<floatX><<<grid_for(total), ENC_THREADS, 0, sl_cuda_stream()>>>(as_storage<floatX>(out), inp,
+                                                                                          wte, wpe, N, T, C);
     CUDA_LAUNCH_CHECK();
 }
 
-extern "C" void cuda_encoder_backward(float *dwte, float *dwpe, const float *dout, const int *inp, int B, int T,
-                                      int C) {
+template <typename floatX>
+void cuda_encoder_backward(float *dwte, float *dwpe, const float *dout, const int *inp, int B, int T, int C) {
     int N = B * T;
     if (N <= 0 || C <= 0) return;
     cudaStream_t s = sl_cuda_stream();
@@ -136,11 +139,15 @@ extern "C" void cuda_encoder_backward(float *dwte, float *dwpe, const float *dou
     CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, inp, keys, rows_in, rows, N, 0,
                                                (int)(sizeof(int) * 8), s));
     dim3 grid(ceil_div_u((size_t)N, ENC_RUN_RANGE), ceil_div_u((size_t)C, ENC_THREADS));
-    encoder_backward_wte_kernel<float><<<grid, ENC_THREADS, 0, s>>>(dwte, dout, keys, rows, N, C);
+    encoder_backward_wte_kernel<floatX><<<grid, ENC_THREADS, 0, s>>>(dwte, as_storage<floatX>(dout), keys, rows, N, C);
     CUDA_LAUNCH_CHECK();
 
     if (dwpe) {
-        encoder_backward_wpe_kernel<float><<<grid_for((size_t)T * C), ENC_THREADS, 0, s>>>(dwpe, dout, B, T, C);
+        encoder_backward_wpe_kernel<floatX><<<grid_for((size_t)T * C), ENC_THREADS, 0, s>>>(
+            dwpe, as_storage<floatX>(dout), B, T, C);
         CUDA_LAUNCH_CHECK();
     }
 }
+
+SL_CUDA_STORAGE_INSTANCES(cuda_encoder_forward)
+SL_CUDA_STORAGE_INSTANCES(cuda_encoder_backward)

@@ -43,8 +43,15 @@
 // the 16-bit format and run tensor-core kernels with fp32 accumulation. The engine has already rounded
 // the parameters (and gradients) to that format, so only the activations lose bits they had.
 //
+// bf16 storage (the ops instantiated for __nv_bfloat16, sl_ops_cuda_bf16): A, B and D are bf16
+// (the weight and bias come from the model's bf16 shadow), the GEMM runs CUBLAS_COMPUTE_32F on the
+// tensor cores (bf16 products, fp32 accumulation, one rounding of D); the bias epilogue adds the bf16
+// bias in fp32 before that rounding; GELU_AUX's aux (pre) is bf16 like D. The dweight GEMM reads bf16
+// A, B and accumulates into the fp32 parameter gradient (C = D fp32, beta 1); the bias gradient sums
+// bf16 dout in fp32 into the fp32 dbias.
+//
 // Invariants:
-//   - fp32 in, fp32 out. Under CUBLAS_COMPUTE_32F (true fp32) results are within ~1e-6 relative of
+//   - fp32 storage: fp32 in, fp32 out. Under CUBLAS_COMPUTE_32F (true fp32) results are within ~1e-6 relative of
 //     the CPU; the 16-bit compute types are within bf16 / fp16 rounding of it (~1e-2 / ~1e-3 relative).
 //   - Deterministic: the algorithm of a GEMM is chosen by cuBLASLt's heuristic once per shape (and
 //     epilogue, pointer alignments, compute type) and cached with its descriptors; a fixed algorithm gives the same bits on
@@ -185,6 +192,7 @@ typedef struct {
     uint32_t align_a, align_b, align_c;     // pointer alignment (bytes, power of two, at most 256)
     uint32_t align_bias, align_aux;         // likewise for the epilogue's vectors (0: none)
     int compute;
+    int ab_type, d_type;                    // cudaDataType_t of A and B, and of C = D (and bias, aux)
 } gemm_key;
 
 typedef struct {
@@ -217,7 +225,7 @@ static void plan_destroy(gemm_plan *p) {
 // Builds the descriptors of `key` and asks the heuristic for its best algorithm. -1 (recorded) when a
 // descriptor call fails; has_algo = 0 when no algorithm fits. The epilogue's pointers are set before
 // the heuristic runs: it reads their alignment from them (later calls share that alignment: the key).
-static int plan_build(gemm_plan *p, const gemm_key *key, const float *bias, float *aux) {
+static int plan_build(gemm_plan *p, const gemm_key *key, const void *bias, void *aux) {
     memset(p, 0, sizeof *p);
     p->key = *key;
     cublasOperation_t ta = key->transa ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -236,9 +244,9 @@ static int plan_build(gemm_plan *p, const gemm_key *key, const float *bias, floa
                                                            &aux, sizeof aux))) ||
         (aux && LT_CHECK(lt.cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
                                                            &key->aux_ld, sizeof key->aux_ld))) ||
-        LT_CHECK(lt.cublasLtMatrixLayoutCreate(&p->a, CUDA_R_32F, a_rows, a_cols, key->lda)) ||
-        LT_CHECK(lt.cublasLtMatrixLayoutCreate(&p->b, CUDA_R_32F, b_rows, b_cols, key->ldb)) ||
-        LT_CHECK(lt.cublasLtMatrixLayoutCreate(&p->c, CUDA_R_32F, key->m, key->n, key->ldc))) {
+        LT_CHECK(lt.cublasLtMatrixLayoutCreate(&p->a, (cudaDataType_t)key->ab_type, a_rows, a_cols, key->lda)) ||
+        LT_CHECK(lt.cublasLtMatrixLayoutCreate(&p->b, (cudaDataType_t)key->ab_type, b_rows, b_cols, key->ldb)) ||
+        LT_CHECK(lt.cublasLtMatrixLayoutCreate(&p->c, (cudaDataType_t)key->d_type, key->m, key->n, key->ldc))) {
         plan_destroy(p);
         return -1;
     }
@@ -280,7 +288,7 @@ static int plan_build(gemm_plan *p, const gemm_key *key, const float *bias, floa
 }
 
 // The cached plan for key (built on first use; the oldest slot is reused when the table is full).
-static gemm_plan *plan_get(const gemm_key *key, const float *bias, float *aux) {
+static gemm_plan *plan_get(const gemm_key *key, const void *bias, void *aux) {
     for (int i = 0; i < SL_MATMUL_CACHE_SIZE; i++)
         if (plans[i].used && !memcmp(&plans[i].key, key, sizeof *key)) return &plans[i];
     gemm_plan *slot = NULL;
@@ -305,10 +313,13 @@ static const char *kind_name(int kind) {
 
 // D (m x n, ld ldc) = op(A) @ op(B) + beta * D, column-major, with an epilogue: + bias over D's rows
 // when bias != NULL; with aux != NULL, aux (m x n, ld ldc) = that result and D = gelu(it) (GELU_AUX).
+// A and B hold ab_type elements, D (and bias, aux) d_type: CUDA_R_32F, or CUDA_R_16BF for bf16
+// storage (then computed in CUBLAS_COMPUTE_32F on the tensor cores whatever the precision says).
 // Returns 1 when no algorithm exists with the epilogue asked for (nothing was queued; the caller does
 // it unfused), 0 when queued, -1 when it failed (recorded).
-static int gemm(int kind, int transa, int transb, int m, int n, int k, const float *A, int lda, const float *B,
-                int ldb, float *D, int ldc, float beta, const float *bias, float *aux) {
+static int gemm(int kind, int transa, int transb, int m, int n, int k, const void *A, int lda, const void *B,
+                int ldb, void *D, int ldc, float beta, const void *bias, void *aux, cudaDataType_t ab_type,
+                cudaDataType_t d_type) {
     if (!lt_handle) {
         sl_cuda_record_failure("%s called before cuda_backend_init (cuBLASLt is not loaded)", kind_name(kind));
         return -1;
@@ -332,18 +343,21 @@ static int gemm(int kind, int transa, int transb, int m, int n, int k, const flo
     key.align_c = pointer_alignment(D);
     key.align_bias = bias ? pointer_alignment(bias) : 0;
     key.align_aux = aux ? pointer_alignment(aux) : 0;
-    key.compute = (int)compute_type();
+    key.ab_type = (int)ab_type;
+    key.d_type = (int)d_type;
+    key.compute = ab_type == CUDA_R_32F ? (int)compute_type() : (int)CUBLAS_COMPUTE_32F;
     gemm_plan *p = plan_get(&key, bias, aux);
     if (!p) return -1;
-    if (!p->has_algo && key.compute != (int)fp32_compute) {
+    if (!p->has_algo && ab_type == CUDA_R_32F && key.compute != (int)fp32_compute) {
         // a 16-bit compute type the heuristic refuses for this shape / alignment: compute in fp32
         key.compute = (int)fp32_compute;
         if (!(p = plan_get(&key, bias, aux))) return -1;
     }
     if (!p->has_algo) {
         if (bias || aux) return 1;
-        sl_cuda_record_failure("cuBLASLt has no algorithm for %s (m=%d n=%d k=%d, alignments %u/%u/%u bytes)",
-                               kind_name(kind), m, n, k, key.align_a, key.align_b, key.align_c);
+        sl_cuda_record_failure("cuBLASLt has no algorithm for %s (m=%d n=%d k=%d, alignments %u/%u/%u bytes, %s)",
+                               kind_name(kind), m, n, k, key.align_a, key.align_b, key.align_c,
+                               ab_type == CUDA_R_32F ? "fp32" : "bf16");
         return -1;
     }
     if (bias && LT_CHECK(lt.cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
@@ -360,9 +374,11 @@ static int gemm(int kind, int transa, int transb, int m, int n, int k, const flo
 // ---- kernels -------------------------------------------------------------------------------------
 
 // out (N,OC) += bias (OC) broadcast over rows: the forward's bias when the epilogue is unavailable.
-static __global__ void add_bias_kernel(float *out, const float *bias, size_t total, int OC) {
+// Both storage-typed (the bias from the model's bf16 shadow with bf16 storage).
+template <typename T>
+static __global__ void add_bias_kernel(T *out, const T *bias, size_t total, int OC) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < total) out[i] += bias[i % (size_t)OC];
+    if (i < total) out[i] = from_f32<T>(to_f32(out[i]) + to_f32(bias[i % (size_t)OC]));
 }
 
 #define BIAS_COLS 32   // columns per block (one warp wide: coalesced row reads)
@@ -374,8 +390,9 @@ static __global__ void add_bias_kernel(float *out, const float *bias, size_t tot
 // sum straight into dbias; otherwise it writes partial[chunk][col]. With pre != NULL every element
 // is first replaced by its GELU gradient, dpre = dout * gelu'(pre), written to dpre (which may be
 // dout itself: each element is read and written by one thread), and dpre is what is summed.
-static __global__ void bias_grad_partial_kernel(float *partial, float *dbias, const float *dout, const float *pre,
-                                                float *dpre, int N, int OC, int rows_per_chunk) {
+template <typename T>
+static __global__ void bias_grad_partial_kernel(float *partial, float *dbias, const T *dout, const T *pre, T *dpre,
+                                                int N, int OC, int rows_per_chunk) {
     __shared__ float lanes[BIAS_LANES][BIAS_COLS + 1];
     int col = blockIdx.x * BIAS_COLS + threadIdx.x;
     int r0 = blockIdx.y * rows_per_chunk;
@@ -384,10 +401,11 @@ static __global__ void bias_grad_partial_kernel(float *partial, float *dbias, co
     if (col < OC)
         for (int r = r0 + threadIdx.y; r < r1; r += BIAS_LANES) {
             size_t i = (size_t)r * OC + col;
-            float d = dout[i];
+            float d = to_f32(dout[i]);
             if (pre) {
-                d = gelu_backward_dev(pre[i], d);
-                dpre[i] = d;
+                T stored = from_f32<T>(gelu_backward_dev(to_f32(pre[i]), d));
+                dpre[i] = stored;
+                d = to_f32(stored);  // the bias gradient sums dpre as stored, as the GEMMs read it
             }
             sum += d;
         }
@@ -411,7 +429,8 @@ static __global__ void bias_grad_finish_kernel(float *dbias, const float *partia
 
 // dbias (OC) += column sums of dout (N,OC). The chunk count depends only on (N, OC). With pre, the
 // sums are of dpre = dout * gelu'(pre), which is written over dpre (see the partial kernel).
-static void bias_grad_accumulate(float *dbias, const float *dout, const float *pre, float *dpre, int N, int OC) {
+template <typename T>
+static void bias_grad_accumulate(float *dbias, const T *dout, const T *pre, T *dpre, int N, int OC) {
     cudaStream_t s = sl_cuda_stream();
     int rows_per_chunk = BIAS_ROWS_PER_CHUNK;
     size_t max_chunks = SL_MATMUL_WORKSPACE_BYTES / (sizeof(float) * (size_t)OC);
@@ -421,7 +440,7 @@ static void bias_grad_accumulate(float *dbias, const float *dout, const float *p
     if (chunks < 1) chunks = 1;
     rows_per_chunk = (int)(((size_t)N + chunks - 1) / chunks);
     dim3 grid(ceil_div_u((size_t)OC, BIAS_COLS), (unsigned)chunks), block(BIAS_COLS, BIAS_LANES);
-    bias_grad_partial_kernel<<<grid, block, 0, s>>>((float *)workspace, dbias, dout, pre, dpre, N, OC,
+    bias_grad_partial_kernel<T><<<grid, block, 0, s>>>((float *)workspace, dbias, dout, pre, dpre, N, OC,
                                                     rows_per_chunk);
     CUDA_LAUNCH_CHECK();
     if (chunks > 1) {
@@ -431,50 +450,66 @@ static void bias_grad_accumulate(float *dbias, const float *dout, const float *p
     }
 }
 
-// ---- the ops --------------------------------------------------------------------------------------
+// ---- the ops (cuda_ops.cuh) ---------------------------------------------------------------------
 
 // bias pointers below this alignment skip the epilogue (cuBLASLt reads the bias vector vectorised).
 #define BIAS_EPILOGUE_MIN_ALIGN 16
 
-void cuda_matmul_forward(float *out, const float *inp, const float *weight, const float *bias, int N, int IC,
-                         int OC) {
-    if (N <= 0 || OC <= 0) return;
-    if (IC <= 0) {  // an empty product: out = bias (or 0)
-        CUDA_CHECK(cudaMemsetAsync(out, 0, sizeof(float) * (size_t)N * OC, sl_cuda_stream()));
-        if (bias) {
-            size_t total = (size_t)N * OC;
-            add_bias_kernel<<<ceil_div_u(total, 256), 256, 0, sl_cuda_stream()>>>(out, bias, total, OC);
-            CUDA_LAUNCH_CHECK();
-        }
-        return;
-    }
-    const float *epi_bias = bias && pointer_alignment(bias) >= BIAS_EPILOGUE_MIN_ALIGN ? bias : NULL;
-    // out^T (OC,N) = op(weight: col-major IC x OC, transposed) @ inp^T (col-major IC x N)
-    int rc = gemm(GEMM_FORWARD, 1, 0, OC, N, IC, weight, IC, inp, IC, out, OC, 0.0f, epi_bias, NULL);
-    if (rc == 1) {  // no algorithm with the bias epilogue for this shape: plain GEMM, then the bias kernel
-        epi_bias = NULL;
-        rc = gemm(GEMM_FORWARD, 1, 0, OC, N, IC, weight, IC, inp, IC, out, OC, 0.0f, NULL, NULL);
-    }
-    if (rc == 0 && bias && !epi_bias) {
-        size_t total = (size_t)N * OC;
-        add_bias_kernel<<<ceil_div_u(total, 256), 256, 0, sl_cuda_stream()>>>(out, bias, total, OC);
-        CUDA_LAUNCH_CHECK();
-    }
+// The cuBLASLt element type of a storage type.
+template <typename floatX> static cudaDataType_t storage_type(void);
+template <> cudaDataType_t storage_type<float>(void) { return CUDA_R_32F; }
+template <> cudaDataType_t storage_type<__nv_bfloat16>(void) { return CUDA_R_16BF; }
+
+template <typename floatX>
+static void add_bias(floatX *out, const floatX *bias, int N, int OC) {
+    size_t total = (size_t)N * OC;
+    add_bias_kernel<floatX><<<ceil_div_u(total, 256), 256, 0, sl_cuda_stream()>>>(out, bias, total, OC);
+    CUDA_LAUNCH_CHECK();
 }
 
-void cuda_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
-                          const float *weight, int N, int IC, int OC) {
+template <typename floatX>
+void cuda_matmul_forward(float *out_, const float *inp_, const float *weight_, const float *bias_, int N, int IC,
+                         int OC) {
+    if (N <= 0 || OC <= 0) return;
+    floatX *out = as_storage<floatX>(out_);
+    const floatX *inp = as_storage<floatX>(inp_), *weight = as_storage<floatX>(weight_);
+    const floatX *bias = as_storage<floatX>(bias_);
+    const cudaDataType_t t = storage_type<floatX>();
+    if (IC <= 0) {  // an empty product: out = bias (or 0)
+        CUDA_CHECK(cudaMemsetAsync(out, 0, sizeof(floatX) * (size_t)N * OC, sl_cuda_stream()));
+        if (bias) add_bias<floatX>(out, bias, N, OC);
+        return;
+    }
+    const floatX *epi_bias = bias && pointer_alignment(bias) >= BIAS_EPILOGUE_MIN_ALIGN ? bias : NULL;
+    // out^T (OC,N) = op(weight: col-major IC x OC, transposed) @ inp^T (col-major IC x N)
+    int rc = gemm(GEMM_FORWARD, 1, 0, OC, N, IC, weight, IC, inp, IC, out, OC, 0.0f, epi_bias, NULL, t, t);
+    if (rc == 1) {  // no algorithm with the bias epilogue for this shape: plain GEMM, then the bias kernel
+        epi_bias = NULL;
+        rc = gemm(GEMM_FORWARD, 1, 0, OC, N, IC, weight, IC, inp, IC, out, OC, 0.0f, NULL, NULL, t, t);
+    }
+    if (rc == 0 && bias && !epi_bias) add_bias<floatX>(out, bias, N, OC);
+}
+
+template <typename floatX>
+void cuda_matmul_backward(float *dinp_, float *dweight, float *dbias, const float *dout_, const float *inp_,
+                          const float *weight_, int N, int IC, int OC) {
+    floatX *dinp = as_storage<floatX>(dinp_);
+    const floatX *dout = as_storage<floatX>(dout_), *inp = as_storage<floatX>(inp_);
+    const floatX *weight = as_storage<floatX>(weight_);
+    const cudaDataType_t t = storage_type<floatX>();
     if (N <= 0 || OC <= 0 || IC <= 0) {
         // Nothing accumulates from an empty product; dinp (N,IC) with OC == 0 is all zeros.
         if (dinp && N > 0 && IC > 0)
-            CUDA_CHECK(cudaMemsetAsync(dinp, 0, sizeof(float) * (size_t)N * IC, sl_cuda_stream()));
+            CUDA_CHECK(cudaMemsetAsync(dinp, 0, sizeof(floatX) * (size_t)N * IC, sl_cuda_stream()));
         return;
     }
     // dinp^T (IC,N) = weight^T (col-major IC x OC) @ dout^T (col-major OC x N)
-    if (dinp) gemm(GEMM_DINP, 0, 0, IC, N, OC, weight, IC, dout, OC, dinp, IC, 0.0f, NULL, NULL);
-    // dweight^T (IC,OC) += inp^T (col-major IC x N) @ op(dout^T: col-major OC x N, transposed)
-    if (dweight) gemm(GEMM_DWEIGHT, 0, 1, IC, OC, N, inp, IC, dout, OC, dweight, IC, 1.0f, NULL, NULL);
-    if (dbias) bias_grad_accumulate(dbias, dout, NULL, NULL, N, OC);
+    if (dinp) gemm(GEMM_DINP, 0, 0, IC, N, OC, weight, IC, dout, OC, dinp, IC, 0.0f, NULL, NULL, t, t);
+    // dweight^T (IC,OC) += inp^T (col-major IC x N) @ op(dout^T: col-major OC x N, transposed); dweight
+    // is an fp32 parameter gradient whatever the storage
+    if (dweight)
+        gemm(GEMM_DWEIGHT, 0, 1, IC, OC, N, inp, IC, dout, OC, dweight, IC, 1.0f, NULL, NULL, t, CUDA_R_32F);
+    if (dbias) bias_grad_accumulate<floatX>(dbias, dout, NULL, NULL, N, OC);
 }
 
 // cuBLASLt's rule for the GELU auxiliary matrix's leading dimension (elements); out and pre below this
@@ -482,28 +517,40 @@ void cuda_matmul_backward(float *dinp, float *dweight, float *dbias, const float
 #define GELU_AUX_LD_MULTIPLE 8
 #define GELU_EPILOGUE_MIN_ALIGN 16
 
+template <typename floatX>
 void cuda_matmul_gelu_forward(float *out, float *pre, const float *inp, const float *weight, const float *bias,
                               int N, int IC, int OC) {
     if (N <= 0 || OC <= 0) return;
-    int fused = gelu_epilogue && IC > 0 && OC % GELU_AUX_LD_MULTIPLE == 0 && pointer_alignment(out) >= GELU_EPILOGUE_MIN_ALIGN &&
-                pointer_alignment(pre) >= GELU_EPILOGUE_MIN_ALIGN &&
+    int fused = gelu_epilogue && IC > 0 && OC % GELU_AUX_LD_MULTIPLE == 0 &&
+                pointer_alignment(out) >= GELU_EPILOGUE_MIN_ALIGN && pointer_alignment(pre) >= GELU_EPILOGUE_MIN_ALIGN &&
                 (!bias || pointer_alignment(bias) >= BIAS_EPILOGUE_MIN_ALIGN);
     if (fused) {
-        // out^T = gelu(weight^T-product + bias), pre^T = the product + bias (aux, same layout as out^T)
-        int rc = gemm(GEMM_FORWARD_GELU, 1, 0, OC, N, IC, weight, IC, inp, IC, out, OC, 0.0f, bias, pre);
+        // out^T = gelu(weight^T-product + bias), pre^T = the product + bias (aux, same layout and type as out^T)
+        const cudaDataType_t t = storage_type<floatX>();
+        int rc = gemm(GEMM_FORWARD_GELU, 1, 0, OC, N, IC, as_storage<floatX>(weight), IC, as_storage<floatX>(inp), IC,
+                      as_storage<floatX>(out), OC, 0.0f, as_storage<floatX>(bias), as_storage<floatX>(pre), t, t);
         if (rc != 1) return;  // queued, or failed (recorded)
     }
     // Unfused: switched off, OC not a multiple of 8, a misaligned out / pre / bias, or no algorithm
-    // with the epilogue.
-    cuda_matmul_forward(pre, inp, weight, bias, N, IC, OC);
-    cuda_gelu_forward(out, pre, (size_t)N * OC);
+    // with the epilogue. (With bf16 storage the GELU then reads pre as stored, rounded; the epilogue
+    // applies it to the fp32 sum: the two differ by bf16 rounding.)
+    cuda_matmul_forward<floatX>(pre, inp, weight, bias, N, IC, OC);
+    cuda_gelu_forward<floatX>(out, pre, (size_t)N * OC);
 }
 
+template <typename floatX>
 void cuda_matmul_gelu_backward(float *dinp, float *dweight, float *dbias, float *dout, const float *pre,
                                const float *inp, const float *weight, int N, int IC, int OC) {
     if (N <= 0 || OC <= 0) return;
     // dout -> dpre in place, fused with dbias += colsum(dpre) when there is a bias
-    if (dbias) bias_grad_accumulate(dbias, dout, pre, dout, N, OC);
-    else cuda_gelu_backward(dout, pre, dout, (size_t)N * OC);
-    cuda_matmul_backward(dinp, dweight, NULL, dout, inp, weight, N, IC, OC);
+    if (dbias)
+        bias_grad_accumulate<floatX>(dbias, as_storage<floatX>(dout), as_storage<floatX>(pre), as_storage<floatX>(dout),
+                                     N, OC);
+    else cuda_gelu_backward<floatX>(dout, pre, dout, (size_t)N * OC);
+    cuda_matmul_backward<floatX>(dinp, dweight, NULL, dout, inp, weight, N, IC, OC);
 }
+
+SL_CUDA_STORAGE_INSTANCES(cuda_matmul_forward)
+SL_CUDA_STORAGE_INSTANCES(cuda_matmul_backward)
+SL_CUDA_STORAGE_INSTANCES(cuda_matmul_gelu_forward)
+SL_CUDA_STORAGE_INSTANCES(cuda_matmul_gelu_backward)

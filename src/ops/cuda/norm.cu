@@ -20,6 +20,8 @@
 // lane, lane+32, ...), then runs the very row function of the plain forward on it (each lane re-reads
 // only what it wrote, from L1/L2), so fused == residual_forward + norm forward, bit for bit, and the
 // separate residual pass (read a and b, write resid, read resid again) disappears.
+// Storage: inp, out, dinp, dout, a, b and resid are activations (T = floatX; with bf16 the norm reads
+// resid back rounded, as stored); w, b, dw, db, mean and rstd are fp32.
 #include "ops/cuda/cuda_common.cuh"
 
 #define NORM_THREADS 256
@@ -43,7 +45,7 @@ static void norm_chunking(int N, int *rows_per_chunk, int *n_chunks) {
 // One row of LayerNorm by one warp (lane 0..31): y (C) = (x - mean) * rstd * w + b; lane 0 saves the
 // row's mean and rstd.
 template <typename T>
-__device__ __forceinline__ void layernorm_row(T *y, float *mean, float *rstd, const T *x, const T *w, const T *b,
+__device__ __forceinline__ void layernorm_row(T *y, float *mean, float *rstd, const T *x, const float *w, const float *b,
                                               int C, float eps, int lane) {
     float s = 0.0f;
     for (int c = lane; c < C; c += 32) s = __fadd_rn(s, to_f32(x[c]));
@@ -57,7 +59,7 @@ __device__ __forceinline__ void layernorm_row(T *y, float *mean, float *rstd, co
     float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(v, eps)));
     for (int c = lane; c < C; c += 32) {
         float xhat_r = __fmul_rn(__fsub_rn(to_f32(x[c]), m), r);
-        y[c] = from_f32<T>(__fadd_rn(__fmul_rn(xhat_r, to_f32(w[c])), to_f32(b[c])));
+        y[c] = from_f32<T>(__fadd_rn(__fmul_rn(xhat_r, w[c]), b[c]));
     }
     if (lane == 0) {
         *mean = m;
@@ -68,12 +70,12 @@ __device__ __forceinline__ void layernorm_row(T *y, float *mean, float *rstd, co
 // resid (C) = a + b for one row by one warp, each lane its columns lane, lane+32, ... (resid may be a or b).
 template <typename T>
 __device__ __forceinline__ void residual_row(T *resid, const T *a, const T *b, int C, int lane) {
-    for (int c = lane; c < C; c += 32) resid[c] = from_f32<T>(__fadd_rn(to_f32(a[c]), to_f32(b[c])));
+    for (int c = lane; c < C; c += 32) resid[c] = from_f32<T>(__fadd_rn(to_f32(a[c]), b[c]));
 }
 
 // out (N,C) = (inp - mean) * rstd * w + b; mean, rstd (N). One warp per row.
 template <typename T>
-__global__ void layernorm_forward_kernel(T *out, float *mean, float *rstd, const T *inp, const T *w, const T *b,
+__global__ void layernorm_forward_kernel(T *out, float *mean, float *rstd, const T *inp, const float *w, const float *b,
                                          int N, int C, float eps) {
     int lane = threadIdx.x % 32;
     int n = blockIdx.x * NORM_ROWS_PER_BLOCK + threadIdx.x / 32;
@@ -85,7 +87,7 @@ __global__ void layernorm_forward_kernel(T *out, float *mean, float *rstd, const
 // resid (N,C) = a + b, then out = LayerNorm(resid) as above. One warp per row.
 template <typename T>
 __global__ void residual_layernorm_forward_kernel(T *resid, T *out, float *mean, float *rstd, const T *a, const T *b,
-                                                  const T *w, const T *bias, int N, int C, float eps) {
+                                                  const float *w, const float *bias, int N, int C, float eps) {
     int lane = threadIdx.x % 32;
     int n = blockIdx.x * NORM_ROWS_PER_BLOCK + threadIdx.x / 32;
     if (n >= N) return;
@@ -96,7 +98,7 @@ __global__ void residual_layernorm_forward_kernel(T *resid, T *out, float *mean,
 
 // dinp (N,C) += the LayerNorm input gradient. One warp per row.
 template <typename T>
-__global__ void layernorm_backward_dinp_kernel(T *dinp, const T *dout, const T *inp, const T *w, const float *mean,
+__global__ void layernorm_backward_dinp_kernel(T *dinp, const T *dout, const T *inp, const float *w, const float *mean,
                                                const float *rstd, int N, int C) {
     int lane = threadIdx.x % 32;
     int n = blockIdx.x * NORM_ROWS_PER_BLOCK + threadIdx.x / 32;
@@ -106,14 +108,14 @@ __global__ void layernorm_backward_dinp_kernel(T *dinp, const T *dout, const T *
     float m = mean[n], r = rstd[n];
     float sum_dnorm = 0.0f, sum_dnorm_xhat = 0.0f;
     for (int c = lane; c < C; c += 32) {
-        float dnorm = __fmul_rn(to_f32(dy[c]), to_f32(w[c]));
+        float dnorm = __fmul_rn(to_f32(dy[c]), w[c]);
         sum_dnorm = __fadd_rn(sum_dnorm, dnorm);
         sum_dnorm_xhat = __fadd_rn(sum_dnorm_xhat, __fmul_rn(__fmul_rn(dnorm, __fsub_rn(to_f32(x[c]), m)), r));
     }
     float mean_dnorm = __fdiv_rn(warp_sum(sum_dnorm), (float)C);
     float mean_dnorm_xhat = __fdiv_rn(warp_sum(sum_dnorm_xhat), (float)C);
     for (int c = lane; c < C; c += 32) {
-        float dnorm = __fmul_rn(to_f32(dy[c]), to_f32(w[c]));
+        float dnorm = __fmul_rn(to_f32(dy[c]), w[c]);
         float xhat = __fmul_rn(__fsub_rn(to_f32(x[c]), m), r);
         float g = __fmul_rn(__fsub_rn(__fsub_rn(dnorm, mean_dnorm), __fmul_rn(xhat, mean_dnorm_xhat)), r);
         dx[c] = from_f32<T>(__fadd_rn(to_f32(dx[c]), g));
@@ -124,7 +126,7 @@ __global__ void layernorm_backward_dinp_kernel(T *dinp, const T *dout, const T *
 
 // One row of RMSNorm by one warp: y (C) = w * (x * rstd); lane 0 saves rstd.
 template <typename T>
-__device__ __forceinline__ void rmsnorm_row(T *y, float *rstd, const T *x, const T *w, int C, float eps, int lane) {
+__device__ __forceinline__ void rmsnorm_row(T *y, float *rstd, const T *x, const float *w, int C, float eps, int lane) {
     float ss = 0.0f;
     for (int c = lane; c < C; c += 32) {
         float xc = to_f32(x[c]);
@@ -132,13 +134,13 @@ __device__ __forceinline__ void rmsnorm_row(T *y, float *rstd, const T *x, const
     }
     float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(warp_sum(ss), (float)C), eps)));
     // transformers computes (x * rstd) first, then multiplies by the weight
-    for (int c = lane; c < C; c += 32) y[c] = from_f32<T>(__fmul_rn(to_f32(w[c]), __fmul_rn(to_f32(x[c]), r)));
+    for (int c = lane; c < C; c += 32) y[c] = from_f32<T>(__fmul_rn(w[c], __fmul_rn(to_f32(x[c]), r)));
     if (lane == 0) *rstd = r;
 }
 
 // out (N,C) = w * (inp * rstd); rstd (N). One warp per row.
 template <typename T>
-__global__ void rmsnorm_forward_kernel(T *out, float *rstd, const T *inp, const T *w, int N, int C, float eps) {
+__global__ void rmsnorm_forward_kernel(T *out, float *rstd, const T *inp, const float *w, int N, int C, float eps) {
     int lane = threadIdx.x % 32;
     int n = blockIdx.x * NORM_ROWS_PER_BLOCK + threadIdx.x / 32;
     if (n >= N) return;
@@ -148,7 +150,7 @@ __global__ void rmsnorm_forward_kernel(T *out, float *rstd, const T *inp, const 
 
 // resid (N,C) = a + b, then out = RMSNorm(resid). One warp per row.
 template <typename T>
-__global__ void residual_rmsnorm_forward_kernel(T *resid, T *out, float *rstd, const T *a, const T *b, const T *w,
+__global__ void residual_rmsnorm_forward_kernel(T *resid, T *out, float *rstd, const T *a, const T *b, const float *w,
                                                 int N, int C, float eps) {
     int lane = threadIdx.x % 32;
     int n = blockIdx.x * NORM_ROWS_PER_BLOCK + threadIdx.x / 32;
@@ -160,7 +162,7 @@ __global__ void residual_rmsnorm_forward_kernel(T *resid, T *out, float *rstd, c
 
 // dinp (N,C) += the RMSNorm input gradient. One warp per row.
 template <typename T>
-__global__ void rmsnorm_backward_dinp_kernel(T *dinp, const T *dout, const T *inp, const T *w, const float *rstd,
+__global__ void rmsnorm_backward_dinp_kernel(T *dinp, const T *dout, const T *inp, const float *w, const float *rstd,
                                              int N, int C) {
     int lane = threadIdx.x % 32;
     int n = blockIdx.x * NORM_ROWS_PER_BLOCK + threadIdx.x / 32;
@@ -169,11 +171,11 @@ __global__ void rmsnorm_backward_dinp_kernel(T *dinp, const T *dout, const T *in
     T *dx = dinp + (size_t)n * C;
     float r = rstd[n], dot = 0.0f;
     for (int c = lane; c < C; c += 32)
-        dot = __fadd_rn(dot, __fmul_rn(__fmul_rn(to_f32(dy[c]), to_f32(w[c])), to_f32(x[c])));
+        dot = __fadd_rn(dot, __fmul_rn(__fmul_rn(to_f32(dy[c]), w[c]), to_f32(x[c])));
     dot = warp_sum(dot);
     float k = __fdiv_rn(__fmul_rn(__fmul_rn(__fmul_rn(dot, r), r), r), (float)C);
     for (int c = lane; c < C; c += 32) {
-        float g = __fsub_rn(__fmul_rn(__fmul_rn(to_f32(dy[c]), to_f32(w[c])), r), __fmul_rn(to_f32(x[c]), k));
+        float g = __fsub_rn(__fmul_rn(__fmul_rn(to_f32(dy[c]), w[c]), r), __fmul_rn(to_f32(x[c]), k));
         dx[c] = from_f32<T>(__fadd_rn(to_f32(dx[c]), g));
     }
 }
@@ -206,8 +208,7 @@ __global__ void norm_param_partials_kernel(float *part_w, float *part_b, const T
 }
 
 // Pass 2: dw[c] += sum over k (in order) of part_w[k, c]; db likewise when given. One thread per column.
-template <typename T>
-__global__ void norm_param_reduce_kernel(T *dw, T *db, const float *part_w, const float *part_b, int n_chunks,
+__global__ void norm_param_reduce_kernel(float *dw, float *db, const float *part_w, const float *part_b, int n_chunks,
                                          int C) {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
@@ -216,13 +217,13 @@ __global__ void norm_param_reduce_kernel(T *dw, T *db, const float *part_w, cons
         sw = __fadd_rn(sw, part_w[(size_t)k * C + c]);
         if (db) sb = __fadd_rn(sb, part_b[(size_t)k * C + c]);
     }
-    dw[c] = from_f32<T>(__fadd_rn(to_f32(dw[c]), sw));
-    if (db) db[c] = from_f32<T>(__fadd_rn(to_f32(db[c]), sb));
+    dw[c] = __fadd_rn(dw[c], sw);
+    if (db) db[c] = __fadd_rn(db[c], sb);
 }
 
 // Queues both passes: dw += colsum(dy * xhat), db += colsum(dy) (db NULL: RMSNorm).
 template <typename T>
-static void norm_param_backward(T *dw, T *db, const T *dout, const T *inp, const float *mean, const float *rstd,
+static void norm_param_backward(float *dw, float *db, const T *dout, const T *inp, const float *mean, const float *rstd,
                                 int N, int C) {
     int rows_per_chunk, n_chunks;
     norm_chunking(N, &rows_per_chunk, &n_chunks);
@@ -235,60 +236,75 @@ static void norm_param_backward(T *dw, T *db, const T *dout, const T *inp, const
     norm_param_partials_kernel<T><<<grid, NORM_THREADS, 0, s>>>(part_w, part_b, dout, inp, mean, rstd, N, C,
                                                                 rows_per_chunk);
     CUDA_LAUNCH_CHECK();
-    norm_param_reduce_kernel<T><<<ceil_div_u((size_t)C, NORM_THREADS), NORM_THREADS, 0, s>>>(dw, db, part_w, part_b,
+    norm_param_reduce_kernel<<<ceil_div_u((size_t)C, NORM_THREADS), NORM_THREADS, 0, s>>>(dw, db, part_w, part_b,
                                                                                             n_chunks, C);
     CUDA_LAUNCH_CHECK();
 }
 
-// ---- entry points --------------------------------------------------------------------------------
+// ---- entry points (cuda_ops.cuh) ------------------------------------------------------------------
 
-extern "C" void cuda_layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *w,
-                                       const float *b, int N, int C, float eps) {
+static unsigned int row_blocks(int N) { return ceil_div_u((size_t)N, NORM_ROWS_PER_BLOCK); }
+
+template <typename floatX>
+void cuda_layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *w, const float *b,
+                            int N, int C, float eps) {
     if (N <= 0 || C <= 0) return;
-    layernorm_forward_kernel<float><<<ceil_div_u((size_t)N, NORM_ROWS_PER_BLOCK), NORM_THREADS, 0,
-                                      sl_cuda_stream()>>>(out, mean, rstd, inp, w, b, N, C, eps);
+    layernorm_forward_kernel<floatX><<<row_blocks(N), NORM_THREADS, 0, sl_cuda_stream()>>>(
+        as_storage<floatX>(out), mean, rstd, as_storage<floatX>(inp), w, b, N, C, eps);
     CUDA_LAUNCH_CHECK();
 }
 
-extern "C" void cuda_residual_layernorm_forward(float *resid, float *out, float *mean, float *rstd, const float *a,
-                                                const float *b, const float *w, const float *bias, int N, int C,
-                                                float eps) {
+template <typename floatX>
+void cuda_residual_layernorm_forward(float *resid, float *out, float *mean, float *rstd, const float *a,
+                                     const float *b, const float *w, const float *bias, int N, int C, float eps) {
     if (N <= 0 || C <= 0) return;
-    residual_layernorm_forward_kernel<float><<<ceil_div_u((size_t)N, NORM_ROWS_PER_BLOCK), NORM_THREADS, 0,
-                                               sl_cuda_stream()>>>(resid, out, mean, rstd, a, b, w, bias, N, C, eps);
+    residual_layernorm_forward_kernel<floatX><<<row_blocks(N), NORM_THREADS, 0, sl_cuda_stream()>>>(
+        as_storage<floatX>(resid), as_storage<floatX>(out), mean, rstd, as_storage<floatX>(a), as_storage<floatX>(b),
+        w, bias, N, C, eps);
     CUDA_LAUNCH_CHECK();
 }
 
-extern "C" void cuda_layernorm_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp,
-                                        const float *w, const float *mean, const float *rstd, int N, int C) {
+template <typename floatX>
+void cuda_layernorm_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp, const float *w,
+                             const float *mean, const float *rstd, int N, int C) {
     if (N <= 0 || C <= 0) return;
-    layernorm_backward_dinp_kernel<float><<<ceil_div_u((size_t)N, NORM_ROWS_PER_BLOCK), NORM_THREADS, 0,
-                                            sl_cuda_stream()>>>(dinp, dout, inp, w, mean, rstd, N, C);
+    layernorm_backward_dinp_kernel<floatX><<<row_blocks(N), NORM_THREADS, 0, sl_cuda_stream()>>>(
+        as_storage<floatX>(dinp), as_storage<floatX>(dout), as_storage<floatX>(inp), w, mean, rstd, N, C);
     CUDA_LAUNCH_CHECK();
-    norm_param_backward<float>(dw, db, dout, inp, mean, rstd, N, C);
+    norm_param_backward<floatX>(dw, db, as_storage<floatX>(dout), as_storage<floatX>(inp), mean, rstd, N, C);
 }
 
-extern "C" void cuda_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *w, int N, int C,
-                                     float eps) {
+template <typename floatX>
+void cuda_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *w, int N, int C, float eps) {
     if (N <= 0 || C <= 0) return;
-    rmsnorm_forward_kernel<float><<<ceil_div_u((size_t)N, NORM_ROWS_PER_BLOCK), NORM_THREADS, 0,
-                                    sl_cuda_stream()>>>(out, rstd, inp, w, N, C, eps);
-    CUDA_LAUNCH_CHECK();
-}
-
-extern "C" void cuda_residual_rmsnorm_forward(float *resid, float *out, float *rstd, const float *a, const float *b,
-                                              const float *w, int N, int C, float eps) {
-    if (N <= 0 || C <= 0) return;
-    residual_rmsnorm_forward_kernel<float><<<ceil_div_u((size_t)N, NORM_ROWS_PER_BLOCK), NORM_THREADS, 0,
-                                             sl_cuda_stream()>>>(resid, out, rstd, a, b, w, N, C, eps);
+    rmsnorm_forward_kernel<floatX><<<row_blocks(N), NORM_THREADS, 0, sl_cuda_stream()>>>(
+        as_storage<floatX>(out), rstd, as_storage<floatX>(inp), w, N, C, eps);
     CUDA_LAUNCH_CHECK();
 }
 
-extern "C" void cuda_rmsnorm_backward(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
-                                      const float *rstd, int N, int C) {
+template <typename floatX>
+void cuda_residual_rmsnorm_forward(float *resid, float *out, float *rstd, const float *a, const float *b,
+                                   const float *w, int N, int C, float eps) {
     if (N <= 0 || C <= 0) return;
-    rmsnorm_backward_dinp_kernel<float><<<ceil_div_u((size_t)N, NORM_ROWS_PER_BLOCK), NORM_THREADS, 0,
-                                          sl_cuda_stream()>>>(dinp, dout, inp, w, rstd, N, C);
+    residual_rmsnorm_forward_kernel<floatX><<<row_blocks(N), NORM_THREADS, 0, sl_cuda_stream()>>>(
+        as_storage<floatX>(resid), as_storage<floatX>(out), rstd, as_storage<floatX>(a), as_storage<floatX>(b), w, N,
+        C, eps);
     CUDA_LAUNCH_CHECK();
-    norm_param_backward<float>(dw, NULL, dout, inp, NULL, rstd, N, C);
 }
+
+template <typename floatX>
+void cuda_rmsnorm_backward(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
+                           const float *rstd, int N, int C) {
+    if (N <= 0 || C <= 0) return;
+    rmsnorm_backward_dinp_kernel<floatX><<<row_blocks(N), NORM_THREADS, 0, sl_cuda_stream()>>>(
+        as_storage<floatX>(dinp), as_storage<floatX>(dout), as_storage<floatX>(inp), w, rstd, N, C);
+    CUDA_LAUNCH_CHECK();
+    norm_param_backward<floatX>(dw, NULL, as_storage<floatX>(dout), as_storage<floatX>(inp), NULL, rstd, N, C);
+}
+
+SL_CUDA_STORAGE_INSTANCES(cuda_layernorm_forward)
+SL_CUDA_STORAGE_INSTANCES(cuda_residual_layernorm_forward)
+SL_CUDA_STORAGE_INSTANCES(cuda_layernorm_backward)
+SL_CUDA_STORAGE_INSTANCES(cuda_rmsnorm_forward)
+SL_CUDA_STORAGE_INSTANCES(cuda_residual_rmsnorm_forward)
+SL_CUDA_STORAGE_INSTANCES(cuda_rmsnorm_backward)

@@ -1,5 +1,6 @@
-// ops_cuda.cu: the CUDA backend's table (sl_ops_cuda), device selection, its one stream, device
-// memory, and the first-error record behind cuda_synchronize().
+// ops_cuda.cu: the CUDA backend's tables (sl_ops_cuda; sl_ops_cuda_bf16 with bf16 activation
+// storage), device selection, its one stream, device memory, and the first-error record behind
+// cuda_synchronize().
 //
 // Invariants:
 //   - One process drives one GPU: cuda_backend_init(device) selects it once (again with the same
@@ -256,56 +257,37 @@ void cuda_copy(void *dst, const void *src, size_t bytes) {
     if (bytes && dst != src) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream));
 }
 
-// ---- the table ----------------------------------------------------------------------------------
+// ---- the tables ---------------------------------------------------------------------------------
 
-extern "C" const sl_ops sl_ops_cuda = {
-    /* name */ "cuda",
-    /* encoder_forward */ cuda_encoder_forward,
-    /* encoder_backward */ cuda_encoder_backward,
-    /* matmul_forward */ cuda_matmul_forward,
-    /* matmul_backward */ cuda_matmul_backward,
-    /* matmul_gelu_forward */ cuda_matmul_gelu_forward,
-    /* matmul_gelu_backward */ cuda_matmul_gelu_backward,
-    /* layernorm_forward */ cuda_layernorm_forward,
-    /* layernorm_backward */ cuda_layernorm_backward,
-    /* rmsnorm_forward */ cuda_rmsnorm_forward,
-    /* rmsnorm_backward */ cuda_rmsnorm_backward,
-    /* residual_forward */ cuda_residual_forward,
-    /* residual_layernorm_forward */ cuda_residual_layernorm_forward,
-    /* residual_rmsnorm_forward */ cuda_residual_rmsnorm_forward,
-    /* gelu_forward */ cuda_gelu_forward,
-    /* gelu_backward */ cuda_gelu_backward,
-    /* swiglu_forward */ cuda_swiglu_forward,
-    /* swiglu_backward */ cuda_swiglu_backward,
-    /* rope_forward */ cuda_rope_forward,
-    /* rope_backward */ cuda_rope_backward,
-    /* attention_forward */ cuda_attention_forward,
-    /* attention_backward */ cuda_attention_backward,
-    /* attention_decode */ cuda_attention_decode,
-    /* crossentropy_forward */ cuda_crossentropy_forward,
-    /* crossentropy_backward */ cuda_crossentropy_backward,
-    /* set_precision */ cuda_set_precision,
-    /* on_device */ 1,
-    /* act_bf16 */ 0,
-    /* alloc */ cuda_alloc,
-    /* dealloc */ cuda_dealloc,
-    /* memzero */ cuda_memzero,
-    /* upload */ cuda_upload,
-    /* download */ cuda_download,
-    /* copy */ cuda_copy,
-    /* synchronize */ cuda_synchronize,
-    /* stream */ cuda_stream_handle,
-    /* peak_bytes */ cuda_peak_bytes,
-    /* reset_peak_bytes */ cuda_reset_peak_bytes,
-    /* sumsq */ cuda_sumsq,
-    /* scale */ cuda_scale,
-    /* nonfinite */ cuda_nonfinite,
-    /* round_to */ cuda_round_to,
-    /* to_storage */ cuda_to_storage,
-    /* adam_step */ cuda_adam_step,
-    /* sgd_step */ cuda_sgd_step,
-};
+// One table per activation storage type (ops.h act_bf16): the templated ops instantiated for it, the
+// same memory functions and optimizer passes.
+#define SL_CUDA_TABLE(NAME, X, ACT_BF16)                                                          \
+    {                                                                                            \
+        /* name */ NAME,                                                                         \
+        cuda_encoder_forward<X>, cuda_encoder_backward<X>,                                       \
+        cuda_matmul_forward<X>, cuda_matmul_backward<X>,                                         \
+        cuda_matmul_gelu_forward<X>, cuda_matmul_gelu_backward<X>,                               \
+        cuda_layernorm_forward<X>, cuda_layernorm_backward<X>,                                   \
+        cuda_rmsnorm_forward<X>, cuda_rmsnorm_backward<X>,                                       \
+        cuda_residual_forward<X>, cuda_residual_layernorm_forward<X>,                            \
+        cuda_residual_rmsnorm_forward<X>,                                                        \
+        cuda_gelu_forward<X>, cuda_gelu_backward<X>,                                             \
+        cuda_swiglu_forward<X>, cuda_swiglu_backward<X>,                                         \
+        cuda_rope_forward<X>, cuda_rope_backward<X>,                                             \
+        cuda_attention_forward<X>, cuda_attention_backward<X>, cuda_attention_decode<X>,         \
+        cuda_crossentropy_forward<X>, cuda_crossentropy_backward<X>,                             \
+        cuda_set_precision,                                                                      \
+        /* on_device */ 1, /* act_bf16 */ ACT_BF16,                                              \
+        cuda_alloc, cuda_dealloc, cuda_memzero, /* upload */ cuda_upload,                        \
+        /* download */ cuda_download, /* copy */ cuda_copy,                                      \
+        cuda_synchronize, cuda_stream_handle, cuda_peak_bytes, cuda_reset_peak_bytes,            \
+        cuda_sumsq, cuda_scale, cuda_nonfinite, cuda_round_to, cuda_to_storage,                  \
+        cuda_adam_step, cuda_sgd_step,                                                           \
+    }
+
+extern "C" const sl_ops sl_ops_cuda = SL_CUDA_TABLE("cuda", float, 0);
+extern "C" const sl_ops sl_ops_cuda_bf16 = SL_CUDA_TABLE("cuda-bf16", __nv_bfloat16, 1);
 
 // Every field above is positional (C++17 has no designated initialisers): a field added to sl_ops
-// without a line here breaks the build instead of leaving a NULL pointer.
-static_assert(sizeof(sl_ops) == sizeof(void *) * 44, "sl_ops changed: update sl_ops_cuda in ops_cuda.cu");
+// without an entry here breaks the build instead of leaving a NULL pointer.
+static_assert(sizeof(sl_ops) == sizeof(void *) * 44, "sl_ops changed: update SL_CUDA_TABLE in ops_cuda.cu");

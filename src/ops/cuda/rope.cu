@@ -8,7 +8,8 @@
 // and backward applies the transpose (sin negated, positions from 0), exactly as
 // src/ops/cpu/elementwise.c rope_apply, with _rn intrinsics so the result is bit-identical to it.
 // Invariants: each element is read and written by one thread (in place is safe); no reductions;
-// queued on sl_cuda_stream(). Cost: one memory-bound pass over the q and k columns.
+// queued on sl_cuda_stream(). Cost: one memory-bound pass over the q and k columns. qkv is storage-typed
+// (floatX); the cos / sin tables are fp32.
 #include "ops/cuda/cuda_common.cuh"
 
 #define ROPE_THREADS 256
@@ -33,23 +34,28 @@ __global__ void rope_kernel(T *qkv, const float *cos_t, const float *sin_t, int 
     }
 }
 
+template <typename floatX>
 static void rope_launch(float *qkv, const float *cos_t, const float *sin_t, int B, int T, int NH, int NKV, int HD,
                         int pos0, float sign) {
     size_t total = (size_t)B * T * (size_t)(NH + NKV) * (size_t)(HD / 2);
     if (B <= 0 || T <= 0 || HD < 2 || total == 0) return;
     size_t blocks = (total + ROPE_THREADS - 1) / ROPE_THREADS;
     if (blocks > ((size_t)1 << 20)) blocks = (size_t)1 << 20;
-    rope_kernel<float><<<(unsigned int)blocks, ROPE_THREADS, 0, sl_cuda_stream()>>>(qkv, cos_t, sin_t, B, T, NH, NKV,
-                                                                                   HD, pos0, sign);
+    rope_kernel<floatX><<<(unsigned int)blocks, ROPE_THREADS, 0, sl_cuda_stream()>>>(
+        as_storage<floatX>(qkv), cos_t, sin_t, B, T, NH, NKV, HD, pos0, sign);
     CUDA_LAUNCH_CHECK();
 }
 
-extern "C" void cuda_rope_forward(float *qkv, const float *cos, const float *sin, int B, int T, int NH, int NKV,
-                                  int HD, int pos0) {
-    rope_launch(qkv, cos, sin, B, T, NH, NKV, HD, pos0, 1.0f);
+template <typename floatX>
+void cuda_rope_forward(float *qkv, const float *cos, const float *sin, int B, int T, int NH, int NKV, int HD,
+                       int pos0) {
+    rope_launch<floatX>(qkv, cos, sin, B, T, NH, NKV, HD, pos0, 1.0f);
 }
 
-extern "C" void cuda_rope_backward(float *dqkv, const float *cos, const float *sin, int B, int T, int NH, int NKV,
-                                   int HD) {
-    rope_launch(dqkv, cos, sin, B, T, NH, NKV, HD, 0, -1.0f);
+template <typename floatX>
+void cuda_rope_backward(float *dqkv, const float *cos, const float *sin, int B, int T, int NH, int NKV, int HD) {
+    rope_launch<floatX>(dqkv, cos, sin, B, T, NH, NKV, HD, 0, -1.0f);
 }
+
+SL_CUDA_STORAGE_INSTANCES(cuda_rope_forward)
+SL_CUDA_STORAGE_INSTANCES(cuda_rope_backward)
