@@ -6,20 +6,23 @@
 #      and the NCCL comm backend against MPI.
 #   2. tests/gpu/test_model_cuda.c: gpt2-tiny and llama-tiny logits/loss (1e-5) and every gradient
 #      (1e-4) against the CPU fp32 path; 5 AdamW steps agree with the CPU (1e-4) and two GPU runs
-#      are bit-identical.
-#   3. 300 training steps of gpt2-demo on the GPU (fp32, and bf16) against the CPU fp32 curve: every
+#      are bit-identical. bf16 activation storage (cuda-bf16) against the CPU's emulation of it: loss
+#      1e-2, logits and gradients 5e-2, the arena about half, 5 steps bit-identical run to run.
+#   3. 300 training steps of gpt2-demo on the GPU (fp32; bf16 with bf16 activation storage and with
+#      fp32 storage, SHARDLM_BF16_STORAGE=0) against the CPU fp32 curve: every
 #      step's loss within 2e-2 relative (fp32) / 5e-2 (bf16); why: the backends sum in different
 #      orders, and 300 Adam steps grow ulp-level differences to ~1e-3; a real error (a wrong
 #      gradient, a missing unscale) moves the curve by far more within a few steps.
 #   4. fp16 on the GPU with SHARDLM_FAULT=0:5:overflow: exactly step 5 is skipped (one log line;
 #      checkpoints 4 and 5 hold identical weights and optimizer state).
 #   5. A GPU run resumed from its step-10 checkpoint reaches a byte-identical step-20 checkpoint.
-#   6. compute-sanitizer (memcheck, racecheck, synccheck) on 2 steps: no errors.
+#   6. compute-sanitizer (memcheck, racecheck, synccheck; memcheck again with bf16) on 2 steps: no errors.
 #   7. DDP and ZeRO stages 1-3 on the GPU through the NCCL comm backend, at world size 1 (one GPU runs
 #      the device path of N ranks: bucketed all-reduce ordered after backward's stream, reduce-scatter,
 #      all-gather, ZeRO-3 windows, checkpoints staged through the host): fp32 stages 0-3 and bf16
 #      stages 1 and 3 give byte-identical step-20 weights and optimizer state, and identical losses,
-#      to the plain single-GPU run (a one-rank collective moves data without arithmetic, and the 1/N
+#      to the plain single-GPU run (stage 3 against one with fp32 activation storage, which ZeRO-3
+#      keeps; a one-rank collective moves data without arithmetic, and the 1/N
 #      scaling is by 1); a bf16 stage-3 NCCL run resumed from its step-10 checkpoint, and a plain run
 #      resumed from it, reach the same bytes; a stage-3 run samples text after training.
 #
@@ -149,15 +152,18 @@ close() {  # close NAME TOL A B
 # 3. 300 steps, GPU vs CPU fp32
 t 240 "$logdir/train_cpu.log" env OMP_NUM_THREADS="$(nproc)" "$BIN" "${common[@]}" --steps 300 --device cpu --no-save \
   --save-dir "$tmp/cpu" --metrics "$tmp/cpu/metrics.jsonl" || fail train_cpu_runs "$(tail -3 "$logdir/train_cpu.log")"
-for p in fp32 bf16; do
-  t 120 "$logdir/train_gpu_$p.log" "$BIN" "${common[@]}" --steps 300 --device cuda --precision $p --no-save \
+# bf16: with bf16 activation storage (the default, cuda-bf16) and with fp32 storage (SHARDLM_BF16_STORAGE=0)
+for p in fp32 bf16 bf16_fp32_storage; do
+  t 120 "$logdir/train_gpu_$p.log" env SHARDLM_BF16_STORAGE="$([ $p = bf16_fp32_storage ] && echo 0 || echo 1)" \
+    "$BIN" "${common[@]}" --steps 300 --device cuda --precision "${p%%_*}" --no-save \
     --save-dir "$tmp/gpu_$p" --metrics "$tmp/gpu_$p/metrics.jsonl" || fail "train_gpu_${p}_runs" "$(tail -3 "$logdir/train_gpu_$p.log")"
   losses "$tmp/gpu_$p" >"$tmp/gpu_$p.loss"
 done
 losses "$tmp/cpu" >"$tmp/cpu.loss"
-paste "$tmp/cpu.loss" "$tmp/gpu_fp32.loss" "$tmp/gpu_bf16.loss" >"$logdir/loss_curves.tsv"
+paste "$tmp/cpu.loss" "$tmp/gpu_fp32.loss" "$tmp/gpu_bf16.loss" "$tmp/gpu_bf16_fp32_storage.loss" >"$logdir/loss_curves.tsv"
 close gpu_fp32_300_steps_track_cpu_fp32 2e-2 "$tmp/gpu_fp32.loss" "$tmp/cpu.loss"
 close gpu_bf16_300_steps_track_cpu_fp32 5e-2 "$tmp/gpu_bf16.loss" "$tmp/cpu.loss"
+close gpu_bf16_fp32_storage_300_steps_track_cpu_fp32 5e-2 "$tmp/gpu_bf16_fp32_storage.loss" "$tmp/cpu.loss"
 
 # 4. fp16 with an injected overflow at step 5
 t 120 "$logdir/overflow.log" env SHARDLM_FAULT=0:5:overflow "$BIN" "${common[@]}" --steps 8 --device cuda --precision fp16 \
@@ -169,9 +175,12 @@ cmp -s "$tmp/ov/step_00000004/model.safetensors" "$tmp/ov/step_00000005/model.sa
   ! cmp -s "$tmp/ov/step_00000005/model.safetensors" "$tmp/ov/step_00000006/model.safetensors" &&
   pass gpu_skipped_step_changes_nothing || fail gpu_skipped_step_changes_nothing
 
-# 5. resume on the GPU
+# 5. resume on the GPU (bf16 activation storage); r1_f32s: the same run with fp32 storage, the
+# reference of ZeRO-3 in step 7 (which keeps fp32 activations)
 t 120 "$logdir/resume_a.log" "$BIN" "${common[@]}" --steps 20 --device cuda --precision bf16 --save-interval 10 \
   --save-dir "$tmp/r1" || fail gpu_run_20 "$(tail -3 "$logdir/resume_a.log")"
+t 120 "$logdir/resume_a_f32s.log" env SHARDLM_BF16_STORAGE=0 "$BIN" "${common[@]}" --steps 20 --device cuda --precision bf16 \
+  --save-interval 10 --save-dir "$tmp/r1_f32s" || fail gpu_run_20_fp32_storage "$(tail -3 "$logdir/resume_a_f32s.log")"
 mkdir -p "$tmp/r2" && cp -r "$tmp/r1/step_00000010" "$tmp/r2/" && echo step_00000010 >"$tmp/r2/latest"
 t 120 "$logdir/resume_b.log" "$BIN" "${common[@]}" --steps 20 --device cuda --precision bf16 --resume auto \
   --save-dir "$tmp/r2" || fail gpu_resume_runs "$(tail -3 "$logdir/resume_b.log")"
@@ -182,9 +191,10 @@ cmp -s "$tmp/r1/step_00000020/model.safetensors" "$tmp/r2/step_00000020/model.sa
 # 6. compute-sanitizer
 CS=$(command -v compute-sanitizer 2>/dev/null || echo "$CUDA_HOME/bin/compute-sanitizer")
 if [ -x "$CS" ]; then
-  for tool in memcheck racecheck synccheck; do
-    t 120 "$logdir/sanitizer_$tool.log" "$CS" --tool $tool --error-exitcode 99 "$BIN" "${common[@]}" --model gpt2-tiny \
-      --seq-len 32 --batch-size 2 --steps 2 --device cuda --no-save; rc=$?
+  for tool in memcheck racecheck synccheck memcheck_bf16; do
+    t 120 "$logdir/sanitizer_$tool.log" "$CS" --tool "${tool%_bf16}" --error-exitcode 99 "$BIN" "${common[@]}" --model gpt2-tiny \
+      --seq-len 32 --batch-size 2 --steps 2 --device cuda --precision "$([ $tool = memcheck_bf16 ] && echo bf16 || echo fp32)" \
+      --no-save; rc=$?
     grep -q "ERROR SUMMARY: 0 errors" "$logdir/sanitizer_$tool.log" && [ $rc -eq 0 ] && pass "compute_sanitizer_${tool}_clean" ||
       fail "compute_sanitizer_${tool}_clean" "$(grep -E 'ERROR SUMMARY|Invalid|Race|error' "$logdir/sanitizer_$tool.log" | head -5)"
   done
@@ -221,11 +231,13 @@ if "$BIN" report 2>/dev/null | grep -Eq '^  comm nccl +built in'; then
   grep -q '^sample (16 tokens' "$logdir/nccl1_fp32_stage3.log" && pass nccl_world1_stage3_samples_after_training ||
     fail nccl_world1_stage3_samples_after_training "$(tail -3 "$logdir/nccl1_fp32_stage3.log")"
   # bf16: fp32 master slices, gathered for the checkpoint (stage 1 through host memory, stage 3
-  # through the windows); the reference is step 5's plain bf16 run with the same flags
+  # through the windows); the reference is step 5's plain bf16 run with the same flags: with bf16
+  # activation storage for stage 1 (r1), fp32 storage for stage 3, which keeps fp32 activations (r1_f32s)
   for s in 1 3; do
+    ref="$tmp/r1"; [ $s -eq 3 ] && ref="$tmp/r1_f32s"
     t 120 "$logdir/nccl1_bf16_stage$s.log" ${one_rank[@]+"${one_rank[@]}"} "$BIN" "${n20[@]}" --precision bf16 --comm-backend nccl --zero-stage $s \
       --save-dir "$tmp/nb_s$s" || fail "nccl1_bf16_stage${s}_runs" "$(tail -3 "$logdir/nccl1_bf16_stage$s.log")"
-    same_run "nccl_world1_bf16_stage${s}_bit_identical_to_one_gpu" "$tmp/nb_s$s" "$tmp/r1"
+    same_run "nccl_world1_bf16_stage${s}_bit_identical_to_one_gpu" "$tmp/nb_s$s" "$ref"
   done
   # resume a ZeRO-3 NCCL run from its step-10 checkpoint, with NCCL stage 3 and with a plain GPU run
   for how in nccl plain; do
@@ -234,7 +246,8 @@ if "$BIN" report 2>/dev/null | grep -Eq '^  comm nccl +built in'; then
       t 120 "$logdir/nccl1_resume_$how.log" ${one_rank[@]+"${one_rank[@]}"} "$BIN" "${n20[@]}" --precision bf16 --comm-backend nccl --zero-stage 3 \
         --resume auto --save-dir "$d"
     else
-      t 120 "$logdir/nccl1_resume_$how.log" "$BIN" "${n20[@]}" --precision bf16 --resume auto --save-dir "$d"
+      t 120 "$logdir/nccl1_resume_$how.log" env SHARDLM_BF16_STORAGE=0 "$BIN" "${n20[@]}" --precision bf16 --resume auto \
+        --save-dir "$d"
     fi || fail "nccl1_resume_${how}_runs" "$(tail -3 "$logdir/nccl1_resume_$how.log")"
     cmp -s "$d/step_00000020/model.safetensors" "$tmp/nb_s3/step_00000020/model.safetensors" &&
       cmp -s "$d/step_00000020/optim_00000_of_00001.safetensors" "$tmp/nb_s3/step_00000020/optim_00000_of_00001.safetensors" &&

@@ -7,6 +7,7 @@
 // same batch with bf16-rounded weights and sl_model.precision = bf16 on the GPU (GEMMs in
 // CUBLAS_COMPUTE_32F_FAST_16BF) against the CPU's fp32 forward on the same weights: the loss within
 // 2e-2 and the logits within 5e-2 relative (bf16 keeps 8 significant bits of every activation a GEMM reads).
+// Then bf16 activation storage (sl_ops_cuda_bf16) against the CPU's emulation of it (check_bf16_storage).
 // Usage: test_model_cuda [DEVICE]   (default cuda:0). Prints PASS/FAIL lines, "N passed, N failed".
 #include "shardlm/engine.h"
 #include "shardlm/error.h"
@@ -156,6 +157,84 @@ static void check_bf16_compute(const char *preset, const sl_ops *gpu) {
     free(tg);
 }
 
+// bf16 activation storage (sl_ops_cuda_bf16) against the CPU's emulation of it (sl_ops_cpu_bf16) on
+// the same weights and batch: loss, logits (bf16, widened) and fp32 parameter gradients. Each op
+// rounds its outputs once, so where the GPU's fp32 sums differ from the CPU's in the last bits an
+// activation may land one bf16 step (2^-8 relative) away, and that propagates: the bounds are
+// bf16's, not fp32's. Also the arena is about half the fp32 one, and 5 AdamW steps through the
+// engine on the GPU are bit-identical run to run.
+static void check_bf16_storage(const char *preset, const sl_ops *gpu_bf16) {
+    sl_model_config cfg;
+    char name[128];
+    if (sl_config_preset(&cfg, preset)) { report(0, preset, "exact", 0); return; }
+    int B = 2, T = cfg.max_seq_len < 48 ? cfg.max_seq_len : 48;
+    int *in = malloc(sizeof(int) * B * T), *tg = malloc(sizeof(int) * B * T);
+    for (int i = 0; i < B * T; i++) {
+        in[i] = (i * 29 + 3) % cfg.vocab_size;
+        tg[i] = i % 9 == 4 ? -1 : (i * 41 + 2) % cfg.vocab_size;
+    }
+    sl_model c, g, f;
+    if (sl_model_create(&c, &cfg, &sl_ops_cpu_bf16) || sl_model_create(&g, &cfg, gpu_bf16) ||
+        sl_model_create(&f, &cfg, &sl_ops_cpu) || sl_model_init_weights(&c, 7) || sl_model_init_weights(&g, 7) ||
+        sl_model_init_weights(&f, 7) ||
+        sl_model_params_changed(&c) || sl_model_params_changed(&g)) {
+        printf("FAIL %s_bf16_storage_setup: %s\n", preset, sl_error());
+        failed++;
+        free(in);
+        free(tg);
+        return;
+    }
+    float lc = 0, lg = 0, lf = 0;
+    int ok = !sl_model_forward(&c, in, tg, B, T, &lc) && !sl_model_forward(&g, in, tg, B, T, &lg) &&
+             !sl_model_forward(&f, in, tg, B, T, &lf);
+    size_t nlog = (size_t)B * T * cfg.padded_vocab_size;
+    float *glog = malloc(nlog * sizeof(float)), *clog = malloc(nlog * sizeof(float));
+    sl_bf16 *raw = malloc(nlog * sizeof(sl_bf16));
+    if (ok) {
+        g.ops->download(raw, g.logits, nlog * sizeof(sl_bf16));
+        sl_bf16_to_f32_array(raw, glog, nlog);
+        sl_bf16_to_f32_array((const sl_bf16 *)(const void *)c.logits, clog, nlog);
+    }
+    snprintf(name, sizeof name, "%s_bf16_storage_loss_matches_emulation", preset);
+    report(ok && fabs(lg - lc) <= 1e-2 * fabs(lc), name, "rel err %.2e", fabs(lg - lc) / fabs(lc));
+    snprintf(name, sizeof name, "%s_bf16_storage_loss_near_fp32", preset);
+    report(ok && fabs(lg - lf) <= 2e-2 * fabs(lf), name, "rel err %.2e", fabs(lg - lf) / fabs(lf));
+    snprintf(name, sizeof name, "%s_bf16_storage_logits_match_emulation", preset);
+    report(ok && rel_diff(glog, clog, nlog) <= 5e-2, name, "max rel err %.2e", ok ? rel_diff(glog, clog, nlog) : -1);
+    ok = ok && !sl_model_backward(&c, 1.0f) && !sl_model_backward(&g, 1.0f);
+    float *ggrad = ok ? download(&g, g.grads, g.layout.total) : NULL;
+    double worst = 0;
+    const char *where = "";
+    for (int t = 0; ok && t < c.layout.n_tensors; t++) {
+        const sl_tensor_info *ti = &c.layout.tensors[t];
+        double r = rel_diff(ggrad + ti->offset, c.grads + ti->offset, ti->numel);
+        if (r > worst) { worst = r; where = ti->name; }
+    }
+    snprintf(name, sizeof name, "%s_bf16_storage_gradients_match_emulation(worst %s)", preset, where);
+    report(ok && worst <= 5e-2, name, "max rel err %.2e", worst);
+    double ratio = (double)g.act_bytes / (double)f.act_bytes;
+    snprintf(name, sizeof name, "%s_bf16_storage_halves_activations", preset);
+    report(g.act_elem == 2 && ratio < 0.55, name, "arena ratio %.3f", ratio);
+    free(glog);
+    free(clog);
+    free(raw);
+    free(ggrad);
+    sl_model_free(&c);
+    sl_model_free(&g);
+    sl_model_free(&f);
+
+    float *w1 = train5(&cfg, gpu_bf16, in, tg, B, T), *w2 = train5(&cfg, gpu_bf16, in, tg, B, T);
+    size_t n = 0;
+    sl_param_layout L;
+    if (!sl_layout_build(&L, &cfg)) { n = L.total; sl_layout_free(&L); }
+    snprintf(name, sizeof name, "%s_bf16_storage_training_is_deterministic", preset);
+    report(w1 && w2 && !memcmp(w1, w2, n * sizeof(float)), name, "exact", 0);
+    free(w1);
+    free(w2);
+    free(in);
+    free(tg);
+}
+
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);   // line-buffered: a crash keeps the lines printed so far
     const sl_ops *gpu = sl_ops_for_device(argc > 1 ? argv[1] : "cuda:0", 0);
@@ -167,6 +246,9 @@ int main(int argc, char **argv) {
     check_preset("llama-tiny", gpu);
     check_bf16_compute("gpt2-tiny", gpu);
     check_bf16_compute("llama-tiny", gpu);
+    const sl_ops *gpu_bf16 = sl_ops_for_precision(gpu, SL_PRECISION_BF16, 1);
+    check_bf16_storage("gpt2-tiny", gpu_bf16);
+    check_bf16_storage("llama-tiny", gpu_bf16);
     int sync = gpu->synchronize();
     report(sync == 0, "no_cuda_errors_recorded", "exact", 0);
     if (sync) printf("  %s\n", sl_error());

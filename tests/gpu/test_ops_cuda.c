@@ -20,6 +20,16 @@
 // set_precision(bf16 / fp16) the GEMMs run as CUBLAS_COMPUTE_32F_FAST_16BF / _16F; on inputs already
 // rounded to that format they must stay within BF16_TOL (1e-2) of the CPU's fp32 GEMM on the same
 // inputs (exact 16-bit products, fp32 accumulation: expect ~1e-6; the bound is the format's).
+// bf16 activation storage (group "bf16"): sl_ops_cuda_bf16 (sl_ops_for_precision's table for bf16 on
+// the GPU, ops.h act_bf16 = 1) against sl_ops_cpu_bf16 (the CPU emulation: widen, the fp32 CPU op,
+// round) on the same bf16-storage inputs, every storage-typed op (ops.h lists which arguments are
+// bf16 storage and which stay fp32). A bf16 tensor's error is taken on both sides widened to float,
+// as above; the limit is BF16_STORAGE_TOL (2e-2): outputs are rounded to bf16 (one ulp is 2^-8 ~
+// 3.9e-3 relative), and the GPU's and the CPU's fp32 values before that rounding differ by summation
+// order, so an element may land one bf16 ulp apart (fused GEMM epilogues and unfused fallbacks round
+// intermediates at different points too); fp32 parameter gradients and statistics computed from the
+// same bf16 inputs, or from bf16-rounded intermediates, may differ slightly as well. Determinism
+// (identical bytes from two CUDA runs) holds for bf16 and fp32 buffers alike.
 // Prints "PASS name (max rel err X)" / "FAIL name: why" and ends with "N passed, N failed"; the exit
 // status is non-zero on any failure. With no usable GPU it prints one SKIP line and exits 0.
 #include <math.h>
@@ -38,8 +48,10 @@
 #define REL_TOL 1e-5
 #define BF16_TOL 1e-2
 #define SUMSQ_TOL 1e-9
+#define BF16_STORAGE_TOL 2e-2   // the "bf16" group (see the top comment)
 #define MAXBUF 12
 
+// The tables compared; the "bf16" group swaps in their act_bf16 twins for its cases (see main).
 static const sl_ops *gpu;
 static const sl_ops *cpu = &sl_ops_cpu;
 static sl_rng rng;
@@ -105,16 +117,39 @@ static double rel_err(const float *got, const float *want, size_t n, size_t *at)
     return num / den;
 }
 
+// Element i of a host buffer of float (bf16 == 0) or bf16 storage, as a float and as its bits.
+static float elem(const void *p, size_t i, int bf16) {
+    return bf16 ? sl_bf16_to_f32(((const sl_bf16 *)p)[i]) : ((const float *)p)[i];
+}
+static uint32_t elem_bits(const void *p, size_t i, int bf16) {
+    return bf16 ? ((const sl_bf16 *)p)[i] : ((const uint32_t *)p)[i];
+}
+// The index of the first element of size es where x and y (bytes long) differ.
+static size_t first_diff(const void *x, const void *y, size_t bytes, size_t es) {
+    const unsigned char *a = x, *b = y;
+    size_t i = 0;
+    while (i < bytes && a[i] == b[i]) i++;
+    return i / es;
+}
+// n bf16 storage elements widened into a new float array.
+static float *widen(const void *bf16, size_t n) {
+    float *f = xmalloc(sizeof(float) * n);
+    sl_bf16_to_f32_array(bf16, f, n);
+    return f;
+}
+
 // ---- the case runner ----------------------------------------------------------------------------
 
-enum { IN = 1, OUT = 2, INOUT = 3 };     // OUT buffers are compared after the op
+// OUT buffers are compared after the op. BF16 marks bf16 storage (2-byte sl_bf16 elements, compared
+// widened to float): BIN / BOUT / BINOUT.
+enum { IN = 1, OUT = 2, INOUT = 3, BF16 = 4, BIN = IN | BF16, BOUT = OUT | BF16, BINOUT = INOUT | BF16 };
 enum { CMP_REL = 0, CMP_BITS = 1 };
 
 typedef struct {
     const char *name;
     const void *init;   // host contents uploaded before the op (NULL: the op gets a NULL pointer)
     size_t bytes;
-    int role;
+    int role;           // IN / OUT / INOUT, | BF16 for bf16 storage
 } tbuf;
 
 // Every op's scalar arguments.
@@ -159,26 +194,30 @@ static void run_case(const char *name, op_fn fn, const args *a, const tbuf *b, i
         char why[512] = "";
         for (int i = 0; i < nb && !why[0]; i++) {
             if (!(b[i].role & OUT) || !host[i]) continue;
-            size_t n = b[i].bytes / sizeof(float), at = 0;
+            const int bf = (b[i].role & BF16) != 0;
+            const size_t es = bf ? sizeof(sl_bf16) : sizeof(float);
+            const size_t n = b[i].bytes / es;
+            size_t at = 0;
             if (mode == CMP_BITS) {
                 if (memcmp(res[0][i], host[i], b[i].bytes)) {
-                    const uint32_t *g = res[0][i], *c = host[i];
-                    while (g[at] == c[at]) at++;
+                    at = first_diff(res[0][i], host[i], b[i].bytes, es);
                     snprintf(why, sizeof why, "%s differs from the CPU's bits at [%zu]: cuda %.9g (0x%08x), cpu %.9g (0x%08x)",
-                             b[i].name, at, ((float *)res[0][i])[at], g[at], ((float *)host[i])[at], c[at]);
+                             b[i].name, at, elem(res[0][i], at, bf), elem_bits(res[0][i], at, bf),
+                             elem(host[i], at, bf), elem_bits(host[i], at, bf));
                 }
             } else {
-                double e = rel_err(res[0][i], host[i], n, &at);
+                float *got = bf ? widen(res[0][i], n) : res[0][i], *want = bf ? widen(host[i], n) : host[i];
+                double e = rel_err(got, want, n, &at);
                 if (e > worst) worst = e;
                 if (!(e <= tol))
                     snprintf(why, sizeof why, "%s: rel err %.3e > %.0e (worst at [%zu]: cuda %.9g, cpu %.9g)", b[i].name, e,
-                             tol, at, ((float *)res[0][i])[at], ((float *)host[i])[at]);
+                             tol, at, got[at], want[at]);
+                if (bf) { free(got); free(want); }
             }
             if (!why[0] && memcmp(res[0][i], res[1][i], b[i].bytes)) {
-                const uint32_t *x = res[0][i], *y = res[1][i];
-                while (x[at] == y[at]) at++;
+                at = first_diff(res[0][i], res[1][i], b[i].bytes, es);
                 snprintf(why, sizeof why, "not deterministic: %s differs between two CUDA runs at [%zu] (%.9g vs %.9g)",
-                         b[i].name, at, ((float *)res[0][i])[at], ((float *)res[1][i])[at]);
+                         b[i].name, at, elem(res[0][i], at, bf), elem(res[1][i], at, bf));
             }
         }
         if (!why[0]) {
@@ -602,17 +641,26 @@ static void test_decode(const char *tag, int n_ctx, int NH, int NKV, int HD) {
     free(out); free(q); free(k); free(v);
 }
 
+// Cross-entropy's inputs: logits (N,Vp) whose padded columns are large (they must not count), lse (N),
+// targets with about 20% ignored and one V - 1; returns the arguments (dloss = 1 / counted rows).
+static args ce_inputs(int N, int V, int Vp, float **logits, float **lse, int **targets) {
+    *logits = frand((size_t)N * Vp, 2.0f);
+    *lse = frand(N, 1.0f);
+    for (int r = 0; r < N; r++)
+        for (int c = V; c < Vp; c++) (*logits)[(size_t)r * Vp + c] = 1e4f;
+    int *t = *targets = irand(N, V, 20);
+    t[0] = V - 1;
+    int counted = 0;
+    for (int r = 0; r < N; r++) counted += t[r] >= 0;
+    return (args){.N = N, .V = V, .Vp = Vp, .dloss = 1.0f / (float)(counted ? counted : 1)};
+}
+
 static void test_crossentropy(const char *tag, int N, int V, int Vp) {
     char name[128];
     size_t n = (size_t)N * Vp;
-    float *logits = frand(n, 2.0f), *lse = frand(N, 1.0f);
-    for (int r = 0; r < N; r++)
-        for (int c = V; c < Vp; c++) logits[(size_t)r * Vp + c] = 1e4f;  // padding must not count
-    int *targets = irand(N, V, 20);
-    targets[0] = V - 1;
-    int counted = 0;
-    for (int r = 0; r < N; r++) counted += targets[r] >= 0;
-    args a = {.N = N, .V = V, .Vp = Vp, .dloss = 1.0f / (float)(counted ? counted : 1)};
+    float *logits, *lse;
+    int *targets;
+    args a = ce_inputs(N, V, Vp, &logits, &lse, &targets);
     snprintf(name, sizeof name, "crossentropy_forward_%s", tag);
     RUN(name, op_ce_fwd, &a, CMP_REL, REL_TOL, {"lse", lse, F(N), OUT}, {"logits", logits, F(n), IN},
         {"targets", targets, I(N), IN});
@@ -620,6 +668,171 @@ static void test_crossentropy(const char *tag, int N, int V, int Vp) {
     snprintf(name, sizeof name, "crossentropy_backward_%s", tag);
     RUN(name, op_ce_bwd, &a, CMP_REL, REL_TOL, {"logits", logits, F(n), INOUT}, {"lse", lse, F(N), IN},
         {"targets", targets, I(N), IN});
+    free(logits); free(lse); free(targets);
+}
+
+// ---- bf16 activation storage (group "bf16": cpu and gpu are the act_bf16 tables, see main) ----------
+// Storage-typed arguments (ops.h) get bf16 host buffers (void *, H() bytes, roles BIN / BOUT / BINOUT);
+// the rest stay fp32 (F(), IN / OUT / INOUT) as in the fp32 cases.
+
+#define H(n) ((n) * sizeof(sl_bf16))
+
+// f (n floats, freed) rounded into a new bf16 storage buffer.
+static void *to_bf16(float *f, size_t n) {
+    sl_bf16 *h = xmalloc(H(n));
+    sl_f32_to_bf16_array(f, h, n);
+    free(f);
+    return h;
+}
+static void *brand(size_t n, float scale) { return to_bf16(frand(n, scale), n); }
+
+// The bf16 group's case names, "<op>_bf16_storage_<tag>" (valid until the next call).
+static const char *bname(const char *op, const char *tag) {
+    static char name[160];
+    snprintf(name, sizeof name, "%s_bf16_storage_%s", op, tag);
+    return name;
+}
+
+// matmul and matmul_gelu forward / backward with a bias: weight and bias are bf16 (the model's shadow),
+// dweight / dbias fp32 accumulating. matmul_gelu takes the epilogue where OC % 8 == 0, the fallback not.
+static void test_bf16_matmul(const char *tag, int N, int IC, int OC) {
+    args a = {.N = N, .IC = IC, .OC = OC, .precision = SL_PRECISION_BF16};
+    size_t nin = (size_t)N * IC, nw = (size_t)OC * IC, nout = (size_t)N * OC;
+    void *inp = brand(nin, 1.0f), *w = brand(nw, 0.05f), *bias = brand(OC, 0.1f), *out = brand(nout, 1.0f);
+    void *pre = brand(nout, 1.5f), *dout = brand(nout, 1.0f), *dinp = brand(nin, 1.0f);
+    float *dw = frand(nw, 1.0f), *db = frand(OC, 1.0f);
+    RUN(bname("matmul_forward", tag), op_matmul_fwd_prec, &a, CMP_REL, BF16_STORAGE_TOL, {"out", out, H(nout), BOUT},
+        {"inp", inp, H(nin), BIN}, {"weight", w, H(nw), BIN}, {"bias", bias, H(OC), BIN});
+    RUN(bname("matmul_backward", tag), op_matmul_bwd_prec, &a, CMP_REL, BF16_STORAGE_TOL,
+        {"dinp", dinp, H(nin), BOUT}, {"dweight", dw, F(nw), INOUT}, {"dbias", db, F(OC), INOUT},
+        {"dout", dout, H(nout), BIN}, {"inp", inp, H(nin), BIN}, {"weight", w, H(nw), BIN});
+    RUN(bname("matmul_gelu_forward", tag), op_matmul_gelu_fwd, &a, CMP_REL, BF16_STORAGE_TOL,
+        {"out", out, H(nout), BOUT}, {"pre", pre, H(nout), BOUT}, {"inp", inp, H(nin), BIN},
+        {"weight", w, H(nw), BIN}, {"bias", bias, H(OC), BIN});
+    RUN(bname("matmul_gelu_backward", tag), op_matmul_gelu_bwd, &a, CMP_REL, BF16_STORAGE_TOL,
+        {"dinp", dinp, H(nin), BOUT}, {"dweight", dw, F(nw), INOUT}, {"dbias", db, F(OC), INOUT},
+        {"dout", dout, H(nout), BINOUT}, {"pre", pre, H(nout), BIN}, {"inp", inp, H(nin), BIN},
+        {"weight", w, H(nw), BIN});
+    free(inp); free(w); free(bias); free(out); free(pre); free(dout); free(dinp); free(dw); free(db);
+}
+
+// layernorm / rmsnorm forward and backward (dinp: bf16, accumulated into), and the fused residual
+// norms out of place (resid = a + b stored as bf16); weights, their gradients and statistics fp32.
+static void test_bf16_norms(const char *tag, int N, int C) {
+    args a = {.N = N, .C = C, .eps = 1e-5f};
+    size_t n = (size_t)N * C;
+    float *x = frand(n, 1.0f);
+    for (size_t i = 0; i < n; i++) x[i] += 0.5f;  // a non-zero mean
+    void *inp = to_bf16(x, n), *y = brand(n, 1.0f), *out = brand(n, 1.0f), *resid = brand(n, 1.0f);
+    void *dout = brand(n, 1.0f), *dinp = brand(n, 1.0f);
+    float *w = frand(C, 1.0f), *b = frand(C, 0.1f), *mean = frand(N, 1.0f), *rstd = frand(N, 1.0f);
+    float *dw = frand(C, 1.0f), *db = frand(C, 1.0f);
+    RUN(bname("layernorm_forward", tag), op_layernorm_fwd, &a, CMP_REL, BF16_STORAGE_TOL, {"out", out, H(n), BOUT},
+        {"mean", mean, F(N), OUT}, {"rstd", rstd, F(N), OUT}, {"inp", inp, H(n), BIN}, {"w", w, F(C), IN},
+        {"b", b, F(C), IN});
+    RUN(bname("residual_layernorm_forward", tag), op_residual_layernorm_fwd, &a, CMP_REL, BF16_STORAGE_TOL,
+        {"resid", resid, H(n), BOUT}, {"out", out, H(n), BOUT}, {"mean", mean, F(N), OUT}, {"rstd", rstd, F(N), OUT},
+        {"a", inp, H(n), BIN}, {"b", y, H(n), BIN}, {"w", w, F(C), IN}, {"bias", b, F(C), IN});
+    cpu->layernorm_forward(out, mean, rstd, inp, w, b, N, C, a.eps);  // the statistics backward reads
+    RUN(bname("layernorm_backward", tag), op_layernorm_bwd, &a, CMP_REL, BF16_STORAGE_TOL,
+        {"dinp", dinp, H(n), BINOUT}, {"dw", dw, F(C), INOUT}, {"db", db, F(C), INOUT}, {"dout", dout, H(n), BIN},
+        {"inp", inp, H(n), BIN}, {"w", w, F(C), IN}, {"mean", mean, F(N), IN}, {"rstd", rstd, F(N), IN});
+    a.eps = 1e-6f;
+    RUN(bname("rmsnorm_forward", tag), op_rmsnorm_fwd, &a, CMP_REL, BF16_STORAGE_TOL, {"out", out, H(n), BOUT},
+        {"rstd", rstd, F(N), OUT}, {"inp", inp, H(n), BIN}, {"w", w, F(C), IN});
+    RUN(bname("residual_rmsnorm_forward", tag), op_residual_rmsnorm_fwd, &a, CMP_REL, BF16_STORAGE_TOL,
+        {"resid", resid, H(n), BOUT}, {"out", out, H(n), BOUT}, {"rstd", rstd, F(N), OUT}, {"a", inp, H(n), BIN},
+        {"b", y, H(n), BIN}, {"w", w, F(C), IN});
+    cpu->rmsnorm_forward(out, rstd, inp, w, N, C, a.eps);
+    RUN(bname("rmsnorm_backward", tag), op_rmsnorm_bwd, &a, CMP_REL, BF16_STORAGE_TOL,
+        {"dinp", dinp, H(n), BINOUT}, {"dw", dw, F(C), INOUT}, {"dout", dout, H(n), BIN}, {"inp", inp, H(n), BIN},
+        {"w", w, F(C), IN}, {"rstd", rstd, F(N), IN});
+    free(inp); free(y); free(out); free(resid); free(dout); free(dinp);
+    free(w); free(b); free(mean); free(rstd); free(dw); free(db);
+}
+
+// residual_forward, gelu and swiglu forward / backward: every buffer bf16.
+static void test_bf16_elementwise(const char *tag, size_t n, int N, int I) {
+    args a = {.n = n, .N = N, .I = I};
+    size_t ni = (size_t)N * I;
+    void *x = brand(n, 1.5f), *y = brand(n, 1.0f), *out = brand(n, 1.0f), *dout = brand(n, 1.0f);
+    void *dinp = brand(n, 1.0f), *sin_ = brand(2 * ni, 1.5f), *sout = brand(ni, 1.0f), *sdout = brand(ni, 1.0f);
+    void *sdinp = brand(2 * ni, 1.0f);
+    RUN(bname("residual_forward", tag), op_residual, &a, CMP_REL, BF16_STORAGE_TOL, {"out", out, H(n), BOUT},
+        {"a", x, H(n), BIN}, {"b", y, H(n), BIN});
+    RUN(bname("gelu_forward", tag), op_gelu_fwd, &a, CMP_REL, BF16_STORAGE_TOL, {"out", out, H(n), BOUT},
+        {"inp", x, H(n), BIN});
+    RUN(bname("gelu_backward", tag), op_gelu_bwd, &a, CMP_REL, BF16_STORAGE_TOL, {"dinp", dinp, H(n), BOUT},
+        {"inp", x, H(n), BIN}, {"dout", dout, H(n), BIN});
+    RUN(bname("swiglu_forward", tag), op_swiglu_fwd, &a, CMP_REL, BF16_STORAGE_TOL, {"out", sout, H(ni), BOUT},
+        {"inp", sin_, H(2 * ni), BIN});
+    RUN(bname("swiglu_backward", tag), op_swiglu_bwd, &a, CMP_REL, BF16_STORAGE_TOL,
+        {"dinp", sdinp, H(2 * ni), BOUT}, {"inp", sin_, H(2 * ni), BIN}, {"dout", sdout, H(ni), BIN});
+    free(x); free(y); free(out); free(dout); free(dinp); free(sin_); free(sout); free(sdout); free(sdinp);
+}
+
+// rope forward (pos0 > 0) / backward in place on bf16 qkv; the cos / sin tables fp32.
+static void test_bf16_rope(const char *tag, int B, int T, int NH, int NKV, int HD, int pos0) {
+    args a = {.B = B, .T = T, .NH = NH, .NKV = NKV, .HD = HD, .pos0 = pos0};
+    int max_T = pos0 + T + 3;
+    size_t n = (size_t)B * T * (NH + 2 * NKV) * HD, nt = (size_t)max_T * (HD / 2);
+    float *cos_t = xmalloc(F(nt)), *sin_t = xmalloc(F(nt));
+    void *qkv = brand(n, 1.0f);
+    sl_rope_tables(cos_t, sin_t, max_T, HD, 10000.0f);
+    RUN(bname("rope_forward", tag), op_rope_fwd, &a, CMP_REL, BF16_STORAGE_TOL, {"qkv", qkv, H(n), BINOUT},
+        {"cos", cos_t, F(nt), IN}, {"sin", sin_t, F(nt), IN});
+    RUN(bname("rope_backward", tag), op_rope_bwd, &a, CMP_REL, BF16_STORAGE_TOL, {"dqkv", qkv, H(n), BINOUT},
+        {"cos", cos_t, F(nt), IN}, {"sin", sin_t, F(nt), IN});
+    free(cos_t); free(sin_t); free(qkv);
+}
+
+// attention forward / backward (qkv, out, dout, dqkv bf16; lse fp32), and attention_decode of one
+// query against a bf16 KV cache of T positions.
+static void test_bf16_attention(const char *tag, int B, int T, int NH, int NKV, int HD) {
+    args a = {.B = B, .T = T, .NH = NH, .NKV = NKV, .HD = HD, .n_ctx = T};
+    size_t N = (size_t)B * T, nqkv = N * (NH + 2 * NKV) * HD, nout = N * NH * HD, nlse = (size_t)B * NH * T;
+    size_t nq = (size_t)NH * HD, nkv = (size_t)T * NKV * HD;
+    void *qkv = brand(nqkv, 1.0f), *out = brand(nout, 1.0f), *dout = brand(nout, 1.0f), *dqkv = brand(nqkv, 1.0f);
+    void *q = brand(nq, 1.0f), *k = brand(nkv, 1.0f), *v = brand(nkv, 1.0f), *dec = brand(nq, 1.0f);
+    float *lse = frand(nlse, 1.0f);
+    RUN(bname("attention_forward", tag), op_attention_fwd, &a, CMP_REL, BF16_STORAGE_TOL,
+        {"out", out, H(nout), BOUT}, {"lse", lse, F(nlse), OUT}, {"qkv", qkv, H(nqkv), BIN});
+    cpu->attention_forward(out, lse, qkv, B, T, NH, NKV, HD);  // what backward reads
+    RUN(bname("attention_backward", tag), op_attention_bwd, &a, CMP_REL, BF16_STORAGE_TOL,
+        {"dqkv", dqkv, H(nqkv), BOUT}, {"dout", dout, H(nout), BIN}, {"qkv", qkv, H(nqkv), BIN},
+        {"out", out, H(nout), BIN}, {"lse", lse, F(nlse), IN});
+    RUN(bname("attention_decode", tag), op_attention_decode, &a, CMP_REL, BF16_STORAGE_TOL,
+        {"out", dec, H(nq), BOUT}, {"q", q, H(nq), BIN}, {"k_cache", k, H(nkv), BIN}, {"v_cache", v, H(nkv), BIN});
+    free(qkv); free(out); free(dout); free(dqkv); free(q); free(k); free(v); free(dec); free(lse);
+}
+
+// encoder forward / backward: out and dout bf16; wte, wpe and their gradients fp32.
+static void test_bf16_encoder(const char *tag, int B, int T, int C, int V) {
+    args a = {.B = B, .T = T, .C = C};
+    size_t N = (size_t)B * T, nte = (size_t)V * C, npe = (size_t)T * C;
+    int *tok = irand(N, V, 0);
+    for (size_t i = 1; i < N; i += 3) tok[i] = tok[0];  // repeated tokens: += into the same dwte row
+    float *wte = frand(nte, 0.02f), *wpe = frand(npe, 0.01f), *dwte = frand(nte, 1.0f), *dwpe = frand(npe, 1.0f);
+    void *out = brand(N * C, 1.0f), *dout = brand(N * C, 1.0f);
+    RUN(bname("encoder_forward", tag), op_encoder_fwd, &a, CMP_REL, BF16_STORAGE_TOL, {"out", out, H(N * C), BOUT},
+        {"inp", tok, I(N), IN}, {"wte", wte, F(nte), IN}, {"wpe", wpe, F(npe), IN});
+    RUN(bname("encoder_backward", tag), op_encoder_bwd, &a, CMP_REL, BF16_STORAGE_TOL, {"dwte", dwte, F(nte), INOUT},
+        {"dwpe", dwpe, F(npe), INOUT}, {"dout", dout, H(N * C), BIN}, {"inp", tok, I(N), IN});
+    free(tok); free(wte); free(wpe); free(dwte); free(dwpe); free(out); free(dout);
+}
+
+// crossentropy forward (the returned loss too) / backward: logits (and dlogits over them) bf16, lse fp32.
+static void test_bf16_crossentropy(const char *tag, int N, int V, int Vp) {
+    size_t n = (size_t)N * Vp;
+    float *l, *lse;
+    int *targets;
+    args a = ce_inputs(N, V, Vp, &l, &lse, &targets);
+    void *logits = to_bf16(l, n);
+    RUN(bname("crossentropy_forward", tag), op_ce_fwd, &a, CMP_REL, BF16_STORAGE_TOL, {"lse", lse, F(N), OUT},
+        {"logits", logits, H(n), BIN}, {"targets", targets, I(N), IN});
+    cpu->crossentropy_forward(lse, logits, targets, N, V, Vp);
+    RUN(bname("crossentropy_backward", tag), op_ce_bwd, &a, CMP_REL, BF16_STORAGE_TOL,
+        {"logits", logits, H(n), BINOUT}, {"lse", lse, F(N), IN}, {"targets", targets, I(N), IN});
     free(logits); free(lse); free(targets);
 }
 
@@ -800,7 +1013,7 @@ static void test_memory(void) {
 // The op groups, each runnable alone (argv[2]): a CUDA error is sticky in the backend, so one failing op
 // would fail every later case of its process; tests/gpu/run.sh runs each group as its own process.
 static const char *const GROUPS[] = {"basics", "encoder", "matmul", "matmul_gelu", "matmul_16bit", "norm", "elementwise",
-                                     "rope", "attention", "decode", "crossentropy", "optimizer"};
+                                     "rope", "attention", "decode", "crossentropy", "optimizer", "bf16"};
 static const char *only;   // the group to run; NULL: all
 static int group(const char *name) { return !only || !strcmp(only, name); }
 
@@ -923,6 +1136,36 @@ int main(int argc, char **argv) {
         test_flat_passes("large", (size_t)7 << 20);
         test_optimizer("small", 1001);
         test_optimizer("large", ((size_t)7 << 20) + 13);
+    }
+
+    if (group("bf16")) {
+        // The act_bf16 tables take the places of gpu and cpu for this group's cases.
+        const sl_ops *fp32_gpu = gpu;
+        gpu = sl_ops_for_precision(gpu, SL_PRECISION_BF16, 1);
+        cpu = &sl_ops_cpu_bf16;
+        printf("bf16: comparing %s against %s on bf16 activation storage: error as above on values widened to "
+               "float, limit %.0e; every CUDA op run twice: identical bytes\n",
+               gpu->name, cpu->name, BF16_STORAGE_TOL);
+        if (!gpu->act_bf16) {
+            fail("bf16_storage_table", "sl_ops_for_precision(bf16) gave %s, not a bf16-storage table "
+                 "(SHARDLM_BF16_STORAGE=0 in the environment?)", gpu->name);
+        } else {
+            test_bf16_matmul("small_bias", 37, 19, 23);       // matmul_gelu: the unfused fallback (OC % 8 != 0)
+            test_bf16_matmul("small_epilogue", 37, 19, 24);   // matmul_gelu: the GELU_AUX_BIAS epilogue
+            test_bf16_matmul("gpt2_fc", 1024, 768, 3072);
+            test_bf16_norms("small", 37, 100);
+            test_bf16_norms("gpt2", 1024, 768);
+            test_bf16_elementwise("small", 1001, 37, 100);
+            test_bf16_elementwise("gpt2", (size_t)1024 * 3072 + 3, 1024, 2048);
+            test_bf16_rope("small", 2, 37, 4, 2, 64, 5);
+            test_bf16_attention("gqa_T77", 2, 77, 4, 2, 64);
+            test_bf16_attention("gpt2_T1024", 1, 1024, 12, 12, 64);
+            test_bf16_encoder("small", 2, 37, 40, 97);
+            test_bf16_crossentropy("small", 37, 100, 128);
+            test_bf16_crossentropy("gpt2", 64, 50257, 50304);
+        }
+        gpu = fp32_gpu;
+        cpu = &sl_ops_cpu;
     }
 
     if (gpu->synchronize()) fail("synchronize_at_end", "%s", sl_error());
