@@ -267,7 +267,7 @@ static int build(const bench_args *a, sl_comm *dp, const sl_ops **ops_out, sl_mo
     int local_rank = sl_launch_env_detect(&env) == 0 ? env.local_rank : 0;
     const sl_ops *ops = sl_ops_for_device(a->device, local_rank);
     if (!ops) return -1;
-    ops = sl_ops_for_precision(ops, a->precision, a->zero_stage != 3);  // as `shardlm train` picks it
+    ops = sl_ops_for_precision(ops, a->precision);  // as `shardlm train` picks it
     if (ops->reset_peak_bytes) ops->reset_peak_bytes();
     *ops_out = ops;
     sl_model_config cfg;

@@ -47,8 +47,9 @@ typedef struct {
     size_t capacity; // floats allocated for params and grads (>= layout.total; the tail stays zero)
     float *rope_cos, *rope_sin;  // (max_seq_len, HD/2), LLaMA only
     // With ops->act_bf16: the parameters rounded to bf16 (layout.total elements of 2 bytes, flat
-    // offsets as params), the `weight` of every matmul op; sl_model_params_changed refreshes it.
-    // NULL otherwise.
+    // offsets as params), the `weight` and `bias` of every matmul op; sl_model_params_changed
+    // refreshes it. NULL otherwise, and under ZeRO-3, whose parameter windows carry their own bf16
+    // copies (weight_view).
     sl_bf16 *weights_bf16;
 
     // activations, allocated for up to act_B x act_T in one arena: the storage-typed tensors
@@ -73,6 +74,8 @@ typedef struct {
     // param_view[u] + (t.offset - unit_begin[u]). By default views point into params / grads; a
     // ZeRO-3 engine points them at gathered windows instead (params and grads may then be NULL).
     float **param_view, **grad_view;   // (layout.n_units)
+    // With ops->act_bf16: unit u's bf16 copy, as param_view (into weights_bf16, or a ZeRO-3 window's).
+    sl_bf16 **weight_view;              // (layout.n_units)
     // Optional: told before and after each use of a unit, in the order the model works (unit_hook.h
     // events). A non-zero return aborts the forward/backward with the hook's error.
     int (*unit_hook)(void *ctx, sl_unit_event event, int unit, int next_unit);
@@ -103,8 +106,8 @@ void sl_model_zero_grad(sl_model *m);
 void sl_model_bind_views(sl_model *m);
 
 // Tells the model its parameters changed (init, a step, a checkpoint load): with ops->act_bf16 the
-// bf16 weight shadow is rewritten from params (-1 when params is not the whole buffer: ZeRO-3);
-// without it nothing happens.
+// bf16 weight shadow is rewritten from params; without it, or when params is not the whole buffer
+// (ZeRO-3 converts each window as it is gathered), nothing happens.
 int sl_model_params_changed(sl_model *m);
 
 // Grows the parameter and gradient buffers to `capacity` floats (>= layout.total), the tail zeroed,

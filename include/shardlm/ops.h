@@ -195,9 +195,8 @@ const sl_ops *sl_ops_for_device(const char *device, int local_rank);
 // The table a run at `precision` (sl_precision) uses on the device of `ops` (sl_ops_for_device's
 // answer): bf16 on the GPU stores activations in bf16 (sl_ops_cuda_bf16, act_bf16 = 1: half the
 // activation memory, bf16 tensor-core GEMMs reading bf16 operands, as torch's autocast) unless
-// `allow` is 0 (ZeRO-3, whose sharded parameters have no bf16 copy) or SHARDLM_BF16_STORAGE=0 is set;
-// every other case (cpu, fp32, fp16) returns ops unchanged.
-const sl_ops *sl_ops_for_precision(const sl_ops *ops, int precision, int allow);
+// SHARDLM_BF16_STORAGE=0 is set; every other case (cpu, fp32, fp16) returns ops unchanged.
+const sl_ops *sl_ops_for_precision(const sl_ops *ops, int precision);
 // 1 when this binary has the CUDA backend compiled in.
 int sl_ops_cuda_built(void);
 

@@ -42,6 +42,8 @@
 
 typedef struct {
     float *data;
+    sl_bf16 *data_bf16;     // parameter windows with ops->act_bf16: data rounded to bf16 (the GEMMs' copy)
+    int bf16_unit;          // the unit data_bf16 was made from, -1 when stale
     size_t cap;             // floats allocated
     int unit;               // the unit held (parameters: valid until the step), -1 for none
     int busy;               // the model is between GET and PUT on it

@@ -443,8 +443,8 @@ static int run(sl_train_config *c, sl_comm *world) {
     int local_rank = sl_launch_env_detect(&env) == 0 ? env.local_rank : 0;
     const sl_ops *ops = sl_ops_for_device(c->device, local_rank);
     if (!ops) goto done;
-    // bf16 on the GPU stores activations in bf16 (ops.h act_bf16), except under ZeRO-3 (docs/precision.md)
-    ops = sl_ops_for_precision(ops, c->precision.precision, c->zero_stage != 3);
+    // bf16 on the GPU stores activations in bf16 (ops.h act_bf16; docs/precision.md)
+    ops = sl_ops_for_precision(ops, c->precision.precision);
     if (sl_model_create(&model, &src.cfg, ops)) goto done;
     have_model = 1;
     if (src.has_weights) {

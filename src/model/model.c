@@ -23,10 +23,11 @@ static inline size_t unit_offset(const sl_model *m, int idx) {
 }
 #define P(m, idx) ((m)->param_view[(m)->layout.tensors[(idx)].unit] + unit_offset((m), (idx)))
 #define G(m, idx) ((m)->grad_view[(m)->layout.tensors[(idx)].unit] + unit_offset((m), (idx)))
-// A matmul op's weight: the bf16 shadow with ops->act_bf16 (ops.h: storage-typed), else P.
-#define W(m, idx)                                                                           \
-    ((m)->weights_bf16 ? (const float *)(const void *)((m)->weights_bf16 + (m)->layout.tensors[(idx)].offset) \
-                       : P(m, idx))
+// A matmul op's weight: the bf16 copy with ops->act_bf16 (ops.h: storage-typed), else P.
+#define W(m, idx)                                                                                              \
+    ((m)->ops->act_bf16                                                                                        \
+         ? (const float *)(const void *)((m)->weight_view[(m)->layout.tensors[(idx)].unit] + unit_offset((m), (idx))) \
+         : P(m, idx))
 // Tells the unit hook (if any) about an event; returns -1 from the calling function on its error.
 #define HOOK(m, event, unit, next)                                                                   \
     do {                                                                                             \
@@ -56,7 +57,8 @@ int sl_model_create(sl_model *m, const sl_model_config *cfg, const sl_ops *ops) 
     }
     m->param_view = sl_calloc((size_t)m->layout.n_units, sizeof(float *), "unit views");
     m->grad_view = sl_calloc((size_t)m->layout.n_units, sizeof(float *), "unit views");
-    if (!m->param_view || !m->grad_view) { sl_model_free(m); return -1; }
+    m->weight_view = sl_calloc((size_t)m->layout.n_units, sizeof(sl_bf16 *), "unit views");
+    if (!m->param_view || !m->grad_view || !m->weight_view) { sl_model_free(m); return -1; }
     sl_model_bind_views(m);
     if (cfg->arch == SL_ARCH_LLAMA) {
         size_t n = (size_t)cfg->max_seq_len * (size_t)(sl_config_head_dim(cfg) / 2);
@@ -103,6 +105,7 @@ void sl_model_free(sl_model *m) {
     release(m, m->rope_sin);
     free(m->param_view);
     free(m->grad_view);
+    free(m->weight_view);
     sl_layout_free(&m->layout);
     memset(m, 0, sizeof *m);
 }
@@ -115,6 +118,7 @@ void sl_model_bind_views(sl_model *m) {
     for (int u = 0; u < m->layout.n_units; u++) {
         m->param_view[u] = m->params ? m->params + m->layout.unit_begin[u] : NULL;
         m->grad_view[u] = m->grads ? m->grads + m->layout.unit_begin[u] : NULL;
+        m->weight_view[u] = m->weights_bf16 ? m->weights_bf16 + m->layout.unit_begin[u] : NULL;
     }
 }
 
@@ -167,11 +171,7 @@ int sl_model_init_weights(sl_model *m, uint64_t seed) {
 }
 
 int sl_model_params_changed(sl_model *m) {
-    if (!m->weights_bf16) return 0;
-    if (!m->params)
-        return sl_errorf("bf16 activation storage: the parameters are not in one buffer (ZeRO-3), so their bf16 "
-                         "copy for the GEMMs cannot be refreshed");
-    m->ops->to_storage(m->weights_bf16, m->params, m->layout.total);
+    if (m->weights_bf16 && m->params) m->ops->to_storage(m->weights_bf16, m->params, m->layout.total);
     return 0;
 }
 

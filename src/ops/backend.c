@@ -81,14 +81,12 @@ const sl_ops *sl_ops_for_device(const char *device, int local_rank) {
 #endif
 }
 
-const sl_ops *sl_ops_for_precision(const sl_ops *ops, int precision, int allow) {
+const sl_ops *sl_ops_for_precision(const sl_ops *ops, int precision) {
 #ifdef SHARDLM_HAVE_CUDA
     const char *env = getenv("SHARDLM_BF16_STORAGE");
-    if (ops == &sl_ops_cuda && precision == SL_PRECISION_BF16 && allow && !(env && !strcmp(env, "0")))
-        return &sl_ops_cuda_bf16;
+    if (ops == &sl_ops_cuda && precision == SL_PRECISION_BF16 && !(env && !strcmp(env, "0"))) return &sl_ops_cuda_bf16;
 #else
     (void)precision;
-    (void)allow;
 #endif
     return ops;
 }

@@ -86,11 +86,6 @@ int sl_engine_init(sl_engine *e, sl_model *model, const sl_engine_config *cfg) {
         return sl_errorf("engine: ZeRO stage %d is not one of 0, 1, 2, 3", cfg->zero_stage);
     if (!model->params || !model->grads)
         return sl_errorf("engine: the model's buffers belong to another engine (ZeRO-2/3 took them)");
-    // the GEMMs' bf16 weight copy is of the whole flat buffer, which ZeRO-3 never holds
-    if (model->ops->act_bf16 && cfg->dp && cfg->zero_stage == 3)
-        return sl_errorf("engine: ZeRO stage 3 is not supported with bf16 activation storage (the %s backend): its "
-                         "parameters live in gathered windows, not in the one buffer the GEMMs' bf16 weight copy is "
-                         "made from; use ZeRO stage 0, 1 or 2", model->ops->name);
     // An NCCL group exchanges even alone: one GPU runs the code path of N (and tests it).
     int nccl = cfg->dp && sl_comm_backend_of(cfg->dp) == SL_COMM_NCCL;
     e->distributed = cfg->dp && (sl_comm_size(cfg->dp) > 1 || nccl);

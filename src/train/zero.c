@@ -79,6 +79,7 @@ static int start_gather_from(sl_zero *z, const float *src, sl_zero_window *w, in
     unit_counts(z, u);
     const float *send = hi > lo ? src + (lo - z->shard_begin) : src;
     w->unit = u;
+    w->bf16_unit = -1;
     w->pending = 1;
     w->stamp = ++z->clock;
     if (ordered(z) || sl_comm_iallgatherv(z->dp, send, w->data, z->counts, z->displs, SL_DTYPE_F32, &w->req)) {
@@ -134,6 +135,11 @@ static int params_get(sl_zero *z, int u, int next) {
     w->busy = 1;
     w->stamp = ++z->clock;
     z->model->param_view[u] = w->data;
+    if (w->data_bf16) {  // bf16 activation storage: the GEMMs read the window's bf16 copy
+        if (w->bf16_unit != u) ops_of(z)->to_storage(w->data_bf16, w->data, unit_size(z, u));
+        w->bf16_unit = u;
+        z->model->weight_view[u] = w->data_bf16;
+    }
     if (z->prefetch && next >= 0 && next != u) {
         sl_zero_window *p = pick(z, z->pwin, next);
         if (p && !p->busy && p->unit != next && start_gather(z, p, next)) return -1;
@@ -178,6 +184,7 @@ int sl_zero_hook(void *ctx, sl_unit_event event, int unit, int next_unit) {
             sl_zero_window *w = held(z->pwin, unit);
             if (w) w->busy = 0;
             z->model->param_view[unit] = NULL;
+            z->model->weight_view[unit] = NULL;
         }
         break;
     case SL_GRADS_GET:
@@ -222,7 +229,7 @@ void sl_zero_zero_grads(sl_zero *z) {
 int sl_zero_after_step(sl_zero *z) {
     sl_zero_zero_grads(z);
     if (z->stage == 3) {
-        for (int i = 0; i < 4; i++) z->pwin[i].unit = -1;
+        for (int i = 0; i < 4; i++) z->pwin[i].unit = z->pwin[i].bf16_unit = -1;
         return 0;
     }
     float *p = z->model->params;
@@ -240,7 +247,7 @@ int sl_zero_gather_slices(sl_zero *z, const float *slice, float *full) {
         if ((!params || w->unit != u) && start_gather_from(z, slice, w, u)) return -1;
         if (wait_window(w)) return -1;
         if (full) ops_of(z)->download(full + unit_begin(z, u), w->data, unit_size(z, u) * sizeof(float));
-        if (!params) w->unit = -1;  // the window holds something other than the parameters now
+        if (!params) w->unit = w->bf16_unit = -1;  // the window holds something other than the parameters now
     }
     return 0;
 }
@@ -253,7 +260,7 @@ int sl_zero_scatter_params(sl_zero *z, const float *full, int root) {
         sl_zero_window *w = pick(z, z->pwin, u);
         if (!w || w->busy) return sl_errorf("ZeRO-3: cannot load parameters while the model uses them");
         size_t n = unit_size(z, u), lo, hi;
-        w->unit = -1;
+        w->unit = w->bf16_unit = -1;
         if (z->rank == root) ops_of(z)->upload(w->data, full + unit_begin(z, u), n * sizeof(float));
         if (ordered(z) || sl_comm_broadcast(z->dp, w->data, n, SL_DTYPE_F32, root)) return -1;
         owned_part(z, u, &lo, &hi);
@@ -286,13 +293,16 @@ size_t sl_zero_window_floats(const sl_param_layout *L) {
     return sl_layout_unit_size(L, 0) + sl_layout_unit_size(L, L->n_units - 1) + 2 * largest_block(L);
 }
 
-// Windows sized for their role: unit 0, the last unit, and the largest block (twice).
-static int alloc_windows(sl_zero *z, sl_zero_window *w, const char *what) {
+// Windows sized for their role: unit 0, the last unit, and the largest block (twice); with_bf16:
+// each with its bf16 copy too (parameter windows under bf16 activation storage).
+static int alloc_windows(sl_zero *z, sl_zero_window *w, const char *what, int with_bf16) {
     size_t block = largest_block(&z->model->layout);
     size_t sizes[4] = {unit_size(z, 0), unit_size(z, last_unit(z)), block, block};
     for (int i = 0; i < 4; i++) {
-        w[i].data = ops_of(z)->alloc((sizes[i] ? sizes[i] : 1) * sizeof(float), what);
+        size_t n = sizes[i] ? sizes[i] : 1;
+        w[i].data = ops_of(z)->alloc(n * sizeof(float), what);
         if (!w[i].data) return -1;
+        if (with_bf16 && !(w[i].data_bf16 = ops_of(z)->alloc(n * sizeof(sl_bf16), what))) return -1;
         w[i].cap = sizes[i];
     }
     return 0;
@@ -300,7 +310,7 @@ static int alloc_windows(sl_zero *z, sl_zero_window *w, const char *what) {
 
 int sl_zero_init(sl_zero *z, sl_model *model, sl_comm *dp, int stage, int prefetch) {
     memset(z, 0, sizeof *z);
-    for (int i = 0; i < 4; i++) z->pwin[i].unit = z->gwin[i].unit = -1;
+    for (int i = 0; i < 4; i++) z->pwin[i].unit = z->gwin[i].unit = z->pwin[i].bf16_unit = -1;
     if (stage < 1 || stage > 3) return sl_errorf("ZeRO: stage %d is not 1, 2 or 3", stage);
     if (!dp) return sl_errorf("ZeRO-%d needs a data-parallel group (the self group for one process)", stage);
     z->dp = dp;
@@ -321,18 +331,20 @@ int sl_zero_init(sl_zero *z, sl_model *model, sl_comm *dp, int stage, int prefet
     if (stage == 1 && !(z->unit_req = sl_calloc((size_t)model->layout.n_units, sizeof *z->unit_req, "ZeRO requests")))
         goto fail;
     if (stage >= 2) {
-        if (alloc_windows(z, z->gwin, "ZeRO gradient windows")) goto fail;
+        if (alloc_windows(z, z->gwin, "ZeRO gradient windows", 0)) goto fail;
         model->ops->dealloc(model->grads);
         model->grads = NULL;
     }
     if (stage == 3) {
         z->shard_params = model->ops->alloc(z->shard_size * sizeof(float), "ZeRO-3 parameter slice");
-        if (!z->shard_params || alloc_windows(z, z->pwin, "ZeRO-3 parameter windows")) goto fail;
+        if (!z->shard_params || alloc_windows(z, z->pwin, "ZeRO-3 parameter windows", model->ops->act_bf16)) goto fail;
         size_t end = min_sz(z->shard_begin + z->shard_size, z->total);
         if (end > z->shard_begin)
             model->ops->copy(z->shard_params, model->params + z->shard_begin, (end - z->shard_begin) * sizeof(float));
         model->ops->dealloc(model->params);
         model->params = NULL;
+        if (model->weights_bf16) model->ops->dealloc(model->weights_bf16);  // the windows carry their own
+        model->weights_bf16 = NULL;
     }
     sl_model_bind_views(model);
     return 0;
@@ -347,6 +359,7 @@ void sl_zero_free(sl_zero *z) {
         void (*dealloc)(void *) = ops_of(z)->dealloc;
         for (int i = 0; i < 4; i++) {
             if (z->pwin[i].data) dealloc(z->pwin[i].data);
+            if (z->pwin[i].data_bf16) dealloc(z->pwin[i].data_bf16);
             if (z->gwin[i].data) dealloc(z->gwin[i].data);
         }
         if (z->shard_params) dealloc(z->shard_params);

@@ -9,7 +9,7 @@
 #   - a small program linked like the binary finds every entry of sl_ops_cuda and sl_ops_cuda_bf16
 #     filled (names "cuda" / "cuda-bf16", on_device 1, act_bf16 0 / 1, the bf16 table with its own
 #     ops and the same memory functions), sl_ops_for_precision picks cuda-bf16 only for bf16 on cuda
-#     when allowed and not switched off (SHARDLM_BF16_STORAGE=0), and
+#     when not switched off (SHARDLM_BF16_STORAGE=0), and
 #     sl_ops_for_device gives the CPU table for "cpu", names the value and the
 #     choices for a bad one, rejects "cuda:x", and (on a machine without a GPU) fails "cuda" with
 #     "no usable CUDA GPU";
@@ -83,13 +83,12 @@ int main(int argc, char **argv) {
     }
     // which table a run trains with (precision: 0 fp32, 1 bf16, 2 fp16 as sl_precision)
     unsetenv("SHARDLM_BF16_STORAGE");
-    if (sl_ops_for_precision(&sl_ops_cuda, 1, 1) != &sl_ops_cuda_bf16 || sl_ops_for_precision(&sl_ops_cuda, 1, 0) != &sl_ops_cuda ||
-        sl_ops_for_precision(&sl_ops_cuda, 0, 1) != &sl_ops_cuda || sl_ops_for_precision(&sl_ops_cuda, 2, 1) != &sl_ops_cuda ||
-        sl_ops_for_precision(&sl_ops_cpu, 1, 1) != &sl_ops_cpu) {
+    if (sl_ops_for_precision(&sl_ops_cuda, 1) != &sl_ops_cuda_bf16 || sl_ops_for_precision(&sl_ops_cuda, 0) != &sl_ops_cuda ||
+        sl_ops_for_precision(&sl_ops_cuda, 2) != &sl_ops_cuda || sl_ops_for_precision(&sl_ops_cpu, 1) != &sl_ops_cpu) {
         printf("sl_ops_for_precision picks the wrong table\n"); bad = 1;
     }
     setenv("SHARDLM_BF16_STORAGE", "0", 1);
-    if (sl_ops_for_precision(&sl_ops_cuda, 1, 1) != &sl_ops_cuda) { printf("SHARDLM_BF16_STORAGE=0 ignored\n"); bad = 1; }
+    if (sl_ops_for_precision(&sl_ops_cuda, 1) != &sl_ops_cuda) { printf("SHARDLM_BF16_STORAGE=0 ignored\n"); bad = 1; }
     unsetenv("SHARDLM_BF16_STORAGE");
     if (!sl_ops_cuda_built()) { printf("sl_ops_cuda_built() is 0\n"); bad = 1; }
     if (sl_ops_for_device("cpu", 0) != &sl_ops_cpu) { printf("cpu: %s\n", sl_error()); bad = 1; }

@@ -21,8 +21,8 @@
 #      the device path of N ranks: bucketed all-reduce ordered after backward's stream, reduce-scatter,
 #      all-gather, ZeRO-3 windows, checkpoints staged through the host): fp32 stages 0-3 and bf16
 #      stages 1 and 3 give byte-identical step-20 weights and optimizer state, and identical losses,
-#      to the plain single-GPU run (stage 3 against one with fp32 activation storage, which ZeRO-3
-#      keeps; a one-rank collective moves data without arithmetic, and the 1/N
+#      to the plain single-GPU run (bf16 with bf16 activation storage; a one-rank collective moves
+#      data without arithmetic, and the 1/N
 #      scaling is by 1); a bf16 stage-3 NCCL run resumed from its step-10 checkpoint, and a plain run
 #      resumed from it, reach the same bytes; a stage-3 run samples text after training.
 #
@@ -175,12 +175,9 @@ cmp -s "$tmp/ov/step_00000004/model.safetensors" "$tmp/ov/step_00000005/model.sa
   ! cmp -s "$tmp/ov/step_00000005/model.safetensors" "$tmp/ov/step_00000006/model.safetensors" &&
   pass gpu_skipped_step_changes_nothing || fail gpu_skipped_step_changes_nothing
 
-# 5. resume on the GPU (bf16 activation storage); r1_f32s: the same run with fp32 storage, the
-# reference of ZeRO-3 in step 7 (which keeps fp32 activations)
+# 5. resume on the GPU (bf16 activation storage)
 t 120 "$logdir/resume_a.log" "$BIN" "${common[@]}" --steps 20 --device cuda --precision bf16 --save-interval 10 \
   --save-dir "$tmp/r1" || fail gpu_run_20 "$(tail -3 "$logdir/resume_a.log")"
-t 120 "$logdir/resume_a_f32s.log" env SHARDLM_BF16_STORAGE=0 "$BIN" "${common[@]}" --steps 20 --device cuda --precision bf16 \
-  --save-interval 10 --save-dir "$tmp/r1_f32s" || fail gpu_run_20_fp32_storage "$(tail -3 "$logdir/resume_a_f32s.log")"
 mkdir -p "$tmp/r2" && cp -r "$tmp/r1/step_00000010" "$tmp/r2/" && echo step_00000010 >"$tmp/r2/latest"
 t 120 "$logdir/resume_b.log" "$BIN" "${common[@]}" --steps 20 --device cuda --precision bf16 --resume auto \
   --save-dir "$tmp/r2" || fail gpu_resume_runs "$(tail -3 "$logdir/resume_b.log")"
@@ -231,13 +228,12 @@ if "$BIN" report 2>/dev/null | grep -Eq '^  comm nccl +built in'; then
   grep -q '^sample (16 tokens' "$logdir/nccl1_fp32_stage3.log" && pass nccl_world1_stage3_samples_after_training ||
     fail nccl_world1_stage3_samples_after_training "$(tail -3 "$logdir/nccl1_fp32_stage3.log")"
   # bf16: fp32 master slices, gathered for the checkpoint (stage 1 through host memory, stage 3
-  # through the windows); the reference is step 5's plain bf16 run with the same flags: with bf16
-  # activation storage for stage 1 (r1), fp32 storage for stage 3, which keeps fp32 activations (r1_f32s)
+  # through the windows, each converted to bf16 for the GEMMs); the reference is step 5's plain bf16
+  # run with the same flags
   for s in 1 3; do
-    ref="$tmp/r1"; [ $s -eq 3 ] && ref="$tmp/r1_f32s"
     t 120 "$logdir/nccl1_bf16_stage$s.log" ${one_rank[@]+"${one_rank[@]}"} "$BIN" "${n20[@]}" --precision bf16 --comm-backend nccl --zero-stage $s \
       --save-dir "$tmp/nb_s$s" || fail "nccl1_bf16_stage${s}_runs" "$(tail -3 "$logdir/nccl1_bf16_stage$s.log")"
-    same_run "nccl_world1_bf16_stage${s}_bit_identical_to_one_gpu" "$tmp/nb_s$s" "$ref"
+    same_run "nccl_world1_bf16_stage${s}_bit_identical_to_one_gpu" "$tmp/nb_s$s" "$tmp/r1"
   done
   # resume a ZeRO-3 NCCL run from its step-10 checkpoint, with NCCL stage 3 and with a plain GPU run
   for how in nccl plain; do
@@ -246,8 +242,7 @@ if "$BIN" report 2>/dev/null | grep -Eq '^  comm nccl +built in'; then
       t 120 "$logdir/nccl1_resume_$how.log" ${one_rank[@]+"${one_rank[@]}"} "$BIN" "${n20[@]}" --precision bf16 --comm-backend nccl --zero-stage 3 \
         --resume auto --save-dir "$d"
     else
-      t 120 "$logdir/nccl1_resume_$how.log" env SHARDLM_BF16_STORAGE=0 "$BIN" "${n20[@]}" --precision bf16 --resume auto \
-        --save-dir "$d"
+      t 120 "$logdir/nccl1_resume_$how.log" "$BIN" "${n20[@]}" --precision bf16 --resume auto --save-dir "$d"
     fi || fail "nccl1_resume_${how}_runs" "$(tail -3 "$logdir/nccl1_resume_$how.log")"
     cmp -s "$d/step_00000020/model.safetensors" "$tmp/nb_s3/step_00000020/model.safetensors" &&
       cmp -s "$d/step_00000020/optim_00000_of_00001.safetensors" "$tmp/nb_s3/step_00000020/optim_00000_of_00001.safetensors" &&

@@ -246,7 +246,7 @@ int main(int argc, char **argv) {
     check_preset("llama-tiny", gpu);
     check_bf16_compute("gpt2-tiny", gpu);
     check_bf16_compute("llama-tiny", gpu);
-    const sl_ops *gpu_bf16 = sl_ops_for_precision(gpu, SL_PRECISION_BF16, 1);
+    const sl_ops *gpu_bf16 = sl_ops_for_precision(gpu, SL_PRECISION_BF16);
     check_bf16_storage("gpt2-tiny", gpu_bf16);
     check_bf16_storage("llama-tiny", gpu_bf16);
     int sync = gpu->synchronize();

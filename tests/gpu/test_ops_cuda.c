@@ -1141,7 +1141,7 @@ int main(int argc, char **argv) {
     if (group("bf16")) {
         // The act_bf16 tables take the places of gpu and cpu for this group's cases.
         const sl_ops *fp32_gpu = gpu;
-        gpu = sl_ops_for_precision(gpu, SL_PRECISION_BF16, 1);
+        gpu = sl_ops_for_precision(gpu, SL_PRECISION_BF16);
         cpu = &sl_ops_cpu_bf16;
         printf("bf16: comparing %s against %s on bf16 activation storage: error as above on values widened to "
                "float, limit %.0e; every CUDA op run twice: identical bytes\n",
