@@ -87,16 +87,14 @@ static void matmul_gelu_forward(float *out, float *pre, const float *inp, const 
     free(b);
 }
 
+static void gelu_backward(float *dinp, const float *inp, const float *dout, size_t n);
+
+// dout is overwritten with the pre-GELU gradient, stored (rounded); the GEMMs and the bias gradient
+// then read it as stored, as the GPU's fused kernel and its unfused path both do.
 static void matmul_gelu_backward(float *dinp, float *dweight, float *dbias, float *dout, const float *pre,
                                  const float *inp, const float *weight, int N, int IC, int OC) {
-    float *d = widen(dout, sz(N, OC)), *p = widen(pre, sz(N, OC)), *i = widen(inp, sz(N, IC));
-    float *w = widen(weight, sz(OC, IC)), *di = dinp ? scratch(sz(N, IC)) : NULL;
-    cpu->matmul_gelu_backward(di, dweight, dbias, d, p, i, w, N, IC, OC);
-    narrow(dinp, di, sz(N, IC));
-    narrow(dout, d, sz(N, OC));  // overwritten with the pre-GELU gradient
-    free(p);
-    free(i);
-    free(w);
+    gelu_backward(dout, pre, dout, sz(N, OC));
+    matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, IC, OC);
 }
 
 static void layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *w, const float *b,
