@@ -48,7 +48,9 @@
 // tensor cores (bf16 products, fp32 accumulation, one rounding of D); the bias epilogue adds the bf16
 // bias in fp32 before that rounding; GELU_AUX's aux (pre) is bf16 like D. The dweight GEMM reads bf16
 // A, B and accumulates into the fp32 parameter gradient (C = D fp32, beta 1); the bias gradient sums
-// bf16 dout in fp32 into the fp32 dbias.
+// bf16 dout in fp32 into the fp32 dbias. Where the bias epilogue cannot be used (a bias below 16-byte
+// alignment, no algorithm with it) the bias kernel adds it to the already-rounded D: one rounding more
+// than the epilogue (within a bf16 step of it).
 //
 // Invariants:
 //   - fp32 storage: fp32 in, fp32 out. Under CUBLAS_COMPUTE_32F (true fp32) results are within ~1e-6 relative of

@@ -70,7 +70,7 @@ __device__ __forceinline__ void layernorm_row(T *y, float *mean, float *rstd, co
 // resid (C) = a + b for one row by one warp, each lane its columns lane, lane+32, ... (resid may be a or b).
 template <typename T>
 __device__ __forceinline__ void residual_row(T *resid, const T *a, const T *b, int C, int lane) {
-    for (int c = lane; c < C; c += 32) resid[c] = from_f32<T>(__fadd_rn(to_f32(a[c]), b[c]));
+    for (int c = lane; c < C; c += 32) resid[c] = from_f32<T>(__fadd_rn(to_f32(a[c]), to_f32(b[c])));
 }
 
 // out (N,C) = (inp - mean) * rstd * w + b; mean, rstd (N). One warp per row.
