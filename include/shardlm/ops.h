@@ -147,8 +147,8 @@ typedef struct sl_ops {
 
     // ---- memory: where this backend's tensors live -------------------------------------------
     int on_device;                                   // 0: host memory (cpu); 1: GPU memory (cuda)
-    // 1: activations (and the GEMMs' weight argument) are bf16 storage, see the top of this file;
-    // 0: everything is fp32. cpu and cuda: 0; cpu-bf16 (emulate_bf16.c, a test backend): 1.
+    // 1: activations (and the GEMMs' weight and bias arguments) are bf16 storage, see the top of this file;
+    // 0: everything is fp32. cpu and cuda: 0; cpu-bf16 (ops_cpu_bf16.c, a test backend) and cuda-bf16: 1.
     int act_bf16;
     void *(*alloc)(size_t bytes, const char *what);  // zero-filled; NULL with a message naming `what`
     void (*dealloc)(void *p);

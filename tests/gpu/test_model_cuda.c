@@ -61,15 +61,37 @@ static float *train5(const sl_model_config *cfg, const sl_ops *ops, const int *i
     return w;
 }
 
+// A batch of B = 2 rows of T <= 48 tokens: in[i] = (i*ia + ib) % V, tg[i] = (i*ta + tb) % V, except
+// tg[i] = -1 (ignored) where i % skip == skip_at (skip 0: none).
+static void make_batch(const sl_model_config *cfg, int ia, int ib, int ta, int tb, int skip, int skip_at, int *B,
+                       int *T, int **in, int **tg) {
+    *B = 2;
+    *T = cfg->max_seq_len < 48 ? cfg->max_seq_len : 48;
+    *in = malloc(sizeof(int) * *B * *T);
+    *tg = malloc(sizeof(int) * *B * *T);
+    for (int i = 0; i < *B * *T; i++) {
+        (*in)[i] = (i * ia + ib) % cfg->vocab_size;
+        (*tg)[i] = skip && i % skip == skip_at ? -1 : (i * ta + tb) % cfg->vocab_size;
+    }
+}
+
+// The largest per-tensor relative difference of gradients `got` (host) from ref's, and where.
+static double worst_gradient(const sl_model *ref, const float *got, const char **where) {
+    double worst = 0;
+    *where = "";
+    for (int t = 0; got && t < ref->layout.n_tensors; t++) {
+        const sl_tensor_info *ti = &ref->layout.tensors[t];
+        double r = rel_diff(got + ti->offset, ref->grads + ti->offset, ti->numel);
+        if (r > worst) { worst = r; *where = ti->name; }
+    }
+    return worst;
+}
+
 static void check_preset(const char *preset, const sl_ops *gpu) {
     sl_model_config cfg;
     if (sl_config_preset(&cfg, preset)) { report(0, preset, "exact", 0); return; }
-    int B = 2, T = cfg.max_seq_len < 48 ? cfg.max_seq_len : 48;
-    int *in = malloc(sizeof(int) * B * T), *tg = malloc(sizeof(int) * B * T);
-    for (int i = 0; i < B * T; i++) {
-        in[i] = (i * 37 + 11) % cfg.vocab_size;
-        tg[i] = i % 7 == 3 ? -1 : (i * 53 + 5) % cfg.vocab_size;  // some ignored targets
-    }
+    int B, T, *in, *tg;
+    make_batch(&cfg, 37, 11, 53, 5, 7, 3, &B, &T, &in, &tg);  // some ignored targets
     sl_model c, g;
     if (sl_model_create(&c, &cfg, &sl_ops_cpu) || sl_model_create(&g, &cfg, gpu) || sl_model_init_weights(&c, 5) ||
         sl_model_init_weights(&g, 5)) {
@@ -88,13 +110,8 @@ static void check_preset(const char *preset, const sl_ops *gpu) {
     report(ok && fabs(lg - lc) <= 1e-5 * fabs(lc), name, "rel err %.2e", fabs(lg - lc) / fabs(lc));
     ok = ok && !sl_model_backward(&c, 1.0f) && !sl_model_backward(&g, 1.0f);
     float *ggrad = ok ? download(&g, g.grads, g.layout.total) : NULL;
-    double worst = 0;
-    const char *where = "";
-    for (int t = 0; ok && t < c.layout.n_tensors; t++) {
-        const sl_tensor_info *ti = &c.layout.tensors[t];
-        double r = rel_diff(ggrad + ti->offset, c.grads + ti->offset, ti->numel);
-        if (r > worst) { worst = r; where = ti->name; }
-    }
+    const char *where;
+    double worst = worst_gradient(&c, ggrad, &where);
     snprintf(name, sizeof name, "%s_gradients_match_cpu(worst %s)", preset, where);
     report(ok && worst <= 1e-4, name, "max rel err %.2e", worst);
     free(glog);
@@ -123,12 +140,8 @@ static void check_bf16_compute(const char *preset, const sl_ops *gpu) {
     sl_model_config cfg;
     char name[128];
     if (sl_config_preset(&cfg, preset)) { report(0, preset, "exact", 0); return; }
-    int B = 2, T = cfg.max_seq_len < 48 ? cfg.max_seq_len : 48;
-    int *in = malloc(sizeof(int) * B * T), *tg = malloc(sizeof(int) * B * T);
-    for (int i = 0; i < B * T; i++) {
-        in[i] = (i * 31 + 7) % cfg.vocab_size;
-        tg[i] = (i * 43 + 1) % cfg.vocab_size;
-    }
+    int B, T, *in, *tg;
+    make_batch(&cfg, 31, 7, 43, 1, 0, 0, &B, &T, &in, &tg);
     sl_model c, g;
     if (sl_model_create(&c, &cfg, &sl_ops_cpu) || sl_model_create(&g, &cfg, gpu) || sl_model_init_weights(&c, 9) ||
         sl_model_init_weights(&g, 9)) {
@@ -167,12 +180,8 @@ static void check_bf16_storage(const char *preset, const sl_ops *gpu_bf16) {
     sl_model_config cfg;
     char name[128];
     if (sl_config_preset(&cfg, preset)) { report(0, preset, "exact", 0); return; }
-    int B = 2, T = cfg.max_seq_len < 48 ? cfg.max_seq_len : 48;
-    int *in = malloc(sizeof(int) * B * T), *tg = malloc(sizeof(int) * B * T);
-    for (int i = 0; i < B * T; i++) {
-        in[i] = (i * 29 + 3) % cfg.vocab_size;
-        tg[i] = i % 9 == 4 ? -1 : (i * 41 + 2) % cfg.vocab_size;
-    }
+    int B, T, *in, *tg;
+    make_batch(&cfg, 29, 3, 41, 2, 9, 4, &B, &T, &in, &tg);
     sl_model c, g, f;
     if (sl_model_create(&c, &cfg, &sl_ops_cpu_bf16) || sl_model_create(&g, &cfg, gpu_bf16) ||
         sl_model_create(&f, &cfg, &sl_ops_cpu) || sl_model_init_weights(&c, 7) || sl_model_init_weights(&g, 7) ||
@@ -203,13 +212,8 @@ static void check_bf16_storage(const char *preset, const sl_ops *gpu_bf16) {
     report(ok && rel_diff(glog, clog, nlog) <= 5e-2, name, "max rel err %.2e", ok ? rel_diff(glog, clog, nlog) : -1);
     ok = ok && !sl_model_backward(&c, 1.0f) && !sl_model_backward(&g, 1.0f);
     float *ggrad = ok ? download(&g, g.grads, g.layout.total) : NULL;
-    double worst = 0;
-    const char *where = "";
-    for (int t = 0; ok && t < c.layout.n_tensors; t++) {
-        const sl_tensor_info *ti = &c.layout.tensors[t];
-        double r = rel_diff(ggrad + ti->offset, c.grads + ti->offset, ti->numel);
-        if (r > worst) { worst = r; where = ti->name; }
-    }
+    const char *where;
+    double worst = worst_gradient(&c, ggrad, &where);
     snprintf(name, sizeof name, "%s_bf16_storage_gradients_match_emulation(worst %s)", preset, where);
     report(ok && worst <= 5e-2, name, "max rel err %.2e", worst);
     double ratio = (double)g.act_bytes / (double)f.act_bytes;

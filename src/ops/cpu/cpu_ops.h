@@ -4,7 +4,9 @@
 #ifndef SHARDLM_CPU_OPS_H
 #define SHARDLM_CPU_OPS_H
 
+#include "shardlm/loss_scaler.h"
 #include "shardlm/ops.h"
+#include "shardlm/optim.h"
 
 // Below this much work (elements touched) an op runs on the calling thread: waking the team costs more.
 #define SL_PAR_MIN_WORK ((size_t)32768)
@@ -43,6 +45,30 @@ void cpu_attention_decode(float *out, const float *q, const float *k_cache, cons
                           int NKV, int HD);
 double cpu_crossentropy_forward(float *lse, const float *logits, const int *targets, int N, int V, int Vp);
 void cpu_crossentropy_backward(float *logits, const float *lse, const int *targets, int N, int V, int Vp, float dloss);
+
+// What is not an op over activations (ops_cpu.c), shared by sl_ops_cpu and sl_ops_cpu_bf16: host
+// memory (transfers are copies), the precision switch (nothing: OpenBLAS is fp32) and the optimizer
+// step's passes over flat fp32 buffers.
+void *cpu_alloc(size_t bytes, const char *what);
+void cpu_dealloc(void *p);
+void cpu_memzero(void *p, size_t bytes);
+void cpu_copy(void *dst, const void *src, size_t bytes);
+int cpu_synchronize(void);
+void *cpu_stream(void);
+size_t cpu_peak_bytes(void);
+void cpu_reset_peak_bytes(void);
+void cpu_scale(float *x, size_t n, float coef);
+void cpu_set_precision(int precision);
+void cpu_round_to(float *x, size_t n, int precision);
+void cpu_to_storage(void *dst, const float *src, size_t n);
+// Those entries of a CPU table (designated initialisers).
+#define SL_CPU_HOST_FNS                                                                                 \
+    .set_precision = cpu_set_precision, .on_device = 0, .alloc = cpu_alloc, .dealloc = cpu_dealloc,     \
+    .memzero = cpu_memzero, .upload = cpu_copy, .download = cpu_copy, .copy = cpu_copy,                 \
+    .synchronize = cpu_synchronize, .stream = cpu_stream, .peak_bytes = cpu_peak_bytes,                 \
+    .reset_peak_bytes = cpu_reset_peak_bytes, .sumsq = sl_grad_sumsq, .scale = cpu_scale,               \
+    .nonfinite = sl_grads_have_overflow, .round_to = cpu_round_to, .to_storage = cpu_to_storage,        \
+    .adam_step = sl_adam_apply, .sgd_step = sl_sgd_apply
 
 // Splits [0, n) into the calling thread's contiguous share inside an omp parallel region.
 void cpu_thread_range(size_t n, size_t *begin, size_t *end);

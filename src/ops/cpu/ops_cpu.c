@@ -12,25 +12,25 @@
 #include <string.h>
 
 // Host memory: the CPU backend's "device" is the host, so transfers are plain copies.
-static void *cpu_alloc(size_t bytes, const char *what) { return sl_calloc(bytes ? bytes : 1, 1, what); }
-static void cpu_dealloc(void *p) { free(p); }
-static void cpu_memzero(void *p, size_t bytes) { if (bytes) memset(p, 0, bytes); }
-static void cpu_copy(void *dst, const void *src, size_t bytes) { if (bytes && dst != src) memmove(dst, src, bytes); }
-static int cpu_synchronize(void) { return 0; }
-static void *cpu_stream(void) { return NULL; }
-static size_t cpu_peak_bytes(void) { return 0; }
-static void cpu_reset_peak_bytes(void) {}
-static void cpu_scale(float *x, size_t n, float coef) { sl_grad_scale(x, n, coef); }
+void *cpu_alloc(size_t bytes, const char *what) { return sl_calloc(bytes ? bytes : 1, 1, what); }
+void cpu_dealloc(void *p) { free(p); }
+void cpu_memzero(void *p, size_t bytes) { if (bytes) memset(p, 0, bytes); }
+void cpu_copy(void *dst, const void *src, size_t bytes) { if (bytes && dst != src) memmove(dst, src, bytes); }
+int cpu_synchronize(void) { return 0; }
+void *cpu_stream(void) { return NULL; }
+size_t cpu_peak_bytes(void) { return 0; }
+void cpu_reset_peak_bytes(void) {}
+void cpu_scale(float *x, size_t n, float coef) { sl_grad_scale(x, n, coef); }
 // OpenBLAS computes in fp32 whatever the training precision: nothing to switch.
-static void cpu_set_precision(int precision) { (void)precision; }
+void cpu_set_precision(int precision) { (void)precision; }
 
-static void cpu_round_to(float *x, size_t n, int precision) {
+void cpu_round_to(float *x, size_t n, int precision) {
     if (precision == SL_PRECISION_BF16) sl_round_to_bf16_array(x, n);
     else if (precision == SL_PRECISION_FP16) sl_round_to_fp16_array(x, n);
 }
 
-// The bf16 weight shadow of an act_bf16 table (cpu-bf16 uses this one).
-static void cpu_to_storage(void *dst, const float *src, size_t n) { sl_f32_to_bf16_array(src, (sl_bf16 *)dst, n); }
+// The bf16 weight shadow of an act_bf16 table (cpu-bf16's).
+void cpu_to_storage(void *dst, const float *src, size_t n) { sl_f32_to_bf16_array(src, (sl_bf16 *)dst, n); }
 
 const sl_ops sl_ops_cpu = {
     .name = "cpu",
@@ -58,26 +58,8 @@ const sl_ops sl_ops_cpu = {
     .attention_decode = cpu_attention_decode,
     .crossentropy_forward = cpu_crossentropy_forward,
     .crossentropy_backward = cpu_crossentropy_backward,
-    .set_precision = cpu_set_precision,
-    .on_device = 0,
     .act_bf16 = 0,
-    .alloc = cpu_alloc,
-    .dealloc = cpu_dealloc,
-    .memzero = cpu_memzero,
-    .upload = cpu_copy,
-    .download = cpu_copy,
-    .copy = cpu_copy,
-    .synchronize = cpu_synchronize,
-    .stream = cpu_stream,
-    .peak_bytes = cpu_peak_bytes,
-    .reset_peak_bytes = cpu_reset_peak_bytes,
-    .sumsq = sl_grad_sumsq,
-    .scale = cpu_scale,
-    .nonfinite = sl_grads_have_overflow,
-    .round_to = cpu_round_to,
-    .to_storage = cpu_to_storage,
-    .adam_step = sl_adam_apply,
-    .sgd_step = sl_sgd_apply,
+    SL_CPU_HOST_FNS,
 };
 
 void sl_ops_cpu_set_threads(int n) {

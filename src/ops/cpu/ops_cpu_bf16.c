@@ -6,7 +6,7 @@
 // and rounded back. fp32 arguments (parameters, their gradients, statistics) pass straight through.
 // Memory functions and optimizer passes are the CPU's. Slow (two conversions and a heap buffer per
 // tensor per op): it exists so that CI runs the model's bf16 storage plumbing without a GPU.
-#include "shardlm/ops.h"
+#include "ops/cpu/cpu_ops.h"
 #include "shardlm/precision.h"
 
 #include <stdio.h>
@@ -241,29 +241,6 @@ static void crossentropy_backward(float *logits, const float *lse, const int *ta
     narrow(logits, l, sz(N, Vp));  // dlogits, in place
 }
 
-// The CPU's own functions for everything that is not an op over activations.
-static void set_precision(int precision) { cpu->set_precision(precision); }
-static void *alloc(size_t bytes, const char *what) { return cpu->alloc(bytes, what); }
-static void dealloc(void *p) { cpu->dealloc(p); }
-static void memzero(void *p, size_t bytes) { cpu->memzero(p, bytes); }
-static void copy(void *dst, const void *src, size_t bytes) { cpu->copy(dst, src, bytes); }
-static int synchronize(void) { return cpu->synchronize(); }
-static void *stream(void) { return cpu->stream(); }
-static size_t peak_bytes(void) { return cpu->peak_bytes(); }
-static void reset_peak_bytes(void) { cpu->reset_peak_bytes(); }
-static double sumsq(const float *g, size_t n) { return cpu->sumsq(g, n); }
-static void scale(float *x, size_t n, float coef) { cpu->scale(x, n, coef); }
-static int nonfinite(const float *x, size_t n) { return cpu->nonfinite(x, n); }
-static void round_to(float *x, size_t n, int precision) { cpu->round_to(x, n, precision); }
-static void to_storage(void *dst, const float *src, size_t n) { cpu->to_storage(dst, src, n); }
-static void adam_step(const sl_adam_args *a, float *p, const float *g, float *m, float *v, const sl_segment *segs,
-                      int n_segs) {
-    cpu->adam_step(a, p, g, m, v, segs, n_segs);
-}
-static void sgd_step(const sl_sgd_args *a, float *p, const float *g, float *buf, const sl_segment *segs, int n_segs) {
-    cpu->sgd_step(a, p, g, buf, segs, n_segs);
-}
-
 const sl_ops sl_ops_cpu_bf16 = {
     .name = "cpu-bf16",
     .encoder_forward = encoder_forward,
@@ -290,24 +267,6 @@ const sl_ops sl_ops_cpu_bf16 = {
     .attention_decode = attention_decode,
     .crossentropy_forward = crossentropy_forward,
     .crossentropy_backward = crossentropy_backward,
-    .set_precision = set_precision,
-    .on_device = 0,
     .act_bf16 = 1,
-    .alloc = alloc,
-    .dealloc = dealloc,
-    .memzero = memzero,
-    .upload = copy,
-    .download = copy,
-    .copy = copy,
-    .synchronize = synchronize,
-    .stream = stream,
-    .peak_bytes = peak_bytes,
-    .reset_peak_bytes = reset_peak_bytes,
-    .sumsq = sumsq,
-    .scale = scale,
-    .nonfinite = nonfinite,
-    .round_to = round_to,
-    .to_storage = to_storage,
-    .adam_step = adam_step,
-    .sgd_step = sgd_step,
+    SL_CPU_HOST_FNS,  // memory functions and optimizer passes are the CPU's
 };
