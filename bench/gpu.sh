@@ -10,7 +10,9 @@
 #      flash attention through SDPA), each at the largest micro-batch that fits (searched from
 #      GPU_MAX_BATCH down by halves); then, for each model, each side again at the largest micro-batch
 #      both fit, when that differs (the like-for-like rows; these go first when the budget runs out);
-#   5. renders the "GPU" section of bench/RESULTS.md (bench/gpu_render.py) after every model, so a
+#   5. each model once more at shardlm's micro-batch with SHARDLM_ATTENTION=simt (bf16 attention on
+#      the CUDA cores), for the table comparing the attention kernels (GPU_SIMT=0: not run);
+#   6. renders the "GPU" section of bench/RESULTS.md (bench/gpu_render.py) after every model, so a
 #      run cut short still leaves its finished rows.
 # Every stage has a timeout and the whole run a budget (GPU_BUDGET_S, default 540 s); a stage that
 # fails or does not fit the budget is logged, recorded as a "gpu-skip" line and rendered as not
@@ -31,7 +33,7 @@
 # Environment: GPU_BUDGET_S=540  GPU_MODELS="gpt2 gpt2-medium"  GPU_SEQ=1024  GPU_MAX_BATCH=64
 #   (GPU_SHARDLM_MAX_BATCH / GPU_TORCH_MAX_BATCH: one side's first try)  GPU_GEMM_SIZE=8192
 #   GPU_STEPS=6  GPU_WARMUP=2  GPU_TORCH=1 (0: shardlm only)  GPU_COMPILE=1 (0: no torch.compile rows)
-#   GPU_LIKE=1 (0: no like-for-like rows)  GPU_BUILD=build/gpu  GPU_COMMIT (when git is not there)
+#   GPU_LIKE=1 (0: no like-for-like rows)  GPU_SIMT=1 (0: no CUDA-core attention rows)  GPU_BUILD=build/gpu  GPU_COMMIT (when git is not there)
 #   PYTHON=python3
 #   GPU_DEVICE=cuda; GPU_DEVICE=cpu is a dry run of this script's logic on a machine without a GPU (with
 #   GPU_MODELS=gpt2-tiny GPU_SEQ=64 GPU_MAX_BATCH=8 GPU_OUT_DIR=/tmp/somewhere: it measures nothing useful)
@@ -238,6 +240,16 @@ for model in ${GPU_MODELS:-gpt2 gpt2-medium}; do
         torch_run "eager:$model:like" 120 eager "$bl"
         [[ "${GPU_COMPILE:-1}" == 1 ]] && torch_run "compile:$model:like" 200 compile "$bl"
     fi
+    publish
+done
+# the attention kernels: each model again at shardlm's micro-batch with SHARDLM_ATTENTION=simt (bf16
+# attention on the CUDA-core kernels instead of the tensor-core ones), for the comparison table
+for model in ${GPU_MODELS:-gpt2 gpt2-medium}; do
+    bs=${BS[$model]:-}
+    [[ "${GPU_SIMT:-1}" == 1 && -n "$bs" ]] || continue
+    say "== $model: attention on the CUDA cores (SHARDLM_ATTENTION=simt), micro-batch $bs"
+    run_json "shardlm-simt:$model" 180 SHARDLM_ATTENTION=simt "$BUILD/bench_train" --model "$model" --device "$DEV" \
+        --precision bf16 --seq "$SEQ" --batch "$bs" --steps "$STEPS" --warmup "$WARMUP" --profile-steps 1
     publish
 done
 say "finished in ${SECONDS}s"

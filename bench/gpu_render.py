@@ -45,7 +45,8 @@ def render(rows):
     meta = next((r for r in rows if r["impl"] == "gpu-meta"), {})
     tgemm = {r["dtype"]: r for r in rows if r["impl"] == "torch-gemm"}
     sgemm = {r["precision"]: r for r in rows if r["impl"] == "shardlm-gemm"}
-    runs = [r for r in rows if r["impl"] in LABEL]
+    simt = [r for r in rows if r.get("tag", "").startswith("shardlm-simt:")]
+    runs = [r for r in rows if r["impl"] in LABEL and r not in simt]
     skips = [r for r in rows if r["impl"] == "gpu-skip"]
     out = []
     w = out.append
@@ -155,6 +156,7 @@ def render(rows):
         w(f"- {NAMES.get(m, m)}: " + "; ".join(parts) + ".")
     w("")
     render_profiles(w, [r for r in runs if r["impl"] == "shardlm" and "breakdown" in r], rate)
+    render_attention(w, runs, simt)
     render_torch_profiles(w, [r for r in runs if "profile_categories_ms" in r])
     if skips:
         w("### Not measured\n")
@@ -164,6 +166,30 @@ def render(rows):
     w("Raw JSON lines: bench/gpu_results.jsonl; log: gpu_bench.log of the run.")
     w(END)
     return "\n".join(out) + "\n"
+
+
+def render_attention(w, runs, simt):
+    """bf16 attention on the tensor cores (the default) against the CUDA-core kernels, same model and B."""
+    pairs = []
+    for s in simt:
+        tc = [r for r in runs if r["impl"] == "shardlm" and r["model"] == s["model"] and r["B"] == s["B"]]
+        if tc:
+            pairs.append((tc[0], s))
+    if not pairs:
+        return
+    w("### Attention: tensor cores against CUDA cores (bf16, profiled step)\n")
+    w("shardlm's bf16 attention runs on the tensor cores (src/ops/cuda/attention_tc.cu); `SHARDLM_ATTENTION=simt` "
+      "keeps it on the fp32 CUDA-core kernels (src/ops/cuda/attention.cu). Same model, micro-batch and step count.\n")
+    w("| model | micro-batch | kernels | ms/step | tok/s | attention forward ms | attention backward ms |")
+    w("|---|---|---|---|---|---|---|")
+    for tc, s in pairs:
+        for r, what in ((tc, "tensor cores"), (s, "CUDA cores (simt)")):
+            b = r.get("breakdown", {})
+            fwd, bwd = b.get("attention_forward"), b.get("attention_backward")
+            cell = lambda v: "%.2f" % v if v is not None else "n/a"
+            w(f"| {NAMES.get(r['model'], r['model'])} | {r['B']} | {what} | {r['ms_per_step']:.1f} | "
+              f"{r['tokens_per_s']:.0f} | {cell(fwd)} | {cell(bwd)} |")
+    w("")
 
 
 def render_profiles(w, prof, rate):

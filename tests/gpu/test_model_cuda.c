@@ -7,7 +7,8 @@
 // same batch with bf16-rounded weights and sl_model.precision = bf16 on the GPU (GEMMs in
 // CUBLAS_COMPUTE_32F_FAST_16BF) against the CPU's fp32 forward on the same weights: the loss within
 // 2e-2 and the logits within 5e-2 relative (bf16 keeps 8 significant bits of every activation a GEMM reads).
-// Then bf16 activation storage (sl_ops_cuda_bf16) against the CPU's emulation of it (check_bf16_storage).
+// Then bf16 activation storage (sl_ops_cuda_bf16) against the CPU's emulation of it (check_bf16_storage),
+// for the presets (head_dim 8: SIMT attention) and with 2 heads (head_dim 16: tensor-core attention).
 // Usage: test_model_cuda [DEVICE]   (default cuda:0). Prints PASS/FAIL lines, "N passed, N failed".
 #include "shardlm/engine.h"
 #include "shardlm/error.h"
@@ -175,11 +176,22 @@ static void check_bf16_compute(const char *preset, const sl_ops *gpu) {
 // rounds its outputs once, so where the GPU's fp32 sums differ from the CPU's in the last bits an
 // activation may land one bf16 step (2^-8 relative) away, and that propagates: the bounds are
 // bf16's, not fp32's. Also the arena is about half the fp32 one, and 5 AdamW steps through the
-// engine on the GPU are bit-identical run to run.
-static void check_bf16_storage(const char *preset, const sl_ops *gpu_bf16) {
+// engine on the GPU are bit-identical run to run. n_head > 0 replaces the preset's head count (and
+// scales n_kv_head with it): the tiny presets' head_dim 8 runs the SIMT attention kernels, 2 heads
+// (head_dim 16) the tensor-core ones (attention_tc.cu).
+static void check_bf16_storage(const char *preset, int n_head, const sl_ops *gpu_bf16) {
     sl_model_config cfg;
-    char name[128];
+    char name[160];
     if (sl_config_preset(&cfg, preset)) { report(0, preset, "exact", 0); return; }
+    char label[64];
+    snprintf(label, sizeof label, "%s", preset);
+    if (n_head > 0) {
+        cfg.n_kv_head = cfg.n_kv_head * n_head / cfg.n_head > 0 ? cfg.n_kv_head * n_head / cfg.n_head : 1;
+        cfg.n_head = n_head;
+        snprintf(label, sizeof label, "%s_hd%d", preset, sl_config_head_dim(&cfg));
+        if (sl_config_validate(&cfg, label)) { report(0, label, "exact", 0); return; }
+    }
+    preset = label;
     int B, T, *in, *tg;
     make_batch(&cfg, 29, 3, 41, 2, 9, 4, &B, &T, &in, &tg);
     sl_model c, g, f;
@@ -251,8 +263,10 @@ int main(int argc, char **argv) {
     check_bf16_compute("gpt2-tiny", gpu);
     check_bf16_compute("llama-tiny", gpu);
     const sl_ops *gpu_bf16 = sl_ops_for_precision(gpu, SL_PRECISION_BF16);
-    check_bf16_storage("gpt2-tiny", gpu_bf16);
-    check_bf16_storage("llama-tiny", gpu_bf16);
+    check_bf16_storage("gpt2-tiny", 0, gpu_bf16);
+    check_bf16_storage("llama-tiny", 0, gpu_bf16);
+    check_bf16_storage("gpt2-tiny", 2, gpu_bf16);
+    check_bf16_storage("llama-tiny", 2, gpu_bf16);
     int sync = gpu->synchronize();
     report(sync == 0, "no_cuda_errors_recorded", "exact", 0);
     if (sync) printf("  %s\n", sl_error());

@@ -1158,8 +1158,25 @@ int main(int argc, char **argv) {
             test_bf16_elementwise("small", 1001, 37, 100);
             test_bf16_elementwise("gpt2", (size_t)1024 * 3072 + 3, 1024, 2048);
             test_bf16_rope("small", 2, 37, 4, 2, 64, 5);
-            test_bf16_attention("gqa_T77", 2, 77, 4, 2, 64);
-            test_bf16_attention("gpt2_T1024", 1, 1024, 12, 12, 64);
+            // head_dim 16..128 in steps the tensor-core kernels take (attention_tc.cu), T across tile
+            // edges, MHA and GQA; head_dim 40 (the SIMT kernels); then shapes 0 and 6 (gqa_T77, hd128_T200)
+            // with SHARDLM_ATTENTION=simt, which keeps the SIMT kernels' bf16 instances covered
+            static const struct { const char *tag; int B, T, NH, NKV, HD; } shapes[] = {
+                {"gqa_T77", 2, 77, 4, 2, 64},      {"gpt2_T1024", 1, 1024, 12, 12, 64},
+                {"hd16_T1", 2, 1, 4, 1, 16},       {"hd32_T130", 1, 130, 4, 2, 32},
+                {"hd80_T65", 2, 65, 2, 2, 80},     {"hd96_T64", 1, 64, 4, 4, 96},
+                {"hd128_T200", 1, 200, 8, 2, 128}, {"hd40_T77", 1, 77, 4, 2, 40},
+            };
+            const int n_shapes = (int)(sizeof shapes / sizeof shapes[0]);
+            for (int i = 0; i < n_shapes; i++)
+                test_bf16_attention(shapes[i].tag, shapes[i].B, shapes[i].T, shapes[i].NH, shapes[i].NKV, shapes[i].HD);
+            setenv("SHARDLM_ATTENTION", "simt", 1);
+            for (int i = 0; i < n_shapes; i += n_shapes - 2) {
+                char tag[64];
+                snprintf(tag, sizeof tag, "simt_%s", shapes[i].tag);
+                test_bf16_attention(tag, shapes[i].B, shapes[i].T, shapes[i].NH, shapes[i].NKV, shapes[i].HD);
+            }
+            unsetenv("SHARDLM_ATTENTION");
             test_bf16_encoder("small", 2, 37, 40, 97);
             test_bf16_crossentropy("small", 37, 100, 128);
             test_bf16_crossentropy("gpt2", 64, 50257, 50304);

@@ -51,9 +51,11 @@
 // HD runs in the next instance up (8, 32, 64 or 128) with the extra columns zero-padded.
 // NH % NKV == 0. decode: HD <= 128, n_ctx >= 1.
 #include "ops/cuda/cuda_common.cuh"
+#include "ops/cuda/attention_tc.cuh"
 
 #include <math.h>
 #include <stdint.h>
+#include <type_traits>
 
 namespace {
 
@@ -439,26 +441,6 @@ __global__ void __launch_bounds__(DEC_NT) attention_decode_kernel(floatX *out, c
 
 // ---- host side --------------------------------------------------------------------------------
 
-// The dynamic shared memory a kernel needs; above the 48 KB default it must be opted into (set on
-// every launch: cheap, and right whichever device is current).
-template <typename Kernel>
-bool allow_smem(Kernel kernel, size_t bytes) {
-    if (bytes <= 48 * 1024) return true;
-    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
-    if (err != cudaSuccess) {
-        sl_cuda_record_failure("CUDA error: %s setting %zu bytes of shared memory for attention (this GPU "
-                               "allows less) at %s:%d", cudaGetErrorString(err), bytes, __FILE__, __LINE__);
-        return false;
-    }
-    return true;
-}
-
-bool grid_ok(size_t blocks, const char *what) {
-    if (blocks <= 0x7fffffffu) return true;
-    sl_cuda_record_failure("%s: %zu blocks exceed the grid limit (batch x heads x tiles too large)", what, blocks);
-    return false;
-}
-
 constexpr size_t fwd_smem(int D) { return sizeof(float) * ((size_t)(BQ + BK) * (D + 1) + (size_t)BQ * LS); }
 constexpr size_t dq_smem(int D) { return sizeof(float) * ((size_t)(2 * BQ + BK) * (D + 1) + (size_t)BQ * LS); }
 constexpr size_t dkdv_smem(int D) {
@@ -470,7 +452,7 @@ void launch_forward(floatX *out, float *lse, const floatX *qkv, int B, int T, in
     const int n_qt = (T + BQ - 1) / BQ;
     const size_t blocks = (size_t)n_qt * B * NH, smem = fwd_smem(D);
     auto kernel = attention_forward_kernel<floatX, D, PAD>;
-    if (!grid_ok(blocks, "cuda_attention_forward") || !allow_smem(kernel, smem)) return;
+    if (!sl_cuda_grid_ok(blocks, "cuda_attention_forward") || !sl_cuda_allow_smem(kernel, smem)) return;
     kernel<<<(unsigned)blocks, NT, smem, sl_cuda_stream()>>>(out, lse, qkv, B, T, NH, NKV, HD, scale, n_qt);
     CUDA_LAUNCH_CHECK();
 }
@@ -482,8 +464,8 @@ void launch_backward(floatX *dqkv, const floatX *dout, const floatX *qkv, const 
     const size_t kv_blocks = (size_t)n_t * B * NKV, q_blocks = (size_t)n_t * B * NH;
     auto dkdv = attention_dkdv_kernel<floatX, D, PAD>;
     auto dq = attention_dq_kernel<floatX, D, PAD>;
-    if (!grid_ok(q_blocks, "cuda_attention_backward") || !allow_smem(dkdv, dkdv_smem(D)) ||
-        !allow_smem(dq, dq_smem(D)))
+    if (!sl_cuda_grid_ok(q_blocks, "cuda_attention_backward") || !sl_cuda_allow_smem(dkdv, dkdv_smem(D)) ||
+        !sl_cuda_allow_smem(dq, dq_smem(D)))
         return;
     dkdv<<<(unsigned)kv_blocks, NT, dkdv_smem(D), sl_cuda_stream()>>>(dqkv, dout, qkv, lse, delta, B, T, NH, NKV, HD,
                                                                       scale);
@@ -538,6 +520,10 @@ template <typename floatX>
 void cuda_attention_forward(float *out, float *lse, const float *qkv, int B, int T, int NH, int NKV, int HD) {
     if (!shape_ok("cuda_attention_forward", NH, NKV, HD) || B <= 0 || T <= 0) return;
     const float scale = 1.0f / sqrtf((float)HD);
+    if constexpr (std::is_same<floatX, __nv_bfloat16>::value) {
+        if (attention_tc_forward(as_storage<floatX>(out), lse, as_storage<floatX>(qkv), B, T, NH, NKV, HD, scale))
+            return;
+    }
     ATT_DISPATCH(floatX, HD, launch_forward, as_storage<floatX>(out), lse, as_storage<floatX>(qkv), B, T, NH, NKV, HD,
                  scale);
 }
@@ -551,10 +537,15 @@ void cuda_attention_backward(float *dqkv, const float *dout, const float *qkv, c
     float *delta = delta_buffer(rows);
     if (!delta) return;
     const int warps = 8;
-    if (!grid_ok((rows + warps - 1) / warps, "cuda_attention_backward")) return;
+    if (!sl_cuda_grid_ok((rows + warps - 1) / warps, "cuda_attention_backward")) return;
     attention_delta_kernel<floatX><<<(unsigned)((rows + warps - 1) / warps), warps * 32, 0, sl_cuda_stream()>>>(
         delta, as_storage<floatX>(dout), as_storage<floatX>(out), T, NH, HD, rows);
     CUDA_LAUNCH_CHECK();
+    if constexpr (std::is_same<floatX, __nv_bfloat16>::value) {
+        if (attention_tc_backward(as_storage<floatX>(dqkv), as_storage<floatX>(dout), as_storage<floatX>(qkv), lse,
+                                  delta, B, T, NH, NKV, HD, scale))
+            return;
+    }
     ATT_DISPATCH(floatX, HD, launch_backward, as_storage<floatX>(dqkv), as_storage<floatX>(dout),
                  as_storage<floatX>(qkv), lse, delta, B, T, NH, NKV, HD, scale);
 }

@@ -49,6 +49,26 @@ void *sl_cuda_scratch_get(sl_cuda_scratch *s, size_t bytes, const char *what);
 
 static inline unsigned int ceil_div_u(size_t a, size_t b) { return (unsigned int)((a + b - 1) / b); }
 
+// A kernel's dynamic shared memory above the 48 KiB default must be opted into; set on every launch
+// (cheap, and right whichever device is current). false (failure recorded) when the GPU allows less.
+template <typename Kernel> bool sl_cuda_allow_smem(Kernel kernel, size_t bytes) {
+    if (bytes <= 48 * 1024) return true;
+    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+    if (err != cudaSuccess) {
+        sl_cuda_record_failure("CUDA error: %s setting %zu bytes of shared memory (this GPU allows less) at %s:%d",
+                               cudaGetErrorString(err), bytes, __FILE__, __LINE__);
+        return false;
+    }
+    return true;
+}
+
+// A 1-D grid of `blocks` fits the launch limit; false (failure recorded, naming `what`) otherwise.
+static inline bool sl_cuda_grid_ok(size_t blocks, const char *what) {
+    if (blocks <= 0x7fffffffu) return true;
+    sl_cuda_record_failure("%s: %zu blocks exceed the grid limit (batch x heads x tiles too large)", what, blocks);
+    return false;
+}
+
 // An op's storage-typed argument (ops.h: float * in the prototype) as what it points to: floatX.
 template <typename floatX> inline floatX *as_storage(float *p) { return reinterpret_cast<floatX *>(p); }
 template <typename floatX> inline const floatX *as_storage(const float *p) { return reinterpret_cast<const floatX *>(p); }
