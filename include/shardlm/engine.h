@@ -65,7 +65,8 @@ typedef struct {
     // (DeepSpeed's global_steps); the learning-rate schedule and the optimizer's step number advance
     // only on applied steps: step - scaler.skipped_steps.
     sl_loss_scaler scaler;
-    float *master;            // (shard_size) fp32 master weights of this rank's slice; NULL in fp32
+    float *master;            // (shard_size) fp32 master weights of this rank's slice; NULL in fp32, and
+                              // under bf16 with bf16 activation storage and no ZeRO (model->params is the master)
     int last_step_skipped;    // the last step found non-finite gradients and changed nothing
     double last_step_scale;   // the loss scale the last step's gradients were computed with
 } sl_engine;
@@ -76,8 +77,12 @@ typedef struct {
 // verified against the manifest first; OUT_DIR appears only when complete and must not exist.
 int sl_checkpoint_consolidate(const char *path, const char *out_dir, int with_optimizer);
 
-// Bytes this rank allocated for parameters, gradients and optimizer state.
-typedef struct { size_t params, grads, optim; } sl_engine_memory;
+// Bytes this rank allocated for parameters, gradients and optimizer state (params: the fp32 buffer
+// the model and ZeRO work on; under bf16 activation storage without ZeRO it is the master itself);
+// under mixed precision also the separate fp32 master slice (0 when model->params is the master)
+// and the bf16 parameter copy the model computes with (its whole-model copy, or its ZeRO-3
+// windows' bf16 twins).
+typedef struct { size_t params, grads, optim, master, param_copy; } sl_engine_memory;
 sl_engine_memory sl_engine_memory_use(const sl_engine *e);
 
 int sl_engine_init(sl_engine *e, sl_model *model, const sl_engine_config *cfg);

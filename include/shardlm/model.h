@@ -47,7 +47,7 @@ typedef struct {
     size_t capacity; // floats allocated for params and grads (>= layout.total; the tail stays zero)
     float *rope_cos, *rope_sin;  // (max_seq_len, HD/2), LLaMA only
     // With ops->act_bf16: the parameters rounded to bf16 (layout.total elements of 2 bytes, flat
-    // offsets as params), the `weight` and `bias` of every matmul op; sl_model_params_changed
+    // offsets as params): every parameter the ops read (ops.h); sl_model_params_changed
     // refreshes it. NULL otherwise, and under ZeRO-3, whose parameter windows carry their own bf16
     // copies (weight_view).
     sl_bf16 *weights_bf16;

@@ -20,10 +20,13 @@
 //     the model hands them a bf16 SHADOW copy of its parameters (sl_model.weights_bf16, refreshed by
 //     to_storage after every change of the parameters), because cuBLASLt wants A and B of one type
 //     and a bias epilogue's vector of D's type (torch's autocast likewise casts a linear's bias);
+//   * the parameters the other ops read, for the same reason: the norms' w and b (layernorm,
+//     rmsnorm, the fused residual norms, their backward) and the encoder's wte / wpe, so the model
+//     reads its parameters only through the bf16 shadow (and an engine may keep the only fp32 copy
+//     as its master weights);
 //   * a fused residual norm's resid, which its norm reads back as stored (rounded), exactly as the
 //     unfused residual_forward followed by the norm's forward would.
 // Always fp32, whatever act_bf16 says:
-//   * parameters read elementwise (norm weights and biases, wte / wpe of the encoder);
 //   * parameter gradients (dweight, dbias, dw, db, dwte, dwpe), which still ACCUMULATE in fp32;
 //   * the saved statistics: norms' mean / rstd, attention's lse, cross-entropy's lse (and the
 //     double it returns); the RoPE cos / sin tables;

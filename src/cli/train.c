@@ -323,6 +323,9 @@ static void print_memory(const sl_engine *e, int world) {
            "stage 0 would hold %.0f bytes\n",
            stage, world, mem.params / 1e6, mem.grads / 1e6, mem.optim / 1e6, total / 1e6, total, shape[stage], P, S,
            stage >= 2 ? W : 0.0, K, fp + fg + fo, 8 * P + K * P);
+    if (mem.master || mem.param_copy)
+        printf("  mixed precision adds: fp32 master weights %.2f MB, bf16 parameter copy %.2f MB (total %.2f MB)\n",
+               mem.master / 1e6, mem.param_copy / 1e6, (total + mem.master + mem.param_copy) / 1e6);
 }
 
 static int save_checkpoint(sl_engine *e, const sl_train_config *c, sl_loader *train, sl_progress *prog) {

@@ -23,7 +23,8 @@ static inline size_t unit_offset(const sl_model *m, int idx) {
 }
 #define P(m, idx) ((m)->param_view[(m)->layout.tensors[(idx)].unit] + unit_offset((m), (idx)))
 #define G(m, idx) ((m)->grad_view[(m)->layout.tensors[(idx)].unit] + unit_offset((m), (idx)))
-// A matmul op's weight: the bf16 copy with ops->act_bf16 (ops.h: storage-typed), else P.
+// A parameter as the ops read it (matmul weights and biases, norm weights and biases, wte / wpe): the
+// bf16 copy with ops->act_bf16 (ops.h: storage-typed), else P.
 #define W(m, idx)                                                                                              \
     ((m)->ops->act_bf16                                                                                        \
          ? (const float *)(const void *)((m)->weight_view[(m)->layout.tensors[(idx)].unit] + unit_offset((m), (idx))) \
@@ -33,8 +34,7 @@ static inline size_t unit_offset(const sl_model *m, int idx) {
     do {                                                                                             \
         if ((m)->unit_hook && (m)->unit_hook((m)->unit_hook_ctx, (event), (unit), (next))) return -1; \
     } while (0)
-// Optional tensors (biases) are -1 in the layout: NULL pointers for the ops. A matmul op's bias is,
-// like its weight, the bf16 shadow with ops->act_bf16 (WB).
+// Optional tensors (biases, GPT-2's wpe) are -1 in the layout: NULL pointers for the ops (WB, G_OPT).
 #define WB(m, idx) ((idx) >= 0 ? W(m, idx) : NULL)
 #define G_OPT(m, idx) ((idx) >= 0 ? G(m, idx) : NULL)
 
@@ -252,12 +252,12 @@ static void norm_forward(const sl_model *m, float *out, float *mean, float *rstd
     const sl_ops *ops = m->ops;
     int C = c->n_embd;
     if (c->arch == SL_ARCH_GPT2) {
-        const float *w = P(m, w_idx), *b = P(m, b_idx);
+        const float *w = W(m, w_idx), *b = W(m, b_idx);
         if (add) ops->residual_layernorm_forward(inp, out, mean, rstd, inp, add, w, b, N, C, c->norm_eps);
         else ops->layernorm_forward(out, mean, rstd, inp, w, b, N, C, c->norm_eps);
     } else {
-        if (add) ops->residual_rmsnorm_forward(inp, out, rstd, inp, add, P(m, w_idx), N, C, c->norm_eps);
-        else ops->rmsnorm_forward(out, rstd, inp, P(m, w_idx), N, C, c->norm_eps);
+        if (add) ops->residual_rmsnorm_forward(inp, out, rstd, inp, add, W(m, w_idx), N, C, c->norm_eps);
+        else ops->rmsnorm_forward(out, rstd, inp, W(m, w_idx), N, C, c->norm_eps);
     }
 }
 
@@ -270,9 +270,9 @@ static void norm_backward(sl_model *m, float *dinp, const float *dout, const flo
                           const float *mean, const float *rstd, int N) {
     const sl_model_config *c = &m->cfg;
     if (c->arch == SL_ARCH_GPT2)
-        m->ops->layernorm_backward(dinp, G(m, w_idx), G(m, b_idx), dout, inp, P(m, w_idx), mean, rstd, N, c->n_embd);
+        m->ops->layernorm_backward(dinp, G(m, w_idx), G(m, b_idx), dout, inp, W(m, w_idx), mean, rstd, N, c->n_embd);
     else
-        m->ops->rmsnorm_backward(dinp, G(m, w_idx), dout, inp, P(m, w_idx), rstd, N, c->n_embd);
+        m->ops->rmsnorm_backward(dinp, G(m, w_idx), dout, inp, W(m, w_idx), rstd, N, c->n_embd);
 }
 
 // The head GEMM's weight (the shadow with bf16 storage; the embedding's when tied).
@@ -310,7 +310,7 @@ int sl_model_forward(sl_model *m, const int *inputs, const int *targets, int B, 
     const sl_param_layout *L = &m->layout;
     int last = L->n_units - 1, tied = L->lm_head < 0;
     HOOK(m, SL_PARAMS_GET, 0, 1);
-    ops->encoder_forward(m->encoded, m->inputs, P(m, L->wte), L->wpe >= 0 ? P(m, L->wpe) : NULL, B, T, C);
+    ops->encoder_forward(m->encoded, m->inputs, W(m, L->wte), WB(m, L->wpe), B, T, C);
     HOOK(m, SL_PARAMS_PUT, 0, 1);
     // resid: the residual stream entering the block; pending: what the norm reading it still has to
     // add to it (the previous block's resid2: its output's residual add is fused into the next norm)

@@ -266,8 +266,13 @@ int sl_engine_detach_model(sl_engine *e, int everywhere) {
 }
 
 sl_engine_memory sl_engine_memory_use(const sl_engine *e) {
-    sl_engine_memory mem = {e->model->capacity * sizeof(float), e->model->capacity * sizeof(float),
-                            (size_t)e->n_optim_state * e->state_numel * sizeof(float)};
+    sl_engine_memory mem = {.params = e->model->capacity * sizeof(float),
+                            .grads = e->model->capacity * sizeof(float),
+                            .optim = (size_t)e->n_optim_state * e->state_numel * sizeof(float)};
     if (e->sharded) sl_zero_memory(&e->zero, &mem.params, &mem.grads);
+    if (e->master) mem.master = e->shard_size * sizeof(float);
+    if (e->model->weights_bf16) mem.param_copy = e->model->layout.total * sizeof(sl_bf16);
+    else if (e->model->ops->act_bf16 && e->sharded && e->zero.stage == 3)
+        mem.param_copy = sl_zero_window_floats(&e->model->layout) * sizeof(sl_bf16);
     return mem;
 }

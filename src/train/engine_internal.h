@@ -11,6 +11,9 @@ float *engine_step_params(sl_engine *e);
 // ---- engine_precision.c ------------------------------------------------------------------------
 // 1 under fp16 / bf16: the model's parameters are rounded copies of fp32 master weights.
 int engine_mixed(const sl_engine *e);
+// 1 for bf16 with bf16 activation storage and no ZeRO: model->params is the fp32 master itself
+// (e->master stays NULL) and the model computes with its bf16 copy.
+int engine_params_are_master(const sl_engine *e);
 // Sets up the loss scaler and, under fp16/bf16, the master weights (from the model's parameters).
 int engine_precision_init(sl_engine *e);
 void engine_precision_free(sl_engine *e);

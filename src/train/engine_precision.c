@@ -7,6 +7,8 @@
 // the master-weight, loss-scaling and skipped-step behaviour a GPU run has.
 // Invariants:
 //   - under fp16/bf16, engine_step_params(e)[i] == round(master[i]) after init, load and every step;
+//     except with bf16 activation storage and no ZeRO (engine_params_are_master), where the model's
+//     fp32 parameters are the master and its bf16 copy holds round(master[i]);
 //   - every rank takes the same skip decision (the overflow flag is all-reduced with MAX);
 //   - a skipped step changes no parameter, optimizer state, or learning-rate / optimizer step count.
 #include "engine_internal.h"
@@ -20,6 +22,15 @@
 
 int engine_mixed(const sl_engine *e) { return e->cfg.precision.precision != SL_PRECISION_FP32; }
 
+// bf16 with bf16 activation storage and no ZeRO: the model reads its parameters only through its bf16
+// copy (ops.h act_bf16), so its fp32 buffer can itself be the master: no separate master copy (4
+// bytes per parameter less), the optimizer updates model->params, and sl_model_params_changed
+// rounds them into the bf16 copy after every step. ZeRO keeps a master slice (its fp32 buffers are
+// gathered and hold rounded values).
+int engine_params_are_master(const sl_engine *e) {
+    return e->cfg.precision.precision == SL_PRECISION_BF16 && e->model->ops->act_bf16 && !e->sharded;
+}
+
 static int rank_of(const sl_engine *e) { return e->distributed ? sl_comm_rank(e->cfg.dp) : 0; }
 
 int engine_precision_init(sl_engine *e) {
@@ -27,7 +38,7 @@ int engine_precision_init(sl_engine *e) {
     e->last_step_scale = e->scaler.scale;
     // the model's values are 16-bit under mixed precision: the backend may compute its GEMMs in it
     e->model->precision = e->cfg.precision.precision;
-    if (!engine_mixed(e)) return 0;
+    if (!engine_mixed(e) || engine_params_are_master(e)) return 0;
     e->master = e->model->ops->alloc(e->shard_size * sizeof(float), "fp32 master weights");
     if (!e->master) return -1;
     engine_capture_master(e);

@@ -11,7 +11,8 @@
 #   * A resumed fp16 run (scaler state in trainer_state.json) reaches the byte-identical final model.
 #   * At 2 ranks, bf16 ZeRO stages 1-3 give weights byte-identical to stage 0.
 #   * bf16 activation storage emulated on the CPU (SHARDLM_EMULATE_BF16_STORAGE=1) tracks fp32 within
-#     5e-2 per step; with ZeRO-3 (bf16 copies of the gathered windows) the same losses and weights
+#     5e-2 per step, with no separate fp32 master (the model's fp32 buffer is the master, it computes
+#     with its bf16 copy; fp32 storage keeps a master); with ZeRO-3 (bf16 copies of the gathered windows) the same losses and weights
 #     bit for bit; at 2 ranks its ZeRO-1 and ZeRO-3 weights equal its stage 0's.
 #   * Config: the fp16 block's settings reach the scaler; fp16 + bf16 both enabled, a bad
 #     --precision, and a bad fp16 key value are refused with messages naming them.
@@ -116,6 +117,15 @@ losses "$tmp/e_bf16" >"$tmp/e_bf16.loss"
 close bf16_storage_loss_tracks_fp32 5e-2 "$tmp/e_bf16.loss" "$tmp/c_fp32.loss"
 if cmp -s "$tmp/e_bf16.loss" "$tmp/c_bf16.loss"; then fail bf16_storage_rounds_activations "same curve as bf16"
 else pass bf16_storage_rounds_activations; fi
+# the model reads its parameters only through the bf16 copy: without ZeRO its fp32 buffer is the
+# master itself (no separate copy), with fp32 storage a separate master is kept
+adds() {  # adds FILE: "MASTER_MB COPY_MB" from the memory report's mixed-precision line
+  sed -n 's/.*fp32 master weights \([0-9.]*\) MB, bf16 parameter copy \([0-9.]*\) MB.*/\1 \2/p' "$1"
+}
+adds "$tmp/e_bf16.out" | awk '{ ok = $1 == 0 && $2 > 0 } END { exit !ok }' && pass bf16_storage_keeps_no_separate_master ||
+  fail bf16_storage_keeps_no_separate_master "master / copy MB: '$(adds "$tmp/e_bf16.out")'"
+adds "$tmp/c_bf16.out" | awk '{ ok = $1 > 0 && $2 == 0 } END { exit !ok }' && pass bf16_fp32_storage_keeps_a_master ||
+  fail bf16_fp32_storage_keeps_a_master "master / copy MB: '$(adds "$tmp/c_bf16.out")'"
 # ZeRO-3 converts each gathered parameter window to bf16 for the GEMMs: the same run, bit for bit
 SHARDLM_EMULATE_BF16_STORAGE=1 run 1 "$BIN" "${common[@]}" --steps 12 --batch-size 4 --precision bf16 --zero-stage 3 \
   --save-dir "$tmp/e_z3" >"$tmp/e_z3.out" 2>&1 || fail bf16_storage_zero3_runs "$(tail -3 "$tmp/e_z3.out")"

@@ -717,7 +717,8 @@ static void test_bf16_matmul(const char *tag, int N, int IC, int OC) {
 }
 
 // layernorm / rmsnorm forward and backward (dinp: bf16, accumulated into), and the fused residual
-// norms out of place (resid = a + b stored as bf16); weights, their gradients and statistics fp32.
+// norms out of place (resid = a + b stored as bf16); w and b bf16 (the parameters' shadow), their
+// gradients and the statistics fp32.
 static void test_bf16_norms(const char *tag, int N, int C) {
     args a = {.N = N, .C = C, .eps = 1e-5f};
     size_t n = (size_t)N * C;
@@ -725,28 +726,29 @@ static void test_bf16_norms(const char *tag, int N, int C) {
     for (size_t i = 0; i < n; i++) x[i] += 0.5f;  // a non-zero mean
     void *inp = to_bf16(x, n), *y = brand(n, 1.0f), *out = brand(n, 1.0f), *resid = brand(n, 1.0f);
     void *dout = brand(n, 1.0f), *dinp = brand(n, 1.0f);
-    float *w = frand(C, 1.0f), *b = frand(C, 0.1f), *mean = frand(N, 1.0f), *rstd = frand(N, 1.0f);
+    void *w = brand(C, 1.0f), *b = brand(C, 0.1f);  // the parameters' bf16 shadow
+    float *mean = frand(N, 1.0f), *rstd = frand(N, 1.0f);
     float *dw = frand(C, 1.0f), *db = frand(C, 1.0f);
     RUN(bname("layernorm_forward", tag), op_layernorm_fwd, &a, CMP_REL, BF16_STORAGE_TOL, {"out", out, H(n), BOUT},
-        {"mean", mean, F(N), OUT}, {"rstd", rstd, F(N), OUT}, {"inp", inp, H(n), BIN}, {"w", w, F(C), IN},
-        {"b", b, F(C), IN});
+        {"mean", mean, F(N), OUT}, {"rstd", rstd, F(N), OUT}, {"inp", inp, H(n), BIN}, {"w", w, H(C), BIN},
+        {"b", b, H(C), BIN});
     RUN(bname("residual_layernorm_forward", tag), op_residual_layernorm_fwd, &a, CMP_REL, BF16_STORAGE_TOL,
         {"resid", resid, H(n), BOUT}, {"out", out, H(n), BOUT}, {"mean", mean, F(N), OUT}, {"rstd", rstd, F(N), OUT},
-        {"a", inp, H(n), BIN}, {"b", y, H(n), BIN}, {"w", w, F(C), IN}, {"bias", b, F(C), IN});
+        {"a", inp, H(n), BIN}, {"b", y, H(n), BIN}, {"w", w, H(C), BIN}, {"bias", b, H(C), BIN});
     cpu->layernorm_forward(out, mean, rstd, inp, w, b, N, C, a.eps);  // the statistics backward reads
     RUN(bname("layernorm_backward", tag), op_layernorm_bwd, &a, CMP_REL, BF16_STORAGE_TOL,
         {"dinp", dinp, H(n), BINOUT}, {"dw", dw, F(C), INOUT}, {"db", db, F(C), INOUT}, {"dout", dout, H(n), BIN},
-        {"inp", inp, H(n), BIN}, {"w", w, F(C), IN}, {"mean", mean, F(N), IN}, {"rstd", rstd, F(N), IN});
+        {"inp", inp, H(n), BIN}, {"w", w, H(C), BIN}, {"mean", mean, F(N), IN}, {"rstd", rstd, F(N), IN});
     a.eps = 1e-6f;
     RUN(bname("rmsnorm_forward", tag), op_rmsnorm_fwd, &a, CMP_REL, BF16_STORAGE_TOL, {"out", out, H(n), BOUT},
-        {"rstd", rstd, F(N), OUT}, {"inp", inp, H(n), BIN}, {"w", w, F(C), IN});
+        {"rstd", rstd, F(N), OUT}, {"inp", inp, H(n), BIN}, {"w", w, H(C), BIN});
     RUN(bname("residual_rmsnorm_forward", tag), op_residual_rmsnorm_fwd, &a, CMP_REL, BF16_STORAGE_TOL,
         {"resid", resid, H(n), BOUT}, {"out", out, H(n), BOUT}, {"rstd", rstd, F(N), OUT}, {"a", inp, H(n), BIN},
-        {"b", y, H(n), BIN}, {"w", w, F(C), IN});
+        {"b", y, H(n), BIN}, {"w", w, H(C), BIN});
     cpu->rmsnorm_forward(out, rstd, inp, w, N, C, a.eps);
     RUN(bname("rmsnorm_backward", tag), op_rmsnorm_bwd, &a, CMP_REL, BF16_STORAGE_TOL,
         {"dinp", dinp, H(n), BINOUT}, {"dw", dw, F(C), INOUT}, {"dout", dout, H(n), BIN}, {"inp", inp, H(n), BIN},
-        {"w", w, F(C), IN}, {"rstd", rstd, F(N), IN});
+        {"w", w, H(C), BIN}, {"rstd", rstd, F(N), IN});
     free(inp); free(y); free(out); free(resid); free(dout); free(dinp);
     free(w); free(b); free(mean); free(rstd); free(dw); free(db);
 }
@@ -806,16 +808,17 @@ static void test_bf16_attention(const char *tag, int B, int T, int NH, int NKV, 
     free(qkv); free(out); free(dout); free(dqkv); free(q); free(k); free(v); free(dec); free(lse);
 }
 
-// encoder forward / backward: out and dout bf16; wte, wpe and their gradients fp32.
+// encoder forward / backward: out, dout, wte and wpe bf16; the gradients dwte, dwpe fp32.
 static void test_bf16_encoder(const char *tag, int B, int T, int C, int V) {
     args a = {.B = B, .T = T, .C = C};
     size_t N = (size_t)B * T, nte = (size_t)V * C, npe = (size_t)T * C;
     int *tok = irand(N, V, 0);
     for (size_t i = 1; i < N; i += 3) tok[i] = tok[0];  // repeated tokens: += into the same dwte row
-    float *wte = frand(nte, 0.02f), *wpe = frand(npe, 0.01f), *dwte = frand(nte, 1.0f), *dwpe = frand(npe, 1.0f);
+    void *wte = brand(nte, 0.02f), *wpe = brand(npe, 0.01f);  // the parameters' bf16 shadow
+    float *dwte = frand(nte, 1.0f), *dwpe = frand(npe, 1.0f);
     void *out = brand(N * C, 1.0f), *dout = brand(N * C, 1.0f);
     RUN(bname("encoder_forward", tag), op_encoder_fwd, &a, CMP_REL, BF16_STORAGE_TOL, {"out", out, H(N * C), BOUT},
-        {"inp", tok, I(N), IN}, {"wte", wte, F(nte), IN}, {"wpe", wpe, F(npe), IN});
+        {"inp", tok, I(N), IN}, {"wte", wte, H(nte), BIN}, {"wpe", wpe, H(npe), BIN});
     RUN(bname("encoder_backward", tag), op_encoder_bwd, &a, CMP_REL, BF16_STORAGE_TOL, {"dwte", dwte, F(nte), INOUT},
         {"dwpe", dwpe, F(npe), INOUT}, {"dout", dout, H(N * C), BIN}, {"inp", tok, I(N), IN});
     free(tok); free(wte); free(wpe); free(dwte); free(dwpe); free(out); free(dout);

@@ -101,6 +101,7 @@ TEST(norm_ops_equal_fp32_on_rounded_inputs) {
     size_t n = (size_t)N * C;
     float *a = values(n, 11, 2.0f), *b = values(n, 12, 1.0f), *w = values(C, 13, 1.0f), *bias = values(C, 14, 0.3f);
     float *s_a = storage(a, n), *s_b = storage(b, n);
+    float *s_w = storage(w, C), *s_bias = storage(bias, C);  // the norm's parameters: the bf16 shadow
     float mean[12], rstd[12], mean2[12], rstd2[12];
     float *resid = malloc(n * 4), *out = malloc(n * 4), *s_out = malloc(n * 2);
     // fused residual + layernorm, in place on a (resid == a) as the model calls it: the norm reads
@@ -109,34 +110,34 @@ TEST(norm_ops_equal_fp32_on_rounded_inputs) {
     ref->residual_forward(resid, a, b, n);
     for (size_t i = 0; i < n; i++) x[i] = sl_round_to_bf16(resid[i]);
     ref->layernorm_forward(out, mean, rstd, x, w, bias, N, C, 1e-5f);
-    emu->residual_layernorm_forward(s_a, s_out, mean2, rstd2, s_a, s_b, w, bias, N, C, 1e-5f);
+    emu->residual_layernorm_forward(s_a, s_out, mean2, rstd2, s_a, s_b, s_w, s_bias, N, C, 1e-5f);
     CHECK(same_storage(s_a, resid, n) && same_storage(s_out, out, n));
     CHECK(same_f32(mean, mean2, N) && same_f32(rstd, rstd2, N));
     // layernorm backward ACCUMULATES into the storage-typed dinp
     ref->layernorm_forward(out, mean, rstd, x, w, bias, N, C, 1e-5f);
-    emu->layernorm_forward(s_out, mean2, rstd2, s_a, w, bias, N, C, 1e-5f);
+    emu->layernorm_forward(s_out, mean2, rstd2, s_a, s_w, s_bias, N, C, 1e-5f);
     CHECK(same_storage(s_out, out, n) && same_f32(rstd, rstd2, N));
     float *dout = values(n, 15, 0.5f), *s_dout = storage(dout, n), *dinp = values(n, 16, 0.5f), *s_dinp = storage(dinp, n);
     float *dw = calloc(C, 4), *db = calloc(C, 4), *dw2 = calloc(C, 4), *db2 = calloc(C, 4);
     ref->layernorm_backward(dinp, dw, db, dout, x, w, mean, rstd, N, C);
-    emu->layernorm_backward(s_dinp, dw2, db2, s_dout, s_a, w, mean, rstd, N, C);
+    emu->layernorm_backward(s_dinp, dw2, db2, s_dout, s_a, s_w, mean, rstd, N, C);
     CHECK(same_storage(s_dinp, dinp, n) && same_f32(dw, dw2, C) && same_f32(db, db2, C));
     sl_bf16_to_f32_array((const sl_bf16 *)(const void *)s_dinp, dinp, n);  // accumulate onward from the stored one
     // rmsnorm forward / backward
     ref->rmsnorm_forward(out, rstd, x, w, N, C, 1e-6f);
-    emu->rmsnorm_forward(s_out, rstd2, s_a, w, N, C, 1e-6f);
+    emu->rmsnorm_forward(s_out, rstd2, s_a, s_w, N, C, 1e-6f);
     CHECK(same_storage(s_out, out, n) && same_f32(rstd, rstd2, N));
     ref->rmsnorm_backward(dinp, dw, dout, x, w, rstd, N, C);
-    emu->rmsnorm_backward(s_dinp, dw2, s_dout, s_a, w, rstd, N, C);
+    emu->rmsnorm_backward(s_dinp, dw2, s_dout, s_a, s_w, rstd, N, C);
     CHECK(same_storage(s_dinp, dinp, n) && same_f32(dw, dw2, C));
     // fused residual + rmsnorm, out of place: resid stored first, the norm reads it back
     float *s_a2 = storage(a, n), *s_resid = malloc(n * 2);
     ref->residual_forward(resid, a, b, n);
     for (size_t i = 0; i < n; i++) x[i] = sl_round_to_bf16(resid[i]);
     ref->rmsnorm_forward(out, rstd, x, w, N, C, 1e-6f);
-    emu->residual_rmsnorm_forward(s_resid, s_out, rstd2, s_a2, s_b, w, N, C, 1e-6f);
+    emu->residual_rmsnorm_forward(s_resid, s_out, rstd2, s_a2, s_b, s_w, N, C, 1e-6f);
     CHECK(same_storage(s_resid, resid, n) && same_storage(s_out, out, n) && same_f32(rstd, rstd2, N));
-    free(s_a2); free(s_resid);
+    free(s_a2); free(s_resid); free(s_w); free(s_bias);
     free(a); free(b); free(w); free(bias); free(s_a); free(s_b); free(resid); free(out); free(s_out); free(x);
     free(dout); free(s_dout); free(dinp); free(s_dinp); free(dw); free(db); free(dw2); free(db2);
 }
@@ -182,9 +183,15 @@ TEST(encoder_and_crossentropy_equal_fp32_on_rounded_inputs) {
     float *wte = values((size_t)V * C, 31, 0.1f), *wpe = values((size_t)T * C, 32, 0.1f);
     int inp[8] = {1, 5, 7, 29, 0, 3, 3, 12}, tg[8] = {5, 7, -1, 2, 3, 3, 12, 0};
     float *out = malloc((size_t)N * C * 4), *s_out = malloc((size_t)N * C * 2);
+    float *s_wte = storage(wte, (size_t)V * C), *s_wpe = storage(wpe, (size_t)T * C);  // the bf16 shadow
     ref->encoder_forward(out, inp, wte, wpe, B, T, C);
-    emu->encoder_forward(s_out, inp, wte, wpe, B, T, C);
+    emu->encoder_forward(s_out, inp, s_wte, s_wpe, B, T, C);
     CHECK(same_storage(s_out, out, (size_t)N * C));
+    ref->encoder_forward(out, inp, wte, NULL, B, T, C);  // LLaMA: no wpe
+    emu->encoder_forward(s_out, inp, s_wte, NULL, B, T, C);
+    CHECK(same_storage(s_out, out, (size_t)N * C));
+    free(s_wte);
+    free(s_wpe);
     float *dwte = calloc((size_t)V * C, 4), *dwte2 = calloc((size_t)V * C, 4), *dout = values((size_t)N * C, 33, 1.0f);
     float *s_dout = storage(dout, (size_t)N * C);
     ref->encoder_backward(dwte, NULL, dout, inp, B, T, C);

@@ -3,7 +3,9 @@
 // temporaries, runs sl_ops_cpu's op on them, and rounds its storage-typed outputs back to bf16
 // (nearest even, as sl_f32_to_bf16). In-place arguments (rope's qkv, crossentropy_backward's logits,
 // matmul_gelu_backward's dout) and accumulating ones (the norms' backward dinp) are widened, updated
-// and rounded back. fp32 arguments (parameters, their gradients, statistics) pass straight through.
+// and rounded back. The parameters an op reads (weights, biases, norm weights, wte / wpe) are the
+// model's bf16 shadow and are widened too; fp32 arguments (parameter gradients, statistics) pass
+// straight through.
 // Memory functions and optimizer passes are the CPU's. Slow (two conversions and a heap buffer per
 // tensor per op): it exists so that CI runs the model's bf16 storage plumbing without a GPU.
 #include "ops/cpu/cpu_ops.h"
@@ -40,11 +42,21 @@ static void narrow(float *storage, float *f, size_t n) {
 
 static size_t sz(int a, int b) { return (size_t)a * (size_t)b; }
 
+// wte and wpe are bf16 (the parameters' shadow): the rows the batch reads are widened into a table
+// of N rows that row n of the batch indexes (token ids 0..N-1), wpe whole.
 static void encoder_forward(float *out, const int *inp, const float *wte, const float *wpe, int B, int T, int C) {
-    size_t n = sz(B * T, C);
-    float *o = scratch(n);
-    cpu->encoder_forward(o, inp, wte, wpe, B, T, C);
+    size_t N = sz(B, T), n = sz(B * T, C);
+    float *rows = scratch(n), *o = scratch(n), *pe = widen(wpe, sz(T, C));
+    int *ids = (int *)(void *)scratch(N);
+    for (size_t r = 0; r < N; r++) {
+        ids[r] = (int)r;
+        sl_bf16_to_f32_array((const sl_bf16 *)(const void *)wte + (size_t)inp[r] * C, rows + r * C, (size_t)C);
+    }
+    cpu->encoder_forward(o, ids, rows, pe, B, T, C);
     narrow(out, o, n);
+    free(rows);
+    free(pe);
+    free(ids);
 }
 
 static void encoder_backward(float *dwte, float *dwpe, const float *dout, const int *inp, int B, int T, int C) {
@@ -99,35 +111,40 @@ static void matmul_gelu_backward(float *dinp, float *dweight, float *dbias, floa
 
 static void layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *w, const float *b,
                               int N, int C, float eps) {
-    float *i = widen(inp, sz(N, C)), *o = scratch(sz(N, C));
-    cpu->layernorm_forward(o, mean, rstd, i, w, b, N, C, eps);
+    float *i = widen(inp, sz(N, C)), *o = scratch(sz(N, C)), *wf = widen(w, (size_t)C), *bf = widen(b, (size_t)C);
+    cpu->layernorm_forward(o, mean, rstd, i, wf, bf, N, C, eps);
     narrow(out, o, sz(N, C));
     free(i);
+    free(wf);
+    free(bf);
 }
 
 static void layernorm_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp, const float *w,
                                const float *mean, const float *rstd, int N, int C) {
-    float *di = widen(dinp, sz(N, C)), *d = widen(dout, sz(N, C)), *i = widen(inp, sz(N, C));
-    cpu->layernorm_backward(di, dw, db, d, i, w, mean, rstd, N, C);
+    float *di = widen(dinp, sz(N, C)), *d = widen(dout, sz(N, C)), *i = widen(inp, sz(N, C)), *wf = widen(w, (size_t)C);
+    cpu->layernorm_backward(di, dw, db, d, i, wf, mean, rstd, N, C);
     narrow(dinp, di, sz(N, C));  // accumulated into
     free(d);
     free(i);
+    free(wf);
 }
 
 static void rmsnorm_forward(float *out, float *rstd, const float *inp, const float *w, int N, int C, float eps) {
-    float *i = widen(inp, sz(N, C)), *o = scratch(sz(N, C));
-    cpu->rmsnorm_forward(o, rstd, i, w, N, C, eps);
+    float *i = widen(inp, sz(N, C)), *o = scratch(sz(N, C)), *wf = widen(w, (size_t)C);
+    cpu->rmsnorm_forward(o, rstd, i, wf, N, C, eps);
     narrow(out, o, sz(N, C));
     free(i);
+    free(wf);
 }
 
 static void rmsnorm_backward(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
                              const float *rstd, int N, int C) {
-    float *di = widen(dinp, sz(N, C)), *d = widen(dout, sz(N, C)), *i = widen(inp, sz(N, C));
-    cpu->rmsnorm_backward(di, dw, d, i, w, rstd, N, C);
+    float *di = widen(dinp, sz(N, C)), *d = widen(dout, sz(N, C)), *i = widen(inp, sz(N, C)), *wf = widen(w, (size_t)C);
+    cpu->rmsnorm_backward(di, dw, d, i, wf, rstd, N, C);
     narrow(dinp, di, sz(N, C));  // accumulated into
     free(d);
     free(i);
+    free(wf);
 }
 
 // The residual adds widen both addends before writing: out / resid may alias a or b.

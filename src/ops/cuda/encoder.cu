@@ -13,7 +13,8 @@
 // Invariants: no floating-point atomics; every sum has a fixed order (the CPU's), so results are
 // bit-identical run to run and to the CPU backend; all work is queued on sl_cuda_stream(), no host
 // round trip. The sort scratch is a grow-only device buffer (one process drives one GPU).
-// Storage: out and dout are activations (floatX); wte, wpe and their gradients are fp32 parameters.
+// Storage: out and dout are activations, wte and wpe the model's parameter copy (floatX: with bf16
+// storage the bf16 shadow of the parameters); their gradients dwte, dwpe are fp32.
 // Cost: forward and dwpe are memory-bound passes; dwte is a radix sort of N ints (4 passes) plus one
 // read of dout; a token repeated L times is a serial chain of L adds (loads batched 8 at a time).
 #include "ops/cuda/cuda_common.cuh"
@@ -36,14 +37,14 @@ static unsigned int grid_for(size_t n) {
 
 // out (N,C) = wte[inp] (+ wpe[t]); wpe may be NULL.
 template <typename T>
-__global__ void encoder_forward_kernel(T *out, const int *inp, const float *wte, const float *wpe, size_t N, int T_len,
+__global__ void encoder_forward_kernel(T *out, const int *inp, const T *wte, const T *wpe, size_t N, int T_len,
                                        int C) {
     size_t total = N * (size_t)C;
     for (size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
          idx += (size_t)gridDim.x * blockDim.x) {
         size_t n = idx / (size_t)C, c = idx % (size_t)C;
-        float e = wte[(size_t)inp[n] * C + c];
-        if (wpe) e = __fadd_rn(e, wpe[(n % (size_t)T_len) * C + c]);
+        float e = to_f32(wte[(size_t)inp[n] * C + c]);
+        if (wpe) e = __fadd_rn(e, to_f32(wpe[(n % (size_t)T_len) * C + c]));
         out[idx] = from_f32<T>(e);
     }
 }
@@ -113,8 +114,8 @@ template <typename floatX>
 void cuda_encoder_forward(float *out, const int *inp, const float *wte, const float *wpe, int B, int T, int C) {
     size_t N = (size_t)B * T, total = N * (size_t)C;
     if (total == 0) return;
-    encoder_forward_kernel<floatX><<<grid_for(total), ENC_THREADS, 0, sl_cuda_stream()>>>(as_storage<floatX>(out), inp,
-                                                                                          wte, wpe, N, T, C);
+    encoder_forward_kernel<floatX><<<grid_for(total), ENC_THREADS, 0, sl_cuda_stream()>>>(
+        as_storage<floatX>(out), inp, as_storage<floatX>(wte), as_storage<floatX>(wpe), N, T, C);
     CUDA_LAUNCH_CHECK();
 }
 

@@ -20,8 +20,9 @@
 // lane, lane+32, ...), then runs the very row function of the plain forward on it (each lane re-reads
 // only what it wrote, from L1/L2), so fused == residual_forward + norm forward, bit for bit, and the
 // separate residual pass (read a and b, write resid, read resid again) disappears.
-// Storage: inp, out, dinp, dout, a, b and resid are activations (T = floatX; with bf16 the norm reads
-// resid back rounded, as stored); w, b, dw, db, mean and rstd are fp32.
+// Storage: inp, out, dinp, dout, a, b and resid are activations, and w, b the model's parameter copy
+// (T = floatX: with bf16 storage the bf16 shadow of the parameters, and the norm reads resid back
+// rounded, as stored); dw, db, mean and rstd are fp32.
 #include "ops/cuda/cuda_common.cuh"
 
 #define NORM_THREADS 256
@@ -45,7 +46,7 @@ static void norm_chunking(int N, int *rows_per_chunk, int *n_chunks) {
 // One row of LayerNorm by one warp (lane 0..31): y (C) = (x - mean) * rstd * w + b; lane 0 saves the
 // row's mean and rstd.
 template <typename T>
-__device__ __forceinline__ void layernorm_row(T *y, float *mean, float *rstd, const T *x, const float *w, const float *b,
+__device__ __forceinline__ void layernorm_row(T *y, float *mean, float *rstd, const T *x, const T *w, const T *b,
                                               int C, float eps, int lane) {
     float s = 0.0f;
     for (int c = lane; c < C; c += 32) s = __fadd_rn(s, to_f32(x[c]));
@@ -59,7 +60,7 @@ __device__ __forceinline__ void layernorm_row(T *y, float *mean, float *rstd, co
     float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(v, eps)));
     for (int c = lane; c < C; c += 32) {
         float xhat_r = __fmul_rn(__fsub_rn(to_f32(x[c]), m), r);
-        y[c] = from_f32<T>(__fadd_rn(__fmul_rn(xhat_r, w[c]), b[c]));
+        y[c] = from_f32<T>(__fadd_rn(__fmul_rn(xhat_r, to_f32(w[c])), to_f32(b[c])));
     }
     if (lane == 0) {
         *mean = m;
@@ -75,7 +76,7 @@ __device__ __forceinline__ void residual_row(T *resid, const T *a, const T *b, i
 
 // out (N,C) = (inp - mean) * rstd * w + b; mean, rstd (N). One warp per row.
 template <typename T>
-__global__ void layernorm_forward_kernel(T *out, float *mean, float *rstd, const T *inp, const float *w, const float *b,
+__global__ void layernorm_forward_kernel(T *out, float *mean, float *rstd, const T *inp, const T *w, const T *b,
                                          int N, int C, float eps) {
     int lane = threadIdx.x % 32;
     int n = blockIdx.x * NORM_ROWS_PER_BLOCK + threadIdx.x / 32;
@@ -87,7 +88,7 @@ __global__ void layernorm_forward_kernel(T *out, float *mean, float *rstd, const
 // resid (N,C) = a + b, then out = LayerNorm(resid) as above. One warp per row.
 template <typename T>
 __global__ void residual_layernorm_forward_kernel(T *resid, T *out, float *mean, float *rstd, const T *a, const T *b,
-                                                  const float *w, const float *bias, int N, int C, float eps) {
+                                                  const T *w, const T *bias, int N, int C, float eps) {
     int lane = threadIdx.x % 32;
     int n = blockIdx.x * NORM_ROWS_PER_BLOCK + threadIdx.x / 32;
     if (n >= N) return;
@@ -98,7 +99,7 @@ __global__ void residual_layernorm_forward_kernel(T *resid, T *out, float *mean,
 
 // dinp (N,C) += the LayerNorm input gradient. One warp per row.
 template <typename T>
-__global__ void layernorm_backward_dinp_kernel(T *dinp, const T *dout, const T *inp, const float *w, const float *mean,
+__global__ void layernorm_backward_dinp_kernel(T *dinp, const T *dout, const T *inp, const T *w, const float *mean,
                                                const float *rstd, int N, int C) {
     int lane = threadIdx.x % 32;
     int n = blockIdx.x * NORM_ROWS_PER_BLOCK + threadIdx.x / 32;
@@ -108,14 +109,14 @@ __global__ void layernorm_backward_dinp_kernel(T *dinp, const T *dout, const T *
     float m = mean[n], r = rstd[n];
     float sum_dnorm = 0.0f, sum_dnorm_xhat = 0.0f;
     for (int c = lane; c < C; c += 32) {
-        float dnorm = __fmul_rn(to_f32(dy[c]), w[c]);
+        float dnorm = __fmul_rn(to_f32(dy[c]), to_f32(w[c]));
         sum_dnorm = __fadd_rn(sum_dnorm, dnorm);
         sum_dnorm_xhat = __fadd_rn(sum_dnorm_xhat, __fmul_rn(__fmul_rn(dnorm, __fsub_rn(to_f32(x[c]), m)), r));
     }
     float mean_dnorm = __fdiv_rn(warp_sum(sum_dnorm), (float)C);
     float mean_dnorm_xhat = __fdiv_rn(warp_sum(sum_dnorm_xhat), (float)C);
     for (int c = lane; c < C; c += 32) {
-        float dnorm = __fmul_rn(to_f32(dy[c]), w[c]);
+        float dnorm = __fmul_rn(to_f32(dy[c]), to_f32(w[c]));
         float xhat = __fmul_rn(__fsub_rn(to_f32(x[c]), m), r);
         float g = __fmul_rn(__fsub_rn(__fsub_rn(dnorm, mean_dnorm), __fmul_rn(xhat, mean_dnorm_xhat)), r);
         dx[c] = from_f32<T>(__fadd_rn(to_f32(dx[c]), g));
@@ -126,7 +127,7 @@ __global__ void layernorm_backward_dinp_kernel(T *dinp, const T *dout, const T *
 
 // One row of RMSNorm by one warp: y (C) = w * (x * rstd); lane 0 saves rstd.
 template <typename T>
-__device__ __forceinline__ void rmsnorm_row(T *y, float *rstd, const T *x, const float *w, int C, float eps, int lane) {
+__device__ __forceinline__ void rmsnorm_row(T *y, float *rstd, const T *x, const T *w, int C, float eps, int lane) {
     float ss = 0.0f;
     for (int c = lane; c < C; c += 32) {
         float xc = to_f32(x[c]);
@@ -134,13 +135,13 @@ __device__ __forceinline__ void rmsnorm_row(T *y, float *rstd, const T *x, const
     }
     float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(warp_sum(ss), (float)C), eps)));
     // transformers computes (x * rstd) first, then multiplies by the weight
-    for (int c = lane; c < C; c += 32) y[c] = from_f32<T>(__fmul_rn(w[c], __fmul_rn(to_f32(x[c]), r)));
+    for (int c = lane; c < C; c += 32) y[c] = from_f32<T>(__fmul_rn(to_f32(w[c]), __fmul_rn(to_f32(x[c]), r)));
     if (lane == 0) *rstd = r;
 }
 
 // out (N,C) = w * (inp * rstd); rstd (N). One warp per row.
 template <typename T>
-__global__ void rmsnorm_forward_kernel(T *out, float *rstd, const T *inp, const float *w, int N, int C, float eps) {
+__global__ void rmsnorm_forward_kernel(T *out, float *rstd, const T *inp, const T *w, int N, int C, float eps) {
     int lane = threadIdx.x % 32;
     int n = blockIdx.x * NORM_ROWS_PER_BLOCK + threadIdx.x / 32;
     if (n >= N) return;
@@ -150,7 +151,7 @@ __global__ void rmsnorm_forward_kernel(T *out, float *rstd, const T *inp, const 
 
 // resid (N,C) = a + b, then out = RMSNorm(resid). One warp per row.
 template <typename T>
-__global__ void residual_rmsnorm_forward_kernel(T *resid, T *out, float *rstd, const T *a, const T *b, const float *w,
+__global__ void residual_rmsnorm_forward_kernel(T *resid, T *out, float *rstd, const T *a, const T *b, const T *w,
                                                 int N, int C, float eps) {
     int lane = threadIdx.x % 32;
     int n = blockIdx.x * NORM_ROWS_PER_BLOCK + threadIdx.x / 32;
@@ -162,7 +163,7 @@ __global__ void residual_rmsnorm_forward_kernel(T *resid, T *out, float *rstd, c
 
 // dinp (N,C) += the RMSNorm input gradient. One warp per row.
 template <typename T>
-__global__ void rmsnorm_backward_dinp_kernel(T *dinp, const T *dout, const T *inp, const float *w, const float *rstd,
+__global__ void rmsnorm_backward_dinp_kernel(T *dinp, const T *dout, const T *inp, const T *w, const float *rstd,
                                              int N, int C) {
     int lane = threadIdx.x % 32;
     int n = blockIdx.x * NORM_ROWS_PER_BLOCK + threadIdx.x / 32;
@@ -171,11 +172,11 @@ __global__ void rmsnorm_backward_dinp_kernel(T *dinp, const T *dout, const T *in
     T *dx = dinp + (size_t)n * C;
     float r = rstd[n], dot = 0.0f;
     for (int c = lane; c < C; c += 32)
-        dot = __fadd_rn(dot, __fmul_rn(__fmul_rn(to_f32(dy[c]), w[c]), to_f32(x[c])));
+        dot = __fadd_rn(dot, __fmul_rn(__fmul_rn(to_f32(dy[c]), to_f32(w[c])), to_f32(x[c])));
     dot = warp_sum(dot);
     float k = __fdiv_rn(__fmul_rn(__fmul_rn(__fmul_rn(dot, r), r), r), (float)C);
     for (int c = lane; c < C; c += 32) {
-        float g = __fsub_rn(__fmul_rn(__fmul_rn(to_f32(dy[c]), w[c]), r), __fmul_rn(to_f32(x[c]), k));
+        float g = __fsub_rn(__fmul_rn(__fmul_rn(to_f32(dy[c]), to_f32(w[c])), r), __fmul_rn(to_f32(x[c]), k));
         dx[c] = from_f32<T>(__fadd_rn(to_f32(dx[c]), g));
     }
 }
@@ -250,7 +251,8 @@ void cuda_layernorm_forward(float *out, float *mean, float *rstd, const float *i
                             int N, int C, float eps) {
     if (N <= 0 || C <= 0) return;
     layernorm_forward_kernel<floatX><<<row_blocks(N), NORM_THREADS, 0, sl_cuda_stream()>>>(
-        as_storage<floatX>(out), mean, rstd, as_storage<floatX>(inp), w, b, N, C, eps);
+        as_storage<floatX>(out), mean, rstd, as_storage<floatX>(inp), as_storage<floatX>(w), as_storage<floatX>(b), N, C,
+        eps);
     CUDA_LAUNCH_CHECK();
 }
 
@@ -260,7 +262,7 @@ void cuda_residual_layernorm_forward(float *resid, float *out, float *mean, floa
     if (N <= 0 || C <= 0) return;
     residual_layernorm_forward_kernel<floatX><<<row_blocks(N), NORM_THREADS, 0, sl_cuda_stream()>>>(
         as_storage<floatX>(resid), as_storage<floatX>(out), mean, rstd, as_storage<floatX>(a), as_storage<floatX>(b),
-        w, bias, N, C, eps);
+        as_storage<floatX>(w), as_storage<floatX>(bias), N, C, eps);
     CUDA_LAUNCH_CHECK();
 }
 
@@ -269,7 +271,8 @@ void cuda_layernorm_backward(float *dinp, float *dw, float *db, const float *dou
                              const float *mean, const float *rstd, int N, int C) {
     if (N <= 0 || C <= 0) return;
     layernorm_backward_dinp_kernel<floatX><<<row_blocks(N), NORM_THREADS, 0, sl_cuda_stream()>>>(
-        as_storage<floatX>(dinp), as_storage<floatX>(dout), as_storage<floatX>(inp), w, mean, rstd, N, C);
+        as_storage<floatX>(dinp), as_storage<floatX>(dout), as_storage<floatX>(inp), as_storage<floatX>(w), mean, rstd, N,
+        C);
     CUDA_LAUNCH_CHECK();
     norm_param_backward<floatX>(dw, db, as_storage<floatX>(dout), as_storage<floatX>(inp), mean, rstd, N, C);
 }
@@ -278,7 +281,7 @@ template <typename floatX>
 void cuda_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *w, int N, int C, float eps) {
     if (N <= 0 || C <= 0) return;
     rmsnorm_forward_kernel<floatX><<<row_blocks(N), NORM_THREADS, 0, sl_cuda_stream()>>>(
-        as_storage<floatX>(out), rstd, as_storage<floatX>(inp), w, N, C, eps);
+        as_storage<floatX>(out), rstd, as_storage<floatX>(inp), as_storage<floatX>(w), N, C, eps);
     CUDA_LAUNCH_CHECK();
 }
 
@@ -287,8 +290,8 @@ void cuda_residual_rmsnorm_forward(float *resid, float *out, float *rstd, const 
                                    const float *w, int N, int C, float eps) {
     if (N <= 0 || C <= 0) return;
     residual_rmsnorm_forward_kernel<floatX><<<row_blocks(N), NORM_THREADS, 0, sl_cuda_stream()>>>(
-        as_storage<floatX>(resid), as_storage<floatX>(out), rstd, as_storage<floatX>(a), as_storage<floatX>(b), w, N,
-        C, eps);
+        as_storage<floatX>(resid), as_storage<floatX>(out), rstd, as_storage<floatX>(a), as_storage<floatX>(b),
+        as_storage<floatX>(w), N, C, eps);
     CUDA_LAUNCH_CHECK();
 }
 
@@ -297,7 +300,7 @@ void cuda_rmsnorm_backward(float *dinp, float *dw, const float *dout, const floa
                            const float *rstd, int N, int C) {
     if (N <= 0 || C <= 0) return;
     rmsnorm_backward_dinp_kernel<floatX><<<row_blocks(N), NORM_THREADS, 0, sl_cuda_stream()>>>(
-        as_storage<floatX>(dinp), as_storage<floatX>(dout), as_storage<floatX>(inp), w, rstd, N, C);
+        as_storage<floatX>(dinp), as_storage<floatX>(dout), as_storage<floatX>(inp), as_storage<floatX>(w), rstd, N, C);
     CUDA_LAUNCH_CHECK();
     norm_param_backward<floatX>(dw, NULL, as_storage<floatX>(dout), as_storage<floatX>(inp), NULL, rstd, N, C);
 }
