@@ -9,7 +9,7 @@
 float *engine_step_params(sl_engine *e);
 
 // ---- engine_precision.c ------------------------------------------------------------------------
-// 1 under fp16 / bf16: the model's parameters are rounded copies of fp32 master weights.
+// 1 under fp16 / bf16: the model computes with 16-bit-rounded copies of fp32 master weights.
 int engine_mixed(const sl_engine *e);
 // 1 for bf16 with bf16 activation storage and no ZeRO: model->params is the fp32 master itself
 // (e->master stays NULL) and the model computes with its bf16 copy.
