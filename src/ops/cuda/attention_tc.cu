@@ -33,7 +33,8 @@
 //   - Global loads and stores are 16-byte vectors: HD % 16 == 0 and 16-byte aligned base pointers
 //     (checked on the host) make every row of a head 16-byte aligned.
 // Shared memory per block (KiB, dynamic): forward 70.3 at HD 64, 110.3 at HD 128; dK/dV 88.5 / 120.5;
-// dQ 79.0 / 111.0. Limits: HD in {16, 32, 64, 80, 96, 128}; NH % NKV == 0 (checked by attention.cu).
+// dQ 79.0 / 111.0. A GPU that allows a block less (sm_86/89: 99 KiB) gets the SIMT kernels for that
+// HD. Limits: HD in {16, 32, 64, 80, 96, 128}; NH % NKV == 0 (checked by attention.cu).
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/attention_tc.cuh"
 
@@ -193,6 +194,7 @@ __global__ void __launch_bounds__(THREADS) tc_forward_kernel(bf16 *out, float *l
                 wmma::load_matrix_sync(fv, Vs + k * 16 * S::DS + n * 16, S::DS);
                 wmma::mma_sync(o, fp, fv, o);
             }
+            __syncwarp();  // every lane's load of this Of tile is done before it is overwritten
             wmma::store_matrix_sync(Of + wr * S::OS + n * 16, o, S::OS, wmma::mem_row_major);
         }
         __syncwarp();  // Of is visible to every lane of the warp for the next rescale
@@ -407,6 +409,27 @@ bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
 bool head_dim_ok(int HD) { return HD == 16 || HD == 32 || HD == 64 || HD == 80 || HD == 96 || HD == 128; }
 
+// The shared memory a block of these kernels needs at head_dim HD (forward, or the larger of the two
+// backward kernels) fits what the GPU allows a block (H100 227 KiB, A100 163 KiB; sm_86/89 99 KiB:
+// HD 96-128 do not fit there and take the SIMT kernels instead).
+template <int D> size_t smem_need(bool backward) {
+    return backward ? (Smem<D>::dkdv > Smem<D>::dq ? Smem<D>::dkdv : Smem<D>::dq) : Smem<D>::forward;
+}
+bool smem_fits(int HD, bool backward) {
+    const cudaDeviceProp *p = sl_cuda_device_props();
+    if (!p) return true;  // before backend init: the launch reports it
+    size_t need;
+    switch (HD) {
+    case 16: need = smem_need<16>(backward); break;
+    case 32: need = smem_need<32>(backward); break;
+    case 64: need = smem_need<64>(backward); break;
+    case 80: need = smem_need<80>(backward); break;
+    case 96: need = smem_need<96>(backward); break;
+    default: need = smem_need<128>(backward); break;
+    }
+    return need <= p->sharedMemPerBlockOptin;
+}
+
 #define TC_DISPATCH(hd, FN, ...)                  \
     do {                                          \
         switch (hd) {                             \
@@ -422,14 +445,17 @@ bool head_dim_ok(int HD) { return HD == 16 || HD == 32 || HD == 64 || HD == 80 |
 }  // namespace
 
 bool attention_tc_forward(bf16 *out, float *lse, const bf16 *qkv, int B, int T, int NH, int NKV, int HD, float scale) {
-    if (!tc_enabled() || !head_dim_ok(HD) || !aligned16(out) || !aligned16(qkv)) return false;
+    if (!tc_enabled() || !head_dim_ok(HD) || !smem_fits(HD, false) || !aligned16(out) || !aligned16(qkv))
+        return false;
     TC_DISPATCH(HD, launch_forward, out, lse, qkv, B, T, NH, NKV, scale);
     return true;
 }
 
 bool attention_tc_backward(bf16 *dqkv, const bf16 *dout, const bf16 *qkv, const float *lse, const float *delta, int B,
                            int T, int NH, int NKV, int HD, float scale) {
-    if (!tc_enabled() || !head_dim_ok(HD) || !aligned16(dqkv) || !aligned16(dout) || !aligned16(qkv)) return false;
+    if (!tc_enabled() || !head_dim_ok(HD) || !smem_fits(HD, true) || !aligned16(dqkv) || !aligned16(dout) ||
+        !aligned16(qkv))
+        return false;
     TC_DISPATCH(HD, launch_backward, dqkv, dout, qkv, lse, delta, B, T, NH, NKV, scale);
     return true;
 }

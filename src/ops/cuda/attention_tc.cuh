@@ -7,8 +7,8 @@
 #include <cuda_bf16.h>
 
 // ops.h attention_forward on bf16 storage, scale = 1/sqrt(HD). false, with nothing queued, when the
-// call is not one these kernels take: HD not in {16, 32, 64, 80, 96, 128}, a pointer not 16-byte
-// aligned, or SHARDLM_ATTENTION=simt in the environment. true once queued (a launch failure is
+// call is not one these kernels take: HD not in {16, 32, 64, 80, 96, 128}, more shared memory than
+// the GPU allows a block at that HD, a pointer not 16-byte aligned, or SHARDLM_ATTENTION=simt in the environment. true once queued (a launch failure is
 // recorded for cuda_synchronize, as every op's).
 bool attention_tc_forward(__nv_bfloat16 *out, float *lse, const __nv_bfloat16 *qkv, int B, int T, int NH, int NKV,
                           int HD, float scale);
