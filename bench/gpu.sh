@@ -248,8 +248,7 @@ for model in ${GPU_MODELS:-gpt2 gpt2-medium}; do
     bs=${BS[$model]:-}
     [[ "${GPU_SIMT:-1}" == 1 && -n "$bs" ]] || continue
     say "== $model: attention on the CUDA cores (SHARDLM_ATTENTION=simt), micro-batch $bs"
-    run_json "shardlm-simt:$model" 180 SHARDLM_ATTENTION=simt "$BUILD/bench_train" --model "$model" --device "$DEV" \
-        --precision bf16 --seq "$SEQ" --batch "$bs" --steps "$STEPS" --warmup "$WARMUP" --profile-steps 1
+    SHARDLM_ATTENTION=simt shardlm_run "shardlm-simt:$model" 180 "$bs"
     publish
 done
 say "finished in ${SECONDS}s"

@@ -409,27 +409,6 @@ bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
 bool head_dim_ok(int HD) { return HD == 16 || HD == 32 || HD == 64 || HD == 80 || HD == 96 || HD == 128; }
 
-// The shared memory a block of these kernels needs at head_dim HD (forward, or the larger of the two
-// backward kernels) fits what the GPU allows a block (H100 227 KiB, A100 163 KiB; sm_86/89 99 KiB:
-// HD 96-128 do not fit there and take the SIMT kernels instead).
-template <int D> size_t smem_need(bool backward) {
-    return backward ? (Smem<D>::dkdv > Smem<D>::dq ? Smem<D>::dkdv : Smem<D>::dq) : Smem<D>::forward;
-}
-bool smem_fits(int HD, bool backward) {
-    const cudaDeviceProp *p = sl_cuda_device_props();
-    if (!p) return true;  // before backend init: the launch reports it
-    size_t need;
-    switch (HD) {
-    case 16: need = smem_need<16>(backward); break;
-    case 32: need = smem_need<32>(backward); break;
-    case 64: need = smem_need<64>(backward); break;
-    case 80: need = smem_need<80>(backward); break;
-    case 96: need = smem_need<96>(backward); break;
-    default: need = smem_need<128>(backward); break;
-    }
-    return need <= p->sharedMemPerBlockOptin;
-}
-
 #define TC_DISPATCH(hd, FN, ...)                  \
     do {                                          \
         switch (hd) {                             \
@@ -441,6 +420,20 @@ bool smem_fits(int HD, bool backward) {
         default: FN<128>(__VA_ARGS__); break;     \
         }                                         \
     } while (0)
+
+// The shared memory a block of these kernels needs at head_dim D (forward, or the larger of the two
+// backward kernels) fits what the GPU allows a block (H100 227 KiB, A100 163 KiB; sm_86/89 99 KiB:
+// HD 96-128 do not fit there and take the SIMT kernels instead).
+template <int D> void smem_fits_into(bool *fits, bool backward) {
+    const size_t need = backward ? (Smem<D>::dkdv > Smem<D>::dq ? Smem<D>::dkdv : Smem<D>::dq) : Smem<D>::forward;
+    const cudaDeviceProp *p = sl_cuda_device_props();
+    *fits = !p || need <= p->sharedMemPerBlockOptin;  // before backend init: the launch reports it
+}
+bool smem_fits(int HD, bool backward) {
+    bool fits = true;
+    TC_DISPATCH(HD, smem_fits_into, &fits, backward);
+    return fits;
+}
 
 }  // namespace
 
