@@ -6,13 +6,17 @@
 
 #include "shardlm/model.h"
 
+// The widest head (HD/2 frequencies) the decode step's dynamic-RoPE row takes on the stack.
+#define SL_KV_ROPE_MAX_HALF 1024
+
 typedef struct {
     const sl_model *model;
-    int max_ctx;            // positions the cache holds (<= the model's max_seq_len)
+    int max_ctx;            // positions the cache holds (<= sl_config_context: max positions, or more for dynamic RoPE)
     int pos;                // tokens fed so far
     float *k, *v;           // (n_layer, max_ctx, NKV*HD)
     float *x, *xn, *mean, *rstd, *qkv, *att, *fch, *fch_act, *tmp;  // one position's activations
     float *logits;          // (Vp)
+    float *rope_row;        // (HD) cos and sin of the current position, for dynamic NTK RoPE
     float *memory;
 } sl_kv_cache;
 

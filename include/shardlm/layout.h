@@ -28,7 +28,8 @@ typedef struct {
 // Indices of each block's tensors in the table (per architecture; -1 when absent).
 typedef struct {
     int ln1_w, ln1_b;           // GPT-2 ln_1 / LLaMA input_layernorm (no bias)
-    int qkv_w, qkv_b;           // GPT-2 c_attn; LLaMA q_proj (k_proj, v_proj follow contiguously)
+    int qkv_w, qkv_b;           // GPT-2 c_attn; LLaMA q_proj (k_proj, v_proj follow contiguously; so do
+                                // Qwen2's q/k/v biases)
     int attn_proj_w, attn_proj_b;  // c_proj / o_proj
     int ln2_w, ln2_b;
     int fc_w, fc_b;             // GPT-2 mlp.c_fc; LLaMA gate_proj (up_proj follows contiguously)

@@ -24,7 +24,7 @@ typedef enum { SL_PARAMS_GET, SL_PARAMS_PUT, SL_GRADS_GET, SL_GRADS_PUT } sl_uni
 typedef struct {
     float *ln1, *ln1_mean, *ln1_rstd;  // (B,T,C), (B,T), (B,T); mean unused for RMSNorm
     float *qkv;                        // (B,T,(NH+2NKV)*HD), after RoPE for LLaMA
-    float *att, *lse;                  // (B,T,C), (B,NH,T)
+    float *att, *lse;                  // (B,T,NH*HD), (B,NH,T)
     float *resid2;                     // (B,T,C) residual after attention
     float *ln2, *ln2_mean, *ln2_rstd;
     float *fch;                        // (B,T,F) GPT-2 pre-GELU (matmul_gelu's pre); (B,T,2F) LLaMA gate|up
@@ -45,7 +45,9 @@ typedef struct {
     float *params;   // (layout.total)
     float *grads;    // (layout.total)
     size_t capacity; // floats allocated for params and grads (>= layout.total; the tail stays zero)
-    float *rope_cos, *rope_sin;  // (max_seq_len, HD/2), LLaMA only
+    float *rope_cos, *rope_sin;  // (sl_config_context, HD/2), LLaMA only (rope.h)
+    int rope_len;                // the forward length the tables were built for (dynamic NTK RoPE)
+    float *pad_row;              // (C) scratch keeping the padding token's embedding gradient (pad_token_id)
     // With ops->act_bf16: the parameters rounded to bf16 (layout.total elements of 2 bytes, flat
     // offsets as params): every parameter the ops read (ops.h); sl_model_params_changed
     // refreshes it. NULL otherwise, and under ZeRO-3, whose parameter windows carry their own bf16

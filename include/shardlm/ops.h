@@ -123,11 +123,14 @@ typedef struct sl_ops {
     void (*rope_backward)(float *dqkv, const float *cos, const float *sin, int B, int T, int NH, int NKV, int HD);
 
     // Causal attention. out (B,T,NH*HD); lse (B,NH,T) = log-sum-exp of each query's scaled scores.
+    // window > 0: query t sees keys t-window+1 .. t only (Mistral's sliding window); 0: keys 0 .. t.
+    // A backend without sliding_window support is handed window 0 or window >= T only.
     // Never materialises more than a tile of the T x T scores.
-    void (*attention_forward)(float *out, float *lse, const float *qkv, int B, int T, int NH, int NKV, int HD);
+    void (*attention_forward)(float *out, float *lse, const float *qkv, int B, int T, int NH, int NKV, int HD,
+                              int window);
     // dqkv (B,T,(NH+2NKV)*HD) is overwritten.
     void (*attention_backward)(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
-                               int B, int T, int NH, int NKV, int HD);
+                               int B, int T, int NH, int NKV, int HD, int window);
     // One query position against a KV cache: q (NH*HD), k_cache/v_cache (n_ctx, NKV*HD) holding
     // positions 0..n_ctx-1 (the current one included); out (NH*HD).
     void (*attention_decode)(float *out, const float *q, const float *k_cache, const float *v_cache, int n_ctx,
@@ -153,6 +156,9 @@ typedef struct sl_ops {
     // 1: activations (and the GEMMs' weight and bias arguments) are bf16 storage, see the top of this file;
     // 0: everything is fp32. cpu and cuda: 0; cpu-bf16 (ops_cpu_bf16.c, a test backend) and cuda-bf16: 1.
     int act_bf16;
+    // 1: attention_forward / attention_backward honour a sliding window shorter than T (cpu, cpu-bf16);
+    // 0: the model refuses such a window rather than hand it over (cuda, for now).
+    int sliding_window;
     void *(*alloc)(size_t bytes, const char *what);  // zero-filled; NULL with a message naming `what`
     void (*dealloc)(void *p);
     void (*memzero)(void *p, size_t bytes);
@@ -206,9 +212,5 @@ int sl_ops_cuda_built(void);
 // Thread count for the CPU backend (OpenMP and OpenBLAS); <= 0 keeps OMP_NUM_THREADS / the default.
 void sl_ops_cpu_set_threads(int n);
 int sl_ops_cpu_threads(void);
-
-// Builds the RoPE cos/sin tables (max_T, HD/2) exactly as transformers' LlamaRotaryEmbedding does
-// in float32: inv_freq[i] = 1 / theta^(2i/HD), angle = t * inv_freq[i].
-void sl_rope_tables(float *cos, float *sin, int max_T, int HD, float theta);
 
 #endif

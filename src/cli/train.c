@@ -438,8 +438,8 @@ static int run(sl_train_config *c, sl_comm *world) {
                   sl_tokenizer_vocab_size(tok), src.weights_dir, src.cfg.vocab_size);
         goto done;
     }
-    if (c->seq_len > src.cfg.max_seq_len) {
-        sl_errorf("--seq-len %d exceeds the model's maximum positions %d", c->seq_len, src.cfg.max_seq_len);
+    if (c->seq_len > sl_config_context(&src.cfg)) {
+        sl_errorf("--seq-len %d exceeds the model's maximum positions %d", c->seq_len, sl_config_context(&src.cfg));
         goto done;
     }
     sl_launch_env env;
@@ -575,7 +575,7 @@ static int run(sl_train_config *c, sl_comm *world) {
     if (c->sample_tokens > 0 && tok && is_rank0) {
         int prompt = sl_tokenizer_eot_id(tok) >= 0 ? sl_tokenizer_eot_id(tok) : 0;
         sl_generate_config gc = {c->sample_tokens, {1.0f, 40, 1.0f}, c->seed, 0};
-        if (c->sample_tokens > model.cfg.max_seq_len - 1) gc.max_new_tokens = model.cfg.max_seq_len - 1;
+        if (c->sample_tokens > sl_config_context(&model.cfg) - 1) gc.max_new_tokens = sl_config_context(&model.cfg) - 1;
         printf("sample (%d tokens, temperature 1.0, top-k 40):\n---\n", gc.max_new_tokens);
         // token-by-token decoding runs on the CPU in fp32: a GPU model (or one with bf16 activation
         // storage) hands its weights to a host copy

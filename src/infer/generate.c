@@ -7,9 +7,9 @@ int sl_generate(const sl_model *m, const sl_tokenizer *tok, const int *prompt, i
                 const sl_generate_config *cfg, int *out_ids, int *n_out, FILE *stream) {
     if (n_out) *n_out = 0;
     if (n_prompt < 1) return sl_errorf("generate: the prompt must hold at least one token");
-    if (cfg->max_new_tokens < 0 || n_prompt > m->cfg.max_seq_len || cfg->max_new_tokens > m->cfg.max_seq_len - n_prompt)
+    if (cfg->max_new_tokens < 0 || n_prompt > sl_config_context(&m->cfg) || cfg->max_new_tokens > sl_config_context(&m->cfg) - n_prompt)
         return sl_errorf("generate: prompt (%d tokens) + max_new_tokens (%d) exceeds the model's %d positions",
-                         n_prompt, cfg->max_new_tokens, m->cfg.max_seq_len);
+                         n_prompt, cfg->max_new_tokens, sl_config_context(&m->cfg));
     sl_kv_cache kv;
     if (sl_kv_cache_init(&kv, m, n_prompt + cfg->max_new_tokens)) return -1;
     sl_rng rng = sl_rng_make(cfg->seed, 0, 0, SL_RNG_SAMPLE);

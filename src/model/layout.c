@@ -61,7 +61,7 @@ static void build_gpt2(builder *b, const sl_model_config *c) {
 
 static void build_llama(builder *b, const sl_model_config *c) {
     sl_param_layout *L = b->L;
-    int C = c->n_embd, F = c->n_inner, KV = c->n_kv_head * (c->n_embd / c->n_head);
+    int C = c->n_embd, F = c->n_inner, A = sl_config_attn_width(c), KV = c->n_kv_head * sl_config_head_dim(c);
     L->wte = add(b, -1, 0, 0, c->vocab_size, c->padded_vocab_size, C, "model.embed_tokens.weight");
     L->wpe = -1;
     for (int l = 0; l < c->n_layer; l++) {
@@ -69,11 +69,16 @@ static void build_llama(builder *b, const sl_model_config *c) {
         L->block_begin[l] = b->offset;
         k->ln1_w = add(b, l, 0, 0, C, C, 0, "model.layers.%d.input_layernorm.weight", l);
         k->ln1_b = -1;
-        k->qkv_w = add(b, l, 1, 0, C, C, C, "model.layers.%d.self_attn.q_proj.weight", l);
+        k->qkv_w = add(b, l, 1, 0, A, A, C, "model.layers.%d.self_attn.q_proj.weight", l);
         add(b, l, 1, 0, KV, KV, C, "model.layers.%d.self_attn.k_proj.weight", l);
         add(b, l, 1, 0, KV, KV, C, "model.layers.%d.self_attn.v_proj.weight", l);
         k->qkv_b = -1;
-        k->attn_proj_w = add(b, l, 1, 0, C, C, C, "model.layers.%d.self_attn.o_proj.weight", l);
+        if (c->qkv_bias) {  // Qwen2: one (A + 2KV) bias vector for the fused GEMM
+            k->qkv_b = add(b, l, 0, 0, A, A, 0, "model.layers.%d.self_attn.q_proj.bias", l);
+            add(b, l, 0, 0, KV, KV, 0, "model.layers.%d.self_attn.k_proj.bias", l);
+            add(b, l, 0, 0, KV, KV, 0, "model.layers.%d.self_attn.v_proj.bias", l);
+        }
+        k->attn_proj_w = add(b, l, 1, 0, C, C, A, "model.layers.%d.self_attn.o_proj.weight", l);
         k->attn_proj_b = -1;
         k->ln2_w = add(b, l, 0, 0, C, C, 0, "model.layers.%d.post_attention_layernorm.weight", l);
         k->ln2_b = -1;
@@ -93,7 +98,7 @@ static void build_llama(builder *b, const sl_model_config *c) {
 int sl_layout_build(sl_param_layout *L, const sl_model_config *cfg) {
     memset(L, 0, sizeof *L);
     L->cfg = *cfg;
-    int cap = 4 + 16 * cfg->n_layer;
+    int cap = 4 + 20 * cfg->n_layer;
     L->tensors = sl_calloc((size_t)cap, sizeof *L->tensors, "parameter layout");
     L->blocks = sl_calloc((size_t)cfg->n_layer, sizeof *L->blocks, "parameter layout");
     L->block_begin = sl_calloc((size_t)cfg->n_layer + 1, sizeof *L->block_begin, "parameter layout");

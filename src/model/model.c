@@ -11,6 +11,7 @@
 #include "shardlm/error.h"
 #include "shardlm/precision.h"
 #include "shardlm/rng.h"
+#include "shardlm/rope.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -41,6 +42,36 @@ static inline size_t unit_offset(const sl_model *m, int idx) {
 static int qkv_width(const sl_model_config *c) { return (c->n_head + 2 * c->n_kv_head) * sl_config_head_dim(c); }
 static int fc_width(const sl_model_config *c) { return c->arch == SL_ARCH_LLAMA ? 2 * c->n_inner : c->n_inner; }
 
+// (Re)builds the RoPE tables for a forward whose positions run to seq_len - 1 (rope.h), on the host,
+// then hands them to the backend. Only dynamic NTK depends on seq_len; rope_len remembers it.
+static int rope_build(sl_model *m, int seq_len) {
+    const sl_model_config *c = &m->cfg;
+    int half = sl_config_head_dim(c) / 2, rows = sl_config_context(c);
+    size_t n = (size_t)rows * (size_t)half;
+    float *cos_t = sl_malloc(n * sizeof(float), "rope tables"), *sin_t = sl_malloc(n * sizeof(float), "rope tables");
+    float *inv_freq = sl_malloc((size_t)half * sizeof(float), "rope tables"), scale;
+    int ok = cos_t && sin_t && inv_freq;
+    if (ok) {
+        sl_rope_inv_freq(c, seq_len, inv_freq, &scale);
+        sl_rope_fill(cos_t, sin_t, 0, rows, half, inv_freq, scale);
+        m->ops->upload(m->rope_cos, cos_t, n * sizeof(float));
+        m->ops->upload(m->rope_sin, sin_t, n * sizeof(float));
+        m->rope_len = seq_len;
+    }
+    free(cos_t);
+    free(sin_t);
+    free(inv_freq);
+    return ok ? 0 : -1;
+}
+
+// Dynamic NTK: the tables of a forward over T positions (transformers stretches theta once T passes
+// max positions); nothing for the other rope types.
+static int rope_for_length(sl_model *m, int T) {
+    if (!sl_rope_depends_on_length(&m->cfg)) return 0;
+    int want = T > m->cfg.max_seq_len ? T : m->cfg.max_seq_len;
+    return want == m->rope_len ? 0 : rope_build(m, want);
+}
+
 int sl_model_create(sl_model *m, const sl_model_config *cfg, const sl_ops *ops) {
     memset(m, 0, sizeof *m);
     m->cfg = *cfg;
@@ -61,19 +92,15 @@ int sl_model_create(sl_model *m, const sl_model_config *cfg, const sl_ops *ops) 
     if (!m->param_view || !m->grad_view || !m->weight_view) { sl_model_free(m); return -1; }
     sl_model_bind_views(m);
     if (cfg->arch == SL_ARCH_LLAMA) {
-        size_t n = (size_t)cfg->max_seq_len * (size_t)(sl_config_head_dim(cfg) / 2);
-        float *c = sl_malloc(n * sizeof(float), "rope tables"), *s = sl_malloc(n * sizeof(float), "rope tables");
+        size_t n = (size_t)sl_config_context(cfg) * (size_t)(sl_config_head_dim(cfg) / 2);
         m->rope_cos = ops->alloc(n * sizeof(float), "rope tables");
         m->rope_sin = ops->alloc(n * sizeof(float), "rope tables");
-        if (c && s) sl_rope_tables(c, s, cfg->max_seq_len, sl_config_head_dim(cfg), cfg->rope_theta);
-        if (c && s && m->rope_cos && m->rope_sin) {
-            ops->upload(m->rope_cos, c, n * sizeof(float));
-            ops->upload(m->rope_sin, s, n * sizeof(float));
-        }
-        int ok = c && s && m->rope_cos && m->rope_sin;
-        free(c);
-        free(s);
-        if (!ok) { sl_model_free(m); return -1; }
+        if (!m->rope_cos || !m->rope_sin || rope_build(m, cfg->max_seq_len)) { sl_model_free(m); return -1; }
+    }
+    if (cfg->arch == SL_ARCH_LLAMA && cfg->pad_token_id >= 0 &&
+        !(m->pad_row = ops->alloc((size_t)cfg->n_embd * sizeof(float), "padding row"))) {
+        sl_model_free(m);
+        return -1;
     }
     return 0;
 }
@@ -103,6 +130,7 @@ void sl_model_free(sl_model *m) {
     release(m, m->weights_bf16);
     release(m, m->rope_cos);
     release(m, m->rope_sin);
+    release(m, m->pad_row);
     free(m->param_view);
     free(m->grad_view);
     free(m->weight_view);
@@ -162,6 +190,8 @@ int sl_model_init_weights(sl_model *m, uint64_t seed) {
         sl_rng rng = sl_rng_make(seed, 0, (uint64_t)i, SL_RNG_INIT);
         size_t real = (size_t)t->hf_rows * (size_t)t->shape[1];
         for (size_t j = 0; j < t->numel; j++) p[j] = j < real ? std * sl_rng_normal(&rng) : 0.0f;
+        // nn.Embedding(padding_idx=pad_token_id) starts its padding row at zero
+        if (i == L->wte && m->pad_row) memset(p + (size_t)m->cfg.pad_token_id * t->shape[1], 0, sizeof(float) * t->shape[1]);
     }
     if (host != m->params) {
         m->ops->upload(m->params, host, L->total * sizeof(float));
@@ -199,7 +229,9 @@ static size_t plan_acts(sl_model *m, arena *a, int B, int T) {
     const sl_model_config *c = &m->cfg;
     size_t N = (size_t)B * T, C = (size_t)c->n_embd, F = (size_t)c->n_inner, QKV = (size_t)qkv_width(c);
     size_t FC = (size_t)fc_width(c), NH = (size_t)c->n_head, Vp = (size_t)c->padded_vocab_size;
+    size_t A = (size_t)sl_config_attn_width(c);
     size_t big = QKV > FC ? QKV : FC, mid = C > F ? C : F;
+    if (A > mid) mid = A;
     sl_layer_acts scratch;
 #define ACT(ptr, n) ((ptr) = take(a, (n), 0))
 #define STAT(ptr, n) ((ptr) = take(a, (n), 1))
@@ -207,7 +239,7 @@ static size_t plan_acts(sl_model *m, arena *a, int B, int T) {
     for (int l = 0; l < c->n_layer; l++) {
         sl_layer_acts *x = a->base ? &m->layers[l] : &scratch;
         ACT(x->ln1, N * C); STAT(x->ln1_mean, N); STAT(x->ln1_rstd, N);
-        ACT(x->qkv, N * QKV); ACT(x->att, N * C); STAT(x->lse, NH * N); ACT(x->resid2, N * C);
+        ACT(x->qkv, N * QKV); ACT(x->att, N * A); STAT(x->lse, NH * N); ACT(x->resid2, N * C);
         ACT(x->ln2, N * C); STAT(x->ln2_mean, N); STAT(x->ln2_rstd, N);
         ACT(x->fch, N * FC); ACT(x->fch_act, N * F); ACT(x->resid3, N * C);
     }
@@ -285,8 +317,12 @@ int sl_model_forward(sl_model *m, const int *inputs, const int *targets, int B, 
     const sl_ops *ops = m->ops;
     m->have_targets = 0;  // a failed forward must not leave a stale one for backward
     if (B <= 0 || T <= 0) return sl_errorf("forward: batch %d x %d must be positive", B, T);
-    if (T > c->max_seq_len)
-        return sl_errorf("forward: sequence length %d exceeds the model's maximum positions %d", T, c->max_seq_len);
+    if (T > sl_config_context(c))
+        return sl_errorf("forward: sequence length %d exceeds the model's maximum positions %d", T, sl_config_context(c));
+    if (c->sliding_window && c->sliding_window < T && !ops->sliding_window)
+        return sl_errorf("forward: sliding_window %d is shorter than the sequence (%d) and the %s backend computes "
+                         "only full causal attention; use sequences of at most %d tokens or the cpu backend",
+                         c->sliding_window, T, ops->name, c->sliding_window);
     size_t N = (size_t)B * T;
     for (size_t i = 0; i < N; i++) {
         if (inputs[i] < 0 || inputs[i] >= c->vocab_size)
@@ -296,7 +332,7 @@ int sl_model_forward(sl_model *m, const int *inputs, const int *targets, int B, 
             return sl_errorf("forward: target token %d at batch row %zu position %zu is outside the vocabulary [0, %d)",
                              targets[i], i / T, i % T, c->vocab_size);
     }
-    if (alloc_acts(m, B, T)) return -1;
+    if (alloc_acts(m, B, T) || rope_for_length(m, T)) return -1;
     m->B = B;
     m->T = T;
     announce_precision(m);
@@ -306,7 +342,7 @@ int sl_model_forward(sl_model *m, const int *inputs, const int *targets, int B, 
     if (targets) ops->upload(m->targets, targets, N * sizeof(int));
 
     int C = c->n_embd, F = c->n_inner, NH = c->n_head, NKV = c->n_kv_head, HD = sl_config_head_dim(c);
-    int QKV = qkv_width(c), FC = fc_width(c);
+    int QKV = qkv_width(c), FC = fc_width(c), A = sl_config_attn_width(c), window = c->sliding_window;
     const sl_param_layout *L = &m->layout;
     int last = L->n_units - 1, tied = L->lm_head < 0;
     HOOK(m, SL_PARAMS_GET, 0, 1);
@@ -323,8 +359,8 @@ int sl_model_forward(sl_model *m, const int *inputs, const int *targets, int B, 
         norm_forward(m, a->ln1, a->ln1_mean, a->ln1_rstd, resid, pending, k->ln1_w, k->ln1_b, (int)N);
         ops->matmul_forward(a->qkv, a->ln1, W(m, k->qkv_w), WB(m, k->qkv_b), (int)N, C, QKV);
         if (c->arch == SL_ARCH_LLAMA) ops->rope_forward(a->qkv, m->rope_cos, m->rope_sin, B, T, NH, NKV, HD, 0);
-        ops->attention_forward(a->att, a->lse, a->qkv, B, T, NH, NKV, HD);
-        ops->matmul_forward(a->resid2, a->att, W(m, k->attn_proj_w), WB(m, k->attn_proj_b), (int)N, C, C);
+        ops->attention_forward(a->att, a->lse, a->qkv, B, T, NH, NKV, HD, window);
+        ops->matmul_forward(a->resid2, a->att, W(m, k->attn_proj_w), WB(m, k->attn_proj_b), (int)N, A, C);
         // resid2 = attention output + resid, fused with ln2
         norm_forward(m, a->ln2, a->ln2_mean, a->ln2_rstd, a->resid2, resid, k->ln2_w, k->ln2_b, (int)N);
         if (c->arch == SL_ARCH_GPT2) {
@@ -369,7 +405,7 @@ int sl_model_backward(sl_model *m, float grad_scale) {
     const sl_param_layout *L = &m->layout;
     int B = m->B, T = m->T, N = B * T;
     int C = c->n_embd, F = c->n_inner, NH = c->n_head, NKV = c->n_kv_head, HD = sl_config_head_dim(c);
-    int QKV = qkv_width(c), FC = fc_width(c), Vp = c->padded_vocab_size;
+    int QKV = qkv_width(c), FC = fc_width(c), Vp = c->padded_vocab_size, A = sl_config_attn_width(c);
     float dloss = m->n_valid_targets ? grad_scale / (float)m->n_valid_targets : 0.0f;
     m->have_targets = 0;  // logits become gradients below; a second backward would be wrong
     announce_precision(m);
@@ -413,8 +449,8 @@ int sl_model_backward(sl_model *m, float grad_scale) {
         norm_backward(m, m->dresid, m->dln, a->resid2, k->ln2_w, k->ln2_b, a->ln2_mean, a->ln2_rstd, N);
         // attention
         ops->matmul_backward(m->dB, G(m, k->attn_proj_w), G_OPT(m, k->attn_proj_b), m->dresid, a->att,
-                             W(m, k->attn_proj_w), N, C, C);
-        ops->attention_backward(m->dA, m->dB, a->qkv, a->att, a->lse, B, T, NH, NKV, HD);
+                             W(m, k->attn_proj_w), N, A, C);
+        ops->attention_backward(m->dA, m->dB, a->qkv, a->att, a->lse, B, T, NH, NKV, HD, c->sliding_window);
         if (c->arch == SL_ARCH_LLAMA) ops->rope_backward(m->dA, m->rope_cos, m->rope_sin, B, T, NH, NKV, HD);
         ops->matmul_backward(m->dln, G(m, k->qkv_w), G_OPT(m, k->qkv_b), m->dA, a->ln1, W(m, k->qkv_w), N, C, QKV);
         norm_backward(m, m->dresid, m->dln, resid_in, k->ln1_w, k->ln1_b, a->ln1_mean, a->ln1_rstd, N);
@@ -422,7 +458,12 @@ int sl_model_backward(sl_model *m, float grad_scale) {
         HOOK(m, SL_GRADS_PUT, unit, next);
     }
     if (!tied) HOOK(m, SL_GRADS_GET, 0, -1);
+    // nn.Embedding(padding_idx): the padding token's row takes no gradient from the lookup (a tied
+    // head's gradient for it stays): its gradient is put back as it was before the encoder's part
+    float *pad_grad = m->pad_row ? G(m, L->wte) + (size_t)c->pad_token_id * C : NULL;
+    if (pad_grad) ops->copy(m->pad_row, pad_grad, (size_t)C * sizeof(float));
     ops->encoder_backward(G(m, L->wte), L->wpe >= 0 ? G(m, L->wpe) : NULL, m->dresid, m->inputs, B, T, C);
+    if (pad_grad) ops->copy(pad_grad, m->pad_row, (size_t)C * sizeof(float));
     HOOK(m, SL_GRADS_PUT, 0, -1);
     return 0;
 }

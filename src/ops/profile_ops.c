@@ -223,20 +223,24 @@ static void p_rope_backward(float *dqkv, const float *cos, const float *sin, int
     record("rope_backward", tick() - t0, 0);
 }
 
-// Causal (query, key) pairs over all heads and batch rows.
-static double causal_pairs(int B, int T, int NH) { return (double)B * NH * ((double)T * (T + 1) / 2.0); }
+// Causal (query, key) pairs over all heads and batch rows (each query sees min(t + 1, window) keys).
+static double causal_pairs(int B, int T, int NH, int window) {
+    double w = window > 0 && window < T ? window : T;
+    return (double)B * NH * (w * (w + 1) / 2.0 + ((double)T - w) * w);
+}
 
-static void p_attention_forward(float *out, float *lse, const float *qkv, int B, int T, int NH, int NKV, int HD) {
+static void p_attention_forward(float *out, float *lse, const float *qkv, int B, int T, int NH, int NKV, int HD,
+                                int window) {
     double t0 = tick();
-    g_inner->attention_forward(out, lse, qkv, B, T, NH, NKV, HD);
-    record("attention_forward", tick() - t0, 4.0 * HD * causal_pairs(B, T, NH));
+    g_inner->attention_forward(out, lse, qkv, B, T, NH, NKV, HD, window);
+    record("attention_forward", tick() - t0, 4.0 * HD * causal_pairs(B, T, NH, window));
 }
 
 static void p_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
-                                 int B, int T, int NH, int NKV, int HD) {
+                                 int B, int T, int NH, int NKV, int HD, int window) {
     double t0 = tick();
-    g_inner->attention_backward(dqkv, dout, qkv, out, lse, B, T, NH, NKV, HD);
-    record("attention_backward", tick() - t0, 8.0 * HD * causal_pairs(B, T, NH));
+    g_inner->attention_backward(dqkv, dout, qkv, out, lse, B, T, NH, NKV, HD, window);
+    record("attention_backward", tick() - t0, 8.0 * HD * causal_pairs(B, T, NH, window));
 }
 
 static void p_attention_decode(float *out, const float *q, const float *k_cache, const float *v_cache, int n_ctx,

@@ -423,19 +423,9 @@ static int load_on_rank0(sl_engine *e, float *params, const char *dir, char **cl
     sl_model *m = e->model;
     sl_model_config cfg;
     if (sl_hf_load_config(dir, &cfg)) return -1;
-    const sl_model_config *mc = &m->cfg;
-    struct { const char *name; double ckpt, run; } fields[] = {
-        {"architecture", cfg.arch, mc->arch}, {"vocab_size", cfg.vocab_size, mc->vocab_size},
-        {"max positions", cfg.max_seq_len, mc->max_seq_len}, {"n_layer", cfg.n_layer, mc->n_layer},
-        {"n_head", cfg.n_head, mc->n_head}, {"n_kv_head", cfg.n_kv_head, mc->n_kv_head},
-        {"n_embd", cfg.n_embd, mc->n_embd}, {"n_inner", cfg.n_inner, mc->n_inner},
-        {"norm epsilon", cfg.norm_eps, mc->norm_eps}, {"rope_theta", cfg.rope_theta, mc->rope_theta},
-        {"tie_word_embeddings", cfg.tie_word_embeddings, mc->tie_word_embeddings},
-    };
-    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++)
-        if (fields[i].ckpt != fields[i].run)
-            return sl_errorf("%s: the checkpoint's model does not match this run's model: %s is %g there, %g here",
-                             dir, fields[i].name, fields[i].ckpt, fields[i].run);
+    char where[4200];
+    snprintf(where, sizeof where, "%s: the checkpoint's model does not match this run's model", dir);
+    if (sl_config_compare(&cfg, &m->cfg, where)) return -1;
     shard_ref *refs = NULL;
     int n = 0;
     if (read_manifest(dir, &refs, &n, m->layout.total, 1)) return -1;

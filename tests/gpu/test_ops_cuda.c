@@ -41,6 +41,7 @@
 
 #include "shardlm/error.h"
 #include "shardlm/ops.h"
+#include "shardlm/rope.h"
 #include "shardlm/optim.h"
 #include "shardlm/precision.h"
 #include "shardlm/rng.h"
@@ -345,11 +346,11 @@ static double op_rope_bwd(const sl_ops *o, void **p, const args *a) {
     return 0;
 }
 static double op_attention_fwd(const sl_ops *o, void **p, const args *a) {
-    o->attention_forward(p[0], p[1], p[2], a->B, a->T, a->NH, a->NKV, a->HD);
+    o->attention_forward(p[0], p[1], p[2], a->B, a->T, a->NH, a->NKV, a->HD, 0);
     return 0;
 }
 static double op_attention_bwd(const sl_ops *o, void **p, const args *a) {
-    o->attention_backward(p[0], p[1], p[2], p[3], p[4], a->B, a->T, a->NH, a->NKV, a->HD);
+    o->attention_backward(p[0], p[1], p[2], p[3], p[4], a->B, a->T, a->NH, a->NKV, a->HD, 0);
     return 0;
 }
 static double op_attention_decode(const sl_ops *o, void **p, const args *a) {
@@ -623,7 +624,7 @@ static void test_attention(const char *tag, int B, int T, int NH, int NKV, int H
     snprintf(name, sizeof name, "attention_forward_%s", tag);
     RUN(name, op_attention_fwd, &a, CMP_REL, REL_TOL, {"out", out, F(nout), OUT}, {"lse", lse, F(nlse), OUT},
         {"qkv", qkv, F(nqkv), IN});
-    cpu->attention_forward(out, lse, qkv, B, T, NH, NKV, HD);  // what backward reads
+    cpu->attention_forward(out, lse, qkv, B, T, NH, NKV, HD, 0);  // what backward reads
     snprintf(name, sizeof name, "attention_backward_%s", tag);
     RUN(name, op_attention_bwd, &a, CMP_REL, REL_TOL, {"dqkv", dqkv, F(nqkv), OUT}, {"dout", dout, F(nout), IN},
         {"qkv", qkv, F(nqkv), IN}, {"out", out, F(nout), IN}, {"lse", lse, F(nlse), IN});
@@ -799,7 +800,7 @@ static void test_bf16_attention(const char *tag, int B, int T, int NH, int NKV, 
     float *lse = frand(nlse, 1.0f);
     RUN(bname("attention_forward", tag), op_attention_fwd, &a, CMP_REL, BF16_STORAGE_TOL,
         {"out", out, H(nout), BOUT}, {"lse", lse, F(nlse), OUT}, {"qkv", qkv, H(nqkv), BIN});
-    cpu->attention_forward(out, lse, qkv, B, T, NH, NKV, HD);  // what backward reads
+    cpu->attention_forward(out, lse, qkv, B, T, NH, NKV, HD, 0);  // what backward reads
     RUN(bname("attention_backward", tag), op_attention_bwd, &a, CMP_REL, BF16_STORAGE_TOL,
         {"dqkv", dqkv, H(nqkv), BOUT}, {"dout", dout, H(nout), BIN}, {"qkv", qkv, H(nqkv), BIN},
         {"out", out, H(nout), BIN}, {"lse", lse, F(nlse), IN});

@@ -11,6 +11,7 @@
 
 #include "shardlm/model.h"
 #include "shardlm/ops.h"
+#include "shardlm/rope.h"
 #include "shardlm/precision.h"
 #include "shardlm/rng.h"
 
@@ -153,13 +154,13 @@ TEST(attention_rope_and_activations_equal_fp32_on_rounded_inputs) {
     CHECK(same_storage(s_qkv, qkv, nq));
     sl_bf16_to_f32_array((const sl_bf16 *)(const void *)s_qkv, qkv, nq);  // as stored
     float *out = malloc(no * 4), *s_out = malloc(no * 2), lse[2 * 4 * 8], lse2[2 * 4 * 8];
-    ref->attention_forward(out, lse, qkv, B, T, NH, NKV, HD);
-    emu->attention_forward(s_out, lse2, s_qkv, B, T, NH, NKV, HD);
+    ref->attention_forward(out, lse, qkv, B, T, NH, NKV, HD, 0);
+    emu->attention_forward(s_out, lse2, s_qkv, B, T, NH, NKV, HD, 0);
     CHECK(same_storage(s_out, out, no) && same_f32(lse, lse2, (size_t)B * NH * T));
     sl_bf16_to_f32_array((const sl_bf16 *)(const void *)s_out, out, no);
     float *dout = values(no, 22, 0.5f), *s_dout = storage(dout, no), *dqkv = malloc(nq * 4), *s_dqkv = malloc(nq * 2);
-    ref->attention_backward(dqkv, dout, qkv, out, lse, B, T, NH, NKV, HD);
-    emu->attention_backward(s_dqkv, s_dout, s_qkv, s_out, lse, B, T, NH, NKV, HD);
+    ref->attention_backward(dqkv, dout, qkv, out, lse, B, T, NH, NKV, HD, 0);
+    emu->attention_backward(s_dqkv, s_dout, s_qkv, s_out, lse, B, T, NH, NKV, HD, 0);
     CHECK(same_storage(s_dqkv, dqkv, nq));
     // SwiGLU and GELU
     size_t ni = (size_t)B * T * I;

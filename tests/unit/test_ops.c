@@ -7,6 +7,7 @@
 #include "ops/cpu/cpu_ops.h"
 #include "ops/ref/ref_ops.h"
 #include "shardlm/ops.h"
+#include "shardlm/rope.h"
 #include "shardlm/ops_profile.h"
 #include "shardlm/precision.h"
 #include "shardlm/rng.h"
@@ -212,45 +213,55 @@ TEST(rope_backward_matches_finite_differences_and_cpu) {
 }
 
 // ---------------------------------------------------------------- attention
-typedef struct { double *qkv, *r, *out; int B, T, NH, NKV, HD; } att_ctx;
+typedef struct { double *qkv, *r, *out; int B, T, NH, NKV, HD, window; } att_ctx;
 static double att_loss(void *v) {
     att_ctx *c = v;
-    ref_attention_forward(c->out, c->qkv, c->B, c->T, c->NH, c->NKV, c->HD);
+    ref_attention_forward(c->out, c->qkv, c->B, c->T, c->NH, c->NKV, c->HD, c->window);
     return dotd(c->out, c->r, (size_t)c->B * c->T * c->NH * c->HD);
 }
 
-static void check_attention(int B, int T, int NH, int NKV, int HD, int probes) {
+static void check_attention(int B, int T, int NH, int NKV, int HD, int window, int probes) {
     size_t nq = (size_t)B * T * (NH + 2 * NKV) * HD, no = (size_t)B * T * NH * HD;
-    att_ctx c = {drand_vec(nq, 1), drand_vec(no, 1), dzeros(no), B, T, NH, NKV, HD};
+    att_ctx c = {drand_vec(nq, 1), drand_vec(no, 1), dzeros(no), B, T, NH, NKV, HD, window};
     att_loss(&c);
     double *dqkv = dzeros(nq);
-    ref_attention_backward(dqkv, c.r, c.qkv, B, T, NH, NKV, HD);
+    ref_attention_backward(dqkv, c.r, c.qkv, B, T, NH, NKV, HD, window);
     if (probes) CHECK(fd_check(att_loss, &c, c.qkv, dqkv, nq, probes) < FD_TOL);
     float *fq = to_f(c.qkv, nq), *fr = to_f(c.r, no), *fo = fzeros(no), *flse = fzeros((size_t)B * NH * T);
     float *fdq = malloc(sizeof(float) * nq);
     for (size_t i = 0; i < nq; i++) fdq[i] = 1e9f;  // backward must overwrite every element
-    cpu_attention_forward(fo, flse, fq, B, T, NH, NKV, HD);
-    cpu_attention_backward(fdq, fr, fq, fo, flse, B, T, NH, NKV, HD);
+    cpu_attention_forward(fo, flse, fq, B, T, NH, NKV, HD, window);
+    cpu_attention_backward(fdq, fr, fq, fo, flse, B, T, NH, NKV, HD, window);
     CHECK_MSG(rel_err_f(fo, c.out, no) < F32_TOL, "forward rel err %g", rel_err_f(fo, c.out, no));
     CHECK_MSG(rel_err_f(fdq, dqkv, nq) < F32_TOL, "backward rel err %g", rel_err_f(fdq, dqkv, nq));
-    // decode: the last position of batch 0 against a cache of its keys/values
-    int W = (NH + 2 * NKV) * HD;
+    // decode: the last position of batch 0 against a cache of its keys/values (the window's part of it)
+    int W = (NH + 2 * NKV) * HD, first = window > 0 && T > window ? T - window : 0;
     float *kc = malloc(sizeof(float) * T * NKV * HD), *vc = malloc(sizeof(float) * T * NKV * HD);
     for (int t = 0; t < T; t++) {
         memcpy(kc + (size_t)t * NKV * HD, fq + (size_t)t * W + NH * HD, sizeof(float) * NKV * HD);
         memcpy(vc + (size_t)t * NKV * HD, fq + (size_t)t * W + (NH + NKV) * HD, sizeof(float) * NKV * HD);
     }
     float *dec = fzeros((size_t)NH * HD);
-    cpu_attention_decode(dec, fq + (size_t)(T - 1) * W, kc, vc, T, NH, NKV, HD);
+    cpu_attention_decode(dec, fq + (size_t)(T - 1) * W, kc + (size_t)first * NKV * HD, vc + (size_t)first * NKV * HD,
+                         T - first, NH, NKV, HD);
     CHECK(rel_err_f(dec, c.out + (size_t)(T - 1) * NH * HD, (size_t)NH * HD) < F32_TOL);
     free(c.qkv); free(c.r); free(c.out); free(dqkv); free(fq); free(fr); free(fo); free(flse); free(fdq);
     free(kc); free(vc); free(dec);
 }
 
-TEST(attention_backward_matches_finite_differences_and_cpu) { check_attention(2, 11, 2, 2, 4, 120); }
-TEST(attention_gqa_matches_finite_differences_and_cpu) { check_attention(2, 9, 4, 2, 4, 120); }
+TEST(attention_backward_matches_finite_differences_and_cpu) { check_attention(2, 11, 2, 2, 4, 0, 120); }
+TEST(attention_gqa_matches_finite_differences_and_cpu) { check_attention(2, 9, 4, 2, 4, 0, 120); }
 // longer than one key tile (64): the online softmax crosses tile boundaries
-TEST(attention_multi_tile_matches_reference) { check_attention(1, 150, 4, 1, 8, 0); }
+TEST(attention_multi_tile_matches_reference) { check_attention(1, 150, 4, 1, 8, 0, 0); }
+// Mistral's sliding window: short windows inside one tile, a window crossing tile boundaries (rows whose
+// whole first key tile is outside their window), and a window as long as the sequence (plain causal)
+TEST(attention_sliding_window_matches_finite_differences) { check_attention(2, 13, 4, 2, 4, 5, 120); }
+TEST(attention_sliding_window_multi_tile_matches_reference) {
+    check_attention(1, 200, 4, 1, 8, 7, 0);
+    check_attention(1, 150, 2, 2, 8, 70, 0);
+    check_attention(1, 150, 2, 1, 8, 64, 0);
+    check_attention(1, 40, 2, 1, 8, 40, 0);
+}
 
 // ---------------------------------------------------------------- encoder
 typedef struct { double *wte, *wpe, *r, *out; int *inp; int B, T, C; } enc_ctx;
@@ -315,8 +326,8 @@ TEST(thread_count_does_not_change_results) {
     for (int k = 0; k < 2; k++) {
         sl_ops_cpu_set_threads(k + 1);
         o[k] = fzeros(no); lse[k] = fzeros((size_t)B * NH * T); g[k] = fzeros(nq);
-        cpu_attention_forward(o[k], lse[k], q, B, T, NH, NKV, HD);
-        cpu_attention_backward(g[k], r, q, o[k], lse[k], B, T, NH, NKV, HD);
+        cpu_attention_forward(o[k], lse[k], q, B, T, NH, NKV, HD, 0);
+        cpu_attention_backward(g[k], r, q, o[k], lse[k], B, T, NH, NKV, HD, 0);
         ln[k] = fzeros(nc); mean[k] = fzeros(N); rstd[k] = fzeros(N); dlx[k] = fzeros(nc); dlw[k] = fzeros(C); dlb[k] = fzeros(C);
         cpu_layernorm_forward(ln[k], mean[k], rstd[k], x, w, b, N, C, 1e-5f);
         cpu_layernorm_backward(dlx[k], dlw[k], dlb[k], y, x, w, mean[k], rstd[k], N, C);

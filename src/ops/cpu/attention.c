@@ -5,6 +5,8 @@
 // one ATT_TILE x ATT_TILE tile of scores exists per thread. Forward stores the log-sum-exp of each
 // row; backward recomputes the probabilities from it. Forward is parallel over (batch, head);
 // backward over (batch, kv-head group), because every query head of a group writes the same dk/dv.
+// A sliding window (window > 0) also masks keys at or before query - window and skips whole key
+// tiles that lie before every query of a block's window.
 #include "ops/cpu/cpu_ops.h"
 #include "ops/cpu/vec_math.h"
 
@@ -37,28 +39,43 @@ static int scratch_alloc(att_scratch *w, int HD) {
 }
 
 // s (qn, kn) = scale * q (qn, HD; rows ld apart) @ k^T (kn, HD; rows ld apart), causally masked
-// (-inf) where key position k0+j > query position q0+i.
+// (-inf) where key position k0+j > query position q0+i, or (window > 0) k0+j <= q0+i - window.
 static void tile_scores(float *s, const float *q, const float *k, size_t ld, int q0, int qn, int k0, int kn, int HD,
-                        float scale) {
+                        float scale, int window) {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, qn, kn, HD, scale, q, (int)ld, k, (int)ld, 0.0f, s, ATT_TILE);
-    if (k0 + kn - 1 <= q0) return;  // tile entirely in the past
-    for (int i = 0; i < qn; i++)
+    int windowed = window > 0 && k0 <= q0 + qn - 1 - window;  // some key of the tile is out of some row's window
+    if (k0 + kn - 1 <= q0 && !windowed) return;                // tile entirely in the past and in every window
+    for (int i = 0; i < qn; i++) {
+        float *row = s + (size_t)i * ATT_TILE;
         for (int j = q0 + i - k0 + 1; j < kn; j++)
-            if (j >= 0) s[(size_t)i * ATT_TILE + j] = -INFINITY;
+            if (j >= 0) row[j] = -INFINITY;
+        if (windowed)
+            for (int j = 0; j < kn && k0 + j <= q0 + i - window; j++) row[j] = -INFINITY;
+    }
+}
+
+// The first key tile a query block [q0, q0+qn) meets: 0, or the tile holding its first window's start.
+static int first_key_tile(int q0, int window) {
+    int first_key = window > 0 && q0 - window + 1 > 0 ? q0 - window + 1 : 0;
+    return first_key / ATT_TILE * ATT_TILE;
 }
 
 // One block of qn query rows of head h against key tiles 0..q0+qn-1: writes out rows and lse.
 static void forward_block(att_scratch *w, float *out, float *lse, const float *q, const float *k, const float *v,
-                          size_t W, size_t out_stride, int q0, int qn, int HD, float scale) {
+                          size_t W, size_t out_stride, int q0, int qn, int HD, float scale, int window) {
     for (int i = 0; i < qn; i++) { w->m[i] = -INFINITY; w->l[i] = 0.0f; }
     memset(w->acc, 0, sizeof(float) * (size_t)qn * HD);
-    for (int k0 = 0; k0 < q0 + qn; k0 += ATT_TILE) {
+    for (int k0 = first_key_tile(q0, window); k0 < q0 + qn; k0 += ATT_TILE) {
         int kn = q0 + qn - k0 < ATT_TILE ? q0 + qn - k0 : ATT_TILE;
-        tile_scores(w->s, q, k + (size_t)k0 * W, W, q0, qn, k0, kn, HD, scale);
+        tile_scores(w->s, q, k + (size_t)k0 * W, W, q0, qn, k0, kn, HD, scale, window);
         for (int i = 0; i < qn; i++) {
             float *row = w->s + (size_t)i * ATT_TILE, mx = w->m[i];
 #pragma omp simd reduction(max : mx)
             for (int j = 0; j < kn; j++) mx = row[j] > mx ? row[j] : mx;
+            if (mx == -INFINITY) {  // every key of this tile is outside the row's window: nothing to add
+                memset(row, 0, sizeof(float) * (size_t)kn);
+                continue;
+            }
             float corr = vexpf(w->m[i] - mx), sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
             for (int j = 0; j < kn; j++) sum += (row[j] = vexpf(row[j] - mx));
@@ -80,7 +97,8 @@ static void forward_block(att_scratch *w, float *out, float *lse, const float *q
     }
 }
 
-void cpu_attention_forward(float *out, float *lse, const float *qkv, int B, int T, int NH, int NKV, int HD) {
+void cpu_attention_forward(float *out, float *lse, const float *qkv, int B, int T, int NH, int NKV, int HD,
+                           int window) {
     size_t W = (size_t)(NH + 2 * NKV) * HD, out_stride = (size_t)NH * HD;
     int group = NH / NKV, n_blocks = (T + ATT_TILE - 1) / ATT_TILE;
     float scale = 1.0f / sqrtf((float)HD);
@@ -97,14 +115,14 @@ void cpu_attention_forward(float *out, float *lse, const float *qkv, int B, int 
                     const float *base = qkv + (size_t)b * T * W;
                     forward_block(&w, out + (size_t)b * T * out_stride + (size_t)h * HD, lse + ((size_t)b * NH + h) * T,
                                   base + (size_t)q0 * W + (size_t)h * HD, base + (size_t)(NH + g) * HD,
-                                  base + (size_t)(NH + NKV + g) * HD, W, out_stride, q0, qn, HD, scale);
+                                  base + (size_t)(NH + NKV + g) * HD, W, out_stride, q0, qn, HD, scale, window);
                 }
         if (ok) free(w.s);
     }
 }
 
 void cpu_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
-                            int B, int T, int NH, int NKV, int HD) {
+                            int B, int T, int NH, int NKV, int HD, int window) {
     size_t W = (size_t)(NH + 2 * NKV) * HD, os = (size_t)NH * HD;
     int group = NH / NKV;
     float scale = 1.0f / sqrtf((float)HD);
@@ -141,9 +159,9 @@ void cpu_attention_backward(float *dqkv, const float *dout, const float *qkv, co
                             for (int c = 0; c < HD; c++) s += x[c] * y[c];
                             w.d[i] = s;
                         }
-                        for (int k0 = 0; k0 < q0 + qn; k0 += ATT_TILE) {
+                        for (int k0 = first_key_tile(q0, window); k0 < q0 + qn; k0 += ATT_TILE) {
                             int kn = q0 + qn - k0 < ATT_TILE ? q0 + qn - k0 : ATT_TILE;
-                            tile_scores(w.s, q, k + (size_t)k0 * W, W, q0, qn, k0, kn, HD, scale);
+                            tile_scores(w.s, q, k + (size_t)k0 * W, W, q0, qn, k0, kn, HD, scale, window);
                             // dp (qn, kn) = dO (qn, HD) @ v^T
                             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, qn, kn, HD, 1.0f, dO, (int)os,
                                         v + (size_t)k0 * W, (int)W, 0.0f, w.dp, ATT_TILE);

@@ -38,9 +38,10 @@ void cpu_swiglu_forward(float *out, const float *inp, int N, int I);
 void cpu_swiglu_backward(float *dinp, const float *inp, const float *dout, int N, int I);
 void cpu_rope_forward(float *qkv, const float *cos, const float *sin, int B, int T, int NH, int NKV, int HD, int pos0);
 void cpu_rope_backward(float *dqkv, const float *cos, const float *sin, int B, int T, int NH, int NKV, int HD);
-void cpu_attention_forward(float *out, float *lse, const float *qkv, int B, int T, int NH, int NKV, int HD);
+void cpu_attention_forward(float *out, float *lse, const float *qkv, int B, int T, int NH, int NKV, int HD,
+                           int window);
 void cpu_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
-                            int B, int T, int NH, int NKV, int HD);
+                            int B, int T, int NH, int NKV, int HD, int window);
 void cpu_attention_decode(float *out, const float *q, const float *k_cache, const float *v_cache, int n_ctx, int NH,
                           int NKV, int HD);
 double cpu_crossentropy_forward(float *lse, const float *logits, const int *targets, int N, int V, int Vp);

@@ -59,6 +59,7 @@ const sl_ops sl_ops_cpu = {
     .crossentropy_forward = cpu_crossentropy_forward,
     .crossentropy_backward = cpu_crossentropy_backward,
     .act_bf16 = 0,
+    .sliding_window = 1,
     SL_CPU_HOST_FNS,
 };
 
@@ -74,16 +75,4 @@ void cpu_thread_range(size_t n, size_t *begin, size_t *end) {
     size_t t = (size_t)omp_get_thread_num(), nt = (size_t)omp_get_num_threads();
     *begin = n * t / nt;
     *end = n * (t + 1) / nt;
-}
-
-void sl_rope_tables(float *cos_t, float *sin_t, int max_T, int HD, float theta) {
-    int half = HD / 2;
-    for (int i = 0; i < half; i++) {
-        float inv_freq = 1.0f / powf(theta, (float)(2 * i) / (float)HD);
-        for (int t = 0; t < max_T; t++) {
-            float angle = (float)t * inv_freq;
-            cos_t[(size_t)t * half + i] = cosf(angle);
-            sin_t[(size_t)t * half + i] = sinf(angle);
-        }
-    }
 }

@@ -215,18 +215,19 @@ static void rope_backward(float *dqkv, const float *cos, const float *sin, int B
     narrow(dqkv, d, n);  // in place
 }
 
-static void attention_forward(float *out, float *lse, const float *qkv, int B, int T, int NH, int NKV, int HD) {
+static void attention_forward(float *out, float *lse, const float *qkv, int B, int T, int NH, int NKV, int HD,
+                              int window) {
     float *q = widen(qkv, sz(B * T, (NH + 2 * NKV) * HD)), *o = scratch(sz(B * T, NH * HD));
-    cpu->attention_forward(o, lse, q, B, T, NH, NKV, HD);
+    cpu->attention_forward(o, lse, q, B, T, NH, NKV, HD, window);
     narrow(out, o, sz(B * T, NH * HD));
     free(q);
 }
 
 static void attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
-                               int B, int T, int NH, int NKV, int HD) {
+                               int B, int T, int NH, int NKV, int HD, int window) {
     size_t nq = sz(B * T, (NH + 2 * NKV) * HD), no = sz(B * T, NH * HD);
     float *d = widen(dout, no), *q = widen(qkv, nq), *o = widen(out, no), *dq = scratch(nq);
-    cpu->attention_backward(dq, d, q, o, lse, B, T, NH, NKV, HD);
+    cpu->attention_backward(dq, d, q, o, lse, B, T, NH, NKV, HD, window);
     narrow(dqkv, dq, nq);
     free(d);
     free(q);
@@ -285,5 +286,6 @@ const sl_ops sl_ops_cpu_bf16 = {
     .crossentropy_forward = crossentropy_forward,
     .crossentropy_backward = crossentropy_backward,
     .act_bf16 = 1,
+    .sliding_window = 1,
     SL_CPU_HOST_FNS,  // memory functions and optimizer passes are the CPU's
 };

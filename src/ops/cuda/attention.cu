@@ -514,11 +514,22 @@ float *delta_buffer(size_t n) {
     return (float *)sl_cuda_scratch_get(&delta, n * sizeof(float), "attention's delta scratch");
 }
 
+// The kernels are plain causal: a sliding window shorter than T is a failure (the model refuses it
+// before, since this backend's table says sliding_window = 0).
+bool window_ok(const char *op, int window, int T) {
+    if (window <= 0 || window >= T) return true;
+    sl_cuda_record_failure("%s: sliding-window attention (window %d < T %d) is not implemented on the GPU", op, window, T);
+    return false;
+}
+
 }  // namespace
 
 template <typename floatX>
-void cuda_attention_forward(float *out, float *lse, const float *qkv, int B, int T, int NH, int NKV, int HD) {
-    if (!shape_ok("cuda_attention_forward", NH, NKV, HD) || B <= 0 || T <= 0) return;
+void cuda_attention_forward(float *out, float *lse, const float *qkv, int B, int T, int NH, int NKV, int HD,
+                            int window) {
+    if (!shape_ok("cuda_attention_forward", NH, NKV, HD) || !window_ok("cuda_attention_forward", window, T) || B <= 0 ||
+        T <= 0)
+        return;
     const float scale = 1.0f / sqrtf((float)HD);
     if constexpr (std::is_same<floatX, __nv_bfloat16>::value) {
         if (attention_tc_forward(as_storage<floatX>(out), lse, as_storage<floatX>(qkv), B, T, NH, NKV, HD, scale))
@@ -530,8 +541,10 @@ void cuda_attention_forward(float *out, float *lse, const float *qkv, int B, int
 
 template <typename floatX>
 void cuda_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
-                             int B, int T, int NH, int NKV, int HD) {
-    if (!shape_ok("cuda_attention_backward", NH, NKV, HD) || B <= 0 || T <= 0) return;
+                             int B, int T, int NH, int NKV, int HD, int window) {
+    if (!shape_ok("cuda_attention_backward", NH, NKV, HD) || !window_ok("cuda_attention_backward", window, T) ||
+        B <= 0 || T <= 0)
+        return;
     const float scale = 1.0f / sqrtf((float)HD);
     const size_t rows = (size_t)B * T * NH;
     float *delta = delta_buffer(rows);

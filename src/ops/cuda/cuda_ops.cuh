@@ -70,10 +70,11 @@ template <typename floatX>
 void cuda_rope_backward(float *dqkv, const float *cos, const float *sin, int B, int T, int NH, int NKV, int HD);
 // attention.cu (fused causal flash attention)
 template <typename floatX>
-void cuda_attention_forward(float *out, float *lse, const float *qkv, int B, int T, int NH, int NKV, int HD);
+void cuda_attention_forward(float *out, float *lse, const float *qkv, int B, int T, int NH, int NKV, int HD,
+                            int window);
 template <typename floatX>
 void cuda_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
-                             int B, int T, int NH, int NKV, int HD);
+                             int B, int T, int NH, int NKV, int HD, int window);
 template <typename floatX>
 void cuda_attention_decode(float *out, const float *q, const float *k_cache, const float *v_cache, int n_ctx,
                            int NH, int NKV, int HD);

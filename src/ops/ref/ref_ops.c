@@ -173,7 +173,7 @@ void ref_rope_backward(double *dqkv, const double *cos, const double *sin, int B
     ref_rope_apply(dqkv, cos, sin, B, T, NH, NKV, HD, 0, -1.0);
 }
 
-void ref_attention_forward(double *out, const double *qkv, int B, int T, int NH, int NKV, int HD) {
+void ref_attention_forward(double *out, const double *qkv, int B, int T, int NH, int NKV, int HD, int window) {
     int W = (NH + 2 * NKV) * HD, group = NH / NKV;
     double scale = 1.0 / sqrt((double)HD);
     double *p = malloc(sizeof(double) * (size_t)T);
@@ -183,17 +183,18 @@ void ref_attention_forward(double *out, const double *qkv, int B, int T, int NH,
             for (int t = 0; t < T; t++) {
                 const double *q = qkv + ((size_t)b * T + t) * W + (size_t)h * HD;
                 double mx = -INFINITY, sum = 0.0;
-                for (int j = 0; j <= t; j++) {
+                int j0 = window > 0 && t - window + 1 > 0 ? t - window + 1 : 0;
+                for (int j = j0; j <= t; j++) {
                     const double *k = qkv + ((size_t)b * T + j) * W + (size_t)(NH + g) * HD;
                     double s = 0.0;
                     for (int i = 0; i < HD; i++) s += q[i] * k[i];
                     p[j] = s * scale;
                     if (p[j] > mx) mx = p[j];
                 }
-                for (int j = 0; j <= t; j++) sum += (p[j] = exp(p[j] - mx));
+                for (int j = j0; j <= t; j++) sum += (p[j] = exp(p[j] - mx));
                 double *o = out + ((size_t)b * T + t) * NH * HD + (size_t)h * HD;
                 for (int i = 0; i < HD; i++) o[i] = 0.0;
-                for (int j = 0; j <= t; j++) {
+                for (int j = j0; j <= t; j++) {
                     const double *v = qkv + ((size_t)b * T + j) * W + (size_t)(NH + NKV + g) * HD;
                     for (int i = 0; i < HD; i++) o[i] += p[j] / sum * v[i];
                 }
@@ -202,7 +203,8 @@ void ref_attention_forward(double *out, const double *qkv, int B, int T, int NH,
     free(p);
 }
 
-void ref_attention_backward(double *dqkv, const double *dout, const double *qkv, int B, int T, int NH, int NKV, int HD) {
+void ref_attention_backward(double *dqkv, const double *dout, const double *qkv, int B, int T, int NH, int NKV, int HD,
+                            int window) {
     int W = (NH + 2 * NKV) * HD, group = NH / NKV;
     double scale = 1.0 / sqrt((double)HD);
     double *p = malloc(sizeof(double) * (size_t)T), *dp = malloc(sizeof(double) * (size_t)T);
@@ -214,16 +216,17 @@ void ref_attention_backward(double *dqkv, const double *dout, const double *qkv,
                 const double *q = qkv + ((size_t)b * T + t) * W + (size_t)h * HD;
                 const double *dO = dout + ((size_t)b * T + t) * NH * HD + (size_t)h * HD;
                 double mx = -INFINITY, sum = 0.0;
-                for (int j = 0; j <= t; j++) {
+                int j0 = window > 0 && t - window + 1 > 0 ? t - window + 1 : 0;
+                for (int j = j0; j <= t; j++) {
                     const double *k = qkv + ((size_t)b * T + j) * W + (size_t)(NH + g) * HD;
                     double s = 0.0;
                     for (int i = 0; i < HD; i++) s += q[i] * k[i];
                     p[j] = s * scale;
                     if (p[j] > mx) mx = p[j];
                 }
-                for (int j = 0; j <= t; j++) sum += (p[j] = exp(p[j] - mx));
+                for (int j = j0; j <= t; j++) sum += (p[j] = exp(p[j] - mx));
                 double pdp = 0.0;
-                for (int j = 0; j <= t; j++) {
+                for (int j = j0; j <= t; j++) {
                     p[j] /= sum;
                     const double *v = qkv + ((size_t)b * T + j) * W + (size_t)(NH + NKV + g) * HD;
                     double s = 0.0;
@@ -232,7 +235,7 @@ void ref_attention_backward(double *dqkv, const double *dout, const double *qkv,
                     pdp += p[j] * s;
                 }
                 double *dq = dqkv + ((size_t)b * T + t) * W + (size_t)h * HD;
-                for (int j = 0; j <= t; j++) {
+                for (int j = j0; j <= t; j++) {
                     double ds = p[j] * (dp[j] - pdp) * scale;
                     const double *k = qkv + ((size_t)b * T + j) * W + (size_t)(NH + g) * HD;
                     double *dk = dqkv + ((size_t)b * T + j) * W + (size_t)(NH + g) * HD;

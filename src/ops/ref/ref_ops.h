@@ -25,8 +25,10 @@ void ref_swiglu_forward(double *out, const double *inp, int N, int I);
 void ref_swiglu_backward(double *dinp, const double *inp, const double *dout, int N, int I);
 void ref_rope_forward(double *qkv, const double *cos, const double *sin, int B, int T, int NH, int NKV, int HD, int pos0);
 void ref_rope_backward(double *dqkv, const double *cos, const double *sin, int B, int T, int NH, int NKV, int HD);
-void ref_attention_forward(double *out, const double *qkv, int B, int T, int NH, int NKV, int HD);
-void ref_attention_backward(double *dqkv, const double *dout, const double *qkv, int B, int T, int NH, int NKV, int HD);
+// window > 0: query t sees keys t-window+1 .. t (sliding window); 0: all keys up to t.
+void ref_attention_forward(double *out, const double *qkv, int B, int T, int NH, int NKV, int HD, int window);
+void ref_attention_backward(double *dqkv, const double *dout, const double *qkv, int B, int T, int NH, int NKV, int HD,
+                            int window);
 // Mean loss over rows with target >= 0; dlogits (N,Vp) = d(mean loss)/d logits (may be NULL).
 double ref_crossentropy(double *dlogits, const double *logits, const int *targets, int N, int V, int Vp);
 
