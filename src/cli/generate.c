@@ -23,6 +23,8 @@ static void usage(FILE *f) {
         "  --tokenizer DIR       vocab.json + merges.txt (default: the model directory, else the tokenizer of\n"
         "                        the data the checkpoint was trained on)\n"
         "  --prompt TEXT         prompt (default: start from <|endoftext|>)\n"
+        "  --prompt-ids LIST     the prompt as comma-separated token ids instead of text; the tokenizer is\n"
+        "                        then optional, and without one the new tokens are printed as ids\n"
         "  --max-new-tokens N    (default 128)\n"
         "  --temperature T       0 = greedy (default 0.8)\n"
         "  --top-k K             0 = off (default 40)\n"
@@ -85,8 +87,24 @@ static int write_prompt_logits(sl_model *m, const int *ids, int n, const char *p
     return rc;
 }
 
+// "1,2,3" -> ids (at most cap, each in [0, vocab)); -1 with a message naming the flag otherwise.
+static int parse_ids(const char *list, int vocab, int *ids, int cap, int *n) {
+    *n = 0;
+    for (const char *p = list; *p;) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p || v < 0 || v >= vocab || *n >= cap || (*end && *end != ','))
+            return sl_errorf("--prompt-ids: expected at most %d comma-separated token ids in [0, %d), got \"%s\"", cap,
+                             vocab, list);
+        ids[(*n)++] = (int)v;
+        p = *end ? end + 1 : end;
+    }
+    return *n ? 0 : sl_errorf("--prompt-ids: no token ids given");
+}
+
 int cmd_generate(int argc, char **argv) {
     char model_spec[4096] = "runs/demo", tok_dir[4096] = "", prompt[65536] = "", logits_out[4096] = "";
+    char prompt_id_list[65536] = "";
     int max_new = 128, threads = 0, seed = 0, stop_eot = 0, have_prompt = 0;
     sl_sampler_config sc = {0.8f, 40, 0.95f};
     sl_args a = {argc, argv, 1, NULL, 0};
@@ -96,6 +114,7 @@ int cmd_generate(int argc, char **argv) {
         if (sl_arg_str(&a, "--checkpoint", model_spec, sizeof model_spec)) continue;
         if (sl_arg_str(&a, "--tokenizer", tok_dir, sizeof tok_dir)) continue;
         if (sl_arg_str(&a, "--prompt", prompt, sizeof prompt)) { have_prompt = 1; continue; }
+        if (sl_arg_str(&a, "--prompt-ids", prompt_id_list, sizeof prompt_id_list)) continue;
         if (sl_arg_int(&a, "--max-new-tokens", &max_new)) continue;
         if (sl_arg_float(&a, "--temperature", &sc.temperature)) continue;
         if (sl_arg_int(&a, "--top-k", &sc.top_k)) continue;
@@ -117,14 +136,18 @@ int cmd_generate(int argc, char **argv) {
     sl_model m;
     sl_tokenizer *tok = NULL;
     int32_t *ids = NULL;
-    int *prompt_ids = NULL, rc = -1, have_model = 0;
+    int *prompt_ids = NULL, *new_ids = NULL, rc = -1, have_model = 0, from_ids = prompt_id_list[0] != 0;
+    if (from_ids && have_prompt) { fprintf(stderr, "error: give --prompt or --prompt-ids, not both\n"); return 2; }
     if (sl_model_source_resolve(&src, model_spec)) goto done;
     if (!src.has_weights) { sl_errorf("%s: generation needs trained weights (a checkpoint or HF directory)", model_spec); goto done; }
     if (sl_model_create(&m, &src.cfg, &sl_ops_cpu)) goto done;
     have_model = 1;
     if (sl_hf_load(src.weights_dir, &m.layout, m.params)) goto done;
-    if (load_tokenizer(&tok, tok_dir, src.weights_dir)) goto done;
-    if (sl_tokenizer_vocab_size(tok) > src.cfg.vocab_size) {
+    if (load_tokenizer(&tok, tok_dir, src.weights_dir)) {
+        if (!from_ids || tok_dir[0]) goto done;
+        tok = NULL;  // token ids in, token ids out
+    }
+    if (tok && sl_tokenizer_vocab_size(tok) > src.cfg.vocab_size) {
         sl_errorf("tokenizer has %d tokens but the model only %d", sl_tokenizer_vocab_size(tok), src.cfg.vocab_size);
         goto done;
     }
@@ -133,22 +156,30 @@ int cmd_generate(int argc, char **argv) {
         if (sl_tokenizer_encode(tok, prompt, strlen(prompt), &ids, &n)) goto done;
     }
     int n_prompt = n > 0 ? (int)n : 1;
+    if (from_ids) n_prompt = (int)(strlen(prompt_id_list) / 2 + 1);
     prompt_ids = malloc(sizeof(int) * (size_t)n_prompt);
     if (!prompt_ids) { sl_errorf("out of memory"); goto done; }
-    if (n > 0) for (size_t i = 0; i < n; i++) prompt_ids[i] = ids[i];
-    else prompt_ids[0] = sl_tokenizer_eot_id(tok) >= 0 ? sl_tokenizer_eot_id(tok) : 0;
+    if (from_ids) {
+        if (parse_ids(prompt_id_list, src.cfg.vocab_size, prompt_ids, n_prompt, &n_prompt)) goto done;
+    } else if (n > 0) {
+        for (size_t i = 0; i < n; i++) prompt_ids[i] = ids[i];
+    } else {
+        prompt_ids[0] = tok && sl_tokenizer_eot_id(tok) >= 0 ? sl_tokenizer_eot_id(tok) : 0;
+    }
     sl_generate_config gc = {max_new, sc, (uint64_t)seed, stop_eot};
-    if (max_new > src.cfg.max_seq_len - n_prompt) {
-        gc.max_new_tokens = src.cfg.max_seq_len - n_prompt;
-        if (gc.max_new_tokens < 1) { sl_errorf("the prompt (%d tokens) fills the model's %d positions", n_prompt, src.cfg.max_seq_len); goto done; }
-        fprintf(stderr, "note: max-new-tokens clipped to %d by the model's %d positions\n", gc.max_new_tokens, src.cfg.max_seq_len);
+    if (max_new > sl_config_context(&src.cfg) - n_prompt) {
+        gc.max_new_tokens = sl_config_context(&src.cfg) - n_prompt;
+        if (gc.max_new_tokens < 1) { sl_errorf("the prompt (%d tokens) fills the model's %d positions", n_prompt, sl_config_context(&src.cfg)); goto done; }
+        fprintf(stderr, "note: max-new-tokens clipped to %d by the model's %d positions\n", gc.max_new_tokens, sl_config_context(&src.cfg));
     }
     if (logits_out[0] && write_prompt_logits(&m, prompt_ids, n_prompt, logits_out)) goto done;
     if (have_prompt) fputs(prompt, stdout);
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     int produced = 0;
-    if (sl_generate(&m, tok, prompt_ids, n_prompt, &gc, NULL, &produced, stdout)) goto done;
+    if (!tok && !(new_ids = malloc(sizeof(int) * (size_t)gc.max_new_tokens))) { sl_errorf("out of memory"); goto done; }
+    if (sl_generate(&m, tok, prompt_ids, n_prompt, &gc, new_ids, &produced, stdout)) goto done;
+    for (int i = 0; !tok && i < produced; i++) printf("%s%d", i ? " " : "", new_ids[i]);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     double secs = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
     printf("\n");
@@ -159,6 +190,7 @@ done:
     if (rc) fprintf(stderr, "error: %s\n", sl_error());
     free(ids);
     free(prompt_ids);
+    free(new_ids);
     sl_tokenizer_free(tok);
     if (have_model) sl_model_free(&m);
     return rc ? 1 : 0;
