@@ -124,7 +124,10 @@ typedef struct {
 } source;
 
 static void source_free(source *s) {
-    for (int i = 0; i < s->n_files; i++) { sl_st_close(&s->files[i]); free(s->paths[i]); }
+    for (int i = 0; i < s->n_files; i++) {  // files is NULL when the index failed before the shards opened
+        if (s->files) sl_st_close(&s->files[i]);
+        free(s->paths[i]);
+    }
     free(s->files);
     free(s->paths);
     cJSON_Delete(s->index);

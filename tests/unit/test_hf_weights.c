@@ -309,6 +309,10 @@ TEST(errors_corrupt_truncated_wrong_dtype) {
     idx = "{\"weight_map\": {\"model.norm.weight\": \"../etc/passwd\"}}";
     write_all(ip, idx, strlen(idx));
     expect_load_error(d, &m.L, m.params, "plain file name", NULL);
+    // the same after a good entry (the shard list is freed before any shard was opened)
+    idx = "{\"weight_map\": {\"model.norm.weight\": \"a.safetensors\", \"lm_head.weight\": \"x/b.safetensors\"}}";
+    write_all(ip, idx, strlen(idx));
+    expect_load_error(d, &m.L, m.params, "plain file name", NULL);
     idx = "{\"weight_map\": ";
     write_all(ip, idx, strlen(idx));
     expect_load_error(d, &m.L, m.params, "malformed JSON", NULL);
