@@ -393,11 +393,10 @@ static double float_for_json(float f) {
 }
 
 // The RoPE block: rope_type, (rope_theta), and the keys its type reads.
-static cJSON *rope_block(const sl_rope_config *p, int with_theta, int legacy_type) {
+static cJSON *rope_block(const sl_rope_config *p, int with_theta) {
     cJSON *o = cJSON_CreateObject();
     const rope_kind *kind = rope_kind_of(p->type);
     cJSON_AddStringToObject(o, "rope_type", kind->name);
-    if (legacy_type) cJSON_AddStringToObject(o, "type", kind->name);
     if (with_theta) cJSON_AddNumberToObject(o, "rope_theta", float_for_json(p->theta));
     if (p->type != SL_ROPE_DEFAULT) cJSON_AddNumberToObject(o, "factor", float_for_json(p->factor));
     if (p->type == SL_ROPE_LLAMA3) {
@@ -437,15 +436,19 @@ static void write_llama(cJSON *r, const sl_model_config *c) {
     cJSON_AddStringToObject(r, "model_type", names[f][1]);
     const int_key ints[] = {{"vocab_size", c->vocab_size}, {"max_position_embeddings", c->max_seq_len},
         {"hidden_size", c->n_embd}, {"intermediate_size", c->n_inner}, {"num_hidden_layers", c->n_layer},
-        {"num_attention_heads", c->n_head}, {"num_key_value_heads", c->n_kv_head}, {"head_dim", c->head_dim}};
+        {"num_attention_heads", c->n_head}, {"num_key_value_heads", c->n_kv_head}};
     add_ints(r, ints, sizeof ints / sizeof ints[0]);
+    // head_dim only where it is not hidden_size / heads (Qwen2Config has no such key by default)
+    if (c->head_dim * c->n_head != c->n_embd) cJSON_AddNumberToObject(r, "head_dim", c->head_dim);
     cJSON_AddNumberToObject(r, "rms_norm_eps", float_for_json(c->norm_eps));
     cJSON_AddStringToObject(r, "hidden_act", "silu");
-    // transformers 5 reads rope_parameters; 4.x reads rope_theta and rope_scaling (the same settings)
-    cJSON_AddItemToObject(r, "rope_parameters", rope_block(&c->rope, 1, 0));
+    // transformers 5 reads rope_parameters; 4.x (4.45 on: rope_type) reads rope_theta and rope_scaling.
+    // transformers 5 prefers rope_scaling when both are there and adds the top-level rope_theta to it,
+    // so the two blocks are written to give it exactly rope_parameters either way.
+    cJSON_AddItemToObject(r, "rope_parameters", rope_block(&c->rope, 1));
     cJSON_AddNumberToObject(r, "rope_theta", float_for_json(c->rope.theta));
     if (c->rope.type == SL_ROPE_DEFAULT) cJSON_AddNullToObject(r, "rope_scaling");
-    else cJSON_AddItemToObject(r, "rope_scaling", rope_block(&c->rope, 0, 1));
+    else cJSON_AddItemToObject(r, "rope_scaling", rope_block(&c->rope, 0));
     cJSON_AddNumberToObject(r, "attention_dropout", 0.0);
     if (f == SL_FAMILY_LLAMA) {
         cJSON_AddFalseToObject(r, "attention_bias");
