@@ -75,22 +75,6 @@ void sl_decay_mask_free(sl_decay_mask *mask);
 // `mask` NULL means every element decays. Elements in [begin, end) not covered by the mask do not
 // decay (ZeRO padding past layout->total included).
 
-// torch.optim.AdamW (decoupled: p *= 1 - lr*wd) or torch.optim.Adam (L2: g += wd*p), per cfg->type.
-void sl_adam_step(const sl_optim_config *cfg, double lr, int64_t step,
-                  float *params,          // (end-begin,) updated in place
-                  const float *grads,     // (end-begin,)
-                  float *exp_avg,         // (end-begin,) first moment
-                  float *exp_avg_sq,      // (end-begin,) second moment
-                  const sl_decay_mask *mask, size_t begin, size_t end);
-
-// torch.optim.SGD. momentum_buf may be NULL when cfg->momentum == 0. On step 1 the buffer is set
-// to the (decayed) gradient, as torch does when it creates the buffer.
-void sl_sgd_step(const sl_optim_config *cfg, double lr, int64_t step,
-                 float *params,           // (end-begin,)
-                 const float *grads,      // (end-begin,)
-                 float *momentum_buf,     // (end-begin,) or NULL
-                 const sl_decay_mask *mask, size_t begin, size_t end);
-
 // The same steps as scalars + segments, for a backend's multi-tensor pass (ops.h adam_step /
 // sgd_step): the scalars of step `step` at `lr`, and the segments of [begin, end) (offsets relative
 // to begin; *segs malloc'd, free it) with decay marked as the mask and weight_decay say.
@@ -103,8 +87,11 @@ void sl_adam_apply(const sl_adam_args *a, float *p, const float *g, float *m, fl
                    int n_segs);
 void sl_sgd_apply(const sl_sgd_args *a, float *p, const float *g, float *buf, const sl_segment *segs, int n_segs);
 
-// Dispatches on cfg->type; state[0..num_state_buffers) as above. Returns -1 (with a message) when
-// a needed state buffer is NULL, step < 1, or begin > end.
+// One optimizer step over [begin, end) of params, dispatched on cfg->type: torch.optim.AdamW
+// (decoupled: p *= 1 - lr*wd) or torch.optim.Adam (L2: g += wd*p) with state[0] = exp_avg and
+// state[1] = exp_avg_sq; torch.optim.SGD with state[0] the momentum buffer (none when momentum is 0;
+// on step 1 it is set to the decayed gradient, as torch creates it). Returns -1 (with a message) when
+// a needed state buffer is NULL, step < 1, begin > end, or the segments cannot be allocated.
 int sl_optim_step(const sl_optim_config *cfg, double lr, int64_t step, float *params, const float *grads,
                   float *const *state, const sl_decay_mask *mask, size_t begin, size_t end);
 

@@ -315,17 +315,6 @@ void sl_adam_apply(const sl_adam_args *a, float *p, const float *g, float *m, fl
     }
 }
 
-void sl_adam_step(const sl_optim_config *cfg, double lr, int64_t step, float *params, const float *grads,
-                  float *exp_avg, float *exp_avg_sq, const sl_decay_mask *mask, size_t begin, size_t end) {
-    sl_adam_args a;
-    sl_adam_args_make(cfg, lr, step, &a);
-    sl_segment *segs;
-    int n;
-    if (sl_optim_segments(cfg, mask, begin, end, &segs, &n)) return;
-    sl_adam_apply(&a, params, grads, exp_avg, exp_avg_sq, segs, n);
-    free(segs);
-}
-
 // ---- SGD ---------------------------------------------------------------------------------------
 
 void sl_sgd_args_make(const sl_optim_config *cfg, double lr, int64_t step, sl_sgd_args *a) {
@@ -359,17 +348,6 @@ void sl_sgd_apply(const sl_sgd_args *a, float *p, const float *g, float *buf, co
             ps[i] = fmaf(neg_lr, gi, pi);                              // param.add_(grad, alpha=-lr)
         }
     }
-}
-
-void sl_sgd_step(const sl_optim_config *cfg, double lr, int64_t step, float *params, const float *grads,
-                 float *momentum_buf, const sl_decay_mask *mask, size_t begin, size_t end) {
-    sl_sgd_args a;
-    sl_sgd_args_make(cfg, lr, step, &a);
-    sl_segment *segs;
-    int n;
-    if (sl_optim_segments(cfg, mask, begin, end, &segs, &n)) return;
-    sl_sgd_apply(&a, params, grads, momentum_buf, segs, n);
-    free(segs);
 }
 
 int sl_optim_step_on(const sl_ops *ops, const sl_optim_config *cfg, double lr, int64_t step, float *params,

@@ -237,7 +237,8 @@ TEST(decay_mask_from_layout) {
     sl_optim_config oc;
     sl_optim_defaults(&oc);
     oc.weight_decay = 0.5f;
-    sl_adam_step(&oc, 0.1f, 1, p, g, m, v, &mask, 0, L.total);
+    float *state[2] = {m, v};
+    CHECK(sl_optim_step(&oc, 0.1f, 1, p, g, state, &mask, 0, L.total) == 0);
     for (int i = 0; i < L.n_tensors; i++) {
         float want_p = L.tensors[i].weight_decay ? 0.95f : 1.0f;
         CHECK_MSG(p[L.tensors[i].offset] == want_p && p[L.tensors[i].offset + L.tensors[i].numel - 1] == want_p,
