@@ -224,6 +224,10 @@ int sl_engine_step(sl_engine *e) {
     e->last_step_scale = used_scale;
     if (skip) zero_grads(e);  // DeepSpeed: the overflowing gradients are dropped, nothing moves
     else if (apply_step(e, g, n, used_scale)) return -1;
+    // a kernel or library call of this step that failed on the backend (recorded there, first one
+    // wins) stops training here, named, instead of going unnoticed
+    if (e->model->ops->synchronize())
+        return sl_error_context("step %lld on the %s backend", (long long)e->step + 1, e->model->ops->name);
     double loss_sum = e->loss_sum;
     if (e->distributed) {
         if (sl_comm_allreduce(e->cfg.dp, &loss_sum, 1, SL_DTYPE_F64, SL_OP_SUM)) return -1;

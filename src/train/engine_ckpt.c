@@ -208,21 +208,23 @@ static void unstage(sl_engine *e, device_state *dev, int upload) {
     memset(dev, 0, sizeof *dev);
 }
 
-// Collective: every rank learns whether all staged (a rank short of host memory must not leave the
-// others waiting in the checkpoint's collectives).
+// Collective: every rank learns whether all staged (a rank short of host memory, or whose backend
+// reports a failed call, must not leave the others waiting in the checkpoint's collectives).
 static int stage_to_host(sl_engine *e, device_state *dev, int with_params) {
     const sl_ops *ops = e->model->ops;
     memset(dev, 0, sizeof *dev);
-    if (!ops->on_device) return 0;
     int bad = 0;
-    if (with_params && e->model->params) {
+    if (with_params && e->model->params && ops->on_device) {
         dev->params = e->model->params;
         bad |= !(e->model->params = host_mirror(ops, dev->params, e->model->capacity));
     }
-    for (int i = 0; i < e->n_optim_state; i++) {
+    for (int i = 0; i < e->n_optim_state && ops->on_device; i++) {
         dev->state[i] = e->optim_state[i];
         bad |= !(e->optim_state[i] = host_mirror(ops, dev->state[i], e->state_numel));
     }
+    // a failed transfer (or any earlier call) recorded by the backend: reported before anything is
+    // written, and agreed on like the rest
+    if (!bad && ops->synchronize()) bad = 1;
     int rc = bad ? -1 : 0;
     if (e->distributed && sl_comm_allreduce(e->cfg.dp, &rc, 1, SL_DTYPE_I32, SL_OP_MIN)) rc = -1;
     if (rc) {
@@ -244,6 +246,7 @@ int sl_engine_save(sl_engine *e, const char *root, const char *tag, const char *
     if (engine_weights_for_save(e, &full, &owned)) return -1;
     device_state dev;
     int rc = stage_to_host(e, &dev, 0);
+    if (rc) sl_error_context("checkpoint %s: staging through host memory", tag);
     if (rc == 0) rc = save_impl(e, root, tag, client_state_json, full);
     unstage(e, &dev, 0);
     if (owned) free(full);
@@ -255,6 +258,7 @@ int sl_engine_load(sl_engine *e, const char *path, char **client_state_json) {
     int rc = stage_to_host(e, &dev, 1);
     if (rc == 0) rc = load_impl(e, path, client_state_json);
     unstage(e, &dev, rc == 0);
+    if (rc == 0 && e->model->ops->synchronize()) rc = sl_error_context("%s: staging through host memory", path);
     if (rc == 0) {
         sl_model_zero_grad(e->model);
         engine_capture_master(e);  // the weights just read are fp32: the master, rounded for the model

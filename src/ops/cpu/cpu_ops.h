@@ -66,7 +66,7 @@ void cpu_to_storage(void *dst, const float *src, size_t n);
 #define SL_CPU_HOST_FNS                                                                                 \
     .set_precision = cpu_set_precision, .on_device = 0, .alloc = cpu_alloc, .dealloc = cpu_dealloc,     \
     .memzero = cpu_memzero, .upload = cpu_copy, .download = cpu_copy, .copy = cpu_copy,                 \
-    .synchronize = cpu_synchronize, .stream = cpu_stream, .peak_bytes = cpu_peak_bytes,                 \
+    .stream = cpu_stream, .peak_bytes = cpu_peak_bytes,                 \
     .reset_peak_bytes = cpu_reset_peak_bytes, .sumsq = sl_grad_sumsq, .scale = cpu_scale,               \
     .nonfinite = sl_grads_have_overflow, .round_to = cpu_round_to, .to_storage = cpu_to_storage,        \
     .adam_step = sl_adam_apply, .sgd_step = sl_sgd_apply

@@ -60,6 +60,7 @@ const sl_ops sl_ops_cpu = {
     .crossentropy_backward = cpu_crossentropy_backward,
     .act_bf16 = 0,
     .sliding_window = 1,
+    .synchronize = cpu_synchronize,
     SL_CPU_HOST_FNS,
 };
 

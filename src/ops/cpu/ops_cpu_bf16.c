@@ -11,17 +11,30 @@
 #include "ops/cpu/cpu_ops.h"
 #include "shardlm/precision.h"
 
+#include "shardlm/error.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 
 static const sl_ops *const cpu = &sl_ops_cpu;
 
-// An fp32 temporary of n elements (aborts when the heap is out: an op has no error path).
+// A temporary that could not be allocated: the op does nothing more, and the first failure is
+// reported by synchronize() (as a failed GPU call is), which the engine checks every step.
+static int g_failed;
+static char g_failure[160];
+
+static int bf16_synchronize(void) {
+    if (!g_failed) return 0;
+    g_failed = 0;
+    return sl_errorf("%s", g_failure);
+}
+
+// An fp32 temporary of n elements; NULL (failure recorded) when the heap is out.
 static float *scratch(size_t n) {
     float *f = malloc((n ? n : 1) * sizeof(float));
-    if (!f) {
-        fprintf(stderr, "cpu-bf16: out of memory for a %zu-float temporary\n", n);
-        abort();
+    if (!f && !g_failed) {
+        g_failed = 1;
+        snprintf(g_failure, sizeof g_failure, "cpu-bf16: out of memory for a %zu-float temporary", n);
     }
     return f;
 }
@@ -30,13 +43,13 @@ static float *scratch(size_t n) {
 static float *widen(const float *storage, size_t n) {
     if (!storage) return NULL;
     float *f = scratch(n);
-    sl_bf16_to_f32_array((const sl_bf16 *)(const void *)storage, f, n);
+    if (f) sl_bf16_to_f32_array((const sl_bf16 *)(const void *)storage, f, n);
     return f;
 }
 
 // The fp32 temporary f rounded into bf16 storage (n elements; none for NULL storage), then freed.
 static void narrow(float *storage, float *f, size_t n) {
-    if (storage) sl_f32_to_bf16_array(f, (sl_bf16 *)(void *)storage, n);
+    if (storage && f && !g_failed) sl_f32_to_bf16_array(f, (sl_bf16 *)(void *)storage, n);
     free(f);
 }
 
@@ -48,11 +61,11 @@ static void encoder_forward(float *out, const int *inp, const float *wte, const 
     size_t N = sz(B, T), n = sz(B * T, C);
     float *rows = scratch(n), *o = scratch(n), *pe = widen(wpe, sz(T, C));
     int *ids = (int *)(void *)scratch(N);
-    for (size_t r = 0; r < N; r++) {
+    for (size_t r = 0; !g_failed && r < N; r++) {
         ids[r] = (int)r;
         sl_bf16_to_f32_array((const sl_bf16 *)(const void *)wte + (size_t)inp[r] * C, rows + r * C, (size_t)C);
     }
-    cpu->encoder_forward(o, ids, rows, pe, B, T, C);
+    if (!g_failed) cpu->encoder_forward(o, ids, rows, pe, B, T, C);
     narrow(out, o, n);
     free(rows);
     free(pe);
@@ -61,7 +74,7 @@ static void encoder_forward(float *out, const int *inp, const float *wte, const 
 
 static void encoder_backward(float *dwte, float *dwpe, const float *dout, const int *inp, int B, int T, int C) {
     float *d = widen(dout, sz(B * T, C));
-    cpu->encoder_backward(dwte, dwpe, d, inp, B, T, C);
+    if (!g_failed) cpu->encoder_backward(dwte, dwpe, d, inp, B, T, C);
     free(d);
 }
 
@@ -69,7 +82,7 @@ static void matmul_forward(float *out, const float *inp, const float *weight, co
                            int OC) {
     float *i = widen(inp, sz(N, IC)), *w = widen(weight, sz(OC, IC)), *b = widen(bias, (size_t)OC);
     float *o = scratch(sz(N, OC));
-    cpu->matmul_forward(o, i, w, b, N, IC, OC);
+    if (!g_failed) cpu->matmul_forward(o, i, w, b, N, IC, OC);
     narrow(out, o, sz(N, OC));
     free(i);
     free(w);
@@ -80,7 +93,7 @@ static void matmul_backward(float *dinp, float *dweight, float *dbias, const flo
                             const float *weight, int N, int IC, int OC) {
     float *d = widen(dout, sz(N, OC)), *i = widen(inp, sz(N, IC)), *w = widen(weight, sz(OC, IC));
     float *di = dinp ? scratch(sz(N, IC)) : NULL;
-    cpu->matmul_backward(di, dweight, dbias, d, i, w, N, IC, OC);
+    if (!g_failed) cpu->matmul_backward(di, dweight, dbias, d, i, w, N, IC, OC);
     narrow(dinp, di, sz(N, IC));
     free(d);
     free(i);
@@ -91,7 +104,7 @@ static void matmul_gelu_forward(float *out, float *pre, const float *inp, const 
                                 int N, int IC, int OC) {
     float *i = widen(inp, sz(N, IC)), *w = widen(weight, sz(OC, IC)), *b = widen(bias, (size_t)OC);
     float *o = scratch(sz(N, OC)), *p = scratch(sz(N, OC));
-    cpu->matmul_gelu_forward(o, p, i, w, b, N, IC, OC);
+    if (!g_failed) cpu->matmul_gelu_forward(o, p, i, w, b, N, IC, OC);
     narrow(out, o, sz(N, OC));
     narrow(pre, p, sz(N, OC));
     free(i);
@@ -112,7 +125,7 @@ static void matmul_gelu_backward(float *dinp, float *dweight, float *dbias, floa
 static void layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *w, const float *b,
                               int N, int C, float eps) {
     float *i = widen(inp, sz(N, C)), *o = scratch(sz(N, C)), *wf = widen(w, (size_t)C), *bf = widen(b, (size_t)C);
-    cpu->layernorm_forward(o, mean, rstd, i, wf, bf, N, C, eps);
+    if (!g_failed) cpu->layernorm_forward(o, mean, rstd, i, wf, bf, N, C, eps);
     narrow(out, o, sz(N, C));
     free(i);
     free(wf);
@@ -122,7 +135,7 @@ static void layernorm_forward(float *out, float *mean, float *rstd, const float 
 static void layernorm_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp, const float *w,
                                const float *mean, const float *rstd, int N, int C) {
     float *di = widen(dinp, sz(N, C)), *d = widen(dout, sz(N, C)), *i = widen(inp, sz(N, C)), *wf = widen(w, (size_t)C);
-    cpu->layernorm_backward(di, dw, db, d, i, wf, mean, rstd, N, C);
+    if (!g_failed) cpu->layernorm_backward(di, dw, db, d, i, wf, mean, rstd, N, C);
     narrow(dinp, di, sz(N, C));  // accumulated into
     free(d);
     free(i);
@@ -131,7 +144,7 @@ static void layernorm_backward(float *dinp, float *dw, float *db, const float *d
 
 static void rmsnorm_forward(float *out, float *rstd, const float *inp, const float *w, int N, int C, float eps) {
     float *i = widen(inp, sz(N, C)), *o = scratch(sz(N, C)), *wf = widen(w, (size_t)C);
-    cpu->rmsnorm_forward(o, rstd, i, wf, N, C, eps);
+    if (!g_failed) cpu->rmsnorm_forward(o, rstd, i, wf, N, C, eps);
     narrow(out, o, sz(N, C));
     free(i);
     free(wf);
@@ -140,7 +153,7 @@ static void rmsnorm_forward(float *out, float *rstd, const float *inp, const flo
 static void rmsnorm_backward(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
                              const float *rstd, int N, int C) {
     float *di = widen(dinp, sz(N, C)), *d = widen(dout, sz(N, C)), *i = widen(inp, sz(N, C)), *wf = widen(w, (size_t)C);
-    cpu->rmsnorm_backward(di, dw, d, i, wf, rstd, N, C);
+    if (!g_failed) cpu->rmsnorm_backward(di, dw, d, i, wf, rstd, N, C);
     narrow(dinp, di, sz(N, C));  // accumulated into
     free(d);
     free(i);
@@ -150,7 +163,7 @@ static void rmsnorm_backward(float *dinp, float *dw, const float *dout, const fl
 // The residual adds widen both addends before writing: out / resid may alias a or b.
 static void residual_forward(float *out, const float *a, const float *b, size_t n) {
     float *x = widen(a, n), *y = widen(b, n), *o = scratch(n);
-    cpu->residual_forward(o, x, y, n);
+    if (!g_failed) cpu->residual_forward(o, x, y, n);
     narrow(out, o, n);
     free(x);
     free(y);
@@ -172,14 +185,14 @@ static void residual_rmsnorm_forward(float *resid, float *out, float *rstd, cons
 
 static void gelu_forward(float *out, const float *inp, size_t n) {
     float *i = widen(inp, n), *o = scratch(n);
-    cpu->gelu_forward(o, i, n);
+    if (!g_failed) cpu->gelu_forward(o, i, n);
     narrow(out, o, n);
     free(i);
 }
 
 static void gelu_backward(float *dinp, const float *inp, const float *dout, size_t n) {
     float *i = widen(inp, n), *d = widen(dout, n), *di = scratch(n);
-    cpu->gelu_backward(di, i, d, n);
+    if (!g_failed) cpu->gelu_backward(di, i, d, n);
     narrow(dinp, di, n);
     free(i);
     free(d);
@@ -187,14 +200,14 @@ static void gelu_backward(float *dinp, const float *inp, const float *dout, size
 
 static void swiglu_forward(float *out, const float *inp, int N, int I) {
     float *i = widen(inp, sz(N, 2 * I)), *o = scratch(sz(N, I));
-    cpu->swiglu_forward(o, i, N, I);
+    if (!g_failed) cpu->swiglu_forward(o, i, N, I);
     narrow(out, o, sz(N, I));
     free(i);
 }
 
 static void swiglu_backward(float *dinp, const float *inp, const float *dout, int N, int I) {
     float *i = widen(inp, sz(N, 2 * I)), *d = widen(dout, sz(N, I)), *di = scratch(sz(N, 2 * I));
-    cpu->swiglu_backward(di, i, d, N, I);
+    if (!g_failed) cpu->swiglu_backward(di, i, d, N, I);
     narrow(dinp, di, sz(N, 2 * I));
     free(i);
     free(d);
@@ -204,21 +217,21 @@ static void rope_forward(float *qkv, const float *cos, const float *sin, int B, 
                          int pos0) {
     size_t n = sz(B * T, (NH + 2 * NKV) * HD);
     float *q = widen(qkv, n);
-    cpu->rope_forward(q, cos, sin, B, T, NH, NKV, HD, pos0);
+    if (!g_failed) cpu->rope_forward(q, cos, sin, B, T, NH, NKV, HD, pos0);
     narrow(qkv, q, n);  // in place
 }
 
 static void rope_backward(float *dqkv, const float *cos, const float *sin, int B, int T, int NH, int NKV, int HD) {
     size_t n = sz(B * T, (NH + 2 * NKV) * HD);
     float *d = widen(dqkv, n);
-    cpu->rope_backward(d, cos, sin, B, T, NH, NKV, HD);
+    if (!g_failed) cpu->rope_backward(d, cos, sin, B, T, NH, NKV, HD);
     narrow(dqkv, d, n);  // in place
 }
 
 static void attention_forward(float *out, float *lse, const float *qkv, int B, int T, int NH, int NKV, int HD,
                               int window) {
     float *q = widen(qkv, sz(B * T, (NH + 2 * NKV) * HD)), *o = scratch(sz(B * T, NH * HD));
-    cpu->attention_forward(o, lse, q, B, T, NH, NKV, HD, window);
+    if (!g_failed) cpu->attention_forward(o, lse, q, B, T, NH, NKV, HD, window);
     narrow(out, o, sz(B * T, NH * HD));
     free(q);
 }
@@ -227,7 +240,7 @@ static void attention_backward(float *dqkv, const float *dout, const float *qkv,
                                int B, int T, int NH, int NKV, int HD, int window) {
     size_t nq = sz(B * T, (NH + 2 * NKV) * HD), no = sz(B * T, NH * HD);
     float *d = widen(dout, no), *q = widen(qkv, nq), *o = widen(out, no), *dq = scratch(nq);
-    cpu->attention_backward(dq, d, q, o, lse, B, T, NH, NKV, HD, window);
+    if (!g_failed) cpu->attention_backward(dq, d, q, o, lse, B, T, NH, NKV, HD, window);
     narrow(dqkv, dq, nq);
     free(d);
     free(q);
@@ -238,7 +251,7 @@ static void attention_decode(float *out, const float *q, const float *k_cache, c
                              int NH, int NKV, int HD) {
     float *qf = widen(q, sz(NH, HD)), *k = widen(k_cache, sz(n_ctx, NKV * HD)), *v = widen(v_cache, sz(n_ctx, NKV * HD));
     float *o = scratch(sz(NH, HD));
-    cpu->attention_decode(o, qf, k, v, n_ctx, NH, NKV, HD);
+    if (!g_failed) cpu->attention_decode(o, qf, k, v, n_ctx, NH, NKV, HD);
     narrow(out, o, sz(NH, HD));
     free(qf);
     free(k);
@@ -247,7 +260,7 @@ static void attention_decode(float *out, const float *q, const float *k_cache, c
 
 static double crossentropy_forward(float *lse, const float *logits, const int *targets, int N, int V, int Vp) {
     float *l = widen(logits, sz(N, Vp));
-    double loss = cpu->crossentropy_forward(lse, l, targets, N, V, Vp);
+    double loss = g_failed ? 0.0 : cpu->crossentropy_forward(lse, l, targets, N, V, Vp);
     free(l);
     return loss;
 }
@@ -255,7 +268,7 @@ static double crossentropy_forward(float *lse, const float *logits, const int *t
 static void crossentropy_backward(float *logits, const float *lse, const int *targets, int N, int V, int Vp,
                                   float dloss) {
     float *l = widen(logits, sz(N, Vp));
-    cpu->crossentropy_backward(l, lse, targets, N, V, Vp, dloss);
+    if (!g_failed) cpu->crossentropy_backward(l, lse, targets, N, V, Vp, dloss);
     narrow(logits, l, sz(N, Vp));  // dlogits, in place
 }
 
@@ -287,5 +300,6 @@ const sl_ops sl_ops_cpu_bf16 = {
     .crossentropy_backward = crossentropy_backward,
     .act_bf16 = 1,
     .sliding_window = 1,
+    .synchronize = bf16_synchronize,
     SL_CPU_HOST_FNS,  // memory functions and optimizer passes are the CPU's
 };
