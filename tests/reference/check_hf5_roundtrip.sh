@@ -51,7 +51,10 @@ a, b = AutoConfig.from_pretrained(sys.argv[1]), AutoConfig.from_pretrained(sys.a
 keys = ["model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
         "num_key_value_heads", "head_dim", "max_position_embeddings", "rms_norm_eps", "tie_word_embeddings",
         "rope_parameters", "sliding_window", "use_sliding_window", "pad_token_id", "hidden_act"]
-diff = [f"{k}: {getattr(a, k, None)!r} vs {getattr(b, k, None)!r}" for k in keys if getattr(a, k, None) != getattr(b, k, None)]
+def value(cfg, k):  # a 4.x file's legacy rope "type" key is the same setting as rope_type
+    v = getattr(cfg, k, None)
+    return {x: y for x, y in v.items() if x != "type"} if k == "rope_parameters" and isinstance(v, dict) else v
+diff = [f"{k}: {value(a, k)!r} vs {value(b, k)!r}" for k in keys if value(a, k) != value(b, k)]
 print("config same" if not diff else "config DIFFERS: " + "; ".join(diff))
 sys.exit(1 if diff else 0)
 EOF
