@@ -1,4 +1,5 @@
 // cuda_dlopen.c: the search order for CUDA's shared libraries (see cuda_dlopen.h).
+#include "shardlm/settings.h"
 #include "shardlm/cuda_dlopen.h"
 
 #include <dlfcn.h>
@@ -11,8 +12,8 @@
 
 void *sl_cuda_dlopen(const char *const *names, char *why, size_t cap) {
     const char *dirs[2] = {SHARDLM_CUDA_LIBDIR, NULL};
-    char home[1024];
-    const char *cuda_home = getenv("CUDA_HOME");
+    char home[sizeof sl_settings_get()->cuda_home + 8];
+    const char *cuda_home = sl_settings_get()->cuda_home;
     if (cuda_home && *cuda_home) {
         snprintf(home, sizeof home, "%s/lib64", cuda_home);
         dirs[1] = home;

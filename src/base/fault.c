@@ -1,5 +1,6 @@
 // fault.c: SHARDLM_FAULT injection points (see fault.h).
 #include "shardlm/fault.h"
+#include "shardlm/settings.h"
 
 #include <signal.h>
 #include <stdio.h>
@@ -7,10 +8,9 @@
 #include <string.h>
 
 int sl_fault_fires(int rank, int64_t step, const char *where) {
-    const char *spec = getenv("SHARDLM_FAULT");
-    if (!spec || !spec[0]) return 0;
-    const char *restart = getenv("SHARDLM_RESTART_COUNT");
-    if (restart && atoi(restart) != 0) return 0;
+    const sl_settings *s = sl_settings_get();
+    const char *spec = s->fault;
+    if (!spec[0] || s->restart_count != 0) return 0;
     int want_rank;
     long long want_step;
     char want_where[16];

@@ -4,6 +4,7 @@
 // Invariants: a message goes to the console at most once and to the rank's file at most once; a
 // message never exceeds one line per call as written (the caller's text plus one '\n' if it lacks
 // one); the file, when open, is line-buffered so a crash loses at most a partial line.
+#include "shardlm/settings.h"
 #include "shardlm/log.h"
 
 #include <errno.h>
@@ -60,14 +61,8 @@ int sl_log_init(int rank, int world, const char *log_dir, int all_ranks) {
     log_rank = rank;
     log_world = world;
     log_all_ranks = all_ranks != 0;
-    const char *lv = getenv("SHARDLM_LOG_LEVEL");
-    if (lv && *lv) {
-        if (strcmp(lv, "debug") == 0) log_level = SL_LOG_DEBUG;
-        else if (strcmp(lv, "info") == 0) log_level = SL_LOG_INFO;
-        else if (strcmp(lv, "warn") == 0) log_level = SL_LOG_WARN;
-        else if (strcmp(lv, "error") == 0) log_level = SL_LOG_ERROR;
-        else return sl_errorf("SHARDLM_LOG_LEVEL=\"%s\": expected debug, info, warn or error", lv);
-    }
+    if (getenv("SHARDLM_LOG_LEVEL") && sl_settings_load()) return -1;  // a malformed level is an error here
+    log_level = (sl_log_level)sl_settings_get()->log_level;
     if (log_dir && *log_dir) {
         if (mkdir_p(log_dir)) return -1;
         char path[PATH_MAX];

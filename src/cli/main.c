@@ -1,5 +1,7 @@
 // main.c: `shardlm <command> [flags]`: dispatches to one file per subcommand.
 #include "cli/commands.h"
+#include "shardlm/error.h"
+#include "shardlm/settings.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -20,6 +22,11 @@ static void usage(FILE *f) {
 int main(int argc, char **argv) {
     if (argc < 2) { usage(stderr); return 2; }
     const char *cmd = argv[1];
+    // the environment's switches, read once (settings.h); `report` shows a malformed one instead
+    if (sl_settings_load() && strcmp(cmd, "report")) {
+        fprintf(stderr, "error: %s\n", sl_error());
+        return 2;
+    }
     if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) { usage(stdout); return 0; }
     if (!strcmp(cmd, "prepare")) return cmd_prepare(argc - 1, argv + 1);
     if (!strcmp(cmd, "train")) return cmd_train(argc - 1, argv + 1);

@@ -7,6 +7,7 @@
 #include "shardlm/comm.h"
 #include "shardlm/cuda_dlopen.h"
 #include "shardlm/error.h"
+#include "shardlm/settings.h"
 #include "shardlm/launch_env.h"
 #include "shardlm/ops.h"
 
@@ -305,6 +306,16 @@ static void report_launch(void) {
     row("master", "%s:%d", env.master_addr, env.master_port);
 }
 
+// ---- environment: the switches of settings.h ---------------------------------------------------------
+
+static void report_settings(void) {
+    section("environment (settings.h; docs/cli.md)");
+    if (sl_settings_load()) row("malformed", "%s (its default is used)", sl_error());
+    const char *name, *value, *meaning;
+    for (int i = 0; sl_settings_row(i, &name, &value, &meaning) == 0; i++)
+        row(name, "%s\n%s", value ? value : "(unset)", meaning);
+}
+
 int cmd_report(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) { usage(stdout); return 0; }
@@ -316,6 +327,7 @@ int cmd_report(int argc, char **argv) {
     report_libraries();
     report_backends();
     report_launch();
+    report_settings();
     report_cuda();
     fflush(stdout);
     return 0;

@@ -9,6 +9,7 @@
 // the torchrun convention (LOCAL_RANK r drives GPU r). GPUs are numbered within the set that
 // CUDA_VISIBLE_DEVICES exposes, so a launcher that hands each rank one GPU through
 // CUDA_VISIBLE_DEVICES gets GPU 0 in every rank, as intended.
+#include "shardlm/settings.h"
 #include "shardlm/error.h"
 #include "shardlm/ops.h"
 #include "shardlm/precision.h"
@@ -44,8 +45,7 @@ static int parse_gpu_index(const char *s) {
 const sl_ops *sl_ops_for_device(const char *device, int local_rank) {
     if (!device || !strcmp(device, "cpu")) {
         // the test backend emulating the GPU's bf16 activation storage (ops.h: sl_ops_cpu_bf16)
-        const char *emulate = getenv("SHARDLM_EMULATE_BF16_STORAGE");
-        return emulate && !strcmp(emulate, "1") ? &sl_ops_cpu_bf16 : &sl_ops_cpu;
+        return sl_settings_get()->emulate_bf16_storage ? &sl_ops_cpu_bf16 : &sl_ops_cpu;
     }
     int is_cuda = !strcmp(device, "cuda"), is_indexed = !strncmp(device, "cuda:", 5);
     if (!is_cuda && !is_indexed) {
@@ -83,8 +83,7 @@ const sl_ops *sl_ops_for_device(const char *device, int local_rank) {
 
 const sl_ops *sl_ops_for_precision(const sl_ops *ops, int precision) {
 #ifdef SHARDLM_HAVE_CUDA
-    const char *env = getenv("SHARDLM_BF16_STORAGE");
-    if (ops == &sl_ops_cuda && precision == SL_PRECISION_BF16 && !(env && !strcmp(env, "0"))) return &sl_ops_cuda_bf16;
+    if (ops == &sl_ops_cuda && precision == SL_PRECISION_BF16 && sl_settings_get()->bf16_storage) return &sl_ops_cuda_bf16;
 #else
     (void)precision;
 #endif

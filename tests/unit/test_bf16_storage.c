@@ -12,6 +12,8 @@
 #include "shardlm/model.h"
 #include "shardlm/ops.h"
 #include "shardlm/rope.h"
+#include "shardlm/settings.h"
+#include "shardlm/error.h"
 #include "shardlm/precision.h"
 #include "shardlm/rng.h"
 
@@ -47,10 +49,16 @@ TEST(tables_declare_their_storage) {
     CHECK(sl_ops_cpu_bf16.act_bf16 == 1);
     CHECK(sl_ops_cpu_bf16.on_device == 0);
     unsetenv("SHARDLM_EMULATE_BF16_STORAGE");
+    CHECK(sl_settings_load() == 0);  // the environment is read once; again after changing it
     CHECK(sl_ops_for_device("cpu", 0) == &sl_ops_cpu);
     setenv("SHARDLM_EMULATE_BF16_STORAGE", "1", 1);
+    CHECK(sl_settings_load() == 0);
     CHECK(sl_ops_for_device("cpu", 0) == &sl_ops_cpu_bf16);
+    setenv("SHARDLM_EMULATE_BF16_STORAGE", "yes", 1);  // malformed: an error naming it, the default kept
+    CHECK(sl_settings_load() == -1 && strstr(sl_error(), "SHARDLM_EMULATE_BF16_STORAGE") != NULL);
+    CHECK(sl_ops_for_device("cpu", 0) == &sl_ops_cpu);
     unsetenv("SHARDLM_EMULATE_BF16_STORAGE");
+    CHECK(sl_settings_load() == 0);
 }
 
 TEST(to_storage_rounds_to_nearest_even) {

@@ -4,6 +4,7 @@
 #include "test.h"
 #include "shardlm/engine.h"
 #include "shardlm/precision.h"
+#include "shardlm/settings.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -202,12 +203,14 @@ TEST(injected_overflow_skips_exactly_that_step) {
     CHECK(setup(&r, SL_PRECISION_BF16, 16, 2) == 0);
     setenv("SHARDLM_FAULT", "0:3:overflow", 1);
     unsetenv("SHARDLM_RESTART_COUNT");
+    CHECK(sl_settings_load() == 0);  // the environment is read once; again after changing it
     int skipped_at[6] = {0};
     for (int s = 0; s < 6; s++) {
         CHECK(one_step(&r) == 0);
         skipped_at[s] = r.engine.last_step_skipped;
     }
     unsetenv("SHARDLM_FAULT");
+    CHECK(sl_settings_load() == 0);
     for (int s = 0; s < 6; s++) CHECK_MSG(skipped_at[s] == (s == 2), "step %d skipped=%d", s + 1, skipped_at[s]);
     CHECK(r.engine.scaler.skipped_steps == 1);
     teardown(&r);

@@ -35,6 +35,7 @@
 // Shared memory per block (KiB, dynamic): forward 70.3 at HD 64, 110.3 at HD 128; dK/dV 88.5 / 120.5;
 // dQ 79.0 / 111.0. A GPU that allows a block less (sm_86/89: 99 KiB) gets the SIMT kernels for that
 // HD. Limits: HD in {16, 32, 64, 80, 96, 128}; NH % NKV == 0 (checked by attention.cu).
+#include "shardlm/settings.h"
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/attention_tc.cuh"
 
@@ -399,11 +400,8 @@ void launch_backward(bf16 *dqkv, const bf16 *dout, const bf16 *qkv, const float 
 }
 
 // SHARDLM_ATTENTION=simt keeps bf16 attention on the SIMT kernels (a comparison, or a way around a
-// problem); read at every call (a getenv, against a kernel launch), so a test can switch it.
-bool tc_enabled() {
-    const char *v = getenv("SHARDLM_ATTENTION");
-    return !(v && !strcmp(v, "simt"));
-}
+// problem): settings.h.
+bool tc_enabled() { return sl_settings_get()->attention_tensor_cores != 0; }
 
 bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 

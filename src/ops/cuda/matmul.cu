@@ -65,6 +65,7 @@
 //   - The plan cache is not locked: ops are called from one host thread (as every op of the backend).
 //     An evicted plan's descriptors may be destroyed while its GEMM is still queued: cublasLtMatmul
 //     captures what it needs when it is called.
+#include "shardlm/settings.h"
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/cuda_math.cuh"
 
@@ -150,10 +151,8 @@ int sl_cuda_matmul_init(void) {
                          "install cuBLAS %d or rebuild", lt_path, version / 10000, version / 100 % 100,
                          version % 100, CUBLAS_VER_MAJOR, CUBLAS_VER_MAJOR);
 
-    const char *tf32 = getenv("SHARDLM_TF32");
-    fp32_compute = (tf32 && !strcmp(tf32, "1")) ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-    const char *epi = getenv("SHARDLM_GELU_EPILOGUE");
-    gelu_epilogue = !(epi && !strcmp(epi, "0"));
+    fp32_compute = sl_settings_get()->tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    gelu_epilogue = sl_settings_get()->gelu_epilogue;
 
     cublasStatus_t st = lt.cublasLtCreate(&lt_handle);
     if (st != CUBLAS_STATUS_SUCCESS) {

@@ -1,0 +1,42 @@
+// settings.h: the run-time switches shardlm reads from the environment, in one place. They are read
+// once (sl_settings_load, or the first sl_settings_get) into one struct that the library consults,
+// `shardlm report` prints (with where each value came from), and docs/cli.md ("Environment")
+// documents. A malformed value is an error naming the variable, never a silent default.
+#ifndef SHARDLM_SETTINGS_H
+#define SHARDLM_SETTINGS_H
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+    int tf32;                  // SHARDLM_TF32=1: fp32 GEMMs on the GPU may use TF32 tensor cores (default 0)
+    int gelu_epilogue;         // SHARDLM_GELU_EPILOGUE=0: GPT-2's GELU outside the cuBLASLt epilogue (default 1)
+    int attention_tensor_cores;// SHARDLM_ATTENTION=simt: bf16 attention on the CUDA-core kernels (default tc)
+    int bf16_storage;          // SHARDLM_BF16_STORAGE=0: bf16 runs on the GPU keep fp32 activations (default 1)
+    int emulate_bf16_storage;  // SHARDLM_EMULATE_BF16_STORAGE=1: the CPU emulates bf16 storage (tests; default 0)
+    int log_level;             // SHARDLM_LOG_LEVEL=debug|info|warn|error (sl_log_level; default info)
+    char fault[64];            // SHARDLM_FAULT=RANK:STEP:WHERE: fault injection for tests (default none)
+    int restart_count;         // SHARDLM_RESTART_COUNT: set by `shardlm launch` on restarts (default 0)
+    char cuda_home[1024];      // CUDA_HOME: where CUDA libraries are looked for after the build's (default none)
+} sl_settings;
+
+// (Re)reads every variable; -1 with a message naming the first malformed one (a malformed variable
+// keeps its default, the others are read). `shardlm` calls it once at start; tests after setenv.
+int sl_settings_load(void);
+
+// The settings (loaded on first use; a malformed variable then leaves its default and is reported by
+// sl_settings_load / shardlm report).
+const sl_settings *sl_settings_get(void);
+
+// For `shardlm report`: row i (0 .. n-1) as its variable, its value as set (NULL: unset) and a line
+// saying what it does; returns 0, or -1 past the last row.
+int sl_settings_row(int i, const char **name, const char **value, const char **meaning);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

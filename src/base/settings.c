@@ -1,0 +1,103 @@
+// settings.c: the environment read once into sl_settings (see settings.h).
+#include "shardlm/settings.h"
+#include "shardlm/error.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define DEFAULTS {.gelu_epilogue = 1, .attention_tensor_cores = 1, .bf16_storage = 1, .log_level = 1}
+static sl_settings settings = DEFAULTS;
+static int loaded;
+
+static const struct { const char *name, *meaning; } variables[] = {
+    {"SHARDLM_TF32", "1: fp32 GEMMs on the GPU may use TF32 tensor cores (default 0: exact fp32)"},
+    {"SHARDLM_GELU_EPILOGUE", "0: GPT-2's GELU as its own kernel instead of cuBLASLt's epilogue (default 1)"},
+    {"SHARDLM_ATTENTION", "simt: bf16 attention on the CUDA-core kernels instead of tensor cores (default tc)"},
+    {"SHARDLM_BF16_STORAGE", "0: --precision bf16 on the GPU keeps fp32 activations (default 1: bf16 storage)"},
+    {"SHARDLM_EMULATE_BF16_STORAGE", "1: the CPU backend emulates the GPU's bf16 storage (tests; default 0)"},
+    {"SHARDLM_LOG_LEVEL", "debug, info, warn or error: the lowest level logged (default info)"},
+    {"SHARDLM_FAULT", "RANK:STEP:WHERE: that rank kills itself there (fault-injection tests; default none)"},
+    {"SHARDLM_RESTART_COUNT", "restarts so far, set by shardlm launch (faults fire only before the first)"},
+    {"CUDA_HOME", "also look for CUDA libraries in CUDA_HOME/lib64 (after the build's CUDA_HOME)"},
+};
+
+// The first malformed variable of a load ("" when none).
+static char first_error[256];
+
+__attribute__((format(printf, 1, 2))) static void malformed(const char *fmt, ...) {
+    if (first_error[0]) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(first_error, sizeof first_error, fmt, ap);
+    va_end(ap);
+}
+
+// One of `n` words: unset keeps *out; word k sets values[k]; anything else is malformed.
+static void read_word(const char *name, const char *const *words, const int *values, int n, int *out,
+                      const char *expected) {
+    const char *v = getenv(name);
+    if (!v || !*v) return;
+    for (int k = 0; k < n; k++)
+        if (!strcmp(v, words[k])) {
+            *out = values[k];
+            return;
+        }
+    malformed("%s=\"%s\": expected %s", name, v, expected);
+}
+
+static void read_switch(const char *name, int *out) {
+    static const char *const words[] = {"0", "1"};
+    static const int values[] = {0, 1};
+    read_word(name, words, values, 2, out, "0 or 1");
+}
+
+static void read_string(const char *name, char *out, size_t cap) {
+    const char *v = getenv(name);
+    out[0] = '\0';
+    if (!v) return;
+    if (strlen(v) >= cap) malformed("%s is longer than %zu characters", name, cap - 1);
+    else memcpy(out, v, strlen(v) + 1);
+}
+
+static void read_count(const char *name, int *out) {
+    const char *v = getenv(name);
+    if (!v || !*v) return;
+    char *end;
+    long n = strtol(v, &end, 10);
+    if (*end || n < 0 || n > 1000000) malformed("%s=\"%s\": expected a count from 0 to 1000000", name, v);
+    else *out = (int)n;
+}
+
+int sl_settings_load(void) {
+    static const char *const attention[] = {"tc", "simt"}, *const levels[] = {"debug", "info", "warn", "error"};
+    static const int attention_v[] = {1, 0}, levels_v[] = {0, 1, 2, 3};
+    sl_settings s = DEFAULTS;
+    first_error[0] = '\0';
+    read_switch("SHARDLM_TF32", &s.tf32);
+    read_switch("SHARDLM_GELU_EPILOGUE", &s.gelu_epilogue);
+    read_word("SHARDLM_ATTENTION", attention, attention_v, 2, &s.attention_tensor_cores, "tc or simt");
+    read_switch("SHARDLM_BF16_STORAGE", &s.bf16_storage);
+    read_switch("SHARDLM_EMULATE_BF16_STORAGE", &s.emulate_bf16_storage);
+    read_word("SHARDLM_LOG_LEVEL", levels, levels_v, 4, &s.log_level, "debug, info, warn or error");
+    read_string("SHARDLM_FAULT", s.fault, sizeof s.fault);
+    read_count("SHARDLM_RESTART_COUNT", &s.restart_count);
+    read_string("CUDA_HOME", s.cuda_home, sizeof s.cuda_home);
+    settings = s;
+    loaded = 1;
+    return first_error[0] ? sl_errorf("%s", first_error) : 0;
+}
+
+const sl_settings *sl_settings_get(void) {
+    if (!loaded) (void)sl_settings_load();
+    return &settings;
+}
+
+int sl_settings_row(int i, const char **name, const char **value, const char **meaning) {
+    if (i < 0 || i >= (int)(sizeof variables / sizeof variables[0])) return -1;
+    *name = variables[i].name;
+    *value = getenv(variables[i].name);
+    *meaning = variables[i].meaning;
+    return 0;
+}
