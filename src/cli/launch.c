@@ -391,9 +391,9 @@ static void usage(FILE *f) {
         "SIGINT/SIGTERM are forwarded to the workers (mpirun/srun turn them into SIGTERM).\n");
 }
 
-// Matches `dash` or `underscore` spelling of a flag with an int value.
-static int flag_int2(sl_args *a, const char *n1, const char *n2, int *out) {
-    return sl_arg_int(a, n1, out) || (n2 && sl_arg_int(a, n2, out));
+// Matches the dash or underscore spelling of an integer flag whose values lie in [lo, hi].
+static int flag_int2(sl_args *a, const char *n1, const char *n2, int lo, int hi, int *out) {
+    return sl_arg_int(a, n1, lo, hi, out) || (n2 && sl_arg_int(a, n2, lo, hi, out));
 }
 static int flag_str2(sl_args *a, const char *n1, const char *n2, char *out, size_t cap) {
     return sl_arg_str(a, n1, out, cap) || (n2 && sl_arg_str(a, n2, out, cap));
@@ -419,28 +419,23 @@ static int parse_launch_flags(int argc, char **argv, launch_opts *o) {
             char v[64] = "";
             sl_arg_str(&a, "--nnodes", v, sizeof v);
             if (a.error) return -1;
-            char *end;
-            long n = strtol(v, &end, 10);
-            if (*end == ':') { fprintf(stderr, "error: --nnodes %s: elastic ranges (MIN:MAX) are not supported; give one number\n", v); return -1; }
-            if (end == v || *end || n < 1 || n > 1000000) { fprintf(stderr, "error: --nnodes expects a positive integer, got '%s'\n", v); return -1; }
+            static const sl_num_range nodes = {1, 1000000, 1, 0};
+            double n;
+            if (strchr(v, ':')) { fprintf(stderr, "error: --nnodes %s: elastic ranges (MIN:MAX) are not supported; give one number\n", v); return -1; }
+            if (sl_parse_number("--nnodes", v, &nodes, &n) != 0) return -1;
             o->nnodes = (int)n;
             continue;
         }
-        char tee[16] = "";
-        if (sl_arg_str(&a, "--tee", tee, sizeof tee)) {
-            if (a.error) return -1;
-            if (strlen(tee) != 1 || tee[0] < '0' || tee[0] > '3') { fprintf(stderr, "error: --tee expects 0, 1, 2 or 3, got '%s'\n", tee); return -1; }
-            o->tee = tee[0] - '0';
-            continue;
-        }
-        if (flag_int2(&a, "--nproc-per-node", "--nproc_per_node", &o->nproc_per_node) ||
-            flag_int2(&a, "--node-rank", "--node_rank", &o->node_rank) ||
-            flag_int2(&a, "--master-port", "--master_port", &o->master_port) ||
-            flag_int2(&a, "--max-restarts", "--max_restarts", &o->max_restarts) ||
-            flag_int2(&a, "--num_gpus", "--num-gpus", &o->num_gpus) ||
-            flag_int2(&a, "--num_nodes", "--num-nodes", &o->num_nodes) ||
-            flag_int2(&a, "--grace-period", NULL, &o->grace_s) ||
-            flag_int2(&a, "--cpus-per-task", NULL, &o->cpus_per_task) ||
+        // -1 in nproc_per_node, master_port, num_gpus, num_nodes means "not given": no flag accepts it
+        if (flag_int2(&a, "--nproc-per-node", "--nproc_per_node", 1, SL_NO_MAX, &o->nproc_per_node) ||
+            flag_int2(&a, "--node-rank", "--node_rank", 0, SL_NO_MAX, &o->node_rank) ||
+            flag_int2(&a, "--master-port", "--master_port", 1, 65535, &o->master_port) ||
+            flag_int2(&a, "--max-restarts", "--max_restarts", 0, SL_NO_MAX, &o->max_restarts) ||
+            flag_int2(&a, "--num_gpus", "--num-gpus", 1, SL_NO_MAX, &o->num_gpus) ||
+            flag_int2(&a, "--num_nodes", "--num-nodes", 1, SL_NO_MAX, &o->num_nodes) ||
+            flag_int2(&a, "--grace-period", NULL, 0, 86400, &o->grace_s) ||
+            flag_int2(&a, "--cpus-per-task", NULL, 1, SL_NO_MAX, &o->cpus_per_task) ||
+            flag_int2(&a, "--tee", NULL, 0, 3, &o->tee) ||
             flag_str2(&a, "--master-addr", "--master_addr", o->master_addr, sizeof o->master_addr) ||
             flag_str2(&a, "--log-dir", "--log_dir", o->log_dir, sizeof o->log_dir) ||
             flag_str2(&a, "--include", NULL, o->include, sizeof o->include) ||
@@ -465,9 +460,6 @@ static int parse_launch_flags(int argc, char **argv, launch_opts *o) {
         fprintf(stderr, "error: shardlm launch needs a PROGRAM to run (e.g. `shardlm launch --nproc-per-node 2 train ...`)\n");
         return -1;
     }
-    if (o->nproc_per_node != -1 && o->nproc_per_node < 1) { fprintf(stderr, "error: --nproc-per-node must be at least 1, got %d\n", o->nproc_per_node); return -1; }
-    if (o->num_gpus != -1 && o->num_gpus < 1) { fprintf(stderr, "error: --num_gpus must be at least 1, got %d\n", o->num_gpus); return -1; }
-    if (o->num_nodes != -1 && o->num_nodes < 1) { fprintf(stderr, "error: --num_nodes must be at least 1, got %d\n", o->num_nodes); return -1; }
     if (o->nproc_per_node > 0 && o->num_gpus > 0 && o->nproc_per_node != o->num_gpus) {
         fprintf(stderr, "error: --nproc-per-node %d and --num_gpus %d disagree; give one\n", o->nproc_per_node, o->num_gpus);
         return -1;
@@ -476,11 +468,6 @@ static int parse_launch_flags(int argc, char **argv, launch_opts *o) {
         fprintf(stderr, "error: --nnodes %d and --num_nodes %d disagree; give one\n", o->nnodes, o->num_nodes);
         return -1;
     }
-    if (o->max_restarts < 0) { fprintf(stderr, "error: --max-restarts must be >= 0, got %d\n", o->max_restarts); return -1; }
-    if (o->grace_s < 0) { fprintf(stderr, "error: --grace-period must be >= 0, got %d\n", o->grace_s); return -1; }
-    if (o->cpus_per_task < 1) { fprintf(stderr, "error: --cpus-per-task must be at least 1, got %d\n", o->cpus_per_task); return -1; }
-    if (o->master_port != -1 && (o->master_port < 1 || o->master_port > 65535)) { fprintf(stderr, "error: --master-port must be in 1..65535, got %d\n", o->master_port); return -1; }
-    if (o->node_rank < 0) { fprintf(stderr, "error: --node-rank must be >= 0, got %d\n", o->node_rank); return -1; }
     if (strcmp(o->backend, "auto") && strcmp(o->backend, "fork") && strcmp(o->backend, "mpirun") && strcmp(o->backend, "srun")) {
         fprintf(stderr, "error: --backend expects auto, mpirun, srun or fork, got '%s'\n", o->backend);
         return -1;

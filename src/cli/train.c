@@ -113,40 +113,39 @@ static int parse_flags(int argc, char **argv, sl_train_config *c, flag_extras *x
         x->given |= (c->train_batch_size ? 1 : 0) | (c->micro_batch ? 2 : 0) | (c->grad_accum ? 4 : 0);
     }
     sl_args a = {argc, argv, 1, NULL, 0};
-    int64_t steps = -1;
-    int seed = -1;
+    int steps = -1, seed = -1;  // -1: not given (both flags allow only values >= 0)
     for (; a.i < argc && !a.error; a.i++) {
         if (sl_arg_str(&a, "--config", config_path, sizeof config_path)) continue;
         if (sl_arg_str(&a, "--model", c->model, sizeof c->model)) continue;
         if (sl_arg_str(&a, "--data", c->data, sizeof c->data)) continue;
         if (sl_arg_str(&a, "--tokenizer", c->tokenizer, sizeof c->tokenizer)) continue;
-        if (sl_arg_int(&a, "--seq-len", &c->seq_len)) continue;
-        if (sl_arg_int(&a, "--batch-size", &c->micro_batch)) { x->given |= 2; continue; }
-        if (sl_arg_int(&a, "--grad-accum", &c->grad_accum)) { x->given |= 4; continue; }
-        if (sl_arg_int(&a, "--train-batch-size", &c->train_batch_size)) { x->given |= 1; continue; }
-        if (sl_arg_i64(&a, "--steps", &steps)) continue;
+        if (sl_arg_int(&a, "--seq-len", 1, SL_NO_MAX, &c->seq_len)) continue;
+        if (sl_arg_int(&a, "--batch-size", 1, SL_NO_MAX, &c->micro_batch)) { x->given |= 2; continue; }
+        if (sl_arg_int(&a, "--grad-accum", 1, SL_NO_MAX, &c->grad_accum)) { x->given |= 4; continue; }
+        if (sl_arg_int(&a, "--train-batch-size", 1, SL_NO_MAX, &c->train_batch_size)) { x->given |= 1; continue; }
+        if (sl_arg_int(&a, "--steps", 0, SL_NO_MAX, &steps)) continue;
         if (sl_arg_str(&a, "--optimizer", x->optimizer, sizeof x->optimizer)) continue;
-        if (sl_arg_float(&a, "--lr", &x->lr)) { x->lr_given = 1; continue; }
-        if (sl_arg_float(&a, "--weight-decay", &x->weight_decay)) { x->wd_given = 1; continue; }
-        if (sl_arg_float(&a, "--momentum", &x->momentum)) { x->momentum_given = 1; continue; }
+        if (sl_arg_float(&a, "--lr", 0, SL_FLOAT_MAX, 0, &x->lr)) { x->lr_given = 1; continue; }
+        if (sl_arg_float(&a, "--weight-decay", 0, SL_FLOAT_MAX, 0, &x->weight_decay)) { x->wd_given = 1; continue; }
+        if (sl_arg_float(&a, "--momentum", 0, SL_FLOAT_MAX, 0, &x->momentum)) { x->momentum_given = 1; continue; }
         if (sl_arg_switch(&a, "--decay-all")) { x->decay_all = 1; continue; }
-        if (sl_arg_float(&a, "--grad-clip", &c->gradient_clipping)) continue;
+        if (sl_arg_float(&a, "--grad-clip", 0, SL_FLOAT_MAX, 0, &c->gradient_clipping)) continue;
         if (sl_arg_str(&a, "--lr-schedule", x->schedule_kind, sizeof x->schedule_kind)) continue;
-        if (sl_arg_int(&a, "--warmup-steps", &x->warmup_steps)) continue;
-        if (sl_arg_int(&a, "--seed", &seed)) continue;
-        if (sl_arg_int(&a, "--threads", &c->threads)) continue;
+        if (sl_arg_int(&a, "--warmup-steps", 1, SL_NO_MAX, &x->warmup_steps)) continue;
+        if (sl_arg_int(&a, "--seed", 0, SL_NO_MAX, &seed)) continue;
+        if (sl_arg_int(&a, "--threads", 0, SL_NO_MAX, &c->threads)) continue;
         if (sl_arg_str(&a, "--precision", x->precision, sizeof x->precision)) continue;
         if (sl_arg_str(&a, "--device", c->device, sizeof c->device)) continue;
         if (sl_arg_str(&a, "--comm-backend", x->comm_backend, sizeof x->comm_backend)) continue;
-        if (sl_arg_int(&a, "--log-interval", &c->steps_per_print)) continue;
-        if (sl_arg_int(&a, "--eval-interval", &c->eval_interval)) continue;
-        if (sl_arg_int(&a, "--eval-batches", &c->eval_batches)) continue;
+        if (sl_arg_int(&a, "--log-interval", 0, SL_NO_MAX, &c->steps_per_print)) continue;
+        if (sl_arg_int(&a, "--eval-interval", 0, SL_NO_MAX, &c->eval_interval)) continue;
+        if (sl_arg_int(&a, "--eval-batches", 0, SL_NO_MAX, &c->eval_batches)) continue;
         if (sl_arg_str(&a, "--save-dir", c->save_dir, sizeof c->save_dir)) continue;
-        if (sl_arg_int(&a, "--save-interval", &c->save_interval)) continue;
+        if (sl_arg_int(&a, "--save-interval", 0, SL_NO_MAX, &c->save_interval)) continue;
         if (sl_arg_switch(&a, "--no-save")) { c->no_save = 1; continue; }
         if (sl_arg_switch(&a, "--no-shuffle")) { c->shuffle = 0; continue; }
         if (sl_arg_switch(&a, "--no-overlap-comm")) { c->overlap_comm = 0; continue; }
-        if (sl_arg_int(&a, "--zero-stage", &c->zero_stage)) continue;
+        if (sl_arg_int(&a, "--zero-stage", 0, 3, &c->zero_stage)) continue;
         if (sl_arg_switch(&a, "--resume")) {
             // optional value: a following argument that is not a flag
             if (a.i + 1 < argc && strncmp(argv[a.i + 1], "--", 2) != 0) snprintf(c->resume, sizeof c->resume, "%s", argv[++a.i]);
@@ -155,7 +154,7 @@ static int parse_flags(int argc, char **argv, sl_train_config *c, flag_extras *x
         }
         if (sl_arg_str(&a, "--resume", c->resume, sizeof c->resume)) continue;
         if (sl_arg_str(&a, "--metrics", c->metrics, sizeof c->metrics)) continue;
-        if (sl_arg_int(&a, "--sample-tokens", &c->sample_tokens)) continue;
+        if (sl_arg_int(&a, "--sample-tokens", 0, SL_NO_MAX, &c->sample_tokens)) continue;
         fprintf(stderr, "error: unknown flag '%s' (see shardlm train --help)\n", argv[a.i]);
         return -1;
     }
