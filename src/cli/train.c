@@ -12,6 +12,7 @@
 #include "shardlm/fault.h"
 #include "shardlm/fileio.h"
 #include "shardlm/generate.h"
+#include "shardlm/heartbeat.h"
 #include "shardlm/hf_weights.h"
 #include "shardlm/loader.h"
 #include "shardlm/metrics.h"
@@ -330,6 +331,7 @@ static void print_memory(const sl_engine *e, int world) {
 static int save_checkpoint(sl_engine *e, const sl_train_config *c, sl_loader *train, sl_progress *prog) {
     char tag[64], pos[256], *cfg_json = sl_train_config_to_json(c);
     snprintf(tag, sizeof tag, "step_%08lld", (long long)e->step);
+    sl_heartbeat_progress(e->step, "checkpoint save");
     sl_loader_position p = sl_loader_tell(train);
     sl_loader_position_to_json(&p, pos, sizeof pos);
     size_t need = strlen(pos) + (cfg_json ? strlen(cfg_json) : 4) + 128;
@@ -525,6 +527,7 @@ static int run(sl_train_config *c, sl_comm *world) {
             if (sl_loader_next(train, in, tg) || sl_engine_forward_backward(&engine, in, tg, c->micro_batch, c->seq_len, NULL))
                 goto done;
         }
+        sl_heartbeat_progress(engine.step, "training");  // what a hang report names (launch --hang-timeout)
         sl_fault_point(rank, engine.step + 1, "step");
         if (sl_engine_step(&engine)) goto done;
         if (engine.last_step_skipped && is_rank0) {
@@ -550,6 +553,7 @@ static int run(sl_train_config *c, sl_comm *world) {
         }
         if (val && (engine.step % c->eval_interval == 0 || engine.step == c->steps)) {
             float vl;
+            sl_heartbeat_progress(engine.step, "evaluation");
             if (evaluate(&model, world, val, c->eval_batches, c->micro_batch, c->seq_len, in, tg, &vl)) goto done;
             char line[128];
             snprintf(line, sizeof line, "step %lld | val loss %.4f", (long long)engine.step, vl);
@@ -623,6 +627,8 @@ int cmd_train(int argc, char **argv) {
         rc = sl_train_config_resolve(&c, x.given);
     }
     if (rc == 0) rc = check_gpu_exchange(&c, world);
+    // under `shardlm launch`: a background heartbeat so the launcher can tell a hung rank from a slow one
+    if (rc == 0 && sl_heartbeat_start() != 0) fprintf(stderr, "warning: no heartbeat for the launcher: %s\n", sl_error());
     if (rc == 0) {
         sl_ops_cpu_set_threads(c.threads);
         rc = run(&c, world);
@@ -632,6 +638,7 @@ int cmd_train(int argc, char **argv) {
         if (msg[0] && world && sl_comm_size(world) > 1) fprintf(stderr, "error: [rank %d] %s\n", sl_comm_rank(world), msg);
         else if (msg[0]) fprintf(stderr, "error: %s\n", msg);
     }
+    sl_heartbeat_stop();
     // a failed rank leaves without finalising, so the launcher stops the others instead of them hanging
     if (world && (rc == 0 || sl_comm_size(world) == 1)) sl_comm_free(world);
     sl_train_config_free(&c);

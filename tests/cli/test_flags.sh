@@ -43,6 +43,7 @@ refused train_zero_stage_4 "error: flag --zero-stage expects an integer in [0, 3
 refused train_grad_clip_negative "error: flag --grad-clip expects a finite number >= 0, got '-1'" train "${T[@]}" --grad-clip -1
 refused launch_port_range "error: flag --master-port expects an integer in [1, 65535], got '70000'" launch --master-port 70000 ./x
 refused launch_grace_negative "error: flag --grace-period expects an integer in [0, 86400], got '-1'" launch --grace-period -1 ./x
+refused launch_hang_negative "error: flag --hang-timeout expects an integer in [0, 604800], got '-1'" launch --hang-timeout -1 ./x
 refused launch_nnodes_zero "error: flag --nnodes expects an integer in [1, 1000000], got '0'" launch --nnodes 0 ./x
 refused launch_num_gpus_negative "error: flag --num_gpus expects an integer >= 1, got '-1'" launch --num_gpus -1 ./x
 refused prepare_val_fraction_one "error: flag --val-fraction expects a number in [0, 1), got '1'" prepare --input in --output out --val-fraction 1
