@@ -6,7 +6,8 @@
 #     and more (non-finite, fractional, out of range, --flag=value) gives exactly one line naming the
 #     flag and its range, a non-zero exit, and writes nothing;
 #   * the JSON path refuses the same values for the same settings;
-#   * a generate flag error names the one flag that is wrong (not every limit).
+#   * a generate flag error names the one flag that is wrong (not every limit);
+#   * a config without a scheduler block trains with the default schedule docs/training.md describes.
 . "$(dirname "$0")/lib.sh" flags
 
 # refused NAME 'EXACT STDERR LINE' COMMAND ARGS...: non-zero exit, that one line, nothing written
@@ -72,4 +73,19 @@ json_refused json_momentum_negative '{"optimizer": {"type": "SGD", "params": {"m
 json_refused json_weight_decay_negative '{"optimizer": {"type": "AdamW", "params": {"weight_decay": -0.1}}}' 'weight_decay must be >= 0'
 json_refused json_warmup_negative '{"scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": -3}}}' 'warmup_num_steps must be a positive integer'
 
+# a config without a scheduler block: WarmupCosineLR, warmup over max(2, steps/10), down to 0.1 x lr
+if prepare_tiny_data; then
+  echo '{"optimizer": {"type": "AdamW", "params": {"lr": 0.01}}}' >"$tmp/nosched.json"
+  "$BIN" train --config "$tmp/nosched.json" --model gpt2-tiny --data "$tmp/data" --seq-len 32 --steps 40 --no-save \
+    --sample-tokens 0 --eval-interval 0 --metrics "$tmp/m.jsonl" >"$tmp/ns.out" 2>&1
+  rc=$?
+  lrs=$(sed 's/.*"lr":\([0-9.e+-]*\).*/\1/' "$tmp/m.jsonl" | tr '\n' ' ')
+  # DeepSpeed's step indexing (training.md): steps 1 and 2 use iterations -1 and 0 (lr 0), step 3 a quarter
+  # of lr (warmup 4 = 40/10, linear), step 6 about lr, then cosine down towards 0.1 x lr (reached at step 41)
+  if [ $rc -eq 0 ] && grep -Pq '"type":\s*"WarmupCosineLR"' "$tmp/ns.out" && grep -Pq '"warmup_num_steps":\s*4,' "$tmp/ns.out" &&
+     grep -Pq '"cos_min_ratio":\s*0.1,' "$tmp/ns.out" &&
+     echo "$lrs" | awk '{ ok = $1 == 0 && $2 == 0 && $3 > 0.0024 && $3 < 0.0026 && $6 > 0.0099 && $40 > 0.001 && $40 < 0.0011; exit !ok }'; then
+    pass config_without_scheduler_uses_default_warmup_cosine
+  else fail config_without_scheduler_uses_default_warmup_cosine "rc=$rc lrs=$lrs"; tail -5 "$tmp/ns.out"; fi
+fi
 exit 0
