@@ -48,7 +48,7 @@ int sl_format_progress(char *buf, size_t cap, int64_t step, int64_t total_steps,
 
 typedef struct {
     FILE *stream;
-    int is_tty;    // isatty(stream) at init: live line rewritten with '\r'
+    int is_tty;    // isatty(stream) at init, unless SHARDLM_TERMINAL=0: live line rewritten with '\r'
     int live;      // a live line is on screen (no newline after it yet)
 } sl_progress;
 

@@ -25,44 +25,58 @@ int sl_arg_flag(sl_args *a, const char *name) {
     return 1;
 }
 
-int sl_arg_i64(sl_args *a, const char *name, int64_t *out) {
-    if (!sl_arg_flag(a, name)) return 0;
-    if (a->error) return 1;
+// "an integer >= 0", "an integer in [0, 3]", "a finite number >= 0", "a number in (0, 1]"
+static void describe_range(const sl_num_range *r, char *buf, size_t cap) {
+    int bounded = r->hi < (r->integer ? (double)SL_NO_MAX : SL_FLOAT_MAX);
+    const char *what = r->integer ? "an integer" : bounded ? "a number" : "a finite number";
+    if (!bounded)
+        snprintf(buf, cap, "%s %s %.10g", what, (r->open & SL_OPEN_LO) ? ">" : ">=", r->lo);
+    else
+        snprintf(buf, cap, "%s in %c%.10g, %.10g%c", what, (r->open & SL_OPEN_LO) ? '(' : '[', r->lo, r->hi,
+                 (r->open & SL_OPEN_HI) ? ')' : ']');
+}
+
+int sl_parse_number(const char *flag, const char *text, const sl_num_range *r, double *out) {
     char *end;
+    double v;
     errno = 0;
-    long long v = strtoll(a->value, &end, 10);
-    if (errno || end == a->value || *end) {
-        fprintf(stderr, "error: flag %s expects an integer, got '%s'\n", name, a->value);
-        a->error = 1;
+    if (r->integer) {
+        long long i = strtoll(text, &end, 10);
+        v = (double)i;
     } else {
-        *out = v;
+        v = strtod(text, &end);
     }
+    int ok = errno == 0 && end != text && *end == '\0' && isfinite(v) && fabs(v) <= SL_FLOAT_MAX &&
+             ((r->open & SL_OPEN_LO) ? v > r->lo : v >= r->lo) && ((r->open & SL_OPEN_HI) ? v < r->hi : v <= r->hi);
+    if (!ok) {
+        char range[128];
+        describe_range(r, range, sizeof range);
+        fprintf(stderr, "error: flag %s expects %s, got '%s'\n", flag, range, text);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+static int arg_number(sl_args *a, const char *name, const sl_num_range *r, double *out) {
+    if (!sl_arg_flag(a, name)) return 0;
+    if (!a->error && sl_parse_number(name, a->value, r, out) != 0) a->error = 1;
     return 1;
 }
 
-int sl_arg_int(sl_args *a, const char *name, int *out) {
-    int64_t v = *out;
-    if (!sl_arg_i64(a, name, &v)) return 0;
-    if (!a->error && (v < -2147483647LL || v > 2147483647LL)) {
-        fprintf(stderr, "error: flag %s value %lld is out of range\n", name, (long long)v);
-        a->error = 1;
-    }
-    *out = (int)v;
+int sl_arg_int(sl_args *a, const char *name, int lo, int hi, int *out) {
+    sl_num_range r = {lo, hi, 1, 0};
+    double v;
+    if (!arg_number(a, name, &r, &v)) return 0;
+    if (!a->error) *out = (int)v;
     return 1;
 }
 
-int sl_arg_float(sl_args *a, const char *name, float *out) {
-    if (!sl_arg_flag(a, name)) return 0;
-    if (a->error) return 1;
-    char *end;
-    errno = 0;
-    float v = strtof(a->value, &end);
-    if (errno || end == a->value || *end || !isfinite(v)) {
-        fprintf(stderr, "error: flag %s expects a finite number, got '%s'\n", name, a->value);
-        a->error = 1;
-    } else {
-        *out = v;
-    }
+int sl_arg_float(sl_args *a, const char *name, double lo, double hi, unsigned open, float *out) {
+    sl_num_range r = {lo, hi, 0, open};
+    double v;
+    if (!arg_number(a, name, &r, &v)) return 0;
+    if (!a->error) *out = (float)v;
     return 1;
 }
 

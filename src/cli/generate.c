@@ -115,22 +115,18 @@ int cmd_generate(int argc, char **argv) {
         if (sl_arg_str(&a, "--tokenizer", tok_dir, sizeof tok_dir)) continue;
         if (sl_arg_str(&a, "--prompt", prompt, sizeof prompt)) { have_prompt = 1; continue; }
         if (sl_arg_str(&a, "--prompt-ids", prompt_id_list, sizeof prompt_id_list)) continue;
-        if (sl_arg_int(&a, "--max-new-tokens", &max_new)) continue;
-        if (sl_arg_float(&a, "--temperature", &sc.temperature)) continue;
-        if (sl_arg_int(&a, "--top-k", &sc.top_k)) continue;
-        if (sl_arg_float(&a, "--top-p", &sc.top_p)) continue;
-        if (sl_arg_int(&a, "--seed", &seed)) continue;
-        if (sl_arg_int(&a, "--threads", &threads)) continue;
+        if (sl_arg_int(&a, "--max-new-tokens", 1, SL_NO_MAX, &max_new)) continue;
+        if (sl_arg_float(&a, "--temperature", 0, SL_FLOAT_MAX, 0, &sc.temperature)) continue;
+        if (sl_arg_int(&a, "--top-k", 0, SL_NO_MAX, &sc.top_k)) continue;
+        if (sl_arg_float(&a, "--top-p", 0, 1, SL_OPEN_LO, &sc.top_p)) continue;
+        if (sl_arg_int(&a, "--seed", 0, SL_NO_MAX, &seed)) continue;
+        if (sl_arg_int(&a, "--threads", 0, SL_NO_MAX, &threads)) continue;
         if (sl_arg_switch(&a, "--stop-at-eot")) { stop_eot = 1; continue; }
         if (sl_arg_str(&a, "--logits-out", logits_out, sizeof logits_out)) continue;
         fprintf(stderr, "error: unknown flag '%s' (see shardlm generate --help)\n", argv[a.i]);
         return 2;
     }
     if (a.error) return 2;
-    if (max_new < 1 || !(sc.temperature >= 0) || sc.top_k < 0 || !(sc.top_p > 0 && sc.top_p <= 1)) {
-        fprintf(stderr, "error: need --max-new-tokens >= 1, --temperature >= 0, --top-k >= 0, 0 < --top-p <= 1\n");
-        return 2;
-    }
     sl_ops_cpu_set_threads(threads);
     sl_model_source src;
     sl_model m;

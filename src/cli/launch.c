@@ -3,6 +3,9 @@
 // starts the group, stops every worker when one fails, names the failed rank, and relaunches the
 // group up to --max-restarts times.
 //
+// Supervision beyond that (launch_supervise.c): the whole job dies with the launcher (parent-death
+// signals), and a wrapper kills a rank whose heartbeat stops (--hang-timeout).
+//
 // Every worker runs inside a small supervisor ("worker wrapper", worker_run below): it starts the
 // program in its own process group, writes its output to LOGDIR/rank_N.log (and, with --tee, to the
 // terminal prefixed "[rank N] "), forwards signals to the whole group (SIGKILL after the grace
@@ -14,6 +17,7 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/launch_hosts.h"
+#include "cli/launch_supervise.h"
 #include "shardlm/error.h"
 
 #include <errno.h>
@@ -51,6 +55,7 @@ typedef struct {
     // shardlm
     char backend[16];  // auto | fork | mpirun | srun
     int grace_s;
+    int hang_timeout_s;  // 0: no hang detection
     int dry_run, print_sbatch;
     char sbatch_time[64], job_name[128];
     int cpus_per_task;
@@ -170,6 +175,7 @@ typedef struct {
     int tee;                 // streams also copied to the terminal, prefixed "[rank N] "
     const char *status_dir;  // NULL: no status file
     int grace_s;
+    int hang_timeout_s;  // 0: no hang detection (needs status_dir for the heartbeat file)
     int append;  // a restart: append to the log instead of truncating it
     char **argv;
 } worker_spec;
@@ -234,7 +240,8 @@ static void pump_tee(tee_stream *ts, int nts, int log_fd, int rank, int timeout_
     }
 }
 
-static void write_status(const worker_spec *w, const char *host, int code, int sig, int stopped) {
+// One line: rank code signal stopped time host hung silent-seconds last-progress...
+static void write_status(const worker_spec *w, const char *host, int code, int sig, int stopped, const sl_hang_watch *hang) {
     if (!w->status_dir) return;
     char path[DERIVED_PATH_MAX], tmp[DERIVED_PATH_MAX + 16];
     snprintf(path, sizeof path, "%s/.status_%d", w->status_dir, w->rank);
@@ -247,7 +254,10 @@ static void write_status(const worker_spec *w, const char *host, int code, int s
     }
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
-    fprintf(f, "%d %d %d %d %lld.%09ld %s\n", w->rank, code, sig, stopped, (long long)ts.tv_sec, ts.tv_nsec, host);
+    char progress[SL_HEARTBEAT_RECORD + 1] = "-";
+    if (hang) sl_hang_watch_last_progress(hang, progress, sizeof progress);
+    fprintf(f, "%d %d %d %d %lld.%09ld %s %d %.1f %s\n", w->rank, code, sig, stopped, (long long)ts.tv_sec, ts.tv_nsec, host,
+            hang != NULL, hang ? hang->silent_s : 0.0, progress);
     fclose(f);
     rename(tmp, path);
 }
@@ -265,7 +275,7 @@ static int worker_run(const worker_spec *w) {
             log_fd = open(path, O_WRONLY | O_CREAT | O_APPEND | (w->append ? 0 : O_TRUNC) | O_CLOEXEC, 0644);
         if (log_fd < 0) {
             fprintf(stderr, "shardlm launch: rank %d: cannot open log %s: %s\n", w->rank, path, strerror(errno));
-            write_status(w, host, 127, 0, 0);
+            write_status(w, host, 127, 0, 0, NULL);
             return 127;
         }
     }
@@ -288,9 +298,14 @@ static int worker_run(const worker_spec *w) {
     sigemptyset(&block);
     for (int i = 0; i < N_FORWARDED; i++) sigaddset(&block, forwarded_signals[i]);
     sigprocmask(SIG_BLOCK, &block, &old);
+    sl_hang_watch hang;
+    sl_hang_watch_init(&hang, w->status_dir, w->rank, w->hang_timeout_s);
+    pid_t wrapper = getpid();
     pid_t pid = fork();
     if (pid == 0) {
         setpgid(0, 0);
+        if (sl_die_with_parent(SIGKILL, wrapper) != 0) _exit(128 + SIGKILL);  // the wrapper is already gone
+        sl_hang_watch_export(&hang);
         for (int s = 0; s < 2; s++)
             if (child_out[s] >= 0) dup2(child_out[s], s + 1);
         reset_signals_to_default();
@@ -309,7 +324,7 @@ static int worker_run(const worker_spec *w) {
     install_forwarding();
     sigprocmask(SIG_SETMASK, &old, NULL);
 
-    int wstatus = 0, stopped = 0;
+    int wstatus = 0, stopped = 0, hung = 0;
     double kill_at = 0;
     for (;;) {
         int sig;
@@ -323,6 +338,10 @@ static int worker_run(const worker_spec *w) {
         pid_t r = waitpid(pid, &wstatus, WNOHANG);
         if (r == pid) break;
         if (r < 0 && errno != EINTR) { wstatus = 127 << 8; break; }
+        if (!stopped && !hung && sl_hang_watch_tripped(&hang, w->rank, host, now_s())) {
+            kill(-pid, SIGKILL);  // a stopped or stuck process cannot act on SIGTERM
+            hung = 1;
+        }
         if (stopped && kill_at > 0 && now_s() >= kill_at) {
             fprintf(stderr, "shardlm launch: rank %d did not stop within %d s; sending SIGKILL\n", w->rank, w->grace_s);
             kill(-pid, SIGKILL);
@@ -343,8 +362,8 @@ static int worker_run(const worker_spec *w) {
         tee_finish(&ts[i]);
     }
     if (log_fd >= 0) close(log_fd);
-    int code = exit_code_of(wstatus);
-    write_status(w, host, code, WIFSIGNALED(wstatus) ? WTERMSIG(wstatus) : 0, stopped);
+    int code = hung ? SL_HUNG_EXIT_CODE : exit_code_of(wstatus);
+    write_status(w, host, code, hung || !WIFSIGNALED(wstatus) ? 0 : WTERMSIG(wstatus), stopped, hung ? &hang : NULL);
     return code;
 }
 
@@ -382,6 +401,9 @@ static void usage(FILE *f) {
         "  --backend B             auto | mpirun | srun | fork (default auto)\n"
         "  --grace-period S        seconds between SIGTERM and SIGKILL when stopping workers (default 5;\n"
         "                          mpirun waits about twice this after a failure)\n"
+        "  --hang-timeout S        a rank whose heartbeat (shardlm train writes one) stops for S seconds is\n"
+        "                          reported by rank and host, killed, and the job stopped (exit 124);\n"
+        "                          0 = off (default 300)\n"
         "  --dry-run               print the plan and the command, run nothing\n"
         "  --print-sbatch          print a SLURM batch script for this job and exit; with\n"
         "                          --time HH:MM:SS (default 01:00:00), --cpus-per-task N (default 4),\n"
@@ -391,9 +413,9 @@ static void usage(FILE *f) {
         "SIGINT/SIGTERM are forwarded to the workers (mpirun/srun turn them into SIGTERM).\n");
 }
 
-// Matches `dash` or `underscore` spelling of a flag with an int value.
-static int flag_int2(sl_args *a, const char *n1, const char *n2, int *out) {
-    return sl_arg_int(a, n1, out) || (n2 && sl_arg_int(a, n2, out));
+// Matches the dash or underscore spelling of an integer flag whose values lie in [lo, hi].
+static int flag_int2(sl_args *a, const char *n1, const char *n2, int lo, int hi, int *out) {
+    return sl_arg_int(a, n1, lo, hi, out) || (n2 && sl_arg_int(a, n2, lo, hi, out));
 }
 static int flag_str2(sl_args *a, const char *n1, const char *n2, char *out, size_t cap) {
     return sl_arg_str(a, n1, out, cap) || (n2 && sl_arg_str(a, n2, out, cap));
@@ -404,6 +426,7 @@ static int parse_launch_flags(int argc, char **argv, launch_opts *o) {
     memset(o, 0, sizeof *o);
     o->nproc_per_node = o->nnodes = o->master_port = o->num_gpus = o->num_nodes = -1;
     o->grace_s = 5;
+    o->hang_timeout_s = 300;
     o->cpus_per_task = 4;
     snprintf(o->backend, sizeof o->backend, "auto");
     snprintf(o->sbatch_time, sizeof o->sbatch_time, "01:00:00");
@@ -419,28 +442,24 @@ static int parse_launch_flags(int argc, char **argv, launch_opts *o) {
             char v[64] = "";
             sl_arg_str(&a, "--nnodes", v, sizeof v);
             if (a.error) return -1;
-            char *end;
-            long n = strtol(v, &end, 10);
-            if (*end == ':') { fprintf(stderr, "error: --nnodes %s: elastic ranges (MIN:MAX) are not supported; give one number\n", v); return -1; }
-            if (end == v || *end || n < 1 || n > 1000000) { fprintf(stderr, "error: --nnodes expects a positive integer, got '%s'\n", v); return -1; }
+            static const sl_num_range nodes = {1, 1000000, 1, 0};
+            double n;
+            if (strchr(v, ':')) { fprintf(stderr, "error: --nnodes %s: elastic ranges (MIN:MAX) are not supported; give one number\n", v); return -1; }
+            if (sl_parse_number("--nnodes", v, &nodes, &n) != 0) return -1;
             o->nnodes = (int)n;
             continue;
         }
-        char tee[16] = "";
-        if (sl_arg_str(&a, "--tee", tee, sizeof tee)) {
-            if (a.error) return -1;
-            if (strlen(tee) != 1 || tee[0] < '0' || tee[0] > '3') { fprintf(stderr, "error: --tee expects 0, 1, 2 or 3, got '%s'\n", tee); return -1; }
-            o->tee = tee[0] - '0';
-            continue;
-        }
-        if (flag_int2(&a, "--nproc-per-node", "--nproc_per_node", &o->nproc_per_node) ||
-            flag_int2(&a, "--node-rank", "--node_rank", &o->node_rank) ||
-            flag_int2(&a, "--master-port", "--master_port", &o->master_port) ||
-            flag_int2(&a, "--max-restarts", "--max_restarts", &o->max_restarts) ||
-            flag_int2(&a, "--num_gpus", "--num-gpus", &o->num_gpus) ||
-            flag_int2(&a, "--num_nodes", "--num-nodes", &o->num_nodes) ||
-            flag_int2(&a, "--grace-period", NULL, &o->grace_s) ||
-            flag_int2(&a, "--cpus-per-task", NULL, &o->cpus_per_task) ||
+        // -1 in nproc_per_node, master_port, num_gpus, num_nodes means "not given": no flag accepts it
+        if (flag_int2(&a, "--nproc-per-node", "--nproc_per_node", 1, SL_NO_MAX, &o->nproc_per_node) ||
+            flag_int2(&a, "--node-rank", "--node_rank", 0, SL_NO_MAX, &o->node_rank) ||
+            flag_int2(&a, "--master-port", "--master_port", 1, 65535, &o->master_port) ||
+            flag_int2(&a, "--max-restarts", "--max_restarts", 0, SL_NO_MAX, &o->max_restarts) ||
+            flag_int2(&a, "--num_gpus", "--num-gpus", 1, SL_NO_MAX, &o->num_gpus) ||
+            flag_int2(&a, "--num_nodes", "--num-nodes", 1, SL_NO_MAX, &o->num_nodes) ||
+            flag_int2(&a, "--grace-period", NULL, 0, 86400, &o->grace_s) ||
+            flag_int2(&a, "--hang-timeout", NULL, 0, 604800, &o->hang_timeout_s) ||
+            flag_int2(&a, "--cpus-per-task", NULL, 1, SL_NO_MAX, &o->cpus_per_task) ||
+            flag_int2(&a, "--tee", NULL, 0, 3, &o->tee) ||
             flag_str2(&a, "--master-addr", "--master_addr", o->master_addr, sizeof o->master_addr) ||
             flag_str2(&a, "--log-dir", "--log_dir", o->log_dir, sizeof o->log_dir) ||
             flag_str2(&a, "--include", NULL, o->include, sizeof o->include) ||
@@ -465,9 +484,6 @@ static int parse_launch_flags(int argc, char **argv, launch_opts *o) {
         fprintf(stderr, "error: shardlm launch needs a PROGRAM to run (e.g. `shardlm launch --nproc-per-node 2 train ...`)\n");
         return -1;
     }
-    if (o->nproc_per_node != -1 && o->nproc_per_node < 1) { fprintf(stderr, "error: --nproc-per-node must be at least 1, got %d\n", o->nproc_per_node); return -1; }
-    if (o->num_gpus != -1 && o->num_gpus < 1) { fprintf(stderr, "error: --num_gpus must be at least 1, got %d\n", o->num_gpus); return -1; }
-    if (o->num_nodes != -1 && o->num_nodes < 1) { fprintf(stderr, "error: --num_nodes must be at least 1, got %d\n", o->num_nodes); return -1; }
     if (o->nproc_per_node > 0 && o->num_gpus > 0 && o->nproc_per_node != o->num_gpus) {
         fprintf(stderr, "error: --nproc-per-node %d and --num_gpus %d disagree; give one\n", o->nproc_per_node, o->num_gpus);
         return -1;
@@ -476,11 +492,6 @@ static int parse_launch_flags(int argc, char **argv, launch_opts *o) {
         fprintf(stderr, "error: --nnodes %d and --num_nodes %d disagree; give one\n", o->nnodes, o->num_nodes);
         return -1;
     }
-    if (o->max_restarts < 0) { fprintf(stderr, "error: --max-restarts must be >= 0, got %d\n", o->max_restarts); return -1; }
-    if (o->grace_s < 0) { fprintf(stderr, "error: --grace-period must be >= 0, got %d\n", o->grace_s); return -1; }
-    if (o->cpus_per_task < 1) { fprintf(stderr, "error: --cpus-per-task must be at least 1, got %d\n", o->cpus_per_task); return -1; }
-    if (o->master_port != -1 && (o->master_port < 1 || o->master_port > 65535)) { fprintf(stderr, "error: --master-port must be in 1..65535, got %d\n", o->master_port); return -1; }
-    if (o->node_rank < 0) { fprintf(stderr, "error: --node-rank must be >= 0, got %d\n", o->node_rank); return -1; }
     if (strcmp(o->backend, "auto") && strcmp(o->backend, "fork") && strcmp(o->backend, "mpirun") && strcmp(o->backend, "srun")) {
         fprintf(stderr, "error: --backend expects auto, mpirun, srun or fork, got '%s'\n", o->backend);
         return -1;
@@ -702,10 +713,14 @@ static int set_common_env(const launch_opts *o, const launch_plan *p, int attemp
     setenv("SHARDLM_LAUNCHER", "1", 1);
     setenv("SHARDLM_RESTART_COUNT", count, 1);
     if (o->log_dir[0]) setenv("SHARDLM_LOG_DIR", o->log_dir, 1);
+    // mpirun gives each rank a pseudo-terminal: the ranks learn from this whether the output really
+    // ends on a terminal (sl_progress: "\r" progress there, plain lines otherwise)
+    setenv("SHARDLM_TERMINAL", isatty(STDOUT_FILENO) ? "1" : "0", 1);
     return 0;
 }
 
-static const char *const common_env_names[] = {"MASTER_ADDR", "MASTER_PORT", "SHARDLM_LAUNCHER", "SHARDLM_RESTART_COUNT", "SHARDLM_LOG_DIR", NULL};
+static const char *const common_env_names[] = {"MASTER_ADDR", "MASTER_PORT", "SHARDLM_LAUNCHER", "SHARDLM_RESTART_COUNT",
+                                               "SHARDLM_LOG_DIR", "SHARDLM_TERMINAL", NULL};
 
 // The wrapper command every mpirun / srun rank runs: shardlm launch --as-worker ... -- PROGRAM ARGS
 static int push_wrapper(argv_list *l, const launch_opts *o, const launch_plan *p) {
@@ -713,7 +728,7 @@ static int push_wrapper(argv_list *l, const launch_opts *o, const launch_plan *p
     if (p->status_dir[0] && (av_push(l, "--status-dir") || av_push(l, (char *)p->status_dir))) return -1;
     if (o->log_dir[0] && (av_push(l, "--log-dir") || av_push(l, (char *)o->log_dir))) return -1;
     if (o->tee && av_pushf(l, "--tee=%d", o->tee)) return -1;
-    if (av_pushf(l, "--grace-period=%d", o->grace_s)) return -1;
+    if (av_pushf(l, "--grace-period=%d", o->grace_s) || av_pushf(l, "--hang-timeout=%d", o->hang_timeout_s)) return -1;
     if (p->deepspeed_devices) {
         char spec[LAUNCH_PATH_MAX];
         if (devices_spec(p, spec, sizeof spec) != 0) return sl_errorf("device list too long");
@@ -772,6 +787,8 @@ static void print_plan(FILE *f, const launch_opts *o, const launch_plan *p) {
     }
     if (o->log_dir[0]) fprintf(f, "# logs %s/rank_N.log\n", o->log_dir);
     if (o->max_restarts) fprintf(f, "# max restarts %d\n", o->max_restarts);
+    if (o->hang_timeout_s) fprintf(f, "# hang timeout %d s\n", o->hang_timeout_s);
+    else fprintf(f, "# hang timeout off\n");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -779,9 +796,10 @@ static void print_plan(FILE *f, const launch_opts *o, const launch_plan *p) {
 
 typedef struct {
     int found;
-    int rank, code, sig, stopped;
-    double time;
+    int rank, code, sig, stopped, hung;
+    double time, silent_s;
     char host[256];
+    char progress[SL_HEARTBEAT_RECORD + 1];  // a hung rank's last heartbeat: "step 12 training"
 } worker_status;
 
 static int read_status(const char *dir, int rank, worker_status *s) {
@@ -790,16 +808,21 @@ static int read_status(const char *dir, int rank, worker_status *s) {
     FILE *f = fopen(path, "r");
     memset(s, 0, sizeof *s);
     if (!f) return -1;
-    int ok = fscanf(f, "%d %d %d %d %lf %255s", &s->rank, &s->code, &s->sig, &s->stopped, &s->time, s->host) == 6;
+    int ok = fscanf(f, "%d %d %d %d %lf %255s %d %lf ", &s->rank, &s->code, &s->sig, &s->stopped, &s->time, s->host, &s->hung,
+                    &s->silent_s) == 8;
+    if (ok && fgets(s->progress, sizeof s->progress, f)) s->progress[strcspn(s->progress, "\n")] = '\0';
     fclose(f);
     s->found = ok;
     return ok ? 0 : -1;
 }
 
+// Removes the status and heartbeat files of every rank.
 static void clear_status(const char *dir, int world) {
     char path[DERIVED_PATH_MAX];
     for (int r = 0; r < world; r++) {
         snprintf(path, sizeof path, "%s/.status_%d", dir, r);
+        unlink(path);
+        snprintf(path, sizeof path, "%s/.heartbeat_%d", dir, r);
         unlink(path);
     }
 }
@@ -835,7 +858,10 @@ static const char *signal_name(int sig) {
 static void report_failure(const launch_opts *o, const worker_status *s) {
     char logs[LAUNCH_PATH_MAX + 64] = "";
     if (o->log_dir[0]) snprintf(logs, sizeof logs, " (log: %s/rank_%d.log)", o->log_dir, s->rank);
-    if (s->sig)
+    if (s->hung)
+        fprintf(stderr, "shardlm launch: rank %d on host %s hung: no heartbeat for %.1f s (last: %s); it was killed and the "
+                "job stopped, exit code %d%s\n", s->rank, s->host, s->silent_s, s->progress, s->code, logs);
+    else if (s->sig)
         fprintf(stderr, "shardlm launch: rank %d on host %s was killed by signal %d (%s), exit code %d%s\n", s->rank, s->host,
                 s->sig, signal_name(s->sig), s->code, logs);
     else
@@ -853,6 +879,7 @@ static int run_fork_group(const launch_opts *o, const launch_plan *p, int attemp
     if (p->deepspeed_devices) sl_host_slots_string(&p->pool.hosts[0], devices, sizeof devices);
     fflush(stdout);
     fflush(stderr);
+    pid_t launcher = getpid();
     for (int i = 0; i < n; i++) {
         pid_t pid = fork();
         if (pid == 0) {
@@ -868,8 +895,11 @@ static int run_fork_group(const launch_opts *o, const launch_plan *p, int attemp
 #undef SETI
             if (devices[0]) setenv("CUDA_VISIBLE_DEVICES", devices, 1);
             for (int k = 0; k < N_FORWARDED; k++) pending_signal[k] = 0;
+            // the launcher's death (even by SIGKILL) reaches the wrapper as SIGTERM: it stops its program
+            if (sl_die_with_parent(SIGTERM, launcher) != 0) _exit(128 + SIGTERM);
             worker_spec w = {.rank = rank, .log_dir = o->log_dir[0] ? o->log_dir : NULL, .tee = o->tee,
-                             .status_dir = p->status_dir, .grace_s = o->grace_s, .append = attempt > 0, .argv = p->prog_argv};
+                             .status_dir = p->status_dir, .grace_s = o->grace_s, .hang_timeout_s = o->hang_timeout_s,
+                             .append = attempt > 0, .argv = p->prog_argv};
             fflush(NULL);
             _exit(worker_run(&w));
         }
@@ -937,10 +967,14 @@ static int run_fork_group(const launch_opts *o, const launch_plan *p, int attemp
 static int run_external_group(const launch_opts *o, const launch_plan *p, char **cmd) {
     fflush(stdout);
     fflush(stderr);
+    pid_t launcher = getpid();
     pid_t pid = fork();
     if (pid == 0) {
         setpgid(0, 0);
         reset_signals_to_default();
+        // the launcher's death reaches mpirun / srun as SIGTERM, which they pass to every rank (Open MPI 4
+        // has no option of its own that ties mpirun to its parent)
+        if (sl_die_with_parent(SIGTERM, launcher) != 0) _exit(128 + SIGTERM);
         execvp(cmd[0], cmd);
         fprintf(stderr, "error: cannot run %s: %s\n", cmd[0], strerror(errno));
         _exit(127);
@@ -1036,8 +1070,11 @@ static int launch_as_worker(const launch_opts *o, int argc, char **argv) {
     const char *restart = getenv("SHARDLM_RESTART_COUNT");
     worker_spec w = {.rank = rank, .log_dir = o->log_dir[0] ? o->log_dir : NULL, .tee = o->tee,
                      .status_dir = o->status_dir[0] ? o->status_dir : NULL, .grace_s = o->grace_s,
-                     .append = restart && atoi(restart) > 0, .argv = argv + o->prog};
+                     .hang_timeout_s = o->hang_timeout_s, .append = restart && atoi(restart) > 0, .argv = argv + o->prog};
     (void)argc;
+    // mpirun's or srun's death (its parent here) reaches this wrapper as SIGTERM: it stops its program
+    install_forwarding();
+    if (sl_die_with_parent(SIGTERM, getppid()) != 0 || getppid() == 1) return 128 + SIGTERM;
     return worker_run(&w);
 }
 

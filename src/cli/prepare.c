@@ -6,6 +6,7 @@
 // Invariants: one input file is one document and every document is preceded by <|endoftext|>; the
 // documents are taken in sorted file-name order and the val documents are chosen by index alone, so the
 // same input and flags always give byte-identical shards; every file is written atomically.
+#include "cli/args.h"
 #include "cli/commands.h"
 #include "shardlm/error.h"
 #include "shardlm/fileio.h"
@@ -72,30 +73,20 @@ static int parse_args(int argc, char **argv, prepare_args *a) {
             if (i + 1 >= argc) { fprintf(stderr, "shardlm prepare: %s needs a value\n", name); return 2; }
             val = argv[++i];
         }
-        char *end = NULL;
         if (!strcmp(name, "--input")) a->input = val;
         else if (!strcmp(name, "--output")) a->output = val;
         else if (!strcmp(name, "--tokenizer")) a->tokenizer_dir = val;
         else if (!strcmp(name, "--vocab")) a->vocab = val;
         else if (!strcmp(name, "--merges")) a->merges = val;
-        else if (!strcmp(name, "--train-tokenizer")) {
-            a->train_vocab = strtol(val, &end, 10);
-            if (*val == '\0' || *end || a->train_vocab < 257 || a->train_vocab > 1000000) {
-                fprintf(stderr, "shardlm prepare: --train-tokenizer expects a vocab size in [257, 1000000], got \"%s\"\n", val);
-                return 2;
-            }
-        } else if (!strcmp(name, "--val-fraction")) {
-            a->val_fraction = strtod(val, &end);
-            if (*val == '\0' || *end || !(a->val_fraction >= 0 && a->val_fraction < 1)) {
-                fprintf(stderr, "shardlm prepare: --val-fraction expects a number in [0, 1), got \"%s\"\n", val);
-                return 2;
-            }
-        } else if (!strcmp(name, "--shard-tokens")) {
-            a->shard_tokens = strtoll(val, &end, 10);
-            if (*val == '\0' || *end || a->shard_tokens < 1 || a->shard_tokens > INT32_MAX) {
-                fprintf(stderr, "shardlm prepare: --shard-tokens expects an integer in [1, %d], got \"%s\"\n", INT32_MAX, val);
-                return 2;
-            }
+        else {
+            // the numeric flags, through the CLI's one number reader (cli/args.h)
+            static const sl_num_range vocab = {257, 1000000, 1, 0}, frac = {0, 1, 0, SL_OPEN_HI}, shard = {1, INT32_MAX, 1, 0};
+            int is_vocab = !strcmp(name, "--train-tokenizer"), is_frac = !strcmp(name, "--val-fraction");
+            double v;
+            if (sl_parse_number(name, val, is_vocab ? &vocab : is_frac ? &frac : &shard, &v) != 0) return 2;
+            if (is_vocab) a->train_vocab = (long)v;
+            else if (is_frac) a->val_fraction = v;
+            else a->shard_tokens = (long long)v;
         }
     }
     if ((a->vocab != NULL) != (a->merges != NULL)) {

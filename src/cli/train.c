@@ -12,6 +12,7 @@
 #include "shardlm/fault.h"
 #include "shardlm/fileio.h"
 #include "shardlm/generate.h"
+#include "shardlm/heartbeat.h"
 #include "shardlm/hf_weights.h"
 #include "shardlm/loader.h"
 #include "shardlm/metrics.h"
@@ -60,9 +61,12 @@ static void usage(FILE *f) {
         "  --decay-all             also decay norms, biases and embeddings\n"
         "  --momentum M            SGD momentum\n"
         "  --grad-clip NORM        gradient_clipping, 0 = off (default 1.0; with --config, the file's value or 0)\n"
-        "  --lr-schedule KIND      constant | cosine (WarmupCosineLR) | linear (WarmupDecayLR) | warmup (WarmupLR)\n"
-        "                          (default cosine when no scheduler block is configured)\n"
-        "  --warmup-steps N        linear warmup steps for --lr-schedule (default steps/10)\n"
+        "  --lr-schedule KIND      constant | cosine (WarmupCosineLR) | linear (WarmupDecayLR) | warmup (WarmupLR);\n"
+        "                          replaces the config's scheduler block. Default, also with a --config that has\n"
+        "                          no scheduler block: cosine: the lr rises linearly from 0 over the warmup, then\n"
+        "                          falls along a cosine towards 0.1 x lr at the last step (constant: --lr always)\n"
+        "  --warmup-steps N        warmup steps for --lr-schedule, >= 1 (default max(1, steps/10); DeepSpeed\n"
+        "                          warms up over at least 2)\n"
         "run control:\n"
         "  --seed S                (default 1337)\n"
         "  --threads N             CPU threads (default OMP_NUM_THREADS or all cores)\n"
@@ -113,40 +117,39 @@ static int parse_flags(int argc, char **argv, sl_train_config *c, flag_extras *x
         x->given |= (c->train_batch_size ? 1 : 0) | (c->micro_batch ? 2 : 0) | (c->grad_accum ? 4 : 0);
     }
     sl_args a = {argc, argv, 1, NULL, 0};
-    int64_t steps = -1;
-    int seed = -1;
+    int steps = -1, seed = -1;  // -1: not given (both flags allow only values >= 0)
     for (; a.i < argc && !a.error; a.i++) {
         if (sl_arg_str(&a, "--config", config_path, sizeof config_path)) continue;
         if (sl_arg_str(&a, "--model", c->model, sizeof c->model)) continue;
         if (sl_arg_str(&a, "--data", c->data, sizeof c->data)) continue;
         if (sl_arg_str(&a, "--tokenizer", c->tokenizer, sizeof c->tokenizer)) continue;
-        if (sl_arg_int(&a, "--seq-len", &c->seq_len)) continue;
-        if (sl_arg_int(&a, "--batch-size", &c->micro_batch)) { x->given |= 2; continue; }
-        if (sl_arg_int(&a, "--grad-accum", &c->grad_accum)) { x->given |= 4; continue; }
-        if (sl_arg_int(&a, "--train-batch-size", &c->train_batch_size)) { x->given |= 1; continue; }
-        if (sl_arg_i64(&a, "--steps", &steps)) continue;
+        if (sl_arg_int(&a, "--seq-len", 1, SL_NO_MAX, &c->seq_len)) continue;
+        if (sl_arg_int(&a, "--batch-size", 1, SL_NO_MAX, &c->micro_batch)) { x->given |= 2; continue; }
+        if (sl_arg_int(&a, "--grad-accum", 1, SL_NO_MAX, &c->grad_accum)) { x->given |= 4; continue; }
+        if (sl_arg_int(&a, "--train-batch-size", 1, SL_NO_MAX, &c->train_batch_size)) { x->given |= 1; continue; }
+        if (sl_arg_int(&a, "--steps", 0, SL_NO_MAX, &steps)) continue;
         if (sl_arg_str(&a, "--optimizer", x->optimizer, sizeof x->optimizer)) continue;
-        if (sl_arg_float(&a, "--lr", &x->lr)) { x->lr_given = 1; continue; }
-        if (sl_arg_float(&a, "--weight-decay", &x->weight_decay)) { x->wd_given = 1; continue; }
-        if (sl_arg_float(&a, "--momentum", &x->momentum)) { x->momentum_given = 1; continue; }
+        if (sl_arg_float(&a, "--lr", 0, SL_FLOAT_MAX, 0, &x->lr)) { x->lr_given = 1; continue; }
+        if (sl_arg_float(&a, "--weight-decay", 0, SL_FLOAT_MAX, 0, &x->weight_decay)) { x->wd_given = 1; continue; }
+        if (sl_arg_float(&a, "--momentum", 0, SL_FLOAT_MAX, 0, &x->momentum)) { x->momentum_given = 1; continue; }
         if (sl_arg_switch(&a, "--decay-all")) { x->decay_all = 1; continue; }
-        if (sl_arg_float(&a, "--grad-clip", &c->gradient_clipping)) continue;
+        if (sl_arg_float(&a, "--grad-clip", 0, SL_FLOAT_MAX, 0, &c->gradient_clipping)) continue;
         if (sl_arg_str(&a, "--lr-schedule", x->schedule_kind, sizeof x->schedule_kind)) continue;
-        if (sl_arg_int(&a, "--warmup-steps", &x->warmup_steps)) continue;
-        if (sl_arg_int(&a, "--seed", &seed)) continue;
-        if (sl_arg_int(&a, "--threads", &c->threads)) continue;
+        if (sl_arg_int(&a, "--warmup-steps", 1, SL_NO_MAX, &x->warmup_steps)) continue;
+        if (sl_arg_int(&a, "--seed", 0, SL_NO_MAX, &seed)) continue;
+        if (sl_arg_int(&a, "--threads", 0, SL_NO_MAX, &c->threads)) continue;
         if (sl_arg_str(&a, "--precision", x->precision, sizeof x->precision)) continue;
         if (sl_arg_str(&a, "--device", c->device, sizeof c->device)) continue;
         if (sl_arg_str(&a, "--comm-backend", x->comm_backend, sizeof x->comm_backend)) continue;
-        if (sl_arg_int(&a, "--log-interval", &c->steps_per_print)) continue;
-        if (sl_arg_int(&a, "--eval-interval", &c->eval_interval)) continue;
-        if (sl_arg_int(&a, "--eval-batches", &c->eval_batches)) continue;
+        if (sl_arg_int(&a, "--log-interval", 0, SL_NO_MAX, &c->steps_per_print)) continue;
+        if (sl_arg_int(&a, "--eval-interval", 0, SL_NO_MAX, &c->eval_interval)) continue;
+        if (sl_arg_int(&a, "--eval-batches", 0, SL_NO_MAX, &c->eval_batches)) continue;
         if (sl_arg_str(&a, "--save-dir", c->save_dir, sizeof c->save_dir)) continue;
-        if (sl_arg_int(&a, "--save-interval", &c->save_interval)) continue;
+        if (sl_arg_int(&a, "--save-interval", 0, SL_NO_MAX, &c->save_interval)) continue;
         if (sl_arg_switch(&a, "--no-save")) { c->no_save = 1; continue; }
         if (sl_arg_switch(&a, "--no-shuffle")) { c->shuffle = 0; continue; }
         if (sl_arg_switch(&a, "--no-overlap-comm")) { c->overlap_comm = 0; continue; }
-        if (sl_arg_int(&a, "--zero-stage", &c->zero_stage)) continue;
+        if (sl_arg_int(&a, "--zero-stage", 0, 3, &c->zero_stage)) continue;
         if (sl_arg_switch(&a, "--resume")) {
             // optional value: a following argument that is not a flag
             if (a.i + 1 < argc && strncmp(argv[a.i + 1], "--", 2) != 0) snprintf(c->resume, sizeof c->resume, "%s", argv[++a.i]);
@@ -155,7 +158,7 @@ static int parse_flags(int argc, char **argv, sl_train_config *c, flag_extras *x
         }
         if (sl_arg_str(&a, "--resume", c->resume, sizeof c->resume)) continue;
         if (sl_arg_str(&a, "--metrics", c->metrics, sizeof c->metrics)) continue;
-        if (sl_arg_int(&a, "--sample-tokens", &c->sample_tokens)) continue;
+        if (sl_arg_int(&a, "--sample-tokens", 0, SL_NO_MAX, &c->sample_tokens)) continue;
         fprintf(stderr, "error: unknown flag '%s' (see shardlm train --help)\n", argv[a.i]);
         return -1;
     }
@@ -331,6 +334,7 @@ static void print_memory(const sl_engine *e, int world) {
 static int save_checkpoint(sl_engine *e, const sl_train_config *c, sl_loader *train, sl_progress *prog) {
     char tag[64], pos[256], *cfg_json = sl_train_config_to_json(c);
     snprintf(tag, sizeof tag, "step_%08lld", (long long)e->step);
+    sl_heartbeat_progress(e->step, "checkpoint save");
     sl_loader_position p = sl_loader_tell(train);
     sl_loader_position_to_json(&p, pos, sizeof pos);
     size_t need = strlen(pos) + (cfg_json ? strlen(cfg_json) : 4) + 128;
@@ -526,6 +530,7 @@ static int run(sl_train_config *c, sl_comm *world) {
             if (sl_loader_next(train, in, tg) || sl_engine_forward_backward(&engine, in, tg, c->micro_batch, c->seq_len, NULL))
                 goto done;
         }
+        sl_heartbeat_progress(engine.step, "training");  // what a hang report names (launch --hang-timeout)
         sl_fault_point(rank, engine.step + 1, "step");
         if (sl_engine_step(&engine)) goto done;
         if (engine.last_step_skipped && is_rank0) {
@@ -551,6 +556,7 @@ static int run(sl_train_config *c, sl_comm *world) {
         }
         if (val && (engine.step % c->eval_interval == 0 || engine.step == c->steps)) {
             float vl;
+            sl_heartbeat_progress(engine.step, "evaluation");
             if (evaluate(&model, world, val, c->eval_batches, c->micro_batch, c->seq_len, in, tg, &vl)) goto done;
             char line[128];
             snprintf(line, sizeof line, "step %lld | val loss %.4f", (long long)engine.step, vl);
@@ -624,6 +630,8 @@ int cmd_train(int argc, char **argv) {
         rc = sl_train_config_resolve(&c, x.given);
     }
     if (rc == 0) rc = check_gpu_exchange(&c, world);
+    // under `shardlm launch`: a background heartbeat so the launcher can tell a hung rank from a slow one
+    if (rc == 0 && sl_heartbeat_start() != 0) fprintf(stderr, "warning: no heartbeat for the launcher: %s\n", sl_error());
     if (rc == 0) {
         sl_ops_cpu_set_threads(c.threads);
         rc = run(&c, world);
@@ -633,6 +641,7 @@ int cmd_train(int argc, char **argv) {
         if (msg[0] && world && sl_comm_size(world) > 1) fprintf(stderr, "error: [rank %d] %s\n", sl_comm_rank(world), msg);
         else if (msg[0]) fprintf(stderr, "error: %s\n", msg);
     }
+    sl_heartbeat_stop();
     // a failed rank leaves without finalising, so the launcher stops the others instead of them hanging
     if (world && (rc == 0 || sl_comm_size(world) == 1)) sl_comm_free(world);
     sl_train_config_free(&c);

@@ -139,7 +139,10 @@ int sl_format_progress(char *buf, size_t cap, int64_t step, int64_t total_steps,
 
 void sl_progress_init(sl_progress *p, FILE *stream) {
     p->stream = stream;
-    p->is_tty = isatty(fileno(stream)) ? 1 : 0;
+    // SHARDLM_TERMINAL=0: `shardlm launch` says the output does not end on a terminal, although this
+    // rank's stdout may be one (mpirun gives each rank a pseudo-terminal)
+    const char *term = getenv("SHARDLM_TERMINAL");
+    p->is_tty = isatty(fileno(stream)) && !(term && !strcmp(term, "0")) ? 1 : 0;
     p->live = 0;
 }
 

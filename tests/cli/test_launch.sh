@@ -237,14 +237,14 @@ bad() {  # bad NAME EXPECTED-MESSAGE ARGS...
 printf 'a slots=2\nb slots=two\n' >badhosts
 bad bad_unknown_flag "unknown flag '--bogus'" --bogus ./env.sh
 bad bad_missing_value "flag --nproc-per-node expects a value" --nproc-per-node
-bad bad_nproc_zero "--nproc-per-node must be at least 1" --nproc-per-node 0 ./env.sh
+bad bad_nproc_zero "error: flag --nproc-per-node expects an integer >= 1, got '0'" --nproc-per-node 0 ./env.sh
 bad bad_no_program "needs a PROGRAM" --nproc-per-node 2
 bad bad_hostfile_missing "hostfile $tmp/nope: No such file" --dry-run --backend mpirun --hostfile "$tmp/nope" ./env.sh
 bad bad_hostfile_malformed "badhosts:2: slots must be a positive integer, found 'two'" --dry-run --backend mpirun --hostfile badhosts ./env.sh
 bad bad_include_unknown_host "--include: host 'worker-9' is not in the host pool" --dry-run --backend mpirun --hostfile hosts --include worker-9 ./env.sh
 bad bad_exclude_unknown_slot "--exclude: no slot 7 on host 'worker-2'" --dry-run --backend mpirun --hostfile hosts --exclude worker-2:7 ./env.sh
 bad bad_include_and_exclude "cannot be used together" --dry-run --backend mpirun --hostfile hosts --include worker-1 --exclude worker-2 ./env.sh
-bad bad_tee "--tee expects 0, 1, 2 or 3" --tee 4 ./env.sh
+bad bad_tee "error: flag --tee expects an integer in [0, 3], got '4'" --tee 4 ./env.sh
 bad bad_backend "--backend expects" --backend ssh ./env.sh
 bad bad_elastic_nnodes "elastic ranges" --nnodes 1:4 ./env.sh
 bad bad_fork_multi_host "--backend fork runs workers on this host only" --dry-run --backend fork --hostfile hosts ./env.sh

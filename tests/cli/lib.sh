@@ -1,0 +1,20 @@
+# lib.sh: the common start of the CLI test scripts that source it (`. "$(dirname "$0")/lib.sh" NAME`):
+# BIN, the shardlm binary as an absolute path (the script exits 0, skipped, when it is not built);
+# DATA, ../shared/data as an absolute path; a temporary directory $tmp (shardlm_test_NAME_*) removed on
+# exit; pass / fail lines for tests/run.sh; and prepare_tiny_data, which tokenizes ten speeches with a
+# new 512-token BPE into $tmp/data (a second or so).
+set -u
+BIN=${SHARDLM_BIN:-build/shardlm}
+[ -x "$BIN" ] || exit 0
+BIN=$(cd "$(dirname "$BIN")" && pwd)/$(basename "$BIN")
+DATA=$(cd "${SHARDLM_DATA:-../shared/data}" 2>/dev/null && pwd)
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0} OMP_NUM_THREADS=1
+tmp=$(mktemp -d "/tmp/shardlm_test_${1}_XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+pass() { echo "PASS $1"; }
+fail() { echo "FAIL $1"; shift; [ $# -gt 0 ] && echo "  $*"; }
+prepare_tiny_data() {  # returns non-zero when ../shared/data/sotu is missing
+  [ -d "$DATA/sotu" ] || return 1
+  mkdir -p "$tmp/corpus" && cp "$DATA"/sotu/179*.txt "$tmp/corpus/" &&
+    "$BIN" prepare --input "$tmp/corpus" --output "$tmp/data" --train-tokenizer 512 >"$tmp/prepare.log" 2>&1
+}
