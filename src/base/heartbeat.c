@@ -1,5 +1,6 @@
 // heartbeat.c: the background thread behind heartbeat.h.
 #include "shardlm/heartbeat.h"
+#include "shardlm/settings.h"
 #include "shardlm/error.h"
 
 #include <errno.h>
@@ -54,12 +55,10 @@ static void *beat_loop(void *arg) {
 }
 
 int sl_heartbeat_start(void) {
-    const char *path = getenv("SHARDLM_HEARTBEAT_FILE");
-    if (!path || !path[0] || hb.running) return 0;
-    const char *iv = getenv("SHARDLM_HEARTBEAT_INTERVAL_MS");
-    hb.interval_ms = iv ? strtol(iv, NULL, 10) : 1000;
-    if (hb.interval_ms < 10) hb.interval_ms = 10;
-    if (hb.interval_ms > 60000) hb.interval_ms = 60000;
+    const sl_settings *s = sl_settings_get();
+    const char *path = s->heartbeat_file;
+    if (!path[0] || hb.running) return 0;
+    hb.interval_ms = s->heartbeat_interval_ms;
     hb.fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
     if (hb.fd < 0) return sl_errorf("heartbeat file %s: %s", path, strerror(errno));
     atomic_store(&hb.stop, 0);

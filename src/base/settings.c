@@ -7,7 +7,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define DEFAULTS {.gelu_epilogue = 1, .attention_tensor_cores = 1, .bf16_storage = 1, .log_level = 1}
+#define DEFAULTS                                                                                      \
+    {.gelu_epilogue = 1, .attention_tensor_cores = 1, .bf16_storage = 1, .log_level = 1,                  \
+     .heartbeat_interval_ms = 1000, .terminal = 1}
 static sl_settings settings = DEFAULTS;
 static int loaded;
 
@@ -21,6 +23,9 @@ static const struct { const char *name, *meaning; } variables[] = {
     {"SHARDLM_FAULT", "RANK:STEP:WHERE: that rank kills itself there (fault-injection tests; default none)"},
     {"SHARDLM_RESTART_COUNT", "restarts so far, set by shardlm launch (faults fire only before the first)"},
     {"CUDA_HOME", "also look for CUDA libraries in CUDA_HOME/lib64 (after the build's CUDA_HOME)"},
+    {"SHARDLM_HEARTBEAT_FILE", "set by shardlm launch: the file this rank's heartbeat thread rewrites"},
+    {"SHARDLM_HEARTBEAT_INTERVAL_MS", "set by shardlm launch: milliseconds between heartbeats (10 .. 60000)"},
+    {"SHARDLM_TERMINAL", "set by shardlm launch: 0 when the job's output is not a terminal (plain progress)"},
 };
 
 // The first malformed variable of a load ("" when none).
@@ -61,12 +66,12 @@ static void read_string(const char *name, char *out, size_t cap) {
     else memcpy(out, v, strlen(v) + 1);
 }
 
-static void read_count(const char *name, int *out) {
+static void read_int(const char *name, int lo, int hi, int *out) {
     const char *v = getenv(name);
     if (!v || !*v) return;
     char *end;
     long n = strtol(v, &end, 10);
-    if (*end || n < 0 || n > 1000000) malformed("%s=\"%s\": expected a count from 0 to 1000000", name, v);
+    if (*end || n < lo || n > hi) malformed("%s=\"%s\": expected an integer from %d to %d", name, v, lo, hi);
     else *out = (int)n;
 }
 
@@ -82,8 +87,11 @@ int sl_settings_load(void) {
     read_switch("SHARDLM_EMULATE_BF16_STORAGE", &s.emulate_bf16_storage);
     read_word("SHARDLM_LOG_LEVEL", levels, levels_v, 4, &s.log_level, "debug, info, warn or error");
     read_string("SHARDLM_FAULT", s.fault, sizeof s.fault);
-    read_count("SHARDLM_RESTART_COUNT", &s.restart_count);
+    read_int("SHARDLM_RESTART_COUNT", 0, 1000000, &s.restart_count);
     read_string("CUDA_HOME", s.cuda_home, sizeof s.cuda_home);
+    read_string("SHARDLM_HEARTBEAT_FILE", s.heartbeat_file, sizeof s.heartbeat_file);
+    read_int("SHARDLM_HEARTBEAT_INTERVAL_MS", 10, 60000, &s.heartbeat_interval_ms);
+    read_switch("SHARDLM_TERMINAL", &s.terminal);
     settings = s;
     loaded = 1;
     return first_error[0] ? sl_errorf("%s", first_error) : 0;

@@ -3,6 +3,7 @@
 // keys are escaped), written with a single fputs and flushed before returning, so a crash leaves
 // at most a truncated last line; the progress line never writes '\r' to a non-terminal.
 #include "shardlm/metrics.h"
+#include "shardlm/settings.h"
 #include "shardlm/error.h"
 
 #include <errno.h>
@@ -141,8 +142,7 @@ void sl_progress_init(sl_progress *p, FILE *stream) {
     p->stream = stream;
     // SHARDLM_TERMINAL=0: `shardlm launch` says the output does not end on a terminal, although this
     // rank's stdout may be one (mpirun gives each rank a pseudo-terminal)
-    const char *term = getenv("SHARDLM_TERMINAL");
-    p->is_tty = isatty(fileno(stream)) && !(term && !strcmp(term, "0")) ? 1 : 0;
+    p->is_tty = isatty(fileno(stream)) && sl_settings_get()->terminal ? 1 : 0;
     p->live = 0;
 }
 

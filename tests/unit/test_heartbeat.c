@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "shardlm/heartbeat.h"
+#include "shardlm/settings.h"
 #include "test.h"
 
 static void nap_ms(int ms) {
@@ -27,6 +28,7 @@ static int read_record(const char *path, char *buf, size_t cap) {
 
 TEST(no_file_variable_means_no_heartbeat) {
     unsetenv("SHARDLM_HEARTBEAT_FILE");
+    sl_settings_load();  // the environment is read once; again after changing it
     CHECK(sl_heartbeat_start() == 0);
     sl_heartbeat_progress(3, "training");
     sl_heartbeat_stop();
@@ -40,6 +42,7 @@ TEST(thread_beats_while_main_thread_waits_and_stops_on_request) {
     close(fd);
     setenv("SHARDLM_HEARTBEAT_FILE", path, 1);
     setenv("SHARDLM_HEARTBEAT_INTERVAL_MS", "20", 1);
+    sl_settings_load();  // the environment is read once; again after changing it
     sl_heartbeat_progress(7, "checkpoint save");
     CHECK(sl_heartbeat_start() == 0);
     char a[256], b[256], want[64];
@@ -62,14 +65,17 @@ TEST(thread_beats_while_main_thread_waits_and_stops_on_request) {
     CHECK_MSG(strcmp(a, b) == 0, "record changed after stop: %s / %s", a, b);
     unsetenv("SHARDLM_HEARTBEAT_FILE");
     unsetenv("SHARDLM_HEARTBEAT_INTERVAL_MS");
+    sl_settings_load();  // the environment is read once; again after changing it
     unlink(path);
 }
 
 TEST(unwritable_file_is_an_error_not_an_exit) {
     setenv("SHARDLM_HEARTBEAT_FILE", "/nonexistent-dir/heartbeat", 1);
+    sl_settings_load();  // the environment is read once; again after changing it
     CHECK(sl_heartbeat_start() == -1);
     sl_heartbeat_stop();
     unsetenv("SHARDLM_HEARTBEAT_FILE");
+    sl_settings_load();  // the environment is read once; again after changing it
 }
 
 TEST_MAIN()
