@@ -19,7 +19,7 @@ typedef struct {
 
 // Generates after `prompt` (n_prompt >= 1 ids). New ids go to out_ids (capacity max_new_tokens;
 // may be NULL) and, decoded, to `stream` as they are produced (may be NULL). *n_out receives the count.
-int sl_generate(const sl_model *m, const sl_tokenizer *tok, const int *prompt, int n_prompt,
+int sl_generate(sl_model *m, const sl_tokenizer *tok, const int *prompt, int n_prompt,
                 const sl_generate_config *cfg, int *out_ids, int *n_out, FILE *stream);
 
 #endif

@@ -3,7 +3,7 @@
 #include "shardlm/error.h"
 #include "shardlm/kv_cache.h"
 
-int sl_generate(const sl_model *m, const sl_tokenizer *tok, const int *prompt, int n_prompt,
+int sl_generate(sl_model *m, const sl_tokenizer *tok, const int *prompt, int n_prompt,
                 const sl_generate_config *cfg, int *out_ids, int *n_out, FILE *stream) {
     if (n_out) *n_out = 0;
     if (n_prompt < 1) return sl_errorf("generate: the prompt must hold at least one token");
@@ -15,7 +15,7 @@ int sl_generate(const sl_model *m, const sl_tokenizer *tok, const int *prompt, i
     sl_rng rng = sl_rng_make(cfg->seed, 0, 0, SL_RNG_SAMPLE);
     const float *logits = NULL;
     int rc = 0, eot = tok ? sl_tokenizer_eot_id(tok) : -1;
-    for (int i = 0; i < n_prompt && rc == 0; i++) rc = sl_kv_cache_forward(&kv, prompt[i], &logits);
+    rc = sl_model_forward_cached(m, &kv, prompt, n_prompt, &logits);  // the prompt as one prefill
     for (int i = 0; i < cfg->max_new_tokens && rc == 0; i++) {
         int next = sl_sample(logits, m->cfg.vocab_size, &cfg->sampler, &rng);
         if (next < 0) { rc = -1; break; }

@@ -8,12 +8,14 @@
 // ops compute exactly what the separate ones did (bit for bit on the CPU), and need no backward of
 // their own: the norms' backward accumulates into dresid, the gradient of both addends.
 #include "shardlm/model.h"
+#include "shardlm/kv_cache.h"
 #include "shardlm/error.h"
 #include "shardlm/precision.h"
 #include "shardlm/rng.h"
 #include "shardlm/rope.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -312,13 +314,62 @@ static const float *head_weight(const sl_model *m) {
     return W(m, m->layout.lm_head >= 0 ? m->layout.lm_head : m->layout.wte);
 }
 
-int sl_model_forward(sl_model *m, const int *inputs, const int *targets, int B, int T, float *loss) {
+// ---- the forward pass: training, prefill and decode ----------------------------------------------
+
+// A storage-typed pointer advanced by n elements of `elem` bytes (bf16 or fp32 activations).
+static float *advance(const void *p, size_t n, size_t elem) { return (float *)((char *)(uintptr_t)p + n * elem); }
+
+// Dynamic NTK RoPE (rope.h): rows [pos0, pos0 + T) rotated for a sequence of pos0 + T positions,
+// as transformers does for a forward ending there. Nothing for the other types (fixed tables).
+static int rope_rows(sl_model *m, int pos0, int T) {
+    const sl_model_config *c = &m->cfg;
+    if (!sl_rope_depends_on_length(c)) return 0;
+    int half = sl_config_head_dim(c) / 2, len = pos0 + T;
+    if (len <= c->max_seq_len && m->rope_len == c->max_seq_len) return 0;  // the unstretched tables
+    if (len <= c->max_seq_len) return rope_build(m, c->max_seq_len);
+    size_t n = (size_t)T * half;
+    float *cos_t = sl_malloc(n * sizeof(float), "rope tables"), *sin_t = sl_malloc(n * sizeof(float), "rope tables");
+    float *inv_freq = sl_malloc((size_t)half * sizeof(float), "rope tables"), scale;
+    int ok = cos_t && sin_t && inv_freq;
+    if (ok) {
+        sl_rope_inv_freq(c, len, inv_freq, &scale);
+        sl_rope_fill(cos_t, sin_t, pos0, T, half, inv_freq, scale);
+        m->ops->upload(m->rope_cos + (size_t)pos0 * half, cos_t, n * sizeof(float));
+        m->ops->upload(m->rope_sin + (size_t)pos0 * half, sin_t, n * sizeof(float));
+        m->rope_len = -1;  // rows of several lengths now: rebuilt whole when back at or below max positions
+    }
+    free(cos_t);
+    free(sin_t);
+    free(inv_freq);
+    return ok ? 0 : -1;
+}
+
+// Appends the keys and values of positions pos0 .. pos0+T-1 (in qkv, after RoPE) to layer l's cache.
+static void cache_append(const sl_model *m, sl_kv_cache *kv, int l, const float *qkv, int T) {
+    const sl_model_config *c = &m->cfg;
+    size_t HD = (size_t)sl_config_head_dim(c), KV = (size_t)c->n_kv_head * HD, e = m->act_elem;
+    size_t W = (size_t)(c->n_head + 2 * c->n_kv_head) * HD, row = ((size_t)l * kv->max_ctx + (size_t)kv->pos) * KV;
+    for (int t = 0; t < T; t++) {
+        m->ops->copy(advance(kv->k, row + (size_t)t * KV, e), advance(qkv, (size_t)t * W + (size_t)c->n_head * HD, e),
+                     KV * e);
+        m->ops->copy(advance(kv->v, row + (size_t)t * KV, e),
+                     advance(qkv, (size_t)t * W + (size_t)(c->n_head + c->n_kv_head) * HD, e), KV * e);
+    }
+}
+
+// One forward over inputs (B,T). Without a cache: training / full forward from position 0 (targets
+// optional). With one (B = 1): the T tokens at positions kv->pos.. — a prefill from position 0 uses
+// the full attention and fills the cache, one token after that attends to the cache (decode); only
+// the last position's logits are computed.
+static int forward(sl_model *m, sl_kv_cache *kv, const int *inputs, const int *targets, int B, int T, float *loss) {
     const sl_model_config *c = &m->cfg;
     const sl_ops *ops = m->ops;
     m->have_targets = 0;  // a failed forward must not leave a stale one for backward
+    int pos0 = kv ? kv->pos : 0;
     if (B <= 0 || T <= 0) return sl_errorf("forward: batch %d x %d must be positive", B, T);
-    if (T > sl_config_context(c))
-        return sl_errorf("forward: sequence length %d exceeds the model's maximum positions %d", T, sl_config_context(c));
+    if (pos0 + T > sl_config_context(c))
+        return sl_errorf("forward: sequence length %d exceeds the model's maximum positions %d", pos0 + T,
+                         sl_config_context(c));
     if (c->sliding_window && c->sliding_window < T && !ops->sliding_window)
         return sl_errorf("forward: sliding_window %d is shorter than the sequence (%d) and the %s backend computes "
                          "only full causal attention; use sequences of at most %d tokens or the cpu backend",
@@ -327,12 +378,12 @@ int sl_model_forward(sl_model *m, const int *inputs, const int *targets, int B, 
     for (size_t i = 0; i < N; i++) {
         if (inputs[i] < 0 || inputs[i] >= c->vocab_size)
             return sl_errorf("forward: input token %d at batch row %zu position %zu is outside the vocabulary [0, %d)",
-                             inputs[i], i / T, i % T, c->vocab_size);
+                             inputs[i], i / T, i % T + pos0, c->vocab_size);
         if (targets && targets[i] >= c->vocab_size)
             return sl_errorf("forward: target token %d at batch row %zu position %zu is outside the vocabulary [0, %d)",
                              targets[i], i / T, i % T, c->vocab_size);
     }
-    if (alloc_acts(m, B, T) || rope_for_length(m, T)) return -1;
+    if (alloc_acts(m, B, T) || (kv ? rope_rows(m, pos0, T) : rope_for_length(m, T))) return -1;
     m->B = B;
     m->T = T;
     announce_precision(m);
@@ -346,7 +397,8 @@ int sl_model_forward(sl_model *m, const int *inputs, const int *targets, int B, 
     const sl_param_layout *L = &m->layout;
     int last = L->n_units - 1, tied = L->lm_head < 0;
     HOOK(m, SL_PARAMS_GET, 0, 1);
-    ops->encoder_forward(m->encoded, m->inputs, W(m, L->wte), WB(m, L->wpe), B, T, C);
+    const float *wpe = L->wpe >= 0 ? advance(W(m, L->wpe), (size_t)pos0 * C, m->ops->act_bf16 ? 2 : 4) : NULL;
+    ops->encoder_forward(m->encoded, m->inputs, W(m, L->wte), wpe, B, T, C);
     HOOK(m, SL_PARAMS_PUT, 0, 1);
     // resid: the residual stream entering the block; pending: what the norm reading it still has to
     // add to it (the previous block's resid2: its output's residual add is fused into the next norm)
@@ -358,8 +410,16 @@ int sl_model_forward(sl_model *m, const int *inputs, const int *targets, int B, 
         HOOK(m, SL_PARAMS_GET, l + 1, l + 2);
         norm_forward(m, a->ln1, a->ln1_mean, a->ln1_rstd, resid, pending, k->ln1_w, k->ln1_b, (int)N);
         ops->matmul_forward(a->qkv, a->ln1, W(m, k->qkv_w), WB(m, k->qkv_b), (int)N, C, QKV);
-        if (c->arch == SL_ARCH_LLAMA) ops->rope_forward(a->qkv, m->rope_cos, m->rope_sin, B, T, NH, NKV, HD, 0);
-        ops->attention_forward(a->att, a->lse, a->qkv, B, T, NH, NKV, HD, window);
+        if (c->arch == SL_ARCH_LLAMA) ops->rope_forward(a->qkv, m->rope_cos, m->rope_sin, B, T, NH, NKV, HD, pos0);
+        if (kv) cache_append(m, kv, l, a->qkv, T);
+        if (kv && pos0 > 0) {  // one query against the cache (the window's part of it)
+            int n = pos0 + 1, first = window && n > window ? n - window : 0;
+            size_t off = ((size_t)l * kv->max_ctx + (size_t)first) * (size_t)NKV * HD;
+            ops->attention_decode(a->att, a->qkv, advance(kv->k, off, m->act_elem), advance(kv->v, off, m->act_elem),
+                                  n - first, NH, NKV, HD);
+        } else {
+            ops->attention_forward(a->att, a->lse, a->qkv, B, T, NH, NKV, HD, window);
+        }
         ops->matmul_forward(a->resid2, a->att, W(m, k->attn_proj_w), WB(m, k->attn_proj_b), (int)N, A, C);
         // resid2 = attention output + resid, fused with ln2
         norm_forward(m, a->ln2, a->ln2_mean, a->ln2_rstd, a->resid2, resid, k->ln2_w, k->ln2_b, (int)N);
@@ -376,13 +436,17 @@ int sl_model_forward(sl_model *m, const int *inputs, const int *targets, int B, 
         pending = a->resid2;
     }
     HOOK(m, SL_PARAMS_GET, last, tied ? 0 : -1);
-    norm_forward(m, m->lnf, m->lnf_mean, m->lnf_rstd, resid, pending, L->lnf_w, L->lnf_b, (int)N);
+    // with a cache only the last position goes on: its final norm and logits (row 0 of lnf / logits)
+    size_t rows = kv ? 1 : N, skip = N - rows;
+    norm_forward(m, m->lnf, m->lnf_mean, m->lnf_rstd, advance(resid, skip * C, m->act_elem),
+                 pending ? advance(pending, skip * C, m->act_elem) : NULL, L->lnf_w, L->lnf_b, (int)rows);
     if (tied) {  // the head is the embedding matrix
         HOOK(m, SL_PARAMS_PUT, last, 0);
         HOOK(m, SL_PARAMS_GET, 0, -1);
     }
-    ops->matmul_forward(m->logits, m->lnf, head_weight(m), NULL, (int)N, C, c->padded_vocab_size);
+    ops->matmul_forward(m->logits, m->lnf, head_weight(m), NULL, (int)rows, C, c->padded_vocab_size);
     HOOK(m, SL_PARAMS_PUT, tied ? 0 : last, -1);
+    if (kv) kv->pos += T;
 
     m->n_valid_targets = 0;
     m->loss = 0.0f;
@@ -394,6 +458,30 @@ int sl_model_forward(sl_model *m, const int *inputs, const int *targets, int B, 
         m->loss = m->n_valid_targets ? (float)(total / m->n_valid_targets) : 0.0f;
         if (loss) *loss = m->loss;
     }
+    return 0;
+}
+
+int sl_model_forward(sl_model *m, const int *inputs, const int *targets, int B, int T, float *loss) {
+    return forward(m, NULL, inputs, targets, B, T, loss);
+}
+
+int sl_model_forward_cached(sl_model *m, sl_kv_cache *kv, const int *tokens, int T, const float **logits) {
+    if (kv->model != m) return sl_errorf("forward: the KV cache belongs to another model");
+    if (T <= 0) return sl_errorf("forward: no tokens given");
+    if (kv->pos + T > kv->max_ctx)
+        return sl_errorf("generate: context of %d positions is full (%d cached, %d more)", kv->max_ctx, kv->pos, T);
+    // a prefill from position 0 goes as one forward; later tokens one at a time against the cache
+    int step = kv->pos == 0 ? T : 1;
+    for (int done = 0; done < T; done += step)
+        if (forward(m, kv, tokens + done, NULL, 1, step, NULL)) return -1;
+    size_t Vp = (size_t)m->cfg.padded_vocab_size;
+    if (m->ops->act_bf16) {  // bf16 storage: widened on the host
+        m->ops->download(kv->logits_bf16, m->logits, Vp * sizeof(sl_bf16));
+        sl_bf16_to_f32_array(kv->logits_bf16, kv->logits, Vp);
+    } else {
+        m->ops->download(kv->logits, m->logits, Vp * sizeof(float));
+    }
+    *logits = kv->logits;
     return 0;
 }
 
