@@ -82,8 +82,6 @@ int sl_loss_scaler_init(sl_loss_scaler *s, const sl_loss_scaler_config *cfg);
 // raise_error_at_min_scale is set: DeepSpeed raises there and the run ends.
 int sl_loss_scaler_update(sl_loss_scaler *s, int overflow);
 
-// 1 when g[0..n) holds an Inf or NaN, else 0. OpenMP; the answer depends only on the data.
-int sl_grads_have_overflow(const float *g, size_t n);
 
 // g[0..n) *= (float)(1 / scale), as DeepSpeed's grad.mul_(1. / loss_scale); nothing when scale is 1.
 void sl_loss_scaler_unscale(const sl_loss_scaler *s, float *g, size_t n);

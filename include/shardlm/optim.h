@@ -82,10 +82,6 @@ void sl_adam_args_make(const sl_optim_config *cfg, double lr, int64_t step, sl_a
 void sl_sgd_args_make(const sl_optim_config *cfg, double lr, int64_t step, sl_sgd_args *a);
 int sl_optim_segments(const sl_optim_config *cfg, const sl_decay_mask *mask, size_t begin, size_t end,
                       sl_segment **segs, int *n_segs);
-// The CPU passes (sl_ops_cpu's adam_step / sgd_step): what sl_adam_step / sl_sgd_step run.
-void sl_adam_apply(const sl_adam_args *a, float *p, const float *g, float *m, float *v, const sl_segment *segs,
-                   int n_segs);
-void sl_sgd_apply(const sl_sgd_args *a, float *p, const float *g, float *buf, const sl_segment *segs, int n_segs);
 
 // One optimizer step over [begin, end) of params, dispatched on cfg->type: torch.optim.AdamW
 // (decoupled: p *= 1 - lr*wd) or torch.optim.Adam (L2: g += wd*p) with state[0] = exp_avg and
@@ -102,20 +98,13 @@ int sl_optim_step_on(const sl_ops *ops, const sl_optim_config *cfg, double lr, i
 
 // ---- gradient norm and clipping (DeepSpeed "gradient_clipping", torch clip_grad_norm_) ----------
 
-// Sum of squares of g[0..n) in double. Deterministic and independent of the thread count: the
-// buffer is cut into a fixed number of blocks that depend only on n, each summed in a fixed order,
-// and the block sums are added in index order. For a sharded buffer, add the ranks' sums (allreduce)
-// and take the square root.
-double sl_grad_sumsq(const float *g, size_t n);
-
+// The global norm is sqrt of a backend's sumsq (ops.h: deterministic, independent of the thread
+// count); for a sharded buffer add the ranks' sums (allreduce) first.
 // max_norm / (norm + 1e-6) when that is < 1, else 1 (no clipping). max_norm <= 0 disables: 1.
 double sl_clip_coef(double norm, float max_norm);
 
-// g[0..n) *= coef (as float), skipped when coef == 1.
-void sl_grad_scale(float *g, size_t n, double coef);
-
-// Whole-buffer convenience: norm = sqrt(sumsq), clip by sl_clip_coef. Returns the norm before
-// clipping (what DeepSpeed and torch report).
+// Whole-buffer convenience on the CPU: norm = sqrt(sumsq), clip by sl_clip_coef. Returns the norm
+// before clipping (what DeepSpeed and torch report).
 double sl_clip_grad_norm(float *g, size_t n, float max_norm);
 
 #endif

@@ -5,6 +5,7 @@
 // clamped to min_loss_scale); a failed update (-1) changes nothing; the overflow check's answer
 // depends only on the data, never on the thread count.
 #include "shardlm/loss_scaler.h"
+#include "shardlm/ops.h"
 #include "shardlm/error.h"
 #include "shardlm/json_get.h"
 #include "shardlm/optim.h"
@@ -195,19 +196,7 @@ int sl_loss_scaler_update(sl_loss_scaler *s, int overflow) {
 
 // ---- gradient passes ---------------------------------------------------------------------------
 
-int sl_grads_have_overflow(const float *g, size_t n) {
-    int bad = 0;
-    // exponent all ones = Inf or NaN; an OR over the buffer does not depend on how it is split
-#pragma omp parallel for schedule(static) reduction(| : bad) if (n >= SL_OMP_MIN)
-    for (size_t i = 0; i < n; i++) {
-        uint32_t u;
-        memcpy(&u, &g[i], sizeof u);
-        bad |= (u & 0x7F800000u) == 0x7F800000u;
-    }
-    return bad;
-}
-
 void sl_loss_scaler_unscale(const sl_loss_scaler *s, float *g, size_t n) {
     if (s->scale == 1.0) return;
-    sl_grad_scale(g, n, 1.0 / s->scale);
+    sl_ops_cpu.scale(g, n, (float)(1.0 / s->scale));
 }

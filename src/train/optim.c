@@ -1,9 +1,9 @@
-// optim.c: AdamW / Adam / SGD steps over flat fp32 buffers, the DeepSpeed "optimizer" block parser,
-// the weight-decay mask built from the layout, and deterministic global-norm clipping.
-// Invariants: a step touches only [begin, end) of the flat buffer; the element arithmetic is the same
-// sequence of float32 operations torch.optim performs (foreach=False), with scalar coefficients from
-// double maths; sl_grad_sumsq's result depends only on the data, never on the thread count.
+// optim.c: the DeepSpeed "optimizer" block parser, the weight-decay mask built from the layout, an
+// optimizer step's scalars (in double, as torch computes them) and segments, handed to a backend's
+// multi-tensor passes (ops->adam_step / sgd_step: src/ops/cpu/optimizer.c, src/ops/cuda/optimizer.cu),
+// and global-norm clipping. A step touches only [begin, end) of the flat buffer.
 #include "shardlm/optim.h"
+#include "shardlm/ops.h"
 #include "shardlm/error.h"
 
 #include <math.h>
@@ -12,16 +12,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-
-// torch's CPU kernels for add(alpha=) and lerp use fused multiply-add (Vectorized::fmadd); fmaf()
-// here reproduces their rounding (the fixtures match only with it). It is one instruction with
-// -march=native / -mfma, a slower libm call without.
-
-// Speed note: GCC vectorizes the Adam loop only under -fno-math-errno (otherwise every sqrtf keeps
-// a scalar errno path): about 5x faster, and no result changes (sqrt of v >= 0 never sets errno).
-
-// Loops shorter than this run on one thread (OpenMP start-up costs more than the work).
-#define SL_OMP_MIN 32768
 
 // ---- config ------------------------------------------------------------------------------------
 
@@ -241,47 +231,6 @@ int sl_optim_segments(const sl_optim_config *cfg, const sl_decay_mask *mask, siz
 
 // ---- Adam / AdamW ------------------------------------------------------------------------------
 
-// One branch-free loop over [lo, hi) (so it vectorizes); `lerp_low` is a constant at each call site.
-// With l2 == 0 and decay_factor == 1 the decay operations are exact no-ops for finite parameters.
-typedef struct {
-    float *p; const float *g; float *m; float *v;
-    float decay_factor, l2, w1, beta2, omb2, bc2_sqrt, eps, neg_step;
-} adam_args;
-
-static inline __attribute__((always_inline)) void adam_loop(const adam_args *a, long lo, long hi, const int lerp_low) {
-    float *restrict p = a->p, *restrict m = a->m, *restrict v = a->v;
-    const float *restrict g = a->g;
-    const float decay_factor = a->decay_factor, l2 = a->l2, w1 = a->w1, beta2 = a->beta2, omb2 = a->omb2;
-    const float bc2_sqrt = a->bc2_sqrt, eps = a->eps, neg_step = a->neg_step;
-    for (long i = lo; i < hi; i++) {
-        float gi = fmaf(l2, p[i], g[i]);                       // Adam: grad.add(param, alpha=wd)
-        float pi = p[i] * decay_factor;                        // AdamW: param.mul_(1 - lr*wd)
-        float mi = m[i];                                       // exp_avg.lerp_(grad, 1 - beta1)
-        mi = lerp_low ? fmaf(w1, gi - mi, mi) : fmaf(w1 - 1.0f, gi - mi, gi);
-        float vi = v[i] * beta2;                               // exp_avg_sq.mul_(beta2)
-        vi = vi + omb2 * gi * gi;                              //   .addcmul_(grad, grad, 1 - beta2)
-        float denom = sqrtf(vi) / bc2_sqrt + eps;              // (sqrt(v) / sqrt(bc2)).add_(eps)
-        p[i] = pi + neg_step * (mi / denom);                   // param.addcdiv_(m, denom, -step_size)
-        m[i] = mi;
-        v[i] = vi;
-    }
-}
-
-static void adam_range(const adam_args *a, long lo, long hi) {
-    if (a->w1 < 0.5f) adam_loop(a, lo, hi, 1);
-    else adam_loop(a, lo, hi, 0);
-}
-
-// Splits [0, n) evenly over the threads (elementwise work: the result does not depend on the split).
-static void adam_parallel(const adam_args *a, long n) {
-    if (n < SL_OMP_MIN) { adam_range(a, 0, n); return; }
-#pragma omp parallel
-    {
-        long nt = omp_get_num_threads(), t = omp_get_thread_num();
-        adam_range(a, n * t / nt, n * (t + 1) / nt);
-    }
-}
-
 void sl_adam_args_make(const sl_optim_config *cfg, double lr, int64_t step, sl_adam_args *a) {
     double dlr = lr, b1 = cfg->beta1, b2 = cfg->beta2, wd = cfg->weight_decay;
     double bc1 = 1.0 - pow(b1, (double)step);
@@ -300,21 +249,6 @@ void sl_adam_args_make(const sl_optim_config *cfg, double lr, int64_t step, sl_a
     a->lerp_low = a->w1 < 0.5f;
 }
 
-void sl_adam_apply(const sl_adam_args *a, float *p, const float *g, float *m, float *v, const sl_segment *segs,
-                   int n_segs) {
-    for (int s = 0; s < n_segs; s++) {
-        size_t off = segs[s].begin;
-        int decay = segs[s].decay;
-        adam_args args = {
-            .p = p + off, .g = g + off, .m = m + off, .v = v + off,
-            .decay_factor = decay ? a->decay_factor : 1.0f, .l2 = decay ? a->l2 : 0.0f,
-            .w1 = a->w1, .beta2 = a->beta2, .omb2 = a->one_minus_beta2,
-            .bc2_sqrt = a->bc2_sqrt, .eps = a->eps, .neg_step = a->neg_step,
-        };
-        adam_parallel(&args, (long)(segs[s].end - segs[s].begin));
-    }
-}
-
 // ---- SGD ---------------------------------------------------------------------------------------
 
 void sl_sgd_args_make(const sl_optim_config *cfg, double lr, int64_t step, sl_sgd_args *a) {
@@ -323,31 +257,6 @@ void sl_sgd_args_make(const sl_optim_config *cfg, double lr, int64_t step, sl_sg
         .one_minus_dampening = (float)(1.0 - cfg->dampening),
         .neg_lr = (float)-lr, .first = step <= 1, .nesterov = cfg->nesterov, .has_buf = cfg->momentum != 0.0,
     };
-}
-
-void sl_sgd_apply(const sl_sgd_args *a, float *p, const float *g, float *buf, const sl_segment *segs, int n_segs) {
-    const float mom = a->momentum, omd = a->one_minus_dampening, neg_lr = a->neg_lr;
-    const int first = a->first, nesterov = a->nesterov;
-    if (!a->has_buf) buf = NULL;
-    for (int s = 0; s < n_segs; s++) {
-        size_t off = segs[s].begin;
-        long n = (long)(segs[s].end - segs[s].begin);
-        const float wd = segs[s].decay ? a->wd : 0.0f;
-        float *ps = p + off, *bs = buf ? buf + off : NULL;
-        const float *gs = g + off;
-#pragma omp parallel for schedule(static) if (n >= SL_OMP_MIN)
-        for (long i = 0; i < n; i++) {
-            float pi = ps[i];
-            float gi = gs[i];
-            if (wd != 0.0f) gi = fmaf(wd, pi, gi);                     // grad.add(param, alpha=wd)
-            if (bs) {
-                float bi = first ? gi : fmaf(omd, gi, bs[i] * mom);    // buf.mul_(momentum).add_(grad, 1-dampening)
-                bs[i] = bi;
-                gi = nesterov ? fmaf(mom, bi, gi) : bi;                // grad.add(buf, alpha=momentum)
-            }
-            ps[i] = fmaf(neg_lr, gi, pi);                              // param.add_(grad, alpha=-lr)
-        }
-    }
 }
 
 int sl_optim_step_on(const sl_ops *ops, const sl_optim_config *cfg, double lr, int64_t step, float *params,
@@ -381,51 +290,15 @@ int sl_optim_step(const sl_optim_config *cfg, double lr, int64_t step, float *pa
 
 // ---- gradient norm -----------------------------------------------------------------------------
 
-#define SUMSQ_BLOCKS 256
-
-// Sum of squares of x[0..n) with 8 independent double lanes added in a fixed order.
-static double sumsq_block(const float *x, size_t n) {
-    double acc[8] = {0};
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int j = 0; j < 8; j++) acc[j] += (double)x[i + j] * (double)x[i + j];
-    for (; i < n; i++) acc[i & 7] += (double)x[i] * (double)x[i];
-    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-}
-
-double sl_grad_sumsq(const float *g, size_t n) {
-    if (n == 0) return 0.0;
-    double partial[SUMSQ_BLOCKS];
-    size_t block = (n + SUMSQ_BLOCKS - 1) / SUMSQ_BLOCKS;
-    if (block < 1024) block = 1024;  // small buffers: fewer, longer blocks
-    int nblocks = (int)((n + block - 1) / block);
-#pragma omp parallel for schedule(static) if (n >= SL_OMP_MIN)
-    for (int b = 0; b < nblocks; b++) {
-        size_t a = (size_t)b * block;
-        size_t e = a + block < n ? a + block : n;
-        partial[b] = sumsq_block(g + a, e - a);
-    }
-    double total = 0.0;
-    for (int b = 0; b < nblocks; b++) total += partial[b];
-    return total;
-}
-
 double sl_clip_coef(double norm, float max_norm) {
     if (!(max_norm > 0.0f)) return 1.0;
     double coef = (double)max_norm / (norm + 1e-6);
     return coef < 1.0 ? coef : 1.0;
 }
 
-void sl_grad_scale(float *g, size_t n, double coef) {
-    if (coef == 1.0) return;
-    const float c = (float)coef;
-    long len = (long)n;
-#pragma omp parallel for schedule(static) if (len >= SL_OMP_MIN)
-    for (long i = 0; i < len; i++) g[i] *= c;
-}
-
 double sl_clip_grad_norm(float *g, size_t n, float max_norm) {
-    double norm = sqrt(sl_grad_sumsq(g, n));
-    sl_grad_scale(g, n, sl_clip_coef(norm, max_norm));
+    double norm = sqrt(sl_ops_cpu.sumsq(g, n));
+    double coef = sl_clip_coef(norm, max_norm);
+    if (coef != 1.0) sl_ops_cpu.scale(g, n, (float)coef);
     return norm;
 }

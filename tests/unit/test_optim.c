@@ -186,11 +186,11 @@ TEST(grad_norm_is_deterministic_across_threads) {
     for (size_t i = 0; i < n; i++) g[i] = sl_rng_normal(&r) * (i % 7 == 0 ? 100.0f : 0.01f);
     int saved = omp_get_max_threads();
     omp_set_num_threads(1);
-    double a = sl_grad_sumsq(g, n);
+    double a = sl_ops_cpu.sumsq(g, n);
     omp_set_num_threads(4);
-    double b = sl_grad_sumsq(g, n);
+    double b = sl_ops_cpu.sumsq(g, n);
     omp_set_num_threads(3);
-    double c = sl_grad_sumsq(g, n);
+    double c = sl_ops_cpu.sumsq(g, n);
     omp_set_num_threads(saved);
     CHECK(a == b && b == c);
     double ref = 0.0;  // long-double reference
@@ -198,7 +198,7 @@ TEST(grad_norm_is_deterministic_across_threads) {
     for (size_t i = 0; i < n; i++) acc += (long double)g[i] * g[i];
     ref = (double)acc;
     CHECK_CLOSE(a, ref, 1e-12 * ref);
-    CHECK(sl_grad_sumsq(g, 0) == 0.0);
+    CHECK(sl_ops_cpu.sumsq(g, 0) == 0.0);
     free(g);
 }
 

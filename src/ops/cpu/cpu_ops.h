@@ -4,9 +4,7 @@
 #ifndef SHARDLM_CPU_OPS_H
 #define SHARDLM_CPU_OPS_H
 
-#include "shardlm/loss_scaler.h"
 #include "shardlm/ops.h"
-#include "shardlm/optim.h"
 
 // Below this much work (elements touched) an op runs on the calling thread: waking the team costs more.
 #define SL_PAR_MIN_WORK ((size_t)32768)
@@ -59,6 +57,12 @@ void *cpu_stream(void);
 size_t cpu_peak_bytes(void);
 void cpu_reset_peak_bytes(void);
 void cpu_scale(float *x, size_t n, float coef);
+// optimizer.c: the optimizer passes (ops.h adam_step, sgd_step, sumsq, nonfinite)
+void cpu_adam_step(const sl_adam_args *a, float *p, const float *g, float *m, float *v, const sl_segment *segs,
+                   int n_segs);
+void cpu_sgd_step(const sl_sgd_args *a, float *p, const float *g, float *buf, const sl_segment *segs, int n_segs);
+double cpu_sumsq(const float *g, size_t n);
+int cpu_nonfinite(const float *g, size_t n);
 void cpu_set_precision(int precision);
 void cpu_round_to(float *x, size_t n, int precision);
 void cpu_to_storage(void *dst, const float *src, size_t n);
@@ -67,9 +71,9 @@ void cpu_to_storage(void *dst, const float *src, size_t n);
     .set_precision = cpu_set_precision, .on_device = 0, .alloc = cpu_alloc, .dealloc = cpu_dealloc,     \
     .memzero = cpu_memzero, .upload = cpu_copy, .download = cpu_copy, .copy = cpu_copy,                 \
     .stream = cpu_stream, .peak_bytes = cpu_peak_bytes,                 \
-    .reset_peak_bytes = cpu_reset_peak_bytes, .sumsq = sl_grad_sumsq, .scale = cpu_scale,               \
-    .nonfinite = sl_grads_have_overflow, .round_to = cpu_round_to, .to_storage = cpu_to_storage,        \
-    .adam_step = sl_adam_apply, .sgd_step = sl_sgd_apply
+    .reset_peak_bytes = cpu_reset_peak_bytes, .sumsq = cpu_sumsq, .scale = cpu_scale,                   \
+    .nonfinite = cpu_nonfinite, .round_to = cpu_round_to, .to_storage = cpu_to_storage,                 \
+    .adam_step = cpu_adam_step, .sgd_step = cpu_sgd_step
 
 // Splits [0, n) into the calling thread's contiguous share inside an omp parallel region.
 void cpu_thread_range(size_t n, size_t *begin, size_t *end);

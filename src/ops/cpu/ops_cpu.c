@@ -1,8 +1,6 @@
 // ops_cpu.c: the CPU ops table and thread control (OpenMP and OpenBLAS share one count).
 #include "ops/cpu/cpu_ops.h"
 #include "shardlm/error.h"
-#include "shardlm/loss_scaler.h"
-#include "shardlm/optim.h"
 #include "shardlm/precision.h"
 
 #include <cblas.h>
@@ -20,7 +18,6 @@ int cpu_synchronize(void) { return 0; }
 void *cpu_stream(void) { return NULL; }
 size_t cpu_peak_bytes(void) { return 0; }
 void cpu_reset_peak_bytes(void) {}
-void cpu_scale(float *x, size_t n, float coef) { sl_grad_scale(x, n, coef); }
 // OpenBLAS computes in fp32 whatever the training precision: nothing to switch.
 void cpu_set_precision(int precision) { (void)precision; }
 

@@ -3,7 +3,7 @@
 // storage precision, and the multi-tensor AdamW / Adam and SGD updates (see ops.h).
 //
 // Bit-identical to the CPU (src/train/optim.c, src/train/precision.c), by construction:
-//   * sumsq uses sl_grad_sumsq's exact reduction tree: the buffer is cut into nb <= 256 blocks of
+//   * sumsq uses cpu_sumsq's exact reduction tree: the buffer is cut into nb <= 256 blocks of
 //     max(ceil(n/256), 1024) elements; in each block, lane j (j < 8) adds the squares of elements
 //     j, j+8, j+16, ... in double, in order; the lanes combine as ((0+1)+(2+3))+((4+5)+(6+7)) and the
 //     block partials are added serially. On the GPU each block is one 256-thread CUDA block: 7 warps
@@ -66,7 +66,7 @@ __device__ __forceinline__ void sumsq_stage_tile(double *dst, const T *xb, size_
     }
 }
 
-// partial[b] = sl_grad_sumsq's block b: elements [b*block, min((b+1)*block, n)).
+// partial[b] = cpu_sumsq's block b: elements [b*block, min((b+1)*block, n)).
 template <typename T>
 __global__ void __launch_bounds__(OPT_THREADS) sumsq_blocks_kernel(double *partial, const T *x, size_t n,
                                                                    size_t block) {
