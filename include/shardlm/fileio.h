@@ -5,7 +5,12 @@
 #include <stddef.h>
 
 // Reads a whole file into a NUL-terminated malloc'd buffer; NULL + error naming the path on failure.
+// Only regular files are read: a directory, FIFO or device is refused ("PATH: is a directory,
+// expected a file").
 char *sl_read_text_file(const char *path, size_t *len_out);
+
+// NULL when st_mode `mode` is a regular file, else why not ("is a directory, expected a file", ...).
+const char *sl_not_a_file(unsigned mode);
 
 // Writes `len` bytes to `path` atomically: path.tmp.<pid>, fsync, rename, fsync of the directory.
 int sl_write_file_atomic(const char *path, const void *data, size_t len);

@@ -239,7 +239,8 @@ int sl_st_open(sl_st_file *f, const char *path) {
     f->fd = open(path, O_RDONLY | O_CLOEXEC);
     if (f->fd < 0) { int e = errno; sl_st_close(f); return sl_errorf("%s: cannot open: %s", path, strerror(e)); }
     struct stat st;
-    if (fstat(f->fd, &st) != 0 || !S_ISREG(st.st_mode)) { sl_st_close(f); return sl_errorf("%s: not a regular file", path); }
+    if (fstat(f->fd, &st) != 0) { int e = errno; sl_st_close(f); return sl_errorf("%s: cannot stat: %s", path, strerror(e)); }
+    if (sl_not_a_file(st.st_mode)) { sl_st_close(f); return sl_errorf("%s: %s", path, sl_not_a_file(st.st_mode)); }
     f->file_size = (uint64_t)st.st_size;
     unsigned char lenbuf[8];
     if (f->file_size < 8 || read_exact(f->fd, lenbuf, 8, 0)) {

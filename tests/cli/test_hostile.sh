@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# test_hostile.sh: hostile input (issue 16's reliability report), each case through the CLI:
+# the command exits non-zero, prints the exact error (naming the file and what was expected), and
+# writes nothing (the listing of the whole scratch tree, sizes and times included, is unchanged).
+# Prints PASS/FAIL lines for tests/run.sh; skips (exit 0) when "$SHARDLM_BIN" is not built.
+set -u
+BIN=${SHARDLM_BIN:-build/shardlm}
+[ -x "$BIN" ] || exit 0
+BIN=$(cd "$(dirname "$BIN")" && pwd)/$(basename "$BIN")
+DATA=${SHARDLM_DATA:-../shared/data}
+top=$(mktemp -d /tmp/shardlm_test_hostile_XXXXXX)
+trap 'rm -rf "$top"' EXIT
+tmp="$top/w" out="$top/out" log="$top/log"   # everything the commands may touch is under $tmp
+mkdir -p "$tmp" "$out"
+export OMP_NUM_THREADS=1
+pass() { echo "PASS $1"; }
+fail() { echo "FAIL $1"; shift; [ $# -gt 0 ] && echo "  $*"; tail -n 15 "$log"; }
+listing() { find "$tmp" -printf '%p %s %T@\n' | sort; }
+
+# refuse NAME MESSAGE CMD...: CMD fails, its stderr holds MESSAGE (fixed string), nothing is written
+refuse() {
+  local name=$1 msg=$2; shift 2
+  listing >"$out/before"
+  "$@" >"$out/stdout" 2>"$out/stderr"
+  local rc=$?
+  listing >"$out/after"
+  cat "$out/stderr" >>"$log"
+  if [ $rc -eq 0 ]; then fail "$name" "exit 0, expected failure"
+  elif [ $rc -gt 2 ]; then fail "$name" "exit $rc (crash?): $(head -c 600 "$out/stderr")"
+  elif ! grep -qF -- "$msg" "$out/stderr"; then fail "$name" "expected '$msg', got: $(head -c 600 "$out/stderr")"
+  elif ! cmp -s "$out/before" "$out/after"; then fail "$name" "files changed: $(diff "$out/before" "$out/after" | head -5)"
+  else pass "$name"; fi
+}
+
+mkdir -p "$tmp/corpus"
+cp "$DATA"/sotu/179*.txt "$tmp/corpus/"
+"$BIN" prepare --input "$tmp/corpus" --output "$tmp/data" --train-tokenizer 300 --val-fraction 0.2 >>"$log" 2>&1
+tiny=(--model gpt2-tiny --data "$tmp/data" --seq-len 16 --batch-size 2 --threads 1 --eval-interval 0 --sample-tokens 0
+      --log-interval 1)
+"$BIN" train "${tiny[@]}" --steps 2 --save-dir "$tmp/ck" >>"$log" 2>&1
+if [ -f "$tmp/ck/step_00000002/model.safetensors" ]; then pass setup_checkpoint; else fail setup_checkpoint; exit 0; fi
+ck="$tmp/ck/step_00000002"
+# a copy of the checkpoint to damage: copy CASE
+copy() { rm -rf "$tmp/$1"; mkdir -p "$tmp/$1"; cp -r "$ck" "$tmp/$1/"; echo step_00000002 >"$tmp/$1/latest"; }
+
+# ---- row 5: a directory where a file is expected
+mkdir -p "$tmp/cfgdir"
+refuse config_is_a_directory "$tmp/cfgdir: is a directory, expected a file" \
+  "$BIN" train "${tiny[@]}" --steps 1 --config "$tmp/cfgdir" --save-dir "$tmp/never"
+copy latestdir; rm "$tmp/latestdir/latest"; mkdir "$tmp/latestdir/latest"
+refuse latest_is_a_directory "$tmp/latestdir/latest: is a directory, expected a file" \
+  "$BIN" generate --model "$tmp/latestdir" --max-new-tokens 2
+refuse resume_latest_is_a_directory "$tmp/latestdir/latest: is a directory, expected a file" \
+  "$BIN" train "${tiny[@]}" --steps 3 --save-dir "$tmp/latestdir" --resume
+copy cfgjsondir; rm "$tmp/cfgjsondir/step_00000002/config.json"; mkdir "$tmp/cfgjsondir/step_00000002/config.json"
+refuse config_json_is_a_directory "config.json: is a directory, expected a file" \
+  "$BIN" generate --model "$tmp/cfgjsondir" --max-new-tokens 2
+refuse train_model_config_json_is_a_directory "config.json: is a directory, expected a file" \
+  "$BIN" train "${tiny[@]}" --model "$tmp/cfgjsondir" --steps 1 --save-dir "$tmp/never"
