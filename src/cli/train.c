@@ -422,7 +422,10 @@ static int run(sl_train_config *c, sl_comm *world) {
     char tok_dir[SL_PATH_MAX + 16];
     if (c->tokenizer[0]) snprintf(tok_dir, sizeof tok_dir, "%s", c->tokenizer);
     else snprintf(tok_dir, sizeof tok_dir, "%s/tokenizer", c->data);
+    struct stat st;
     if (sl_tokenizer_load_dir(&tok, tok_dir)) {
+        // a tokenizer that is named or present but broken is an error; only a missing one is not
+        if (c->tokenizer[0] || stat(tok_dir, &st) == 0) goto done;
         fprintf(stderr, "warning: no tokenizer (%s); training continues without a text sample\n", sl_error());
         tok = NULL;
     }

@@ -57,3 +57,33 @@ refuse config_json_is_a_directory "config.json: is a directory, expected a file"
   "$BIN" generate --model "$tmp/cfgjsondir" --max-new-tokens 2
 refuse train_model_config_json_is_a_directory "config.json: is a directory, expected a file" \
   "$BIN" train "${tiny[@]}" --model "$tmp/cfgjsondir" --steps 1 --save-dir "$tmp/never"
+
+# ---- row 1: a malformed vocab.json through prepare, train and generate --tokenizer
+# badtok NAME REPLACEMENT: DIR with the data's tokenizer whose last entry "<|endoftext|>": 299 is replaced
+badtok() {
+  mkdir -p "$tmp/tok_$1"
+  cp "$tmp/data/tokenizer/merges.txt" "$tmp/tok_$1/"
+  sed "s/\"<|endoftext|>\": 299}/$2}/" "$tmp/data/tokenizer/vocab.json" >"$tmp/tok_$1/vocab.json"
+}
+badtok dup '"<|endoftext|>": 5'
+badtok frac '"<|endoftext|>": 2.5'
+badtok neg '"<|endoftext|>": -1'
+badtok big '"<|endoftext|>": 300'
+badtok str '"<|endoftext|>": "299"'
+badtok alpha '"<|endoftext|>\\u20ac": 299'
+for t in dup frac neg big str alpha; do
+  case $t in
+    dup) msg='token "<|endoftext|>": id 5 is already taken by token "ą"; expected each id in [0, 300) exactly once' ;;
+    frac) msg='token "<|endoftext|>": expected an integer id in [0, 300) (the vocab has 300 entries), found 2.5' ;;
+    neg) msg='token "<|endoftext|>": expected an integer id in [0, 300) (the vocab has 300 entries), found -1' ;;
+    big) msg='token "<|endoftext|>": expected an integer id in [0, 300) (the vocab has 300 entries), found 300' ;;
+    str) msg='token "<|endoftext|>": expected an integer id in [0, 300), found a string' ;;
+    alpha) msg="token \"<|endoftext|>€\" (id 299): character U+20AC at byte 13 is outside GPT-2's byte alphabet" ;;
+  esac
+  refuse "vocab_${t}_prepare" "$tmp/tok_$t/vocab.json: $msg" \
+    "$BIN" prepare --input "$tmp/corpus" --output "$tmp/never" --tokenizer "$tmp/tok_$t"
+  refuse "vocab_${t}_train" "$tmp/tok_$t/vocab.json: $msg" \
+    "$BIN" train "${tiny[@]}" --steps 1 --tokenizer "$tmp/tok_$t" --save-dir "$tmp/never"
+  refuse "vocab_${t}_generate" "$tmp/tok_$t/vocab.json: $msg" \
+    "$BIN" generate --model "$tmp/ck" --tokenizer "$tmp/tok_$t" --max-new-tokens 2
+done
