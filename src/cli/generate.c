@@ -6,6 +6,7 @@
 #include "shardlm/fileio.h"
 #include "shardlm/generate.h"
 #include "shardlm/hf_weights.h"
+#include "shardlm/json_get.h"
 #include "shardlm/model_source.h"
 
 #include <cjson/cJSON.h>
@@ -47,10 +48,8 @@ static int load_tokenizer(sl_tokenizer **tok, const char *flag, const char *mode
     snprintf(p, sizeof p, "%s/vocab.json", model_dir);
     if (file_exists(p)) return sl_tokenizer_load_dir(tok, model_dir);
     snprintf(p, sizeof p, "%s/trainer_state.json", model_dir);
-    size_t len;
-    char *text = file_exists(p) ? sl_read_text_file(p, &len) : NULL;
-    cJSON *root = text ? cJSON_Parse(text) : NULL;
-    free(text);
+    cJSON *root = NULL;
+    if (file_exists(p) && !(root = sl_json_read_strict(p))) return -1;
     const cJSON *cfg = root ? cJSON_GetObjectItemCaseSensitive(root, "client_state") : NULL;
     cfg = cfg ? cJSON_GetObjectItemCaseSensitive(cfg, "config") : NULL;
     cfg = cfg ? cJSON_GetObjectItemCaseSensitive(cfg, "shardlm") : NULL;

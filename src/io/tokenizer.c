@@ -10,6 +10,7 @@
 #include "shardlm/tokenizer.h"
 #include "shardlm/error.h"
 #include "shardlm/fileio.h"
+#include "shardlm/json_get.h"
 
 #include <cjson/cJSON.h>
 #include <pcre2.h>
@@ -247,10 +248,8 @@ static int vocab_entry(sl_tokenizer *t, const char *path, const cJSON *e, int n,
     double v = e->valuedouble;
     if (!(v >= 0 && v < n) || v != floor(v)) {
         char num[40];
-        snprintf(num, sizeof num, "%.15g", v);
-        if (strtod(num, NULL) != v) snprintf(num, sizeof num, "%.17g", v);
         return sl_errorf("%s: token \"%s\": expected an integer id in [0, %d) (the vocab has %d entries), found %s",
-                         path, tok, n, n, num);
+                         path, tok, n, n, sl_json_number_str(num, sizeof num, v));
     }
     int id = (int)v;
     if (t->tok_bytes[id]) {
@@ -276,12 +275,9 @@ static int vocab_entry(sl_tokenizer *t, const char *path, const cJSON *e, int n,
 }
 
 static int load_vocab(sl_tokenizer *t, const char *path) {
-    size_t len;
-    char *text = sl_read_text_file(path, &len);
-    if (!text) return -1;
-    cJSON *root = cJSON_ParseWithLength(text, len);
-    free(text);
-    if (!root || !cJSON_IsObject(root)) {
+    cJSON *root = sl_json_read_strict(path);
+    if (!root) return -1;
+    if (!cJSON_IsObject(root)) {
         cJSON_Delete(root);
         return sl_errorf("%s: expected a JSON object mapping token strings to ids", path);
     }

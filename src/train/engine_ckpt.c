@@ -19,6 +19,7 @@
 #include "shardlm/fault.h"
 #include "shardlm/fileio.h"
 #include "shardlm/hf_weights.h"
+#include "shardlm/json_get.h"
 #include "shardlm/safetensors.h"
 
 #include <cjson/cJSON.h>
@@ -322,17 +323,13 @@ typedef struct { char file[256]; size_t begin, end; } shard_ref;
 static int read_manifest(const char *dir, shard_ref **out, int *n_out, size_t total, int verify) {
     char path[4400];
     snprintf(path, sizeof path, "%s/manifest.json", dir);
-    size_t len;
-    char *text = sl_read_text_file(path, &len);
-    if (!text) return -1;
-    cJSON *m = cJSON_Parse(text);
-    free(text);
+    cJSON *m = sl_json_read_strict(path);
+    if (!m) return -1;
     int rc = 0;
     const cJSON *fmt = m ? cJSON_GetObjectItemCaseSensitive(m, "format") : NULL;
     const cJSON *shards = m ? cJSON_GetObjectItemCaseSensitive(m, "optimizer_shards") : NULL;
     const cJSON *files = m ? cJSON_GetObjectItemCaseSensitive(m, "files") : NULL;
-    if (!m) rc = sl_errorf("%s: malformed JSON", path);
-    else if (!cJSON_IsString(fmt) || strcmp(fmt->valuestring, MANIFEST_FORMAT) != 0)
+    if (!cJSON_IsString(fmt) || strcmp(fmt->valuestring, MANIFEST_FORMAT) != 0)
         rc = sl_errorf("%s: format must be \"%s\"", path, MANIFEST_FORMAT);
     else if (!cJSON_IsArray(shards) || !cJSON_IsArray(files))
         rc = sl_errorf("%s: missing \"optimizer_shards\" or \"files\" arrays", path);
@@ -442,12 +439,8 @@ static int load_on_rank0(sl_engine *e, float *params, const char *dir, char **cl
     free(refs);
     if (sl_hf_load(dir, &m->layout, params)) return -1;
     snprintf(file, sizeof file, "%s/trainer_state.json", dir);
-    size_t len;
-    char *text = sl_read_text_file(file, &len);
-    if (!text) return -1;
-    cJSON *root = cJSON_Parse(text);
-    free(text);
-    if (!root) return sl_errorf("%s: malformed JSON", file);
+    cJSON *root = sl_json_read_strict(file);
+    if (!root) return -1;
     const cJSON *step = cJSON_GetObjectItemCaseSensitive(root, "step");
     const cJSON *opt = cJSON_GetObjectItemCaseSensitive(root, "optimizer");
     int rc = 0;
@@ -549,14 +542,11 @@ int sl_checkpoint_consolidate(const char *path, const char *out_dir, int with_op
     if (rc == 0 && with_optimizer) {
         // the state tensor names come from the manifest
         snprintf(file, sizeof file, "%s/manifest.json", dir);
-        size_t len;
-        char *text = sl_read_text_file(file, &len);
-        m = text ? cJSON_Parse(text) : NULL;
-        free(text);
+        m = sl_json_read_strict(file);
         const cJSON *arr = m ? cJSON_GetObjectItemCaseSensitive(m, "state_tensors") : NULL;
         for (const cJSON *it = arr ? arr->child : NULL; it && n_state < 2; it = it->next)
             if (cJSON_IsString(it)) names[n_state++] = it->valuestring;
-        if (!m) rc = sl_errorf("%s: cannot read the manifest's state tensor names", file);
+        if (!m) rc = -1;
     }
     params = rc == 0 ? sl_calloc(L.total, sizeof(float), "parameters") : NULL;
     if (rc == 0 && (!params || sl_hf_load(dir, &L, params))) rc = -1;

@@ -14,7 +14,7 @@ tmp="$top/w" out="$top/out" log="$top/log"   # everything the commands may touch
 mkdir -p "$tmp" "$out"
 export OMP_NUM_THREADS=1
 pass() { echo "PASS $1"; }
-fail() { echo "FAIL $1"; shift; [ $# -gt 0 ] && echo "  $*"; tail -n 15 "$log"; }
+fail() { echo "FAIL $1"; shift; [ $# -gt 0 ] && echo "  $*"; }
 listing() { find "$tmp" -printf '%p %s %T@\n' | sort; }
 
 # refuse NAME MESSAGE CMD...: CMD fails, its stderr holds MESSAGE (fixed string), nothing is written
@@ -87,3 +87,20 @@ for t in dup frac neg big str alpha; do
   refuse "vocab_${t}_generate" "$tmp/tok_$t/vocab.json: $msg" \
     "$BIN" generate --model "$tmp/ck" --tokenizer "$tmp/tok_$t" --max-new-tokens 2
 done
+
+# ---- row 12 / 14: training configs, trainer_state.json and manifests are parsed strictly
+printf '{"train_micro_batch_size_per_gpu": 2}\n}' >"$tmp/cfg_trailing.json"
+refuse config_trailing_data "$tmp/cfg_trailing.json: unexpected data after the JSON value at byte 38 (line 2, column 1)" \
+  "$BIN" train "${tiny[@]}" --steps 1 --config "$tmp/cfg_trailing.json" --save-dir "$tmp/never"
+printf '{"optimizer": {"type": "AdamW", "params": {"lr": 0.001, "lr": 10}}}' >"$tmp/cfg_dup.json"
+refuse config_duplicate_key "$tmp/cfg_dup.json: key \"lr\" appears twice in object optimizer.params; expected each key once" \
+  "$BIN" train "${tiny[@]}" --steps 1 --config "$tmp/cfg_dup.json" --save-dir "$tmp/never"
+{ printf '{"shardlm": '; for i in $(seq 1200); do printf '['; done; for i in $(seq 1200); do printf ']'; done; printf '}'; } >"$tmp/cfg_deep.json"
+refuse config_too_deep "$tmp/cfg_deep.json: JSON nested deeper than 1000 levels (the parser's nesting limit) at byte 1011" \
+  "$BIN" train "${tiny[@]}" --steps 1 --config "$tmp/cfg_deep.json" --save-dir "$tmp/never"
+copy mantrail
+echo '{}' >>"$tmp/mantrail/step_00000002/manifest.json"
+refuse manifest_trailing_data "manifest.json: unexpected data after the JSON value" \
+  "$BIN" train "${tiny[@]}" --steps 3 --save-dir "$tmp/mantrail" --resume
+refuse convert_manifest_trailing_data "manifest.json: unexpected data after the JSON value" \
+  "$BIN" convert --checkpoint "$tmp/mantrail" --output "$tmp/never"
