@@ -13,6 +13,7 @@
 #include "shardlm/fileio.h"
 #include "shardlm/generate.h"
 #include "shardlm/hf_weights.h"
+#include "shardlm/json_get.h"
 #include "shardlm/loader.h"
 #include "shardlm/metrics.h"
 #include "shardlm/model_source.h"
@@ -372,9 +373,15 @@ static int restore_loader(sl_loader *train, const char *client, const sl_train_c
     if (!ld || !own) rc = sl_errorf("checkpoint has no saved loader position and configuration");
     else if (!s || sl_loader_position_from_json(s, &pos)) rc = -1;
     free(s);
+    // the saved batch shape rescales the position: integers in range, or the checkpoint is refused
+    int64_t mbi = 0, gai = 1, tbsi = 0;
+    const char *w = "trainer_state.json client_state.config";
+    if (rc == 0 && (sl_json_get_i64(cfg, "train_micro_batch_size_per_gpu", &mbi, 1, 1, 1000000000, w) ||
+                    sl_json_get_i64(cfg, "gradient_accumulation_steps", &gai, 0, 1, 1000000000, w) ||
+                    sl_json_get_i64(cfg, "train_batch_size", &tbsi, 1, 1, 1000000000, w)))
+        rc = -1;
     if (rc == 0) {
-        double mb = json_num(cfg, "train_micro_batch_size_per_gpu", 0), ga = json_num(cfg, "gradient_accumulation_steps", 1);
-        double tbs = json_num(cfg, "train_batch_size", 0), world = mb * ga > 0 ? tbs / (mb * ga) : 0;
+        double mb = (double)mbi, ga = (double)gai, tbs = (double)tbsi, world = tbs / (mb * ga);
         double seq = json_num(own, "seq_len", 0), seed = json_num(own, "seed", -1), shuffle = json_num(own, "shuffle", 1);
         double old_windows = world * mb, new_windows = (double)c->world_size * c->micro_batch;
         if (seq != c->seq_len) rc = sl_errorf("checkpoint was trained with seq_len %g, this run uses %d", seq, c->seq_len);
@@ -391,6 +398,10 @@ static int restore_loader(sl_loader *train, const char *client, const sl_train_c
         else if (fmod((double)pos.batch * old_windows, new_windows) != 0.0)
             rc = sl_errorf("the checkpoint's data position (%lld batches of %g windows) is not a whole number of this "
                            "run's batches of %g windows", (long long)pos.batch, old_windows, new_windows);
+        else if ((double)pos.batch * old_windows / new_windows >= (double)sl_loader_batches_per_epoch(train))
+            rc = sl_errorf("the checkpoint's data position (batch %lld of %g windows) lies past this run's epoch of "
+                           "%lld batches of %g windows", (long long)pos.batch, old_windows,
+                           (long long)sl_loader_batches_per_epoch(train), new_windows);
         if (rc == 0) {
             pos.batch = (int64_t)((double)pos.batch * old_windows / new_windows);
             if (tbs != c->train_batch_size && is_rank0)

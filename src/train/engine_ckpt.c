@@ -441,15 +441,14 @@ static int load_on_rank0(sl_engine *e, float *params, const char *dir, char **cl
     snprintf(file, sizeof file, "%s/trainer_state.json", dir);
     cJSON *root = sl_json_read_strict(file);
     if (!root) return -1;
-    const cJSON *step = cJSON_GetObjectItemCaseSensitive(root, "step");
     const cJSON *opt = cJSON_GetObjectItemCaseSensitive(root, "optimizer");
-    int rc = 0;
-    if (!cJSON_IsNumber(step) || step->valuedouble < 0) rc = sl_errorf("%s: missing or invalid \"step\"", file);
-    else if (!cJSON_IsString(opt) || strcmp(opt->valuestring, sl_optim_name(e->cfg.optim.type)) != 0)
+    int64_t step = 0;
+    int rc = sl_json_get_i64(root, "step", &step, 1, 0, SL_JSON_INT_EXACT, file);
+    if (rc == 0 && (!cJSON_IsString(opt) || strcmp(opt->valuestring, sl_optim_name(e->cfg.optim.type)) != 0))
         rc = sl_errorf("%s: checkpoint optimizer \"%s\" differs from this run's \"%s\"", file,
                        cJSON_IsString(opt) ? opt->valuestring : "?", sl_optim_name(e->cfg.optim.type));
     if (rc == 0) {
-        e->step = (int64_t)step->valuedouble;
+        e->step = step;
         const cJSON *ll = cJSON_GetObjectItemCaseSensitive(root, "last_loss");
         e->last_loss = cJSON_IsNumber(ll) ? (float)ll->valuedouble : 0.0f;
         const cJSON *client = cJSON_GetObjectItemCaseSensitive(root, "client_state");
