@@ -24,8 +24,10 @@ int sl_mkdirs(const char *path);
 // rm -rf (without a shell); a path that does not exist is not an error.
 int sl_remove_tree(const char *path);
 
-// FNV-1a 64-bit hash of n bytes, continuing from h (start with SL_FNV1A64_INIT).
-#define SL_FNV1A64_INIT 1469598103934665603ULL
+// FNV-1a 64-bit hash of n bytes, continuing from h (start with SL_FNV1A64_INIT): for each byte,
+// h ^= byte; h *= 1099511628211 (mod 2^64), from the offset basis 14695981039346656037
+// (0xcbf29ce484222325), as specified by Fowler, Noll and Vo; FNV-1a("a") = 0xaf63dc4c8601ec8c.
+#define SL_FNV1A64_INIT 14695981039346656037ULL
 unsigned long long sl_fnv1a64(unsigned long long h, const void *data, size_t n);
 
 #endif

@@ -7,6 +7,7 @@
 #include "shardlm/generate.h"
 #include "shardlm/hf_weights.h"
 #include "shardlm/json_get.h"
+#include "shardlm/manifest.h"
 #include "shardlm/model_source.h"
 
 #include <cjson/cJSON.h>
@@ -31,6 +32,8 @@ static void usage(FILE *f) {
         "  --seed S              (default 0)\n"
         "  --stop-at-eot         stop when <|endoftext|> is sampled\n"
         "  --threads N           CPU threads\n"
+        "  --no-verify           load a checkpoint without checking its files' sizes and FNV-1a checksums\n"
+        "                        against manifest.json (default: checked)\n"
         "  --logits-out FILE     also write the prompt's logits (T x vocab, full forward) as JSON, for\n"
         "                        comparison with other implementations (tests/reference/check_hf_load.py)\n");
 }
@@ -86,7 +89,7 @@ static int write_prompt_logits(sl_model *m, const int *ids, int n, const char *p
 
 int cmd_generate(int argc, char **argv) {
     char model_spec[4096] = "runs/demo", tok_dir[4096] = "", prompt[65536] = "", logits_out[4096] = "";
-    int max_new = 128, threads = 0, seed = 0, stop_eot = 0, have_prompt = 0;
+    int max_new = 128, threads = 0, seed = 0, stop_eot = 0, have_prompt = 0, no_verify = 0;
     sl_sampler_config sc = {0.8f, 40, 0.95f};
     sl_args a = {argc, argv, 1, NULL, 0};
     for (; a.i < argc && !a.error; a.i++) {
@@ -102,6 +105,7 @@ int cmd_generate(int argc, char **argv) {
         if (sl_arg_int(&a, "--seed", &seed)) continue;
         if (sl_arg_int(&a, "--threads", &threads)) continue;
         if (sl_arg_switch(&a, "--stop-at-eot")) { stop_eot = 1; continue; }
+        if (sl_arg_switch(&a, "--no-verify")) { no_verify = 1; continue; }
         if (sl_arg_str(&a, "--logits-out", logits_out, sizeof logits_out)) continue;
         fprintf(stderr, "error: unknown flag '%s' (see shardlm generate --help)\n", argv[a.i]);
         return 2;
@@ -121,6 +125,7 @@ int cmd_generate(int argc, char **argv) {
     if (!src.has_weights) { sl_errorf("%s: generation needs trained weights (a checkpoint or HF directory)", model_spec); goto done; }
     if (sl_model_create(&m, &src.cfg, &sl_ops_cpu)) goto done;
     have_model = 1;
+    if (!no_verify && sl_manifest_verify_weights_dir(src.weights_dir)) goto done;
     if (sl_hf_load(src.weights_dir, &m.layout, m.params)) goto done;
     if (load_tokenizer(&tok, tok_dir, src.weights_dir)) goto done;
     if (sl_tokenizer_vocab_size(tok) > src.cfg.vocab_size) {

@@ -15,6 +15,7 @@
 #include "shardlm/hf_weights.h"
 #include "shardlm/json_get.h"
 #include "shardlm/loader.h"
+#include "shardlm/manifest.h"
 #include "shardlm/metrics.h"
 #include "shardlm/model_source.h"
 #include "shardlm/train_config.h"
@@ -80,6 +81,8 @@ static void usage(FILE *f) {
         "  --save-interval N       checkpoint every N steps (default: only at the end)\n"
         "  --no-save               never write checkpoints\n"
         "  --no-shuffle            read training windows in file order (default: shuffled from the seed)\n"
+        "  --no-verify             load checkpoints (--model, --resume) without checking their files' sizes and\n"
+        "                          FNV-1a checksums against manifest.json (default: checked)\n"
         "  --no-overlap-comm       all-reduce gradients after backward instead of during it\n"
         "  --zero-stage N          ZeRO stage 0-3 (zero_optimization.stage)\n"
         "  --resume [PATH]         continue from PATH (a checkpoint root or tag); `--resume auto` or a bare\n"
@@ -146,6 +149,7 @@ static int parse_flags(int argc, char **argv, sl_train_config *c, flag_extras *x
         if (sl_arg_int(&a, "--save-interval", &c->save_interval)) continue;
         if (sl_arg_switch(&a, "--no-save")) { c->no_save = 1; continue; }
         if (sl_arg_switch(&a, "--no-shuffle")) { c->shuffle = 0; continue; }
+        if (sl_arg_switch(&a, "--no-verify")) { c->no_verify = 1; continue; }
         if (sl_arg_switch(&a, "--no-overlap-comm")) { c->overlap_comm = 0; continue; }
         if (sl_arg_int(&a, "--zero-stage", &c->zero_stage)) continue;
         if (sl_arg_switch(&a, "--resume")) {
@@ -465,7 +469,8 @@ static int run(sl_train_config *c, sl_comm *world) {
     if (sl_model_create(&model, &src.cfg, ops)) goto done;
     have_model = 1;
     if (src.has_weights) {
-        if (load_weights(&model, src.weights_dir)) goto done;
+        if ((!c->no_verify && sl_manifest_verify_weights_dir(src.weights_dir)) || load_weights(&model, src.weights_dir))
+            goto done;
     } else if (sl_model_init_weights(&model, c->seed)) {
         goto done;
     }
@@ -485,7 +490,7 @@ static int run(sl_train_config *c, sl_comm *world) {
 
     sl_engine_config ec = {c->micro_batch, c->grad_accum, c->gradient_clipping, c->optim, c->schedule,
                            world, c->reduce_bucket_size, c->first_bucket_size, c->overlap_comm, c->zero_stage,
-                           c->stage3_prefetch_bucket_size > 0, c->precision};
+                           c->stage3_prefetch_bucket_size > 0, c->precision, c->no_verify};
     if (sl_engine_init(&engine, &model, &ec)) goto done;
     have_engine = 1;
 

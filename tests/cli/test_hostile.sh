@@ -104,3 +104,38 @@ refuse manifest_trailing_data "manifest.json: unexpected data after the JSON val
   "$BIN" train "${tiny[@]}" --steps 3 --save-dir "$tmp/mantrail" --resume
 refuse convert_manifest_trailing_data "manifest.json: unexpected data after the JSON value" \
   "$BIN" convert --checkpoint "$tmp/mantrail" --output "$tmp/never"
+
+# ---- row 7: one flipped byte in model.safetensors is caught by every load path
+flip() {  # flip FILE: invert the byte 10 from its end (inside the data section)
+  local f=$1 off=$(( $(stat -c %s "$1") - 10 ))
+  local b=$(od -An -tu1 -j $off -N1 "$f" | tr -d ' ')
+  printf "$(printf '\\%03o' $(( 255 - b )))" | dd of="$f" bs=1 seek=$off conv=notrunc status=none
+}
+copy flipped; flip "$tmp/flipped/step_00000002/model.safetensors"
+msg="$tmp/flipped/step_00000002/model.safetensors: checksum"
+refuse flipped_byte_generate "$msg" "$BIN" generate --model "$tmp/flipped" --max-new-tokens 2
+refuse flipped_byte_generate_tag_dir "$msg" "$BIN" generate --model "$tmp/flipped/step_00000002" --max-new-tokens 2
+refuse flipped_byte_train_model "$msg" "$BIN" train "${tiny[@]}" --model "$tmp/flipped" --steps 1 --save-dir "$tmp/never"
+refuse flipped_byte_resume "$msg" "$BIN" train "${tiny[@]}" --steps 3 --save-dir "$tmp/flipped" --resume
+refuse flipped_byte_convert "$msg" "$BIN" convert --checkpoint "$tmp/flipped" --output "$tmp/never"
+if "$BIN" generate --model "$tmp/flipped" --max-new-tokens 2 --no-verify >>"$log" 2>&1; then pass no_verify_loads_anyway
+else fail no_verify_loads_anyway; fi
+if "$BIN" generate --model "$ck" --max-new-tokens 2 >>"$log" 2>&1; then pass intact_checkpoint_generates
+else fail intact_checkpoint_generates; fi
+
+# ---- row 6: out-of-range integers in trainer_state.json (reached past the manifest with --no-verify)
+copy bigstep
+sed -i 's/"step":[^,]*,/"step": 1e30,/' "$tmp/bigstep/step_00000002/trainer_state.json"
+refuse trainer_state_step_checked_by_manifest "trainer_state.json: " \
+  "$BIN" train "${tiny[@]}" --steps 3 --save-dir "$tmp/bigstep" --resume
+refuse trainer_state_step_1e30 \
+  "$tmp/bigstep/step_00000002/trainer_state.json: \"step\" must be an integer in [0, 9007199254740992], found 1e+30" \
+  "$BIN" train "${tiny[@]}" --steps 3 --save-dir "$tmp/bigstep" --resume --no-verify
+copy bigbatch
+sed -i 's/"batch":[^,]*,/"batch": 1e30,/' "$tmp/bigbatch/step_00000002/trainer_state.json"
+refuse loader_batch_1e30 "loader position: \"batch\" must be an integer in [0, 9007199254740992], found 1e+30" \
+  "$BIN" train "${tiny[@]}" --steps 3 --save-dir "$tmp/bigbatch" --resume --no-verify
+copy statedup
+sed -i 's/^{/{"step": 1e6,/' "$tmp/statedup/step_00000002/trainer_state.json"
+refuse trainer_state_duplicate_key "trainer_state.json: key \"step\" appears twice in the top-level object" \
+  "$BIN" train "${tiny[@]}" --steps 3 --save-dir "$tmp/statedup" --resume --no-verify
