@@ -20,7 +20,8 @@ int sl_json_get_string(const cJSON *obj, const char *key, char *out, size_t cap,
 int sl_json_get_i64(const cJSON *obj, const char *key, int64_t *out, int required, int64_t min_value,
                     int64_t max_value, const char *where);
 
-// v with the fewest digits (%.15g, else %.17g) that read back as v, for messages; returns buf.
+// v for messages: whole numbers below 1e21 in full, else the fewest digits (%.15g, else %.17g) that
+// read back as v; returns buf.
 const char *sl_json_number_str(char *buf, size_t cap, double v);
 
 // Strict parsing (json_strict.c) for files shardlm reads back: text[0..len) must be one JSON value with

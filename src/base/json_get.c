@@ -18,7 +18,8 @@ int sl_json_get_int(const cJSON *obj, const char *key, int *out, int required, i
 }
 
 const char *sl_json_number_str(char *buf, size_t cap, double v) {
-    snprintf(buf, cap, "%.15g", v);
+    if (v == floor(v) && fabs(v) < 1e21) snprintf(buf, cap, "%.0f", v);   // whole numbers in full
+    else snprintf(buf, cap, "%.15g", v);
     if (strtod(buf, NULL) != v) snprintf(buf, cap, "%.17g", v);
     return buf;
 }

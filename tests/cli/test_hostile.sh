@@ -139,3 +139,21 @@ copy statedup
 sed -i 's/^{/{"step": 1e6,/' "$tmp/statedup/step_00000002/trainer_state.json"
 refuse trainer_state_duplicate_key "trainer_state.json: key \"step\" appears twice in the top-level object" \
   "$BIN" train "${tiny[@]}" --steps 3 --save-dir "$tmp/statedup" --resume --no-verify
+
+# ---- row 8: a safetensors header length one less (a trailing padding space dropped)
+shorten_header() {  # shorten_header FILE: header length - 1, written back little-endian
+  local f=$1 n=0 i
+  local -a b=($(od -An -tu1 -N8 "$f"))
+  for i in 7 6 5 4 3 2 1 0; do n=$(( n * 256 + b[i] )); done
+  n=$(( n - 1 ))
+  for i in 0 1 2 3 4 5 6 7; do printf "$(printf '\\%03o' $(( (n >> (8 * i)) & 255 )))"; done |
+    dd of="$f" bs=1 conv=notrunc status=none
+}
+mkdir -p "$tmp/hfoff"; cp "$ck/model.safetensors" "$ck/config.json" "$tmp/hfoff/"
+shorten_header "$tmp/hfoff/model.safetensors"
+msg="$tmp/hfoff/model.safetensors: the tensors end at data byte"
+refuse header_off_by_one_generate "$msg" "$BIN" generate --model "$tmp/hfoff" --tokenizer "$tmp/data/tokenizer" --max-new-tokens 2
+refuse header_off_by_one_train "$msg" "$BIN" train "${tiny[@]}" --model "$tmp/hfoff" --steps 1 --save-dir "$tmp/never"
+copy ckoff; shorten_header "$tmp/ckoff/step_00000002/model.safetensors"
+refuse header_off_by_one_checkpoint_no_verify "$tmp/ckoff/step_00000002/model.safetensors: the tensors end at data byte" \
+  "$BIN" generate --model "$tmp/ckoff" --max-new-tokens 2 --no-verify
