@@ -5,6 +5,7 @@
 // SIGINT/SIGTERM finish the current step, save a checkpoint and exit non-zero.
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "shardlm/checkpoint.h"
 #include "shardlm/comm.h"
 #include "shardlm/engine.h"
 #include "shardlm/launch_env.h"
@@ -494,6 +495,16 @@ static int run(sl_train_config *c, sl_comm *world) {
     if (sl_engine_init(&engine, &model, &ec)) goto done;
     have_engine = 1;
 
+    if (is_rank0 && !c->no_save && stat(c->save_dir, &st) == 0) {
+        // a save killed before its commit leaves SAVE_DIR/.tmp-TAG-PID behind: remove what dead
+        // processes left (never a running one's)
+        int removed = sl_ckpt_clean_stale(c->save_dir);
+        if (removed > 0)
+            printf("note: removed %d stale temporary checkpoint entr%s from %s (left by an interrupted save)\n",
+                   removed, removed == 1 ? "y" : "ies", c->save_dir);
+        else if (removed < 0)
+            fprintf(stderr, "warning: cleaning stale temporary checkpoints: %s\n", sl_error());
+    }
     if (c->resume[0]) {
         const char *from = c->resume;
         if (!strcmp(from, "auto")) from = dir_has_checkpoint(c->save_dir) ? c->save_dir : NULL;

@@ -157,3 +157,14 @@ refuse header_off_by_one_train "$msg" "$BIN" train "${tiny[@]}" --model "$tmp/hf
 copy ckoff; shorten_header "$tmp/ckoff/step_00000002/model.safetensors"
 refuse header_off_by_one_checkpoint_no_verify "$tmp/ckoff/step_00000002/model.safetensors: the tensors end at data byte" \
   "$BIN" generate --model "$tmp/ckoff" --max-new-tokens 2 --no-verify
+
+# ---- row 9: a save killed before its commit leaves .tmp-step_*; the next training start removes it
+{ SHARDLM_FAULT=0:2:save "$BIN" train "${tiny[@]}" --steps 2 --save-interval 1 --save-dir "$tmp/killed" >>"$log" 2>&1; } 2>/dev/null
+stale=$(ls -d "$tmp/killed"/.tmp-step_00000002-* 2>/dev/null | wc -l)
+if [ "$stale" -eq 1 ] && grep -qx step_00000001 "$tmp/killed/latest"; then pass killed_save_leaves_a_tmp_dir
+else fail killed_save_leaves_a_tmp_dir "stale: $stale"; fi
+"$BIN" train "${tiny[@]}" --steps 2 --save-dir "$tmp/killed" --resume >"$out/stdout" 2>>"$log"
+if grep -q "^note: removed 1 stale temporary checkpoint entry from $tmp/killed (left by an interrupted save)$" "$out/stdout" &&
+   [ -z "$(ls -d "$tmp/killed"/.tmp-* 2>/dev/null)" ] && grep -qx step_00000002 "$tmp/killed/latest"; then
+  pass next_start_removes_the_stale_tmp_dir
+else fail next_start_removes_the_stale_tmp_dir "$(grep note "$out/stdout"; ls -a "$tmp/killed")"; fi
