@@ -128,10 +128,7 @@ int cmd_generate(int argc, char **argv) {
     if (!no_verify && sl_manifest_verify_weights_dir(src.weights_dir)) goto done;
     if (sl_hf_load(src.weights_dir, &m.layout, m.params)) goto done;
     if (load_tokenizer(&tok, tok_dir, src.weights_dir)) goto done;
-    if (sl_tokenizer_vocab_size(tok) > src.cfg.vocab_size) {
-        sl_errorf("tokenizer has %d tokens but the model only %d", sl_tokenizer_vocab_size(tok), src.cfg.vocab_size);
-        goto done;
-    }
+    if (sl_tokenizer_check_model_vocab(tok, tok_dir[0] ? tok_dir : "found for the model", src.cfg.vocab_size, model_spec)) goto done;
     size_t n = 0;
     if (have_prompt && prompt[0]) {
         if (sl_tokenizer_encode(tok, prompt, strlen(prompt), &ids, &n)) goto done;

@@ -445,18 +445,17 @@ static int run(sl_train_config *c, sl_comm *world) {
         fprintf(stderr, "warning: no tokenizer (%s); training continues without a text sample\n", sl_error());
         tok = NULL;
     }
-    // a preset (no weights) adopts the data's vocabulary so the demo works with any tokenizer
-    if (!src.has_weights && tok && src.cfg.vocab_size != sl_tokenizer_vocab_size(tok)) {
+    // a preset adopts the data's vocabulary so the demo works with any tokenizer; a config.json, a
+    // Hugging Face directory or a checkpoint states its vocab_size, which must be the tokenizer's
+    sl_model_config preset;
+    int is_preset = !src.has_weights && sl_config_preset(&preset, c->model) == 0;
+    if (is_preset && tok && src.cfg.vocab_size != sl_tokenizer_vocab_size(tok)) {
         src.cfg.vocab_size = sl_tokenizer_vocab_size(tok);
         int eot = sl_tokenizer_eot_id(tok);
         if (eot >= 0) src.cfg.bos_token_id = src.cfg.eos_token_id = eot;
         if (sl_config_validate(&src.cfg, c->model)) goto done;
     }
-    if (src.has_weights && tok && sl_tokenizer_vocab_size(tok) > src.cfg.vocab_size) {
-        sl_errorf("the data's tokenizer (%s) has %d tokens but the model in %s only %d", tok_dir,
-                  sl_tokenizer_vocab_size(tok), src.weights_dir, src.cfg.vocab_size);
-        goto done;
-    }
+    if (!is_preset && tok && sl_tokenizer_check_model_vocab(tok, tok_dir, src.cfg.vocab_size, c->model)) goto done;
     if (c->seq_len > src.cfg.max_seq_len) {
         sl_errorf("--seq-len %d exceeds the model's maximum positions %d", c->seq_len, src.cfg.max_seq_len);
         goto done;
@@ -481,11 +480,12 @@ static int run(sl_train_config *c, sl_comm *world) {
                            src.cfg.vocab_size};
     if (sl_loader_open(&train, &lc)) goto done;
     if (c->eval_interval > 0 && val_shards_exist(c->data)) {
+        // broken validation shards stop the run, as a bad token read from them later would
         sl_loader_config vc = {c->data, "val", c->micro_batch, c->seq_len, rank, c->world_size, c->seed, 0,
                                src.cfg.vocab_size};
         if (sl_loader_open(&val, &vc)) {
-            fprintf(stderr, "warning: validation disabled: %s\n", sl_error());
-            val = NULL;
+            sl_error_context("validation data %s/val_*.bin (--eval-interval 0 trains without validation)", c->data);
+            goto done;
         }
     }
 

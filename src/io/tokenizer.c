@@ -404,6 +404,14 @@ int sl_tokenizer_load_dir(sl_tokenizer **out, const char *dir) {
 }
 
 int sl_tokenizer_vocab_size(const sl_tokenizer *t) { return t->n_vocab; }
+
+int sl_tokenizer_check_model_vocab(const sl_tokenizer *t, const char *tok_where, int model_vocab,
+                                   const char *model_where) {
+    if (t->n_vocab == model_vocab) return 0;
+    return sl_errorf("the model's vocab_size %d (%s) differs from the tokenizer's %d tokens (%s): ids would name "
+                     "different tokens; expected the tokenizer the model was trained with (--tokenizer DIR)",
+                     model_vocab, model_where, t->n_vocab, tok_where);
+}
 int sl_tokenizer_eot_id(const sl_tokenizer *t) { return t->eot_id; }
 int sl_tokenizer_num_merges(const sl_tokenizer *t) { return t->n_merges; }
 

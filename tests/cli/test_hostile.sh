@@ -168,3 +168,26 @@ if grep -q "^note: removed 1 stale temporary checkpoint entry from $tmp/killed (
    [ -z "$(ls -d "$tmp/killed"/.tmp-* 2>/dev/null)" ] && grep -qx step_00000002 "$tmp/killed/latest"; then
   pass next_start_removes_the_stale_tmp_dir
 else fail next_start_removes_the_stale_tmp_dir "$(grep note "$out/stdout"; ls -a "$tmp/killed")"; fi
+
+# ---- row 13: broken validation shards are fatal, whatever the breakage, naming the shard
+datacopy() { rm -rf "$tmp/$1"; cp -r "$tmp/data" "$tmp/$1"; }
+datacopy valmagic
+printf '\x00\x00\x00\x00' | dd of="$tmp/valmagic/val_000000.bin" bs=1 conv=notrunc status=none
+refuse val_bad_magic_is_fatal "$tmp/valmagic/val_000000.bin: bad magic 0: expected 20240520" \
+  "$BIN" train "${tiny[@]}" --data "$tmp/valmagic" --eval-interval 1 --steps 1 --save-dir "$tmp/never"
+datacopy valtoken   # token 2 of the shard becomes 65535, outside the 300-token vocab
+printf '\xff\xff' | dd of="$tmp/valtoken/val_000000.bin" bs=1 seek=$((1024 + 4)) conv=notrunc status=none
+refuse val_bad_token_is_fatal "$tmp/valtoken/val_000000.bin: token 2 is 65535, expected an id below the vocab size 300" \
+  "$BIN" train "${tiny[@]}" --data "$tmp/valtoken" --eval-interval 1 --steps 1 --no-save --metrics "$out/m.jsonl"
+
+# ---- row 12: the model's vocab_size and the tokenizer's must agree where the CLI pairs them
+sed 's/"vocab_size":[^,]*,/"vocab_size": 512,/' "$ck/config.json" >"$tmp/cfg512.json"
+refuse config_json_vocab_differs \
+  "the model's vocab_size 512 ($tmp/cfg512.json) differs from the tokenizer's 300 tokens ($tmp/data/tokenizer)" \
+  "$BIN" train "${tiny[@]}" --model "$tmp/cfg512.json" --steps 1 --save-dir "$tmp/never"
+refuse checkpoint_vocab_differs_train \
+  "the model's vocab_size 300 ($tmp/ck) differs from the tokenizer's 50257 tokens ($DATA/gpt2)" \
+  "$BIN" train "${tiny[@]}" --model "$tmp/ck" --tokenizer "$DATA/gpt2" --steps 1 --save-dir "$tmp/never"
+refuse checkpoint_vocab_differs_generate \
+  "the model's vocab_size 300 ($tmp/ck) differs from the tokenizer's 50257 tokens ($DATA/gpt2)" \
+  "$BIN" generate --model "$tmp/ck" --tokenizer "$DATA/gpt2" --max-new-tokens 2
