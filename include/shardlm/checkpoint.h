@@ -28,8 +28,10 @@ int sl_ckpt_abort(const char *tmp_dir);
 // Turns a checkpoint root (uses ROOT/latest) or a tag directory into the directory to load.
 int sl_ckpt_resolve(const char *path, char *dir_out, size_t cap);
 
-// Removes ROOT/.tmp-* and ROOT/.old-* directories left by processes on this host that are no longer
-// running. Returns the number removed, or -1.
+// Removes ROOT/.tmp-* directories, ROOT/latest.tmp.* files and ROOT/.old-TAG-* directories whose
+// ROOT/TAG exists again, left by processes on this host that are no longer running (a .old-TAG-* copy
+// that is the only one of TAG is kept: sl_ckpt_resolve loads it). Returns the number removed, or -1.
+// `shardlm train` runs it on its save directory at start (rank 0).
 int sl_ckpt_clean_stale(const char *root);
 
 // Flat 1-D float32 buffers (e.g. optimizer moments) to/from one safetensors file, written atomically.

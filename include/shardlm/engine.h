@@ -36,6 +36,9 @@ typedef struct {
     // gradients (rounded to that format) while the optimizer updates fp32 master weights; fp16
     // scales the loss (dynamic by default) and skips steps whose gradients overflow.
     sl_loss_scaler_config precision;
+    // sl_engine_load checks every checkpoint file's size and checksum against its manifest.json
+    // first; 1 skips that (`--no-verify`): the files are read as they are.
+    int skip_verify;
 } sl_engine_config;
 
 typedef struct {

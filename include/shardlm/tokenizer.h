@@ -40,6 +40,11 @@ int sl_tokenizer_decode(const sl_tokenizer *tok, const int32_t *ids, size_t n, c
 const char *sl_tokenizer_token_bytes(const sl_tokenizer *tok, int32_t id, size_t *len);
 
 int sl_tokenizer_vocab_size(const sl_tokenizer *tok);  // number of ids (50257 for GPT-2)
+// 0 when a model with vocab_size `model_vocab` and this tokenizer agree on the number of ids, or (with
+// padded_ok: trained weights) the model's vocabulary is larger (padded, as many HF models; a note on
+// stderr); else -1 with one error naming both sides (where each came from) and what was expected.
+int sl_tokenizer_check_model_vocab(const sl_tokenizer *tok, const char *tok_where, int model_vocab,
+                                   const char *model_where, int padded_ok);
 int sl_tokenizer_eot_id(const sl_tokenizer *tok);      // id of "<|endoftext|>", -1 if absent
 int sl_tokenizer_num_merges(const sl_tokenizer *tok);
 

@@ -45,6 +45,7 @@ typedef struct {
     int sample_tokens;            // tokens generated after training (0 = none)
     int no_save;                  // 1 = never write checkpoints (benchmarks)
     int shuffle;                  // shuffle training windows (default 1)
+    int no_verify;                // 1 = load checkpoints without checking them against manifest.json
     // DeepSpeed "zero_optimization" block
     int zero_stage;               // stage (0 = plain data parallelism)
     size_t reduce_bucket_size;    // elements per gradient bucket (default 25 MiB of fp32, as PyTorch DDP)

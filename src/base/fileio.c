@@ -13,21 +13,30 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+const char *sl_not_a_file(unsigned mode) {
+    if (S_ISDIR(mode)) return "is a directory, expected a file";
+    if (S_ISREG(mode)) return NULL;
+    return S_ISFIFO(mode) ? "is a FIFO, expected a regular file"
+           : S_ISCHR(mode) || S_ISBLK(mode) ? "is a device, expected a regular file"
+           : "is not a regular file, expected a file";
+}
+
 char *sl_read_text_file(const char *path, size_t *len_out) {
     FILE *f = fopen(path, "rb");
     if (!f) { sl_errorf("%s: cannot open: %s", path, strerror(errno)); return NULL; }
-    if (fseek(f, 0, SEEK_END) != 0) { fclose(f); sl_errorf("%s: cannot seek", path); return NULL; }
-    long n = ftell(f);
-    if (n < 0) { fclose(f); sl_errorf("%s: cannot determine size", path); return NULL; }
-    rewind(f);
-    char *buf = sl_malloc((size_t)n + 1, path);
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0) { fclose(f); sl_errorf("%s: cannot stat: %s", path, strerror(errno)); return NULL; }
+    const char *why = sl_not_a_file(st.st_mode);
+    if (why) { fclose(f); sl_errorf("%s: %s", path, why); return NULL; }
+    size_t n = (size_t)st.st_size;
+    char *buf = sl_malloc(n + 1, path);
     if (!buf) { fclose(f); return NULL; }
-    if (fread(buf, 1, (size_t)n, f) != (size_t)n) {
-        free(buf); fclose(f); sl_errorf("%s: short read", path); return NULL;
+    if (fread(buf, 1, n, f) != n) {
+        free(buf); fclose(f); sl_errorf("%s: short read (file changed while reading?)", path); return NULL;
     }
     fclose(f);
     buf[n] = '\0';
-    if (len_out) *len_out = (size_t)n;
+    if (len_out) *len_out = n;
     return buf;
 }
 

@@ -4,6 +4,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 int sl_json_get_int(const cJSON *obj, const char *key, int *out, int required, int min_value, const char *where) {
@@ -13,6 +14,29 @@ int sl_json_get_int(const cJSON *obj, const char *key, int *out, int required, i
     if (!(d == floor(d)) || d < (double)min_value || d > 2147483647.0)
         return sl_errorf("%s: \"%s\" must be an integer >= %d", where, key, min_value);
     *out = (int)d;
+    return 0;
+}
+
+const char *sl_json_number_str(char *buf, size_t cap, double v) {
+    if (v == floor(v) && fabs(v) < 1e21) snprintf(buf, cap, "%.0f", v);   // whole numbers in full
+    else snprintf(buf, cap, "%.15g", v);
+    if (strtod(buf, NULL) != v) snprintf(buf, cap, "%.17g", v);
+    return buf;
+}
+
+int sl_json_get_i64(const cJSON *obj, const char *key, int64_t *out, int required, int64_t min_value,
+                    int64_t max_value, const char *where) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+    if (!v || cJSON_IsNull(v)) return required ? sl_errorf("%s: missing required key \"%s\"", where, key) : 0;
+    double d = cJSON_IsNumber(v) ? v->valuedouble : NAN;
+    if (!(d == floor(d)) || d < (double)min_value || d > (double)max_value) {
+        char found[48];
+        if (cJSON_IsNumber(v)) sl_json_number_str(found, sizeof found, d);
+        else snprintf(found, sizeof found, "%s", cJSON_IsString(v) ? "a string" : cJSON_IsBool(v) ? "a boolean" : "a non-number");
+        return sl_errorf("%s: \"%s\" must be an integer in [%lld, %lld], found %s", where, key, (long long)min_value,
+                         (long long)max_value, found);
+    }
+    *out = (int64_t)d;
     return 0;
 }
 

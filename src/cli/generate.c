@@ -6,6 +6,8 @@
 #include "shardlm/fileio.h"
 #include "shardlm/generate.h"
 #include "shardlm/hf_weights.h"
+#include "shardlm/json_get.h"
+#include "shardlm/manifest.h"
 #include "shardlm/model_source.h"
 
 #include <cjson/cJSON.h>
@@ -32,6 +34,8 @@ static void usage(FILE *f) {
         "  --seed S              (default 0)\n"
         "  --stop-at-eot         stop when <|endoftext|> is sampled\n"
         "  --threads N           CPU threads\n"
+        "  --no-verify           load a checkpoint without checking its files' sizes and FNV-1a checksums\n"
+        "                        against manifest.json (default: checked)\n"
         "  --logits-out FILE     also write the prompt's logits (T x vocab, full forward) as JSON, for\n"
         "                        comparison with other implementations (tests/reference/check_hf_load.py)\n");
 }
@@ -49,10 +53,8 @@ static int load_tokenizer(sl_tokenizer **tok, const char *flag, const char *mode
     snprintf(p, sizeof p, "%s/vocab.json", model_dir);
     if (file_exists(p)) return sl_tokenizer_load_dir(tok, model_dir);
     snprintf(p, sizeof p, "%s/trainer_state.json", model_dir);
-    size_t len;
-    char *text = file_exists(p) ? sl_read_text_file(p, &len) : NULL;
-    cJSON *root = text ? cJSON_Parse(text) : NULL;
-    free(text);
+    cJSON *root = NULL;
+    if (file_exists(p) && !(root = sl_json_read_strict(p))) return -1;
     const cJSON *cfg = root ? cJSON_GetObjectItemCaseSensitive(root, "client_state") : NULL;
     cfg = cfg ? cJSON_GetObjectItemCaseSensitive(cfg, "config") : NULL;
     cfg = cfg ? cJSON_GetObjectItemCaseSensitive(cfg, "shardlm") : NULL;
@@ -105,7 +107,7 @@ static int parse_ids(const char *list, int vocab, int *ids, int cap, int *n) {
 int cmd_generate(int argc, char **argv) {
     char model_spec[4096] = "runs/demo", tok_dir[4096] = "", prompt[65536] = "", logits_out[4096] = "";
     char prompt_id_list[65536] = "";
-    int max_new = 128, threads = 0, seed = 0, stop_eot = 0, have_prompt = 0;
+    int max_new = 128, threads = 0, seed = 0, stop_eot = 0, have_prompt = 0, no_verify = 0;
     sl_sampler_config sc = {0.8f, 40, 0.95f};
     sl_args a = {argc, argv, 1, NULL, 0};
     for (; a.i < argc && !a.error; a.i++) {
@@ -122,6 +124,7 @@ int cmd_generate(int argc, char **argv) {
         if (sl_arg_int(&a, "--seed", 0, SL_NO_MAX, &seed)) continue;
         if (sl_arg_int(&a, "--threads", 0, SL_NO_MAX, &threads)) continue;
         if (sl_arg_switch(&a, "--stop-at-eot")) { stop_eot = 1; continue; }
+        if (sl_arg_switch(&a, "--no-verify")) { no_verify = 1; continue; }
         if (sl_arg_str(&a, "--logits-out", logits_out, sizeof logits_out)) continue;
         fprintf(stderr, "error: unknown flag '%s' (see shardlm generate --help)\n", argv[a.i]);
         return 2;
@@ -138,15 +141,15 @@ int cmd_generate(int argc, char **argv) {
     if (!src.has_weights) { sl_errorf("%s: generation needs trained weights (a checkpoint or HF directory)", model_spec); goto done; }
     if (sl_model_create(&m, &src.cfg, &sl_ops_cpu)) goto done;
     have_model = 1;
+    if (!no_verify && sl_manifest_verify_weights_dir(src.weights_dir)) goto done;
     if (sl_hf_load(src.weights_dir, &m.layout, m.params)) goto done;
     if (load_tokenizer(&tok, tok_dir, src.weights_dir)) {
         if (!from_ids || tok_dir[0]) goto done;
         tok = NULL;  // token ids in, token ids out
     }
-    if (tok && sl_tokenizer_vocab_size(tok) > src.cfg.vocab_size) {
-        sl_errorf("tokenizer has %d tokens but the model only %d", sl_tokenizer_vocab_size(tok), src.cfg.vocab_size);
+    if (tok && sl_tokenizer_check_model_vocab(tok, tok_dir[0] ? tok_dir : "found for the model", src.cfg.vocab_size,
+                                              model_spec, 1))
         goto done;
-    }
     size_t n = 0;
     if (have_prompt && prompt[0]) {
         if (sl_tokenizer_encode(tok, prompt, strlen(prompt), &ids, &n)) goto done;

@@ -5,6 +5,7 @@
 // SIGINT/SIGTERM finish the current step, save a checkpoint and exit non-zero.
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "shardlm/checkpoint.h"
 #include "shardlm/comm.h"
 #include "shardlm/engine.h"
 #include "shardlm/launch_env.h"
@@ -14,7 +15,9 @@
 #include "shardlm/generate.h"
 #include "shardlm/heartbeat.h"
 #include "shardlm/hf_weights.h"
+#include "shardlm/json_get.h"
 #include "shardlm/loader.h"
+#include "shardlm/manifest.h"
 #include "shardlm/metrics.h"
 #include "shardlm/model_source.h"
 #include "shardlm/train_config.h"
@@ -83,6 +86,8 @@ static void usage(FILE *f) {
         "  --save-interval N       checkpoint every N steps (default: only at the end)\n"
         "  --no-save               never write checkpoints\n"
         "  --no-shuffle            read training windows in file order (default: shuffled from the seed)\n"
+        "  --no-verify             load checkpoints (--model, --resume) without checking their files' sizes and\n"
+        "                          FNV-1a checksums against manifest.json (default: checked)\n"
         "  --no-overlap-comm       all-reduce gradients after backward instead of during it\n"
         "  --zero-stage N          ZeRO stage 0-3 (zero_optimization.stage)\n"
         "  --resume [PATH]         continue from PATH (a checkpoint root or tag); `--resume auto` or a bare\n"
@@ -148,6 +153,7 @@ static int parse_flags(int argc, char **argv, sl_train_config *c, flag_extras *x
         if (sl_arg_int(&a, "--save-interval", 0, SL_NO_MAX, &c->save_interval)) continue;
         if (sl_arg_switch(&a, "--no-save")) { c->no_save = 1; continue; }
         if (sl_arg_switch(&a, "--no-shuffle")) { c->shuffle = 0; continue; }
+        if (sl_arg_switch(&a, "--no-verify")) { c->no_verify = 1; continue; }
         if (sl_arg_switch(&a, "--no-overlap-comm")) { c->overlap_comm = 0; continue; }
         if (sl_arg_int(&a, "--zero-stage", 0, 3, &c->zero_stage)) continue;
         if (sl_arg_switch(&a, "--resume")) {
@@ -376,9 +382,15 @@ static int restore_loader(sl_loader *train, const char *client, const sl_train_c
     if (!ld || !own) rc = sl_errorf("checkpoint has no saved loader position and configuration");
     else if (!s || sl_loader_position_from_json(s, &pos)) rc = -1;
     free(s);
+    // the saved batch shape rescales the position: integers in range, or the checkpoint is refused
+    int64_t mbi = 0, gai = 1, tbsi = 0;
+    const char *w = "trainer_state.json client_state.config";
+    if (rc == 0 && (sl_json_get_i64(cfg, "train_micro_batch_size_per_gpu", &mbi, 1, 1, 1000000000, w) ||
+                    sl_json_get_i64(cfg, "gradient_accumulation_steps", &gai, 0, 1, 1000000000, w) ||
+                    sl_json_get_i64(cfg, "train_batch_size", &tbsi, 1, 1, 1000000000, w)))
+        rc = -1;
     if (rc == 0) {
-        double mb = json_num(cfg, "train_micro_batch_size_per_gpu", 0), ga = json_num(cfg, "gradient_accumulation_steps", 1);
-        double tbs = json_num(cfg, "train_batch_size", 0), world = mb * ga > 0 ? tbs / (mb * ga) : 0;
+        double mb = (double)mbi, ga = (double)gai, tbs = (double)tbsi, world = tbs / (mb * ga);
         double seq = json_num(own, "seq_len", 0), seed = json_num(own, "seed", -1), shuffle = json_num(own, "shuffle", 1);
         double old_windows = world * mb, new_windows = (double)c->world_size * c->micro_batch;
         if (seq != c->seq_len) rc = sl_errorf("checkpoint was trained with seq_len %g, this run uses %d", seq, c->seq_len);
@@ -395,6 +407,10 @@ static int restore_loader(sl_loader *train, const char *client, const sl_train_c
         else if (fmod((double)pos.batch * old_windows, new_windows) != 0.0)
             rc = sl_errorf("the checkpoint's data position (%lld batches of %g windows) is not a whole number of this "
                            "run's batches of %g windows", (long long)pos.batch, old_windows, new_windows);
+        else if ((double)pos.batch * old_windows / new_windows >= (double)sl_loader_batches_per_epoch(train))
+            rc = sl_errorf("the checkpoint's data position (batch %lld of %g windows) lies past this run's epoch of "
+                           "%lld batches of %g windows", (long long)pos.batch, old_windows,
+                           (long long)sl_loader_batches_per_epoch(train), new_windows);
         if (rc == 0) {
             pos.batch = (int64_t)((double)pos.batch * old_windows / new_windows);
             if (tbs != c->train_batch_size && is_rank0)
@@ -426,22 +442,25 @@ static int run(sl_train_config *c, sl_comm *world) {
     char tok_dir[SL_PATH_MAX + 16];
     if (c->tokenizer[0]) snprintf(tok_dir, sizeof tok_dir, "%s", c->tokenizer);
     else snprintf(tok_dir, sizeof tok_dir, "%s/tokenizer", c->data);
+    struct stat st;
     if (sl_tokenizer_load_dir(&tok, tok_dir)) {
+        // a tokenizer that is named or present but broken is an error; only a missing one is not
+        if (c->tokenizer[0] || stat(tok_dir, &st) == 0) goto done;
         fprintf(stderr, "warning: no tokenizer (%s); training continues without a text sample\n", sl_error());
         tok = NULL;
     }
-    // a preset (no weights) adopts the data's vocabulary so the demo works with any tokenizer
-    if (!src.has_weights && tok && src.cfg.vocab_size != sl_tokenizer_vocab_size(tok)) {
+    // a preset adopts the data's vocabulary so the demo works with any tokenizer; a config.json, a
+    // Hugging Face directory or a checkpoint states its vocab_size, which must be the tokenizer's
+    sl_model_config preset;
+    int is_preset = !src.has_weights && sl_config_preset(&preset, c->model) == 0;
+    if (is_preset && tok && src.cfg.vocab_size != sl_tokenizer_vocab_size(tok)) {
         src.cfg.vocab_size = sl_tokenizer_vocab_size(tok);
         int eot = sl_tokenizer_eot_id(tok);
         if (eot >= 0) src.cfg.bos_token_id = src.cfg.eos_token_id = eot;
         if (sl_config_validate(&src.cfg, c->model)) goto done;
     }
-    if (src.has_weights && tok && sl_tokenizer_vocab_size(tok) > src.cfg.vocab_size) {
-        sl_errorf("the data's tokenizer (%s) has %d tokens but the model in %s only %d", tok_dir,
-                  sl_tokenizer_vocab_size(tok), src.weights_dir, src.cfg.vocab_size);
+    if (!is_preset && tok && sl_tokenizer_check_model_vocab(tok, tok_dir, src.cfg.vocab_size, c->model, src.has_weights))
         goto done;
-    }
     if (c->seq_len > sl_config_context(&src.cfg)) {
         sl_errorf("--seq-len %d exceeds the model's maximum positions %d", c->seq_len, sl_config_context(&src.cfg));
         goto done;
@@ -455,7 +474,8 @@ static int run(sl_train_config *c, sl_comm *world) {
     if (sl_model_create(&model, &src.cfg, ops)) goto done;
     have_model = 1;
     if (src.has_weights) {
-        if (load_weights(&model, src.weights_dir)) goto done;
+        if ((!c->no_verify && sl_manifest_verify_weights_dir(src.weights_dir)) || load_weights(&model, src.weights_dir))
+            goto done;
     } else if (sl_model_init_weights(&model, c->seed)) {
         goto done;
     }
@@ -465,20 +485,31 @@ static int run(sl_train_config *c, sl_comm *world) {
                            src.cfg.vocab_size};
     if (sl_loader_open(&train, &lc)) goto done;
     if (c->eval_interval > 0 && val_shards_exist(c->data)) {
+        // broken validation shards stop the run, as a bad token read from them later would
         sl_loader_config vc = {c->data, "val", c->micro_batch, c->seq_len, rank, c->world_size, c->seed, 0,
                                src.cfg.vocab_size};
         if (sl_loader_open(&val, &vc)) {
-            fprintf(stderr, "warning: validation disabled: %s\n", sl_error());
-            val = NULL;
+            sl_error_context("validation data %s/val_*.bin (--eval-interval 0 trains without validation)", c->data);
+            goto done;
         }
     }
 
     sl_engine_config ec = {c->micro_batch, c->grad_accum, c->gradient_clipping, c->optim, c->schedule,
                            world, c->reduce_bucket_size, c->first_bucket_size, c->overlap_comm, c->zero_stage,
-                           c->stage3_prefetch_bucket_size > 0, c->precision};
+                           c->stage3_prefetch_bucket_size > 0, c->precision, c->no_verify};
     if (sl_engine_init(&engine, &model, &ec)) goto done;
     have_engine = 1;
 
+    if (is_rank0 && !c->no_save && stat(c->save_dir, &st) == 0) {
+        // a save killed before its commit leaves SAVE_DIR/.tmp-TAG-PID behind: remove what dead
+        // processes left (never a running one's)
+        int removed = sl_ckpt_clean_stale(c->save_dir);
+        if (removed > 0)
+            printf("note: removed %d stale temporary checkpoint entr%s from %s (left by an interrupted save)\n",
+                   removed, removed == 1 ? "y" : "ies", c->save_dir);
+        else if (removed < 0)
+            fprintf(stderr, "warning: cleaning stale temporary checkpoints: %s\n", sl_error());
+    }
     if (c->resume[0]) {
         const char *from = c->resume;
         if (!strcmp(from, "auto")) from = dir_has_checkpoint(c->save_dir) ? c->save_dir : NULL;

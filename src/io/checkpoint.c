@@ -185,6 +185,17 @@ static long trailing_pid(const char *name) {
     return *end || pid <= 0 ? -1 : pid;
 }
 
+// For NAME = .old-TAG-PID: 1 when ROOT/TAG exists, so the old copy is no longer needed.
+static int old_copy_superseded(const char *root, const char *name) {
+    char tag[TAG_MAX + 1], p[PATH_CAP];
+    const char *start = name + 5, *dash = strrchr(name, '-');
+    size_t n = dash > start ? (size_t)(dash - start) : 0;
+    if (n == 0 || n > TAG_MAX) return 0;
+    memcpy(tag, start, n);
+    tag[n] = '\0';
+    return join(p, sizeof p, root, tag) == 0 && is_dir(p);
+}
+
 int sl_ckpt_clean_stale(const char *root) {
     DIR *d = opendir(root);
     if (!d) return sl_errorf("%s: cannot open directory: %s", root, strerror(errno));
@@ -196,6 +207,8 @@ int sl_ckpt_clean_stale(const char *root) {
         if (pid < 0 || pid == (long)getpid()) continue;
         if (kill((pid_t)pid, 0) == 0 || errno == EPERM) continue;   // still running
         char p[PATH_CAP];
+        // .old-TAG-PID is the only copy of TAG while ROOT/TAG is missing (sl_ckpt_resolve loads it)
+        if (strncmp(e->d_name, ".old-", 5) == 0 && !old_copy_superseded(root, e->d_name)) continue;
         if (join(p, sizeof p, root, e->d_name) || sl_remove_tree(p)) rc = -1;
         else removed++;
     }

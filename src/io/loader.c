@@ -7,6 +7,7 @@
 // configuration, never of the path taken to get there.
 #include "shardlm/loader.h"
 #include "shardlm/error.h"
+#include "shardlm/json_get.h"
 #include "shardlm/rng.h"
 #include "shardlm/shard.h"
 
@@ -226,27 +227,18 @@ int sl_loader_position_to_json(const sl_loader_position *pos, char *buf, size_t 
     return 0;
 }
 
-static int json_int(const cJSON *root, const char *key, int required, int64_t *out) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
-    if (!v) {
-        if (required) return sl_errorf("loader position: missing \"%s\"", key);
-        *out = 0;
-        return 0;
-    }
-    if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble != (double)(int64_t)v->valuedouble)
-        return sl_errorf("loader position: \"%s\" must be a non-negative integer", key);
-    *out = (int64_t)v->valuedouble;
-    return 0;
-}
-
 int sl_loader_position_from_json(const char *json, sl_loader_position *pos) {
     cJSON *root = cJSON_Parse(json);
     if (!root || !cJSON_IsObject(root)) {
         cJSON_Delete(root);
         return sl_errorf("loader position: expected a JSON object, found \"%.60s\"", json);
     }
-    int rc = json_int(root, "epoch", 1, &pos->epoch) || json_int(root, "batch", 1, &pos->batch) ||
-             json_int(root, "shard", 0, &pos->shard) || json_int(root, "window", 0, &pos->window) ? -1 : 0;
+    const char *w = "loader position";
+    pos->shard = pos->window = 0;
+    int rc = sl_json_get_i64(root, "epoch", &pos->epoch, 1, 0, SL_JSON_INT_EXACT, w) ||
+             sl_json_get_i64(root, "batch", &pos->batch, 1, 0, SL_JSON_INT_EXACT, w) ||
+             sl_json_get_i64(root, "shard", &pos->shard, 0, 0, SL_JSON_INT_EXACT, w) ||
+             sl_json_get_i64(root, "window", &pos->window, 0, 0, SL_JSON_INT_EXACT, w) ? -1 : 0;
     cJSON_Delete(root);
     return rc;
 }

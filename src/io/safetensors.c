@@ -1,13 +1,14 @@
 // safetensors.c: the safetensors reader and the streaming F32 writer (see safetensors.h).
 // Reader invariants after a successful sl_st_open: every tensor has a known dtype, 0 <= ndim <= 8,
-// non-negative dims whose product times the dtype size equals end - begin (no overflow), lies
-// inside the data section, and overlaps no other tensor; names are unique. Only then is data read,
+// non-negative dims whose product times the dtype size equals end - begin (no overflow), and the
+// tensors tile the data section exactly (contiguous from 0 to the file's end); names are unique. Only then is data read,
 // with pread at checked offsets. Writer invariants: the file appears under its final name only
 // when complete and fsync'd; the data section starts at a multiple of 8 (header padded with spaces).
 // Assumes a little-endian host (as the format does).
 #include "shardlm/safetensors.h"
 #include "shardlm/error.h"
 #include "shardlm/fileio.h"
+#include "shardlm/json_get.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -135,14 +136,26 @@ static int parse_tensor(sl_st_file *f, const cJSON *e, uint64_t data_size, sl_st
         uint64_t v;
         if (cJSON_IsNumber(d) && d->valuedouble < 0)
             return sl_errorf("%s: tensor \"%s\": negative dimension %g in shape", p, name, d->valuedouble);
-        if (json_uint(d, &v)) return sl_errorf("%s: tensor \"%s\": shape entries must be non-negative integers", p, name);
+        if (json_uint(d, &v)) {
+            char num[40];
+            return sl_errorf("%s: tensor \"%s\": shape entries must be integers in [0, 2^53], found %s", p, name,
+                             cJSON_IsNumber(d) ? sl_json_number_str(num, sizeof num, d->valuedouble) : "a non-number");
+        }
         t->shape[i] = (int64_t)v;
         if (v != 0 && numel > UINT64_MAX / v) return sl_errorf("%s: tensor \"%s\": shape product overflows", p, name);
         numel *= v;
     }
     if (cJSON_GetArraySize(of) != 2) return sl_errorf("%s: tensor \"%s\": data_offsets must be [begin, end]", p, name);
-    if (json_uint(of->child, &t->begin) || json_uint(of->child->next, &t->end))
-        return sl_errorf("%s: tensor \"%s\": data_offsets must be non-negative integers", p, name);
+    for (const cJSON *o = of->child; o; o = o->next) {
+        uint64_t v;
+        char num[40];
+        if (json_uint(o, &v))
+            return sl_errorf("%s: tensor \"%s\": data_offsets must be integers in [0, 2^53] (at most the data "
+                             "section's %llu bytes), found %s", p, name, (unsigned long long)data_size,
+                             cJSON_IsNumber(o) ? sl_json_number_str(num, sizeof num, o->valuedouble) : "a non-number");
+        if (o == of->child) t->begin = v;
+        else t->end = v;
+    }
     if (t->end < t->begin)
         return sl_errorf("%s: tensor \"%s\": data_offsets [%llu, %llu] end before begin", p, name,
                          (unsigned long long)t->begin, (unsigned long long)t->end);
@@ -172,26 +185,40 @@ static int cmp_by_name(const void *a, const void *b) {
     return strcmp(sort_ctx->tensors[*(const int *)a].name, sort_ctx->tensors[*(const int *)b].name);
 }
 
-// Names unique, no two tensors share a byte.
-static int check_overlaps(sl_st_file *f) {
-    if (f->n_tensors < 2) return 0;
-    int *ix = sl_malloc((size_t)f->n_tensors * sizeof(int), "safetensors index");
+// Names unique; the tensors tile the data section exactly: sorted by offset, the first begins at 0,
+// each begins where the previous ends (no gap, no overlap) and the last ends at the file's end. A
+// header length off by one (a padding space dropped) shifts the data section, and so fails here.
+static int check_layout(sl_st_file *f, uint64_t data_size) {
+    typedef unsigned long long ull;
+    int n = f->n_tensors;
+    int *ix = sl_malloc((size_t)(n > 0 ? n : 1) * sizeof(int), "safetensors index");
     if (!ix) return -1;
-    for (int i = 0; i < f->n_tensors; i++) ix[i] = i;
+    for (int i = 0; i < n; i++) ix[i] = i;
     int rc = 0;
     sort_ctx = f;   // qsort has no context argument; the context is per thread
-    qsort(ix, (size_t)f->n_tensors, sizeof(int), cmp_by_name);
-    for (int i = 1; i < f->n_tensors && !rc; i++)
+    qsort(ix, (size_t)n, sizeof(int), cmp_by_name);
+    for (int i = 1; i < n && !rc; i++)
         if (strcmp(f->tensors[ix[i]].name, f->tensors[ix[i - 1]].name) == 0)
             rc = sl_errorf("%s: tensor \"%s\" appears twice in the header", f->path, f->tensors[ix[i]].name);
-    qsort(ix, (size_t)f->n_tensors, sizeof(int), cmp_by_begin);
-    for (int i = 1; i < f->n_tensors && !rc; i++) {
-        const sl_st_tensor *a = &f->tensors[ix[i - 1]], *b = &f->tensors[ix[i]];
-        if (b->begin < a->end)
+    qsort(ix, (size_t)n, sizeof(int), cmp_by_begin);
+    uint64_t covered = 0;
+    for (int i = 0; i < n && !rc; i++) {
+        const sl_st_tensor *a = i ? &f->tensors[ix[i - 1]] : NULL, *b = &f->tensors[ix[i]];
+        if (b->begin < covered)
             rc = sl_errorf("%s: tensor \"%s\" data_offsets [%llu, %llu] overlap tensor \"%s\" [%llu, %llu]", f->path,
-                           b->name, (unsigned long long)b->begin, (unsigned long long)b->end, a->name,
-                           (unsigned long long)a->begin, (unsigned long long)a->end);
+                           b->name, (ull)b->begin, (ull)b->end, a->name, (ull)a->begin, (ull)a->end);
+        else if (b->begin > covered)
+            rc = sl_errorf("%s: data bytes [%llu, %llu) belong to no tensor (%s%s%s; tensor \"%s\" begins at %llu): "
+                           "expected data_offsets contiguous from 0", f->path, (ull)covered, (ull)b->begin,
+                           a ? "after tensor \"" : "the data section's start", a ? a->name : "", a ? "\"" : "",
+                           b->name, (ull)b->begin);
+        covered = b->end;
     }
+    if (!rc && covered != data_size)
+        rc = sl_errorf("%s: the tensors end at data byte %llu but the data section holds %llu bytes (file size %llu "
+                       "minus 8 minus the header length %llu): expected them to cover it exactly (header length "
+                       "wrong, or bytes after the last tensor)", f->path, (ull)covered, (ull)data_size,
+                       (ull)f->file_size, (ull)(f->data_start - 8));
     sort_ctx = NULL;
     free(ix);
     return rc;
@@ -227,7 +254,7 @@ static int parse_header(sl_st_file *f, const char *json, size_t len, uint64_t da
         if (!rc) f->n_tensors++;
     }
     cJSON_Delete(root);
-    if (!rc) rc = check_overlaps(f);
+    if (!rc) rc = check_layout(f, data_size);
     return rc;
 }
 
@@ -239,7 +266,8 @@ int sl_st_open(sl_st_file *f, const char *path) {
     f->fd = open(path, O_RDONLY | O_CLOEXEC);
     if (f->fd < 0) { int e = errno; sl_st_close(f); return sl_errorf("%s: cannot open: %s", path, strerror(e)); }
     struct stat st;
-    if (fstat(f->fd, &st) != 0 || !S_ISREG(st.st_mode)) { sl_st_close(f); return sl_errorf("%s: not a regular file", path); }
+    if (fstat(f->fd, &st) != 0) { int e = errno; sl_st_close(f); return sl_errorf("%s: cannot stat: %s", path, strerror(e)); }
+    if (sl_not_a_file(st.st_mode)) { sl_st_close(f); return sl_errorf("%s: %s", path, sl_not_a_file(st.st_mode)); }
     f->file_size = (uint64_t)st.st_size;
     unsigned char lenbuf[8];
     if (f->file_size < 8 || read_exact(f->fd, lenbuf, 8, 0)) {

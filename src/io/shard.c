@@ -58,6 +58,7 @@ int sl_shard_open(sl_shard *s, const char *path) {
     if (!f) return sl_errorf("%s: cannot open token shard: %s", path, strerror(errno));
     struct stat st;
     if (fstat(fileno(f), &st) != 0) { fclose(f); return sl_errorf("%s: cannot stat: %s", path, strerror(errno)); }
+    if (sl_not_a_file(st.st_mode)) { fclose(f); return sl_errorf("%s: %s", path, sl_not_a_file(st.st_mode)); }
     long long size = (long long)st.st_size;
     if (size < SL_SHARD_HEADER_BYTES) {
         fclose(f);

@@ -10,9 +10,11 @@
 #include "shardlm/tokenizer.h"
 #include "shardlm/error.h"
 #include "shardlm/fileio.h"
+#include "shardlm/json_get.h"
 
 #include <cjson/cJSON.h>
 #include <pcre2.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,6 +29,7 @@ struct sl_tokenizer {
     char **tok_bytes;      // (n_vocab) raw bytes of each token (one allocation: bytes_pool)
     uint32_t *tok_len;     // (n_vocab)
     char *bytes_pool;
+    const char **tok_names; // (n_vocab) while loading: each id's vocab.json string (for messages)
     uint32_t *vocab_slots; // (vocab_cap) open addressing: id + 1, 0 = empty
     size_t vocab_cap;
     int32_t byte_id[256];
@@ -65,19 +68,38 @@ uint32_t sl_byte_to_unicode(uint8_t b) {
 }
 
 // Decodes a vocab/merges string (UTF-8 of mapped code points) into raw bytes written to out
-// (capacity >= strlen(s)). Returns the byte count, or -1 if s holds a code point that is no byte.
-static long unicode_to_bytes(const char *s, size_t n, char *out) {
+// (capacity >= n). Returns the byte count, or -1 if s holds something that is no byte's code point:
+// then *bad_at is its byte offset in s and *bad_cp the code point (-1: not valid UTF-8).
+static long unicode_to_bytes(const char *s, size_t n, char *out, size_t *bad_at, long *bad_cp) {
     size_t i = 0, o = 0;
     while (i < n) {
-        unsigned char c = (unsigned char)s[i];
-        uint32_t cp;
-        if (c < 0x80) { cp = c; i += 1; }
-        else if ((c & 0xE0) == 0xC0 && i + 1 < n) { cp = ((uint32_t)(c & 0x1F) << 6) | (s[i + 1] & 0x3F); i += 2; }
-        else return -1;  // all mapped code points are < 512: one or two UTF-8 bytes
-        if (cp >= 512 || cp_to_byte[cp] < 0) return -1;
+        const unsigned char *c = (const unsigned char *)s + i;
+        int len = c[0] < 0x80 ? 1 : (c[0] & 0xE0) == 0xC0 ? 2 : (c[0] & 0xF0) == 0xE0 ? 3 : (c[0] & 0xF8) == 0xF0 ? 4 : 0;
+        long cp = len == 1 ? c[0] : len ? (long)(c[0] & (0x7F >> len)) : -1;
+        for (int k = 1; k < len && cp >= 0; k++)
+            cp = i + (size_t)k < n && (c[k] & 0xC0) == 0x80 ? cp << 6 | (c[k] & 0x3F) : -1;
+        if (cp < 0 || cp >= 512 || cp_to_byte[cp] < 0) {
+            if (bad_at) *bad_at = i;
+            if (bad_cp) *bad_cp = cp;
+            return -1;
+        }
         out[o++] = (char)cp_to_byte[cp];
+        i += (size_t)len;
     }
     return (long)o;
+}
+
+// A vocab token for error messages: at most 60 bytes, control bytes as \xNN.
+static const char *token_for_message(const char *s, char *buf, size_t cap) {
+    size_t o = 0, n = strlen(s);
+    for (size_t i = 0; i < n && o + 8 < cap; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (i == 60) { memcpy(buf + o, "...", 3); o += 3; break; }
+        if (c < 0x20 || c == 0x7F) o += (size_t)snprintf(buf + o, cap - o, "\\x%02x", c);
+        else buf[o++] = (char)c;
+    }
+    buf[o] = '\0';
+    return buf;
 }
 
 // ---------------------------------------------------------------- hashing
@@ -212,13 +234,50 @@ void sl_tokenizer_free(sl_tokenizer *t) {
     free(t);
 }
 
+static const char *json_kind(const cJSON *v) {
+    return cJSON_IsString(v) ? "a string" : cJSON_IsBool(v) ? "a boolean" : cJSON_IsNull(v) ? "null"
+           : cJSON_IsArray(v) ? "an array" : cJSON_IsObject(v) ? "an object" : "a number";
+}
+
+// Checks one vocab.json entry (token string -> id of n) and decodes it into pool + *used.
+static int vocab_entry(sl_tokenizer *t, const char *path, const cJSON *e, int n, size_t *used) {
+    char tb[256];
+    const char *tok = token_for_message(e->string, tb, sizeof tb);
+    if (!cJSON_IsNumber(e))
+        return sl_errorf("%s: token \"%s\": expected an integer id in [0, %d), found %s", path, tok, n, json_kind(e));
+    double v = e->valuedouble;
+    if (!(v >= 0 && v < n) || v != floor(v)) {
+        char num[40];
+        return sl_errorf("%s: token \"%s\": expected an integer id in [0, %d) (the vocab has %d entries), found %s",
+                         path, tok, n, n, sl_json_number_str(num, sizeof num, v));
+    }
+    int id = (int)v;
+    if (t->tok_bytes[id]) {
+        char first[256];
+        return sl_errorf("%s: token \"%s\": id %d is already taken by token \"%s\"; expected each id in [0, %d) "
+                         "exactly once", path, tok, id, token_for_message(t->tok_names[id], first, sizeof first), n);
+    }
+    size_t at = 0;
+    long cp = -1;
+    long nb = unicode_to_bytes(e->string, strlen(e->string), t->bytes_pool + *used, &at, &cp);
+    if (nb < 0 && cp < 0)
+        return sl_errorf("%s: token \"%s\" (id %d): invalid UTF-8 at byte %zu", path, tok, id, at);
+    if (nb < 0)
+        return sl_errorf("%s: token \"%s\" (id %d): character U+%04lX at byte %zu is outside GPT-2's byte alphabet "
+                         "(expected only the code points bytes_to_unicode maps bytes to: U+0021-U+007E, "
+                         "U+00A1-U+00AC, U+00AE-U+0143)", path, tok, id, cp, at);
+    if (nb == 0) return sl_errorf("%s: empty token (id %d): expected at least one byte", path, id);
+    t->tok_names[id] = e->string;
+    t->tok_bytes[id] = t->bytes_pool + *used;
+    t->tok_len[id] = (uint32_t)nb;
+    *used += (size_t)nb;
+    return 0;
+}
+
 static int load_vocab(sl_tokenizer *t, const char *path) {
-    size_t len;
-    char *text = sl_read_text_file(path, &len);
-    if (!text) return -1;
-    cJSON *root = cJSON_ParseWithLength(text, len);
-    free(text);
-    if (!root || !cJSON_IsObject(root)) {
+    cJSON *root = sl_json_read_strict(path);
+    if (!root) return -1;
+    if (!cJSON_IsObject(root)) {
         cJSON_Delete(root);
         return sl_errorf("%s: expected a JSON object mapping token strings to ids", path);
     }
@@ -228,32 +287,16 @@ static int load_vocab(sl_tokenizer *t, const char *path) {
     t->n_vocab = n;
     t->tok_bytes = sl_calloc((size_t)n, sizeof(char *), "token table");
     t->tok_len = sl_calloc((size_t)n, sizeof(uint32_t), "token lengths");
+    t->tok_names = sl_calloc((size_t)n, sizeof(char *), "token names");
     t->bytes_pool = sl_malloc(pool_bytes + 1, "token bytes");
-    if (!t->tok_bytes || !t->tok_len || !t->bytes_pool) { cJSON_Delete(root); return -1; }
+    int rc = !t->tok_bytes || !t->tok_len || !t->tok_names || !t->bytes_pool ? -1 : 0;
     size_t used = 0;
-    for (cJSON *e = root->child; e; e = e->next) {
-        double v = cJSON_IsNumber(e) ? e->valuedouble : -1;
-        if (v < 0 || v >= n || v != (double)(int)v) {
-            cJSON_Delete(root);
-            return sl_errorf("%s: token \"%s\": expected an integer id in [0, %d), found %s", path, e->string, n,
-                             cJSON_IsNumber(e) ? "an out-of-range number" : "a non-number");
-        }
-        int id = (int)v;
-        if (t->tok_bytes[id]) {
-            cJSON_Delete(root);
-            return sl_errorf("%s: id %d appears twice (second time for token \"%s\")", path, id, e->string);
-        }
-        long nb = unicode_to_bytes(e->string, strlen(e->string), t->bytes_pool + used);
-        if (nb < 0) {
-            cJSON_Delete(root);
-            return sl_errorf("%s: token \"%s\" (id %d) has a character outside GPT-2's byte alphabet", path,
-                             e->string, id);
-        }
-        t->tok_bytes[id] = t->bytes_pool + used;
-        t->tok_len[id] = (uint32_t)nb;
-        used += (size_t)nb;
-    }
+    for (cJSON *e = root->child; e && rc == 0; e = e->next) rc = vocab_entry(t, path, e, n, &used);
+    // the messages above quote the parsed names: they are formatted before the tree goes
     cJSON_Delete(root);
+    free(t->tok_names);
+    t->tok_names = NULL;
+    if (rc) return -1;
     t->vocab_cap = pow2_at_least((size_t)n * 2);
     t->vocab_slots = sl_calloc(t->vocab_cap, sizeof(uint32_t), "vocab hash map");
     if (!t->vocab_slots) return -1;
@@ -301,8 +344,8 @@ static int load_merges(sl_tokenizer *t, const char *path) {
                            (int)(n > 80 ? 80 : n), p);
             break;
         }
-        long na = unicode_to_bytes(p, (size_t)(sp - p), buf);
-        long nb = na < 0 ? -1 : unicode_to_bytes(sp + 1, n - (size_t)(sp + 1 - p), buf + na);
+        long na = unicode_to_bytes(p, (size_t)(sp - p), buf, NULL, NULL);
+        long nb = na < 0 ? -1 : unicode_to_bytes(sp + 1, n - (size_t)(sp + 1 - p), buf + na, NULL, NULL);
         if (na <= 0 || nb <= 0) {
             rc = sl_errorf("%s:%d: merge \"%.*s\" has an empty half or a character outside GPT-2's byte alphabet",
                            path, line_no, (int)n, p);
@@ -361,6 +404,19 @@ int sl_tokenizer_load_dir(sl_tokenizer **out, const char *dir) {
 }
 
 int sl_tokenizer_vocab_size(const sl_tokenizer *t) { return t->n_vocab; }
+
+int sl_tokenizer_check_model_vocab(const sl_tokenizer *t, const char *tok_where, int model_vocab,
+                                   const char *model_where, int padded_ok) {
+    if (t->n_vocab == model_vocab) return 0;
+    if (padded_ok && t->n_vocab < model_vocab) {  // trained weights with a padded vocabulary, as many HF models
+        fprintf(stderr, "note: the model's vocab_size %d (%s) is larger than the tokenizer's %d tokens (%s); "
+                        "the extra rows are never produced\n", model_vocab, model_where, t->n_vocab, tok_where);
+        return 0;
+    }
+    return sl_errorf("the model's vocab_size %d (%s) differs from the tokenizer's %d tokens (%s): %s; expected the "
+                     "tokenizer the model was trained with (--tokenizer DIR)", model_vocab, model_where, t->n_vocab,
+                     tok_where, t->n_vocab > model_vocab ? "its ids would not fit" : "ids would name different tokens");
+}
 int sl_tokenizer_eot_id(const sl_tokenizer *t) { return t->eot_id; }
 int sl_tokenizer_num_merges(const sl_tokenizer *t) { return t->n_merges; }
 

@@ -19,6 +19,8 @@
 #include "shardlm/fault.h"
 #include "shardlm/fileio.h"
 #include "shardlm/hf_weights.h"
+#include "shardlm/json_get.h"
+#include "shardlm/manifest.h"
 #include "shardlm/safetensors.h"
 
 #include <cjson/cJSON.h>
@@ -28,8 +30,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-#define MANIFEST_FORMAT "shardlm-checkpoint-2"
 
 static const char *STATE_NAMES[2][2] = {{"exp_avg", "exp_avg_sq"}, {"momentum_buffer", ""}};
 static const char **state_names(const sl_engine *e) { return STATE_NAMES[e->cfg.optim.type == SL_OPTIM_SGD ? 1 : 0]; }
@@ -48,25 +48,6 @@ static void state_range(const sl_engine *e, size_t *begin, size_t *end) {
 }
 
 static int writes_state(const sl_engine *e) { return e->sharded || rank_of(e) == 0; }
-
-// FNV-1a 64 of a file's bytes, and its size.
-static int file_fnv64(const char *path, uint64_t *hash, uint64_t *bytes) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return sl_errorf("%s: cannot open for checksum", path);
-    uint64_t h = SL_FNV1A64_INIT, n = 0;
-    unsigned char buf[1 << 16];
-    size_t got;
-    while ((got = fread(buf, 1, sizeof buf, f)) > 0) {
-        h = sl_fnv1a64(h, buf, got);
-        n += got;
-    }
-    int err = ferror(f);
-    fclose(f);
-    if (err) return sl_errorf("%s: read error while checksumming", path);
-    *hash = h;
-    *bytes = n;
-    return 0;
-}
 
 // After rank 0 did something alone: every rank learns whether it worked (rank 0 keeps its message).
 static int share_status(sl_engine *e, int rc, const char *what) {
@@ -135,7 +116,7 @@ static int finish_on_rank0(sl_engine *e, const float *params, const char *root, 
     if (rc) return -1;
 
     cJSON *m = cJSON_CreateObject();
-    cJSON_AddStringToObject(m, "format", MANIFEST_FORMAT);
+    cJSON_AddStringToObject(m, "format", SL_MANIFEST_FORMAT);
     cJSON_AddNumberToObject(m, "step", (double)e->step);
     cJSON_AddNumberToObject(m, "world_size", world);
     cJSON_AddNumberToObject(m, "zero_stage", e->sharded ? e->cfg.zero_stage : 0);
@@ -158,7 +139,7 @@ static int finish_on_rank0(sl_engine *e, const float *params, const char *root, 
         shard_record f = {-1, 0, -1, 0, 0, 0};
         uint64_t h, b;
         snprintf(path, sizeof path, "%s/%s", tmp, plain[i]);
-        rc = file_fnv64(path, &h, &b);
+        rc = sl_file_fnv1a64(path, SL_FNV1A64_INIT, &h, &b);
         f.hash = (long long)h;
         f.bytes = (long long)b;
         if (rc == 0) add_file(files, plain[i], &f);
@@ -295,7 +276,7 @@ static int save_impl(sl_engine *e, const char *root, const char *tag, const char
         mine.begin = (long long)b;
         mine.end = (long long)end;
         mine.status = sl_ckpt_save_tensors(path, e->n_optim_state, state_names(e), data, numel) ||
-                      file_fnv64(path, &h, &bytes);
+                      sl_file_fnv1a64(path, SL_FNV1A64_INIT, &h, &bytes);
         mine.hash = (long long)h;
         mine.bytes = (long long)bytes;
         if (mine.status) fprintf(stderr, "error: [rank %d] %s\n", rank, sl_error());
@@ -319,83 +300,8 @@ static int save_impl(sl_engine *e, const char *root, const char *tag, const char
 
 // ---------------------------------------------------------------- loading
 
-typedef struct { char file[256]; size_t begin, end; } shard_ref;
-
-// Reads the manifest's optimizer shards; with `verify`, first checks every listed file's size and
-// checksum.
-static int read_manifest(const char *dir, shard_ref **out, int *n_out, size_t total, int verify) {
-    char path[4400];
-    snprintf(path, sizeof path, "%s/manifest.json", dir);
-    size_t len;
-    char *text = sl_read_text_file(path, &len);
-    if (!text) return -1;
-    cJSON *m = cJSON_Parse(text);
-    free(text);
-    int rc = 0;
-    const cJSON *fmt = m ? cJSON_GetObjectItemCaseSensitive(m, "format") : NULL;
-    const cJSON *shards = m ? cJSON_GetObjectItemCaseSensitive(m, "optimizer_shards") : NULL;
-    const cJSON *files = m ? cJSON_GetObjectItemCaseSensitive(m, "files") : NULL;
-    if (!m) rc = sl_errorf("%s: malformed JSON", path);
-    else if (!cJSON_IsString(fmt) || strcmp(fmt->valuestring, MANIFEST_FORMAT) != 0)
-        rc = sl_errorf("%s: format must be \"%s\"", path, MANIFEST_FORMAT);
-    else if (!cJSON_IsArray(shards) || !cJSON_IsArray(files))
-        rc = sl_errorf("%s: missing \"optimizer_shards\" or \"files\" arrays", path);
-    int n = rc ? 0 : cJSON_GetArraySize(shards);
-    shard_ref *refs = n > 0 ? sl_calloc((size_t)n, sizeof *refs, "manifest") : NULL;
-    if (n > 0 && !refs) rc = -1;
-    for (int pass = 0; pass < 2 && rc == 0; pass++) {
-        const cJSON *arr = pass == 0 ? files : shards;
-        int i = 0;
-        for (const cJSON *f = arr->child; f && rc == 0; f = f->next, i++) {
-            const cJSON *name = cJSON_GetObjectItemCaseSensitive(f, "file");
-            const cJSON *bytes = cJSON_GetObjectItemCaseSensitive(f, "bytes");
-            const cJSON *hash = cJSON_GetObjectItemCaseSensitive(f, "fnv1a64");
-            if (!cJSON_IsString(name) || strchr(name->valuestring, '/') || !cJSON_IsNumber(bytes) || !cJSON_IsString(hash)) {
-                rc = sl_errorf("%s: entry %d needs \"file\" (a plain name), \"bytes\" and \"fnv1a64\"", path, i);
-                break;
-            }
-            char fpath[4700];
-            snprintf(fpath, sizeof fpath, "%s/%s", dir, name->valuestring);
-            uint64_t h = 0, b = 0;
-            if (verify && file_fnv64(fpath, &h, &b)) { rc = -1; break; }
-            char hex[24];
-            snprintf(hex, sizeof hex, "%016" PRIx64, h);
-            if (!verify) {
-                // trust the sizes: rank 0 checked them
-            } else if ((double)b != bytes->valuedouble)
-                rc = sl_errorf("%s: %.0f bytes expected by the manifest, %" PRIu64 " found (truncated or replaced)", fpath,
-                               bytes->valuedouble, b);
-            else if (strcmp(hex, hash->valuestring) != 0)
-                rc = sl_errorf("%s: checksum %s differs from the manifest's %s (corrupted)", fpath, hex, hash->valuestring);
-            if (rc || pass == 0) continue;
-            const cJSON *bg = cJSON_GetObjectItemCaseSensitive(f, "begin"), *en = cJSON_GetObjectItemCaseSensitive(f, "end");
-            if (!cJSON_IsNumber(bg) || !cJSON_IsNumber(en) || bg->valuedouble < 0 || en->valuedouble < bg->valuedouble ||
-                en->valuedouble > (double)total) {
-                rc = sl_errorf("%s: shard %s has an invalid range", path, name->valuestring);
-                break;
-            }
-            snprintf(refs[i].file, sizeof refs[i].file, "%s", name->valuestring);
-            refs[i].begin = (size_t)bg->valuedouble;
-            refs[i].end = (size_t)en->valuedouble;
-        }
-    }
-    // the shards must tile [0, total)
-    size_t covered = 0;
-    for (int i = 0; rc == 0 && i < n; i++) {
-        if (refs[i].begin != covered) rc = sl_errorf("%s: optimizer shards do not tile the state (gap or overlap at %zu)", path, covered);
-        covered = refs[i].end;
-    }
-    if (rc == 0 && n > 0 && covered != total)
-        rc = sl_errorf("%s: optimizer shards cover %zu of %zu elements", path, covered, total);
-    cJSON_Delete(m);
-    if (rc) { free(refs); return rc; }
-    *out = refs;
-    *n_out = n;
-    return 0;
-}
-
 // Fills this rank's optimizer state slice from the shard files that overlap it.
-static int read_state_slice(sl_engine *e, const char *dir, const shard_ref *refs, int n) {
+static int read_state_slice(sl_engine *e, const char *dir, const sl_manifest_shard *refs, int n) {
     size_t b, end;
     state_range(e, &b, &end);
     size_t base = e->sharded ? e->shard_begin : 0;
@@ -430,27 +336,21 @@ static int load_on_rank0(sl_engine *e, float *params, const char *dir, char **cl
     char where[4200];
     snprintf(where, sizeof where, "%s: the checkpoint's model does not match this run's model", dir);
     if (sl_config_compare(&cfg, &m->cfg, where)) return -1;
-    shard_ref *refs = NULL;
-    int n = 0;
-    if (read_manifest(dir, &refs, &n, m->layout.total, 1)) return -1;
-    free(refs);
+    sl_manifest man;
+    if (sl_manifest_load(&man, dir, m->layout.total, e->cfg.skip_verify ? SL_VERIFY_NONE : SL_VERIFY_ALL)) return -1;
+    sl_manifest_free(&man);
     if (sl_hf_load(dir, &m->layout, params)) return -1;
     snprintf(file, sizeof file, "%s/trainer_state.json", dir);
-    size_t len;
-    char *text = sl_read_text_file(file, &len);
-    if (!text) return -1;
-    cJSON *root = cJSON_Parse(text);
-    free(text);
-    if (!root) return sl_errorf("%s: malformed JSON", file);
-    const cJSON *step = cJSON_GetObjectItemCaseSensitive(root, "step");
+    cJSON *root = sl_json_read_strict(file);
+    if (!root) return -1;
     const cJSON *opt = cJSON_GetObjectItemCaseSensitive(root, "optimizer");
-    int rc = 0;
-    if (!cJSON_IsNumber(step) || step->valuedouble < 0) rc = sl_errorf("%s: missing or invalid \"step\"", file);
-    else if (!cJSON_IsString(opt) || strcmp(opt->valuestring, sl_optim_name(e->cfg.optim.type)) != 0)
+    int64_t step = 0;
+    int rc = sl_json_get_i64(root, "step", &step, 1, 0, SL_JSON_INT_EXACT, file);
+    if (rc == 0 && (!cJSON_IsString(opt) || strcmp(opt->valuestring, sl_optim_name(e->cfg.optim.type)) != 0))
         rc = sl_errorf("%s: checkpoint optimizer \"%s\" differs from this run's \"%s\"", file,
                        cJSON_IsString(opt) ? opt->valuestring : "?", sl_optim_name(e->cfg.optim.type));
     if (rc == 0) {
-        e->step = (int64_t)step->valuedouble;
+        e->step = step;
         const cJSON *ll = cJSON_GetObjectItemCaseSensitive(root, "last_loss");
         e->last_loss = cJSON_IsNumber(ll) ? (float)ll->valuedouble : 0.0f;
         const cJSON *client = cJSON_GetObjectItemCaseSensitive(root, "client_state");
@@ -503,13 +403,13 @@ static int load_impl(sl_engine *e, const char *path, char **client_state_json) {
         }
     }
     // every rank reads its own slice of the optimizer state (rank 0 verified the files)
-    shard_ref *refs = NULL;
-    int n = 0;
     int mine = 0;
     if (e->n_optim_state > 0) {
         // rank 0 already verified sizes and checksums; here every rank just reads its slice
-        mine = read_manifest(dir, &refs, &n, e->model->layout.total, 0) || read_state_slice(e, dir, refs, n);
-        free(refs);
+        sl_manifest man;
+        mine = sl_manifest_load(&man, dir, e->model->layout.total, SL_VERIFY_NONE) ||
+               read_state_slice(e, dir, man.shards, man.n_shards);
+        sl_manifest_free(&man);
         if (mine) fprintf(stderr, "error: [rank %d] %s\n", rank_of(e), sl_error());
     }
     int any = mine;
@@ -535,23 +435,11 @@ int sl_checkpoint_consolidate(const char *path, const char *out_dir, int with_op
     sl_param_layout L;
     if (sl_hf_load_config(dir, &cfg) || sl_layout_build(&L, &cfg)) return -1;
     float *params = NULL, *state[2] = {NULL, NULL};
-    shard_ref *refs = NULL;
-    int n = 0, rc = read_manifest(dir, &refs, &n, L.total, 1);
-    const char *names[2] = {NULL, NULL};
-    int n_state = 0;
-    cJSON *m = NULL;
-    if (rc == 0 && with_optimizer) {
-        // the state tensor names come from the manifest
-        snprintf(file, sizeof file, "%s/manifest.json", dir);
-        size_t len;
-        char *text = sl_read_text_file(file, &len);
-        m = text ? cJSON_Parse(text) : NULL;
-        free(text);
-        const cJSON *arr = m ? cJSON_GetObjectItemCaseSensitive(m, "state_tensors") : NULL;
-        for (const cJSON *it = arr ? arr->child : NULL; it && n_state < 2; it = it->next)
-            if (cJSON_IsString(it)) names[n_state++] = it->valuestring;
-        if (!m) rc = sl_errorf("%s: cannot read the manifest's state tensor names", file);
-    }
+    sl_manifest man;
+    int rc = sl_manifest_load(&man, dir, L.total, with_optimizer ? SL_VERIFY_ALL : SL_VERIFY_FILES);
+    const sl_manifest_shard *refs = man.shards;
+    int n = man.n_shards, n_state = rc == 0 && with_optimizer ? man.n_state : 0;
+    const char *names[2] = {man.state_names[0], man.state_names[1]};
     params = rc == 0 ? sl_calloc(L.total, sizeof(float), "parameters") : NULL;
     if (rc == 0 && (!params || sl_hf_load(dir, &L, params))) rc = -1;
     for (int i = 0; rc == 0 && i < n_state; i++)
@@ -584,8 +472,7 @@ int sl_checkpoint_consolidate(const char *path, const char *out_dir, int with_op
         sl_remove_tree(tmp);
         sl_errorf("%s", keep);
     }
-    cJSON_Delete(m);
-    free(refs);
+    sl_manifest_free(&man);
     free(params);
     free(state[0]);
     free(state[1]);

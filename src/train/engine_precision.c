@@ -13,10 +13,12 @@
 //   - a skipped step changes no parameter, optimizer state, or learning-rate / optimizer step count.
 #include "engine_internal.h"
 #include "shardlm/error.h"
+#include "shardlm/json_get.h"
 #include "shardlm/fault.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -194,15 +196,21 @@ int engine_scaler_from_json(sl_engine *e, const void *cjson_root, const char *fi
     const cJSON *o = cJSON_GetObjectItemCaseSensitive((const cJSON *)cjson_root, "loss_scaler");
     if (!o) return 0;
     double v[7];
-    for (int i = 0; i < 7; i++) {
-        const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, SCALER_KEYS[i]);
-        if (!cJSON_IsNumber(x) || !isfinite(x->valuedouble))
-            return sl_errorf("%s: loss_scaler.%s is missing or not a number", file, SCALER_KEYS[i]);
-        v[i] = x->valuedouble;
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, SCALER_KEYS[0]);
+    if (!cJSON_IsNumber(x) || !isfinite(x->valuedouble) || !(x->valuedouble > 0.0))
+        return sl_errorf("%s: loss_scaler.cur_scale must be a finite number > 0", file);
+    v[0] = x->valuedouble;
+    // the counters, each range-checked before it becomes an integer (skipped steps: at most the step)
+    const int64_t lo[7] = {0, 0, -1, 0, 0, 0, 0};
+    const int64_t hi[7] = {0, SL_JSON_INT_EXACT, SL_JSON_INT_EXACT, INT32_MAX, e->step, SL_JSON_INT_EXACT,
+                           SL_JSON_INT_EXACT};
+    char where[4200];
+    snprintf(where, sizeof where, "%s: loss_scaler", file);
+    for (int i = 1; i < 7; i++) {
+        int64_t n;
+        if (sl_json_get_i64(o, SCALER_KEYS[i], &n, 1, lo[i], hi[i], where)) return -1;
+        v[i] = (double)n;
     }
-    if (!(v[0] > 0.0) || v[4] < 0 || v[3] < 0)
-        return sl_errorf("%s: loss_scaler has an invalid state (cur_scale %g, cur_hysteresis %g, skipped_steps %g)",
-                         file, v[0], v[3], v[4]);
     sl_loss_scaler *s = &e->scaler;
     const cJSON *prec = cJSON_GetObjectItemCaseSensitive(o, "precision");
     const cJSON *dyn = cJSON_GetObjectItemCaseSensitive(o, "dynamic");

@@ -2,6 +2,8 @@
 // Invariants: the formulas are DeepSpeed's, term for term, in double precision (as Python's), so
 // sl_schedule_lr returns DeepSpeed's value to the last bit or so; warmup_num_steps >= 2 after parsing
 // (DeepSpeed's max(2, warmup_num_steps)); the schedule is a pure function of the step (no state).
+// Any int64 step or iteration is safe: differences of steps are taken in double precision (exact
+// below 2^53, where every real step count lies), never as int64 that could overflow.
 #include "shardlm/schedule.h"
 #include "shardlm/error.h"
 
@@ -143,8 +145,8 @@ double sl_schedule_lr_at_iteration(const sl_schedule *s, int64_t it) {
         if (it < s->warmup_num_steps) gamma = warmup_gamma(s, it);
         else if (s->type == SL_SCHED_WARMUP_LR) gamma = 1.0;
         else {
-            double span = (double)(s->total_num_steps - s->warmup_num_steps);
-            gamma = (double)(s->total_num_steps - it) / (span > 1.0 ? span : 1.0);
+            double span = (double)s->total_num_steps - (double)s->warmup_num_steps;
+            gamma = ((double)s->total_num_steps - (double)it) / (span > 1.0 ? span : 1.0);
             if (gamma < 0.0) gamma = 0.0;
         }
         return s->warmup_min_lr + (s->warmup_max_lr - s->warmup_min_lr) * gamma;
@@ -155,9 +157,9 @@ double sl_schedule_lr_at_iteration(const sl_schedule *s, int64_t it) {
         if (it < s->warmup_num_steps) {
             ratio = s->warmup_min_ratio + warmup_gamma(s, it) * (1.0 - s->warmup_min_ratio);
         } else {
-            double real_last = (double)(it - s->warmup_num_steps + 1);
-            int64_t total = s->total_num_steps - s->warmup_num_steps;
-            double progress = real_last / (double)(total > 1 ? total : 1);
+            double real_last = (double)it - (double)s->warmup_num_steps + 1.0;
+            double total = (double)s->total_num_steps - (double)s->warmup_num_steps;
+            double progress = real_last / (total > 1.0 ? total : 1.0);
             if (progress > 1.0) progress = 1.0;
             ratio = (1.0 + cos(PI * progress)) / 2.0;
             ratio = s->cos_min_ratio + (1.0 - s->cos_min_ratio) * ratio;
@@ -170,5 +172,5 @@ double sl_schedule_lr_at_iteration(const sl_schedule *s, int64_t it) {
 }
 
 double sl_schedule_lr(const sl_schedule *s, int64_t step) {
-    return sl_schedule_lr_at_iteration(s, step - 1);
+    return sl_schedule_lr_at_iteration(s, step > INT64_MIN ? step - 1 : INT64_MIN);
 }

@@ -128,19 +128,10 @@ int sl_train_config_apply_json(sl_train_config *c, const cJSON *root, const char
 }
 
 int sl_train_config_load_json(sl_train_config *c, const char *path) {
-    size_t len;
-    char *text = sl_read_text_file(path, &len);
-    if (!text) return -1;
-    cJSON *root = cJSON_Parse(text);
-    int rc;
-    if (!root) {
-        const char *at = cJSON_GetErrorPtr();
-        rc = sl_errorf("%s: malformed JSON near byte %ld", path, at ? (long)(at - text) : -1L);
-    } else {
-        rc = sl_train_config_apply_json(c, root, path);
-    }
+    cJSON *root = sl_json_read_strict(path);
+    if (!root) return -1;
+    int rc = sl_train_config_apply_json(c, root, path);
     cJSON_Delete(root);
-    free(text);
     return rc;
 }
 

@@ -117,9 +117,14 @@ TEST(crash_before_commit_keeps_previous_checkpoint) {
     CHECK(strcmp(latest, "step_1\n") == 0);
     CHECK(load_ckpt(root) == 1.0f);
     CHECK_MSG(sl_ckpt_load_tensors(file, 0, NULL, NULL, NULL) == -1 && strstr(sl_error(), file), "%s", sl_error());
+    // a dead process's .old-TAG copy: kept while it is TAG's only copy, removed once TAG exists
+    char old_only[400], old_done[400];
+    snprintf(old_only, sizeof old_only, "%s/.old-step_5-99999999", root);
+    snprintf(old_done, sizeof old_done, "%s/.old-step_1-99999999", root);
+    CHECK(mkdir(old_only, 0755) == 0 && mkdir(old_done, 0755) == 0);
     // stale cleanup removes the dead process's leftovers, not ours
-    CHECK(sl_ckpt_clean_stale(root) == 2);
-    CHECK(!is_dir(dead) && is_dir(tmp));
+    CHECK(sl_ckpt_clean_stale(root) == 3);
+    CHECK(!is_dir(dead) && is_dir(tmp) && is_dir(old_only) && !is_dir(old_done));
     CHECK(sl_ckpt_abort(tmp) == 0 && !is_dir(tmp));
     CHECK(load_ckpt(root) == 1.0f);
     // a retried save of the same tag after the crash works

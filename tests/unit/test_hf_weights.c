@@ -355,6 +355,34 @@ TEST(sharded_index_inconsistent_with_shards) {
     rm_dir(d);
 }
 
+// A sharded checkpoint whose second shard's header length is one less (a padding space dropped): the
+// shard's tensors no longer cover its data section exactly, and loading names that shard.
+TEST(sharded_index_with_a_shard_off_by_one_byte) {
+    const char *d = tmp_path("shard_off");
+    char cmd[600], p[400];
+    snprintf(cmd, sizeof cmd, "mkdir -p %s && cp " FIX "/llama-sharded/* %s/", d, d);
+    CHECK(system(cmd) == 0);
+    snprintf(p, sizeof p, "%s/model-00002-of-00002.safetensors", d);
+    size_t n;
+    unsigned char *buf = (unsigned char *)read_all(p, &n);
+    CHECK(buf != NULL && n > 8);
+    if (!buf) { rm_dir(d); return; }
+    uint64_t len = 0;
+    for (int i = 7; i >= 0; i--) len = len << 8 | buf[i];
+    CHECK(buf[8 + len - 1] == ' ');
+    len--;
+    for (int i = 0; i < 8; i++) buf[i] = (unsigned char)(len >> (8 * i));
+    write_all(p, (const char *)buf, n);
+    free(buf);
+    model m;
+    CHECK(model_init(&m, d) == 0);
+    CHECK(sl_hf_load(d, &m.L, m.params) == -1);
+    CHECK_MSG(strstr(sl_error(), "model-00002-of-00002.safetensors: the tensors end at data byte") &&
+              strstr(sl_error(), "expected them to cover it exactly"), "%s", sl_error());
+    model_free(&m);
+    rm_dir(d);
+}
+
 TEST(config_json_errors) {
     sl_model_config cfg;
     const char *p = tmp_path("config.json");

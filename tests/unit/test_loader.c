@@ -206,6 +206,11 @@ TEST(loader_errors) {
     sl_loader_position q;
     CHECK(sl_loader_position_from_json("{\"epoch\": 1}", &q) == -1);
     CHECK(sl_loader_position_from_json("not json", &q) == -1);
+    // out-of-range integers are refused before any conversion (1e30 used to be cast to int64)
+    CHECK(sl_loader_position_from_json("{\"epoch\": 1, \"batch\": 1e30}", &q) == -1);
+    CHECK_MSG(strstr(sl_error(), "loader position: \"batch\" must be an integer in [0, 9007199254740992], found 1e+30"),
+              "%s", sl_error());
+    CHECK(sl_loader_position_from_json("{\"epoch\": -1, \"batch\": 0}", &q) == -1);
 }
 
 TEST(cleanup) {

@@ -131,17 +131,17 @@ TEST(reads_f16_bf16_f64_including_special_values) {
     const char *path = tmp_path("half.safetensors");
     // F16: 1, -2, smallest subnormal 2^-24, largest subnormal, inf, -0, 65504, 0.5
     uint16_t h[8] = {0x3c00, 0xc000, 0x0001, 0x03ff, 0x7c00, 0x8000, 0x7bff, 0x3800};
-    uint16_t bf[2] = {0x3f80, 0xc0a0};   // 1, -5
+    uint16_t bf[4] = {0x3f80, 0xc0a0, 0, 0};   // 1, -5, 0, 0 (no gap before the F64 tensor)
     double dd[2] = {0.1, -1e10};
     char header[512];
     snprintf(header, sizeof header,
              "{\"h\":{\"dtype\":\"F16\",\"shape\":[2,4],\"data_offsets\":[0,16]},"
-             "\"bf\":{\"dtype\":\"BF16\",\"shape\":[2],\"data_offsets\":[16,20]},"
+             "\"bf\":{\"dtype\":\"BF16\",\"shape\":[4],\"data_offsets\":[16,24]},"
              "\"d\":{\"dtype\":\"F64\",\"shape\":[2],\"data_offsets\":[24,40]},"
              "\"i\":{\"dtype\":\"I64\",\"shape\":[1],\"data_offsets\":[40,48]}}");
     unsigned char data[48] = {0};
     memcpy(data, h, 16);
-    memcpy(data + 16, bf, 4);
+    memcpy(data + 16, bf, 8);
     memcpy(data + 24, dd, 16);
     FILE *fp = fopen(path, "wb");
     uint64_t n = strlen(header);
@@ -155,7 +155,7 @@ TEST(reads_f16_bf16_f64_including_special_values) {
     CHECK(sl_st_read_f32(&f, sl_st_find(&f, "h"), r, 8) == 0);
     CHECK(r[0] == 1.0f && r[1] == -2.0f && r[2] == ldexpf(1.0f, -24) && r[3] == 1023.0f * ldexpf(1.0f, -24));
     CHECK(isinf(r[4]) && r[4] > 0 && r[5] == 0.0f && signbit(r[5]) && r[6] == 65504.0f && r[7] == 0.5f);
-    CHECK(sl_st_read_f32(&f, sl_st_find(&f, "bf"), r, 2) == 0 && r[0] == 1.0f && r[1] == -5.0f);
+    CHECK(sl_st_read_f32(&f, sl_st_find(&f, "bf"), r, 4) == 0 && r[0] == 1.0f && r[1] == -5.0f);
     CHECK(sl_st_read_f32(&f, sl_st_find(&f, "d"), r, 2) == 0 && r[0] == 0.1f && r[1] == -1e10f);
     // integer tensors open fine but do not read as float
     int ii = sl_st_find(&f, "i");
@@ -238,7 +238,7 @@ TEST(rejects_malformed_json_and_fields) {
     write_raw(p, "{\"w\": {\"dtype\": \"F32\", \"shape\": [2, -3], \"data_offsets\": [0, 4]}}", 4);
     expect_open_error(p, "\"w\"", "negative dimension");
     write_raw(p, "{\"w\": {\"dtype\": \"F32\", \"shape\": [1.5], \"data_offsets\": [0, 4]}}", 4);
-    expect_open_error(p, "\"w\"", "non-negative integers");
+    expect_open_error(p, "\"w\"", "shape entries must be integers in [0, 2^53], found 1.5");
     write_raw(p, "{\"w\": {\"dtype\": \"F32\", \"shape\": [1,1,1,1,1,1,1,1,1], \"data_offsets\": [0, 4]}}", 4);
     expect_open_error(p, "\"w\"", "dims");
     write_raw(p, "{\"w\": {\"dtype\": \"F32\", \"shape\": [4294967296, 4294967296, 4294967296], \"data_offsets\": [0, 4]}}", 4);
@@ -284,6 +284,45 @@ TEST(rejects_truncated_and_corrupted_real_file) {
     write_bytes(p, buf, (size_t)n);
     expect_open_error(p, "not valid JSON", NULL);
     free(buf);
+    unlink(p);
+}
+
+// The tensors must cover the data section exactly: no gap at its start, between tensors or after the
+// last one (a header length one less, a padding space dropped, used to read every tensor one byte off).
+TEST(tensors_must_tile_the_data_section) {
+    const char *p = tmp_path("tile.safetensors");
+    write_raw(p, "{\"w\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [4, 8]}}", 8);
+    expect_open_error(p, "data bytes [0, 4) belong to no tensor (the data section's start; tensor \"w\" begins at 4)",
+                      "expected data_offsets contiguous from 0");
+    write_raw(p, "{\"w\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [0, 4]},"
+                 " \"v\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [8, 12]}}", 12);
+    expect_open_error(p, "data bytes [4, 8) belong to no tensor (after tensor \"w\"; tensor \"v\" begins at 8)", NULL);
+    write_raw(p, "{\"w\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [0, 4]}}", 8);
+    expect_open_error(p, "the tensors end at data byte 4 but the data section holds 8 bytes",
+                      "expected them to cover it exactly");
+    write_raw(p, "{}", 4);
+    expect_open_error(p, "the tensors end at data byte 0 but the data section holds 4 bytes", NULL);
+    // offsets beyond 2^53 say the range, not "non-negative"
+    write_raw(p, "{\"w\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [0, 1152921504606846976]}}", 4);
+    expect_open_error(p, "data_offsets must be integers in [0, 2^53] (at most the data section's 4 bytes), found "
+                      "1152921504606846976", NULL);
+    // a real file whose header length drops one trailing padding space
+    float a[3] = {1, 2, 3}, b[2] = {4, 5};
+    sl_st_desc d[2] = {{"a", 1, {3}}, {"bb", 1, {2}}};
+    const float *data[2] = {a, b};
+    CHECK(sl_st_write_f32(p, 2, d, data, 0, NULL, NULL) == 0);
+    FILE *f = fopen(p, "r+b");
+    unsigned char len[8];
+    CHECK(f && fread(len, 1, 8, f) == 8);
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; i--) n = n << 8 | len[i];
+    CHECK(fseek(f, (long)(8 + n - 1), SEEK_SET) == 0 && fgetc(f) == ' ');   // the header ends in padding
+    n--;
+    for (int i = 0; i < 8; i++) len[i] = (unsigned char)(n >> (8 * i));
+    rewind(f);
+    CHECK(fwrite(len, 1, 8, f) == 8);
+    fclose(f);
+    expect_open_error(p, "the tensors end at data byte 20 but the data section holds 21 bytes", NULL);
     unlink(p);
 }
 

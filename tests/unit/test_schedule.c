@@ -122,4 +122,25 @@ TEST(unknown_keys_warn) {
     CHECK(s.warmup_max_lr == 2e-4);       // WarmupLR default: the optimizer's lr
 }
 
+// A step read from a hostile trainer_state.json (1e30 was cast to INT64_MIN) or any other int64:
+// every schedule gives a finite rate within its range, with no signed overflow (UBSan build).
+TEST(extreme_steps_are_safe) {
+    const char *blocks[] = {
+        "{\"type\": \"WarmupLR\", \"params\": {\"warmup_max_lr\": 0.01, \"warmup_num_steps\": 10}}",
+        "{\"type\": \"WarmupDecayLR\", \"params\": {\"warmup_max_lr\": 0.01, \"warmup_num_steps\": 10, "
+        "\"total_num_steps\": 100}}",
+        "{\"type\": \"WarmupCosineLR\", \"params\": {\"warmup_num_steps\": 10, \"total_num_steps\": 100}}",
+        NULL};
+    const int64_t steps[] = {INT64_MIN, INT64_MIN + 1, -1, 0, 1, 1000000000000000000LL, INT64_MAX - 1, INT64_MAX};
+    for (int b = 0; blocks[b]; b++) {
+        sl_schedule s;
+        CHECK_MSG(parse_text(&s, blocks[b], 0.01) == 0, "%s", sl_error());
+        for (size_t i = 0; i < sizeof steps / sizeof steps[0]; i++) {
+            double lr = sl_schedule_lr(&s, steps[i]), at = sl_schedule_lr_at_iteration(&s, steps[i]);
+            CHECK_MSG(isfinite(lr) && lr >= 0 && lr <= 0.01 + 1e-12, "block %d step %lld: lr %g", b, (long long)steps[i], lr);
+            CHECK_MSG(isfinite(at) && at >= 0 && at <= 0.01 + 1e-12, "block %d it %lld: lr %g", b, (long long)steps[i], at);
+        }
+    }
+}
+
 TEST_MAIN()

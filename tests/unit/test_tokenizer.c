@@ -236,6 +236,67 @@ TEST(load_errors_name_the_file) {
     unlink(v); unlink(m);
 }
 
+// Writes DIR/NAME: a vocab.json of the 256 byte tokens (ids 0..255) plus `extra` (JSON members,
+// with a leading comma), and an empty merges.txt beside it; returns the vocab path in v.
+static void write_byte_vocab(const char *name, const char *extra, char *v, size_t cap, char *m, size_t mcap) {
+    size_t n = 0, room = 8192;
+    char *json = malloc(room);
+    n += (size_t)snprintf(json + n, room - n, "{");
+    for (int b = 0; b < 256; b++) {
+        uint32_t cp = sl_byte_to_unicode((uint8_t)b);
+        char u[4] = {0};
+        if (cp < 0x80) u[0] = (char)cp;
+        else { u[0] = (char)(0xC0 | (cp >> 6)); u[1] = (char)(0x80 | (cp & 0x3F)); }
+        if (cp == '"' || cp == '\\') n += (size_t)snprintf(json + n, room - n, "%s\"\\%s\": %d", b ? ", " : "", u, b);
+        else n += (size_t)snprintf(json + n, room - n, "%s\"%s\": %d", b ? ", " : "", u, b);
+    }
+    snprintf(json + n, room - n, "%s}", extra);
+    snprintf(v, cap, "%s/%s", make_tmpdir(), name);
+    snprintf(m, mcap, "%s/%s.merges", make_tmpdir(), name);
+    write_text(v, json);
+    write_text(m, "#version: 0.2\n");
+    free(json);
+}
+
+// Every malformed vocab.json entry: one error naming the file, the token and what was expected
+// (these read freed memory before: the message quoted the parsed tree after deleting it).
+TEST(bad_vocab_entries_name_the_file_token_and_expectation) {
+    struct { const char *name, *extra, *want[3]; } cases[] = {
+        {"dup.json", ", \"ab\": 5", {"token \"ab\": id 5 is already taken by token", "exactly once", NULL}},
+        {"frac.json", ", \"ab\": 2.5", {"token \"ab\": expected an integer id in [0, 257)", "found 2.5", NULL}},
+        {"neg.json", ", \"ab\": -1", {"token \"ab\": expected an integer id in [0, 257)", "found -1", NULL}},
+        {"big.json", ", \"ab\": 257", {"token \"ab\": expected an integer id in [0, 257)", "found 257", NULL}},
+        {"huge.json", ", \"ab\": 1e300", {"token \"ab\": expected an integer id", "found 1e+300", NULL}},
+        {"str.json", ", \"ab\": \"256\"", {"token \"ab\": expected an integer id in [0, 257), found a string", NULL}},
+        {"null.json", ", \"ab\": null", {"token \"ab\": expected an integer id in [0, 257), found null", NULL}},
+        {"euro.json", ", \"a\xe2\x82\xac\": 256",
+         {"token \"a\xe2\x82\xac\" (id 256): character U+20AC at byte 1 is outside GPT-2's byte alphabet",
+          "expected only the code points", NULL}},
+        {"ctrl.json", ", \"\\u0001x\": 256", {"token \"\\x01x\" (id 256): character U+0001 at byte 0", NULL}},
+        {"utf8.json", ", \"a\xc3\": 256", {"(id 256): invalid UTF-8 at byte 1", NULL}},
+        {"empty.json", ", \"\": 256", {"empty token (id 256): expected at least one byte", NULL}},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char v[512], m[512];
+        write_byte_vocab(cases[i].name, cases[i].extra, v, sizeof v, m, sizeof m);
+        sl_tokenizer *tok = (sl_tokenizer *)1;
+        CHECK(sl_tokenizer_load(&tok, v, m) == -1 && tok == NULL);
+        CHECK_MSG(strstr(sl_error(), v) != NULL, "%s: %s", cases[i].name, sl_error());
+        for (int k = 0; k < 3 && cases[i].want[k]; k++)
+            CHECK_MSG(strstr(sl_error(), cases[i].want[k]) != NULL, "%s: want \"%s\" in: %s", cases[i].name,
+                      cases[i].want[k], sl_error());
+        unlink(v); unlink(m);
+    }
+    // the same vocab without the bad entry loads
+    char v[512], m[512];
+    write_byte_vocab("ok.json", ", \"ab\": 256", v, sizeof v, m, sizeof m);
+    sl_tokenizer *tok = NULL;
+    CHECK_MSG(sl_tokenizer_load(&tok, v, m) == 0, "%s", sl_error());
+    CHECK(tok && sl_tokenizer_vocab_size(tok) == 257);
+    sl_tokenizer_free(tok);
+    unlink(v); unlink(m);
+}
+
 // Reads merges.txt lines (after the header) into an array of strings.
 static int read_lines(const char *path, char ***out) {
     size_t len;
