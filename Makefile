@@ -63,7 +63,7 @@ endif
 # where sl_cuda_dlopen looks first (src/base/cuda_dlopen.c)
 $(B)/obj/src/base/cuda_dlopen.o: CPPFLAGS += -DSHARDLM_CUDA_LIBDIR='"$(CUDA_HOME)/lib64"'
 
-.PHONY: all test test-plain test-gpu test-gpu-suite bench bench-gpu demo clean
+.PHONY: all test test-plain test-gpu test-gpu-suite bench bench-gpu demo clean fuzz
 all: $(B)/shardlm $(TEST_BIN)
 
 $(B)/obj/%.o: %.c
@@ -85,12 +85,27 @@ $(B)/tests/%: tests/unit/%.c tests/unit/test.h $(B)/libshardlm.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(CFLAGS_ALL) -Itests/unit $< $(B)/libshardlm.a -o $@ $(LDLIBS)
 
-# The full test run: plain build, then the sanitizer build, one summary line at the end.
+# The full test run: plain build, then the sanitizer build and the fuzz targets, one summary line at
+# the end (tests/cli/test_fuzz.sh runs each fuzz target for a bounded time in the sanitizer pass).
 test:
 	@bash scripts/setup.sh --quiet
 	@$(MAKE) --no-print-directory -j2 all
 	@$(MAKE) --no-print-directory -j2 B=build/asan CU_B=build OPT="-O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined" all
+	@$(MAKE) --no-print-directory fuzz
 	@bash tests/run.sh build build/asan
+
+# libFuzzer targets (tests/fuzz/fuzz_*.c, one per parser): the library rebuilt by clang with coverage
+# instrumentation and ASan/UBSan in build/fuzz, each target linked with libFuzzer's main.
+FUZZ_B   := build/fuzz
+FUZZ_SAN := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
+FUZZ_BIN := $(patsubst tests/fuzz/%.c,$(FUZZ_B)/bin/%,$(sort $(wildcard tests/fuzz/fuzz_*.c)))
+fuzz:
+	@$(MAKE) --no-print-directory -j2 B=$(FUZZ_B) CC=clang CUDA=0 NCCL=0 OPT="-O1 -Wno-pass-failed -fsanitize=fuzzer-no-link $(FUZZ_SAN)" $(FUZZ_B)/libshardlm.a
+	@$(MAKE) --no-print-directory -j2 CUDA=0 NCCL=0 $(FUZZ_BIN)
+
+$(FUZZ_B)/bin/%: tests/fuzz/%.c tests/fuzz/fuzz_common.h $(FUZZ_B)/libshardlm.a
+	@mkdir -p $(dir $@)
+	clang $(CPPFLAGS) $(WARN) -g -O1 -fsanitize=fuzzer $(FUZZ_SAN) -fopenmp $< $(FUZZ_B)/libshardlm.a -o $@ $(LDLIBS)
 
 test-plain: all
 	@bash tests/run.sh build

@@ -3,6 +3,8 @@
 # OpenMP threading, cJSON, PCRE2, Open MPI). Skips apt-get when everything is already present.
 set -eu
 pkgs="build-essential libopenblas-openmp-dev libcjson-dev libpcre2-dev libopenmpi-dev openmpi-bin"
+# clang with libFuzzer and its OpenMP runtime: the fuzz targets of `make test` (tests/fuzz)
+pkgs="$pkgs clang libclang-rt-dev libomp-dev"
 missing=""
 for p in $pkgs; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 if [ -n "$missing" ]; then
