@@ -350,11 +350,9 @@ static const struct { const char *name; sl_family family; } families[] = {
     {"gpt2", SL_FAMILY_GPT2}, {"llama", SL_FAMILY_LLAMA}, {"qwen2", SL_FAMILY_QWEN2}, {"mistral", SL_FAMILY_MISTRAL}};
 
 int sl_config_from_json_text(sl_model_config *cfg, const char *text, const char *where) {
-    cJSON *root = cJSON_Parse(text);
-    if (!root) {
-        const char *at = cJSON_GetErrorPtr();
-        return sl_errorf("%s: malformed JSON near byte %ld", where, at ? (long)(at - text) : -1L);
-    }
+    // strict: trailing data or a key given twice is an error (cJSON alone would keep the first)
+    cJSON *root = sl_json_parse_strict(text, strlen(text), where);
+    if (!root) return -1;
     int rc = -2;
     const cJSON *mt = cJSON_GetObjectItemCaseSensitive(root, "model_type");
     if (!cJSON_IsObject(root)) rc = sl_errorf("%s: expected a JSON object", where);

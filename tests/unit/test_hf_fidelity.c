@@ -162,6 +162,7 @@ TEST(settings_that_change_numbers_are_refused_by_name) {
     check_refused("qwen2", "\"layer_types\": [\"sliding_attention\"]", "layer_types");
     check_refused("gemma", "", "gemma");
     check_refused("mistral", "\"sliding_window\": -4", "sliding_window");
+    check_refused("llama", "\"rope_theta\": 10000, \"rope_theta\": 500000", "rope_theta");  // a key given twice
 }
 
 TEST(both_layouts_read_the_same_rope_settings) {
