@@ -436,7 +436,9 @@ int sl_checkpoint_consolidate(const char *path, const char *out_dir, int with_op
     if (sl_hf_load_config(dir, &cfg) || sl_layout_build(&L, &cfg)) return -1;
     float *params = NULL, *state[2] = {NULL, NULL};
     sl_manifest man;
-    int rc = sl_manifest_load(&man, dir, L.total, with_optimizer ? SL_VERIFY_ALL : SL_VERIFY_FILES);
+    // the whole checkpoint is verified, optimizer shards too: an incomplete or damaged one is refused
+    // rather than consolidated
+    int rc = sl_manifest_load(&man, dir, L.total, SL_VERIFY_ALL);
     const sl_manifest_shard *refs = man.shards;
     int n = man.n_shards, n_state = rc == 0 && with_optimizer ? man.n_state : 0;
     const char *names[2] = {man.state_names[0], man.state_names[1]};

@@ -55,6 +55,7 @@ cat >"$tmp/table.c" <<'EOF'
 #include <string.h>
 #include "shardlm/error.h"
 #include "shardlm/ops.h"
+#include "shardlm/settings.h"
 extern const sl_ops sl_ops_cuda;
 #define FNS(X) X(encoder_forward) X(encoder_backward) X(matmul_forward) X(matmul_backward) \
   X(matmul_gelu_forward) X(matmul_gelu_backward) X(layernorm_forward) X(layernorm_backward) \
@@ -83,13 +84,16 @@ int main(int argc, char **argv) {
     }
     // which table a run trains with (precision: 0 fp32, 1 bf16, 2 fp16 as sl_precision)
     unsetenv("SHARDLM_BF16_STORAGE");
+    sl_settings_load();  // the environment is read once; again after changing it
     if (sl_ops_for_precision(&sl_ops_cuda, 1) != &sl_ops_cuda_bf16 || sl_ops_for_precision(&sl_ops_cuda, 0) != &sl_ops_cuda ||
         sl_ops_for_precision(&sl_ops_cuda, 2) != &sl_ops_cuda || sl_ops_for_precision(&sl_ops_cpu, 1) != &sl_ops_cpu) {
         printf("sl_ops_for_precision picks the wrong table\n"); bad = 1;
     }
     setenv("SHARDLM_BF16_STORAGE", "0", 1);
+    sl_settings_load();
     if (sl_ops_for_precision(&sl_ops_cuda, 1) != &sl_ops_cuda) { printf("SHARDLM_BF16_STORAGE=0 ignored\n"); bad = 1; }
     unsetenv("SHARDLM_BF16_STORAGE");
+    sl_settings_load();  // the environment is read once; again after changing it
     if (!sl_ops_cuda_built()) { printf("sl_ops_cuda_built() is 0\n"); bad = 1; }
     if (sl_ops_for_device("cpu", 0) != &sl_ops_cpu) { printf("cpu: %s\n", sl_error()); bad = 1; }
     if (sl_ops_for_device("tpu", 0) || !strstr(sl_error(), "'tpu'") || !strstr(sl_error(), "cuda:N")) {

@@ -111,7 +111,7 @@ bad() {  # bad NAME EXPECTED-MESSAGE-REGEX ARGS...
   "$BIN" "$@" >"$tmp/bad.out" 2>&1; local rc=$?
   if [ $rc -ne 0 ] && [ $rc -lt 128 ] && grep -Eq -- "$re" "$tmp/bad.out"; then pass "$name"; else fail "$name" "exit $rc"; cat "$tmp/bad.out" | tail -3; fi
 }
-bad vocabulary_mismatch_is_named "has 50257 tokens but the model" train --model "$tmp/gpt2-tiny-straight" --data "$tmp/data" --tokenizer "$DATA/gpt2" --seq-len 32 --save-dir "$tmp/x"
+bad vocabulary_mismatch_is_named "differs from the tokenizer's 50257 tokens" train --model "$tmp/gpt2-tiny-straight" --data "$tmp/data" --tokenizer "$DATA/gpt2" --seq-len 32 --save-dir "$tmp/x"
 bad missing_data_dir_is_named "nodata" train --model gpt2-tiny --data "$tmp/nodata" --save-dir "$tmp/x" --steps 1
 echo '{"train_batch_size": 8,' >"$tmp/broken.json"
 bad malformed_config_is_named "broken.json.*malformed JSON" train --config "$tmp/broken.json" --data "$tmp/data"
