@@ -108,6 +108,20 @@ int sl_zero_scatter_params(sl_zero *z, const float *full, int root);
 // Floats in one set of windows (parameters or gradients): unit 0 + last unit + 2 largest blocks.
 size_t sl_zero_window_floats(const sl_param_layout *layout);
 
+// The ZeRO paper's model-state memory per rank in fp32 (no separate master copy; K bytes of optimizer
+// state per parameter: 8 for Adam), as an engine of this layout, world and stage allocates it: with P
+// parameters, N ranks, S = P/N rounded up (P at stage 0) and W the floats of the ZeRO-2/3 windows
+// (sl_zero_window_floats); stages 1-2 pad the full buffers to N*S:
+//   stage 0: 4P + 4P + KP      stage 1: 4P + 4(P + S) + KS
+//   stage 2: 4P + 4(S + W) + KS    stage 3: 4(S + W) + 4(S + W) + KS
+// One function for every caller (train's memory line; an estimate before any allocation).
+typedef struct {
+    double params, grads, optim;  // bytes per rank
+    double P, S, W, K;            // the formula's inputs (W 0 below stage 2)
+    const char *formula;          // the stage's line above, e.g. "4P + 4(P+S) + KS"
+} sl_zero_estimate;
+sl_zero_estimate sl_zero_memory_estimate(const sl_param_layout *layout, int world, int stage, int optim_state_buffers);
+
 // Bytes this rank allocated for parameters, gradients (model buffers, slices, windows).
 void sl_zero_memory(const sl_zero *z, size_t *param_bytes, size_t *grad_bytes);
 

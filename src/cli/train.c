@@ -239,9 +239,7 @@ static int is_gpu_device(const char *device) { return !strcmp(device, "cuda") ||
 // the nccl comm backend moves GPU memory, on GPU LOCAL_RANK of every process.
 static int check_comm_backend_flag(const sl_train_config *c, const char *backend) {
     if (strcmp(backend, "nccl") != 0) return 0;
-    if (!is_gpu_device(c->device))
-        return sl_errorf("--comm-backend nccl moves GPU memory: it needs --device cuda (this run has --device %s); "
-                         "on the CPU use --comm-backend mpi or auto", c->device);
+    if (sl_engine_check_comm(is_gpu_device(c->device), c->device, SL_COMM_NCCL, 0, c->zero_stage)) return -1;
     if (strcmp(c->device, "cuda") != 0)
         return sl_errorf("--comm-backend nccl puts every process on GPU LOCAL_RANK (modulo the visible GPUs), so it "
                          "takes --device cuda, not --device %s (choose the GPUs with CUDA_VISIBLE_DEVICES)", c->device);
@@ -252,17 +250,8 @@ static int check_comm_backend_flag(const sl_train_config *c, const char *backend
 // ranks) or shards (ZeRO) needs NCCL, since the mpi backend moves host memory only (Open MPI as
 // packaged is not CUDA-aware) and self copies with memmove.
 static int check_gpu_exchange(const sl_train_config *c, sl_comm *world) {
-    if (!is_gpu_device(c->device) || sl_comm_backend_of(world) == SL_COMM_NCCL) return 0;
-    const char *name = sl_comm_backend_of(world) == SL_COMM_MPI ? "mpi" : "self";
-    int n = sl_comm_size(world);
-    if (n > 1)
-        return sl_errorf("--device %s with %d ranks needs the nccl comm backend (the %s backend moves host memory "
-                         "only): pass --comm-backend nccl, e.g. shardlm launch --nproc-per-node %d train --device "
-                         "cuda --comm-backend nccl ...", c->device, n, name, n);
-    if (c->zero_stage >= 1)
-        return sl_errorf("--device %s with ZeRO stage %d needs the nccl comm backend (the %s backend moves host memory "
-                         "only): pass --comm-backend nccl (one process works too)", c->device, c->zero_stage, name);
-    return 0;
+    return sl_engine_check_comm(is_gpu_device(c->device), c->device, sl_comm_backend_of(world), sl_comm_size(world),
+                                c->zero_stage);
 }
 
 static int dir_has_checkpoint(const char *dir) {
@@ -298,12 +287,6 @@ static int evaluate(sl_model *m, sl_comm *world, sl_loader *val, int n, int B, i
     return 0;
 }
 
-// What this rank allocated for model states, next to the ZeRO paper's formula in fp32 (no separate
-// master copy; K bytes of optimizer state per parameter, 8 for Adam): with P parameters, N ranks,
-// S = P/N (rounded up) and W the floats in the ZeRO-2/3 windows (zero.h: unit 0, the last unit, two
-// blocks); stages 1-2 pad P to N*S,
-//   stage 0: 4P + 4P + KP      stage 1: 4P + 4(P + S) + KS
-//   stage 2: 4P + 4(S + W) + KS    stage 3: 4(S + W) + 4(S + W) + KS
 // Hugging Face weights into the model, through a host buffer when the model lives on a GPU.
 static int load_weights(sl_model *m, const char *dir) {
     if (!m->ops->on_device) return sl_hf_load(dir, &m->layout, m->params);
@@ -314,24 +297,18 @@ static int load_weights(sl_model *m, const char *dir) {
     return rc ? -1 : 0;
 }
 
+// What this rank allocated for model states, next to the ZeRO paper's formula (zero.h).
 static void print_memory(const sl_engine *e, int world) {
     sl_engine_memory mem = sl_engine_memory_use(e);
-    const sl_param_layout *L = &e->model->layout;
     int stage = e->sharded ? e->zero.stage : 0;
-    double P = (double)L->total, S = (double)e->shard_size, K = e->n_optim_state * 4.0;
-    double W = (double)sl_zero_window_floats(L);
-    double Pp = (double)e->padded_total;  // stages 1-2 pad the full buffers to N*S
-    double fp = stage == 3 ? 4 * (S + W) : 4 * Pp;
-    double fg = stage == 0 ? 4 * P : stage == 1 ? 4 * (Pp + S) : 4 * (S + W);
-    double fo = stage == 0 ? K * P : K * S;
-    static const char *const shape[4] = {"4P + 4P + KP", "4P + 4(P+S) + KS", "4P + 4(S+W) + KS",
-                                         "4(S+W) + 4(S+W) + KS"};
+    sl_zero_estimate est = sl_zero_memory_estimate(&e->model->layout, world, stage, e->n_optim_state);
+    sl_zero_estimate zero0 = sl_zero_memory_estimate(&e->model->layout, world, 0, e->n_optim_state);
     size_t total = mem.params + mem.grads + mem.optim;
     printf("memory per rank (ZeRO stage %d, %d ranks): parameters %.2f MB, gradients %.2f MB, optimizer state "
            "%.2f MB; total %.2f MB = %zu bytes\n  formula %s with P=%.0f S=%.0f W=%.0f K=%g: %.0f bytes; "
            "stage 0 would hold %.0f bytes\n",
-           stage, world, mem.params / 1e6, mem.grads / 1e6, mem.optim / 1e6, total / 1e6, total, shape[stage], P, S,
-           stage >= 2 ? W : 0.0, K, fp + fg + fo, 8 * P + K * P);
+           stage, world, mem.params / 1e6, mem.grads / 1e6, mem.optim / 1e6, total / 1e6, total, est.formula, est.P,
+           est.S, est.W, est.K, est.params + est.grads + est.optim, zero0.params + zero0.grads + zero0.optim);
     if (mem.master || mem.param_copy)
         printf("  mixed precision adds: fp32 master weights %.2f MB, bf16 parameter copy %.2f MB (total %.2f MB)\n",
                mem.master / 1e6, mem.param_copy / 1e6, (total + mem.master + mem.param_copy) / 1e6);

@@ -55,24 +55,20 @@ static int engine_unit_hook(void *ctx, sl_unit_event event, int unit, int next_u
     return 0;
 }
 
-// Which comm backend can carry the model's buffers: device memory only through NCCL (Open MPI as
-// packaged is not CUDA-aware, and "self" copies with memmove), and NCCL only device memory.
-static int check_comm_backend(const sl_model *model, const sl_engine_config *cfg, int distributed) {
-    sl_comm_backend backend = sl_comm_backend_of(cfg->dp);
-    const char *dev = model->ops->name;
-    if (!cfg->dp) return 0;
-    if (backend == SL_COMM_NCCL && !model->ops->on_device)
-        return sl_errorf("engine: the nccl comm backend moves GPU memory, but the model lives on the %s backend; "
-                         "train with --device cuda, or use --comm-backend mpi (or auto) on the CPU", dev);
-    if (!model->ops->on_device || backend == SL_COMM_NCCL || !(distributed || cfg->zero_stage >= 1)) return 0;
+int sl_engine_check_comm(int on_gpu, const char *device, sl_comm_backend backend, int world_size, int zero_stage) {
+    if (backend == SL_COMM_NCCL && !on_gpu)
+        return sl_errorf("--comm-backend nccl moves GPU memory: it needs --device cuda (this run has --device %s); "
+                         "on the CPU use --comm-backend mpi or auto", device);
+    if (!on_gpu || backend == SL_COMM_NCCL) return 0;
     const char *name = backend == SL_COMM_MPI ? "mpi" : "self";
-    if (distributed)
-        return sl_errorf("engine: data parallelism over %d ranks on the %s backend exchanges GPU buffers, which the %s "
-                         "comm backend cannot carry (it moves host memory only); use the nccl comm backend: "
-                         "--comm-backend nccl", sl_comm_size(cfg->dp), dev, name);
-    return sl_errorf("engine: ZeRO stage %d on the %s backend exchanges GPU buffers, which the %s comm backend cannot "
-                     "carry (it moves host memory only); use the nccl comm backend (it works with one process too): "
-                     "--comm-backend nccl", cfg->zero_stage, dev, name);
+    if (world_size > 1)
+        return sl_errorf("--device %s with %d ranks needs the nccl comm backend (the %s backend moves host memory "
+                         "only): pass --comm-backend nccl, e.g. shardlm launch --nproc-per-node %d train --device "
+                         "cuda --comm-backend nccl ...", device, world_size, name, world_size);
+    if (zero_stage >= 1)
+        return sl_errorf("--device %s with ZeRO stage %d needs the nccl comm backend (the %s backend moves host memory "
+                         "only): pass --comm-backend nccl (one process works too)", device, zero_stage, name);
+    return 0;
 }
 
 int sl_engine_init(sl_engine *e, sl_model *model, const sl_engine_config *cfg) {
@@ -89,7 +85,9 @@ int sl_engine_init(sl_engine *e, sl_model *model, const sl_engine_config *cfg) {
     // An NCCL group exchanges even alone: one GPU runs the code path of N (and tests it).
     int nccl = cfg->dp && sl_comm_backend_of(cfg->dp) == SL_COMM_NCCL;
     e->distributed = cfg->dp && (sl_comm_size(cfg->dp) > 1 || nccl);
-    if (check_comm_backend(model, cfg, e->distributed)) return -1;
+    if (cfg->dp && sl_engine_check_comm(model->ops->on_device, model->ops->name, sl_comm_backend_of(cfg->dp),
+                                        sl_comm_size(cfg->dp), cfg->zero_stage))
+        return sl_error_context("engine");
     if (sl_decay_mask_from_layout(&e->decay_mask, &model->layout, cfg->optim.decay_all)) return -1;
     e->sharded = cfg->dp && cfg->zero_stage >= 1;
     sl_model_zero_grad(model);

@@ -293,6 +293,23 @@ size_t sl_zero_window_floats(const sl_param_layout *L) {
     return sl_layout_unit_size(L, 0) + sl_layout_unit_size(L, L->n_units - 1) + 2 * largest_block(L);
 }
 
+sl_zero_estimate sl_zero_memory_estimate(const sl_param_layout *L, int world, int stage, int optim_state_buffers) {
+    static const char *const formula[4] = {"4P + 4P + KP", "4P + 4(P+S) + KS", "4P + 4(S+W) + KS",
+                                           "4(S+W) + 4(S+W) + KS"};
+    if (stage < 0 || stage > 3) stage = 0;
+    if (world < 1) world = 1;
+    double P = (double)L->total, K = optim_state_buffers * 4.0;
+    double S = stage == 0 ? P : (double)((L->total + (size_t)world - 1) / (size_t)world);
+    double Pp = stage == 0 ? P : S * world, W = (double)sl_zero_window_floats(L);
+    sl_zero_estimate e = {
+        .params = stage == 3 ? 4 * (S + W) : 4 * Pp,
+        .grads = stage == 0 ? 4 * P : stage == 1 ? 4 * (Pp + S) : 4 * (S + W),
+        .optim = stage == 0 ? K * P : K * S,
+        .P = P, .S = S, .W = stage >= 2 ? W : 0.0, .K = K, .formula = formula[stage],
+    };
+    return e;
+}
+
 // Windows sized for their role: unit 0, the last unit, and the largest block (twice); with_bf16:
 // each with its bf16 copy too (parameter windows under bf16 activation storage).
 static int alloc_windows(sl_zero *z, sl_zero_window *w, const char *what, int with_bf16) {
