@@ -1,55 +1,7 @@
 // attention.cu: fused causal attention on the GPU (ops.h attention_forward / attention_backward /
-// attention_decode), flash-attention-2 style, in fp32 on the CUDA cores. q, k, v are read in place
-// from the fused qkv activation (B, T, (NH + 2*NKV)*HD); query head h uses kv head h / (NH/NKV).
-//
-// Algorithm. Tiles are BQ = 64 queries by BK = 64 keys; a block has 128 threads laid out 16 x 8, each
-// owning a 4 x 8 piece of a 64 x 64 score tile (rows 4*ty.., columns tx + 8k) and the matching 4 rows
-// of the (64, HD) accumulators (columns tx + 8k, k < HD/8). A row's 8 threads are adjacent lanes, so
-// row max / sum are three xor shuffles. Shared-memory tiles have odd row strides (HD + 1), score
-// tiles stride 66, which keeps the inner products' shared-memory loads free of bank conflicts.
-//   forward  one block per (b, h, query tile): Q stays in shared memory; K then V tiles 0..diagonal
-//            stream through one buffer; online softmax (running max m, running sum l, accumulator
-//            rescaled by exp(m_old - m_new)); writes out = acc / l and lse = m + log(l) (natural
-//            log of the scaled scores, as the CPU path).
-//   backward three kernels, no atomics:
-//            delta    delta[b,h,t] = dO . O (one warp per row), into a growing device cache;
-//            dK/dV    one block per (b, kv head g, key tile): K, V stay in shared memory; for every
-//                     query head of g's group and every query tile at or below the diagonal,
-//                     P^T = exp(K Q^T * scale - lse), dV += P^T dO, dP^T = V dO^T,
-//                     dS^T = P^T (dP^T - delta) scale, dK += dS^T Q (P^T and dS^T take turns in one
-//                     shared tile); then dK, dV are written (overwrite);
-//            dQ       one block per (b, h, query tile): over key tiles 0..diagonal, recompute P and dS
-//                     the same way and dQ += dS K; then dQ is written (overwrite).
-//   decode   one block per query head; the n_ctx cached keys in chunks of 128 (a warp per key's dot
-//            product), online softmax across chunks, one thread per output column.
-// Invariants:
-//   - Deterministic: every sum has one fixed order (per-thread loops in a fixed sequence, xor
-//     butterflies, which give every lane the same bits); each output element is written by exactly
-//     one thread; no floating-point atomics. Same inputs, same bits, run after run.
-//   - Causal skipping: tiles wholly above the diagonal are never visited; inside the diagonal tile
-//     the mask is exact (-inf in forward, P = 0 in backward). Rows past T and columns past HD are
-//     zero-filled in shared memory, so partial tiles (T % 64 != 0, T = 1) need no other care.
-//   - No T x T matrix: at most one 64 x 64 tile of scores per block, in shared memory.
-//   - Every element of dqkv is written: dQ covers the q columns, dK/dV the k and v columns, for all t.
-//   - fp32 arithmetic with expf/logf (not the fast intrinsics), scale = 1/sqrtf(HD) as on the CPU:
-//     results are expected well inside the 1e-5 relative the CPU path is held to (the kernels' own
-//     summation order differs from OpenBLAS's, nothing else). Storage type is a template parameter
-//     (floatX: float, or __nv_bfloat16 for bf16 activation storage, widened to fp32 as the tiles are
-//     loaded into shared memory and rounded once on the final store; lse and delta stay fp32).
-//     Global offsets are size_t.
-//   - Every kernel is queued on sl_cuda_stream(); failures are recorded, never block the host.
-// Cost: forward 4*HD flops per causal (query, key) pair; backward 14*HD (S and dP are recomputed in
-// both the dK/dV and the dQ kernels), plus half a tile of masked work per diagonal tile.
-// Shared memory per block (KiB, dynamic; above 48 KiB opted in with cudaFuncSetAttribute):
-//   HD:       8    16    32    64    80    96   128
-//   forward  21.0  25.0  33.0  49.0  57.0  65.0  81.0
-//   dQ       23.2  29.2  41.2  65.2  77.2  89.2 113.2
-//   dK/dV    26.0  34.0  50.0  82.0  98.0 114.0 146.0   (H100 allows 227, A100 163; sm_86/89 99)
-// Registers (ptxas, sm_90): forward 80-168, dQ 127-254, dK/dV 72-246, no spills; at HD 64 that is
-// 4 / 3 / 2 blocks of 128 threads per SM.
-// Limits: HD in 1..128. 8, 16, 32, 64, 80, 96 and 128 have exact compile-time instances; any other
-// HD runs in the next instance up (8, 32, 64 or 128) with the extra columns zero-padded.
-// NH % NKV == 0. decode: HD <= 128, n_ctx >= 1.
+// attention_decode), flash-attention-2 style, in fp32 on the CUDA cores, deterministic (no atomics);
+// bf16 storage at the tensor-core head dims goes to attention_tc.cu. Tiling, kernels, invariants and
+// limits: docs/gpu.md, "Attention (attention.cu)".
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/attention_tc.cuh"
 

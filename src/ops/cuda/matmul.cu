@@ -1,70 +1,8 @@
-// matmul.cu: the linear layers (ops.h matmul_forward / matmul_backward, and the GEMM + GELU pair
-// matmul_gelu_forward / matmul_gelu_backward) on the GPU through cuBLASLt, plus the deterministic
-// bias-gradient column sum (fused with the GELU gradient for matmul_gelu_backward).
-//
-// cuBLASLt is not linked: sl_cuda_matmul_init() (called once by cuda_backend_init) dlopens
-// libcublasLt.so.13 and dlsyms the functions below; <cublasLt.h> is included for its types only.
-//
-// Row-major C versus column-major cuBLAS. A row-major (R, C) matrix with leading dimension C is, byte
-// for byte, the column-major (C, R) matrix, i.e. its transpose. So every row-major product
-// Y = X1 @ X2 is computed as the column-major product Y^T = X2^T @ X1^T, with each buffer described
-// by its own row-major shape read as column-major. The three GEMMs (m, n, k are cuBLAS's: D is m x n):
-//   forward  out (N,OC) = inp @ weight^T       ->  out^T (OC,N) = op(weight) @ inp^T
-//            A = weight as col-major (IC,OC) ld IC, transa = T; B = inp as (IC,N) ld IC, transb = N;
-//            D = out as (OC,N) ld OC;  m = OC, n = N, k = IC; bias (OC) = D's rows: EPILOGUE_BIAS.
-//   dinp     dinp (N,IC) = dout @ weight       ->  dinp^T (IC,N) = weight^T @ dout^T
-//            A = weight as (IC,OC) ld IC, transa = N; B = dout as (OC,N) ld OC, transb = N;
-//            D = dinp as (IC,N) ld IC;  m = IC, n = N, k = OC; beta = 0 (overwrite).
-//   dweight  dweight (OC,IC) += dout^T @ inp   ->  dweight^T (IC,OC) += inp^T @ dout
-//            A = inp as (IC,N) ld IC, transa = N; B = dout as (OC,N) ld OC, transb = T;
-//            C = D = dweight as (IC,OC) ld IC;  m = IC, n = OC, k = N; beta = 1 (accumulate).
-// dbias (OC) += column sums of dout (N,OC) is not a cuBLASLt epilogue: BGRADA/BGRADB overwrite the
-// bias gradient instead of adding to it (and are not offered for every fp32 configuration), so a
-// two-pass kernel does it: fixed row chunks -> partial sums, then each column's partials in chunk
-// order, added to dbias. The chunking depends only on (N, OC), so the result is bit-reproducible.
-//
-// GEMM + GELU. Forward: the forward GEMM with CUBLASLT_EPILOGUE_GELU_AUX_BIAS (GELU_AUX without a
-// bias) writes gelu(inp @ weight^T + bias) to D = out and the pre-activation to the auxiliary matrix
-// (EPILOGUE_AUX_POINTER = pre, laid out like D: col-major OC x N, EPILOGUE_AUX_LD = OC). cuBLASLt
-// wants that leading dimension divisible by 8; when OC is not, when out, pre or bias is not 16-byte
-// aligned, or when the heuristic offers no algorithm with the epilogue, the op falls back to the
-// unfused path (matmul_forward into pre, then the GELU kernel): the same values up to rounding.
-// SHARDLM_GELU_EPILOGUE=0 in the environment at init takes the unfused path always (to compare).
-// Backward: cuBLASLt's DGELU / DGELU_BGRAD epilogues multiply a GEMM's *output* by gelu'(aux), so
-// they fit the GEMM that produces dout (the c_proj backward's dinp GEMM), not this op, whose GEMMs
-// read the GELU gradient as an *input* (dinp = dpre @ weight, dweight += dpre^T @ inp). Here the
-// GELU gradient is fused into the bias-gradient pass instead: one read of dout and pre writes dpre
-// over dout (same arithmetic as gelu_backward, cuda_math.cuh) and sums its columns into dbias; then
-// the two GEMMs of matmul_backward run on dpre.
-//
-// Compute type follows the training precision (ops.h set_precision): fp32 -> CUBLAS_COMPUTE_32F
-// (SHARDLM_TF32=1 at init: CUBLAS_COMPUTE_32F_FAST_TF32), bf16 -> CUBLAS_COMPUTE_32F_FAST_16BF,
-// fp16 -> CUBLAS_COMPUTE_32F_FAST_16F: the buffers stay fp32, cuBLASLt may down-convert the inputs to
-// the 16-bit format and run tensor-core kernels with fp32 accumulation. The engine has already rounded
-// the parameters (and gradients) to that format, so only the activations lose bits they had.
-//
-// bf16 storage (the ops instantiated for __nv_bfloat16, sl_ops_cuda_bf16): A, B and D are bf16
-// (the weight and bias come from the model's bf16 shadow), the GEMM runs CUBLAS_COMPUTE_32F on the
-// tensor cores (bf16 products, fp32 accumulation, one rounding of D); the bias epilogue adds the bf16
-// bias in fp32 before that rounding; GELU_AUX's aux (pre) is bf16 like D. The dweight GEMM reads bf16
-// A, B and accumulates into the fp32 parameter gradient (C = D fp32, beta 1); the bias gradient sums
-// bf16 dout in fp32 into the fp32 dbias. Where the bias epilogue cannot be used (a bias below 16-byte
-// alignment, no algorithm with it) the bias kernel adds it to the already-rounded D: one rounding more
-// than the epilogue (within a bf16 step of it).
-//
-// Invariants:
-//   - fp32 storage: fp32 in, fp32 out. Under CUBLAS_COMPUTE_32F (true fp32) results are within ~1e-6 relative of
-//     the CPU; the 16-bit compute types are within bf16 / fp16 rounding of it (~1e-2 / ~1e-3 relative).
-//   - Deterministic: the algorithm of a GEMM is chosen by cuBLASLt's heuristic once per shape (and
-//     epilogue, pointer alignments, compute type) and cached with its descriptors; a fixed algorithm gives the same bits on
-//     every call (cuBLASLt's split-K reductions are sequenced, not atomic).
-//   - One 32 MiB workspace, allocated at init, shared by every GEMM and the bias-gradient partial
-//     sums: all of them are queued on the one backend stream, so their uses never overlap.
-//   - Errors (cuBLASLt status, no algorithm found) are recorded like CUDA errors and reported by
-//     cuda_synchronize(); the ops themselves never block the host.
-//   - The plan cache is not locked: ops are called from one host thread (as every op of the backend).
-//     An evicted plan's descriptors may be destroyed while its GEMM is still queued: cublasLtMatmul
-//     captures what it needs when it is called.
+// matmul.cu: the linear layers on the GPU through cuBLASLt (ops.h matmul_forward / matmul_backward,
+// matmul_gelu_forward / matmul_gelu_backward with the GELU epilogue), plus the deterministic
+// bias-gradient column sum (fused with the GELU gradient). cuBLASLt is dlopen'ed at init. How the
+// row-major products map onto cuBLASLt, the epilogues, compute types and invariants: docs/gpu.md,
+// "GEMMs (matmul.cu)".
 #include "shardlm/settings.h"
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/cuda_math.cuh"
