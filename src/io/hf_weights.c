@@ -6,6 +6,7 @@
 // single float into params, so a failed load leaves params untouched; padded rows are zero after
 // a successful load. sl_hf_save streams tensor by tensor (memory: one small transpose buffer).
 #include "shardlm/hf_weights.h"
+#include "shardlm/json_get.h"
 #include "shardlm/error.h"
 #include "shardlm/fileio.h"
 #include "shardlm/safetensors.h"
@@ -148,11 +149,9 @@ static int add_path(source *s, const char *path) {
 // Reads a model.safetensors.index.json and lists the shard files it names (relative to its directory).
 static int read_index(source *s, const char *index_path) {
     snprintf(s->index_path, sizeof s->index_path, "%s", index_path);
-    char *text = sl_read_text_file(index_path, NULL);
-    if (!text) return -1;
-    s->index = cJSON_Parse(text);
-    free(text);
-    if (!s->index) return sl_errorf("%s: malformed JSON", index_path);
+    // strict: a tensor named twice in weight_map, or trailing data, is an error (cJSON keeps the first)
+    s->index = sl_json_read_strict(index_path);
+    if (!s->index) return -1;
     const cJSON *wm = cJSON_GetObjectItemCaseSensitive(s->index, "weight_map");
     if (!cJSON_IsObject(wm)) return sl_errorf("%s: missing object \"weight_map\"", index_path);
     char dir[PATH_CAP];

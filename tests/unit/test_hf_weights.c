@@ -316,6 +316,9 @@ TEST(errors_corrupt_truncated_wrong_dtype) {
     idx = "{\"weight_map\": ";
     write_all(ip, idx, strlen(idx));
     expect_load_error(d, &m.L, m.params, "malformed JSON", NULL);
+    idx = "{\"weight_map\": {\"model.norm.weight\": \"a.safetensors\", \"model.norm.weight\": \"b.safetensors\"}}";
+    write_all(ip, idx, strlen(idx));  // a tensor placed twice: strict JSON names the repeated key
+    expect_load_error(d, &m.L, m.params, "key \"model.norm.weight\" appears twice", NULL);
     rm_dir(d);
     model_free(&m);
 }
