@@ -2,6 +2,7 @@
 #include "cli/args.h"
 
 #include <errno.h>
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -76,6 +77,11 @@ int sl_arg_float(sl_args *a, const char *name, double lo, double hi, unsigned op
     sl_num_range r = {lo, hi, 0, open};
     double v;
     if (!arg_number(a, name, &r, &v)) return 0;
+    if (!a->error && v != 0.0 && fabs(v) < FLT_MIN) {  // it would become 0 (or a denormal) in a float
+        fprintf(stderr, "error: flag %s value '%s' is outside float32's range (magnitude %.2g to %.2g, or 0)\n", name,
+                a->value, (double)FLT_MIN, (double)FLT_MAX);
+        a->error = 1;
+    }
     if (!a->error) *out = (float)v;
     return 1;
 }

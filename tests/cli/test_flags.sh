@@ -33,6 +33,7 @@ refused train_seed_negative "error: flag --seed expects an integer >= 0, got '-1
 refused train_warmup_negative "error: flag --warmup-steps expects an integer >= 1, got '-3'" train "${T[@]}" --warmup-steps -3
 refused train_threads_negative "error: flag --threads expects an integer >= 0, got '-1'" train "${T[@]}" --threads -1
 refused launch_nproc_negative "error: flag --nproc-per-node expects an integer >= 1, got '-1'" launch --log-dir logs --nproc-per-node -1 train "${T[@]}"
+refused train_lr_underflows_float "error: flag --lr value '1e-50' is outside float32's range (magnitude 1.2e-38 to 3.4e+38, or 0)" train "${T[@]}" --lr 1e-50
 refused train_momentum_negative "error: flag --momentum expects a finite number >= 0, got '-1'" train "${T[@]}" --optimizer sgd --momentum -1
 refused train_weight_decay_negative "error: flag --weight-decay expects a finite number >= 0, got '-0.1'" train "${T[@]}" --weight-decay -0.1
 # more of the same reader
