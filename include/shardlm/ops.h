@@ -178,6 +178,7 @@ typedef struct sl_ops {
     // Sum of squares in double, deterministic for a given n (a fixed reduction tree).
     double (*sumsq)(const float *g, size_t n);
     void (*scale)(float *x, size_t n, float coef);   // x *= coef
+    void (*add)(float *x, const float *y, size_t n);  // x += y (fp32, whatever act_bf16 says)
     int (*nonfinite)(const float *x, size_t n);       // 1 when any element is Inf or NaN
     // x[i] = x rounded to bf16 / fp16 storage (sl_precision; fp32: nothing), as precision.h rounds.
     void (*round_to)(float *x, size_t n, int precision);

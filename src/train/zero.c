@@ -94,7 +94,7 @@ static int start_gather(sl_zero *z, sl_zero_window *w, int u) { return start_gat
 
 // Starts reducing unit u's gradients in src into their owners' shard_grads; with earlier
 // micro-batches accumulated, the owner first adds its running sum into its part of src (the ops'
-// elementwise add, residual_forward, in place), so the sum over micro-batches and ranks happens
+// fp32 add pass, in place), so the sum over micro-batches and ranks happens
 // inside the collective and shard_grads is simply overwritten by it.
 static int start_reduce(sl_zero *z, float *src, int u, sl_comm_request *req) {
     size_t lo, hi, ub = unit_begin(z, u);
@@ -103,7 +103,7 @@ static int start_reduce(sl_zero *z, float *src, int u, sl_comm_request *req) {
     float *recv = hi > lo ? z->shard_grads + (lo - z->shard_begin) : z->shard_grads;
     if (z->accumulated && hi > lo) {
         float *dst = src + (lo - ub);
-        ops_of(z)->residual_forward(dst, dst, recv, hi - lo);
+        ops_of(z)->add(dst, recv, hi - lo);
     }
     if (ordered(z) || sl_comm_ireduce_scatterv(z->dp, src, recv, z->counts, SL_DTYPE_F32, SL_OP_SUM, req))
         return sl_error_context("ZeRO-%d: reducing the gradients of unit %d", z->stage, u);

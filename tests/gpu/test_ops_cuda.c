@@ -8,7 +8,7 @@
 // upload, read back through download).
 //   * error of a tensor = max_i |cuda_i - cpu_i| / max_i |cpu_i| (denominator floored at 1e-30; a NaN
 //     or Inf where the other side has a finite value is an infinite error): must be <= 1e-5;
-//   * the optimizer passes (adam_step, sgd_step), scale and round_to must give the CPU's exact bits;
+//   * the optimizer passes (adam_step, sgd_step), scale, add and round_to must give the CPU's exact bits;
 //     nonfinite the same answer; sumsq (double, a different summation tree) within 1e-9 relative;
 //   * determinism: the two CUDA runs must give identical bits (tensors and returned values).
 // Shapes mix small odd ones (not multiples of 32 or 64, unaligned pointers, T = 1) with GPT-2 124M
@@ -367,6 +367,10 @@ static double op_ce_bwd(const sl_ops *o, void **p, const args *a) {
 static double op_sumsq(const sl_ops *o, void **p, const args *a) { return o->sumsq(p[0], a->n); }
 static double op_scale(const sl_ops *o, void **p, const args *a) {
     o->scale(p[0], a->n, a->coef);
+    return 0;
+}
+static double op_add(const sl_ops *o, void **p, const args *a) {
+    o->add(p[0], p[1], a->n);
     return 0;
 }
 static double op_nonfinite(const sl_ops *o, void **p, const args *a) { return o->nonfinite(p[0], a->n); }
@@ -909,6 +913,10 @@ static void test_flat_passes(const char *tag, size_t n) {
     a.coef = 0.3183f;
     snprintf(name, sizeof name, "scale_%s", tag);
     RUN(name, op_scale, &a, CMP_BITS, 0, {"x", x, F(n), INOUT});
+    float *addend = frand(n, 2.0f);
+    snprintf(name, sizeof name, "add_%s", tag);
+    RUN(name, op_add, &a, CMP_BITS, 0, {"x", x, F(n), INOUT}, {"y", addend, F(n), IN});
+    free(addend);
     // nonfinite: clean, then an Inf at the end, a NaN in the middle, -Inf first.
     snprintf(name, sizeof name, "nonfinite_clean_%s", tag);
     RUN(name, op_nonfinite, &a, CMP_BITS, 0, {"x", x, F(n), IN});

@@ -57,6 +57,7 @@ void *cpu_stream(void);
 size_t cpu_peak_bytes(void);
 void cpu_reset_peak_bytes(void);
 void cpu_scale(float *x, size_t n, float coef);
+void cpu_add(float *x, const float *y, size_t n);
 // optimizer.c: the optimizer passes (ops.h adam_step, sgd_step, sumsq, nonfinite)
 void cpu_adam_step(const sl_adam_args *a, float *p, const float *g, float *m, float *v, const sl_segment *segs,
                    int n_segs);
@@ -71,7 +72,7 @@ void cpu_to_storage(void *dst, const float *src, size_t n);
     .set_precision = cpu_set_precision, .on_device = 0, .alloc = cpu_alloc, .dealloc = cpu_dealloc,     \
     .memzero = cpu_memzero, .upload = cpu_copy, .download = cpu_copy, .copy = cpu_copy,                 \
     .stream = cpu_stream, .peak_bytes = cpu_peak_bytes,                 \
-    .reset_peak_bytes = cpu_reset_peak_bytes, .sumsq = cpu_sumsq, .scale = cpu_scale,                   \
+    .reset_peak_bytes = cpu_reset_peak_bytes, .sumsq = cpu_sumsq, .scale = cpu_scale, .add = cpu_add,   \
     .nonfinite = cpu_nonfinite, .round_to = cpu_round_to, .to_storage = cpu_to_storage,                 \
     .adam_step = cpu_adam_step, .sgd_step = cpu_sgd_step
 

@@ -140,6 +140,12 @@ void cpu_scale(float *g, size_t n, float coef) {
     for (long i = 0; i < len; i++) g[i] *= coef;
 }
 
+void cpu_add(float *x, const float *y, size_t n) {
+    long len = (long)n;
+#pragma omp parallel for simd schedule(static) if (len >= SL_OMP_MIN)
+    for (long i = 0; i < len; i++) x[i] += y[i];
+}
+
 int cpu_nonfinite(const float *g, size_t n) {
     int bad = 0;
     // exponent all ones = Inf or NaN; an OR over the buffer does not depend on how it is split

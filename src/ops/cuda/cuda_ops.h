@@ -18,6 +18,7 @@ void cuda_set_precision(int precision);  // the GEMMs' compute type (ops.h set_p
 // `segs` are host memory.
 double cuda_sumsq(const float *g, size_t n);
 void cuda_scale(float *x, size_t n, float coef);
+void cuda_add(float *x, const float *y, size_t n);
 int cuda_nonfinite(const float *x, size_t n);
 void cuda_round_to(float *x, size_t n, int precision);
 void cuda_to_storage(void *dst, const float *src, size_t n);

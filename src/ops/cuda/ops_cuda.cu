@@ -281,7 +281,7 @@ void cuda_copy(void *dst, const void *src, size_t bytes) {
         cuda_alloc, cuda_dealloc, cuda_memzero, /* upload */ cuda_upload,                        \
         /* download */ cuda_download, /* copy */ cuda_copy,                                      \
         cuda_synchronize, cuda_stream_handle, cuda_peak_bytes, cuda_reset_peak_bytes,            \
-        cuda_sumsq, cuda_scale, cuda_nonfinite, cuda_round_to, cuda_to_storage,                  \
+        cuda_sumsq, cuda_scale, cuda_add, cuda_nonfinite, cuda_round_to, cuda_to_storage,                  \
         cuda_adam_step, cuda_sgd_step,                                                           \
     }
 
@@ -290,4 +290,4 @@ extern "C" const sl_ops sl_ops_cuda_bf16 = SL_CUDA_TABLE("cuda-bf16", __nv_bfloa
 
 // Every field above is positional (C++17 has no designated initialisers): a field added to sl_ops
 // without an entry here breaks the build instead of leaving a NULL pointer.
-static_assert(sizeof(sl_ops) == sizeof(void *) * 45, "sl_ops changed: update SL_CUDA_TABLE in ops_cuda.cu");
+static_assert(sizeof(sl_ops) == sizeof(void *) * 46, "sl_ops changed: update SL_CUDA_TABLE in ops_cuda.cu");

@@ -116,6 +116,8 @@ __global__ void scale_kernel(T *x, size_t n, float coef) {
     GRID_STRIDE(i, n) x[i] = from_f32<T>(__fmul_rn(to_f32(x[i]), coef));
 }
 
+__global__ void add_kernel(float *x, const float *y, size_t n) { GRID_STRIDE(i, n) x[i] = __fadd_rn(x[i], y[i]); }
+
 // *flag |= 1 when any element is Inf or NaN (exponent bits all ones).
 template <typename T>
 __global__ void nonfinite_kernel(int *flag, const T *x, size_t n) {
@@ -313,6 +315,12 @@ extern "C" double cuda_sumsq(const float *g, size_t n) {
 extern "C" void cuda_scale(float *x, size_t n, float coef) {
     if (n == 0 || coef == 1.0f) return;
     scale_kernel<float><<<grid_for(n, (size_t)1 << 20), OPT_THREADS, 0, sl_cuda_stream()>>>(x, n, coef);
+    CUDA_LAUNCH_CHECK();
+}
+
+extern "C" void cuda_add(float *x, const float *y, size_t n) {
+    if (n == 0) return;
+    add_kernel<<<grid_for(n, (size_t)1 << 20), OPT_THREADS, 0, sl_cuda_stream()>>>(x, y, n);
     CUDA_LAUNCH_CHECK();
 }
 
