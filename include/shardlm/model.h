@@ -19,17 +19,20 @@
 // engine can start gathering it early (ZeRO-3 prefetch).
 typedef enum { SL_PARAMS_GET, SL_PARAMS_PUT, SL_GRADS_GET, SL_GRADS_PUT } sl_unit_event;
 
-// Activations are the ops table's storage type (ops.h: bf16 when ops->act_bf16, else fp32) behind
-// their float pointers; the saved statistics (norm mean / rstd, lse) are always fp32.
+// Activations are the ops table's storage (sl_act, ops.h: bf16 when ops->act_bf16, else fp32); the
+// saved statistics (norm mean / rstd, lse) are always fp32.
 typedef struct {
-    float *ln1, *ln1_mean, *ln1_rstd;  // (B,T,C), (B,T), (B,T); mean unused for RMSNorm
-    float *qkv;                        // (B,T,(NH+2NKV)*HD), after RoPE for LLaMA
-    float *att, *lse;                  // (B,T,NH*HD), (B,NH,T)
-    float *resid2;                     // (B,T,C) residual after attention
-    float *ln2, *ln2_mean, *ln2_rstd;
-    float *fch;                        // (B,T,F) GPT-2 pre-GELU (matmul_gelu's pre); (B,T,2F) LLaMA gate|up
-    float *fch_act;                    // (B,T,F) after GELU / SwiGLU
-    float *resid3;                     // (B,T,C) block output (the add is fused into the next norm)
+    sl_act *ln1;                       // (B,T,C)
+    float *ln1_mean, *ln1_rstd;        // (B,T), (B,T); mean unused for RMSNorm
+    sl_act *qkv;                       // (B,T,(NH+2NKV)*HD), after RoPE for LLaMA
+    sl_act *att;                       // (B,T,NH*HD)
+    float *lse;                        // (B,NH,T)
+    sl_act *resid2;                    // (B,T,C) residual after attention
+    sl_act *ln2;
+    float *ln2_mean, *ln2_rstd;
+    sl_act *fch;                       // (B,T,F) GPT-2 pre-GELU (matmul_gelu's pre); (B,T,2F) LLaMA gate|up
+    sl_act *fch_act;                   // (B,T,F) after GELU / SwiGLU
+    sl_act *resid3;                    // (B,T,C) block output (the add is fused into the next norm)
 } sl_layer_acts;
 
 typedef struct {
@@ -61,15 +64,17 @@ typedef struct {
     size_t act_elem;             // bytes per activation element
     size_t act_bytes;            // bytes of the arena, statistics included
     int *inputs, *targets;       // (B,T) copies of the last forward's batch
-    float *encoded;              // (B,T,C)
+    sl_act *encoded;             // (B,T,C)
     sl_layer_acts *layers;
-    float *lnf, *lnf_mean, *lnf_rstd;
-    float *logits;               // (B,T,Vp); holds dlogits after backward
+    sl_act *lnf;                 // (B,T,C)
+    float *lnf_mean, *lnf_rstd;
+    sl_act *logits;              // (B,T,Vp); holds dlogits after backward (sl_model_logits reads them)
     float *logits_lse;           // (B,T) log-sum-exp of each row's logits
-    float *dresid, *dln, *dA, *dB;  // backward scratch
+    sl_act *dresid, *dln, *dA, *dB;  // backward scratch
     // state of the last forward
     int B, T;
     int have_targets;
+    int logits_rows;             // rows of logits the last forward computed (B*T; 1 with a KV cache; 0 after backward)
     int n_valid_targets;
     float loss;                  // mean loss of the last forward with targets
     // Where each unit's parameters and gradients are (layout.h units): tensor t of unit u lives at
@@ -96,6 +101,10 @@ int sl_model_init_weights(sl_model *m, uint64_t seed);
 // Forward over inputs (B,T). With targets (B,T; -1 = ignore) it computes the mean loss into *loss.
 // Logits stay in m->logits (B,T,Vp) until backward. Errors: T > max_seq_len, token id out of range.
 int sl_model_forward(sl_model *m, const int *inputs, const int *targets, int B, int T, float *loss);
+
+// Rows [row0, row0 + rows) of the last forward's logits, the first vocab_size of each, widened to
+// fp32 into host memory `out` (rows x vocab_size floats). Valid until backward overwrites them.
+int sl_model_logits(const sl_model *m, int row0, int rows, float *out);
 
 // Backward of the last forward (which must have had targets): ACCUMULATES into m->grads the
 // gradient of grad_scale * mean loss (grad_scale = 1/accumulation steps for gradient accumulation).

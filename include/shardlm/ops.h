@@ -1,6 +1,7 @@
 // ops.h: the ops table. Model code calls ops->matmul_forward(...) and never knows the backend.
-// Each op has a forward/backward pair with the same argument order (llm.c style). Shapes are in
-// the comments; N = B*T rows. Conventions for gradients:
+// The ops over activations are listed once, in ops_list.h (signature, storage-typed arguments,
+// what the profiler counts); this table adds memory and the optimizer step's passes. Each op has
+// a forward/backward pair with the same argument order (llm.c style); N = B*T rows. Gradients:
 //   * parameter gradients (dweight, dbias, dwte, ...) ACCUMULATE (+=), so micro-batches add up;
 //   * layernorm/rmsnorm backward ACCUMULATE into dinp (it is the residual stream's gradient);
 //   * every other dinp / dqkv output is OVERWRITTEN (=).
@@ -8,25 +9,20 @@
 // query head h at column h*HD, key head g at NH*HD + g*HD, value head g at (NH+NKV)*HD + g*HD;
 // query head h uses key/value head h / (NH/NKV) (grouped-query attention).
 //
-// Activation storage (sl_ops.act_bf16). With act_bf16 = 0 every pointer is what its prototype says,
-// float32. With act_bf16 = 1 every ACTIVATION pointer an op receives points to bf16 storage (sl_bf16
-// bits, 2 bytes an element) although the prototypes say float *; the op reads and writes bf16 there
-// (rounding to nearest even) and computes in fp32 inside. Storage-typed (activations):
-//   * inp / out / dinp / dout of every op, a / b of the residual adds, the fused norms' resid;
-//   * qkv and dqkv, attention's out (and q, k_cache, v_cache, out of attention_decode);
-//   * the logits of cross-entropy, and the dlogits its backward writes over them in place;
-//   * matmul_gelu's pre (and the dout it overwrites with dpre);
-//   * the `weight` and `bias` of matmul_forward / matmul_backward / matmul_gelu_*: with act_bf16
-//     the model hands them a bf16 SHADOW copy of its parameters (sl_model.weights_bf16, refreshed by
-//     to_storage after every change of the parameters), because cuBLASLt wants A and B of one type
-//     and a bias epilogue's vector of D's type (torch's autocast likewise casts a linear's bias);
-//   * the parameters the other ops read, for the same reason: the norms' w and b (layernorm,
-//     rmsnorm, the fused residual norms, their backward) and the encoder's wte / wpe, so the model
-//     reads its parameters only through the bf16 shadow (and an engine may keep the only fp32 copy
-//     as its master weights);
-//   * a fused residual norm's resid, which its norm reads back as stored (rounded), exactly as the
-//     unfused residual_forward followed by the norm's forward would.
-// Always fp32, whatever act_bf16 says:
+// Activation storage: sl_act. An `sl_act *` points to activation storage whose element type the
+// table says: float32 with act_bf16 = 0, bf16 (sl_bf16 bits, 2 bytes, round to nearest even on
+// write) with act_bf16 = 1; ops compute in fp32 inside. sl_act is never defined, so storage cannot
+// be read or indexed as float by mistake: a backend converts it to its element type (cpu: sl_f32,
+// cuda: as_storage<floatX>), and pointer arithmetic on it goes through the element size
+// (sl_act_at). Storage-typed arguments (ops_list.h lists each op's, with element counts):
+//   * activations: inp / out / dinp / dout, qkv / dqkv, attention's out, the KV cache, logits and
+//     the dlogits written over them, matmul_gelu's pre, a fused norm's resid;
+//   * the parameters the ops read (matmul weight and bias, norm w and b, wte / wpe): with act_bf16
+//     the model hands them a bf16 SHADOW of its parameters (sl_model.weights_bf16, refreshed by
+//     to_storage after every change), because cuBLASLt wants A and B of one type and a bias
+//     epilogue's vector of D's type (torch's autocast likewise casts a linear's bias); the engine
+//     may then keep the only fp32 copy as master weights.
+// Always float32 (float *), whatever act_bf16 says:
 //   * parameter gradients (dweight, dbias, dw, db, dwte, dwpe), which still ACCUMULATE in fp32;
 //   * the saved statistics: norms' mean / rstd, attention's lse, cross-entropy's lse (and the
 //     double it returns); the RoPE cos / sin tables;
@@ -35,6 +31,16 @@
 #define SHARDLM_OPS_H
 
 #include <stddef.h>
+
+// Activation storage: an incomplete type (see the top of this file).
+typedef struct sl_act sl_act;
+
+// The byte address of element i of storage whose elements are `elem` bytes (2 for bf16, 4 for fp32).
+static inline sl_act *sl_act_at(const sl_act *p, size_t i, size_t elem) {
+    return (sl_act *)((const char *)p + i * elem);
+}
+
+#include "shardlm/ops_list.h"
 
 // The optimizer step's elementwise arithmetic, its scalars computed once per step in double as
 // torch does (optim.c fills these; the CPU and CUDA passes apply them identically).
@@ -66,83 +72,10 @@ typedef struct {
 typedef struct sl_ops {
     const char *name;
 
-    // out (B,T,C) = wte[inp] (+ wpe[t]); wpe may be NULL (LLaMA).
-    void (*encoder_forward)(float *out, const int *inp, const float *wte, const float *wpe, int B, int T, int C);
-    // dwte[inp] += dout; dwpe[t] += dout (dwpe may be NULL).
-    void (*encoder_backward)(float *dwte, float *dwpe, const float *dout, const int *inp, int B, int T, int C);
-
-    // out (N,OC) = inp (N,IC) @ weight^T (OC,IC) + bias (OC) (bias may be NULL).
-    void (*matmul_forward)(float *out, const float *inp, const float *weight, const float *bias, int N, int IC, int OC);
-    // dinp (N,IC) = dout @ weight (skipped if dinp NULL); dweight += dout^T @ inp; dbias += colsum(dout).
-    void (*matmul_backward)(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
-                            const float *weight, int N, int IC, int OC);
-    // The GPT-2 MLP up-projection fused with its tanh GELU: pre (N,OC) = inp (N,IC) @ weight^T + bias
-    // (bias may be NULL), out (N,OC) = gelu(pre). pre is saved for backward (cuBLASLt's GELU_AUX_BIAS
-    // epilogue writes it as the auxiliary output). Equal to matmul_forward then gelu_forward.
-    void (*matmul_gelu_forward)(float *out, float *pre, const float *inp, const float *weight, const float *bias,
-                                int N, int IC, int OC);
-    // dout (N,OC), the gradient wrt out, is OVERWRITTEN with the gradient wrt pre (dout * gelu'(pre));
-    // then exactly matmul_backward with it: dinp = dpre @ weight (skipped if dinp NULL),
-    // dweight += dpre^T @ inp, dbias += colsum(dpre). Equal to gelu_backward then matmul_backward.
-    void (*matmul_gelu_backward)(float *dinp, float *dweight, float *dbias, float *dout, const float *pre,
-                                 const float *inp, const float *weight, int N, int IC, int OC);
-
-    // out (N,C) = (inp - mean) * rstd * w + b; saves mean, rstd (N).
-    void (*layernorm_forward)(float *out, float *mean, float *rstd, const float *inp, const float *w, const float *b,
-                              int N, int C, float eps);
-    void (*layernorm_backward)(float *dinp, float *dw, float *db, const float *dout, const float *inp, const float *w,
-                               const float *mean, const float *rstd, int N, int C);
-    // out (N,C) = inp * rstd * w with rstd = 1/sqrt(mean(inp^2) + eps); saves rstd (N).
-    void (*rmsnorm_forward)(float *out, float *rstd, const float *inp, const float *w, int N, int C, float eps);
-    void (*rmsnorm_backward)(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
-                             const float *rstd, int N, int C);
-
-    // out = a + b (n)
-    void (*residual_forward)(float *out, const float *a, const float *b, size_t n);
-    // The residual add fused with the norm that reads it (a block's ln1 / ln2, the final norm), one
-    // pass per row: resid (N,C) = a + b, then out = layernorm(resid) saving mean, rstd (N), or
-    // out = rmsnorm(resid) saving rstd: the same values as residual_forward followed by the norm's
-    // forward. resid may be a or b (in place). No backward of their own: the norms' backward already
-    // ACCUMULATES into the residual stream's gradient, which is both a's and b's.
-    void (*residual_layernorm_forward)(float *resid, float *out, float *mean, float *rstd, const float *a,
-                                       const float *b, const float *w, const float *bias, int N, int C, float eps);
-    void (*residual_rmsnorm_forward)(float *resid, float *out, float *rstd, const float *a, const float *b,
-                                     const float *w, int N, int C, float eps);
-
-    // tanh-approximate GELU ("gelu_new").
-    void (*gelu_forward)(float *out, const float *inp, size_t n);
-    void (*gelu_backward)(float *dinp, const float *inp, const float *dout, size_t n);
-    // out (N,I) = silu(inp[:, :I]) * inp[:, I:]; inp (N, 2I) is the fused gate|up projection.
-    void (*swiglu_forward)(float *out, const float *inp, int N, int I);
-    void (*swiglu_backward)(float *dinp, const float *inp, const float *dout, int N, int I);
-
-    // Rotary embeddings (rotate-half convention of LlamaForCausalLM), in place on the q and k heads of
-    // qkv (B,T,(NH+2NKV)*HD) for positions pos0..pos0+T-1; cos/sin are (max_T, HD/2) tables.
-    void (*rope_forward)(float *qkv, const float *cos, const float *sin, int B, int T, int NH, int NKV, int HD, int pos0);
-    // The transpose rotation on dq, dk inside dqkv (in place).
-    void (*rope_backward)(float *dqkv, const float *cos, const float *sin, int B, int T, int NH, int NKV, int HD);
-
-    // Causal attention. out (B,T,NH*HD); lse (B,NH,T) = log-sum-exp of each query's scaled scores.
-    // window > 0: query t sees keys t-window+1 .. t only (Mistral's sliding window); 0: keys 0 .. t.
-    // A backend without sliding_window support is handed window 0 or window >= T only.
-    // Never materialises more than a tile of the T x T scores.
-    void (*attention_forward)(float *out, float *lse, const float *qkv, int B, int T, int NH, int NKV, int HD,
-                              int window);
-    // dqkv (B,T,(NH+2NKV)*HD) is overwritten.
-    void (*attention_backward)(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
-                               int B, int T, int NH, int NKV, int HD, int window);
-    // One query position against a KV cache: q (NH*HD), k_cache/v_cache (n_ctx, NKV*HD) holding
-    // positions 0..n_ctx-1 (the current one included); out (NH*HD).
-    void (*attention_decode)(float *out, const float *q, const float *k_cache, const float *v_cache, int n_ctx,
-                             int NH, int NKV, int HD);
-
-    // Softmax cross-entropy over the first V of Vp columns of logits (N,Vp); targets < 0 are ignored.
-    // Forward saves each row's log-sum-exp (N) and returns the summed loss of counted rows (double).
-    double (*crossentropy_forward)(float *lse, const float *logits, const int *targets, int N, int V, int Vp);
-    // Overwrites logits with their gradient (softmax - onehot) * dloss in one pass from the saved
-    // lse: the probabilities are never stored separately. Padded columns and ignored rows get 0.
-    void (*crossentropy_backward)(float *logits, const float *lse, const int *targets, int N, int V, int Vp,
-                                  float dloss);
+    // The ops over activations, one field each, in the order of ops_list.h (their shapes and rules).
+#define SL_OP_FIELD(ret, name, params, args, storage, flops, emulation) ret(*name) params;
+    SL_OPS(SL_OP_FIELD)
+#undef SL_OP_FIELD
 
     // The training precision (sl_precision) whose rounded values the ops are handed; later GEMMs may
     // compute at it. cuda: bf16 -> CUBLAS_COMPUTE_32F_FAST_16BF, fp16 -> CUBLAS_COMPUTE_32F_FAST_16F

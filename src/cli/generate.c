@@ -74,13 +74,17 @@ static int load_tokenizer(sl_tokenizer **tok, const char *flag, const char *mode
 
 // Full forward over the prompt; writes {"input_ids": [...], "logits": [[...V...] x T]} atomically.
 static int write_prompt_logits(sl_model *m, const int *ids, int n, const char *path) {
-    if (sl_model_forward(m, ids, NULL, 1, n, NULL)) return -1;
+    int V = m->cfg.vocab_size;
+    float *logits = sl_malloc((size_t)n * V * sizeof(float), "prompt logits");
+    if (!logits || sl_model_forward(m, ids, NULL, 1, n, NULL) || sl_model_logits(m, 0, n, logits)) {
+        free(logits);
+        return -1;
+    }
     cJSON *root = cJSON_CreateObject();
     cJSON_AddItemToObject(root, "input_ids", cJSON_CreateIntArray(ids, n));
     cJSON *rows = cJSON_AddArrayToObject(root, "logits");
-    for (int t = 0; t < n; t++)
-        cJSON_AddItemToArray(rows, cJSON_CreateFloatArray(m->logits + (size_t)t * m->cfg.padded_vocab_size,
-                                                          m->cfg.vocab_size));
+    for (int t = 0; t < n; t++) cJSON_AddItemToArray(rows, cJSON_CreateFloatArray(logits + (size_t)t * V, V));
+    free(logits);
     char *text = cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
     if (!text) return sl_errorf("out of memory writing %s", path);

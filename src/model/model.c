@@ -27,11 +27,11 @@ static inline size_t unit_offset(const sl_model *m, int idx) {
 #define P(m, idx) ((m)->param_view[(m)->layout.tensors[(idx)].unit] + unit_offset((m), (idx)))
 #define G(m, idx) ((m)->grad_view[(m)->layout.tensors[(idx)].unit] + unit_offset((m), (idx)))
 // A parameter as the ops read it (matmul weights and biases, norm weights and biases, wte / wpe): the
-// bf16 copy with ops->act_bf16 (ops.h: storage-typed), else P.
-#define W(m, idx)                                                                                              \
-    ((m)->ops->act_bf16                                                                                        \
-         ? (const float *)(const void *)((m)->weight_view[(m)->layout.tensors[(idx)].unit] + unit_offset((m), (idx))) \
-         : P(m, idx))
+// bf16 copy with ops->act_bf16 (ops.h: storage-typed), else P itself, fp32 storage being fp32.
+#define W(m, idx)                                                                                                   \
+    ((m)->ops->act_bf16                                                                                             \
+         ? (const sl_act *)(const void *)((m)->weight_view[(m)->layout.tensors[(idx)].unit] + unit_offset((m), (idx))) \
+         : (const sl_act *)(const void *)P(m, idx))
 // Tells the unit hook (if any) about an event; returns -1 from the calling function on its error.
 #define HOOK(m, event, unit, next)                                                                   \
     do {                                                                                             \
@@ -219,11 +219,11 @@ typedef struct {
 
 static size_t arena_round(const arena *a, size_t bytes) { return a->split ? (bytes + 15) / 16 * 16 : bytes; }
 
-static float *take(arena *a, size_t n, int is_stat) {
+static void *take(arena *a, size_t n, int is_stat) {
     size_t *cursor = is_stat && a->split ? &a->stat : &a->act;
     size_t begin = *cursor + (cursor == &a->stat ? a->stat_begin : 0);
     *cursor += arena_round(a, n * (is_stat ? sizeof(float) : a->elem));
-    return a->base ? (float *)(void *)(a->base + begin) : NULL;
+    return a->base ? a->base + begin : NULL;
 }
 
 // Points every activation into the arena (or, with base NULL, only sizes it); returns its bytes.
@@ -280,13 +280,13 @@ static int alloc_acts(sl_model *m, int B, int T) {
 // Norm forward of either family: LayerNorm (weight, bias) for GPT-2, RMSNorm (weight) for LLaMA.
 // With add != NULL the residual add before the norm is fused in: inp += add (in place), then the
 // norm of the sum.
-static void norm_forward(const sl_model *m, float *out, float *mean, float *rstd, float *inp, const float *add,
+static void norm_forward(const sl_model *m, sl_act *out, float *mean, float *rstd, sl_act *inp, const sl_act *add,
                          int w_idx, int b_idx, int N) {
     const sl_model_config *c = &m->cfg;
     const sl_ops *ops = m->ops;
     int C = c->n_embd;
     if (c->arch == SL_ARCH_GPT2) {
-        const float *w = W(m, w_idx), *b = W(m, b_idx);
+        const sl_act *w = W(m, w_idx), *b = W(m, b_idx);
         if (add) ops->residual_layernorm_forward(inp, out, mean, rstd, inp, add, w, b, N, C, c->norm_eps);
         else ops->layernorm_forward(out, mean, rstd, inp, w, b, N, C, c->norm_eps);
     } else {
@@ -300,7 +300,7 @@ static void announce_precision(const sl_model *m) {
     if (m->ops->set_precision) m->ops->set_precision(m->precision);
 }
 
-static void norm_backward(sl_model *m, float *dinp, const float *dout, const float *inp, int w_idx, int b_idx,
+static void norm_backward(sl_model *m, sl_act *dinp, const sl_act *dout, const sl_act *inp, int w_idx, int b_idx,
                           const float *mean, const float *rstd, int N) {
     const sl_model_config *c = &m->cfg;
     if (c->arch == SL_ARCH_GPT2)
@@ -310,14 +310,11 @@ static void norm_backward(sl_model *m, float *dinp, const float *dout, const flo
 }
 
 // The head GEMM's weight (the shadow with bf16 storage; the embedding's when tied).
-static const float *head_weight(const sl_model *m) {
+static const sl_act *head_weight(const sl_model *m) {
     return W(m, m->layout.lm_head >= 0 ? m->layout.lm_head : m->layout.wte);
 }
 
 // ---- the forward pass: training, prefill and decode ----------------------------------------------
-
-// A storage-typed pointer advanced by n elements of `elem` bytes (bf16 or fp32 activations).
-static float *advance(const void *p, size_t n, size_t elem) { return (float *)((char *)(uintptr_t)p + n * elem); }
 
 // Dynamic NTK RoPE (rope.h): rows [pos0, pos0 + T) rotated for a sequence of pos0 + T positions,
 // as transformers does for a forward ending there. Nothing for the other types (fixed tables).
@@ -345,15 +342,15 @@ static int rope_rows(sl_model *m, int pos0, int T) {
 }
 
 // Appends the keys and values of positions pos0 .. pos0+T-1 (in qkv, after RoPE) to layer l's cache.
-static void cache_append(const sl_model *m, sl_kv_cache *kv, int l, const float *qkv, int T) {
+static void cache_append(const sl_model *m, sl_kv_cache *kv, int l, const sl_act *qkv, int T) {
     const sl_model_config *c = &m->cfg;
     size_t HD = (size_t)sl_config_head_dim(c), KV = (size_t)c->n_kv_head * HD, e = m->act_elem;
     size_t W = (size_t)(c->n_head + 2 * c->n_kv_head) * HD, row = ((size_t)l * kv->max_ctx + (size_t)kv->pos) * KV;
     for (int t = 0; t < T; t++) {
-        m->ops->copy(advance(kv->k, row + (size_t)t * KV, e), advance(qkv, (size_t)t * W + (size_t)c->n_head * HD, e),
+        m->ops->copy(sl_act_at(kv->k, row + (size_t)t * KV, e), sl_act_at(qkv, (size_t)t * W + (size_t)c->n_head * HD, e),
                      KV * e);
-        m->ops->copy(advance(kv->v, row + (size_t)t * KV, e),
-                     advance(qkv, (size_t)t * W + (size_t)(c->n_head + c->n_kv_head) * HD, e), KV * e);
+        m->ops->copy(sl_act_at(kv->v, row + (size_t)t * KV, e),
+                     sl_act_at(qkv, (size_t)t * W + (size_t)(c->n_head + c->n_kv_head) * HD, e), KV * e);
     }
 }
 
@@ -365,6 +362,7 @@ static int forward(sl_model *m, sl_kv_cache *kv, const int *inputs, const int *t
     const sl_model_config *c = &m->cfg;
     const sl_ops *ops = m->ops;
     m->have_targets = 0;  // a failed forward must not leave a stale one for backward
+    m->logits_rows = 0;
     int pos0 = kv ? kv->pos : 0;
     if (B <= 0 || T <= 0) return sl_errorf("forward: batch %d x %d must be positive", B, T);
     if (pos0 + T > sl_config_context(c))
@@ -397,13 +395,13 @@ static int forward(sl_model *m, sl_kv_cache *kv, const int *inputs, const int *t
     const sl_param_layout *L = &m->layout;
     int last = L->n_units - 1, tied = L->lm_head < 0;
     HOOK(m, SL_PARAMS_GET, 0, 1);
-    const float *wpe = L->wpe >= 0 ? advance(W(m, L->wpe), (size_t)pos0 * C, m->ops->act_bf16 ? 2 : 4) : NULL;
+    const sl_act *wpe = L->wpe >= 0 ? sl_act_at(W(m, L->wpe), (size_t)pos0 * C, m->act_elem) : NULL;
     ops->encoder_forward(m->encoded, m->inputs, W(m, L->wte), wpe, B, T, C);
     HOOK(m, SL_PARAMS_PUT, 0, 1);
     // resid: the residual stream entering the block; pending: what the norm reading it still has to
     // add to it (the previous block's resid2: its output's residual add is fused into the next norm)
-    float *resid = m->encoded;
-    const float *pending = NULL;
+    sl_act *resid = m->encoded;
+    const sl_act *pending = NULL;
     for (int l = 0; l < c->n_layer; l++) {
         const sl_block_tensors *k = &L->blocks[l];
         sl_layer_acts *a = &m->layers[l];
@@ -415,7 +413,7 @@ static int forward(sl_model *m, sl_kv_cache *kv, const int *inputs, const int *t
         if (kv && pos0 > 0) {  // one query against the cache (the window's part of it)
             int n = pos0 + 1, first = window && n > window ? n - window : 0;
             size_t off = ((size_t)l * kv->max_ctx + (size_t)first) * (size_t)NKV * HD;
-            ops->attention_decode(a->att, a->qkv, advance(kv->k, off, m->act_elem), advance(kv->v, off, m->act_elem),
+            ops->attention_decode(a->att, a->qkv, sl_act_at(kv->k, off, m->act_elem), sl_act_at(kv->v, off, m->act_elem),
                                   n - first, NH, NKV, HD);
         } else {
             ops->attention_forward(a->att, a->lse, a->qkv, B, T, NH, NKV, HD, window);
@@ -438,8 +436,9 @@ static int forward(sl_model *m, sl_kv_cache *kv, const int *inputs, const int *t
     HOOK(m, SL_PARAMS_GET, last, tied ? 0 : -1);
     // with a cache only the last position goes on: its final norm and logits (row 0 of lnf / logits)
     size_t rows = kv ? 1 : N, skip = N - rows;
-    norm_forward(m, m->lnf, m->lnf_mean, m->lnf_rstd, advance(resid, skip * C, m->act_elem),
-                 pending ? advance(pending, skip * C, m->act_elem) : NULL, L->lnf_w, L->lnf_b, (int)rows);
+    m->logits_rows = (int)rows;
+    norm_forward(m, m->lnf, m->lnf_mean, m->lnf_rstd, sl_act_at(resid, skip * C, m->act_elem),
+                 pending ? sl_act_at(pending, skip * C, m->act_elem) : NULL, L->lnf_w, L->lnf_b, (int)rows);
     if (tied) {  // the head is the embedding matrix
         HOOK(m, SL_PARAMS_PUT, last, 0);
         HOOK(m, SL_PARAMS_GET, 0, -1);
@@ -485,6 +484,22 @@ int sl_model_forward_cached(sl_model *m, sl_kv_cache *kv, const int *tokens, int
     return 0;
 }
 
+int sl_model_logits(const sl_model *m, int row0, int rows, float *out) {
+    size_t V = (size_t)m->cfg.vocab_size, Vp = (size_t)m->cfg.padded_vocab_size, e = m->act_elem;
+    if (row0 < 0 || rows < 0 || row0 + rows > m->logits_rows)
+        return sl_errorf("logits: rows %d..%d asked for, the last forward computed %d", row0, row0 + rows - 1,
+                         m->logits_rows);
+    void *row = sl_malloc(Vp * e, "a row of logits");
+    if (!row) return -1;
+    for (int r = 0; r < rows; r++) {
+        m->ops->download(row, sl_act_at(m->logits, (size_t)(row0 + r) * Vp, e), Vp * e);
+        if (m->ops->act_bf16) sl_bf16_to_f32_array(row, out + (size_t)r * V, V);
+        else memcpy(out + (size_t)r * V, row, V * sizeof(float));
+    }
+    free(row);
+    return 0;
+}
+
 int sl_model_backward(sl_model *m, float grad_scale) {
     if (!m->have_targets)
         return sl_errorf("backward: needs a preceding forward with targets (none since the last backward or a failed forward)");
@@ -496,6 +511,7 @@ int sl_model_backward(sl_model *m, float grad_scale) {
     int QKV = qkv_width(c), FC = fc_width(c), Vp = c->padded_vocab_size, A = sl_config_attn_width(c);
     float dloss = m->n_valid_targets ? grad_scale / (float)m->n_valid_targets : 0.0f;
     m->have_targets = 0;  // logits become gradients below; a second backward would be wrong
+    m->logits_rows = 0;
     announce_precision(m);
     int last = L->n_units - 1, tied = L->lm_head < 0, head_unit = tied ? 0 : last;
 
@@ -511,7 +527,7 @@ int sl_model_backward(sl_model *m, float grad_scale) {
         HOOK(m, SL_GRADS_GET, last, -1);
     }
     ops->memzero(m->dresid, (size_t)N * C * m->act_elem);
-    const float *final_resid = m->layers[c->n_layer - 1].resid3;
+    const sl_act *final_resid = m->layers[c->n_layer - 1].resid3;
     norm_backward(m, m->dresid, m->dln, final_resid, L->lnf_w, L->lnf_b, m->lnf_mean, m->lnf_rstd, N);
     // the final norm and an untied head are final now; a tied head (wte) only after the encoder
     HOOK(m, SL_PARAMS_PUT, last, c->n_layer);
@@ -520,7 +536,7 @@ int sl_model_backward(sl_model *m, float grad_scale) {
     for (int l = c->n_layer - 1; l >= 0; l--) {
         const sl_block_tensors *k = &L->blocks[l];
         sl_layer_acts *a = &m->layers[l];
-        const float *resid_in = l > 0 ? m->layers[l - 1].resid3 : m->encoded;
+        const sl_act *resid_in = l > 0 ? m->layers[l - 1].resid3 : m->encoded;
         int unit = l + 1, next = l > 0 ? l : -1;
         HOOK(m, SL_PARAMS_GET, unit, next);
         HOOK(m, SL_GRADS_GET, unit, next);

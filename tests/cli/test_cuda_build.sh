@@ -57,19 +57,17 @@ cat >"$tmp/table.c" <<'EOF'
 #include "shardlm/ops.h"
 #include "shardlm/settings.h"
 extern const sl_ops sl_ops_cuda;
-#define FNS(X) X(encoder_forward) X(encoder_backward) X(matmul_forward) X(matmul_backward) \
-  X(matmul_gelu_forward) X(matmul_gelu_backward) X(layernorm_forward) X(layernorm_backward) \
-  X(rmsnorm_forward) X(rmsnorm_backward) X(residual_forward) X(residual_layernorm_forward) \
-  X(residual_rmsnorm_forward) X(gelu_forward) X(gelu_backward) X(swiglu_forward) X(swiglu_backward) \
-  X(rope_forward) X(rope_backward) X(attention_forward) X(attention_backward) X(attention_decode) \
-  X(crossentropy_forward) X(crossentropy_backward) X(set_precision) X(alloc) X(dealloc) X(memzero) \
-  X(upload) X(download) X(copy) X(synchronize) X(stream) X(peak_bytes) X(reset_peak_bytes) X(sumsq) \
-  X(scale) X(nonfinite) X(round_to) X(to_storage) X(adam_step) X(sgd_step)
+// the table's functions besides the ops of ops_list.h (checked through SL_OPS)
+#define FNS(X) X(set_precision) X(alloc) X(dealloc) X(memzero) X(upload) X(download) X(copy) \
+  X(synchronize) X(stream) X(peak_bytes) X(reset_peak_bytes) X(sumsq) X(scale) X(add) X(nonfinite) X(round_to) \
+  X(to_storage) X(adam_step) X(sgd_step)
 extern const sl_ops sl_ops_cuda_bf16;
 int main(int argc, char **argv) {
     int bad = 0;
 #define CHECK(f) if (!sl_ops_cuda.f || !sl_ops_cuda_bf16.f) { printf("NULL entry: %s\n", #f); bad = 1; }
     FNS(CHECK)
+#define CHECK_OP(ret, name, params, args, storage, flops, emulation) CHECK(name)
+    SL_OPS(CHECK_OP)
     if (strcmp(sl_ops_cuda.name, "cuda") || sl_ops_cuda.on_device != 1 || sl_ops_cuda.act_bf16 != 0) {
         printf("bad name/on_device/act_bf16 of cuda\n"); bad = 1;
     }

@@ -11,7 +11,7 @@ rank() { local i=0; for l in $layers; do [ "$l" = "$1" ] && { echo $i; return; }
 # the layer a path (as written after #include, or a file of the tree) belongs to
 owner() {
   case $1 in
-    shardlm/ops.h | shardlm/ops_profile.h) echo ops ;;
+    shardlm/ops.h | shardlm/ops_list.h | shardlm/ops_profile.h) echo ops ;;
     shardlm/*.h)
       local b; b=$(basename "$1" .h)
       local f; f=$(find src -name "$b.c" -not -path 'src/cli/*' | head -1)

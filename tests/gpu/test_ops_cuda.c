@@ -43,6 +43,12 @@
 #include "shardlm/ops.h"
 #include "shardlm/rope.h"
 #include "shardlm/optim.h"
+
+// A host fp32 array handed to the CPU table as activation storage (fp32 there).
+#define ACT(p)                                                   \
+    _Generic((p), float *: (sl_act *)(void *)(p),                \
+             const float *: (const sl_act *)(const void *)(p),   \
+             void *: (sl_act *)(p), const void *: (const sl_act *)(p))
 #include "shardlm/precision.h"
 #include "shardlm/rng.h"
 
@@ -255,7 +261,7 @@ static double op_encoder_bwd(const sl_ops *o, void **p, const args *a) {
     return 0;
 }
 // Matmul buffers may be offset by a->off floats (unaligned pointers).
-static float *at_off(void *p, const args *a) { return p ? (float *)p + a->off : NULL; }
+static void *at_off(void *p, const args *a) { return p ? (void *)((float *)p + a->off) : NULL; }
 static double op_matmul_fwd(const sl_ops *o, void **p, const args *a) {
     o->matmul_forward(at_off(p[0], a), at_off(p[1], a), at_off(p[2], a), at_off(p[3], a), a->N, a->IC, a->OC);
     return 0;
@@ -513,13 +519,14 @@ static void test_residual_norm_fusion_exact(const char *tag, int N, int C) {
         snprintf(name, sizeof name, "residual_%s_fused_equals_unfused_bits_%s", rms ? "rmsnorm" : "layernorm", tag);
         // per side (0: separate ops, 1: fused): x (a, and resid of the fused side), y (b), w, bias,
         // resid (separate side), out, mean, rstd
-        float *d[2][8] = {{0}}, *h[2][4];
+        void *d[2][8] = {{0}};
+        float *h[2][4];
         int ok = 1;
         for (int k = 0; k < 2; k++)
             for (int i = 0; i < 8; i++) ok = ok && (d[k][i] = gpu->alloc(sizes[i], "fusion test buffer"));
         if (!ok) fail(name, "alloc: %s", sl_error());
         for (int k = 0; k < 2 && ok; k++) {
-            float **b = d[k];
+            void **b = d[k];
             gpu->upload(b[0], hx, F(n)); gpu->upload(b[1], hy, F(n));
             gpu->upload(b[2], hw, F(C)); gpu->upload(b[3], hb, F(C));
             if (k == 0) {
@@ -531,7 +538,7 @@ static void test_residual_norm_fusion_exact(const char *tag, int N, int C) {
             } else {
                 gpu->residual_layernorm_forward(b[0], b[5], b[6], b[7], b[0], b[1], b[2], b[3], N, C, 1e-5f);
             }
-            float *src[4] = {k == 0 ? b[4] : b[0], b[5], b[6], b[7]};
+            void *src[4] = {k == 0 ? b[4] : b[0], b[5], b[6], b[7]};
             for (int j = 0; j < 4; j++) {
                 h[k][j] = xmalloc(sizes[4 + j]);
                 gpu->download(h[k][j], src[j], sizes[4 + j]);
@@ -563,7 +570,7 @@ static void test_norms(const char *tag, int N, int C) {
     snprintf(name, sizeof name, "layernorm_forward_%s", tag);
     RUN(name, op_layernorm_fwd, &a, CMP_REL, REL_TOL, {"out", out, F(n), OUT}, {"mean", mean, F(N), OUT},
         {"rstd", rstd, F(N), OUT}, {"inp", inp, F(n), IN}, {"w", w, F(C), IN}, {"b", b, F(C), IN});
-    cpu->layernorm_forward(out, mean, rstd, inp, w, b, N, C, a.eps);  // the saved statistics backward reads
+    cpu->layernorm_forward(ACT(out), mean, rstd, ACT(inp), ACT(w), ACT(b), N, C, a.eps);  // the saved statistics backward reads
     snprintf(name, sizeof name, "layernorm_backward_%s", tag);
     RUN(name, op_layernorm_bwd, &a, CMP_REL, REL_TOL, {"dinp", dinp, F(n), INOUT}, {"dw", dw, F(C), INOUT},
         {"db", db, F(C), INOUT}, {"dout", dout, F(n), IN}, {"inp", inp, F(n), IN}, {"w", w, F(C), IN},
@@ -572,7 +579,7 @@ static void test_norms(const char *tag, int N, int C) {
     snprintf(name, sizeof name, "rmsnorm_forward_%s", tag);
     RUN(name, op_rmsnorm_fwd, &a, CMP_REL, REL_TOL, {"out", out, F(n), OUT}, {"rstd", rstd, F(N), OUT},
         {"inp", inp, F(n), IN}, {"w", w, F(C), IN});
-    cpu->rmsnorm_forward(out, rstd, inp, w, N, C, a.eps);
+    cpu->rmsnorm_forward(ACT(out), rstd, ACT(inp), ACT(w), N, C, a.eps);
     snprintf(name, sizeof name, "rmsnorm_backward_%s", tag);
     RUN(name, op_rmsnorm_bwd, &a, CMP_REL, REL_TOL, {"dinp", dinp, F(n), INOUT}, {"dw", dw, F(C), INOUT},
         {"dout", dout, F(n), IN}, {"inp", inp, F(n), IN}, {"w", w, F(C), IN}, {"rstd", rstd, F(N), IN});
@@ -628,7 +635,7 @@ static void test_attention(const char *tag, int B, int T, int NH, int NKV, int H
     snprintf(name, sizeof name, "attention_forward_%s", tag);
     RUN(name, op_attention_fwd, &a, CMP_REL, REL_TOL, {"out", out, F(nout), OUT}, {"lse", lse, F(nlse), OUT},
         {"qkv", qkv, F(nqkv), IN});
-    cpu->attention_forward(out, lse, qkv, B, T, NH, NKV, HD, 0);  // what backward reads
+    cpu->attention_forward(ACT(out), lse, ACT(qkv), B, T, NH, NKV, HD, 0);  // what backward reads
     snprintf(name, sizeof name, "attention_backward_%s", tag);
     RUN(name, op_attention_bwd, &a, CMP_REL, REL_TOL, {"dqkv", dqkv, F(nqkv), OUT}, {"dout", dout, F(nout), IN},
         {"qkv", qkv, F(nqkv), IN}, {"out", out, F(nout), IN}, {"lse", lse, F(nlse), IN});
@@ -669,7 +676,7 @@ static void test_crossentropy(const char *tag, int N, int V, int Vp) {
     snprintf(name, sizeof name, "crossentropy_forward_%s", tag);
     RUN(name, op_ce_fwd, &a, CMP_REL, REL_TOL, {"lse", lse, F(N), OUT}, {"logits", logits, F(n), IN},
         {"targets", targets, I(N), IN});
-    cpu->crossentropy_forward(lse, logits, targets, N, V, Vp);
+    cpu->crossentropy_forward(lse, ACT(logits), targets, N, V, Vp);
     snprintf(name, sizeof name, "crossentropy_backward_%s", tag);
     RUN(name, op_ce_bwd, &a, CMP_REL, REL_TOL, {"logits", logits, F(n), INOUT}, {"lse", lse, F(N), IN},
         {"targets", targets, I(N), IN});
@@ -740,7 +747,7 @@ static void test_bf16_norms(const char *tag, int N, int C) {
     RUN(bname("residual_layernorm_forward", tag), op_residual_layernorm_fwd, &a, CMP_REL, BF16_STORAGE_TOL,
         {"resid", resid, H(n), BOUT}, {"out", out, H(n), BOUT}, {"mean", mean, F(N), OUT}, {"rstd", rstd, F(N), OUT},
         {"a", inp, H(n), BIN}, {"b", y, H(n), BIN}, {"w", w, H(C), BIN}, {"bias", b, H(C), BIN});
-    cpu->layernorm_forward(out, mean, rstd, inp, w, b, N, C, a.eps);  // the statistics backward reads
+    cpu->layernorm_forward(ACT(out), mean, rstd, ACT(inp), ACT(w), ACT(b), N, C, a.eps);  // the statistics backward reads
     RUN(bname("layernorm_backward", tag), op_layernorm_bwd, &a, CMP_REL, BF16_STORAGE_TOL,
         {"dinp", dinp, H(n), BINOUT}, {"dw", dw, F(C), INOUT}, {"db", db, F(C), INOUT}, {"dout", dout, H(n), BIN},
         {"inp", inp, H(n), BIN}, {"w", w, H(C), BIN}, {"mean", mean, F(N), IN}, {"rstd", rstd, F(N), IN});
@@ -750,7 +757,7 @@ static void test_bf16_norms(const char *tag, int N, int C) {
     RUN(bname("residual_rmsnorm_forward", tag), op_residual_rmsnorm_fwd, &a, CMP_REL, BF16_STORAGE_TOL,
         {"resid", resid, H(n), BOUT}, {"out", out, H(n), BOUT}, {"rstd", rstd, F(N), OUT}, {"a", inp, H(n), BIN},
         {"b", y, H(n), BIN}, {"w", w, H(C), BIN});
-    cpu->rmsnorm_forward(out, rstd, inp, w, N, C, a.eps);
+    cpu->rmsnorm_forward(ACT(out), rstd, ACT(inp), ACT(w), N, C, a.eps);
     RUN(bname("rmsnorm_backward", tag), op_rmsnorm_bwd, &a, CMP_REL, BF16_STORAGE_TOL,
         {"dinp", dinp, H(n), BINOUT}, {"dw", dw, F(C), INOUT}, {"dout", dout, H(n), BIN}, {"inp", inp, H(n), BIN},
         {"w", w, H(C), BIN}, {"rstd", rstd, F(N), IN});
@@ -804,7 +811,7 @@ static void test_bf16_attention(const char *tag, int B, int T, int NH, int NKV, 
     float *lse = frand(nlse, 1.0f);
     RUN(bname("attention_forward", tag), op_attention_fwd, &a, CMP_REL, BF16_STORAGE_TOL,
         {"out", out, H(nout), BOUT}, {"lse", lse, F(nlse), OUT}, {"qkv", qkv, H(nqkv), BIN});
-    cpu->attention_forward(out, lse, qkv, B, T, NH, NKV, HD, 0);  // what backward reads
+    cpu->attention_forward(ACT(out), lse, ACT(qkv), B, T, NH, NKV, HD, 0);  // what backward reads
     RUN(bname("attention_backward", tag), op_attention_bwd, &a, CMP_REL, BF16_STORAGE_TOL,
         {"dqkv", dqkv, H(nqkv), BOUT}, {"dout", dout, H(nout), BIN}, {"qkv", qkv, H(nqkv), BIN},
         {"out", out, H(nout), BIN}, {"lse", lse, F(nlse), IN});
@@ -838,7 +845,7 @@ static void test_bf16_crossentropy(const char *tag, int N, int V, int Vp) {
     void *logits = to_bf16(l, n);
     RUN(bname("crossentropy_forward", tag), op_ce_fwd, &a, CMP_REL, BF16_STORAGE_TOL, {"lse", lse, F(N), OUT},
         {"logits", logits, H(n), BIN}, {"targets", targets, I(N), IN});
-    cpu->crossentropy_forward(lse, logits, targets, N, V, Vp);
+    cpu->crossentropy_forward(lse, ACT(logits), targets, N, V, Vp);
     RUN(bname("crossentropy_backward", tag), op_ce_bwd, &a, CMP_REL, BF16_STORAGE_TOL,
         {"logits", logits, H(n), BINOUT}, {"lse", lse, F(N), IN}, {"targets", targets, I(N), IN});
     free(logits); free(lse); free(targets);

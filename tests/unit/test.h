@@ -54,6 +54,12 @@ static int test_failed_checks;
         }                                                                                  \
     } while (0)
 
+// A host fp32 array handed to an op as activation storage (ops.h sl_act: fp32 on the cpu table).
+#define ACT(p)                                                   \
+    _Generic((p), float *: (sl_act *)(void *)(p),                \
+             const float *: (const sl_act *)(const void *)(p),   \
+             void *: (sl_act *)(p), const void *: (const sl_act *)(p))
+
 // Where shared test inputs live: ../shared/data relative to the repository root.
 static inline const char *test_data_dir(void) {
     const char *d = getenv("SHARDLM_DATA");

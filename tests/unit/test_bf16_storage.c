@@ -76,29 +76,29 @@ TEST(matmul_ops_equal_fp32_on_rounded_inputs) {
     float *s_inp = storage(inp, (size_t)N * IC), *s_w = storage(w, (size_t)OC * IC), *s_dout = storage(dout, (size_t)N * OC);
     float *s_b = storage(b, OC);  // the bias comes from the bf16 shadow too
     float *out = calloc((size_t)N * OC, 4), *s_out = calloc((size_t)N * OC, 2);
-    ref->matmul_forward(out, inp, w, b, N, IC, OC);
-    emu->matmul_forward(s_out, s_inp, s_w, s_b, N, IC, OC);
+    ref->matmul_forward(ACT(out), ACT(inp), ACT(w), ACT(b), N, IC, OC);
+    emu->matmul_forward(ACT(s_out), ACT(s_inp), ACT(s_w), ACT(s_b), N, IC, OC);
     CHECK(same_storage(s_out, out, (size_t)N * OC));
     // backward: dinp storage, dweight / dbias fp32 accumulating from the same start
     float *dinp = calloc((size_t)N * IC, 4), *s_dinp = calloc((size_t)N * IC, 2);
     float *dw = values((size_t)OC * IC, 5, 0.1f), *dw2 = malloc((size_t)OC * IC * 4), *db = calloc(OC, 4), *db2 = calloc(OC, 4);
     memcpy(dw2, dw, (size_t)OC * IC * 4);
-    ref->matmul_backward(dinp, dw, db, dout, inp, w, N, IC, OC);
-    emu->matmul_backward(s_dinp, dw2, db2, s_dout, s_inp, s_w, N, IC, OC);
+    ref->matmul_backward(ACT(dinp), dw, db, ACT(dout), ACT(inp), ACT(w), N, IC, OC);
+    emu->matmul_backward(ACT(s_dinp), dw2, db2, ACT(s_dout), ACT(s_inp), ACT(s_w), N, IC, OC);
     CHECK(same_storage(s_dinp, dinp, (size_t)N * IC));
     CHECK(same_f32(dw, dw2, (size_t)OC * IC) && same_f32(db, db2, OC));
     // fused GEMM + GELU: pre and out storage; backward overwrites dout (storage) with dpre
     float *pre = calloc((size_t)N * OC, 4), *s_pre = calloc((size_t)N * OC, 2);
-    ref->matmul_gelu_forward(out, pre, inp, w, b, N, IC, OC);
-    emu->matmul_gelu_forward(s_out, s_pre, s_inp, s_w, s_b, N, IC, OC);
+    ref->matmul_gelu_forward(ACT(out), ACT(pre), ACT(inp), ACT(w), ACT(b), N, IC, OC);
+    emu->matmul_gelu_forward(ACT(s_out), ACT(s_pre), ACT(s_inp), ACT(s_w), ACT(s_b), N, IC, OC);
     CHECK(same_storage(s_out, out, (size_t)N * OC) && same_storage(s_pre, pre, (size_t)N * OC));
     float *pre_r = malloc((size_t)N * OC * 4);  // what backward reads: pre as stored
     sl_bf16_to_f32_array((const sl_bf16 *)(const void *)s_pre, pre_r, (size_t)N * OC);
     // dpre is stored (rounded) before the GEMMs and the bias gradient read it, as on the GPU
-    ref->gelu_backward(dout, pre_r, dout, (size_t)N * OC);
+    ref->gelu_backward(ACT(dout), ACT(pre_r), ACT(dout), (size_t)N * OC);
     for (size_t k = 0; k < (size_t)N * OC; k++) dout[k] = sl_round_to_bf16(dout[k]);
-    ref->matmul_backward(dinp, dw, db, dout, inp, w, N, IC, OC);
-    emu->matmul_gelu_backward(s_dinp, dw2, db2, s_dout, s_pre, s_inp, s_w, N, IC, OC);
+    ref->matmul_backward(ACT(dinp), dw, db, ACT(dout), ACT(inp), ACT(w), N, IC, OC);
+    emu->matmul_gelu_backward(ACT(s_dinp), dw2, db2, ACT(s_dout), ACT(s_pre), ACT(s_inp), ACT(s_w), N, IC, OC);
     CHECK(same_storage(s_dinp, dinp, (size_t)N * IC) && same_storage(s_dout, dout, (size_t)N * OC));
     CHECK(same_f32(dw, dw2, (size_t)OC * IC) && same_f32(db, db2, OC));
     free(inp); free(w); free(b); free(s_b); free(dout); free(s_inp); free(s_w); free(s_dout); free(out); free(s_out);
@@ -116,35 +116,35 @@ TEST(norm_ops_equal_fp32_on_rounded_inputs) {
     // fused residual + layernorm, in place on a (resid == a) as the model calls it: the norm reads
     // the sum as stored, rounded to bf16
     float *x = malloc(n * 4);  // the stored resid, widened: what the norm and backward read
-    ref->residual_forward(resid, a, b, n);
+    ref->residual_forward(ACT(resid), ACT(a), ACT(b), n);
     for (size_t i = 0; i < n; i++) x[i] = sl_round_to_bf16(resid[i]);
-    ref->layernorm_forward(out, mean, rstd, x, w, bias, N, C, 1e-5f);
-    emu->residual_layernorm_forward(s_a, s_out, mean2, rstd2, s_a, s_b, s_w, s_bias, N, C, 1e-5f);
+    ref->layernorm_forward(ACT(out), mean, rstd, ACT(x), ACT(w), ACT(bias), N, C, 1e-5f);
+    emu->residual_layernorm_forward(ACT(s_a), ACT(s_out), mean2, rstd2, ACT(s_a), ACT(s_b), ACT(s_w), ACT(s_bias), N, C, 1e-5f);
     CHECK(same_storage(s_a, resid, n) && same_storage(s_out, out, n));
     CHECK(same_f32(mean, mean2, N) && same_f32(rstd, rstd2, N));
     // layernorm backward ACCUMULATES into the storage-typed dinp
-    ref->layernorm_forward(out, mean, rstd, x, w, bias, N, C, 1e-5f);
-    emu->layernorm_forward(s_out, mean2, rstd2, s_a, s_w, s_bias, N, C, 1e-5f);
+    ref->layernorm_forward(ACT(out), mean, rstd, ACT(x), ACT(w), ACT(bias), N, C, 1e-5f);
+    emu->layernorm_forward(ACT(s_out), mean2, rstd2, ACT(s_a), ACT(s_w), ACT(s_bias), N, C, 1e-5f);
     CHECK(same_storage(s_out, out, n) && same_f32(rstd, rstd2, N));
     float *dout = values(n, 15, 0.5f), *s_dout = storage(dout, n), *dinp = values(n, 16, 0.5f), *s_dinp = storage(dinp, n);
     float *dw = calloc(C, 4), *db = calloc(C, 4), *dw2 = calloc(C, 4), *db2 = calloc(C, 4);
-    ref->layernorm_backward(dinp, dw, db, dout, x, w, mean, rstd, N, C);
-    emu->layernorm_backward(s_dinp, dw2, db2, s_dout, s_a, s_w, mean, rstd, N, C);
+    ref->layernorm_backward(ACT(dinp), dw, db, ACT(dout), ACT(x), ACT(w), mean, rstd, N, C);
+    emu->layernorm_backward(ACT(s_dinp), dw2, db2, ACT(s_dout), ACT(s_a), ACT(s_w), mean, rstd, N, C);
     CHECK(same_storage(s_dinp, dinp, n) && same_f32(dw, dw2, C) && same_f32(db, db2, C));
     sl_bf16_to_f32_array((const sl_bf16 *)(const void *)s_dinp, dinp, n);  // accumulate onward from the stored one
     // rmsnorm forward / backward
-    ref->rmsnorm_forward(out, rstd, x, w, N, C, 1e-6f);
-    emu->rmsnorm_forward(s_out, rstd2, s_a, s_w, N, C, 1e-6f);
+    ref->rmsnorm_forward(ACT(out), rstd, ACT(x), ACT(w), N, C, 1e-6f);
+    emu->rmsnorm_forward(ACT(s_out), rstd2, ACT(s_a), ACT(s_w), N, C, 1e-6f);
     CHECK(same_storage(s_out, out, n) && same_f32(rstd, rstd2, N));
-    ref->rmsnorm_backward(dinp, dw, dout, x, w, rstd, N, C);
-    emu->rmsnorm_backward(s_dinp, dw2, s_dout, s_a, s_w, rstd, N, C);
+    ref->rmsnorm_backward(ACT(dinp), dw, ACT(dout), ACT(x), ACT(w), rstd, N, C);
+    emu->rmsnorm_backward(ACT(s_dinp), dw2, ACT(s_dout), ACT(s_a), ACT(s_w), rstd, N, C);
     CHECK(same_storage(s_dinp, dinp, n) && same_f32(dw, dw2, C));
     // fused residual + rmsnorm, out of place: resid stored first, the norm reads it back
     float *s_a2 = storage(a, n), *s_resid = malloc(n * 2);
-    ref->residual_forward(resid, a, b, n);
+    ref->residual_forward(ACT(resid), ACT(a), ACT(b), n);
     for (size_t i = 0; i < n; i++) x[i] = sl_round_to_bf16(resid[i]);
-    ref->rmsnorm_forward(out, rstd, x, w, N, C, 1e-6f);
-    emu->residual_rmsnorm_forward(s_resid, s_out, rstd2, s_a2, s_b, s_w, N, C, 1e-6f);
+    ref->rmsnorm_forward(ACT(out), rstd, ACT(x), ACT(w), N, C, 1e-6f);
+    emu->residual_rmsnorm_forward(ACT(s_resid), ACT(s_out), rstd2, ACT(s_a2), ACT(s_b), ACT(s_w), N, C, 1e-6f);
     CHECK(same_storage(s_resid, resid, n) && same_storage(s_out, out, n) && same_f32(rstd, rstd2, N));
     free(s_a2); free(s_resid); free(s_w); free(s_bias);
     free(a); free(b); free(w); free(bias); free(s_a); free(s_b); free(resid); free(out); free(s_out); free(x);
@@ -157,31 +157,31 @@ TEST(attention_rope_and_activations_equal_fp32_on_rounded_inputs) {
     float *qkv = values(nq, 21, 1.0f), *s_qkv = storage(qkv, nq);
     float cos[8 * 4], sin[8 * 4];
     sl_rope_tables(cos, sin, T, HD, 10000.0f);
-    ref->rope_forward(qkv, cos, sin, B, T, NH, NKV, HD, 0);
-    emu->rope_forward(s_qkv, cos, sin, B, T, NH, NKV, HD, 0);
+    ref->rope_forward(ACT(qkv), cos, sin, B, T, NH, NKV, HD, 0);
+    emu->rope_forward(ACT(s_qkv), cos, sin, B, T, NH, NKV, HD, 0);
     CHECK(same_storage(s_qkv, qkv, nq));
     sl_bf16_to_f32_array((const sl_bf16 *)(const void *)s_qkv, qkv, nq);  // as stored
     float *out = malloc(no * 4), *s_out = malloc(no * 2), lse[2 * 4 * 8], lse2[2 * 4 * 8];
-    ref->attention_forward(out, lse, qkv, B, T, NH, NKV, HD, 0);
-    emu->attention_forward(s_out, lse2, s_qkv, B, T, NH, NKV, HD, 0);
+    ref->attention_forward(ACT(out), lse, ACT(qkv), B, T, NH, NKV, HD, 0);
+    emu->attention_forward(ACT(s_out), lse2, ACT(s_qkv), B, T, NH, NKV, HD, 0);
     CHECK(same_storage(s_out, out, no) && same_f32(lse, lse2, (size_t)B * NH * T));
     sl_bf16_to_f32_array((const sl_bf16 *)(const void *)s_out, out, no);
     float *dout = values(no, 22, 0.5f), *s_dout = storage(dout, no), *dqkv = malloc(nq * 4), *s_dqkv = malloc(nq * 2);
-    ref->attention_backward(dqkv, dout, qkv, out, lse, B, T, NH, NKV, HD, 0);
-    emu->attention_backward(s_dqkv, s_dout, s_qkv, s_out, lse, B, T, NH, NKV, HD, 0);
+    ref->attention_backward(ACT(dqkv), ACT(dout), ACT(qkv), ACT(out), lse, B, T, NH, NKV, HD, 0);
+    emu->attention_backward(ACT(s_dqkv), ACT(s_dout), ACT(s_qkv), ACT(s_out), lse, B, T, NH, NKV, HD, 0);
     CHECK(same_storage(s_dqkv, dqkv, nq));
     // SwiGLU and GELU
     size_t ni = (size_t)B * T * I;
     float *g = values(2 * ni, 23, 2.0f), *s_g = storage(g, 2 * ni), *h = malloc(ni * 4), *s_h = malloc(ni * 2);
-    ref->swiglu_forward(h, g, B * T, I);
-    emu->swiglu_forward(s_h, s_g, B * T, I);
+    ref->swiglu_forward(ACT(h), ACT(g), B * T, I);
+    emu->swiglu_forward(ACT(s_h), ACT(s_g), B * T, I);
     CHECK(same_storage(s_h, h, ni));
     float *dg = malloc(2 * ni * 4), *s_dg = malloc(2 * ni * 2), *dh = values(ni, 24, 1.0f), *s_dh = storage(dh, ni);
-    ref->swiglu_backward(dg, g, dh, B * T, I);
-    emu->swiglu_backward(s_dg, s_g, s_dh, B * T, I);
+    ref->swiglu_backward(ACT(dg), ACT(g), ACT(dh), B * T, I);
+    emu->swiglu_backward(ACT(s_dg), ACT(s_g), ACT(s_dh), B * T, I);
     CHECK(same_storage(s_dg, dg, 2 * ni));
-    ref->gelu_forward(h, g, ni);
-    emu->gelu_forward(s_h, s_g, ni);
+    ref->gelu_forward(ACT(h), ACT(g), ni);
+    emu->gelu_forward(ACT(s_h), ACT(s_g), ni);
     CHECK(same_storage(s_h, h, ni));
     free(qkv); free(s_qkv); free(out); free(s_out); free(dout); free(s_dout); free(dqkv); free(s_dqkv);
     free(g); free(s_g); free(h); free(s_h); free(dg); free(s_dg); free(dh); free(s_dh);
@@ -193,25 +193,25 @@ TEST(encoder_and_crossentropy_equal_fp32_on_rounded_inputs) {
     int inp[8] = {1, 5, 7, 29, 0, 3, 3, 12}, tg[8] = {5, 7, -1, 2, 3, 3, 12, 0};
     float *out = malloc((size_t)N * C * 4), *s_out = malloc((size_t)N * C * 2);
     float *s_wte = storage(wte, (size_t)V * C), *s_wpe = storage(wpe, (size_t)T * C);  // the bf16 shadow
-    ref->encoder_forward(out, inp, wte, wpe, B, T, C);
-    emu->encoder_forward(s_out, inp, s_wte, s_wpe, B, T, C);
+    ref->encoder_forward(ACT(out), inp, ACT(wte), ACT(wpe), B, T, C);
+    emu->encoder_forward(ACT(s_out), inp, ACT(s_wte), ACT(s_wpe), B, T, C);
     CHECK(same_storage(s_out, out, (size_t)N * C));
-    ref->encoder_forward(out, inp, wte, NULL, B, T, C);  // LLaMA: no wpe
-    emu->encoder_forward(s_out, inp, s_wte, NULL, B, T, C);
+    ref->encoder_forward(ACT(out), inp, ACT(wte), NULL, B, T, C);  // LLaMA: no wpe
+    emu->encoder_forward(ACT(s_out), inp, ACT(s_wte), NULL, B, T, C);
     CHECK(same_storage(s_out, out, (size_t)N * C));
     free(s_wte);
     free(s_wpe);
     float *dwte = calloc((size_t)V * C, 4), *dwte2 = calloc((size_t)V * C, 4), *dout = values((size_t)N * C, 33, 1.0f);
     float *s_dout = storage(dout, (size_t)N * C);
-    ref->encoder_backward(dwte, NULL, dout, inp, B, T, C);
-    emu->encoder_backward(dwte2, NULL, s_dout, inp, B, T, C);
+    ref->encoder_backward(dwte, NULL, ACT(dout), inp, B, T, C);
+    emu->encoder_backward(dwte2, NULL, ACT(s_dout), inp, B, T, C);
     CHECK(same_f32(dwte, dwte2, (size_t)V * C));
     float *logits = values((size_t)N * Vp, 34, 4.0f), *s_logits = storage(logits, (size_t)N * Vp), lse[8], lse2[8];
-    double l1 = ref->crossentropy_forward(lse, logits, tg, N, V, Vp);
-    double l2 = emu->crossentropy_forward(lse2, s_logits, tg, N, V, Vp);
+    double l1 = ref->crossentropy_forward(lse, ACT(logits), tg, N, V, Vp);
+    double l2 = emu->crossentropy_forward(lse2, ACT(s_logits), tg, N, V, Vp);
     CHECK(l1 == l2 && same_f32(lse, lse2, N));
-    ref->crossentropy_backward(logits, lse, tg, N, V, Vp, 0.25f);
-    emu->crossentropy_backward(s_logits, lse2, tg, N, V, Vp, 0.25f);  // dlogits in place, rounded
+    ref->crossentropy_backward(ACT(logits), lse, tg, N, V, Vp, 0.25f);
+    emu->crossentropy_backward(ACT(s_logits), lse2, tg, N, V, Vp, 0.25f);  // dlogits in place, rounded
     CHECK(same_storage(s_logits, logits, (size_t)N * Vp));
     free(wte); free(wpe); free(out); free(s_out); free(dwte); free(dwte2); free(dout); free(s_dout); free(logits);
     free(s_logits);

@@ -90,11 +90,12 @@ static void check_against_transformers(const char *name) {
     CHECK(sl_model_forward(m, fx.inputs, fx.targets, fx.B, fx.T, &loss) == 0);
     size_t n;
     float *want_logits = read_tensor(&fx.expected, "logits", &n), *want_loss = read_tensor(&fx.expected, "loss", NULL);
-    int V = m->cfg.vocab_size, Vp = m->cfg.padded_vocab_size;
+    int V = m->cfg.vocab_size;
+    float *logits = malloc((size_t)fx.B * fx.T * V * sizeof(float));
+    CHECK(sl_model_logits(m, 0, fx.B * fx.T, logits) == 0);
     double worst = 0;
-    for (int r = 0; r < fx.B * fx.T; r++)
-        for (int v = 0; v < V; v++)
-            worst = fmax(worst, fabs(m->logits[(size_t)r * Vp + v] - want_logits[(size_t)r * V + v]));
+    for (size_t i = 0; i < (size_t)fx.B * fx.T * V; i++) worst = fmax(worst, fabs(logits[i] - want_logits[i]));
+    free(logits);
     double rel = worst / max_abs(want_logits, n);
     CHECK_MSG(rel < REL_TOL, "%s logits relative error %.3g", name, rel);
     CHECK_MSG(fabs(loss - want_loss[0]) <= REL_TOL * fabs(want_loss[0]), "%s loss %.8f vs %.8f", name, loss, want_loss[0]);
@@ -216,26 +217,26 @@ TEST(bad_tokens_and_lengths_are_rejected) {
 // A CPU table whose fused entries run the separate ops one after another (what the model did before
 // the fused ops existed), and which records what set_precision was told.
 static int told_precision = -1, precision_calls;
-static void unfused_matmul_gelu_forward(float *out, float *pre, const float *inp, const float *w, const float *b,
+static void unfused_matmul_gelu_forward(sl_act *out, sl_act *pre, const sl_act *inp, const sl_act *w, const sl_act *b,
                                         int N, int IC, int OC) {
     sl_ops_cpu.matmul_forward(pre, inp, w, b, N, IC, OC);
     sl_ops_cpu.gelu_forward(out, pre, (size_t)N * OC);
 }
-static void unfused_matmul_gelu_backward(float *dinp, float *dw, float *db, float *dout, const float *pre,
-                                         const float *inp, const float *w, int N, int IC, int OC) {
+static void unfused_matmul_gelu_backward(sl_act *dinp, float *dw, float *db, sl_act *dout, const sl_act *pre,
+                                         const sl_act *inp, const sl_act *w, int N, int IC, int OC) {
     float *dpre = malloc(sizeof(float) * (size_t)N * OC);
-    sl_ops_cpu.gelu_backward(dpre, pre, dout, (size_t)N * OC);
-    sl_ops_cpu.matmul_backward(dinp, dw, db, dpre, inp, w, N, IC, OC);
+    sl_ops_cpu.gelu_backward(ACT(dpre), pre, dout, (size_t)N * OC);
+    sl_ops_cpu.matmul_backward(dinp, dw, db, ACT(dpre), inp, w, N, IC, OC);
     memcpy(dout, dpre, sizeof(float) * (size_t)N * OC);
     free(dpre);
 }
-static void unfused_residual_layernorm(float *resid, float *out, float *mean, float *rstd, const float *a,
-                                       const float *b, const float *w, const float *bias, int N, int C, float eps) {
+static void unfused_residual_layernorm(sl_act *resid, sl_act *out, float *mean, float *rstd, const sl_act *a,
+                                       const sl_act *b, const sl_act *w, const sl_act *bias, int N, int C, float eps) {
     sl_ops_cpu.residual_forward(resid, a, b, (size_t)N * C);
     sl_ops_cpu.layernorm_forward(out, mean, rstd, resid, w, bias, N, C, eps);
 }
-static void unfused_residual_rmsnorm(float *resid, float *out, float *rstd, const float *a, const float *b,
-                                     const float *w, int N, int C, float eps) {
+static void unfused_residual_rmsnorm(sl_act *resid, sl_act *out, float *rstd, const sl_act *a, const sl_act *b,
+                                     const sl_act *w, int N, int C, float eps) {
     sl_ops_cpu.residual_forward(resid, a, b, (size_t)N * C);
     sl_ops_cpu.rmsnorm_forward(out, rstd, resid, w, N, C, eps);
 }

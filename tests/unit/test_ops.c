@@ -89,14 +89,14 @@ TEST(matmul_backward_matches_finite_differences_and_cpu) {
     float *fi = to_f(c.inp, (size_t)N * IC), *fw = to_f(c.w, (size_t)OC * IC), *fb = to_f(c.b, OC);
     float *fr = to_f(c.r, (size_t)N * OC), *fo = fzeros((size_t)N * OC);
     float *fdi = fzeros((size_t)N * IC), *fdw = fzeros((size_t)OC * IC), *fdb = fzeros(OC);
-    cpu_matmul_forward(fo, fi, fw, fb, N, IC, OC);
-    cpu_matmul_backward(fdi, fdw, fdb, fr, fi, fw, N, IC, OC);
+    cpu_matmul_forward(ACT(fo), ACT(fi), ACT(fw), ACT(fb), N, IC, OC);
+    cpu_matmul_backward(ACT(fdi), fdw, fdb, ACT(fr), ACT(fi), ACT(fw), N, IC, OC);
     CHECK(rel_err_f(fo, c.out, (size_t)N * OC) < F32_TOL);
     CHECK(rel_err_f(fdi, dinp, (size_t)N * IC) < F32_TOL);
     CHECK(rel_err_f(fdw, dw, (size_t)OC * IC) < F32_TOL);
     CHECK(rel_err_f(fdb, db, OC) < F32_TOL);
     // gradients accumulate: a second backward doubles dweight
-    cpu_matmul_backward(fdi, fdw, fdb, fr, fi, fw, N, IC, OC);
+    cpu_matmul_backward(ACT(fdi), fdw, fdb, ACT(fr), ACT(fi), ACT(fw), N, IC, OC);
     for (int i = 0; i < OC * IC; i++) dw[i] *= 2;
     CHECK(rel_err_f(fdw, dw, (size_t)OC * IC) < F32_TOL);
     free(c.inp); free(c.w); free(c.b); free(c.r); free(c.out); free(dinp); free(dw); free(db);
@@ -127,11 +127,11 @@ static void check_norm(int rms) {
     float *fi = to_f(c.inp, n), *fw = to_f(c.w, C), *fb = to_f(c.b, C), *fr = to_f(c.r, n), *fo = fzeros(n);
     float *fm = fzeros(N), *fs = fzeros(N), *fdi = fzeros(n), *fdw = fzeros(C), *fdb = fzeros(C);
     if (rms) {
-        cpu_rmsnorm_forward(fo, fs, fi, fw, N, C, 1e-5f);
-        cpu_rmsnorm_backward(fdi, fdw, fr, fi, fw, fs, N, C);
+        cpu_rmsnorm_forward(ACT(fo), fs, ACT(fi), ACT(fw), N, C, 1e-5f);
+        cpu_rmsnorm_backward(ACT(fdi), fdw, ACT(fr), ACT(fi), ACT(fw), fs, N, C);
     } else {
-        cpu_layernorm_forward(fo, fm, fs, fi, fw, fb, N, C, 1e-5f);
-        cpu_layernorm_backward(fdi, fdw, fdb, fr, fi, fw, fm, fs, N, C);
+        cpu_layernorm_forward(ACT(fo), fm, fs, ACT(fi), ACT(fw), ACT(fb), N, C, 1e-5f);
+        cpu_layernorm_backward(ACT(fdi), fdw, fdb, ACT(fr), ACT(fi), ACT(fw), fm, fs, N, C);
         CHECK(rel_err_f(fdb, db, C) < F32_TOL);
     }
     CHECK(rel_err_f(fo, c.out, n) < F32_TOL);
@@ -164,11 +164,11 @@ static void check_activation(int swiglu) {
     CHECK(fd_check(act_loss, &c, c.inp, dinp, nin, 60) < FD_TOL);
     float *fi = to_f(c.inp, nin), *fr = to_f(c.r, nout), *fo = fzeros(nout), *fdi = fzeros(nin);
     if (swiglu) {
-        cpu_swiglu_forward(fo, fi, N, I);
-        cpu_swiglu_backward(fdi, fi, fr, N, I);
+        cpu_swiglu_forward(ACT(fo), ACT(fi), N, I);
+        cpu_swiglu_backward(ACT(fdi), ACT(fi), ACT(fr), N, I);
     } else {
-        cpu_gelu_forward(fo, fi, nout);
-        cpu_gelu_backward(fdi, fi, fr, nout);
+        cpu_gelu_forward(ACT(fo), ACT(fi), nout);
+        cpu_gelu_backward(ACT(fdi), ACT(fi), ACT(fr), nout);
     }
     CHECK(rel_err_f(fo, c.out, nout) < F32_TOL);
     CHECK(rel_err_f(fdi, dinp, nin) < F32_TOL);
@@ -201,8 +201,8 @@ TEST(rope_backward_matches_finite_differences_and_cpu) {
     CHECK(fd_check(rope_loss, &c, c.inp, dinp, n, 80) < FD_TOL);
     rope_loss(&c);
     float *fx = to_f(c.inp, n), *fd = to_f(c.r, n);
-    cpu_rope_forward(fx, fcos, fsin, B, T, NH, NKV, HD, 0);
-    cpu_rope_backward(fd, fcos, fsin, B, T, NH, NKV, HD);
+    cpu_rope_forward(ACT(fx), fcos, fsin, B, T, NH, NKV, HD, 0);
+    cpu_rope_backward(ACT(fd), fcos, fsin, B, T, NH, NKV, HD);
     CHECK(rel_err_f(fx, c.work, n) < F32_TOL);
     CHECK(rel_err_f(fd, dinp, n) < F32_TOL);
     // v heads are untouched
@@ -230,8 +230,8 @@ static void check_attention(int B, int T, int NH, int NKV, int HD, int window, i
     float *fq = to_f(c.qkv, nq), *fr = to_f(c.r, no), *fo = fzeros(no), *flse = fzeros((size_t)B * NH * T);
     float *fdq = malloc(sizeof(float) * nq);
     for (size_t i = 0; i < nq; i++) fdq[i] = 1e9f;  // backward must overwrite every element
-    cpu_attention_forward(fo, flse, fq, B, T, NH, NKV, HD, window);
-    cpu_attention_backward(fdq, fr, fq, fo, flse, B, T, NH, NKV, HD, window);
+    cpu_attention_forward(ACT(fo), flse, ACT(fq), B, T, NH, NKV, HD, window);
+    cpu_attention_backward(ACT(fdq), ACT(fr), ACT(fq), ACT(fo), flse, B, T, NH, NKV, HD, window);
     CHECK_MSG(rel_err_f(fo, c.out, no) < F32_TOL, "forward rel err %g", rel_err_f(fo, c.out, no));
     CHECK_MSG(rel_err_f(fdq, dqkv, nq) < F32_TOL, "backward rel err %g", rel_err_f(fdq, dqkv, nq));
     // decode: the last position of batch 0 against a cache of its keys/values (the window's part of it)
@@ -242,7 +242,7 @@ static void check_attention(int B, int T, int NH, int NKV, int HD, int window, i
         memcpy(vc + (size_t)t * NKV * HD, fq + (size_t)t * W + (NH + NKV) * HD, sizeof(float) * NKV * HD);
     }
     float *dec = fzeros((size_t)NH * HD);
-    cpu_attention_decode(dec, fq + (size_t)(T - 1) * W, kc + (size_t)first * NKV * HD, vc + (size_t)first * NKV * HD,
+    cpu_attention_decode(ACT(dec), ACT(fq + (size_t)(T - 1) * W), ACT(kc + (size_t)first * NKV * HD), ACT(vc + (size_t)first * NKV * HD),
                          T - first, NH, NKV, HD);
     CHECK(rel_err_f(dec, c.out + (size_t)(T - 1) * NH * HD, (size_t)NH * HD) < F32_TOL);
     free(c.qkv); free(c.r); free(c.out); free(dqkv); free(fq); free(fr); free(fo); free(flse); free(fdq);
@@ -283,8 +283,8 @@ TEST(encoder_backward_matches_finite_differences_and_cpu) {
     enc_loss(&c);
     float *fte = to_f(c.wte, (size_t)V * C), *fpe = to_f(c.wpe, (size_t)T * C), *fr = to_f(c.r, (size_t)B * T * C);
     float *fo = fzeros((size_t)B * T * C), *fdte = fzeros((size_t)V * C), *fdpe = fzeros((size_t)T * C);
-    cpu_encoder_forward(fo, inp, fte, fpe, B, T, C);
-    cpu_encoder_backward(fdte, fdpe, fr, inp, B, T, C);
+    cpu_encoder_forward(ACT(fo), inp, ACT(fte), ACT(fpe), B, T, C);
+    cpu_encoder_backward(fdte, fdpe, ACT(fr), inp, B, T, C);
     CHECK(rel_err_f(fo, c.out, (size_t)B * T * C) < F32_TOL);
     CHECK(rel_err_f(fdte, dwte, (size_t)V * C) < F32_TOL);
     CHECK(rel_err_f(fdpe, dwpe, (size_t)T * C) < F32_TOL);
@@ -307,9 +307,9 @@ TEST(crossentropy_backward_matches_finite_differences_and_cpu) {
     double loss = ref_crossentropy(dl, c.logits, targets, N, V, Vp);
     CHECK(fd_check(ce_loss, &c, c.logits, dl, (size_t)N * Vp, 80) < FD_TOL);
     float *fl = to_f(c.logits, (size_t)N * Vp), lse[6];
-    double total = cpu_crossentropy_forward(lse, fl, targets, N, V, Vp);
+    double total = cpu_crossentropy_forward(lse, ACT(fl), targets, N, V, Vp);
     CHECK_CLOSE(total / 5.0, loss, 1e-6);
-    cpu_crossentropy_backward(fl, lse, targets, N, V, Vp, 1.0f / 5.0f);
+    cpu_crossentropy_backward(ACT(fl), lse, targets, N, V, Vp, 1.0f / 5.0f);
     CHECK(rel_err_f(fl, dl, (size_t)N * Vp) < F32_TOL);
     free(c.logits); free(dl); free(fl);
 }
@@ -326,11 +326,11 @@ TEST(thread_count_does_not_change_results) {
     for (int k = 0; k < 2; k++) {
         sl_ops_cpu_set_threads(k + 1);
         o[k] = fzeros(no); lse[k] = fzeros((size_t)B * NH * T); g[k] = fzeros(nq);
-        cpu_attention_forward(o[k], lse[k], q, B, T, NH, NKV, HD, 0);
-        cpu_attention_backward(g[k], r, q, o[k], lse[k], B, T, NH, NKV, HD, 0);
+        cpu_attention_forward(ACT(o[k]), lse[k], ACT(q), B, T, NH, NKV, HD, 0);
+        cpu_attention_backward(ACT(g[k]), ACT(r), ACT(q), ACT(o[k]), lse[k], B, T, NH, NKV, HD, 0);
         ln[k] = fzeros(nc); mean[k] = fzeros(N); rstd[k] = fzeros(N); dlx[k] = fzeros(nc); dlw[k] = fzeros(C); dlb[k] = fzeros(C);
-        cpu_layernorm_forward(ln[k], mean[k], rstd[k], x, w, b, N, C, 1e-5f);
-        cpu_layernorm_backward(dlx[k], dlw[k], dlb[k], y, x, w, mean[k], rstd[k], N, C);
+        cpu_layernorm_forward(ACT(ln[k]), mean[k], rstd[k], ACT(x), ACT(w), ACT(b), N, C, 1e-5f);
+        cpu_layernorm_backward(ACT(dlx[k]), dlw[k], dlb[k], ACT(y), ACT(x), ACT(w), mean[k], rstd[k], N, C);
     }
     sl_ops_cpu_set_threads(2);
     CHECK(memcmp(o[0], o[1], sizeof(float) * no) == 0);
@@ -367,15 +367,15 @@ static void check_matmul_gelu(const sl_ops *ops, int N, int IC, int OC, int with
     // separate: matmul, gelu; gelu backward, matmul backward
     float *pre0 = fzeros(no), *out0 = fzeros(no), *dpre0 = fzeros(no);
     float *dinp0 = fzeros(ni), *dw0 = frand_f(nw, 1), *db0 = with_bias ? frand_f(OC, 1) : NULL;
-    cpu_matmul_forward(pre0, inp, w, b, N, IC, OC);
-    cpu_gelu_forward(out0, pre0, no);
-    cpu_gelu_backward(dpre0, pre0, dout, no);
+    cpu_matmul_forward(ACT(pre0), ACT(inp), ACT(w), ACT(b), N, IC, OC);
+    cpu_gelu_forward(ACT(out0), ACT(pre0), no);
+    cpu_gelu_backward(ACT(dpre0), ACT(pre0), ACT(dout), no);
     float *dw1 = fcopy(dw0, nw), *db1 = with_bias ? fcopy(db0, OC) : NULL, *dw_nodinp = fcopy(dw0, nw);
-    cpu_matmul_backward(dinp0, dw0, db0, dpre0, inp, w, N, IC, OC);
+    cpu_matmul_backward(ACT(dinp0), dw0, db0, ACT(dpre0), ACT(inp), ACT(w), N, IC, OC);
     // fused, through the table
     float *pre1 = fzeros(no), *out1 = fzeros(no), *dinp1 = fzeros(ni), *d1 = fcopy(dout, no);
-    ops->matmul_gelu_forward(out1, pre1, inp, w, b, N, IC, OC);
-    ops->matmul_gelu_backward(dinp1, dw1, db1, d1, pre1, inp, w, N, IC, OC);
+    ops->matmul_gelu_forward(ACT(out1), ACT(pre1), ACT(inp), ACT(w), ACT(b), N, IC, OC);
+    ops->matmul_gelu_backward(ACT(dinp1), dw1, db1, ACT(d1), ACT(pre1), ACT(inp), ACT(w), N, IC, OC);
     CHECK_MSG(same_bits(pre1, pre0, no) && same_bits(out1, out0, no), "%s forward N=%d IC=%d OC=%d bias=%d", ops->name,
               N, IC, OC, with_bias);
     CHECK_MSG(same_bits(d1, dpre0, no), "%s: dout is not overwritten with the pre-GELU gradient", ops->name);
@@ -385,8 +385,8 @@ static void check_matmul_gelu(const sl_ops *ops, int N, int IC, int OC, int with
     // without dinp: the parameter gradients alone, and accumulated (+=) on top of what was there
     memcpy(d1, dout, sizeof(float) * no);
     float *dw_ref = fcopy(dw_nodinp, nw);
-    cpu_matmul_backward(NULL, dw_ref, NULL, dpre0, inp, w, N, IC, OC);
-    ops->matmul_gelu_backward(NULL, dw_nodinp, NULL, d1, pre1, inp, w, N, IC, OC);
+    cpu_matmul_backward(NULL, dw_ref, NULL, ACT(dpre0), ACT(inp), ACT(w), N, IC, OC);
+    ops->matmul_gelu_backward(NULL, dw_nodinp, NULL, ACT(d1), ACT(pre1), ACT(inp), ACT(w), N, IC, OC);
     CHECK(same_bits(dw_nodinp, dw_ref, nw) && same_bits(d1, dpre0, no));
     free(inp); free(w); free(b); free(dout); free(pre0); free(out0); free(dpre0); free(dinp0); free(dw0); free(db0);
     free(dw1); free(db1); free(dw_nodinp); free(pre1); free(out1); free(dinp1); free(d1); free(dw_ref);
@@ -413,13 +413,13 @@ static void check_residual_norm(int rms, int N, int C, int in_place) {
     for (size_t i = 0; i < n; i++) a[i] += 0.5f;  // a non-zero mean
     // separate: residual_forward then the norm
     float *r0 = fzeros(n), *o0 = fzeros(n), *m0 = fzeros(N), *s0 = fzeros(N);
-    cpu_residual_forward(r0, a, b, n);
-    if (rms) cpu_rmsnorm_forward(o0, s0, r0, w, N, C, 1e-6f);
-    else cpu_layernorm_forward(o0, m0, s0, r0, w, bias, N, C, 1e-5f);
+    cpu_residual_forward(ACT(r0), ACT(a), ACT(b), n);
+    if (rms) cpu_rmsnorm_forward(ACT(o0), s0, ACT(r0), ACT(w), N, C, 1e-6f);
+    else cpu_layernorm_forward(ACT(o0), m0, s0, ACT(r0), ACT(w), ACT(bias), N, C, 1e-5f);
     // fused, in place (resid = a, as the model calls it) or into its own buffer
     float *ac = fcopy(a, n), *r1 = in_place ? ac : fzeros(n), *o1 = fzeros(n), *m1 = fzeros(N), *s1 = fzeros(N);
-    if (rms) sl_ops_cpu.residual_rmsnorm_forward(r1, o1, s1, ac, b, w, N, C, 1e-6f);
-    else sl_ops_cpu.residual_layernorm_forward(r1, o1, m1, s1, ac, b, w, bias, N, C, 1e-5f);
+    if (rms) sl_ops_cpu.residual_rmsnorm_forward(ACT(r1), ACT(o1), s1, ACT(ac), ACT(b), ACT(w), N, C, 1e-6f);
+    else sl_ops_cpu.residual_layernorm_forward(ACT(r1), ACT(o1), m1, s1, ACT(ac), ACT(b), ACT(w), ACT(bias), N, C, 1e-5f);
     CHECK_MSG(same_bits(r1, r0, n) && same_bits(o1, o0, n) && same_bits(s1, s0, N) && same_bits(m1, m0, N),
               "%s N=%d C=%d in_place=%d", rms ? "rmsnorm" : "layernorm", N, C, in_place);
     free(a); free(b); free(w); free(bias); free(r0); free(o0); free(m0); free(s0);
@@ -447,9 +447,9 @@ TEST(cpu_set_precision_changes_nothing) {
     float *inp = frand_f((size_t)N * IC, 1), *w = frand_f((size_t)OC * IC, 1), *o0 = fzeros((size_t)N * OC),
           *o1 = fzeros((size_t)N * OC);
     CHECK(sl_ops_cpu.set_precision != NULL);
-    cpu_matmul_forward(o0, inp, w, NULL, N, IC, OC);
+    cpu_matmul_forward(ACT(o0), ACT(inp), ACT(w), NULL, N, IC, OC);
     sl_ops_cpu.set_precision(SL_PRECISION_BF16);
-    sl_ops_cpu.matmul_forward(o1, inp, w, NULL, N, IC, OC);
+    sl_ops_cpu.matmul_forward(ACT(o1), ACT(inp), ACT(w), NULL, N, IC, OC);
     sl_ops_cpu.set_precision(SL_PRECISION_FP32);
     CHECK(same_bits(o0, o1, (size_t)N * OC));
     free(inp); free(w); free(o0); free(o1);

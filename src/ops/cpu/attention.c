@@ -97,8 +97,10 @@ static void forward_block(att_scratch *w, float *out, float *lse, const float *q
     }
 }
 
-void cpu_attention_forward(float *out, float *lse, const float *qkv, int B, int T, int NH, int NKV, int HD,
+void cpu_attention_forward(sl_act *out_, float *lse, const sl_act *qkv_, int B, int T, int NH, int NKV, int HD,
                            int window) {
+    float *out = cpu_f32(out_);
+    const float *qkv = cpu_f32(qkv_);
     size_t W = (size_t)(NH + 2 * NKV) * HD, out_stride = (size_t)NH * HD;
     int group = NH / NKV, n_blocks = (T + ATT_TILE - 1) / ATT_TILE;
     float scale = 1.0f / sqrtf((float)HD);
@@ -121,8 +123,12 @@ void cpu_attention_forward(float *out, float *lse, const float *qkv, int B, int 
     }
 }
 
-void cpu_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
-                            int B, int T, int NH, int NKV, int HD, int window) {
+void cpu_attention_backward(sl_act *dqkv_, const sl_act *dout_, const sl_act *qkv_, const sl_act *out_,
+                            const float *lse, int B, int T, int NH, int NKV, int HD, int window) {
+    float *dqkv = cpu_f32(dqkv_);
+    const float *dout = cpu_f32(dout_);
+    const float *qkv = cpu_f32(qkv_);
+    const float *out = cpu_f32(out_);
     size_t W = (size_t)(NH + 2 * NKV) * HD, os = (size_t)NH * HD;
     int group = NH / NKV;
     float scale = 1.0f / sqrtf((float)HD);
@@ -188,8 +194,12 @@ void cpu_attention_backward(float *dqkv, const float *dout, const float *qkv, co
     }
 }
 
-void cpu_attention_decode(float *out, const float *q, const float *k_cache, const float *v_cache, int n_ctx, int NH,
-                          int NKV, int HD) {
+void cpu_attention_decode(sl_act *out_, const sl_act *q_, const sl_act *k_cache_, const sl_act *v_cache_, int n_ctx,
+                          int NH, int NKV, int HD) {
+    float *out = cpu_f32(out_);
+    const float *q = cpu_f32(q_);
+    const float *k_cache = cpu_f32(k_cache_);
+    const float *v_cache = cpu_f32(v_cache_);
     int group = NH / NKV;
     float scale = 1.0f / sqrtf((float)HD);
     size_t stride = (size_t)NKV * HD;

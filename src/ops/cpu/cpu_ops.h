@@ -9,41 +9,15 @@
 // Below this much work (elements touched) an op runs on the calling thread: waking the team costs more.
 #define SL_PAR_MIN_WORK ((size_t)32768)
 
-void cpu_encoder_forward(float *out, const int *inp, const float *wte, const float *wpe, int B, int T, int C);
-void cpu_encoder_backward(float *dwte, float *dwpe, const float *dout, const int *inp, int B, int T, int C);
-void cpu_matmul_forward(float *out, const float *inp, const float *weight, const float *bias, int N, int IC, int OC);
-void cpu_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
-                         const float *weight, int N, int IC, int OC);
-void cpu_matmul_gelu_forward(float *out, float *pre, const float *inp, const float *weight, const float *bias, int N,
-                             int IC, int OC);
-void cpu_matmul_gelu_backward(float *dinp, float *dweight, float *dbias, float *dout, const float *pre,
-                              const float *inp, const float *weight, int N, int IC, int OC);
-void cpu_layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *w, const float *b,
-                           int N, int C, float eps);
-void cpu_layernorm_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp, const float *w,
-                            const float *mean, const float *rstd, int N, int C);
-void cpu_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *w, int N, int C, float eps);
-void cpu_rmsnorm_backward(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
-                          const float *rstd, int N, int C);
-void cpu_residual_forward(float *out, const float *a, const float *b, size_t n);
-void cpu_residual_layernorm_forward(float *resid, float *out, float *mean, float *rstd, const float *a, const float *b,
-                                    const float *w, const float *bias, int N, int C, float eps);
-void cpu_residual_rmsnorm_forward(float *resid, float *out, float *rstd, const float *a, const float *b, const float *w,
-                                  int N, int C, float eps);
-void cpu_gelu_forward(float *out, const float *inp, size_t n);
-void cpu_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n);
-void cpu_swiglu_forward(float *out, const float *inp, int N, int I);
-void cpu_swiglu_backward(float *dinp, const float *inp, const float *dout, int N, int I);
-void cpu_rope_forward(float *qkv, const float *cos, const float *sin, int B, int T, int NH, int NKV, int HD, int pos0);
-void cpu_rope_backward(float *dqkv, const float *cos, const float *sin, int B, int T, int NH, int NKV, int HD);
-void cpu_attention_forward(float *out, float *lse, const float *qkv, int B, int T, int NH, int NKV, int HD,
-                           int window);
-void cpu_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
-                            int B, int T, int NH, int NKV, int HD, int window);
-void cpu_attention_decode(float *out, const float *q, const float *k_cache, const float *v_cache, int n_ctx, int NH,
-                          int NKV, int HD);
-double cpu_crossentropy_forward(float *lse, const float *logits, const int *targets, int N, int V, int Vp);
-void cpu_crossentropy_backward(float *logits, const float *lse, const int *targets, int N, int V, int Vp, float dloss);
+// The ops of ops_list.h, cpu_<op>: fp32 storage, so each converts its sl_act arguments with cpu_f32.
+#define SL_CPU_OP_DECL(ret, name, params, args, storage, flops, emulation) ret cpu_##name params;
+SL_OPS(SL_CPU_OP_DECL)
+#undef SL_CPU_OP_DECL
+
+// The CPU backend's activation storage is float32: an sl_act pointer as the floats it holds, and
+// back (const stays const).
+#define cpu_f32(p) _Generic((p), sl_act *: (float *)(void *)(p), const sl_act *: (const float *)(const void *)(p))
+#define cpu_act(p) _Generic((p), float *: (sl_act *)(void *)(p), const float *: (const sl_act *)(const void *)(p))
 
 // What is not an op over activations (ops_cpu.c), shared by sl_ops_cpu and sl_ops_cpu_bf16: host
 // memory (transfers are copies), the precision switch (nothing: OpenBLAS is fp32) and the optimizer

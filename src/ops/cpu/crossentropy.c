@@ -8,7 +8,8 @@
 #include <math.h>
 #include <stdlib.h>
 
-double cpu_crossentropy_forward(float *lse, const float *logits, const int *targets, int N, int V, int Vp) {
+double cpu_crossentropy_forward(float *lse, const sl_act *logits_, const int *targets, int N, int V, int Vp) {
+    const float *logits = cpu_f32(logits_);
 #pragma omp parallel for schedule(static) if((size_t)N * V >= SL_PAR_MIN_WORK)
     for (int n = 0; n < N; n++) {
         const float *x = logits + (size_t)n * Vp;
@@ -26,7 +27,9 @@ double cpu_crossentropy_forward(float *lse, const float *logits, const int *targ
     return total;
 }
 
-void cpu_crossentropy_backward(float *logits, const float *lse, const int *targets, int N, int V, int Vp, float dloss) {
+void cpu_crossentropy_backward(sl_act *logits_, const float *lse, const int *targets, int N, int V, int Vp,
+                               float dloss) {
+    float *logits = cpu_f32(logits_);
 #pragma omp parallel for schedule(static) if((size_t)N * V >= SL_PAR_MIN_WORK)
     for (int n = 0; n < N; n++) {
         float *x = logits + (size_t)n * Vp;

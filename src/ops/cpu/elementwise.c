@@ -5,7 +5,11 @@
 #include <math.h>
 #include <string.h>
 
-void cpu_encoder_forward(float *out, const int *inp, const float *wte, const float *wpe, int B, int T, int C) {
+void cpu_encoder_forward(sl_act *out_, const int *inp, const sl_act *wte_, const sl_act *wpe_, int B, int T,
+                         int C) {
+    float *out = cpu_f32(out_);
+    const float *wte = cpu_f32(wte_);
+    const float *wpe = cpu_f32(wpe_);
 #pragma omp parallel for schedule(static) if((size_t)B * T * C >= SL_PAR_MIN_WORK)
     for (int n = 0; n < B * T; n++) {
         float *o = out + (size_t)n * C;
@@ -20,7 +24,8 @@ void cpu_encoder_forward(float *out, const int *inp, const float *wte, const flo
     }
 }
 
-void cpu_encoder_backward(float *dwte, float *dwpe, const float *dout, const int *inp, int B, int T, int C) {
+void cpu_encoder_backward(float *dwte, float *dwpe, const sl_act *dout_, const int *inp, int B, int T, int C) {
+    const float *dout = cpu_f32(dout_);
     // each thread owns a block of columns, so repeated tokens never race and order is fixed
 #pragma omp parallel if((size_t)B * T * C >= SL_PAR_MIN_WORK)
     {
@@ -38,14 +43,19 @@ void cpu_encoder_backward(float *dwte, float *dwpe, const float *dout, const int
     }
 }
 
-void cpu_residual_forward(float *out, const float *a, const float *b, size_t n) {
+void cpu_residual_forward(sl_act *out_, const sl_act *a_, const sl_act *b_, size_t n) {
+    float *out = cpu_f32(out_);
+    const float *a = cpu_f32(a_);
+    const float *b = cpu_f32(b_);
 #pragma omp parallel for simd schedule(static) if(n >= SL_PAR_MIN_WORK)
     for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
 }
 
 #define GELU_K 0.7978845608028654f  // sqrt(2/pi)
 
-void cpu_gelu_forward(float *out, const float *inp, size_t n) {
+void cpu_gelu_forward(sl_act *out_, const sl_act *inp_, size_t n) {
+    float *out = cpu_f32(out_);
+    const float *inp = cpu_f32(inp_);
 #pragma omp parallel for simd schedule(static) if(n >= SL_PAR_MIN_WORK)
     for (size_t i = 0; i < n; i++) {
         float x = inp[i];
@@ -53,7 +63,10 @@ void cpu_gelu_forward(float *out, const float *inp, size_t n) {
     }
 }
 
-void cpu_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n) {
+void cpu_gelu_backward(sl_act *dinp_, const sl_act *inp_, const sl_act *dout_, size_t n) {
+    float *dinp = cpu_f32(dinp_);
+    const float *inp = cpu_f32(inp_);
+    const float *dout = cpu_f32(dout_);
 #pragma omp parallel for simd schedule(static) if(n >= SL_PAR_MIN_WORK)
     for (size_t i = 0; i < n; i++) {
         float x = inp[i], th = vtanhf(GELU_K * (x + 0.044715f * x * x * x));
@@ -62,7 +75,9 @@ void cpu_gelu_backward(float *dinp, const float *inp, const float *dout, size_t 
     }
 }
 
-void cpu_swiglu_forward(float *out, const float *inp, int N, int I) {
+void cpu_swiglu_forward(sl_act *out_, const sl_act *inp_, int N, int I) {
+    float *out = cpu_f32(out_);
+    const float *inp = cpu_f32(inp_);
 #pragma omp parallel for schedule(static) if((size_t)N * I >= SL_PAR_MIN_WORK)
     for (int n = 0; n < N; n++) {
         const float *g = inp + (size_t)n * 2 * I, *u = g + I;
@@ -72,7 +87,10 @@ void cpu_swiglu_forward(float *out, const float *inp, int N, int I) {
     }
 }
 
-void cpu_swiglu_backward(float *dinp, const float *inp, const float *dout, int N, int I) {
+void cpu_swiglu_backward(sl_act *dinp_, const sl_act *inp_, const sl_act *dout_, int N, int I) {
+    float *dinp = cpu_f32(dinp_);
+    const float *inp = cpu_f32(inp_);
+    const float *dout = cpu_f32(dout_);
 #pragma omp parallel for schedule(static) if((size_t)N * I >= SL_PAR_MIN_WORK)
     for (int n = 0; n < N; n++) {
         const float *g = inp + (size_t)n * 2 * I, *u = g + I, *d = dout + (size_t)n * I;
@@ -106,11 +124,14 @@ static void rope_apply(float *qkv, const float *cos_t, const float *sin_t, int B
         }
 }
 
-void cpu_rope_forward(float *qkv, const float *cos_t, const float *sin_t, int B, int T, int NH, int NKV, int HD,
+void cpu_rope_forward(sl_act *qkv_, const float *cos_t, const float *sin_t, int B, int T, int NH, int NKV, int HD,
                       int pos0) {
+    float *qkv = cpu_f32(qkv_);
     rope_apply(qkv, cos_t, sin_t, B, T, NH, NKV, HD, pos0, 1.0f);
 }
 
-void cpu_rope_backward(float *dqkv, const float *cos_t, const float *sin_t, int B, int T, int NH, int NKV, int HD) {
+void cpu_rope_backward(sl_act *dqkv_, const float *cos_t, const float *sin_t, int B, int T, int NH, int NKV,
+                       int HD) {
+    float *dqkv = cpu_f32(dqkv_);
     rope_apply(dqkv, cos_t, sin_t, B, T, NH, NKV, HD, 0, -1.0f);
 }

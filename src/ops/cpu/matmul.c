@@ -6,7 +6,12 @@
 #include <cblas.h>
 #include <string.h>
 
-void cpu_matmul_forward(float *out, const float *inp, const float *weight, const float *bias, int N, int IC, int OC) {
+void cpu_matmul_forward(sl_act *out_, const sl_act *inp_, const sl_act *weight_, const sl_act *bias_, int N, int IC,
+                        int OC) {
+    float *out = cpu_f32(out_);
+    const float *inp = cpu_f32(inp_);
+    const float *weight = cpu_f32(weight_);
+    const float *bias = cpu_f32(bias_);
     float beta = 0.0f;
     if (bias) {
 #pragma omp parallel for schedule(static) if((size_t)N * OC >= SL_PAR_MIN_WORK)
@@ -17,8 +22,12 @@ void cpu_matmul_forward(float *out, const float *inp, const float *weight, const
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, IC, 1.0f, inp, IC, weight, IC, beta, out, OC);
 }
 
-void cpu_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
-                         const float *weight, int N, int IC, int OC) {
+void cpu_matmul_backward(sl_act *dinp_, float *dweight, float *dbias, const sl_act *dout_, const sl_act *inp_,
+                         const sl_act *weight_, int N, int IC, int OC) {
+    float *dinp = cpu_f32(dinp_);
+    const float *dout = cpu_f32(dout_);
+    const float *inp = cpu_f32(inp_);
+    const float *weight = cpu_f32(weight_);
     // dinp (N,IC) = dout (N,OC) @ weight (OC,IC)
     if (dinp) cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, IC, OC, 1.0f, dout, OC, weight, IC, 0.0f, dinp, IC);
     // dweight (OC,IC) += dout^T (OC,N) @ inp (N,IC)
@@ -36,14 +45,14 @@ void cpu_matmul_backward(float *dinp, float *dweight, float *dbias, const float 
     }
 }
 
-void cpu_matmul_gelu_forward(float *out, float *pre, const float *inp, const float *weight, const float *bias, int N,
-                             int IC, int OC) {
+void cpu_matmul_gelu_forward(sl_act *out, sl_act *pre, const sl_act *inp, const sl_act *weight, const sl_act *bias,
+                             int N, int IC, int OC) {
     cpu_matmul_forward(pre, inp, weight, bias, N, IC, OC);
     cpu_gelu_forward(out, pre, (size_t)N * OC);
 }
 
-void cpu_matmul_gelu_backward(float *dinp, float *dweight, float *dbias, float *dout, const float *pre,
-                              const float *inp, const float *weight, int N, int IC, int OC) {
+void cpu_matmul_gelu_backward(sl_act *dinp, float *dweight, float *dbias, sl_act *dout, const sl_act *pre,
+                              const sl_act *inp, const sl_act *weight, int N, int IC, int OC) {
     cpu_gelu_backward(dout, pre, dout, (size_t)N * OC);  // in place: dout becomes d(pre)
     cpu_matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, IC, OC);
 }

@@ -44,15 +44,26 @@ static inline void residual_row(float *resid, const float *a, const float *b, in
     for (int c = 0; c < C; c++) resid[c] = a[c] + b[c];
 }
 
-void cpu_layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *w, const float *b,
-                           int N, int C, float eps) {
+void cpu_layernorm_forward(sl_act *out_, float *mean, float *rstd, const sl_act *inp_, const sl_act *w_,
+                           const sl_act *b_, int N, int C, float eps) {
+    float *out = cpu_f32(out_);
+    const float *inp = cpu_f32(inp_);
+    const float *w = cpu_f32(w_);
+    const float *b = cpu_f32(b_);
 #pragma omp parallel for schedule(static) if((size_t)N * C >= SL_PAR_MIN_WORK)
     for (int n = 0; n < N; n++)
         layernorm_row(out + (size_t)n * C, mean + n, rstd + n, inp + (size_t)n * C, w, b, C, eps);
 }
 
-void cpu_residual_layernorm_forward(float *resid, float *out, float *mean, float *rstd, const float *a, const float *b,
-                                    const float *w, const float *bias, int N, int C, float eps) {
+void cpu_residual_layernorm_forward(sl_act *resid_, sl_act *out_, float *mean, float *rstd, const sl_act *a_,
+                                    const sl_act *b_, const sl_act *w_, const sl_act *bias_, int N, int C,
+                                    float eps) {
+    float *resid = cpu_f32(resid_);
+    float *out = cpu_f32(out_);
+    const float *a = cpu_f32(a_);
+    const float *b = cpu_f32(b_);
+    const float *w = cpu_f32(w_);
+    const float *bias = cpu_f32(bias_);
 #pragma omp parallel for schedule(static) if((size_t)N * C >= SL_PAR_MIN_WORK)
     for (int n = 0; n < N; n++) {
         size_t row = (size_t)n * C;
@@ -61,8 +72,12 @@ void cpu_residual_layernorm_forward(float *resid, float *out, float *mean, float
     }
 }
 
-void cpu_layernorm_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp, const float *w,
-                            const float *mean, const float *rstd, int N, int C) {
+void cpu_layernorm_backward(sl_act *dinp_, float *dw, float *db, const sl_act *dout_, const sl_act *inp_,
+                            const sl_act *w_, const float *mean, const float *rstd, int N, int C) {
+    float *dinp = cpu_f32(dinp_);
+    const float *dout = cpu_f32(dout_);
+    const float *inp = cpu_f32(inp_);
+    const float *w = cpu_f32(w_);
 #pragma omp parallel for schedule(static) if((size_t)N * C >= SL_PAR_MIN_WORK)
     for (int n = 0; n < N; n++) {
         const float *x = inp + (size_t)n * C, *dy = dout + (size_t)n * C;
@@ -94,13 +109,21 @@ void cpu_layernorm_backward(float *dinp, float *dw, float *db, const float *dout
     }
 }
 
-void cpu_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *w, int N, int C, float eps) {
+void cpu_rmsnorm_forward(sl_act *out_, float *rstd, const sl_act *inp_, const sl_act *w_, int N, int C, float eps) {
+    float *out = cpu_f32(out_);
+    const float *inp = cpu_f32(inp_);
+    const float *w = cpu_f32(w_);
 #pragma omp parallel for schedule(static) if((size_t)N * C >= SL_PAR_MIN_WORK)
     for (int n = 0; n < N; n++) rmsnorm_row(out + (size_t)n * C, rstd + n, inp + (size_t)n * C, w, C, eps);
 }
 
-void cpu_residual_rmsnorm_forward(float *resid, float *out, float *rstd, const float *a, const float *b, const float *w,
-                                  int N, int C, float eps) {
+void cpu_residual_rmsnorm_forward(sl_act *resid_, sl_act *out_, float *rstd, const sl_act *a_, const sl_act *b_,
+                                  const sl_act *w_, int N, int C, float eps) {
+    float *resid = cpu_f32(resid_);
+    float *out = cpu_f32(out_);
+    const float *a = cpu_f32(a_);
+    const float *b = cpu_f32(b_);
+    const float *w = cpu_f32(w_);
 #pragma omp parallel for schedule(static) if((size_t)N * C >= SL_PAR_MIN_WORK)
     for (int n = 0; n < N; n++) {
         size_t row = (size_t)n * C;
@@ -109,8 +132,12 @@ void cpu_residual_rmsnorm_forward(float *resid, float *out, float *rstd, const f
     }
 }
 
-void cpu_rmsnorm_backward(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
+void cpu_rmsnorm_backward(sl_act *dinp_, float *dw, const sl_act *dout_, const sl_act *inp_, const sl_act *w_,
                           const float *rstd, int N, int C) {
+    float *dinp = cpu_f32(dinp_);
+    const float *dout = cpu_f32(dout_);
+    const float *inp = cpu_f32(inp_);
+    const float *w = cpu_f32(w_);
 #pragma omp parallel for schedule(static) if((size_t)N * C >= SL_PAR_MIN_WORK)
     for (int n = 0; n < N; n++) {
         const float *x = inp + (size_t)n * C, *dy = dout + (size_t)n * C;

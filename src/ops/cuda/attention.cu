@@ -477,7 +477,7 @@ bool window_ok(const char *op, int window, int T) {
 }  // namespace
 
 template <typename floatX>
-void cuda_attention_forward(float *out, float *lse, const float *qkv, int B, int T, int NH, int NKV, int HD,
+void cuda_attention_forward(sl_act *out, float *lse, const sl_act *qkv, int B, int T, int NH, int NKV, int HD,
                             int window) {
     if (!shape_ok("cuda_attention_forward", NH, NKV, HD) || !window_ok("cuda_attention_forward", window, T) || B <= 0 ||
         T <= 0)
@@ -492,8 +492,8 @@ void cuda_attention_forward(float *out, float *lse, const float *qkv, int B, int
 }
 
 template <typename floatX>
-void cuda_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
-                             int B, int T, int NH, int NKV, int HD, int window) {
+void cuda_attention_backward(sl_act *dqkv, const sl_act *dout, const sl_act *qkv, const sl_act *out,
+                             const float *lse, int B, int T, int NH, int NKV, int HD, int window) {
     if (!shape_ok("cuda_attention_backward", NH, NKV, HD) || !window_ok("cuda_attention_backward", window, T) ||
         B <= 0 || T <= 0)
         return;
@@ -516,8 +516,8 @@ void cuda_attention_backward(float *dqkv, const float *dout, const float *qkv, c
 }
 
 template <typename floatX>
-void cuda_attention_decode(float *out, const float *q, const float *k_cache, const float *v_cache, int n_ctx, int NH,
-                           int NKV, int HD) {
+void cuda_attention_decode(sl_act *out, const sl_act *q, const sl_act *k_cache, const sl_act *v_cache, int n_ctx,
+                           int NH, int NKV, int HD) {
     if (!shape_ok("cuda_attention_decode", NH, NKV, HD)) return;
     if (n_ctx < 1) {
         sl_cuda_record_failure("cuda_attention_decode: n_ctx %d (the cache holds at least the current position)",

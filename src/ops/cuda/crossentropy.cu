@@ -108,7 +108,7 @@ __global__ void crossentropy_backward_kernel(T *logits, const float *lse, const 
 // ---- entry points --------------------------------------------------------------------------------
 
 template <typename floatX>
-double cuda_crossentropy_forward(float *lse, const float *logits, const int *targets, int N, int V, int Vp) {
+double cuda_crossentropy_forward(float *lse, const sl_act *logits, const int *targets, int N, int V, int Vp) {
     if (N <= 0) return 0.0;
     double *row_loss = (double *)sl_cuda_scratch_get(&crossentropy_buf, sizeof(double) * ((size_t)N + 1), "crossentropy scratch");
     if (!row_loss) return NAN;
@@ -126,7 +126,7 @@ double cuda_crossentropy_forward(float *lse, const float *logits, const int *tar
 }
 
 template <typename floatX>
-void cuda_crossentropy_backward(float *logits, const float *lse, const int *targets, int N, int V, int Vp,
+void cuda_crossentropy_backward(sl_act *logits, const float *lse, const int *targets, int N, int V, int Vp,
                                 float dloss) {
     if (N <= 0 || Vp <= 0) return;
     crossentropy_backward_kernel<floatX><<<(unsigned int)N, CE_THREADS, 0, sl_cuda_stream()>>>(

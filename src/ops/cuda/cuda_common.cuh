@@ -70,8 +70,8 @@ static inline bool sl_cuda_grid_ok(size_t blocks, const char *what) {
 }
 
 // An op's storage-typed argument (ops.h: float * in the prototype) as what it points to: floatX.
-template <typename floatX> inline floatX *as_storage(float *p) { return reinterpret_cast<floatX *>(p); }
-template <typename floatX> inline const floatX *as_storage(const float *p) { return reinterpret_cast<const floatX *>(p); }
+template <typename floatX> inline floatX *as_storage(sl_act *p) { return reinterpret_cast<floatX *>(p); }
+template <typename floatX> inline const floatX *as_storage(const sl_act *p) { return reinterpret_cast<const floatX *>(p); }
 
 // Storage-type conversions for the templated kernels (float, and __nv_bfloat16 for bf16 storage).
 __device__ __forceinline__ float to_f32(float x) { return x; }

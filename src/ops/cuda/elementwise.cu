@@ -71,7 +71,7 @@ __global__ void swiglu_backward_kernel(T *dinp, const T *inp, const T *dout, siz
 // ---- entry points (cuda_ops.cuh) ------------------------------------------------------------------
 
 template <typename floatX>
-void cuda_residual_forward(float *out, const float *a, const float *b, size_t n) {
+void cuda_residual_forward(sl_act *out, const sl_act *a, const sl_act *b, size_t n) {
     if (n == 0) return;
     residual_forward_kernel<floatX><<<grid_for(n), EW_THREADS, 0, sl_cuda_stream()>>>(
         as_storage<floatX>(out), as_storage<floatX>(a), as_storage<floatX>(b), n);
@@ -79,7 +79,7 @@ void cuda_residual_forward(float *out, const float *a, const float *b, size_t n)
 }
 
 template <typename floatX>
-void cuda_gelu_forward(float *out, const float *inp, size_t n) {
+void cuda_gelu_forward(sl_act *out, const sl_act *inp, size_t n) {
     if (n == 0) return;
     gelu_forward_kernel<floatX><<<grid_for(n), EW_THREADS, 0, sl_cuda_stream()>>>(as_storage<floatX>(out),
                                                                                   as_storage<floatX>(inp), n);
@@ -87,7 +87,7 @@ void cuda_gelu_forward(float *out, const float *inp, size_t n) {
 }
 
 template <typename floatX>
-void cuda_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n) {
+void cuda_gelu_backward(sl_act *dinp, const sl_act *inp, const sl_act *dout, size_t n) {
     if (n == 0) return;
     gelu_backward_kernel<floatX><<<grid_for(n), EW_THREADS, 0, sl_cuda_stream()>>>(
         as_storage<floatX>(dinp), as_storage<floatX>(inp), as_storage<floatX>(dout), n);
@@ -95,7 +95,7 @@ void cuda_gelu_backward(float *dinp, const float *inp, const float *dout, size_t
 }
 
 template <typename floatX>
-void cuda_swiglu_forward(float *out, const float *inp, int N, int I) {
+void cuda_swiglu_forward(sl_act *out, const sl_act *inp, int N, int I) {
     if (N <= 0 || I <= 0) return;
     size_t total = (size_t)N * I;
     swiglu_forward_kernel<floatX><<<grid_for(total), EW_THREADS, 0, sl_cuda_stream()>>>(
@@ -104,7 +104,7 @@ void cuda_swiglu_forward(float *out, const float *inp, int N, int I) {
 }
 
 template <typename floatX>
-void cuda_swiglu_backward(float *dinp, const float *inp, const float *dout, int N, int I) {
+void cuda_swiglu_backward(sl_act *dinp, const sl_act *inp, const sl_act *dout, int N, int I) {
     if (N <= 0 || I <= 0) return;
     size_t total = (size_t)N * I;
     swiglu_backward_kernel<floatX><<<grid_for(total), EW_THREADS, 0, sl_cuda_stream()>>>(

@@ -111,7 +111,7 @@ __global__ void encoder_backward_wpe_kernel(float *dwpe, const T *dout, int B, i
 // ---- entry points --------------------------------------------------------------------------------
 
 template <typename floatX>
-void cuda_encoder_forward(float *out, const int *inp, const float *wte, const float *wpe, int B, int T, int C) {
+void cuda_encoder_forward(sl_act *out, const int *inp, const sl_act *wte, const sl_act *wpe, int B, int T, int C) {
     size_t N = (size_t)B * T, total = N * (size_t)C;
     if (total == 0) return;
     encoder_forward_kernel<floatX><<<grid_for(total), ENC_THREADS, 0, sl_cuda_stream()>>>(
@@ -120,7 +120,7 @@ void cuda_encoder_forward(float *out, const int *inp, const float *wte, const fl
 }
 
 template <typename floatX>
-void cuda_encoder_backward(float *dwte, float *dwpe, const float *dout, const int *inp, int B, int T, int C) {
+void cuda_encoder_backward(float *dwte, float *dwpe, const sl_act *dout, const int *inp, int B, int T, int C) {
     int N = B * T;
     if (N <= 0 || C <= 0) return;
     cudaStream_t s = sl_cuda_stream();

@@ -407,8 +407,8 @@ static void add_bias(floatX *out, const floatX *bias, int N, int OC) {
 }
 
 template <typename floatX>
-void cuda_matmul_forward(float *out_, const float *inp_, const float *weight_, const float *bias_, int N, int IC,
-                         int OC) {
+void cuda_matmul_forward(sl_act *out_, const sl_act *inp_, const sl_act *weight_, const sl_act *bias_, int N,
+                         int IC, int OC) {
     if (N <= 0 || OC <= 0) return;
     floatX *out = as_storage<floatX>(out_);
     const floatX *inp = as_storage<floatX>(inp_), *weight = as_storage<floatX>(weight_);
@@ -430,8 +430,8 @@ void cuda_matmul_forward(float *out_, const float *inp_, const float *weight_, c
 }
 
 template <typename floatX>
-void cuda_matmul_backward(float *dinp_, float *dweight, float *dbias, const float *dout_, const float *inp_,
-                          const float *weight_, int N, int IC, int OC) {
+void cuda_matmul_backward(sl_act *dinp_, float *dweight, float *dbias, const sl_act *dout_, const sl_act *inp_,
+                          const sl_act *weight_, int N, int IC, int OC) {
     floatX *dinp = as_storage<floatX>(dinp_);
     const floatX *dout = as_storage<floatX>(dout_), *inp = as_storage<floatX>(inp_);
     const floatX *weight = as_storage<floatX>(weight_);
@@ -457,7 +457,7 @@ void cuda_matmul_backward(float *dinp_, float *dweight, float *dbias, const floa
 #define GELU_EPILOGUE_MIN_ALIGN 16
 
 template <typename floatX>
-void cuda_matmul_gelu_forward(float *out, float *pre, const float *inp, const float *weight, const float *bias,
+void cuda_matmul_gelu_forward(sl_act *out, sl_act *pre, const sl_act *inp, const sl_act *weight, const sl_act *bias,
                               int N, int IC, int OC) {
     if (N <= 0 || OC <= 0) return;
     int fused = gelu_epilogue && IC > 0 && OC % GELU_AUX_LD_MULTIPLE == 0 &&
@@ -478,8 +478,8 @@ void cuda_matmul_gelu_forward(float *out, float *pre, const float *inp, const fl
 }
 
 template <typename floatX>
-void cuda_matmul_gelu_backward(float *dinp, float *dweight, float *dbias, float *dout, const float *pre,
-                               const float *inp, const float *weight, int N, int IC, int OC) {
+void cuda_matmul_gelu_backward(sl_act *dinp, float *dweight, float *dbias, sl_act *dout, const sl_act *pre,
+                               const sl_act *inp, const sl_act *weight, int N, int IC, int OC) {
     if (N <= 0 || OC <= 0) return;
     // dout -> dpre in place, fused with dbias += colsum(dpre) when there is a bias
     if (dbias)

@@ -247,8 +247,8 @@ static void norm_param_backward(float *dw, float *db, const T *dout, const T *in
 static unsigned int row_blocks(int N) { return ceil_div_u((size_t)N, NORM_ROWS_PER_BLOCK); }
 
 template <typename floatX>
-void cuda_layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *w, const float *b,
-                            int N, int C, float eps) {
+void cuda_layernorm_forward(sl_act *out, float *mean, float *rstd, const sl_act *inp, const sl_act *w,
+                            const sl_act *b, int N, int C, float eps) {
     if (N <= 0 || C <= 0) return;
     layernorm_forward_kernel<floatX><<<row_blocks(N), NORM_THREADS, 0, sl_cuda_stream()>>>(
         as_storage<floatX>(out), mean, rstd, as_storage<floatX>(inp), as_storage<floatX>(w), as_storage<floatX>(b), N, C,
@@ -257,8 +257,9 @@ void cuda_layernorm_forward(float *out, float *mean, float *rstd, const float *i
 }
 
 template <typename floatX>
-void cuda_residual_layernorm_forward(float *resid, float *out, float *mean, float *rstd, const float *a,
-                                     const float *b, const float *w, const float *bias, int N, int C, float eps) {
+void cuda_residual_layernorm_forward(sl_act *resid, sl_act *out, float *mean, float *rstd, const sl_act *a,
+                                     const sl_act *b, const sl_act *w, const sl_act *bias, int N, int C,
+                                     float eps) {
     if (N <= 0 || C <= 0) return;
     residual_layernorm_forward_kernel<floatX><<<row_blocks(N), NORM_THREADS, 0, sl_cuda_stream()>>>(
         as_storage<floatX>(resid), as_storage<floatX>(out), mean, rstd, as_storage<floatX>(a), as_storage<floatX>(b),
@@ -267,8 +268,8 @@ void cuda_residual_layernorm_forward(float *resid, float *out, float *mean, floa
 }
 
 template <typename floatX>
-void cuda_layernorm_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp, const float *w,
-                             const float *mean, const float *rstd, int N, int C) {
+void cuda_layernorm_backward(sl_act *dinp, float *dw, float *db, const sl_act *dout, const sl_act *inp,
+                             const sl_act *w, const float *mean, const float *rstd, int N, int C) {
     if (N <= 0 || C <= 0) return;
     layernorm_backward_dinp_kernel<floatX><<<row_blocks(N), NORM_THREADS, 0, sl_cuda_stream()>>>(
         as_storage<floatX>(dinp), as_storage<floatX>(dout), as_storage<floatX>(inp), as_storage<floatX>(w), mean, rstd, N,
@@ -278,7 +279,7 @@ void cuda_layernorm_backward(float *dinp, float *dw, float *db, const float *dou
 }
 
 template <typename floatX>
-void cuda_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *w, int N, int C, float eps) {
+void cuda_rmsnorm_forward(sl_act *out, float *rstd, const sl_act *inp, const sl_act *w, int N, int C, float eps) {
     if (N <= 0 || C <= 0) return;
     rmsnorm_forward_kernel<floatX><<<row_blocks(N), NORM_THREADS, 0, sl_cuda_stream()>>>(
         as_storage<floatX>(out), rstd, as_storage<floatX>(inp), as_storage<floatX>(w), N, C, eps);
@@ -286,8 +287,8 @@ void cuda_rmsnorm_forward(float *out, float *rstd, const float *inp, const float
 }
 
 template <typename floatX>
-void cuda_residual_rmsnorm_forward(float *resid, float *out, float *rstd, const float *a, const float *b,
-                                   const float *w, int N, int C, float eps) {
+void cuda_residual_rmsnorm_forward(sl_act *resid, sl_act *out, float *rstd, const sl_act *a, const sl_act *b,
+                                   const sl_act *w, int N, int C, float eps) {
     if (N <= 0 || C <= 0) return;
     residual_rmsnorm_forward_kernel<floatX><<<row_blocks(N), NORM_THREADS, 0, sl_cuda_stream()>>>(
         as_storage<floatX>(resid), as_storage<floatX>(out), rstd, as_storage<floatX>(a), as_storage<floatX>(b),
@@ -296,7 +297,7 @@ void cuda_residual_rmsnorm_forward(float *resid, float *out, float *rstd, const 
 }
 
 template <typename floatX>
-void cuda_rmsnorm_backward(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
+void cuda_rmsnorm_backward(sl_act *dinp, float *dw, const sl_act *dout, const sl_act *inp, const sl_act *w,
                            const float *rstd, int N, int C) {
     if (N <= 0 || C <= 0) return;
     rmsnorm_backward_dinp_kernel<floatX><<<row_blocks(N), NORM_THREADS, 0, sl_cuda_stream()>>>(

@@ -259,35 +259,40 @@ void cuda_copy(void *dst, const void *src, size_t bytes) {
 
 // ---- the tables ---------------------------------------------------------------------------------
 
-// One table per activation storage type (ops.h act_bf16): the templated ops instantiated for it, the
-// same memory functions and optimizer passes.
-#define SL_CUDA_TABLE(NAME, X, ACT_BF16)                                                          \
-    {                                                                                            \
-        /* name */ NAME,                                                                         \
-        cuda_encoder_forward<X>, cuda_encoder_backward<X>,                                       \
-        cuda_matmul_forward<X>, cuda_matmul_backward<X>,                                         \
-        cuda_matmul_gelu_forward<X>, cuda_matmul_gelu_backward<X>,                               \
-        cuda_layernorm_forward<X>, cuda_layernorm_backward<X>,                                   \
-        cuda_rmsnorm_forward<X>, cuda_rmsnorm_backward<X>,                                       \
-        cuda_residual_forward<X>, cuda_residual_layernorm_forward<X>,                            \
-        cuda_residual_rmsnorm_forward<X>,                                                        \
-        cuda_gelu_forward<X>, cuda_gelu_backward<X>,                                             \
-        cuda_swiglu_forward<X>, cuda_swiglu_backward<X>,                                         \
-        cuda_rope_forward<X>, cuda_rope_backward<X>,                                             \
-        cuda_attention_forward<X>, cuda_attention_backward<X>, cuda_attention_decode<X>,         \
-        cuda_crossentropy_forward<X>, cuda_crossentropy_backward<X>,                             \
-        cuda_set_precision,                                                                      \
-        /* on_device */ 1, /* act_bf16 */ ACT_BF16, /* sliding_window */ 0,                      \
-        cuda_alloc, cuda_dealloc, cuda_memzero, /* upload */ cuda_upload,                        \
-        /* download */ cuda_download, /* copy */ cuda_copy,                                      \
-        cuda_synchronize, cuda_stream_handle, cuda_peak_bytes, cuda_reset_peak_bytes,            \
-        cuda_sumsq, cuda_scale, cuda_add, cuda_nonfinite, cuda_round_to, cuda_to_storage,                  \
-        cuda_adam_step, cuda_sgd_step,                                                           \
-    }
+// One table per activation storage type (ops.h act_bf16): the templated ops of ops_list.h
+// instantiated for it, the same memory functions and optimizer passes.
+template <typename floatX> static constexpr sl_ops cuda_table(const char *name, int act_bf16) {
+    sl_ops t = {};
+    t.name = name;
+#define SL_CUDA_OP_ENTRY(ret, op, params, args, storage, flops, emulation) t.op = cuda_##op<floatX>;
+    SL_OPS(SL_CUDA_OP_ENTRY)
+#undef SL_CUDA_OP_ENTRY
+    t.set_precision = cuda_set_precision;
+    t.on_device = 1;
+    t.act_bf16 = act_bf16;
+    t.sliding_window = 0;
+    t.alloc = cuda_alloc;
+    t.dealloc = cuda_dealloc;
+    t.memzero = cuda_memzero;
+    t.upload = cuda_upload;
+    t.download = cuda_download;
+    t.copy = cuda_copy;
+    t.synchronize = cuda_synchronize;
+    t.stream = cuda_stream_handle;
+    t.peak_bytes = cuda_peak_bytes;
+    t.reset_peak_bytes = cuda_reset_peak_bytes;
+    t.sumsq = cuda_sumsq;
+    t.scale = cuda_scale;
+    t.add = cuda_add;
+    t.nonfinite = cuda_nonfinite;
+    t.round_to = cuda_round_to;
+    t.to_storage = cuda_to_storage;
+    t.adam_step = cuda_adam_step;
+    t.sgd_step = cuda_sgd_step;
+    return t;
+}
 
-extern "C" const sl_ops sl_ops_cuda = SL_CUDA_TABLE("cuda", float, 0);
-extern "C" const sl_ops sl_ops_cuda_bf16 = SL_CUDA_TABLE("cuda-bf16", __nv_bfloat16, 1);
-
-// Every field above is positional (C++17 has no designated initialisers): a field added to sl_ops
-// without an entry here breaks the build instead of leaving a NULL pointer.
-static_assert(sizeof(sl_ops) == sizeof(void *) * 46, "sl_ops changed: update SL_CUDA_TABLE in ops_cuda.cu");
+// Built at compile time (a constant expression, checked here), so no code runs to fill them.
+static_assert(cuda_table<float>("cuda", 0).matmul_forward == cuda_matmul_forward<float>, "tables are constants");
+extern "C" const sl_ops sl_ops_cuda = cuda_table<float>("cuda", 0);
+extern "C" const sl_ops sl_ops_cuda_bf16 = cuda_table<__nv_bfloat16>("cuda-bf16", 1);

@@ -35,7 +35,7 @@ __global__ void rope_kernel(T *qkv, const float *cos_t, const float *sin_t, int 
 }
 
 template <typename floatX>
-static void rope_launch(float *qkv, const float *cos_t, const float *sin_t, int B, int T, int NH, int NKV, int HD,
+static void rope_launch(sl_act *qkv, const float *cos_t, const float *sin_t, int B, int T, int NH, int NKV, int HD,
                         int pos0, float sign) {
     size_t total = (size_t)B * T * (size_t)(NH + NKV) * (size_t)(HD / 2);
     if (B <= 0 || T <= 0 || HD < 2 || total == 0) return;
@@ -47,13 +47,13 @@ static void rope_launch(float *qkv, const float *cos_t, const float *sin_t, int 
 }
 
 template <typename floatX>
-void cuda_rope_forward(float *qkv, const float *cos, const float *sin, int B, int T, int NH, int NKV, int HD,
+void cuda_rope_forward(sl_act *qkv, const float *cos, const float *sin, int B, int T, int NH, int NKV, int HD,
                        int pos0) {
     rope_launch<floatX>(qkv, cos, sin, B, T, NH, NKV, HD, pos0, 1.0f);
 }
 
 template <typename floatX>
-void cuda_rope_backward(float *dqkv, const float *cos, const float *sin, int B, int T, int NH, int NKV, int HD) {
+void cuda_rope_backward(sl_act *dqkv, const float *cos, const float *sin, int B, int T, int NH, int NKV, int HD) {
     rope_launch<floatX>(dqkv, cos, sin, B, T, NH, NKV, HD, 0, -1.0f);
 }
 
