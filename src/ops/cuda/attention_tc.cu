@@ -1,40 +1,8 @@
-// attention_tc.cu: fused causal attention on the tensor cores for bf16 activation storage
-// (attention_tc.cuh), flash-attention-2 style. Every product of two tiles is a bf16 x bf16 -> fp32
-// WMMA (16 x 16 x 16); softmax, masking and the running statistics are fp32 on the CUDA cores.
-//
-// Tiles are 64 queries by 64 keys; a block is 4 warps and warp w owns rows 16w..16w+15 of the block's
-// tile (query rows in forward and dQ, key rows in dK/dV). Elementwise work on a warp's 16 rows
-// goes 2 lanes to a row, each lane taking alternate columns (c = 2j + lane % 2), so a row's max and
-// sum are one xor shuffle. Q, K, V and dO tiles sit in shared memory as bf16 (row stride HD + 8);
-// products land in fp32 shared tiles (row stride 68) for the elementwise step.
-//   forward  one block per (b, h, query tile), longest tiles first: Q stays; for each key tile up
-//            to the diagonal, S = Q K^T, online softmax (running max m and sum l in fp32, the sum
-//            over the unrounded probabilities), P rounded to bf16, O = O * exp(m_old - m_new) + P V
-//            with O kept fp32 in shared memory (a WMMA accumulator's element order is unspecified,
-//            so the per-row rescale is done there); out = O / l, lse = m + log(l).
-//   backward dK/dV: one block per (b, kv head g, key tile): K, V stay; for every query head of g's
-//            group and every query tile from the diagonal on, S^T = K Q^T and dP^T = V dO^T, then
-//            P^T = exp(S^T * scale - lse) and dS^T = P^T (dP^T - delta) * scale (both rounded to
-//            bf16), dV += P^T dO and dK += dS^T Q in WMMA accumulators held in registers for the
-//            whole loop. dQ: one block per (b, h, query tile): for every key tile up to the
-//            diagonal, S and dP again, dS, dQ += dS K. No atomics; dK, dV, dQ are written once.
-// Numerics against the fp32 SIMT kernels of attention.cu: P and dS are rounded to bf16 before their
-// products (as flash-attention does); everything else is as there (expf / logf, scale =
-// 1/sqrtf(HD), fp32 accumulation). lse is exact to fp32 rounding; out, dq, dk, dv carry an extra
-// error of about one bf16 rounding of P / dS, averaged over the keys.
-// Invariants:
-//   - Deterministic: WMMA and every loop have a fixed order, shuffles are xor butterflies, each output
-//     element is written by one thread; same inputs, same bits.
-//   - Causal skipping: key tiles past the diagonal are never loaded; on the diagonal tile a warp skips
-//     the 16-column blocks wholly masked for its rows; the mask inside is exact (masked elements are
-//     never read from the score tile, their P and dS are 0).
-//   - Rows of a tile past T are zero-filled in shared memory and never stored; their lse is treated
-//     as +inf (P = 0) in backward.
-//   - Global loads and stores are 16-byte vectors: HD % 16 == 0 and 16-byte aligned base pointers
-//     (checked on the host) make every row of a head 16-byte aligned.
-// Shared memory per block (KiB, dynamic): forward 70.3 at HD 64, 110.3 at HD 128; dK/dV 88.5 / 120.5;
-// dQ 79.0 / 111.0. A GPU that allows a block less (sm_86/89: 99 KiB) gets the SIMT kernels for that
-// HD. Limits: HD in {16, 32, 64, 80, 96, 128}; NH % NKV == 0 (checked by attention.cu).
+// attention_tc.cu: fused causal flash attention (flash-attention-2 style) on the tensor cores for bf16
+// activation storage (attention_tc.cuh): every product of two tiles is a bf16 WMMA with fp32
+// accumulation; softmax, masking and the running statistics are fp32 on the CUDA cores. Deterministic
+// (fixed loop and shuffle order, each output written once, no atomics). The algorithm, numerics,
+// invariants and limits are in docs/gpu.md, "Attention on the tensor cores (attention_tc.cu)".
 #include "shardlm/settings.h"
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/attention_tc.cuh"
