@@ -9,7 +9,7 @@ MPI_CFLAGS ?= $(shell mpicc --showme:compile 2>/dev/null)
 MPI_LIBS   ?= $(shell mpicc --showme:link 2>/dev/null)
 CPPFLAGS := -Iinclude -Isrc -I$(BLAS_INC) $(MPI_CFLAGS)
 OPT     ?= -O3 -march=native -fno-fast-math -fno-math-errno -fno-trapping-math
-LDLIBS  := -L$(BLAS_DIR) -Wl,-rpath,$(BLAS_DIR) -lopenblas -lcjson -lpcre2-8 $(MPI_LIBS) -lm
+LDLIBS  := -L$(BLAS_DIR) -Wl,-rpath,$(BLAS_DIR) -lopenblas -ldnnl -lcjson -lpcre2-8 $(MPI_LIBS) -lm
 B       ?= build
 
 LIB_SRC  := $(shell find src -name '*.c' -not -path 'src/cli/*' | sort)

@@ -1,5 +1,5 @@
 // bench_gemm.c: the GEMM rate of shardlm's own matmul_forward on one backend (the CUDA backend's
-// cuBLASLt path, or OpenBLAS on the cpu), for the MFU denominator next to torch.matmul's rate
+// cuBLASLt path, or the cpu's GEMM library: SHARDLM_GEMM=openblas|onednn measures each), for the MFU denominator next to torch.matmul's rate
 // (bench/torch_gpu.py --gemm). out (N,OC) = inp (N,IC) @ weight^T (OC,IC), no bias, on fp32
 // buffers holding random values in [-1, 1) (never zeros: a product of zeros runs faster than real
 // data). ops->set_precision picks the compute type the training run would use (cuda: fp32 ->
@@ -9,6 +9,7 @@
 //
 //   bench_gemm --device cuda --precision bf16 [--size 8192] [--n N --ic IC --oc OC] [--repeats 30]
 //              [--warmup 5] [--threads T]
+#include "shardlm/cpu_features.h"
 #include "shardlm/error.h"
 #include "shardlm/ops.h"
 #include "shardlm/precision.h"
@@ -31,9 +32,9 @@ static int cmp_double(const void *x, const void *y) {
 }
 
 // A device buffer of n random floats in [-1, 1), uploaded from the host.
-static float *random_buffer(const sl_ops *ops, size_t n, uint64_t stream, const char *what) {
+static void *random_buffer(const sl_ops *ops, size_t n, uint64_t stream, const char *what) {
     float *host = malloc(n * sizeof(float));
-    float *dev = host ? ops->alloc(n * sizeof(float), what) : NULL;
+    void *dev = host ? ops->alloc(n * sizeof(float), what) : NULL;
     if (host && dev) {
         sl_rng rng = sl_rng_make(1234, 0, stream, SL_RNG_DATA);
         for (size_t i = 0; i < n; i++) host[i] = (float)sl_rng_below(&rng, 1u << 24) / (float)(1u << 23) - 1.0f;
@@ -89,9 +90,10 @@ int main(int argc, char **argv) {
     const sl_ops *ops = sl_ops_for_device(device, 0);
     if (!ops) { fprintf(stderr, "bench_gemm: %s\n", sl_error()); return 1; }
     ops->set_precision(precision);
-    float *inp = random_buffer(ops, (size_t)N * IC, 1, "gemm input");
-    float *weight = inp ? random_buffer(ops, (size_t)OC * IC, 2, "gemm weight") : NULL;
-    float *out = weight ? ops->alloc((size_t)N * OC * sizeof(float), "gemm output") : NULL;
+    // fp32 storage (a bf16-storage table is never picked here: sl_ops_for_precision is not asked)
+    sl_act *inp = random_buffer(ops, (size_t)N * IC, 1, "gemm input");
+    sl_act *weight = inp ? random_buffer(ops, (size_t)OC * IC, 2, "gemm weight") : NULL;
+    sl_act *out = weight ? ops->alloc((size_t)N * OC * sizeof(float), "gemm output") : NULL;
     double *t = malloc(sizeof(double) * (size_t)repeats);
     if (!out || !t) { fprintf(stderr, "bench_gemm: %s\n", t ? sl_error() : "out of host memory"); return 1; }
 
@@ -109,9 +111,9 @@ int main(int argc, char **argv) {
     const char *tf32 = getenv("SHARDLM_TF32");
     printf("{\"impl\":\"shardlm-gemm\",\"device\":\"%s\",\"ops\":\"%s\",\"precision\":\"%s\",\"shardlm_tf32\":\"%s\","
            "\"N\":%d,\"IC\":%d,\"OC\":%d,\"repeats\":%d,\"warmup\":%d,\"ms_median\":%.4f,\"ms_min\":%.4f,"
-           "\"tflops_median\":%.2f,\"tflops_best\":%.2f}\n",
+           "\"tflops_median\":%.2f,\"tflops_best\":%.2f,\"library\":\"%s\"}\n",
            device, ops->name, prec_name, tf32 ? tf32 : "", N, IC, OC, repeats, warmup, 1e3 * median, 1e3 * t[0],
-           flops / median / 1e12, flops / t[0] / 1e12);
+           flops / median / 1e12, flops / t[0] / 1e12, ops->on_device ? "device" : sl_cpu_gemm_description());
     free(t);
     ops->dealloc(out);
     ops->dealloc(weight);

@@ -47,6 +47,7 @@
 //               [--overlap 0|1] [--zero-stage 0|1|2|3] [--prefetch 0|1] [--bucket ELEMENTS]
 //               [--first-bucket ELEMENTS]
 //   mpirun -np 2 -x OMP_NUM_THREADS=1 bench_train --model gpt2 --batch 4 --seq 256 --threads 1 ...
+#include "shardlm/cpu_features.h"
 #include "shardlm/comm.h"
 #include "shardlm/config.h"
 #include "shardlm/engine.h"
@@ -471,6 +472,9 @@ int main(int argc, char **argv) {
            a.model, a.B, a.T, a.threads, a.steps, a.warmup, 1e3 * mean, 1e3 * min, 1e3 * median, global_tokens / mean,
            1e3 * head.fb_seconds / a.steps, 1e3 * head.step_seconds / a.steps, head.last_loss, model.layout.total,
            openblas_get_config(), openblas_get_corename(), other_load, wall > 0 ? own / wall : 0.0);
+    char isa[256];
+    sl_cpu_features_describe(isa, sizeof isa);
+    printf(",\"cpu_isa\":\"%s\",\"gemm\":\"%s\"", isa, ops->on_device ? "device" : sl_cpu_gemm_description());
     printf(",\"device\":\"%s\",\"ops\":\"%s\",\"precision\":\"%s\",\"peak_bytes\":%zu,\"n_layer\":%d,"
            "\"n_head\":%d,\"n_embd\":%d,\"vocab_size\":%d,\"padded_vocab_size\":%d,\"batch_search\":[",
            a.device, ops->name, sl_precision_name((sl_precision)a.precision), peak_bytes, cfg.n_layer, cfg.n_head,

@@ -92,6 +92,8 @@ w(f"- date: {meta.get('date', '?')} (rendered {time.strftime('%Y-%m-%d %H:%M:%S 
 w(f"- shardlm: {meta.get('gcc', '?')}, `-O3 -march=native`; OpenBLAS {meta.get('openblas_pkg', '?')}"
   f" ({next((r.get('openblas') for r in rows.values() if r.get('openblas')), '?')},"
   f" core {next((r.get('openblas_core') for r in rows.values() if r.get('openblas_core')), '?')})")
+w(f"- CPU instruction sets: {next((r.get('cpu_isa') for r in rows.values() if r.get('cpu_isa')), '?')};"
+  f" fp32 GEMM: {next((r.get('gemm') for r in rows.values() if r.get('gemm')), '?')}")
 tr = next((r for r in rows.values() if r["impl"].startswith("pytorch")), {})
 commits = sorted({r.get("commit") for k, r in rows.items() if k[0] == "shardlm" and r.get("commit")})
 if commits:

@@ -11,12 +11,16 @@
 extern "C" {
 #endif
 
+// SHARDLM_GEMM's values (sl_settings.cpu_gemm).
+enum { SL_GEMM_AUTO, SL_GEMM_OPENBLAS, SL_GEMM_ONEDNN };
+
 typedef struct {
     int tf32;                  // SHARDLM_TF32=1: fp32 GEMMs on the GPU may use TF32 tensor cores (default 0)
     int gelu_epilogue;         // SHARDLM_GELU_EPILOGUE=0: GPT-2's GELU outside the cuBLASLt epilogue (default 1)
     int attention_tensor_cores;// SHARDLM_ATTENTION=simt: bf16 attention on the CUDA-core kernels (default tc)
     int bf16_storage;          // SHARDLM_BF16_STORAGE=0: bf16 runs on the GPU keep fp32 activations (default 1)
     int emulate_bf16_storage;  // SHARDLM_EMULATE_BF16_STORAGE=1: the CPU emulates bf16 storage (tests; default 0)
+    int cpu_gemm;              // SHARDLM_GEMM=auto|openblas|onednn: the CPU's fp32 GEMM library (sl_cpu_gemm_choice)
     int log_level;             // SHARDLM_LOG_LEVEL=debug|info|warn|error (sl_log_level; default info)
     char fault[64];            // SHARDLM_FAULT=RANK:STEP:WHERE: fault injection for tests (default none)
     int restart_count;         // SHARDLM_RESTART_COUNT: set by `shardlm launch` on restarts (default 0)

@@ -19,6 +19,7 @@ static const struct { const char *name, *meaning; } variables[] = {
     {"SHARDLM_ATTENTION", "simt: bf16 attention on the CUDA-core kernels instead of tensor cores (default tc)"},
     {"SHARDLM_BF16_STORAGE", "0: --precision bf16 on the GPU keeps fp32 activations (default 1: bf16 storage)"},
     {"SHARDLM_EMULATE_BF16_STORAGE", "1: the CPU backend emulates the GPU's bf16 storage (tests; default 0)"},
+    {"SHARDLM_GEMM", "openblas or onednn: the CPU's fp32 GEMM library (default auto: measured at start)"},
     {"SHARDLM_LOG_LEVEL", "debug, info, warn or error: the lowest level logged (default info)"},
     {"SHARDLM_FAULT", "RANK:STEP:WHERE: that rank kills itself there (fault-injection tests; default none)"},
     {"SHARDLM_RESTART_COUNT", "restarts so far, set by shardlm launch (faults fire only before the first)"},
@@ -85,6 +86,9 @@ int sl_settings_load(void) {
     read_word("SHARDLM_ATTENTION", attention, attention_v, 2, &s.attention_tensor_cores, "tc or simt");
     read_switch("SHARDLM_BF16_STORAGE", &s.bf16_storage);
     read_switch("SHARDLM_EMULATE_BF16_STORAGE", &s.emulate_bf16_storage);
+    static const char *const gemm[] = {"auto", "openblas", "onednn"};
+    static const int gemm_v[] = {SL_GEMM_AUTO, SL_GEMM_OPENBLAS, SL_GEMM_ONEDNN};
+    read_word("SHARDLM_GEMM", gemm, gemm_v, 3, &s.cpu_gemm, "auto, openblas or onednn");
     read_word("SHARDLM_LOG_LEVEL", levels, levels_v, 4, &s.log_level, "debug, info, warn or error");
     read_string("SHARDLM_FAULT", s.fault, sizeof s.fault);
     read_int("SHARDLM_RESTART_COUNT", 0, 1000000, &s.restart_count);

@@ -4,6 +4,7 @@
 // the report works on machines without CUDA), and the launch environment. Every probe that cannot answer prints
 // "not available: <reason>"; the command itself never fails (exit 0; 2 only for a bad flag).
 #include "cli/commands.h"
+#include "shardlm/cpu_features.h"
 #include "shardlm/comm.h"
 #include "shardlm/cuda_dlopen.h"
 #include "shardlm/error.h"
@@ -12,6 +13,7 @@
 #include "shardlm/ops.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
+#include <dnnl.h>
 #include <cblas.h>
 #include <cjson/cJSON.h>
 #include <dlfcn.h>
@@ -136,6 +138,14 @@ static void report_libraries(void) {
     row("OpenBLAS core", "%s", core ? core : "unknown");
     row("OpenBLAS threads", "%d (of %d processors)", openblas_get_num_threads(), openblas_get_num_procs());
     row("OpenMP max threads", "%d (%d processors)", omp_get_max_threads(), omp_get_num_procs());
+    const dnnl_version_t *dnnl = dnnl_version();
+    row("oneDNN", "%d.%d.%d (cpu runtime %s)", dnnl->major, dnnl->minor, dnnl->patch,
+        dnnl->cpu_runtime == DNNL_RUNTIME_OMP ? "OpenMP" : "other");
+    const sl_cpu_features *f = sl_cpu_features_get();
+    char isa[256];
+    sl_cpu_features_describe(isa, sizeof isa);
+    row("CPU", "%s family %d model %d: %s", f->vendor[0] ? f->vendor : "?", f->family, f->model, isa);
+    row("CPU GEMM (fp32)", "%s", sl_cpu_gemm_description());
 
     // Both may be called before MPI_Init.
     char lib[MPI_MAX_LIBRARY_VERSION_STRING] = "";

@@ -5,6 +5,7 @@
 // SIGINT/SIGTERM finish the current step, save a checkpoint and exit non-zero.
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "shardlm/cpu_features.h"
 #include "shardlm/checkpoint.h"
 #include "shardlm/comm.h"
 #include "shardlm/engine.h"
@@ -509,6 +510,11 @@ static int run(sl_train_config *c, sl_comm *world) {
     if (is_rank0) printf("data: %s (%lld training tokens, %lld batches per epoch)\n", c->data,
            (long long)sl_loader_num_tokens(train), (long long)sl_loader_batches_per_epoch(train));
     if (is_rank0) print_memory(&engine, c->world_size);
+    if (is_rank0 && !model.ops->on_device) {
+        char isa[256];
+        sl_cpu_features_describe(isa, sizeof isa);
+        printf("cpu: %s; GEMM %s\n", isa, sl_cpu_gemm_description());
+    }
     if (is_rank0)
         printf("threads: %d per rank, data-parallel ranks: %d\nresolved config:\n%s\n", sl_ops_cpu_threads(),
                c->world_size, resolved ? resolved : "?");

@@ -10,7 +10,6 @@
 #include "ops/cpu/cpu_ops.h"
 #include "ops/cpu/vec_math.h"
 
-#include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,7 +41,7 @@ static int scratch_alloc(att_scratch *w, int HD) {
 // (-inf) where key position k0+j > query position q0+i, or (window > 0) k0+j <= q0+i - window.
 static void tile_scores(float *s, const float *q, const float *k, size_t ld, int q0, int qn, int k0, int kn, int HD,
                         float scale, int window) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, qn, kn, HD, scale, q, (int)ld, k, (int)ld, 0.0f, s, ATT_TILE);
+    cpu_sgemm(0, 1, qn, kn, HD, scale, q, (int)ld, k, (int)ld, 0.0f, s, ATT_TILE);
     int windowed = window > 0 && k0 <= q0 + qn - 1 - window;  // some key of the tile is out of some row's window
     if (k0 + kn - 1 <= q0 && !windowed) return;                // tile entirely in the past and in every window
     for (int i = 0; i < qn; i++) {
@@ -86,7 +85,7 @@ static void forward_block(att_scratch *w, float *out, float *lse, const float *q
             for (int c = 0; c < HD; c++) a[c] *= corr;
         }
         // acc (qn, HD) += p (qn, kn) @ v (kn, HD)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, qn, HD, kn, 1.0f, w->s, ATT_TILE, v + (size_t)k0 * W,
+        cpu_sgemm(0, 0, qn, HD, kn, 1.0f, w->s, ATT_TILE, v + (size_t)k0 * W,
                     (int)W, 1.0f, w->acc, HD);
     }
     for (int i = 0; i < qn; i++) {
@@ -169,7 +168,7 @@ void cpu_attention_backward(sl_act *dqkv_, const sl_act *dout_, const sl_act *qk
                             int kn = q0 + qn - k0 < ATT_TILE ? q0 + qn - k0 : ATT_TILE;
                             tile_scores(w.s, q, k + (size_t)k0 * W, W, q0, qn, k0, kn, HD, scale, window);
                             // dp (qn, kn) = dO (qn, HD) @ v^T
-                            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, qn, kn, HD, 1.0f, dO, (int)os,
+                            cpu_sgemm(0, 1, qn, kn, HD, 1.0f, dO, (int)os,
                                         v + (size_t)k0 * W, (int)W, 0.0f, w.dp, ATT_TILE);
                             for (int i = 0; i < qn; i++) {
                                 float *p = w.s + (size_t)i * ATT_TILE, *ds = w.dp + (size_t)i * ATT_TILE;
@@ -181,11 +180,11 @@ void cpu_attention_backward(sl_act *dqkv_, const sl_act *dout_, const sl_act *qk
                                 }
                             }
                             // dq += ds @ k ; dk += ds^T @ q ; dv += p^T @ dO
-                            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, qn, HD, kn, 1.0f, w.dp, ATT_TILE,
+                            cpu_sgemm(0, 0, qn, HD, kn, 1.0f, w.dp, ATT_TILE,
                                         k + (size_t)k0 * W, (int)W, 1.0f, dq, (int)W);
-                            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, kn, HD, qn, 1.0f, w.dp, ATT_TILE, q,
+                            cpu_sgemm(1, 0, kn, HD, qn, 1.0f, w.dp, ATT_TILE, q,
                                         (int)W, 1.0f, dk + (size_t)k0 * W, (int)W);
-                            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, kn, HD, qn, 1.0f, w.s, ATT_TILE, dO,
+                            cpu_sgemm(1, 0, kn, HD, qn, 1.0f, w.s, ATT_TILE, dO,
                                         (int)os, 1.0f, dv + (size_t)k0 * W, (int)W);
                         }
                     }

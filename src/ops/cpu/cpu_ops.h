@@ -50,6 +50,16 @@ void cpu_to_storage(void *dst, const float *src, size_t n);
     .nonfinite = cpu_nonfinite, .round_to = cpu_round_to, .to_storage = cpu_to_storage,                 \
     .adam_step = cpu_adam_step, .sgd_step = cpu_sgd_step
 
+// gemm.c: C (M,N) = alpha * op(A) (M,K) @ op(B) (K,N) + beta * C, row-major, op(X) = X^T when its flag
+// is set; OpenBLAS or oneDNN, chosen once (see gemm.c and sl_cpu_gemm_description).
+void cpu_sgemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb,
+               float beta, float *C, int ldc);
+// The two libraries behind it, same arguments (tests run both).
+void cpu_gemm_openblas(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
+                       int ldb, float beta, float *C, int ldc);
+void cpu_gemm_onednn(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
+                     int ldb, float beta, float *C, int ldc);
+
 // Splits [0, n) into the calling thread's contiguous share inside an omp parallel region.
 void cpu_thread_range(size_t n, size_t *begin, size_t *end);
 

@@ -3,7 +3,6 @@
 // then matmul backward), so it gives their bits exactly; the fusion pays off on the GPU only.
 #include "ops/cpu/cpu_ops.h"
 
-#include <cblas.h>
 #include <string.h>
 
 void cpu_matmul_forward(sl_act *out_, const sl_act *inp_, const sl_act *weight_, const sl_act *bias_, int N, int IC,
@@ -19,7 +18,7 @@ void cpu_matmul_forward(sl_act *out_, const sl_act *inp_, const sl_act *weight_,
         beta = 1.0f;
     }
     // out (N,OC) = inp (N,IC) @ weight^T
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, IC, 1.0f, inp, IC, weight, IC, beta, out, OC);
+    cpu_sgemm(0, 1, N, OC, IC, 1.0f, inp, IC, weight, IC, beta, out, OC);
 }
 
 void cpu_matmul_backward(sl_act *dinp_, float *dweight, float *dbias, const sl_act *dout_, const sl_act *inp_,
@@ -29,9 +28,9 @@ void cpu_matmul_backward(sl_act *dinp_, float *dweight, float *dbias, const sl_a
     const float *inp = cpu_f32(inp_);
     const float *weight = cpu_f32(weight_);
     // dinp (N,IC) = dout (N,OC) @ weight (OC,IC)
-    if (dinp) cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, IC, OC, 1.0f, dout, OC, weight, IC, 0.0f, dinp, IC);
+    if (dinp) cpu_sgemm(0, 0, N, IC, OC, 1.0f, dout, OC, weight, IC, 0.0f, dinp, IC);
     // dweight (OC,IC) += dout^T (OC,N) @ inp (N,IC)
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, IC, N, 1.0f, dout, OC, inp, IC, 1.0f, dweight, IC);
+    cpu_sgemm(1, 0, OC, IC, N, 1.0f, dout, OC, inp, IC, 1.0f, dweight, IC);
     if (!dbias) return;
     // column sums, each thread owning a block of columns: deterministic for any thread count
 #pragma omp parallel if((size_t)N * OC >= SL_PAR_MIN_WORK)
