@@ -20,7 +20,7 @@ CUDA_LIBS=""
 if ar t "$B/libshardlm.a" | grep -q '\.cu\.o$'; then
     CUDA_LIBS="-L$CUDA_HOME/lib64 -lcudart_static -ldl -lrt -lpthread -lstdc++"
 fi
-for prog in bench_train bench_gemm; do
+for prog in bench_train bench_gemm bench_decode; do
     # shellcheck disable=SC2086
     ${CC:-gcc} -Iinclude -Isrc -I"$BLAS_INC" $MPI_CFLAGS -std=c17 -Wall -Wextra -Werror -D_GNU_SOURCE -O3 \
         -march=native -fno-fast-math -fno-math-errno -fopenmp "bench/$prog.c" "$B/libshardlm.a" -o "$B/$prog" \
