@@ -8,7 +8,12 @@ WARN    := -std=c17 -Wall -Wextra -Werror -D_GNU_SOURCE
 MPI_CFLAGS ?= $(shell mpicc --showme:compile 2>/dev/null)
 MPI_LIBS   ?= $(shell mpicc --showme:link 2>/dev/null)
 CPPFLAGS := -Iinclude -Isrc -I$(BLAS_INC) $(MPI_CFLAGS)
-OPT     ?= -O3 -march=native -fno-fast-math -fno-math-errno -fno-trapping-math
+# ARCH: the instruction sets the C code is compiled for. native (default): this machine's, the fastest
+# here; a binary started on a CPU lacking one of them stops with a message (src/cli/main.c). For one
+# binary across machines: ARCH=x86-64-v3 (AVX2 + FMA) or x86-64-v4 (AVX-512). The GEMM libraries
+# (OpenBLAS, oneDNN) pick their kernels at run time either way.
+ARCH    ?= native
+OPT     ?= -O3 -march=$(ARCH) -fno-fast-math -fno-math-errno -fno-trapping-math
 LDLIBS  := -L$(BLAS_DIR) -Wl,-rpath,$(BLAS_DIR) -lopenblas -ldnnl -lcjson -lpcre2-8 $(MPI_LIBS) -lm
 B       ?= build
 

@@ -18,6 +18,11 @@ const sl_cpu_features *sl_cpu_features_get(void);
 // "avx2 fma avx512f ... amx_bf16": the supported flags of the list above, in that order ("none").
 void sl_cpu_features_describe(char *buf, size_t cap);
 
+// The instruction sets this binary was compiled to use (the build's -march) that the running CPU or OS
+// lacks, space-separated; "" when it has them all. A binary built with -march=native on one machine
+// and started on a CPU without, say, AVX-512 would die of SIGILL in the first vectorised loop.
+const char *sl_cpu_missing_build_isa(void);
+
 // The fp32 GEMM library the CPU backend uses and why, e.g. "OpenBLAS 0.3.21 (Cooperlake kernels),
 // measured 203 vs oneDNN 211 GFLOP/s". Chooses on first use (sl_cpu_gemm_choice in gemm.c).
 const char *sl_cpu_gemm_description(void);

@@ -1,5 +1,6 @@
 // main.c: `shardlm <command> [flags]`: dispatches to one file per subcommand.
 #include "cli/commands.h"
+#include "shardlm/cpu_features.h"
 #include "shardlm/error.h"
 #include "shardlm/settings.h"
 
@@ -22,6 +23,13 @@ static void usage(FILE *f) {
 int main(int argc, char **argv) {
     if (argc < 2) { usage(stderr); return 2; }
     const char *cmd = argv[1];
+    const char *missing = sl_cpu_missing_build_isa();
+    if (missing[0]) {
+        fprintf(stderr, "error: this binary was built for instruction sets this CPU lacks: %s. Rebuild it on this "
+                        "machine (`make`), or build one for both machines with `make ARCH=x86-64-v3` (docs/cli.md)\n",
+                missing);
+        return 1;
+    }
     // the environment's switches, read once (settings.h); `report` shows a malformed one instead
     if (sl_settings_load() && strcmp(cmd, "report")) {
         fprintf(stderr, "error: %s\n", sl_error());

@@ -62,6 +62,42 @@ const sl_cpu_features *sl_cpu_features_get(void) {
     return &features;
 }
 
+const char *sl_cpu_missing_build_isa(void) {
+    static char missing[160];
+    const sl_cpu_features *f = sl_cpu_features_get();
+    size_t used = 0;
+#define NEED(flag, name) \
+    if (!(flag) && used < sizeof missing) used += (size_t)snprintf(missing + used, sizeof missing - used, "%s%s", used ? " " : "", name);
+    (void)f;
+#ifdef __AVX2__
+    NEED(f->avx2, "avx2")
+#endif
+#ifdef __FMA__
+    NEED(f->fma, "fma")
+#endif
+#ifdef __AVX512F__
+    NEED(f->avx512f, "avx512f")
+#endif
+#ifdef __AVX512BW__
+    NEED(f->avx512bw, "avx512bw")
+#endif
+#ifdef __AVX512VL__
+    NEED(f->avx512vl, "avx512vl")
+#endif
+#ifdef __AVX512VNNI__
+    NEED(f->avx512_vnni, "avx512_vnni")
+#endif
+#ifdef __AVX512BF16__
+    NEED(f->avx512_bf16, "avx512_bf16")
+#endif
+#ifdef __AVX512FP16__
+    NEED(f->avx512_fp16, "avx512_fp16")
+#endif
+#undef NEED
+    missing[used < sizeof missing ? used : sizeof missing - 1] = '\0';
+    return missing;
+}
+
 void sl_cpu_features_describe(char *buf, size_t cap) {
     const sl_cpu_features *f = sl_cpu_features_get();
     const struct {
