@@ -13,6 +13,7 @@
 #define SHARDLM_CHECKPOINT_H
 
 #include <stddef.h>
+#include "shardlm/safetensors.h"
 
 // Creates a fresh, empty ROOT/.tmp-<tag>-<pid> (ROOT created if needed) and returns its path.
 // Tags are non-empty, at most 128 chars of [A-Za-z0-9._-], not starting with '.', not "latest".
@@ -36,6 +37,10 @@ int sl_ckpt_clean_stale(const char *root);
 
 // Flat 1-D float32 buffers (e.g. optimizer moments) to/from one safetensors file, written atomically.
 int sl_ckpt_save_tensors(const char *path, int n, const char **names, const float **data, const size_t *numel);
+// The same file streamed: opens a writer for those n tensors (the header sl_ckpt_save_tensors
+// writes); the caller appends their data in order (sl_st_writer_write, any chunking), then
+// sl_st_writer_finish, or sl_st_writer_abort on failure.
+int sl_ckpt_open_tensors(sl_st_writer **w, const char *path, int n, const char **names, const size_t *numel);
 // Each names[i] must exist with exactly numel[i] elements (1-D); data[i] receives them.
 int sl_ckpt_load_tensors(const char *path, int n, const char **names, float **data, const size_t *numel);
 

@@ -17,6 +17,8 @@
 #include "shardlm/schedule.h"
 #include "shardlm/zero.h"
 
+#define SL_CKPT_STAGE_FLOATS ((size_t)1 << 22)  // 16 MiB of host memory
+
 typedef struct {
     int micro_batch;          // train_micro_batch_size_per_gpu
     int grad_accum_steps;     // gradient_accumulation_steps
@@ -64,6 +66,9 @@ typedef struct {
     size_t shard_begin, shard_size, padded_total;
     size_t state_numel;       // elements per optimizer state buffer on this rank
     int detached;             // sl_engine_detach_model was called: no more steps
+    // Checkpoint data moves between the engine's buffers and the files through a host buffer of this
+    // many floats (the optimizer state a chunk at a time); 0 (as init leaves it): SL_CKPT_STAGE_FLOATS.
+    size_t ckpt_stage_floats;
     // mixed precision (engine_precision.c). `step` counts every step taken, skipped ones included
     // (DeepSpeed's global_steps); the learning-rate schedule and the optimizer's step number advance
     // only on applied steps: step - scaler.skipped_steps.
@@ -124,10 +129,13 @@ int sl_engine_step(sl_engine *e);
 // Writes ROOT/<tag>/ {model.safetensors, config.json (Hugging Face), optimizer.safetensors,
 // trainer_state.json (step, optimizer/schedule settings, and client_state: any JSON object the
 // caller wants back, e.g. loader position and resolved config)}, atomically, then moves ROOT/latest.
+// The engine's buffers are downloaded into host memory and written from there; a failed copy is an
+// error naming the checkpoint, the step and what was being copied, and commits nothing.
 int sl_engine_save(sl_engine *e, const char *root, const char *tag, const char *client_state_json);
 
 // Loads a checkpoint root (its latest) or a tag directory into an engine built for the same model
-// shape. *client_state_json (malloc'd, may be NULL) returns what save was given.
+// shape, uploading into the engine's buffers in place. *client_state_json (malloc'd, may be NULL)
+// returns what save was given. After a failure the engine may hold part of the checkpoint.
 int sl_engine_load(sl_engine *e, const char *path, char **client_state_json);
 
 #endif

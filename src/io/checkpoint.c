@@ -216,7 +216,8 @@ int sl_ckpt_clean_stale(const char *root) {
     return rc ? rc : removed;
 }
 
-int sl_ckpt_save_tensors(const char *path, int n, const char **names, const float **data, const size_t *numel) {
+int sl_ckpt_open_tensors(sl_st_writer **w, const char *path, int n, const char **names, const size_t *numel) {
+    *w = NULL;
     sl_st_desc *desc = sl_calloc((size_t)(n > 0 ? n : 1), sizeof *desc, "checkpoint tensor list");
     if (!desc) return -1;
     for (int i = 0; i < n; i++) {
@@ -225,9 +226,20 @@ int sl_ckpt_save_tensors(const char *path, int n, const char **names, const floa
         desc[i].shape[0] = (int64_t)numel[i];
     }
     const char *mk[] = {"format"}, *mv[] = {"shardlm-flat"};
-    int rc = sl_st_write_f32(path, n, desc, data, 1, mk, mv);
+    int rc = sl_st_writer_open(w, path, n, desc, 1, mk, mv);
     free(desc);
     return rc;
+}
+
+int sl_ckpt_save_tensors(const char *path, int n, const char **names, const float **data, const size_t *numel) {
+    sl_st_writer *w;
+    if (sl_ckpt_open_tensors(&w, path, n, names, numel)) return -1;
+    for (int i = 0; i < n; i++)
+        if (numel[i] && sl_st_writer_write(w, data[i], numel[i])) {
+            sl_st_writer_abort(w);
+            return -1;
+        }
+    return sl_st_writer_finish(w);
 }
 
 int sl_ckpt_load_tensors(const char *path, int n, const char **names, float **data, const size_t *numel) {

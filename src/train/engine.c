@@ -1,16 +1,16 @@
-// engine.c: the single-process training step and its checkpoints (see engine.h).
+// engine.c: the training step. sl_engine_init sets a model up for DDP or ZeRO with its optimizer
+// state; sl_engine_forward_backward runs one micro-batch, reducing gradients as backward finishes each
+// unit (the model's unit hook); sl_engine_step checks for overflow, unscales, clips, updates this
+// rank's slice and hands the new parameters out; sl_engine_detach_model ends training. Checkpoints
+// live in engine_ckpt.c, mixed precision in engine_precision.c.
 // Invariants: grads hold the sum over the micro-batches of this step, each scaled by
-// 1/grad_accum_steps; grads are zero whenever micro_step == 0; `step` counts applied steps.
+// 1/grad_accum_steps; grads are zero whenever micro_step == 0; `step` counts the steps taken,
+// skipped ones included.
 #include "engine_internal.h"
-#include "shardlm/checkpoint.h"
 #include "shardlm/error.h"
-#include "shardlm/fault.h"
 #include "shardlm/fileio.h"
-#include "shardlm/hf_weights.h"
 
-#include <cjson/cJSON.h>
 #include <math.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 

@@ -1,4 +1,6 @@
-// engine_ckpt.c: the engine's checkpoints, written by every rank in parallel. ROOT/<tag>/ holds
+// engine_ckpt.c: a training run's checkpoints: sl_engine_save and sl_engine_load (every rank in
+// parallel, each with its own slice) and sl_checkpoint_consolidate (one file set from any of them).
+// ROOT/<tag>/ holds
 //   model.safetensors + config.json    full weights with Hugging Face names (rank 0)
 //   optim_RRRRR_of_NNNNN.safetensors   one slice [begin, end) of the flat optimizer state, 1-D tensors
 //                                      exp_avg / exp_avg_sq (Adam) or momentum_buffer (SGD)
@@ -6,13 +8,17 @@
 //   manifest.json                      world size, ZeRO stage, every file with its range, size and
 //                                      FNV-1a 64 checksum; written last, by rank 0
 // Each ZeRO rank (stages 1-3) writes its own slice; without ZeRO rank 0 writes the whole state as one
-// slice. ZeRO-3 ranks hold no full parameters: model.safetensors is gathered on rank 0 first.
-// All ranks write into one temporary directory that rank 0 created; rank 0 writes the manifest and
-// commits (rename, then `latest`) only after every rank reported its shard complete, so a crash at
-// any point leaves the previous checkpoint as `latest`.
+// slice. All ranks write into one temporary directory that rank 0 created; rank 0 writes the manifest
+// and commits (rename, then `latest`) only after every rank reported its shard complete, so a crash
+// or a failed copy at any point leaves the previous checkpoint as `latest`.
 // Loading checks the manifest's sizes and checksums, then every rank reads exactly the slice its own
 // layout needs from whichever shard files hold it: a checkpoint saved at one world size and ZeRO
 // stage loads at any other (DeepSpeed's "universal checkpoint").
+// Data crosses between the engine's buffers (GPU memory under cuda) and the files only through host
+// staging (engine_stage.c); no engine or model pointer changes. Peak host memory per rank: a save
+// holds the fp32 weights on rank 0 (4 bytes a parameter; at ZeRO stages 1-2 under fp16/bf16 every
+// rank holds them for the all-gather), a load holds them on rank 0; add one staging buffer
+// (ckpt_stage_floats) for the optimizer state, which never has a whole host copy.
 #include "shardlm/checkpoint.h"
 #include "engine_internal.h"
 #include "shardlm/error.h"
@@ -106,7 +112,7 @@ static int finish_on_rank0(sl_engine *e, const float *params, const char *root, 
                            const char *client, const shard_record *recs, int world) {
     char path[4400], name[64];
     for (int r = 0; r < world; r++)
-        if (recs[r].status != 0) return sl_errorf("rank %d failed to write its optimizer shard", r);
+        if (recs[r].status != 0) return sl_errorf("rank %d failed to write its optimizer shard (see its error)", r);
     if (sl_hf_save(tmp, &e->model->layout, params)) return -1;
     char *state = trainer_state_json(e, client);
     if (!state) return sl_errorf("out of memory writing trainer_state.json");
@@ -156,95 +162,35 @@ static int finish_on_rank0(sl_engine *e, const float *params, const char *root, 
     return sl_ckpt_commit(root, tag, tmp);
 }
 
-// ---- a device engine's state, staged through host memory for checkpoint files ------------------
-// Checkpoint files are written from and read into host memory. On a GPU, this rank's optimizer state
-// (its ZeRO slice, or all of it) and, for a load, the model's full parameters where it holds them
-// (stages 0-2) are swapped for host copies while save_impl / load_impl run, then swapped back (a
-// load uploads them). The weights a save writes come from engine_weights_for_save, already in host
-// memory; a ZeRO-3 load hands rank 0's host copy to sl_zero_scatter_params. The fp32 master is never
-// staged: a load recomputes it from the parameters (engine_capture_master).
-typedef struct {
-    float *params, *state[2];   // the device buffers while their host copies stand in
-} device_state;
-
-static float *host_mirror(const sl_ops *ops, const float *dev, size_t n) {
-    float *h = sl_calloc(n ? n : 1, sizeof(float), "checkpoint staging buffer");
-    if (h) ops->download(h, dev, n * sizeof(float));
-    return h;
-}
-
-static void unstage(sl_engine *e, device_state *dev, int upload) {
-    const sl_ops *ops = e->model->ops;
-    if (dev->params) {
-        if (upload && e->model->params) ops->upload(dev->params, e->model->params, e->model->capacity * sizeof(float));
-        free(e->model->params);
-        e->model->params = dev->params;
-    }
-    for (int i = 0; i < 2; i++) {
-        if (!dev->state[i]) continue;
-        if (upload && e->optim_state[i]) ops->upload(dev->state[i], e->optim_state[i], e->state_numel * sizeof(float));
-        free(e->optim_state[i]);
-        e->optim_state[i] = dev->state[i];
-    }
-    memset(dev, 0, sizeof *dev);
-}
-
-// Collective: every rank learns whether all staged (a rank short of host memory, or whose backend
-// reports a failed call, must not leave the others waiting in the checkpoint's collectives).
-static int stage_to_host(sl_engine *e, device_state *dev, int with_params) {
-    const sl_ops *ops = e->model->ops;
-    memset(dev, 0, sizeof *dev);
-    int bad = 0;
-    if (with_params && e->model->params && ops->on_device) {
-        dev->params = e->model->params;
-        bad |= !(e->model->params = host_mirror(ops, dev->params, e->model->capacity));
-    }
-    for (int i = 0; i < e->n_optim_state && ops->on_device; i++) {
-        dev->state[i] = e->optim_state[i];
-        bad |= !(e->optim_state[i] = host_mirror(ops, dev->state[i], e->state_numel));
-    }
-    // a failed transfer (or any earlier call) recorded by the backend: reported before anything is
-    // written, and agreed on like the rest
-    if (!bad && ops->synchronize()) bad = 1;
-    int rc = bad ? -1 : 0;
-    if (e->distributed && sl_comm_allreduce(e->cfg.dp, &rc, 1, SL_DTYPE_I32, SL_OP_MIN)) rc = -1;
-    if (rc) {
-        if (!bad) sl_errorf("another rank could not stage its checkpoint state in host memory");
-        unstage(e, dev, 0);
-    }
-    return rc;
-}
-
 static int save_impl(sl_engine *e, const char *root, const char *tag, const char *client_state_json,
                      const float *full);
 static int load_impl(sl_engine *e, const char *path, char **client_state_json);
 
 int sl_engine_save(sl_engine *e, const char *root, const char *tag, const char *client_state_json) {
     if (e->micro_step != 0) return sl_errorf("checkpoint %s: cannot save in the middle of gradient accumulation", tag);
-    // model.safetensors holds the fp32 weights: the master under fp16/bf16, gathered under ZeRO
+    // model.safetensors holds the fp32 weights: the master under fp16/bf16, gathered under ZeRO,
+    // downloaded into host memory on rank 0
     float *full = NULL;
-    int owned = 0;
-    if (engine_weights_for_save(e, &full, &owned)) return -1;
-    device_state dev;
-    int rc = stage_to_host(e, &dev, 0);
-    if (rc) sl_error_context("checkpoint %s: staging through host memory", tag);
+    int rc = engine_weights_for_save(e, &full);
+    // a failed copy (or any earlier call) recorded by the backend: reported before anything is
+    // written, and agreed on by every rank
+    if (rc == 0) rc = engine_backend_agrees(e);
+    if (rc) sl_error_context("checkpoint %s (step %lld): copying the weights to host memory", tag, (long long)e->step);
     if (rc == 0) rc = save_impl(e, root, tag, client_state_json, full);
-    unstage(e, &dev, 0);
-    if (owned) free(full);
+    free(full);
     return rc;
 }
 
 int sl_engine_load(sl_engine *e, const char *path, char **client_state_json) {
-    device_state dev;
-    int rc = stage_to_host(e, &dev, 1);
-    if (rc == 0) rc = load_impl(e, path, client_state_json);
-    unstage(e, &dev, rc == 0);
-    if (rc == 0 && e->model->ops->synchronize()) rc = sl_error_context("%s: staging through host memory", path);
+    int rc = load_impl(e, path, client_state_json);
     if (rc == 0) {
         sl_model_zero_grad(e->model);
         engine_capture_master(e);  // the weights just read are fp32: the master, rounded for the model
-        rc = sl_model_params_changed(e->model);
+        rc = sl_model_params_changed(e->model);  // and the model's bf16 weight copy, where it has one
     }
+    // that work finished on every rank without a failure recorded by the backend
+    if (rc == 0 && engine_backend_agrees(e))
+        rc = sl_error_context("loading checkpoint %s (step %lld)", path, (long long)e->step);
     return rc;
 }
 
@@ -258,6 +204,7 @@ static int save_impl(sl_engine *e, const char *root, const char *tag, const char
 
     // every writer: its optimizer-state slice, then its record (range, size, checksum)
     shard_record mine = {-1, 0, 0, 0, 0, 0};
+    char own_error[2048] = "";
     if (writes_state(e) && e->n_optim_state > 0) {
         size_t b, end;
         state_range(e, &b, &end);
@@ -271,22 +218,27 @@ static int save_impl(sl_engine *e, const char *root, const char *tag, const char
             data[i] = e->optim_state[i] + (b - (e->sharded ? e->shard_begin : 0));
             numel[i] = end - b;
         }
+        char what[256];
+        snprintf(what, sizeof what, "checkpoint %s (step %lld): optimizer state", tag, (long long)e->step);
         uint64_t h = 0, bytes = 0;
         mine.writer = rank;
         mine.begin = (long long)b;
         mine.end = (long long)end;
-        mine.status = sl_ckpt_save_tensors(path, e->n_optim_state, state_names(e), data, numel) ||
+        mine.status = engine_stage_write(e, path, e->n_optim_state, state_names(e), data, numel, what) ||
                       sl_file_fnv1a64(path, SL_FNV1A64_INIT, &h, &bytes);
         mine.hash = (long long)h;
         mine.bytes = (long long)bytes;
-        if (mine.status) fprintf(stderr, "error: [rank %d] %s\n", rank, sl_error());
+        if (mine.status) snprintf(own_error, sizeof own_error, "%s", sl_error());
+        // rank 0 returns its own message; another rank's is printed here, where it is known
+        if (mine.status && rank != 0) fprintf(stderr, "error: [rank %d] %s\n", rank, own_error);
     }
     shard_record *recs = sl_calloc((size_t)world, sizeof *recs, "checkpoint records");
     if (!recs) return -1;
     if (e->distributed) rc = sl_comm_allgather(e->cfg.dp, &mine, recs, 6, SL_DTYPE_I64);
     else recs[0] = mine;
     if (rc == 0 && rank == 0) {
-        rc = finish_on_rank0(e, full, root, tag, tmp, client_state_json, recs, world);
+        rc = mine.status ? sl_errorf("%s", own_error)
+                         : finish_on_rank0(e, full, root, tag, tmp, client_state_json, recs, world);
         if (rc) {
             char keep[2048];
             snprintf(keep, sizeof keep, "saving checkpoint %s/%s: %s", root, tag, sl_error());
@@ -305,6 +257,8 @@ static int read_state_slice(sl_engine *e, const char *dir, const sl_manifest_sha
     size_t b, end;
     state_range(e, &b, &end);
     size_t base = e->sharded ? e->shard_begin : 0;
+    char what[4200];
+    snprintf(what, sizeof what, "loading checkpoint %s (step %lld): optimizer state", dir, (long long)e->step);
     for (int s = 0; s < n; s++) {
         size_t lo = refs[s].begin > b ? refs[s].begin : b, hi = refs[s].end < end ? refs[s].end : end;
         if (lo >= hi) continue;
@@ -319,7 +273,8 @@ static int read_state_slice(sl_engine *e, const char *dir, const sl_manifest_sha
             else if (f.tensors[idx].numel != refs[s].end - refs[s].begin)
                 rc = sl_errorf("%s: tensor \"%s\" holds %zu elements, the manifest says %zu", path, state_names(e)[i],
                                f.tensors[idx].numel, refs[s].end - refs[s].begin);
-            else rc = sl_st_read_f32_range(&f, idx, lo - refs[s].begin, hi - lo, e->optim_state[i] + (lo - base));
+            else rc = engine_stage_read(e, &f, idx, lo - refs[s].begin, hi - lo, e->optim_state[i] + (lo - base),
+                                        what);
         }
         sl_st_close(&f);
         if (rc) return -1;
@@ -361,62 +316,82 @@ static int load_on_rank0(sl_engine *e, float *params, const char *dir, char **cl
     return rc;
 }
 
-static int load_impl(sl_engine *e, const char *path, char **client_state_json) {
-    char dir[4096] = "";
-    char *client = NULL;
-    int rc = 0, rank0 = rank_of(e) == 0;
-    if (client_state_json) *client_state_json = NULL;
-    // ZeRO-3 holds no full parameters: rank 0 reads them into a temporary buffer and hands out slices
-    int stage3 = e->sharded && e->zero.stage == 3;
-    float *full = NULL;
-    if (rank0) {
-        rc = sl_ckpt_resolve(path, dir, sizeof dir);
-        if (rc == 0 && stage3 && !(full = sl_calloc(e->padded_total, sizeof(float), "checkpoint parameters"))) rc = -1;
-        if (rc == 0) rc = load_on_rank0(e, stage3 ? full : e->model->params, dir, &client);
-    }
-    if ((rc = share_status(e, rc, "to load the checkpoint")) != 0) { free(client); free(full); return rc; }
-    if (stage3) {
+// Collective: rank 0's step, last loss, client state and loss scaler to every rank.
+static int share_trainer_state(sl_engine *e, char **client) {
+    if (!e->distributed) return 0;
+    sl_comm *dp = e->cfg.dp;
+    long long meta[2] = {(long long)e->step, *client ? (long long)strlen(*client) + 1 : 0};
+    double last_loss = e->last_loss;
+    if (sl_comm_broadcast(dp, meta, 2, SL_DTYPE_I64, 0) || sl_comm_broadcast(dp, &last_loss, 1, SL_DTYPE_F64, 0))
+        return -1;
+    if (!*client && meta[1] > 0 && !(*client = sl_calloc((size_t)meta[1], 1, "client state"))) return -1;
+    if (meta[1] > 0 && sl_comm_broadcast(dp, *client, (size_t)meta[1], SL_DTYPE_U8, 0)) return -1;
+    e->step = meta[0];
+    e->last_loss = (float)last_loss;
+    return engine_scaler_broadcast(e);
+}
+
+// Collective: the weights rank 0 read (full, host memory; NULL elsewhere) into every rank's buffers.
+// ZeRO-3 scatters them unit by unit through a window; otherwise rank 0 uploads them into the model's
+// buffer, which is then broadcast in the backend's memory (NCCL on GPUs), as init does.
+static int place_weights(sl_engine *e, const float *full, const char *path) {
+    sl_model *m = e->model;
+    size_t n = m->layout.total;
+    int rc;
+    if (e->sharded && e->zero.stage == 3) {
         rc = sl_zero_scatter_params(&e->zero, full, 0);
-        free(full);
-        if (rc) { free(client); return -1; }
+        if (engine_backend_agrees(e)) rc = -1;  // every rank takes part, whatever the scatter said
+    } else {
+        if (full) m->ops->upload(m->params, full, n * sizeof(float));
+        rc = engine_backend_agrees(e);  // a failed upload is named before the broadcast spreads it
+        if (rc == 0 && e->distributed)
+            rc = sl_comm_order_after(e->cfg.dp, m->ops->stream()) ||
+                 sl_comm_broadcast(e->cfg.dp, m->params, n, SL_DTYPE_F32, 0);
     }
-    if (share_path(e, dir, sizeof dir)) { free(client); return -1; }
-    if (e->distributed) {
-        sl_comm *dp = e->cfg.dp;
-        long long meta[2] = {(long long)e->step, client ? (long long)strlen(client) + 1 : 0};
-        double last_loss = e->last_loss;
-        if ((!stage3 && sl_comm_broadcast(dp, e->model->params, e->model->layout.total, SL_DTYPE_F32, 0)) ||
-            sl_comm_broadcast(dp, meta, 2, SL_DTYPE_I64, 0) || sl_comm_broadcast(dp, &last_loss, 1, SL_DTYPE_F64, 0)) {
-            free(client);
-            return -1;
-        }
-        if (!rank0 && meta[1] > 0) client = sl_calloc((size_t)meta[1], 1, "client state");
-        if (meta[1] > 0 && (!client || sl_comm_broadcast(dp, client, (size_t)meta[1], SL_DTYPE_U8, 0))) {
-            free(client);
-            return -1;
-        }
-        e->step = meta[0];
-        e->last_loss = (float)last_loss;
-        if (engine_scaler_broadcast(e)) {
-            free(client);
-            return -1;
-        }
-    }
-    // every rank reads its own slice of the optimizer state (rank 0 verified the files)
+    if (rc) sl_error_context("loading checkpoint %s (step %lld): copying the weights to the %s backend", path,
+                             (long long)e->step, m->ops->name);
+    return rc ? -1 : 0;
+}
+
+// Collective: every rank reads its own slice of the optimizer state (rank 0 verified the files) and
+// all learn whether every rank succeeded.
+static int read_own_state(sl_engine *e, const char *dir) {
     int mine = 0;
     if (e->n_optim_state > 0) {
-        // rank 0 already verified sizes and checksums; here every rank just reads its slice
         sl_manifest man;
         mine = sl_manifest_load(&man, dir, e->model->layout.total, SL_VERIFY_NONE) ||
                read_state_slice(e, dir, man.shards, man.n_shards);
         sl_manifest_free(&man);
-        if (mine) fprintf(stderr, "error: [rank %d] %s\n", rank_of(e), sl_error());
+        // rank 0 returns its own message; another rank's is printed here, where it is known
+        if (mine && rank_of(e) != 0) fprintf(stderr, "error: [rank %d] %s\n", rank_of(e), sl_error());
     }
     int any = mine;
     if (e->distributed && sl_comm_allreduce(e->cfg.dp, &any, 1, SL_DTYPE_I32, SL_OP_MAX)) any = 1;
-    if (any) {
+    if (!any) return 0;
+    return mine ? -1 : sl_errorf("another rank failed to read its optimizer state from %s", dir);
+}
+
+static int load_impl(sl_engine *e, const char *path, char **client_state_json) {
+    char dir[4096] = "";
+    char *client = NULL;
+    int rc = 0;
+    if (client_state_json) *client_state_json = NULL;
+    // rank 0 reads the weights into host memory; place_weights hands them to every rank's buffers
+    float *full = NULL;
+    if (rank_of(e) == 0) {
+        rc = sl_ckpt_resolve(path, dir, sizeof dir);
+        if (rc == 0 && !(full = sl_calloc(e->padded_total, sizeof(float), "checkpoint weights"))) rc = -1;
+        if (rc == 0) rc = load_on_rank0(e, full, dir, &client);
+    }
+    rc = share_status(e, rc, "to load the checkpoint");
+    if (rc == 0) rc = share_path(e, dir, sizeof dir);
+    if (rc == 0) rc = share_trainer_state(e, &client);
+    if (rc == 0) rc = place_weights(e, full, path);
+    free(full);
+    if (rc == 0) rc = read_own_state(e, dir);
+    if (rc) {
         free(client);
-        return mine ? -1 : sl_errorf("another rank failed to read its optimizer state from %s", dir);
+        return -1;
     }
     e->micro_step = 0;
     e->loss_sum = 0.0;

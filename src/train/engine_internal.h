@@ -3,6 +3,7 @@
 #define SHARDLM_ENGINE_INTERNAL_H
 
 #include "shardlm/engine.h"
+#include "shardlm/safetensors.h"
 
 // The parameters the optimizer updates on this rank: [shard_begin, shard_begin + shard_size) of the
 // flat buffer (the whole buffer without ZeRO), in the model (stages 0-2) or the ZeRO-3 slice.
@@ -32,15 +33,32 @@ int engine_check_overflow(sl_engine *e, const float *g, size_t n, int *overflow)
 float *engine_update_target(sl_engine *e);
 // After the optimizer updated the master slice: the model's slice = master rounded.
 void engine_publish_master(sl_engine *e);
-// The full fp32 weights for a checkpoint, in HOST memory (collective over the data-parallel group).
-// Without ZeRO-3 or a sharded master they sit in one local buffer (the master without ZeRO, else the
-// model's fp32 parameters): on the cpu *full is that buffer, on a GPU a copy downloaded on rank 0
-// (NULL elsewhere). ZeRO with a master, and stage 3, gather the ranks' slices into a copy on every
-// rank (rank 0 only at stage 3). *owned = 1: a copy, free it.
-int engine_weights_for_save(sl_engine *e, float **full, int *owned);
 // Scaler state <-> trainer_state.json ("loss_scaler" object) and across ranks.
 void engine_scaler_to_json(const sl_engine *e, void *cjson_root);
 int engine_scaler_from_json(sl_engine *e, const void *cjson_root, const char *file);
 int engine_scaler_broadcast(sl_engine *e);
+
+// ---- engine_stage.c: checkpoint data between the backend's buffers and host memory ----------------
+// Floats in one host staging buffer (ckpt_stage_floats, or SL_CKPT_STAGE_FLOATS).
+size_t engine_stage_floats(const sl_engine *e);
+// Writes the safetensors file sl_ckpt_save_tensors would (1-D tensors names[i] of numel[i] floats),
+// downloading each src[i] (backend memory) a chunk at a time through one host buffer. A failed copy
+// is reported as "WHAT: copying "NAME" to host memory: <backend error>" and leaves no file.
+int engine_stage_write(const sl_engine *e, const char *path, int n, const char **names, const float *const *src,
+                       const size_t *numel, const char *what);
+// Elements [first, first + count) of tensor idx of f into dst (backend memory), a chunk at a time;
+// a failed copy is reported as "WHAT: copying "NAME" to the BACKEND backend: <backend error>".
+int engine_stage_read(const sl_engine *e, const sl_st_file *f, int idx, size_t first, size_t count, float *dst,
+                      const char *what);
+// Collective over the data-parallel group: every rank's backend finishes its queued work
+// (ops->synchronize) and all learn whether every rank's succeeded; -1 everywhere when any failed,
+// with the backend's message, or one naming another rank.
+int engine_backend_agrees(sl_engine *e);
+// The full fp32 weights for a checkpoint, downloaded into a HOST buffer on rank 0 (*full, malloc'd:
+// free it; NULL on other ranks). Collective. Without ZeRO-3 or a sharded master they sit in one
+// buffer (the master without ZeRO, else the model's fp32 parameters), which rank 0 downloads whole;
+// ZeRO with a master (stages 1-2) all-gathers the downloaded slices in host memory on every rank,
+// stage 3 gathers them unit by unit through its windows into rank 0's buffer.
+int engine_weights_for_save(sl_engine *e, float **full);
 
 #endif

@@ -92,66 +92,6 @@ void engine_publish_master(sl_engine *e) {
     ops->round_to(dst, e->shard_size, e->cfg.precision.precision);
 }
 
-// Every rank learns whether all of them succeeded (a failed allocation on one rank must not leave
-// the others waiting in the gather that follows).
-static int agree(sl_engine *e, int rc) {
-    if (e->distributed && sl_comm_allreduce(e->cfg.dp, &rc, 1, SL_DTYPE_I32, SL_OP_MIN)) rc = -1;
-    return rc;
-}
-
-int engine_weights_for_save(sl_engine *e, float **full, int *owned) {
-    const sl_ops *ops = e->model->ops;
-    *full = NULL;
-    *owned = 0;
-    int stage3 = e->sharded && e->zero.stage == 3, rank0 = rank_of(e) == 0;
-    if (!stage3 && (!e->master || !e->sharded)) {
-        // one local buffer holds them all: the master without ZeRO, else the model's fp32 parameters
-        const float *src = e->master ? e->master : e->model->params;
-        size_t n = e->model->layout.total;
-        if (!ops->on_device) {
-            *full = (float *)src;
-            return 0;
-        }
-        float *host = rank0 ? sl_malloc(n * sizeof(float), "parameters for the checkpoint") : NULL;
-        if (agree(e, rank0 && !host ? -1 : 0)) {
-            free(host);
-            return -1;
-        }
-        if (host) ops->download(host, src, n * sizeof(float));
-        *full = host;
-        *owned = host != NULL;
-        return 0;
-    }
-    // ZeRO: every rank's slice (master, or the stage-3 parameters) into one host buffer
-    int need = !stage3 || rank0;
-    float *buf = need ? sl_calloc(e->padded_total, sizeof(float), "parameters for the checkpoint") : NULL;
-    if (agree(e, need && !buf ? -1 : 0)) {
-        free(buf);
-        return -1;
-    }
-    const float *slice = e->master ? e->master : e->zero.shard_params;
-    int rc;
-    if (stage3) {
-        rc = sl_zero_gather_slices(&e->zero, slice, buf);  // unit by unit through the windows
-    } else {
-        // stages 1-2 under mixed precision: this rank's master slice, on a GPU downloaded into its
-        // place first (then the all-gather runs in place, on host memory)
-        const float *send = slice;
-        if (ops->on_device) {
-            ops->download(buf + e->shard_begin, slice, e->shard_size * sizeof(float));
-            send = buf + e->shard_begin;
-        }
-        rc = sl_comm_allgather(e->cfg.dp, send, buf, e->shard_size, SL_DTYPE_F32);
-    }
-    if (rc) {
-        free(buf);
-        return sl_error_context("gathering the weights for the checkpoint");
-    }
-    *full = buf;
-    *owned = buf != NULL;
-    return 0;
-}
-
 // ---- the scaler in checkpoints -------------------------------------------------------------------
 
 // The scaler's state as 7 numbers, in SCALER_KEYS order (checkpoint keys and broadcast layout).
