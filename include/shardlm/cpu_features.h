@@ -23,8 +23,13 @@ void sl_cpu_features_describe(char *buf, size_t cap);
 // and started on a CPU without, say, AVX-512 would die of SIGILL in the first vectorised loop.
 const char *sl_cpu_missing_build_isa(void);
 
-// The fp32 GEMM library the CPU backend uses and why, e.g. "OpenBLAS 0.3.21 (Cooperlake kernels),
-// measured 203 vs oneDNN 211 GFLOP/s". Chooses on first use (sl_cpu_gemm_choice in gemm.c).
+// The fp32 GEMM library the CPU backend uses and why, e.g. "OpenBLAS 0.3.21 (Cooperlake kernels)" or
+// "oneDNN 2.6.3 sgemm (OpenBLAS 0.3.21 (Prescott kernels) would not use this CPU's AVX2)". Chosen on
+// first use by a fixed rule (gemm.c), so every run and rank on a machine takes the same library.
 const char *sl_cpu_gemm_description(void);
+
+// Both libraries' rate (GFLOP/s, best of 3) on a linear layer's forward and weight-gradient products,
+// with the current thread count: what `shardlm report` shows next to the choice. About 50 ms.
+void sl_cpu_gemm_measure(double *openblas, double *onednn);
 
 #endif

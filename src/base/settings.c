@@ -19,7 +19,7 @@ static const struct { const char *name, *meaning; } variables[] = {
     {"SHARDLM_ATTENTION", "simt: bf16 attention on the CUDA-core kernels instead of tensor cores (default tc)"},
     {"SHARDLM_BF16_STORAGE", "0: --precision bf16 on the GPU keeps fp32 activations (default 1: bf16 storage)"},
     {"SHARDLM_EMULATE_BF16_STORAGE", "1: the CPU backend emulates the GPU's bf16 storage (tests; default 0)"},
-    {"SHARDLM_GEMM", "openblas or onednn: the CPU's fp32 GEMM library (default auto: measured at start)"},
+    {"SHARDLM_GEMM", "openblas or onednn: the CPU's fp32 GEMM library (default auto: oneDNN only where OpenBLAS lacks AVX2 kernels)"},
     {"SHARDLM_LOG_LEVEL", "debug, info, warn or error: the lowest level logged (default info)"},
     {"SHARDLM_FAULT", "RANK:STEP:WHERE: that rank kills itself there (fault-injection tests; default none)"},
     {"SHARDLM_RESTART_COUNT", "restarts so far, set by shardlm launch (faults fire only before the first)"},
