@@ -24,6 +24,9 @@ tmp=$(mktemp -d /tmp/shardlm_test_precision_XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 log="$tmp/log"
 export OMP_NUM_THREADS=1 ASAN_OPTIONS=detect_leaks=0
+# Runs compared bit for bit must use the same fp32 GEMM library (docs/architecture.md); left to auto,
+# its start-up measurement can choose differently in two runs on a loaded machine.
+export SHARDLM_GEMM=${SHARDLM_GEMM:-openblas}
 root=(); [ "$(id -u)" -eq 0 ] && root=(--allow-run-as-root)
 have_mpi=1; command -v mpirun >/dev/null || have_mpi=0
 run() { local n=$1; shift; if [ "$n" -eq 1 ]; then timeout 300 "$@"; else timeout 300 mpirun "${root[@]}" --oversubscribe -np "$n" "$@"; fi; }
