@@ -80,14 +80,16 @@ typedef struct sl_ops {
     // The training precision (sl_precision) whose rounded values the ops are handed; later GEMMs may
     // compute at it. cuda: bf16 -> CUBLAS_COMPUTE_32F_FAST_16BF, fp16 -> CUBLAS_COMPUTE_32F_FAST_16F
     // (tensor-core GEMMs on the fp32 buffers, fp32 accumulation), fp32 -> CUBLAS_COMPUTE_32F
-    // (CUBLAS_COMPUTE_32F_FAST_TF32 with SHARDLM_TF32=1); cpu: nothing (OpenBLAS is fp32 throughout).
+    // (CUBLAS_COMPUTE_32F_FAST_TF32 with SHARDLM_TF32=1); cpu: nothing (fp32 tables compute in fp32, the
+    // bf16-storage ones in bf16 whatever it says).
     // sl_model_forward / sl_model_backward call it with sl_model.precision; it lasts until the next call.
     void (*set_precision)(int precision);
 
     // ---- memory: where this backend's tensors live -------------------------------------------
     int on_device;                                   // 0: host memory (cpu); 1: GPU memory (cuda)
     // 1: activations (and the GEMMs' weight and bias arguments) are bf16 storage, see the top of this file;
-    // 0: everything is fp32. cpu and cuda: 0; cpu-bf16 (ops_cpu_bf16.c, a test backend) and cuda-bf16: 1.
+    // 0: everything is fp32. cpu and cuda: 0; cpu-bf16 (ops_cpu_bf16.c, a test backend), cpu-bf16-onednn
+    // and cuda-bf16: 1.
     int act_bf16;
     // 1: attention_forward / attention_backward honour a sliding window shorter than T (cpu, cpu-bf16);
     // 0: the model refuses such a window rather than hand it over (cuda, for now).
@@ -128,17 +130,29 @@ typedef struct sl_ops {
 extern const sl_ops sl_ops_cpu;
 // A test backend emulating the GPU's bf16 activation storage on the CPU (act_bf16 = 1): each op
 // widens its storage-typed inputs to fp32, runs sl_ops_cpu's op and rounds its storage-typed outputs
-// back to bf16. Slow; `--device cpu` picks it when SHARDLM_EMULATE_BF16_STORAGE=1.
+// back to bf16. Slow; `--device cpu` picks it when SHARDLM_EMULATE_BF16_STORAGE=1, and bf16 runs on a
+// CPU without bf16 instructions fall back to it. The oracle of sl_ops_cpu_bf16_native's tests.
 extern const sl_ops sl_ops_cpu_bf16;
+// bf16 activation storage on the CPU for real ("cpu-bf16-onednn", act_bf16 = 1): the GEMMs read the
+// bf16 operands through oneDNN's matmul (bf16 instructions, fp32 accumulation); the other ops are the
+// emulation's, staged through reusable fp32 scratch. `--precision bf16 --device cpu` trains with it
+// where sl_ops_cpu_bf16_native_usable says so (sl_ops_for_precision).
+extern const sl_ops sl_ops_cpu_bf16_native;
+// 1 when sl_ops_cpu_bf16_native runs on bf16 instructions here: the CPU (and OS) has avx512_bf16 or
+// amx_bf16, oneDNN has a bf16 matmul kernel for it (not its reference code) and SHARDLM_CPU_BF16 is
+// not 0; why (cap bytes) gets the kernel, or the reason when 0.
+int sl_ops_cpu_bf16_native_usable(char *why, size_t cap);
 
 // The ops table for `--device cpu|cuda` ("cuda:N" picks GPU N; "cuda" the one LOCAL_RANK says, as
 // torchrun does; "cpu" is sl_ops_cpu_bf16 when SHARDLM_EMULATE_BF16_STORAGE=1). Initialises the device. NULL with a message when the name is unknown, the binary
 // was built without CUDA, or no usable GPU is there.
 const sl_ops *sl_ops_for_device(const char *device, int local_rank);
 // The table a run at `precision` (sl_precision) uses on the device of `ops` (sl_ops_for_device's
-// answer): bf16 on the GPU stores activations in bf16 (sl_ops_cuda_bf16, act_bf16 = 1: half the
-// activation memory, bf16 tensor-core GEMMs reading bf16 operands, as torch's autocast) unless
-// SHARDLM_BF16_STORAGE=0 is set; every other case (cpu, fp32, fp16) returns ops unchanged.
+// answer): bf16 stores activations in bf16 unless SHARDLM_BF16_STORAGE=0 is set: on the GPU
+// sl_ops_cuda_bf16 (act_bf16 = 1: half the activation memory, bf16 tensor-core GEMMs reading bf16
+// operands, as torch's autocast); on the CPU (ops == &sl_ops_cpu) sl_ops_cpu_bf16_native where
+// sl_ops_cpu_bf16_native_usable, else the emulation sl_ops_cpu_bf16 with a one-line notice (once per
+// process) saying why. Every other case (fp32, fp16, the emulation asked for) returns ops unchanged.
 const sl_ops *sl_ops_for_precision(const sl_ops *ops, int precision);
 // 1 when this binary has the CUDA backend compiled in.
 int sl_ops_cuda_built(void);

@@ -1,5 +1,6 @@
 // backend.c: `--device cpu | cuda | cuda:N` -> the ops table (sl_ops_for_device), its bf16-storage
-// twin for bf16 runs on the GPU (sl_ops_for_precision), and whether this binary has the CUDA backend
+// twin for bf16 runs (sl_ops_for_precision: cuda-bf16 on the GPU; cpu-bf16-onednn on a CPU with bf16
+// instructions, else the emulation), and whether this binary has the CUDA backend
 // (sl_ops_cuda_built). SHARDLM_EMULATE_BF16_STORAGE=1 turns `cpu` into
 // cpu-bf16, the test backend emulating bf16 activation storage. Plain C with no CUDA header: the CUDA backend
 // is reached through cuda_ops.h's C declarations, and only when the Makefile defines
@@ -11,6 +12,7 @@
 // CUDA_VISIBLE_DEVICES gets GPU 0 in every rank, as intended.
 #include "shardlm/settings.h"
 #include "shardlm/error.h"
+#include "shardlm/log.h"
 #include "shardlm/ops.h"
 #include "shardlm/precision.h"
 
@@ -81,11 +83,23 @@ const sl_ops *sl_ops_for_device(const char *device, int local_rank) {
 #endif
 }
 
+// bf16 storage on the CPU: the oneDNN table where this CPU has bf16 instructions, else the emulation
+// (same storage, same results as SHARDLM_EMULATE_BF16_STORAGE=1, slower) with a notice, once.
+static const sl_ops *cpu_bf16_table(void) {
+    static int noticed;
+    char why[256];
+    if (sl_ops_cpu_bf16_native_usable(why, sizeof why)) return &sl_ops_cpu_bf16_native;
+    if (!noticed++)
+        sl_log(SL_LOG_WARN, "--precision bf16 on the CPU: %s; running the bf16-storage emulation instead "
+               "(cpu-bf16: same storage, slower; SHARDLM_BF16_STORAGE=0 keeps fp32 activations)", why);
+    return &sl_ops_cpu_bf16;
+}
+
 const sl_ops *sl_ops_for_precision(const sl_ops *ops, int precision) {
+    if (precision != SL_PRECISION_BF16 || !sl_settings_get()->bf16_storage) return ops;
+    if (ops == &sl_ops_cpu) return cpu_bf16_table();
 #ifdef SHARDLM_HAVE_CUDA
-    if (ops == &sl_ops_cuda && precision == SL_PRECISION_BF16 && sl_settings_get()->bf16_storage) return &sl_ops_cuda_bf16;
-#else
-    (void)precision;
+    if (ops == &sl_ops_cuda) return &sl_ops_cuda_bf16;
 #endif
     return ops;
 }

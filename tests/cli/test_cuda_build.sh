@@ -9,7 +9,7 @@
 #   - a small program linked like the binary finds every entry of sl_ops_cuda and sl_ops_cuda_bf16
 #     filled (names "cuda" / "cuda-bf16", on_device 1, act_bf16 0 / 1, the bf16 table with its own
 #     ops and the same memory functions), sl_ops_for_precision picks cuda-bf16 only for bf16 on cuda
-#     when not switched off (SHARDLM_BF16_STORAGE=0), and
+#     when not switched off (SHARDLM_BF16_STORAGE=0) and a CPU bf16-storage table for bf16 on cpu, and
 #     sl_ops_for_device gives the CPU table for "cpu", names the value and the
 #     choices for a bad one, rejects "cuda:x", and (on a machine without a GPU) fails "cuda" with
 #     "no usable CUDA GPU";
@@ -84,7 +84,8 @@ int main(int argc, char **argv) {
     unsetenv("SHARDLM_BF16_STORAGE");
     sl_settings_load();  // the environment is read once; again after changing it
     if (sl_ops_for_precision(&sl_ops_cuda, 1) != &sl_ops_cuda_bf16 || sl_ops_for_precision(&sl_ops_cuda, 0) != &sl_ops_cuda ||
-        sl_ops_for_precision(&sl_ops_cuda, 2) != &sl_ops_cuda || sl_ops_for_precision(&sl_ops_cpu, 1) != &sl_ops_cpu) {
+        sl_ops_for_precision(&sl_ops_cuda, 2) != &sl_ops_cuda || sl_ops_for_precision(&sl_ops_cpu, 1)->on_device ||
+        !sl_ops_for_precision(&sl_ops_cpu, 1)->act_bf16) {  // cpu: cpu-bf16-onednn or the emulation
         printf("sl_ops_for_precision picks the wrong table\n"); bad = 1;
     }
     setenv("SHARDLM_BF16_STORAGE", "0", 1);
@@ -113,7 +114,7 @@ MPI_CFLAGS=${MPI_CFLAGS-$(mpicc --showme:compile 2>/dev/null)}
 MPI_LIBS=${MPI_LIBS-$(mpicc --showme:link 2>/dev/null)}
 flags="-std=c17 -Wall -Wextra -Werror -D_GNU_SOURCE -fopenmp -g -O1 -Iinclude -Isrc -I$BLAS_INC $MPI_CFLAGS"
 grep -q ' U __asan_' "$tmp/nm.txt" && flags="$flags -fsanitize=address,undefined"  # the ASan build's library
-libs="-L$BLAS_DIR -Wl,-rpath,$BLAS_DIR -lopenblas -lcjson -lpcre2-8 $MPI_LIBS -L$CUDA_HOME/lib64 -lcudart_static -ldl -lrt -lpthread -lstdc++ -lm"
+libs="-L$BLAS_DIR -Wl,-rpath,$BLAS_DIR -lopenblas -ldnnl -lcjson -lpcre2-8 $MPI_LIBS -L$CUDA_HOME/lib64 -lcudart_static -ldl -lrt -lpthread -lstdc++ -lm"
 # shellcheck disable=SC2086
 check cuda_table_program_links ${CC:-gcc} $flags "$tmp/table.c" "$lib" -o "$tmp/table" $libs
 gpu_arg=nogpu

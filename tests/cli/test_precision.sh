@@ -14,6 +14,12 @@
 #     5e-2 per step, with no separate fp32 master (the model's fp32 buffer is the master, it computes
 #     with its bf16 copy; fp32 storage keeps a master); with ZeRO-3 (bf16 copies of the gathered windows) the same losses and weights
 #     bit for bit; at 2 ranks its ZeRO-1 and ZeRO-3 weights equal its stage 0's.
+#   * bf16 on the CPU for real (cpu-bf16-onednn, the default where the CPU has bf16 instructions):
+#     tracks fp32 within 5e-2 and the emulation within 2e-3 per step, keeps no separate master, a
+#     resume at step 6 gives the uninterrupted run's losses, weights and optimizer state bit for bit,
+#     ZeRO-3 equals stage 0 (1 and 2 ranks); SHARDLM_CPU_BF16=0 (as on a CPU without bf16
+#     instructions) prints one notice and gives the emulation's losses exactly. The bf16 loss curve
+#     and the 2-rank bf16 ZeRO runs above use fp32 activation storage (SHARDLM_BF16_STORAGE=0).
 #   * Config: the fp16 block's settings reach the scaler; fp16 + bf16 both enabled, a bad
 #     --precision, and a bad fp16 key value are refused with messages naming them.
 set -u
@@ -24,6 +30,9 @@ tmp=$(mktemp -d /tmp/shardlm_test_precision_XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 log="$tmp/log"
 export OMP_NUM_THREADS=1 ASAN_OPTIONS=detect_leaks=0
+# Runs compared bit for bit must use the same fp32 GEMM library (docs/architecture.md); left to auto,
+# its start-up measurement can choose differently in two runs on a loaded machine.
+export SHARDLM_GEMM=${SHARDLM_GEMM:-openblas}
 root=(); [ "$(id -u)" -eq 0 ] && root=(--allow-run-as-root)
 have_mpi=1; command -v mpirun >/dev/null || have_mpi=0
 run() { local n=$1; shift; if [ "$n" -eq 1 ]; then timeout 300 "$@"; else timeout 300 mpirun "${root[@]}" --oversubscribe -np "$n" "$@"; fi; }
@@ -50,8 +59,8 @@ common=(train --model gpt2-tiny --data "$tmp/data" --seq-len 32 --seed 3 --lr 1e
         --lr-schedule warmup --warmup-steps 8 --sample-tokens 0 --log-interval 1 --threads 1)
 
 # ---- loss curves
-for p in fp32 bf16 fp16; do
-  run 1 "$BIN" "${common[@]}" --steps 12 --batch-size 4 --precision $p --save-dir "$tmp/c_$p" >"$tmp/c_$p.out" 2>&1 ||
+for p in fp32 bf16 fp16; do  # bf16 here: fp32 activation storage (SHARDLM_BF16_STORAGE=0)
+  SHARDLM_BF16_STORAGE=0 run 1 "$BIN" "${common[@]}" --steps 12 --batch-size 4 --precision $p --save-dir "$tmp/c_$p" >"$tmp/c_$p.out" 2>&1 ||
     fail "${p}_runs" "$(tail -3 "$tmp/c_$p.out")"
   losses "$tmp/c_$p" >"$tmp/c_$p.loss"
 done
@@ -101,7 +110,7 @@ if [ $have_mpi -eq 1 ]; then
     same "dp_stage${s}_all_ranks_skip" "$tmp/dp$s/step_00000003/model.safetensors" "$tmp/dp$s/step_00000004/model.safetensors"
   done
   for s in 0 1 2 3; do
-    run 2 "$BIN" "${common[@]}" --steps 4 --batch-size 4 --precision bf16 --zero-stage $s --save-dir "$tmp/b$s" \
+    SHARDLM_BF16_STORAGE=0 run 2 "$BIN" "${common[@]}" --steps 4 --batch-size 4 --precision bf16 --zero-stage $s --save-dir "$tmp/b$s" \
       >"$tmp/b$s.out" 2>&1 || fail "bf16_stage${s}_runs" "$(tail -3 "$tmp/b$s.out")"
   done
   for s in 1 2 3; do same "bf16_stage${s}_weights_equal_stage0" "$tmp/b0/step_00000004/model.safetensors" "$tmp/b$s/step_00000004/model.safetensors"; done
@@ -155,6 +164,58 @@ if [ $have_mpi -eq 1 ]; then
     grep '"loss"' "$tmp/ga$s.jsonl" | sed 's/.*"loss":\([0-9.e+-]*\).*/\1/' >"$tmp/ga$s.loss"
   done
   for s in 2 3; do close "bf16_storage_stage${s}_accumulation_matches_stage0" 1e-4 "$tmp/ga$s.loss" "$tmp/ga0.loss"; done
+fi
+
+# ---- bf16 on the CPU for real (cpu-bf16-onednn: bf16 storage, oneDNN bf16 GEMMs), the default for
+# --precision bf16 where the CPU has bf16 instructions. Its GEMMs sum the emulation's products in
+# another order and round once, so it tracks the emulation, not its bits: within 2e-3 per step over 12
+# steps (measured ~1e-4), and fp32 within 5e-2 as the emulation does. Where the CPU has none (or with
+# SHARDLM_CPU_BF16=0) a one-line notice says so and the emulation runs: its bits exactly.
+native=1
+grep -q 'avx512_bf16\|amx_bf16' /proc/cpuinfo || native=0
+run 1 "$BIN" "${common[@]}" --steps 12 --batch-size 4 --precision bf16 --save-interval 6 --save-dir "$tmp/n_bf16" \
+  >"$tmp/n_bf16.out" 2>&1 || fail native_bf16_runs "$(tail -3 "$tmp/n_bf16.out")"
+losses "$tmp/n_bf16" >"$tmp/n_bf16.loss"
+close native_bf16_loss_tracks_fp32 5e-2 "$tmp/n_bf16.loss" "$tmp/c_fp32.loss"
+close native_bf16_loss_tracks_emulation 2e-3 "$tmp/n_bf16.loss" "$tmp/e_bf16.loss"
+adds "$tmp/n_bf16.out" | awk '{ ok = $1 == 0 && $2 > 0 } END { exit !ok }' && pass native_bf16_keeps_no_separate_master ||
+  fail native_bf16_keeps_no_separate_master "master / copy MB: '$(adds "$tmp/n_bf16.out")'"
+notice='--precision bf16 on the CPU: .*; running the bf16-storage emulation instead'
+if [ $native -eq 1 ]; then
+  grep -q -- "$notice" "$tmp/n_bf16.out" && fail native_bf16_used_where_the_cpu_has_bf16 "$(grep -- "$notice" "$tmp/n_bf16.out")" ||
+    pass native_bf16_used_where_the_cpu_has_bf16
+fi
+# resumed at step 6: the uninterrupted run's losses and final state, bit for bit
+mkdir -p "$tmp/n_res"
+cp -r "$tmp/n_bf16/step_00000006" "$tmp/n_res/" && echo step_00000006 >"$tmp/n_res/latest"
+run 1 "$BIN" "${common[@]}" --steps 12 --batch-size 4 --precision bf16 --resume auto --save-dir "$tmp/n_res" \
+  >"$tmp/n_res.out" 2>&1 || fail native_bf16_resume_runs "$(tail -3 "$tmp/n_res.out")"
+losses "$tmp/n_res" >"$tmp/n_res.loss"
+tail -n 6 "$tmp/n_bf16.loss" >"$tmp/n_tail.loss"
+same native_bf16_resume_losses_bit_identical "$tmp/n_res.loss" "$tmp/n_tail.loss"
+same native_bf16_resume_weights_bit_identical "$tmp/n_bf16/step_00000012/model.safetensors" \
+  "$tmp/n_res/step_00000012/model.safetensors"
+same native_bf16_resume_optimizer_bit_identical "$tmp/n_bf16/step_00000012/optim_00000_of_00001.safetensors" \
+  "$tmp/n_res/step_00000012/optim_00000_of_00001.safetensors"
+# ZeRO-3 (bf16 copies of the gathered windows): stage 0's run bit for bit
+run 1 "$BIN" "${common[@]}" --steps 12 --batch-size 4 --precision bf16 --zero-stage 3 --save-dir "$tmp/n_z3" \
+  >"$tmp/n_z3.out" 2>&1 || fail native_bf16_zero3_runs "$(tail -3 "$tmp/n_z3.out")"
+same native_bf16_zero3_weights_equal_stage0 "$tmp/n_z3/step_00000012/model.safetensors" \
+  "$tmp/n_bf16/step_00000012/model.safetensors"
+# the fallback: as on a CPU without bf16 instructions, one notice and the emulation's losses exactly
+SHARDLM_CPU_BF16=0 run 1 "$BIN" "${common[@]}" --steps 12 --batch-size 4 --precision bf16 --save-dir "$tmp/f_bf16" \
+  >"$tmp/f_bf16.out" 2>&1 || fail bf16_fallback_runs "$(tail -3 "$tmp/f_bf16.out")"
+[ "$(grep -c -- "$notice" "$tmp/f_bf16.out")" -eq 1 ] && grep -q 'SHARDLM_CPU_BF16=0' "$tmp/f_bf16.out" &&
+  pass bf16_fallback_notice_once || fail bf16_fallback_notice_once "$(grep -i bf16 "$tmp/f_bf16.out" | head -3)"
+losses "$tmp/f_bf16" >"$tmp/f_bf16.loss"
+same bf16_fallback_is_the_emulation "$tmp/f_bf16.loss" "$tmp/e_bf16.loss"
+if [ $have_mpi -eq 1 ]; then
+  for s in 0 3; do
+    run 2 "$BIN" "${common[@]}" --steps 4 --batch-size 4 --precision bf16 --zero-stage $s --save-dir "$tmp/nb$s" \
+      >"$tmp/nb$s.out" 2>&1 || fail "native_bf16_stage${s}_2_ranks_runs" "$(tail -3 "$tmp/nb$s.out")"
+  done
+  same native_bf16_stage3_2_ranks_weights_equal_stage0 "$tmp/nb0/step_00000004/model.safetensors" \
+    "$tmp/nb3/step_00000004/model.safetensors"
 fi
 
 # ---- configuration

@@ -1,7 +1,7 @@
 // test_ops_list.c: the tables generated from ops_list.h. Every table a run can get (cpu, the bf16
-// emulation, the profiler around either) has every op of the list; the emulation and the profiler
-// wrap each op rather than handing the inner one through; the profiler counts what the list's
-// flops column says.
+// emulation, the native bf16 table, the profiler around any) has every op of the list; the bf16
+// tables and the profiler wrap each op rather than handing the inner one through; the profiler counts
+// what the list's flops column says.
 #include "test.h"
 
 #include "shardlm/ops.h"
@@ -26,8 +26,8 @@ static any_fn entry(const sl_ops *t, int i) {
 }
 
 TEST(every_table_has_every_op) {
-    const sl_ops *tables[] = {&sl_ops_cpu, &sl_ops_cpu_bf16};
-    for (int t = 0; t < 2; t++) {
+    const sl_ops *tables[] = {&sl_ops_cpu, &sl_ops_cpu_bf16, &sl_ops_cpu_bf16_native};
+    for (int t = 0; t < 3; t++) {
         for (int i = 0; i < N_OPS; i++) CHECK_MSG(entry(tables[t], i), "%s: no %s", tables[t]->name, ops_listed[i].name);
         const sl_ops *p = sl_ops_profile_wrap(tables[t]);
         for (int i = 0; i < N_OPS; i++) {
@@ -51,6 +51,17 @@ TEST(bf16_emulation_wraps_every_op) {
         CHECK_MSG(entry(&sl_ops_cpu_bf16, i) != entry(&sl_ops_cpu, i), "cpu-bf16 hands %s through",
                   ops_listed[i].name);
     CHECK(sl_ops_cpu_bf16.act_bf16 == 1 && sl_ops_cpu.act_bf16 == 0);
+}
+
+// The native bf16 table likewise: its own function for every op (oneDNN GEMMs, staged or composed
+// others), none of the emulation's or the fp32 table's.
+TEST(native_bf16_table_wraps_every_op) {
+    for (int i = 0; i < N_OPS; i++) {
+        any_fn f = entry(&sl_ops_cpu_bf16_native, i);
+        CHECK_MSG(f != entry(&sl_ops_cpu, i) && f != entry(&sl_ops_cpu_bf16, i), "cpu-bf16-onednn hands %s through",
+                  ops_listed[i].name);
+    }
+    CHECK(sl_ops_cpu_bf16_native.act_bf16 == 1 && sl_ops_cpu_bf16_native.synchronize != sl_ops_cpu_bf16.synchronize);
 }
 
 static const sl_op_stat *stat_of(const char *name) {

@@ -19,7 +19,7 @@ SL_OPS(SL_CPU_OP_DECL)
 #define cpu_f32(p) _Generic((p), sl_act *: (float *)(void *)(p), const sl_act *: (const float *)(const void *)(p))
 #define cpu_act(p) _Generic((p), float *: (sl_act *)(void *)(p), const float *: (const sl_act *)(const void *)(p))
 
-// What is not an op over activations (ops_cpu.c), shared by sl_ops_cpu and sl_ops_cpu_bf16: host
+// What is not an op over activations (ops_cpu.c), shared by every CPU table (cpu, cpu-bf16, cpu-bf16-onednn): host
 // memory (transfers are copies), the precision switch (nothing: OpenBLAS is fp32) and the optimizer
 // step's passes over flat fp32 buffers.
 void *cpu_alloc(size_t bytes, const char *what);

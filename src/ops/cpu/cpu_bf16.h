@@ -1,0 +1,39 @@
+// cpu_bf16.h: the pieces of sl_ops_cpu_bf16_native ("cpu-bf16-onednn"), real bf16 activation storage
+// on the CPU (ops.h act_bf16 = 1): oneDNN's bf16 matmul (onednn_matmul.c), the linear layers built on it
+// (matmul_bf16.c) and the table with its staged ops, scratch buffers and failure record
+// (ops_cpu_bf16_native.c). docs/precision.md says which runs use it.
+#ifndef SHARDLM_CPU_BF16_H
+#define SHARDLM_CPU_BF16_H
+
+#include "ops/cpu/cpu_ops.h"
+#include "shardlm/precision.h"
+
+// onednn_matmul.c: C (M,N) = op(A) (M,K) @ op(B) (K,N) (+ bias (N)), row-major as cpu_sgemm (op(X) = X^T
+// when its flag is set; ldc = N), A and B bf16, fp32 accumulation; C is bf16 (c_f32 = 0: rounded to
+// nearest even once) or fp32 (c_f32 = 1), accumulated into with accumulate = 1 (fp32 C only: C += ...).
+// bias may be NULL. Deterministic for a given shape and thread count. 0, or -1 with a message naming
+// op and the shape (a failing oneDNN call).
+int cpu_gemm_bf16(const char *op, int ta, int tb, int M, int N, int K, const sl_bf16 *A, int lda, const sl_bf16 *B,
+                  int ldb, const sl_bf16 *bias, void *C, int c_f32, int accumulate);
+// The name of the kernel oneDNN picks for a bf16 linear layer on this CPU ("brg:avx512_core_bf16", or
+// "ref:any" where it has no bf16 code for it) into impl; 0, or -1 with a message.
+int cpu_gemm_bf16_kernel(char *impl, size_t cap);
+
+// matmul_bf16.c: the GEMM ops of ops_list.h on bf16 storage, their contracts as ops.h states them.
+void cpu_bf16_matmul_forward(sl_act *out, const sl_act *inp, const sl_act *weight, const sl_act *bias, int N, int IC,
+                             int OC);
+void cpu_bf16_matmul_backward(sl_act *dinp, float *dweight, float *dbias, const sl_act *dout, const sl_act *inp,
+                              const sl_act *weight, int N, int IC, int OC);
+void cpu_bf16_matmul_gelu_forward(sl_act *out, sl_act *pre, const sl_act *inp, const sl_act *weight,
+                                  const sl_act *bias, int N, int IC, int OC);
+
+// ops_cpu_bf16_native.c: an op that fails (oneDNN, or no memory for scratch) records sl_error()'s
+// message; later ops do nothing until synchronize() reports the first failure and clears it.
+void cpu_bf16_record_failure(void);
+int cpu_bf16_failed(void);
+// fp32 scratch buffer number slot (0 .. CPU_BF16_SLOTS-1) of at least n floats, kept and grown across
+// calls (its contents are not kept); NULL with the failure recorded when the heap is out.
+#define CPU_BF16_SLOTS 8
+float *cpu_bf16_scratch(int slot, size_t n);
+
+#endif

@@ -1,0 +1,232 @@
+// ops_cpu_bf16_native.c: sl_ops_cpu_bf16_native ("cpu-bf16-onednn"), bf16 activation storage on the CPU
+// for real (ops.h act_bf16 = 1), for CPUs with bf16 instructions (sl_ops_cpu_bf16_native_usable). The
+// GEMM ops run on the bf16 operands through oneDNN (matmul_bf16.c). Every other op is staged as the
+// emulation (ops_cpu_bf16.c) stages it: the storage it reads widened to fp32, the CPU op, what it wrote
+// rounded back (nearest even), so those ops give the emulation's bits for the same inputs; but the
+// fp32 temporaries are scratch buffers kept across calls, one per argument position (no heap
+// allocation per call), and cross-entropy is staged a block of rows at a time (its logits are the
+// largest activation). The composed ops are the emulation's compositions, except encoder_forward,
+// which reads its rows of the bf16 tables directly. Memory functions and optimizer passes are the CPU's. The ops are called from one thread at
+// a time (the model's), as the scratch buffers and the failure record assume.
+#include "ops/cpu/cpu_bf16.h"
+#include "shardlm/cpu_features.h"
+#include "shardlm/error.h"
+#include "shardlm/settings.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const sl_ops *const cpu = &sl_ops_cpu;
+
+// ---- failures and scratch ------------------------------------------------------------------------
+
+// The first failure since the last synchronize(), which reports it (as a failed GPU call is reported).
+static int g_failed;
+static char g_failure[320];
+
+void cpu_bf16_record_failure(void) {
+    if (!g_failed) snprintf(g_failure, sizeof g_failure, "cpu-bf16-onednn: %s", sl_error());
+    g_failed = 1;
+}
+
+int cpu_bf16_failed(void) { return g_failed; }
+
+static int native_synchronize(void) {
+    if (!g_failed) return 0;
+    g_failed = 0;
+    return sl_errorf("%s", g_failure);
+}
+
+static struct {
+    float *p;
+    size_t cap;
+} slots[CPU_BF16_SLOTS];
+
+float *cpu_bf16_scratch(int slot, size_t n) {
+    if (n > slots[slot].cap) {
+        free(slots[slot].p);
+        slots[slot].cap = 0;
+        if (!(slots[slot].p = malloc(n * sizeof(float)))) {
+            sl_errorf("out of memory for a %zu-float scratch buffer", n);
+            cpu_bf16_record_failure();
+            return NULL;
+        }
+        slots[slot].cap = n;
+    }
+    return slots[slot].p;
+}
+
+// ---- staging -------------------------------------------------------------------------------------
+
+// One call's staged storage arguments, in the order of the op's storage column: argument k is staged in
+// scratch slot k.
+typedef struct {
+    struct {
+        sl_act *storage;
+        float *f32;
+        size_t n;
+        int write;
+    } arg[CPU_BF16_SLOTS];
+    int n;
+} staging;
+
+// The fp32 stand-in for storage p (n elements), widened from it when the op reads it; NULL for NULL (an
+// optional argument) or after a failure.
+static sl_act *stage(staging *st, const sl_act *p, size_t n, int read, int write) {
+    if (!p || g_failed) return NULL;
+    float *f = st->n < CPU_BF16_SLOTS ? cpu_bf16_scratch(st->n, n) : NULL;
+    if (!f) {
+        if (!g_failed) sl_errorf("an op with more than %d storage arguments", CPU_BF16_SLOTS);
+        cpu_bf16_record_failure();
+        return NULL;
+    }
+    if (read) sl_bf16_to_f32_array((const sl_bf16 *)(const void *)p, f, n);
+    st->arg[st->n].storage = (sl_act *)p;
+    st->arg[st->n].f32 = f;
+    st->arg[st->n].n = n;
+    st->arg[st->n++].write = write;
+    return cpu_act(f);
+}
+
+// After the call: what the op wrote rounded back into its storage.
+static void unstage(const staging *st) {
+    for (int i = 0; i < st->n && !g_failed; i++)
+        if (st->arg[i].write) sl_f32_to_bf16_array(st->arg[i].f32, (sl_bf16 *)(void *)st->arg[i].storage, st->arg[i].n);
+}
+
+#define SL_IN(p, n) p = stage(&st, p, n, 1, 0);
+#define SL_OUT(p, n) p = stage(&st, p, n, 0, 1);
+#define SL_INOUT(p, n) p = stage(&st, p, n, 1, 1);
+#define CALL_void(name, args) \
+    if (!g_failed) cpu->name args; \
+    unstage(&st);
+#define CALL_double(name, args)                       \
+    double result = g_failed ? 0.0 : cpu->name args; \
+    unstage(&st);                                     \
+    return result;
+// staged_<op> for every STAGED op of the list (the table's oneDNN GEMMs and blocked cross-entropy,
+// below, override those entries).
+#define WRAP_STAGED(ret, name, params, args, storage) \
+    static ret staged_##name params {                 \
+        staging st = {.n = 0};                        \
+        storage CALL_##ret(name, args)                \
+    }
+#define WRAP_COMPOSED(ret, name, params, args, storage)
+#define WRAP(ret, name, params, args, storage, flops, emulation) WRAP_##emulation(ret, name, params, args, storage)
+SL_OPS(WRAP)
+#undef WRAP
+
+// ---- the COMPOSED ops -----------------------------------------------------------------------------
+
+// out (B,T,C) = wte[inp] (+ wpe[t]) from the bf16 tables: the sum in fp32, rounded once; a copy without wpe.
+static void composed_encoder_forward(sl_act *out_, const int *inp, const sl_act *wte_, const sl_act *wpe_, int B,
+                                     int T, int C) {
+    if (g_failed) return;
+    sl_bf16 *out = (sl_bf16 *)(void *)out_;
+    const sl_bf16 *wte = (const sl_bf16 *)(const void *)wte_, *wpe = (const sl_bf16 *)(const void *)wpe_;
+#pragma omp parallel for schedule(static) if((size_t)B * T * C >= SL_PAR_MIN_WORK)
+    for (int n = 0; n < B * T; n++) {
+        sl_bf16 *o = out + (size_t)n * C;
+        const sl_bf16 *e = wte + (size_t)inp[n] * C;
+        if (!wpe) {
+            memcpy(o, e, sizeof(sl_bf16) * (size_t)C);
+            continue;
+        }
+        const sl_bf16 *p = wpe + (size_t)(n % T) * C;
+        for (int c = 0; c < C; c++) o[c] = sl_f32_to_bf16(sl_bf16_to_f32(e[c]) + sl_bf16_to_f32(p[c]));
+    }
+}
+
+// dout is overwritten with the pre-GELU gradient, stored (rounded); the GEMMs and the bias gradient
+// then read it as stored, as the emulation and the GPU do.
+static void composed_matmul_gelu_backward(sl_act *dinp, float *dweight, float *dbias, sl_act *dout, const sl_act *pre,
+                                          const sl_act *inp, const sl_act *weight, int N, int IC, int OC) {
+    staged_gelu_backward(dout, pre, dout, (size_t)N * OC);
+    cpu_bf16_matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, IC, OC);
+}
+
+// The fused residual norms: resid stored (rounded) first, the norm reads it back as stored.
+static void composed_residual_layernorm_forward(sl_act *resid, sl_act *out, float *mean, float *rstd, const sl_act *a,
+                                                const sl_act *b, const sl_act *w, const sl_act *bias, int N, int C,
+                                                float eps) {
+    staged_residual_forward(resid, a, b, (size_t)N * C);
+    staged_layernorm_forward(out, mean, rstd, resid, w, bias, N, C, eps);
+}
+
+static void composed_residual_rmsnorm_forward(sl_act *resid, sl_act *out, float *rstd, const sl_act *a,
+                                              const sl_act *b, const sl_act *w, int N, int C, float eps) {
+    staged_residual_forward(resid, a, b, (size_t)N * C);
+    staged_rmsnorm_forward(out, rstd, resid, w, N, C, eps);
+}
+
+// Cross-entropy a block of rows at a time (its rows are independent), so the scratch holds about 2M
+// logits (8 MB) instead of all N * Vp of them (206 MB for GPT-2 at B*T = 1024). The forward's total
+// is cpu_crossentropy_forward's own sum, each counted row's lse minus its target's logit added
+// serially in double over all rows, so both ops give the emulation's bits.
+static int rows_per_block(int Vp) { return Vp >= (1 << 21) ? 1 : (1 << 21) / Vp; }
+
+static double blocked_crossentropy_forward(float *lse, const sl_act *logits, const int *targets, int N, int V,
+                                           int Vp) {
+    const sl_bf16 *x = (const sl_bf16 *)(const void *)logits;
+    for (int r0 = 0, rows = rows_per_block(Vp); r0 < N && !g_failed; r0 += rows)
+        staged_crossentropy_forward(lse + r0, sl_act_at(logits, (size_t)r0 * Vp, sizeof(sl_bf16)), targets + r0,
+                                    N - r0 < rows ? N - r0 : rows, V, Vp);
+    double total = 0.0;
+    for (int n = 0; n < N && !g_failed; n++)
+        if (targets[n] >= 0) total += (double)(lse[n] - sl_bf16_to_f32(x[(size_t)n * Vp + targets[n]]));
+    return g_failed ? 0.0 : total;
+}
+
+static void blocked_crossentropy_backward(sl_act *logits, const float *lse, const int *targets, int N, int V, int Vp,
+                                          float dloss) {
+    for (int r0 = 0, rows = rows_per_block(Vp); r0 < N && !g_failed; r0 += rows)
+        staged_crossentropy_backward(sl_act_at(logits, (size_t)r0 * Vp, sizeof(sl_bf16)), lse + r0, targets + r0,
+                                     N - r0 < rows ? N - r0 : rows, V, Vp, dloss);
+}
+
+#define PICK_STAGED(name) staged_##name
+#define PICK_COMPOSED(name) composed_##name
+#define ENTRY(ret, name, params, args, storage, flops, emulation) .name = PICK_##emulation(name),
+
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Woverride-init"  // the entries below replace their staged ones
+const sl_ops sl_ops_cpu_bf16_native = {
+    .name = "cpu-bf16-onednn",
+    SL_OPS(ENTRY)
+    .matmul_forward = cpu_bf16_matmul_forward,
+    .matmul_backward = cpu_bf16_matmul_backward,
+    .matmul_gelu_forward = cpu_bf16_matmul_gelu_forward,
+    .crossentropy_forward = blocked_crossentropy_forward,
+    .crossentropy_backward = blocked_crossentropy_backward,
+    .act_bf16 = 1,
+    .sliding_window = 1,
+    .synchronize = native_synchronize,
+    SL_CPU_HOST_FNS,  // memory functions and optimizer passes are the CPU's
+};
+#pragma GCC diagnostic pop
+
+// ---- when it is used --------------------------------------------------------------------------------
+
+int sl_ops_cpu_bf16_native_usable(char *why, size_t cap) {
+    const sl_cpu_features *f = sl_cpu_features_get();
+    char kernel[64];
+    if (!sl_settings_get()->cpu_bf16) {
+        snprintf(why, cap, "SHARDLM_CPU_BF16=0");
+        return 0;
+    }
+    if (!f->avx512_bf16 && !f->amx_bf16) {
+        snprintf(why, cap, "this CPU has no bf16 instructions (avx512_bf16 or amx_bf16)");
+        return 0;
+    }
+    if (cpu_gemm_bf16_kernel(kernel, sizeof kernel)) {
+        snprintf(why, cap, "%s", sl_error());
+        return 0;
+    }
+    if (!strncmp(kernel, "ref", 3)) {
+        snprintf(why, cap, "oneDNN has only its reference bf16 matmul (%s) for this CPU", kernel);
+        return 0;
+    }
+    snprintf(why, cap, "oneDNN matmul %s", kernel);
+    return 1;
+}
