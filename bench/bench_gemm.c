@@ -124,7 +124,7 @@ int main(int argc, char **argv) {
     const char *tf32 = getenv("SHARDLM_TF32");
     printf("{\"impl\":\"shardlm-gemm\",\"device\":\"%s\",\"ops\":\"%s\",\"precision\":\"%s\",\"storage\":\"%s\",\"shardlm_tf32\":\"%s\","
            "\"N\":%d,\"IC\":%d,\"OC\":%d,\"repeats\":%d,\"warmup\":%d,\"ms_median\":%.4f,\"ms_min\":%.4f,"
-           "\"tflops_median\":%.2f,\"tflops_best\":%.2f,\"library\":\"%s\"}\n",
+           "\"tflops_median\":%.4f,\"tflops_best\":%.4f,\"library\":\"%s\"}\n",
            device, ops->name, prec_name, ops->act_bf16 ? "bf16" : "fp32", tf32 ? tf32 : "", N, IC, OC, repeats, warmup, 1e3 * median, 1e3 * t[0],
            flops / median / 1e12, flops / t[0] / 1e12, ops->on_device                          ? "device"
            : !strcmp(ops->name, "cpu-bf16-onednn") ? "oneDNN bf16 matmul"
