@@ -513,7 +513,8 @@ static int run(sl_train_config *c, sl_comm *world) {
     if (is_rank0 && !model.ops->on_device) {
         char isa[256];
         sl_cpu_features_describe(isa, sizeof isa);
-        printf("cpu: %s; GEMM %s\n", isa, sl_cpu_gemm_description());
+        // the fp32 GEMM library; a bf16-storage table names itself (cpu-bf16-onednn: oneDNN's bf16 matmul)
+        printf("cpu: %s; GEMM %s; ops %s\n", isa, sl_cpu_gemm_description(), model.ops->name);
     }
     if (is_rank0)
         printf("threads: %d per rank, data-parallel ranks: %d\nresolved config:\n%s\n", sl_ops_cpu_threads(),
