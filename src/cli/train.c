@@ -21,6 +21,7 @@
 #include "shardlm/manifest.h"
 #include "shardlm/metrics.h"
 #include "shardlm/model_source.h"
+#include "shardlm/resume.h"
 #include "shardlm/train_config.h"
 
 #include <math.h>
@@ -339,68 +340,16 @@ static int save_checkpoint(sl_engine *e, const sl_train_config *c, sl_loader *tr
     return rc;
 }
 
-static double json_num(const cJSON *o, const char *key, double dflt) {
-    const cJSON *v = o ? cJSON_GetObjectItemCaseSensitive(o, key) : NULL;
-    return cJSON_IsNumber(v) ? v->valuedouble : cJSON_IsBool(v) ? (double)cJSON_IsTrue(v) : dflt;
-}
-
-// Restores the loader position saved in a checkpoint's client state, after checking that this run
-// reads the same data the same way. The position counts windows of micro_batch x seq_len tokens
-// per rank; a run may change its number of ranks (and micro-batch, when not shuffling) as long as
-// the same global window sequence continues, so the position is rescaled to this run's shape.
+// Restores the loader position saved in a checkpoint's client state, once the train layer has
+// checked that this run reads the same data the same way (resume.h).
 static int restore_loader(sl_loader *train, const char *client, const sl_train_config *c) {
-    cJSON *root = client ? cJSON_Parse(client) : NULL;
-    const cJSON *ld = root ? cJSON_GetObjectItemCaseSensitive(root, "loader") : NULL;
-    const cJSON *cfg = root ? cJSON_GetObjectItemCaseSensitive(root, "config") : NULL;
-    const cJSON *own = cfg ? cJSON_GetObjectItemCaseSensitive(cfg, "shardlm") : NULL;
-    const cJSON *data = own ? cJSON_GetObjectItemCaseSensitive(own, "data") : NULL;
-    int rc = 0;
-    sl_loader_position pos;
-    char *s = ld ? cJSON_PrintUnformatted(ld) : NULL;
-    if (!ld || !own) rc = sl_errorf("checkpoint has no saved loader position and configuration");
-    else if (!s || sl_loader_position_from_json(s, &pos)) rc = -1;
-    free(s);
-    // the saved batch shape rescales the position: integers in range, or the checkpoint is refused
-    int64_t mbi = 0, gai = 1, tbsi = 0;
-    const char *w = "trainer_state.json client_state.config";
-    if (rc == 0 && (sl_json_get_i64(cfg, "train_micro_batch_size_per_gpu", &mbi, 1, 1, 1000000000, w) ||
-                    sl_json_get_i64(cfg, "gradient_accumulation_steps", &gai, 0, 1, 1000000000, w) ||
-                    sl_json_get_i64(cfg, "train_batch_size", &tbsi, 1, 1, 1000000000, w)))
-        rc = -1;
-    if (rc == 0) {
-        double mb = (double)mbi, ga = (double)gai, tbs = (double)tbsi, world = tbs / (mb * ga);
-        double seq = json_num(own, "seq_len", 0), seed = json_num(own, "seed", -1), shuffle = json_num(own, "shuffle", 1);
-        double old_windows = world * mb, new_windows = (double)c->world_size * c->micro_batch;
-        if (seq != c->seq_len) rc = sl_errorf("checkpoint was trained with seq_len %g, this run uses %d", seq, c->seq_len);
-        else if (seed != (double)c->seed) rc = sl_errorf("checkpoint was trained with seed %g, this run uses %llu", seed,
-                                                       (unsigned long long)c->seed);
-        else if (shuffle != c->shuffle) rc = sl_errorf("checkpoint was trained with%s shuffling, this run %s", shuffle ? "" : "out",
-                                                     c->shuffle ? "shuffles" : "does not");
-        else if (!cJSON_IsString(data) || strcmp(data->valuestring, c->data) != 0)
-            rc = sl_errorf("checkpoint was trained on data %s, this run reads %s", cJSON_IsString(data) ? data->valuestring : "?",
-                           c->data);
-        else if (c->shuffle && mb != c->micro_batch)
-            rc = sl_errorf("checkpoint was trained with micro batch %g, this run uses %d (with shuffling the window "
-                           "order depends on it; keep it, or change ranks/accumulation instead)", mb, c->micro_batch);
-        else if (fmod((double)pos.batch * old_windows, new_windows) != 0.0)
-            rc = sl_errorf("the checkpoint's data position (%lld batches of %g windows) is not a whole number of this "
-                           "run's batches of %g windows", (long long)pos.batch, old_windows, new_windows);
-        else if ((double)pos.batch * old_windows / new_windows >= (double)sl_loader_batches_per_epoch(train))
-            rc = sl_errorf("the checkpoint's data position (batch %lld of %g windows) lies past this run's epoch of "
-                           "%lld batches of %g windows", (long long)pos.batch, old_windows,
-                           (long long)sl_loader_batches_per_epoch(train), new_windows);
-        if (rc == 0) {
-            pos.batch = (int64_t)((double)pos.batch * old_windows / new_windows);
-            if (tbs != c->train_batch_size && is_rank0)
-                fprintf(stderr, "warning: train_batch_size changes from %g to %d on resume\n", tbs, c->train_batch_size);
-            if (json_num(own, "threads", 0) != c->threads && is_rank0)
-                fprintf(stderr, "warning: thread count differs from the checkpoint's run: results will not be "
-                                "bit-identical to an uninterrupted run\n");
-            rc = sl_loader_seek(train, &pos);
-        }
-    }
-    cJSON_Delete(root);
-    return rc;
+    sl_resume_state saved;
+    sl_resume_plan plan;
+    if (sl_resume_state_parse(&saved, client) ||
+        sl_resume_check(&saved, c, (int64_t)sl_loader_batches_per_epoch(train), &plan))
+        return -1;
+    for (int i = 0; i < plan.n_warnings && is_rank0; i++) fprintf(stderr, "warning: %s\n", plan.warnings[i]);
+    return sl_loader_seek(train, &plan.position);
 }
 
 static int run(sl_train_config *c, sl_comm *world) {
