@@ -235,27 +235,6 @@ static int parse_flags(int argc, char **argv, sl_train_config *c, flag_extras *x
     return 0;
 }
 
-static int is_gpu_device(const char *device) { return !strcmp(device, "cuda") || !strncmp(device, "cuda:", 5); }
-
-// Before any process group exists (NCCL would fail first on a machine without a GPU, saying less):
-// the nccl comm backend moves GPU memory, on GPU LOCAL_RANK of every process.
-static int check_comm_backend_flag(const sl_train_config *c, const char *backend) {
-    if (strcmp(backend, "nccl") != 0) return 0;
-    if (sl_engine_check_comm(is_gpu_device(c->device), c->device, SL_COMM_NCCL, 0, c->zero_stage)) return -1;
-    if (strcmp(c->device, "cuda") != 0)
-        return sl_errorf("--comm-backend nccl puts every process on GPU LOCAL_RANK (modulo the visible GPUs), so it "
-                         "takes --device cuda, not --device %s (choose the GPUs with CUDA_VISIBLE_DEVICES)", c->device);
-    return 0;
-}
-
-// Once the world exists, before the GPU is touched: a GPU run that exchanges gradients (several
-// ranks) or shards (ZeRO) needs NCCL, since the mpi backend moves host memory only (Open MPI as
-// packaged is not CUDA-aware) and self copies with memmove.
-static int check_gpu_exchange(const sl_train_config *c, sl_comm *world) {
-    return sl_engine_check_comm(is_gpu_device(c->device), c->device, sl_comm_backend_of(world), sl_comm_size(world),
-                                c->zero_stage);
-}
-
 static int dir_has_checkpoint(const char *dir) {
     char p[SL_PATH_MAX + 16];
     struct stat st;
@@ -585,14 +564,14 @@ int cmd_train(int argc, char **argv) {
     if (p == 1) { usage(stdout); sl_train_config_free(&c); return 0; }
     int rc = p;
     sl_comm *world = NULL;
-    if (rc == 0) rc = check_comm_backend_flag(&c, x.comm_backend);
+    // the comm rule (engine.h) before MPI, NCCL or a GPU is touched, which would fail saying less
+    if (rc == 0) rc = sl_engine_check_comm_plan(c.device, x.comm_backend, c.zero_stage);
     if (rc == 0) rc = sl_comm_init_world(&world, x.comm_backend, NULL, NULL);
     if (rc == 0) {
         c.world_size = sl_comm_size(world);
         is_rank0 = sl_comm_rank(world) == 0;
         rc = sl_train_config_resolve(&c, x.given);
     }
-    if (rc == 0) rc = check_gpu_exchange(&c, world);
     // under `shardlm launch`: a background heartbeat so the launcher can tell a hung rank from a slow one
     if (rc == 0 && sl_heartbeat_start() != 0) fprintf(stderr, "warning: no heartbeat for the launcher: %s\n", sl_error());
     if (rc == 0) {
