@@ -19,6 +19,7 @@
 #include "shardlm/json_get.h"
 #include "shardlm/loader.h"
 #include "shardlm/manifest.h"
+#include "shardlm/memory_estimate.h"
 #include "shardlm/metrics.h"
 #include "shardlm/model_source.h"
 #include "shardlm/resume.h"
@@ -278,18 +279,24 @@ static int load_weights(sl_model *m, const char *dir) {
     return rc ? -1 : 0;
 }
 
-// What this rank allocated for model states, next to the ZeRO paper's formula (zero.h).
-static void print_memory(const sl_engine *e, int world) {
+// What this rank allocated for model states, next to the estimate from the configuration alone
+// (memory_estimate.h: the ZeRO paper's formula) and what stage 0 would hold.
+static void print_memory(const sl_engine *e, const sl_train_config *c) {
     sl_engine_memory mem = sl_engine_memory_use(e);
-    int stage = e->sharded ? e->zero.stage : 0;
-    sl_zero_estimate est = sl_zero_memory_estimate(&e->model->layout, world, stage, e->n_optim_state);
-    sl_zero_estimate zero0 = sl_zero_memory_estimate(&e->model->layout, world, 0, e->n_optim_state);
+    sl_memory_setup setup = sl_memory_setup_of(c, e->model->ops->act_bf16), stage0 = setup;
+    stage0.zero_stage = 0;
+    sl_memory_estimate est, zero0;
+    if (sl_memory_estimate_for(&e->model->cfg, &setup, &est) || sl_memory_estimate_for(&e->model->cfg, &stage0, &zero0)) {
+        fprintf(stderr, "warning: no memory estimate: %s\n", sl_error());
+        return;
+    }
     size_t total = mem.params + mem.grads + mem.optim;
     printf("memory per rank (ZeRO stage %d, %d ranks): parameters %.2f MB, gradients %.2f MB, optimizer state "
            "%.2f MB; total %.2f MB = %zu bytes\n  formula %s with P=%.0f S=%.0f W=%.0f K=%g: %.0f bytes; "
            "stage 0 would hold %.0f bytes\n",
-           stage, world, mem.params / 1e6, mem.grads / 1e6, mem.optim / 1e6, total / 1e6, total, est.formula, est.P,
-           est.S, est.W, est.K, est.params + est.grads + est.optim, zero0.params + zero0.grads + zero0.optim);
+           setup.zero_stage, setup.world_size, mem.params / 1e6, mem.grads / 1e6, mem.optim / 1e6, total / 1e6, total,
+           est.formula, est.P, est.S, est.W, est.K, est.params + est.grads + est.optim,
+           zero0.params + zero0.grads + zero0.optim);
     if (mem.master || mem.param_copy)
         printf("  mixed precision adds: fp32 master weights %.2f MB, bf16 parameter copy %.2f MB (total %.2f MB)\n",
                mem.master / 1e6, mem.param_copy / 1e6, (total + mem.master + mem.param_copy) / 1e6);
@@ -437,7 +444,7 @@ static int run(sl_train_config *c, sl_comm *world) {
            src.cfg.n_layer, src.cfg.n_head, src.cfg.n_embd, src.cfg.vocab_size);
     if (is_rank0) printf("data: %s (%lld training tokens, %lld batches per epoch)\n", c->data,
            (long long)sl_loader_num_tokens(train), (long long)sl_loader_batches_per_epoch(train));
-    if (is_rank0) print_memory(&engine, c->world_size);
+    if (is_rank0) print_memory(&engine, c);
     if (is_rank0 && !model.ops->on_device) {
         char isa[256];
         sl_cpu_features_describe(isa, sizeof isa);
