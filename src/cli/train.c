@@ -99,56 +99,81 @@ static void usage(FILE *f) {
         "  --sample-tokens N       tokens to generate after training (default 64, 0 = none)\n");
 }
 
+// What flags set besides the training configuration: which of the DeepSpeed batch triple were given
+// (bits 1 train_batch_size, 2 micro, 4 accumulation: sl_train_config_resolve's `given`) and the comm
+// backend the world is created with.
 typedef struct {
-    char schedule_kind[32];
-    int warmup_steps;       // -1 = steps/10
-    char optimizer[16];
-    float lr, weight_decay, momentum;
-    int decay_all;
-    int given;              // DeepSpeed batch triple bits (1 train_batch_size, 2 micro, 4 accum)
-    int lr_given, wd_given, momentum_given;
-    char precision[16];     // --precision, "" = the config's
-    char comm_backend[16];  // --comm-backend (sl_comm_init_world's name), default "auto"
-} flag_extras;
+    int batch_given;
+    char comm_backend[16];  // sl_comm_init_world's name, default "auto"
+} run_flags;
 
-// Parses flags into c (after the JSON config, so flags win). Returns 0, 1 for --help, -1 on error.
-static int parse_flags(int argc, char **argv, sl_train_config *c, flag_extras *x) {
-    char config_path[SL_PATH_MAX] = "";
-    // the config file applies first, wherever --config stands
+// The value of `--name V` / `--name=V` wherever it stands (the last one), or NULL: for the flags that
+// apply before the others.
+static const char *early_flag(int argc, char **argv, const char *name) {
+    const char *v = NULL;
+    size_t n = strlen(name);
     for (int i = 1; i < argc; i++) {
+        if (!strncmp(argv[i], name, n) && argv[i][n] == '=') v = argv[i] + n + 1;
+        else if (!strcmp(argv[i], name) && i + 1 < argc) v = argv[i + 1];
+    }
+    return v;
+}
+
+// A real-valued flag read as float32 (as the JSON reader's floats) into a double field.
+static int arg_real(sl_args *a, const char *name, double *out) {
+    float v;
+    if (!sl_arg_float(a, name, 0, SL_FLOAT_MAX, 0, &v)) return 0;
+    if (!a->error) *out = v;
+    return 1;
+}
+
+// A choice flag handed to its setter (train_config.h); a refused value sets a->error (and sl_error,
+// which cmd_train prints).
+static int arg_choice(sl_args *a, const char *name, sl_train_config *c, int (*set)(sl_train_config *, const char *)) {
+    char v[32];
+    if (!sl_arg_str(a, name, v, sizeof v)) return 0;
+    if (!a->error && set(c, v)) a->error = 1;
+    return 1;
+}
+
+// Fills c: the JSON config first (wherever --config stands), then --optimizer (a type switch that
+// keeps lr, weight decay and betas, so the optimizer's own flags apply after it wherever they stand),
+// then every other flag straight into its field. Returns 0, 1 for --help, -1 on error (printed here
+// for a malformed flag, else left in sl_error for cmd_train to print).
+static int parse_flags(int argc, char **argv, sl_train_config *c, run_flags *r) {
+    for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return 1;
-        if (!strncmp(argv[i], "--config=", 9)) snprintf(config_path, sizeof config_path, "%s", argv[i] + 9);
-        else if (!strcmp(argv[i], "--config") && i + 1 < argc) snprintf(config_path, sizeof config_path, "%s", argv[i + 1]);
+    const char *config = early_flag(argc, argv, "--config"), *optimizer = early_flag(argc, argv, "--optimizer");
+    if (config) {
+        if (sl_train_config_load_json(c, config)) return -1;
+        r->batch_given |= (c->train_batch_size ? 1 : 0) | (c->micro_batch ? 2 : 0) | (c->grad_accum ? 4 : 0);
     }
-    if (config_path[0]) {
-        if (sl_train_config_load_json(c, config_path)) return -1;
-        x->given |= (c->train_batch_size ? 1 : 0) | (c->micro_batch ? 2 : 0) | (c->grad_accum ? 4 : 0);
-    }
+    if (optimizer && sl_train_config_set_optimizer(c, optimizer)) return -1;
     sl_args a = {argc, argv, 1, NULL, 0};
-    int steps = -1, seed = -1;  // -1: not given (both flags allow only values >= 0)
+    char skip[SL_PATH_MAX];
+    int v;  // an integer flag whose field is wider than int
     for (; a.i < argc && !a.error; a.i++) {
-        if (sl_arg_str(&a, "--config", config_path, sizeof config_path)) continue;
+        if (sl_arg_str(&a, "--config", skip, sizeof skip) || sl_arg_str(&a, "--optimizer", skip, sizeof skip)) continue;
         if (sl_arg_str(&a, "--model", c->model, sizeof c->model)) continue;
         if (sl_arg_str(&a, "--data", c->data, sizeof c->data)) continue;
         if (sl_arg_str(&a, "--tokenizer", c->tokenizer, sizeof c->tokenizer)) continue;
         if (sl_arg_int(&a, "--seq-len", 1, SL_NO_MAX, &c->seq_len)) continue;
-        if (sl_arg_int(&a, "--batch-size", 1, SL_NO_MAX, &c->micro_batch)) { x->given |= 2; continue; }
-        if (sl_arg_int(&a, "--grad-accum", 1, SL_NO_MAX, &c->grad_accum)) { x->given |= 4; continue; }
-        if (sl_arg_int(&a, "--train-batch-size", 1, SL_NO_MAX, &c->train_batch_size)) { x->given |= 1; continue; }
-        if (sl_arg_int(&a, "--steps", 0, SL_NO_MAX, &steps)) continue;
-        if (sl_arg_str(&a, "--optimizer", x->optimizer, sizeof x->optimizer)) continue;
-        if (sl_arg_float(&a, "--lr", 0, SL_FLOAT_MAX, 0, &x->lr)) { x->lr_given = 1; continue; }
-        if (sl_arg_float(&a, "--weight-decay", 0, SL_FLOAT_MAX, 0, &x->weight_decay)) { x->wd_given = 1; continue; }
-        if (sl_arg_float(&a, "--momentum", 0, SL_FLOAT_MAX, 0, &x->momentum)) { x->momentum_given = 1; continue; }
-        if (sl_arg_switch(&a, "--decay-all")) { x->decay_all = 1; continue; }
+        if (sl_arg_int(&a, "--batch-size", 1, SL_NO_MAX, &c->micro_batch)) { r->batch_given |= 2; continue; }
+        if (sl_arg_int(&a, "--grad-accum", 1, SL_NO_MAX, &c->grad_accum)) { r->batch_given |= 4; continue; }
+        if (sl_arg_int(&a, "--train-batch-size", 1, SL_NO_MAX, &c->train_batch_size)) { r->batch_given |= 1; continue; }
+        if (sl_arg_int(&a, "--steps", 0, SL_NO_MAX, &v)) { if (!a.error) c->steps = v; continue; }
+        if (arg_real(&a, "--lr", &c->optim.lr)) continue;
+        if (arg_real(&a, "--weight-decay", &c->optim.weight_decay)) continue;
+        if (arg_real(&a, "--momentum", &c->optim.momentum)) continue;
+        if (sl_arg_switch(&a, "--decay-all")) { c->optim.decay_all = 1; continue; }
         if (sl_arg_float(&a, "--grad-clip", 0, SL_FLOAT_MAX, 0, &c->gradient_clipping)) continue;
-        if (sl_arg_str(&a, "--lr-schedule", x->schedule_kind, sizeof x->schedule_kind)) continue;
-        if (sl_arg_int(&a, "--warmup-steps", 1, SL_NO_MAX, &x->warmup_steps)) continue;
-        if (sl_arg_int(&a, "--seed", 0, SL_NO_MAX, &seed)) continue;
+        if (arg_choice(&a, "--lr-schedule", c, sl_train_config_set_lr_schedule)) continue;
+        if (sl_arg_int(&a, "--warmup-steps", 1, SL_NO_MAX, &c->warmup_steps)) continue;
+        if (sl_arg_int(&a, "--seed", 0, SL_NO_MAX, &v)) { if (!a.error) c->seed = (uint64_t)v; continue; }
         if (sl_arg_int(&a, "--threads", 0, SL_NO_MAX, &c->threads)) continue;
-        if (sl_arg_str(&a, "--precision", x->precision, sizeof x->precision)) continue;
+        if (arg_choice(&a, "--precision", c, sl_train_config_set_precision)) continue;
         if (sl_arg_str(&a, "--device", c->device, sizeof c->device)) continue;
-        if (sl_arg_str(&a, "--comm-backend", x->comm_backend, sizeof x->comm_backend)) continue;
+        if (sl_arg_str(&a, "--comm-backend", r->comm_backend, sizeof r->comm_backend)) continue;
         if (sl_arg_int(&a, "--log-interval", 0, SL_NO_MAX, &c->steps_per_print)) continue;
         if (sl_arg_int(&a, "--eval-interval", 0, SL_NO_MAX, &c->eval_interval)) continue;
         if (sl_arg_int(&a, "--eval-batches", 0, SL_NO_MAX, &c->eval_batches)) continue;
@@ -171,69 +196,7 @@ static int parse_flags(int argc, char **argv, sl_train_config *c, flag_extras *x
         fprintf(stderr, "error: unknown flag '%s' (see shardlm train --help)\n", argv[a.i]);
         return -1;
     }
-    if (a.error) return -1;
-    if (steps >= 0) c->steps = steps;
-    if (seed >= 0) c->seed = (uint64_t)seed;
-    if (x->optimizer[0]) {
-        cJSON *blk = cJSON_CreateObject();
-        cJSON_AddStringToObject(blk, "type", !strcasecmp(x->optimizer, "sgd") ? "SGD"
-                                            : !strcasecmp(x->optimizer, "adam") ? "Adam" : x->optimizer);
-        cJSON *p = cJSON_AddObjectToObject(blk, "params");
-        if (!strcasecmp(x->optimizer, "adam")) cJSON_AddFalseToObject(p, "adam_w_mode");
-        sl_optim_config keep = c->optim;
-        int rc = sl_optim_parse(&c->optim, blk, "--optimizer");
-        cJSON_Delete(blk);
-        if (rc) return -1;
-        c->optim.lr = keep.lr;
-        c->optim.weight_decay = keep.weight_decay;
-        if (c->optim.type != SL_OPTIM_SGD) { c->optim.beta1 = keep.beta1; c->optim.beta2 = keep.beta2; }
-    }
-    if (x->lr_given) c->optim.lr = x->lr;
-    if (x->wd_given) c->optim.weight_decay = x->weight_decay;
-    if (x->momentum_given) c->optim.momentum = x->momentum;
-    if (x->decay_all) c->optim.decay_all = 1;
-    if (x->precision[0]) {
-        if (!strcmp(x->precision, "fp32")) c->precision.precision = SL_PRECISION_FP32;
-        else if (!strcmp(x->precision, "bf16")) c->precision.precision = SL_PRECISION_BF16;
-        else if (!strcmp(x->precision, "fp16")) c->precision.precision = SL_PRECISION_FP16;
-        else {
-            fprintf(stderr, "error: --precision must be fp32, bf16 or fp16 (got '%s')\n", x->precision);
-            return -1;
-        }
-    }
-    if (!c->scheduler_block && !x->schedule_kind[0]) snprintf(x->schedule_kind, sizeof x->schedule_kind, "cosine");
-    if (x->schedule_kind[0] && strcmp(x->schedule_kind, "constant") != 0) {
-        int warmup = x->warmup_steps >= 0 ? x->warmup_steps : (int)(c->steps / 10);
-        if (warmup < 1) warmup = 1;
-        cJSON *blk = cJSON_CreateObject(), *p;
-        if (!strcmp(x->schedule_kind, "cosine")) {
-            cJSON_AddStringToObject(blk, "type", "WarmupCosineLR");
-            p = cJSON_AddObjectToObject(blk, "params");
-            cJSON_AddNumberToObject(p, "total_num_steps", (double)(c->steps > warmup ? c->steps : warmup + 1));
-            cJSON_AddNumberToObject(p, "warmup_num_steps", warmup);
-            cJSON_AddNumberToObject(p, "cos_min_ratio", 0.1);
-            cJSON_AddStringToObject(p, "warmup_type", "linear");
-        } else if (!strcmp(x->schedule_kind, "linear") || !strcmp(x->schedule_kind, "warmup")) {
-            int decay = !strcmp(x->schedule_kind, "linear");
-            cJSON_AddStringToObject(blk, "type", decay ? "WarmupDecayLR" : "WarmupLR");
-            p = cJSON_AddObjectToObject(blk, "params");
-            if (decay) cJSON_AddNumberToObject(p, "total_num_steps", (double)(c->steps > warmup ? c->steps : warmup + 1));
-            cJSON_AddNumberToObject(p, "warmup_min_lr", 0.0);
-            cJSON_AddNumberToObject(p, "warmup_max_lr", c->optim.lr);
-            cJSON_AddNumberToObject(p, "warmup_num_steps", warmup);
-            cJSON_AddStringToObject(p, "warmup_type", "linear");
-        } else {
-            cJSON_Delete(blk);
-            fprintf(stderr, "error: --lr-schedule must be constant, cosine, linear or warmup (got '%s')\n", x->schedule_kind);
-            return -1;
-        }
-        cJSON_Delete(c->scheduler_block);
-        c->scheduler_block = blk;
-    } else if (x->schedule_kind[0]) {
-        cJSON_Delete(c->scheduler_block);
-        c->scheduler_block = NULL;
-    }
-    return 0;
+    return a.error ? -1 : 0;
 }
 
 static int dir_has_checkpoint(const char *dir) {
@@ -562,22 +525,18 @@ done:
 int cmd_train(int argc, char **argv) {
     sl_train_config c;
     sl_train_config_defaults(&c);
-    flag_extras x;
-    memset(&x, 0, sizeof x);
-    x.warmup_steps = -1;
-    snprintf(x.comm_backend, sizeof x.comm_backend, "auto");
-    x.weight_decay = c.optim.weight_decay;
-    int p = parse_flags(argc, argv, &c, &x);
+    run_flags r = {0, "auto"};
+    int p = parse_flags(argc, argv, &c, &r);
     if (p == 1) { usage(stdout); sl_train_config_free(&c); return 0; }
     int rc = p;
     sl_comm *world = NULL;
     // the comm rule (engine.h) before MPI, NCCL or a GPU is touched, which would fail saying less
-    if (rc == 0) rc = sl_engine_check_comm_plan(c.device, x.comm_backend, c.zero_stage);
-    if (rc == 0) rc = sl_comm_init_world(&world, x.comm_backend, NULL, NULL);
+    if (rc == 0) rc = sl_engine_check_comm_plan(c.device, r.comm_backend, c.zero_stage);
+    if (rc == 0) rc = sl_comm_init_world(&world, r.comm_backend, NULL, NULL);
     if (rc == 0) {
         c.world_size = sl_comm_size(world);
         is_rank0 = sl_comm_rank(world) == 0;
-        rc = sl_train_config_resolve(&c, x.given);
+        rc = sl_train_config_resolve(&c, r.batch_given);
     }
     // under `shardlm launch`: a background heartbeat so the launcher can tell a hung rank from a slow one
     if (rc == 0 && sl_heartbeat_start() != 0) fprintf(stderr, "warning: no heartbeat for the launcher: %s\n", sl_error());
