@@ -16,7 +16,6 @@
 #include "shardlm/generate.h"
 #include "shardlm/heartbeat.h"
 #include "shardlm/hf_weights.h"
-#include "shardlm/json_get.h"
 #include "shardlm/loader.h"
 #include "shardlm/manifest.h"
 #include "shardlm/memory_estimate.h"
