@@ -10,7 +10,6 @@
 #ifndef SHARDLM_CLI_LAUNCH_H
 #define SHARDLM_CLI_LAUNCH_H
 
-#include <signal.h>
 #include <stddef.h>
 #include <stdio.h>
 
@@ -78,6 +77,7 @@ extern const char *const launch_common_env_names[];
 // "0,1@0": each host's selected slots in rank order (the wrapper's --devices).
 int launch_devices_spec(const launch_plan *p, char *buf, int cap);
 void launch_print_plan(FILE *f, const launch_opts *o, const launch_plan *p);
+// A SLURM batch script that runs this job with srun (--print-sbatch).
 void launch_print_sbatch(const launch_opts *o, const launch_plan *p);
 void launch_print_quoted(FILE *f, const char *s);  // shell-quoted when needed
 void launch_print_argv(FILE *f, char **v);
@@ -131,19 +131,5 @@ void launch_clear_status(const char *dir, int world);
 int launch_first_failure(const launch_plan *p, int first_rank, int count, worker_status *out);
 void launch_report_failure(const launch_opts *o, const worker_status *s);
 const char *launch_signal_name(int sig);
-
-// ---- launch_supervise.c ----
-// Forwarded signals (SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2): the handlers only record them;
-// loops take them with launch_take_pending_signal and forward them.
-void launch_install_forwarding(void);
-void launch_reset_signals(void);             // defaults and an empty mask, in a child before exec
-void launch_forwarded_sigset(sigset_t *set); // the forwarded signals as a set
-void launch_clear_pending_signals(void);     // in a forked child: forget the parent's
-int launch_take_pending_signal(void);        // the next pending signal (cleared), or 0
-int launch_first_signal(void);               // the first signal received, or 0
-double launch_now_s(void);                   // CLOCK_MONOTONIC seconds
-void launch_sleep_ms(int ms);
-int launch_exit_code_of(int wstatus);        // 128+signal for a signal
-int launch_mkdir_p(const char *path);
 
 #endif

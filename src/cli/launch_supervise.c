@@ -1,6 +1,6 @@
-// launch_supervise.c: what supervises a `shardlm launch` job's processes (see launch_supervise.h and
-// launch.h): forwarded signals recorded by their handlers, parent-death signals, heartbeat watching,
-// and the small process helpers (clock, sleep, exit codes, directories) the launcher's loops share.
+// launch_supervise.c: what supervises a `shardlm launch` job's processes (see launch_supervise.h):
+// forwarded signals recorded by their handlers, parent-death signals, heartbeat watching, and the
+// small process helpers (clock, sleep, exit codes, directories) the launcher's loops share.
 #include "cli/launch.h"
 #include "cli/launch_supervise.h"
 #include "shardlm/error.h"
