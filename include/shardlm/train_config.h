@@ -31,8 +31,11 @@ typedef struct {
     int64_t steps;                // optimizer steps to train for
     float gradient_clipping;
     sl_optim_config optim;
-    cJSON *scheduler_block;       // DeepSpeed "scheduler" block (owned), NULL = constant lr
-    sl_schedule schedule;
+    cJSON *scheduler_block;       // the JSON config's "scheduler" block (owned, saved as given), NULL = none
+    int lr_schedule;              // --lr-schedule: an sl_schedule_type that replaces the block, or -1: the
+                                  // block's; with neither, WarmupCosineLR (sl_train_config_resolve)
+    int warmup_steps;             // --warmup-steps of that schedule, >= 1; -1 = max(1, steps / 10)
+    sl_schedule schedule;         // resolved
     // run control
     uint64_t seed;
     int threads;                  // 0 = OMP_NUM_THREADS / all cores
@@ -65,6 +68,15 @@ void sl_train_config_free(sl_train_config *c);
 // Applies a JSON config file. Unknown keys produce a warning line on stderr naming them.
 int sl_train_config_load_json(sl_train_config *c, const char *path);
 int sl_train_config_apply_json(sl_train_config *c, const cJSON *root, const char *where);
+
+// Flags are applied after the JSON config by writing the struct's fields; three of them name a choice
+// and go through these (errors name the flag, as "--precision must be fp32, bf16 or fp16 (got 'x')"):
+//   --optimizer NAME     sl_optim_select: adamw | adam | sgd (lr, weight_decay and the betas stay)
+//   --precision NAME     fp32 | bf16 | fp16
+//   --lr-schedule KIND   constant | cosine (WarmupCosineLR) | linear (WarmupDecayLR) | warmup (WarmupLR)
+int sl_train_config_set_optimizer(sl_train_config *c, const char *name);
+int sl_train_config_set_precision(sl_train_config *c, const char *name);
+int sl_train_config_set_lr_schedule(sl_train_config *c, const char *kind);
 
 // Resolves the batch rule and the schedule once flags have been applied; errors say what is impossible.
 // `given` flags mark which of train_batch_size / micro / accum the user set (bit 0, 1, 2).

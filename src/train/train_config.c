@@ -1,4 +1,5 @@
-// train_config.c: defaults <- JSON (DeepSpeed keys + "shardlm" block) <- flags, and the batch rule.
+// train_config.c: defaults <- JSON (DeepSpeed keys + "shardlm" block) <- flags, the choices flags name,
+// the batch rule and the schedule, and the resolved configuration as JSON.
 #include "shardlm/train_config.h"
 #include "shardlm/error.h"
 #include "shardlm/fileio.h"
@@ -36,6 +37,8 @@ void sl_train_config_defaults(sl_train_config *c) {
     c->overlap_comm = 1;
     c->contiguous_gradients = 1;
     c->stage3_prefetch_bucket_size = 50000000;
+    c->lr_schedule = -1;
+    c->warmup_steps = -1;
 }
 
 void sl_train_config_free(sl_train_config *c) {
@@ -135,6 +138,46 @@ int sl_train_config_load_json(sl_train_config *c, const char *path) {
     return rc;
 }
 
+int sl_train_config_set_optimizer(sl_train_config *c, const char *name) {
+    return sl_optim_select(&c->optim, name, "--optimizer");
+}
+
+int sl_train_config_set_precision(sl_train_config *c, const char *name) {
+    if (!strcmp(name, "fp32")) c->precision.precision = SL_PRECISION_FP32;
+    else if (!strcmp(name, "bf16")) c->precision.precision = SL_PRECISION_BF16;
+    else if (!strcmp(name, "fp16")) c->precision.precision = SL_PRECISION_FP16;
+    else return sl_errorf("--precision must be fp32, bf16 or fp16 (got '%s')", name);
+    return 0;
+}
+
+int sl_train_config_set_lr_schedule(sl_train_config *c, const char *kind) {
+    if (!strcmp(kind, "constant")) c->lr_schedule = SL_SCHED_CONSTANT;
+    else if (!strcmp(kind, "cosine")) c->lr_schedule = SL_SCHED_WARMUP_COSINE_LR;
+    else if (!strcmp(kind, "linear")) c->lr_schedule = SL_SCHED_WARMUP_DECAY_LR;
+    else if (!strcmp(kind, "warmup")) c->lr_schedule = SL_SCHED_WARMUP_LR;
+    else return sl_errorf("--lr-schedule must be constant, cosine, linear or warmup (got '%s')", kind);
+    return 0;
+}
+
+// The last step of a named schedule: the run's, or just past the warmup for a run that short.
+static int64_t schedule_total_steps(const sl_train_config *c) {
+    return c->steps > c->warmup_steps ? c->steps : (int64_t)c->warmup_steps + 1;
+}
+
+// The schedule: one named by --lr-schedule, else the config's block, else WarmupCosineLR.
+static int resolve_schedule(sl_train_config *c) {
+    if (c->lr_schedule < 0 && !c->scheduler_block) c->lr_schedule = SL_SCHED_WARMUP_COSINE_LR;
+    if (c->lr_schedule < 0) {
+        if (sl_schedule_parse(&c->schedule, c->scheduler_block, c->optim.lr, "scheduler")) return -1;
+        if (c->schedule.warning[0]) fprintf(stderr, "warning: %s\n", c->schedule.warning);
+        return 0;
+    }
+    if (c->warmup_steps < 0) c->warmup_steps = c->steps / 10 >= 1 ? (int)(c->steps / 10) : 1;
+    sl_schedule_warmup_linear(&c->schedule, (sl_schedule_type)c->lr_schedule, c->optim.lr, c->warmup_steps,
+                              schedule_total_steps(c));
+    return 0;
+}
+
 int sl_train_config_resolve(sl_train_config *c, int given) {
     int tb = (given & 1) ? c->train_batch_size : 0, mb = (given & 2) ? c->micro_batch : 0;
     int ga = (given & 4) ? c->grad_accum : 0, W = c->world_size;
@@ -176,8 +219,7 @@ int sl_train_config_resolve(sl_train_config *c, int given) {
     if (c->eval_interval < 0 || c->save_interval < 0 || c->sample_tokens < 0 || c->steps_per_print < 0)
         return sl_errorf("eval_interval, save_interval, sample_tokens and steps_per_print must be >= 0");
     if (!(c->gradient_clipping >= 0)) return sl_errorf("gradient_clipping must be >= 0 (got %g)", c->gradient_clipping);
-    if (sl_schedule_parse(&c->schedule, c->scheduler_block, c->optim.lr, "scheduler")) return -1;
-    if (c->schedule.warning[0]) fprintf(stderr, "warning: %s\n", c->schedule.warning);
+    if (resolve_schedule(c)) return -1;
     if (!c->metrics[0]) snprintf(c->metrics, sizeof c->metrics, "%.900s/metrics.jsonl", c->save_dir);
     return 0;
 }
@@ -206,7 +248,10 @@ char *sl_train_config_to_json(const sl_train_config *c) {
         if (c->optim.type == SL_OPTIM_ADAM) cJSON_AddFalseToObject(p, "adam_w_mode");
     }
     if (c->optim.decay_all) cJSON_AddTrueToObject(p, "decay_all");
-    if (c->scheduler_block) cJSON_AddItemToObject(r, "scheduler", cJSON_Duplicate(c->scheduler_block, 1));
+    cJSON *sched = c->lr_schedule >= 0 ? sl_schedule_warmup_linear_block((sl_schedule_type)c->lr_schedule, c->optim.lr,
+                                                                          c->warmup_steps, schedule_total_steps(c))
+                   : c->scheduler_block ? cJSON_Duplicate(c->scheduler_block, 1) : NULL;
+    if (sched) cJSON_AddItemToObject(r, "scheduler", sched);
     cJSON *z = cJSON_AddObjectToObject(r, "zero_optimization");
     cJSON_AddNumberToObject(z, "stage", c->zero_stage);
     cJSON_AddNumberToObject(z, "reduce_bucket_size", (double)c->reduce_bucket_size);
