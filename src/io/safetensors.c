@@ -1,4 +1,4 @@
-// safetensors.c: the safetensors reader and the streaming F32 writer (see safetensors.h).
+// safetensors.c: the safetensors reader and the streaming writer (F32, or raw bytes of any dtype) (see safetensors.h).
 // Reader invariants after a successful sl_st_open: every tensor has a known dtype, 0 <= ndim <= 8,
 // non-negative dims whose product times the dtype size equals end - begin (no overflow), and the
 // tensors tile the data section exactly (contiguous from 0 to the file's end); names are unique. Only then is data read,
@@ -379,6 +379,19 @@ int sl_st_read_f32(const sl_st_file *f, int idx, float *out, size_t capacity) {
     return sl_st_read_f32_range(f, idx, 0, f->tensors[idx].numel, out);
 }
 
+int sl_st_read_raw(const sl_st_file *f, int idx, void *out, size_t cap) {
+    if (idx < 0 || idx >= f->n_tensors) return sl_errorf("%s: tensor index %d out of range", f->path, idx);
+    const sl_st_tensor *t = &f->tensors[idx];
+    uint64_t bytes = t->end - t->begin;
+    if (bytes > cap)
+        return sl_errorf("%s: tensor \"%s\": has %llu bytes, destination holds %zu", f->path, t->name,
+                         (unsigned long long)bytes, cap);
+    if (bytes && read_exact(f->fd, out, (size_t)bytes, f->data_start + t->begin))
+        return sl_errorf("%s: tensor \"%s\": read failed at byte %llu (file changed or truncated?)", f->path, t->name,
+                         (unsigned long long)(f->data_start + t->begin));
+    return 0;
+}
+
 // ---------------------------------------------------------------- writer
 
 struct sl_st_writer {
@@ -440,12 +453,18 @@ static char *build_header(const char *path, int n, const sl_st_desc *desc, int n
             numel *= (uint64_t)d->shape[k];
             shape[k] = (double)d->shape[k];
         }
+        size_t es = sl_st_dtype_size(d->dtype);
+        if (!es) {
+            cJSON_Delete(root);
+            sl_errorf("%s: tensor \"%s\": unknown dtype %d", path, d->name, (int)d->dtype);
+            return NULL;
+        }
         cJSON *e = cJSON_AddObjectToObject(root, d->name);
-        cJSON_AddStringToObject(e, "dtype", "F32");
+        cJSON_AddStringToObject(e, "dtype", sl_st_dtype_name(d->dtype));
         cJSON_AddItemToObject(e, "shape", cJSON_CreateDoubleArray(shape, d->ndim));
-        double offs[2] = {(double)off, (double)(off + numel * 4)};
+        double offs[2] = {(double)off, (double)(off + numel * es)};
         cJSON_AddItemToObject(e, "data_offsets", cJSON_CreateDoubleArray(offs, 2));
-        off += numel * 4;
+        off += numel * es;
     }
     char *json = cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
@@ -490,15 +509,22 @@ int sl_st_writer_open(sl_st_writer **wp, const char *path, int n, const sl_st_de
     return 0;
 }
 
+int sl_st_writer_write_raw(sl_st_writer *w, const void *data, size_t bytes) {
+    if (bytes > w->expected - w->written)
+        return sl_errorf("%s: writing %zu more bytes than the header declares (%llu bytes)", w->path, bytes,
+                         (unsigned long long)w->expected);
+    if (write_all(w->fd, data, bytes))
+        return sl_errorf("%s: write failed after %llu data bytes: %s", w->tmp, (unsigned long long)w->written,
+                         strerror(errno));
+    w->written += bytes;
+    return 0;
+}
+
 int sl_st_writer_write(sl_st_writer *w, const float *data, size_t count) {
     if (count > (w->expected - w->written) / 4)
         return sl_errorf("%s: writing %zu more floats than the header declares (%llu bytes)", w->path, count,
                          (unsigned long long)w->expected);
-    if (write_all(w->fd, data, count * 4))
-        return sl_errorf("%s: write failed after %llu data bytes: %s", w->tmp, (unsigned long long)w->written,
-                         strerror(errno));
-    w->written += count * 4;
-    return 0;
+    return sl_st_writer_write_raw(w, data, count * 4);
 }
 
 int sl_st_writer_finish(sl_st_writer *w) {
