@@ -8,7 +8,7 @@
 // The reader trusts nothing: the header length, JSON, every field, every dtype, shape/size agreement,
 // bounds and overlaps are checked in sl_st_open before any data is read, and every failure is a -1
 // with a message naming the file, the tensor and what was expected versus found.
-// The writer writes F32 tensors by default and any dtype as raw bytes (sl_st_desc.dtype), streaming each tensor to a temporary file in the same
+// The writer writes F32 tensors, or any dtype as raw bytes (sl_st_writer_open_dtypes), streaming each tensor to a temporary file in the same
 // directory, then fsync + rename + fsync(dir), so a reader never sees a half-written file.
 #ifndef SHARDLM_SAFETENSORS_H
 #define SHARDLM_SAFETENSORS_H
@@ -76,7 +76,6 @@ typedef struct {
     const char *name;
     int ndim;                         // 0..SL_ST_MAX_DIMS (0 is a scalar)
     int64_t shape[SL_ST_MAX_DIMS];
-    sl_st_dtype dtype;                // SL_ST_F32 (0) unless set; other dtypes are written as raw bytes
 } sl_st_desc;
 
 typedef struct sl_st_writer sl_st_writer;
@@ -85,6 +84,11 @@ typedef struct sl_st_writer sl_st_writer;
 // meta_keys/meta_values may be NULL when n_meta == 0.
 int sl_st_writer_open(sl_st_writer **w, const char *path, int n, const sl_st_desc *desc, int n_meta,
                       const char *const *meta_keys, const char *const *meta_values);
+// The same with each tensor's dtype (dtypes[i] for desc[i]; NULL: all F32); tensors of other dtypes
+// than F32 are written with sl_st_writer_write_raw.
+int sl_st_writer_open_dtypes(sl_st_writer **w, const char *path, int n, const sl_st_desc *desc,
+                             const sl_st_dtype *dtypes, int n_meta, const char *const *meta_keys,
+                             const char *const *meta_values);
 // Appends `count` floats of tensor data (tensors concatenated in desc order; any chunking).
 int sl_st_writer_write(sl_st_writer *w, const float *data, size_t count);
 // Appends `bytes` raw bytes of tensor data (for tensors of any dtype).

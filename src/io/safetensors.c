@@ -421,8 +421,8 @@ void sl_st_writer_abort(sl_st_writer *w) {
 }
 
 // Builds the padded header for desc; returns malloc'd bytes (length prefix included) or NULL.
-static char *build_header(const char *path, int n, const sl_st_desc *desc, int n_meta, const char *const *mk,
-                          const char *const *mv, size_t *len_out, uint64_t *data_bytes) {
+static char *build_header(const char *path, int n, const sl_st_desc *desc, const sl_st_dtype *dtypes, int n_meta,
+                          const char *const *mk, const char *const *mv, size_t *len_out, uint64_t *data_bytes) {
     cJSON *root = cJSON_CreateObject();
     if (!root) { sl_errorf("out of memory"); return NULL; }
     if (n_meta > 0) {
@@ -453,14 +453,15 @@ static char *build_header(const char *path, int n, const sl_st_desc *desc, int n
             numel *= (uint64_t)d->shape[k];
             shape[k] = (double)d->shape[k];
         }
-        size_t es = sl_st_dtype_size(d->dtype);
+        sl_st_dtype dt = dtypes ? dtypes[i] : SL_ST_F32;
+        size_t es = sl_st_dtype_size(dt);
         if (!es) {
             cJSON_Delete(root);
-            sl_errorf("%s: tensor \"%s\": unknown dtype %d", path, d->name, (int)d->dtype);
+            sl_errorf("%s: tensor \"%s\": unknown dtype %d", path, d->name, (int)dt);
             return NULL;
         }
         cJSON *e = cJSON_AddObjectToObject(root, d->name);
-        cJSON_AddStringToObject(e, "dtype", sl_st_dtype_name(d->dtype));
+        cJSON_AddStringToObject(e, "dtype", sl_st_dtype_name(dt));
         cJSON_AddItemToObject(e, "shape", cJSON_CreateDoubleArray(shape, d->ndim));
         double offs[2] = {(double)off, (double)(off + numel * es)};
         cJSON_AddItemToObject(e, "data_offsets", cJSON_CreateDoubleArray(offs, 2));
@@ -483,10 +484,16 @@ static char *build_header(const char *path, int n, const sl_st_desc *desc, int n
 
 int sl_st_writer_open(sl_st_writer **wp, const char *path, int n, const sl_st_desc *desc, int n_meta,
                       const char *const *meta_keys, const char *const *meta_values) {
+    return sl_st_writer_open_dtypes(wp, path, n, desc, NULL, n_meta, meta_keys, meta_values);
+}
+
+int sl_st_writer_open_dtypes(sl_st_writer **wp, const char *path, int n, const sl_st_desc *desc,
+                             const sl_st_dtype *dtypes, int n_meta, const char *const *meta_keys,
+                             const char *const *meta_values) {
     *wp = NULL;
     size_t hlen;
     uint64_t data_bytes;
-    char *header = build_header(path, n, desc, n_meta, meta_keys, meta_values, &hlen, &data_bytes);
+    char *header = build_header(path, n, desc, dtypes, n_meta, meta_keys, meta_values, &hlen, &data_bytes);
     if (!header) return -1;
     sl_st_writer *w = calloc(1, sizeof *w);
     size_t tl = strlen(path) + 32;
