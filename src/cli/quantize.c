@@ -44,10 +44,8 @@ int cmd_quantize(int argc, char **argv) {
         return 2;
     }
     sl_quant_config qc;
-    if (sl_quant_config_from_flag(qflag, &qc) || qc.type == SL_QUANT_NONE) {
-        fprintf(stderr, "error: %s\n", qc.type == SL_QUANT_NONE ? "--quantize: nf4, fp4 or int8 expected" : sl_error());
-        return 2;
-    }
+    if (sl_quant_config_from_flag(qflag, &qc)) { fprintf(stderr, "error: %s\n", sl_error()); return 2; }
+    if (qc.type == SL_QUANT_NONE) { fprintf(stderr, "error: --quantize: nf4, fp4 or int8 expected\n"); return 2; }
     if (no_dq) qc.double_quant = 0;
     struct stat st;
     if (stat(out, &st) == 0) { fprintf(stderr, "error: %s already exists (give a new directory)\n", out); return 2; }
