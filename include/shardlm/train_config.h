@@ -2,7 +2,8 @@
 //   built-in defaults  <-  JSON config (DeepSpeed's keys where DeepSpeed has them)  <-  flags.
 // DeepSpeed keys read: train_batch_size, train_micro_batch_size_per_gpu,
 // gradient_accumulation_steps (batch = micro x accumulation x data-parallel size; any two infer
-// the third), optimizer, scheduler, gradient_clipping, steps_per_print. shardlm's own settings
+// the third), optimizer, scheduler, gradient_clipping, steps_per_print; transformers'
+// quantization_config (BitsAndBytesConfig's words, quant_config.h). shardlm's own settings
 // live under the key "shardlm" (model, data, seq_len, steps, ...). Unknown keys are warned about.
 // The resolved configuration serialises back to the same JSON shape (saved with checkpoints).
 #ifndef SHARDLM_TRAIN_CONFIG_H
@@ -12,6 +13,7 @@
 #include <cjson/cJSON.h>
 #include "shardlm/loss_scaler.h"
 #include "shardlm/optim.h"
+#include "shardlm/quant_config.h"
 #include "shardlm/schedule.h"
 
 #define SL_PATH_MAX 1024
@@ -57,6 +59,9 @@ typedef struct {
     // DeepSpeed "fp16" / "bf16" blocks: the training precision and the fp16 loss scaler
     sl_loss_scaler_config precision;
     char device[32];              // --device: "cpu" (default), "cuda", "cuda:N"
+    // "quantization_config" (transformers' BitsAndBytesConfig words) / --quantize: a quantised frozen
+    // base, which only LoRA adapters can train on (QLoRA); type NONE by default
+    sl_quant_config quant;
 } sl_train_config;
 
 void sl_train_config_defaults(sl_train_config *c);

@@ -76,6 +76,8 @@ static void usage(FILE *f) {
         "  --threads N             CPU threads (default OMP_NUM_THREADS or all cores)\n"
         "  --precision P           fp32 | bf16 | fp16 (DeepSpeed's bf16 / fp16 blocks: fp32 master weights,\n"
         "                          16-bit parameters and gradients; fp16 with dynamic loss scaling)\n"
+        "  --quantize TYPE         nf4 | fp4 | int8 base weights (transformers' quantization_config in the JSON\n"
+        "                          config says the same): for QLoRA, refused until LoRA adapters exist\n"
         "  --device D              cpu | cuda | cuda:N (default cpu; cuda uses GPU LOCAL_RANK)\n"
         "  --comm-backend B        auto | self | mpi | nccl (default auto: mpi when started as several ranks,\n"
         "                          else self); nccl (GPU memory, one GPU per local rank) is required by\n"
@@ -107,6 +109,7 @@ typedef struct {
     int lr_given, wd_given, momentum_given;
     char precision[16];     // --precision, "" = the config's
     char comm_backend[16];  // --comm-backend (sl_comm_init_world's name), default "auto"
+    char quantize[16];      // --quantize, "" = the config's quantization_config
 } flag_extras;
 
 // Parses flags into c (after the JSON config, so flags win). Returns 0, 1 for --help, -1 on error.
@@ -145,6 +148,7 @@ static int parse_flags(int argc, char **argv, sl_train_config *c, flag_extras *x
         if (sl_arg_int(&a, "--seed", 0, SL_NO_MAX, &seed)) continue;
         if (sl_arg_int(&a, "--threads", 0, SL_NO_MAX, &c->threads)) continue;
         if (sl_arg_str(&a, "--precision", x->precision, sizeof x->precision)) continue;
+        if (sl_arg_str(&a, "--quantize", x->quantize, sizeof x->quantize)) continue;
         if (sl_arg_str(&a, "--device", c->device, sizeof c->device)) continue;
         if (sl_arg_str(&a, "--comm-backend", x->comm_backend, sizeof x->comm_backend)) continue;
         if (sl_arg_int(&a, "--log-interval", 0, SL_NO_MAX, &c->steps_per_print)) continue;
@@ -198,6 +202,16 @@ static int parse_flags(int argc, char **argv, sl_train_config *c, flag_extras *x
             fprintf(stderr, "error: --precision must be fp32, bf16 or fp16 (got '%s')\n", x->precision);
             return -1;
         }
+    }
+    if (x->quantize[0] && sl_quant_config_from_flag(x->quantize, &c->quant)) {
+        fprintf(stderr, "error: %s\n", sl_error());
+        return -1;
+    }
+    if (c->quant.type != SL_QUANT_NONE) {   // QLoRA: a frozen quantised base under trained adapters
+        fprintf(stderr, "error: %s base weights (--quantize / quantization_config) are frozen: they train only "
+                "under LoRA adapters (QLoRA), which shardlm train does not have yet; full fine-tuning needs the "
+                "full-precision weights\n", sl_quant_name(c->quant.type));
+        return -1;
     }
     if (!c->scheduler_block && !x->schedule_kind[0]) snprintf(x->schedule_kind, sizeof x->schedule_kind, "cosine");
     if (x->schedule_kind[0] && strcmp(x->schedule_kind, "constant") != 0) {

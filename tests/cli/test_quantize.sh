@@ -46,3 +46,9 @@ bad unknown_quant_type_in_config_refused 'quantization_config: bnb_4bit_quant_ty
 bad training_a_quantised_base_refused 'a bitsandbytes nf4 model (config.json has a quantization_config)' \
   train --model $FX/llama_nf4 --data "$tmp/no-data" --seq-len 16 --batch-size 1 --steps 1 \
   --save-dir "$tmp/out-training_a_quantised_base_refused"
+echo '{"quantization_config": {"load_in_4bit": true, "bnb_4bit_quant_type": "nf4"}}' >"$tmp/qlora.json"
+bad train_on_a_quantised_base_needs_lora 'nf4 base weights (--quantize / quantization_config) are frozen' \
+  train --config "$tmp/qlora.json" --save-dir "$tmp/out-train_on_a_quantised_base_needs_lora"
+echo '{"quantization_config": {"load_in_4bit": true, "load_in_8bit": true}}' >"$tmp/both.json"
+bad train_config_with_4_and_8_bits_refused 'quantization_config: load_in_4bit and load_in_8bit are both true' \
+  train --config "$tmp/both.json" --save-dir "$tmp/out-train_config_with_4_and_8_bits_refused"
