@@ -82,8 +82,8 @@ void sl_dequantize_range(const sl_qtensor *q, size_t first, size_t count, float 
 float sl_quant_block_scale(const sl_qtensor *q, size_t b);
 
 // bitsandbytes' 8-bit blockwise quantisation with a sorted 256-value code (its CPU kernel's rounding):
-// absmax[ceil(n / blocksize)], out[n].
-void sl_quantize_blockwise8(const float code[256], const float *a, size_t n, int blocksize, float *absmax,
+// absmax[ceil(n / blocksize)], out[n]. -1 only when its 64 KiB rounding table cannot be allocated.
+int sl_quantize_blockwise8(const float code[256], const float *a, size_t n, int blocksize, float *absmax,
                             uint8_t *out);
 void sl_dequantize_blockwise8(const float code[256], const uint8_t *a, const float *absmax, size_t n, int blocksize,
                               float *out);

@@ -23,6 +23,7 @@ typedef struct {
     const sl_qtensor *part[SL_QLINEAR_MAX_PARTS];   // stacked by rows; all with the same cols (IC)
     int64_t out_features, in_features;            // OC (sum of the parts' rows), IC
     size_t tile_floats;   // the dequantisation buffer's size in floats (0: SL_QLINEAR_TILE_FLOATS)
+    float *scratch;       // optional caller-owned buffer of sl_qlinear_tile_floats(l) floats (else malloc'd per call)
 } sl_qlinear;
 
 // 256 Ki floats (1 MiB): big enough that each GEMM call is efficient, small enough to stay in cache.
@@ -31,8 +32,11 @@ typedef struct {
 // Sets up l over parts[0..n) (checks they share IC and are valid); -1 with a message naming `what`.
 int sl_qlinear_init(sl_qlinear *l, int n, const sl_qtensor *const *parts, const char *what);
 
+// Floats of the tile buffer a call uses: whole weight rows, at most tile_floats unless one row is larger.
+size_t sl_qlinear_tile_floats(const sl_qlinear *l);
+
 // out (N, OC) = inp (N, IC) @ W^T (+ bias (OC) when not NULL). -1 only when the tile buffer cannot be
-// allocated.
+// allocated (never with a scratch buffer).
 int sl_qlinear_forward(const sl_qlinear *l, float *out, const float *inp, const float *bias, int N);
 
 // dinp (N, IC) = dout (N, OC) @ W, overwritten (accumulate != 0: added to dinp instead).

@@ -23,7 +23,8 @@ typedef struct {
 
 extern const sl_ops sl_ops_cpu_quant;
 
-// Takes a copy of entries[0..n) (-1 when out of memory). n = 0 clears the registry.
+// Takes a copy of entries[0..n) and allocates one tile buffer they share (the model calls its linears one
+// at a time), so the ops never allocate (-1 when out of memory). n = 0 clears the registry.
 int sl_quant_ops_install(const sl_quant_ops_entry *entries, int n);
 
 #endif

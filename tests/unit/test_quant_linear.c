@@ -129,6 +129,10 @@ static void run_type(sl_quant_type type, int dq, const char *what) {
         check_linear(&l3, N, what);
         l1.tile_floats = l3.tile_floats = 0;
     }
+    // a caller-owned tile buffer (what quant_ops.c hands every linear) gives the same results
+    l3.scratch = malloc(sl_qlinear_tile_floats(&l3) * sizeof(float));
+    check_linear(&l3, 7, what);
+    free(l3.scratch);
     sl_qtensor_free(&one);
     for (int p = 0; p < 3; p++) sl_qtensor_free(&qkv[p]);
 }

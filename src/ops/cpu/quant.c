@@ -203,10 +203,10 @@ static inline unsigned lut_index(float v) {
     return (unsigned)(t + 0.5f);
 }
 
-void sl_quantize_blockwise8(const float code[256], const float *a, size_t n, int blocksize, float *absmax,
-                            uint8_t *out) {
-    uint8_t *lut = malloc(LUT_SIZE);
-    if (!lut) abort();
+int sl_quantize_blockwise8(const float code[256], const float *a, size_t n, int blocksize, float *absmax,
+                           uint8_t *out) {
+    uint8_t *lut = sl_malloc(LUT_SIZE, "8-bit quantisation table");
+    if (!lut) return -1;
     build_lut(code, lut);
     size_t nb = (n + (size_t)blocksize - 1) / (size_t)blocksize;
 #pragma omp parallel for schedule(static) if (n >= (1u << 16))
@@ -220,6 +220,7 @@ void sl_quantize_blockwise8(const float code[256], const float *a, size_t n, int
         for (size_t i = s; i < e; i++) out[i] = lut[lut_index(a[i] * inv)];
     }
     free(lut);
+    return 0;
 }
 
 void sl_dequantize_blockwise8(const float code[256], const uint8_t *a, const float *absmax, size_t n, int blocksize,
@@ -314,9 +315,11 @@ int sl_quantize_4bit(sl_qtensor *q, const float *w, int64_t rows, int64_t cols, 
     if (!q->qabsmax || !q->nested_absmax) { free(absmax); sl_qtensor_free(q); return -1; }
     for (size_t b = 0; b < q->n_blocks; b++) absmax[b] -= q->offset;
     sl_quant_dynamic_map(q->nested_code);
-    sl_quantize_blockwise8(q->nested_code, absmax, q->n_blocks, SL_QUANT_NESTED_BLOCK, q->nested_absmax, q->qabsmax);
+    int rc = sl_quantize_blockwise8(q->nested_code, absmax, q->n_blocks, SL_QUANT_NESTED_BLOCK, q->nested_absmax,
+                                    q->qabsmax);
     free(absmax);
-    return 0;
+    if (rc) sl_qtensor_free(q);
+    return rc;
 }
 
 float sl_quant_block_scale(const sl_qtensor *q, size_t b) {

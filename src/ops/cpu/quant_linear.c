@@ -25,13 +25,19 @@ int sl_qlinear_init(sl_qlinear *l, int n, const sl_qtensor *const *parts, const 
 }
 
 // Rows per tile: as many whole rows as fit the buffer (at least one).
-static int64_t tile_rows(const sl_qlinear *l, size_t *buf_floats) {
+static int64_t tile_rows(const sl_qlinear *l) {
     size_t cap = l->tile_floats ? l->tile_floats : SL_QLINEAR_TILE_FLOATS;
     int64_t r = (int64_t)(cap / (size_t)l->in_features);
-    if (r < 1) r = 1;
-    *buf_floats = (size_t)r * (size_t)l->in_features;
-    return r;
+    return r < 1 ? 1 : r;
 }
+
+size_t sl_qlinear_tile_floats(const sl_qlinear *l) { return (size_t)tile_rows(l) * (size_t)l->in_features; }
+
+// The tile buffer: the caller's scratch, or a new one (freed by release_tile).
+static float *get_tile(const sl_qlinear *l) {
+    return l->scratch ? l->scratch : sl_malloc(sl_qlinear_tile_floats(l) * sizeof(float), "quantised linear tile");
+}
+static void release_tile(const sl_qlinear *l, float *tile) { if (tile != l->scratch) free(tile); }
 
 // Dequantises rows [r0, r0 + nr) of q into tile (nr x IC), rows split over the threads.
 static void dequant_rows(const sl_qtensor *q, int64_t r0, int64_t nr, float *tile) {
@@ -41,9 +47,8 @@ static void dequant_rows(const sl_qtensor *q, int64_t r0, int64_t nr, float *til
 }
 
 int sl_qlinear_forward(const sl_qlinear *l, float *out, const float *inp, const float *bias, int N) {
-    size_t buf_floats;
-    const int64_t tr = tile_rows(l, &buf_floats);
-    float *tile = sl_malloc(buf_floats * sizeof(float), "quantised linear tile");
+    const int64_t tr = tile_rows(l);
+    float *tile = get_tile(l);
     if (!tile) return -1;
     const int64_t OC = l->out_features, IC = l->in_features;
     float beta = 0.0f;
@@ -62,14 +67,13 @@ int sl_qlinear_forward(const sl_qlinear *l, float *out, const float *inp, const 
         }
         o += q->rows;
     }
-    free(tile);
+    release_tile(l, tile);
     return 0;
 }
 
 int sl_qlinear_backward_input(const sl_qlinear *l, float *dinp, const float *dout, int N, int accumulate) {
-    size_t buf_floats;
-    const int64_t tr = tile_rows(l, &buf_floats);
-    float *tile = sl_malloc(buf_floats * sizeof(float), "quantised linear tile");
+    const int64_t tr = tile_rows(l);
+    float *tile = get_tile(l);
     if (!tile) return -1;
     const int64_t OC = l->out_features, IC = l->in_features;
     float beta = accumulate ? 1.0f : 0.0f;
@@ -85,6 +89,6 @@ int sl_qlinear_backward_input(const sl_qlinear *l, float *dinp, const float *dou
         }
         o += q->rows;
     }
-    free(tile);
+    release_tile(l, tile);
     return 0;
 }

@@ -10,15 +10,23 @@
 
 static sl_quant_ops_entry *registry;
 static int n_registry;
+static float *scratch;   // the tile buffer every registered linear uses
 
 int sl_quant_ops_install(const sl_quant_ops_entry *entries, int n) {
     free(registry);
+    free(scratch);
     registry = NULL;
+    scratch = NULL;
     n_registry = 0;
     if (n <= 0) return 0;
+    size_t most = 1;
+    for (int i = 0; i < n; i++)
+        if (sl_qlinear_tile_floats(&entries[i].lin) > most) most = sl_qlinear_tile_floats(&entries[i].lin);
     registry = sl_malloc((size_t)n * sizeof *registry, "quantised linear registry");
-    if (!registry) return -1;
+    scratch = sl_malloc(most * sizeof(float), "quantised linear tile");
+    if (!registry || !scratch) { free(registry); free(scratch); registry = NULL; scratch = NULL; return -1; }
     memcpy(registry, entries, (size_t)n * sizeof *registry);
+    for (int i = 0; i < n; i++) registry[i].lin.scratch = scratch;
     n_registry = n;
     return 0;
 }
@@ -38,15 +46,11 @@ static const sl_qlinear *lookup(const sl_act *weight, int IC, int OC) {
     return NULL;
 }
 
-static void must(int rc) {
-    if (rc) { fprintf(stderr, "fatal: %s\n", sl_error()); abort(); }
-}
-
 static void q_matmul_forward(sl_act *out, const sl_act *inp, const sl_act *weight, const sl_act *bias, int N, int IC,
                              int OC) {
     const sl_qlinear *l = lookup(weight, IC, OC);
     if (!l) { cpu_matmul_forward(out, inp, weight, bias, N, IC, OC); return; }
-    must(sl_qlinear_forward(l, cpu_f32(out), cpu_f32(inp), cpu_f32(bias), N));
+    sl_qlinear_forward(l, cpu_f32(out), cpu_f32(inp), cpu_f32(bias), N);   // with the scratch: cannot fail
 }
 
 static void q_matmul_backward(sl_act *dinp, float *dweight, float *dbias, const sl_act *dout, const sl_act *inp,
@@ -54,7 +58,7 @@ static void q_matmul_backward(sl_act *dinp, float *dweight, float *dbias, const 
     const sl_qlinear *l = lookup(weight, IC, OC);
     if (!l) { cpu_matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, IC, OC); return; }
     const float *d = cpu_f32(dout);
-    if (dinp) must(sl_qlinear_backward_input(l, cpu_f32(dinp), d, N, 0));
+    if (dinp) sl_qlinear_backward_input(l, cpu_f32(dinp), d, N, 0);
     if (!dbias) return;
     for (int n = 0; n < N; n++)   // the bias is not quantised: its gradient as cpu_matmul_backward's
         for (int o = 0; o < OC; o++) dbias[o] += d[(size_t)n * OC + o];
