@@ -357,26 +357,43 @@ int sl_quantize_int8(sl_qtensor *q, const float *w, int64_t rows, int64_t cols, 
 // Python scalar multiplying a float32 tensor.
 static const float inv127 = 7.874015718698502e-3f;
 
+// 4-bit codes [first, first + count) of one block (scale s) into out: whole bytes in a loop GCC vectorises.
+static void dequant4_run(const sl_qtensor *q, size_t first, size_t count, float s, float *out) {
+    const uint8_t *d = q->data;
+    const float *code = q->code;
+    size_t i = 0;
+    if (first & 1) { out[i++] = code[d[first / 2] & 15] * s; }   // a low nibble first
+    const uint8_t *bytes = d + (first + i) / 2;
+    size_t pairs = (count - i) / 2;
+    float *o = out + i;
+    for (size_t k = 0; k < pairs; k++) {
+        uint8_t b = bytes[k];
+        o[2 * k] = code[b >> 4] * s;
+        o[2 * k + 1] = code[b & 15] * s;
+    }
+    i += 2 * pairs;
+    if (i < count) out[i] = code[d[(first + i) / 2] >> 4] * s;   // a high nibble last
+}
+
 void sl_dequantize_range(const sl_qtensor *q, size_t first, size_t count, float *out) {
     if (q->type == SL_QUANT_INT8) {
         const int8_t *d = (const int8_t *)q->data;
-        for (size_t i = 0; i < count; i++) {
-            size_t k = first + i;
-            out[i] = (float)d[k] * q->scb[k / (size_t)q->cols] * inv127;
+        const size_t cols = (size_t)q->cols;
+        for (size_t i = 0; i < count;) {
+            size_t k = first + i, r = k / cols, end = (r + 1) * cols - first;
+            if (end > count) end = count;
+            const float scb = q->scb[r];
+            for (; i < end; i++) out[i] = (float)d[first + i] * scb * inv127;
         }
         return;
     }
     const size_t bs = (size_t)q->blocksize;
     for (size_t i = 0; i < count;) {
         size_t k = first + i, b = k / bs;
-        size_t end = (b + 1) * bs - first;   // this block's last element, relative to first
+        size_t end = (b + 1) * bs - first;   // this block's end, relative to first
         if (end > count) end = count;
-        float s = sl_quant_block_scale(q, b);
-        for (; i < end; i++) {
-            size_t j = first + i;
-            uint8_t byte = q->data[j / 2];
-            out[i] = q->code[j & 1 ? byte & 15 : byte >> 4] * s;
-        }
+        dequant4_run(q, k, end - i, sl_quant_block_scale(q, b), out + i);
+        i = end;
     }
 }
 
