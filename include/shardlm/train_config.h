@@ -2,7 +2,8 @@
 //   built-in defaults  <-  JSON config (DeepSpeed's keys where DeepSpeed has them)  <-  flags.
 // DeepSpeed keys read: train_batch_size, train_micro_batch_size_per_gpu,
 // gradient_accumulation_steps (batch = micro x accumulation x data-parallel size; any two infer
-// the third), optimizer, scheduler, gradient_clipping, steps_per_print. shardlm's own settings
+// the third), optimizer, scheduler, gradient_clipping, steps_per_print; transformers'
+// quantization_config (BitsAndBytesConfig's words, quant_config.h). shardlm's own settings
 // live under the key "shardlm" (model, data, seq_len, steps, ...). Unknown keys are warned about.
 // The resolved configuration serialises back to the same JSON shape (saved with checkpoints).
 #ifndef SHARDLM_TRAIN_CONFIG_H
@@ -12,6 +13,7 @@
 #include <cjson/cJSON.h>
 #include "shardlm/loss_scaler.h"
 #include "shardlm/optim.h"
+#include "shardlm/quant_config.h"
 #include "shardlm/schedule.h"
 
 #define SL_PATH_MAX 1024
@@ -60,6 +62,9 @@ typedef struct {
     // DeepSpeed "fp16" / "bf16" blocks: the training precision and the fp16 loss scaler
     sl_loss_scaler_config precision;
     char device[32];              // --device: "cpu" (default), "cuda", "cuda:N"
+    // "quantization_config" (transformers' BitsAndBytesConfig words) / --quantize: a quantised frozen
+    // base, which only LoRA adapters can train on (QLoRA); type NONE by default
+    sl_quant_config quant;
 } sl_train_config;
 
 void sl_train_config_defaults(sl_train_config *c);
@@ -74,9 +79,11 @@ int sl_train_config_apply_json(sl_train_config *c, const cJSON *root, const char
 //   --optimizer NAME     sl_optim_select: adamw | adam | sgd (lr, weight_decay and the betas stay)
 //   --precision NAME     fp32 | bf16 | fp16
 //   --lr-schedule KIND   constant | cosine (WarmupCosineLR) | linear (WarmupDecayLR) | warmup (WarmupLR)
+//   --quantize TYPE      nf4 | fp4 | int8 | none (sl_quant_config_from_flag)
 int sl_train_config_set_optimizer(sl_train_config *c, const char *name);
 int sl_train_config_set_precision(sl_train_config *c, const char *name);
 int sl_train_config_set_lr_schedule(sl_train_config *c, const char *kind);
+int sl_train_config_set_quantize(sl_train_config *c, const char *type);
 
 // Resolves the batch rule and the schedule once flags have been applied; errors say what is impossible.
 // `given` flags mark which of train_batch_size / micro / accum the user set (bit 0, 1, 2).

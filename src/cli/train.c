@@ -77,6 +77,8 @@ static void usage(FILE *f) {
         "  --threads N             CPU threads (default OMP_NUM_THREADS or all cores)\n"
         "  --precision P           fp32 | bf16 | fp16 (DeepSpeed's bf16 / fp16 blocks: fp32 master weights,\n"
         "                          16-bit parameters and gradients; fp16 with dynamic loss scaling)\n"
+        "  --quantize TYPE         nf4 | fp4 | int8 base weights (transformers' quantization_config in the JSON\n"
+        "                          config says the same): for QLoRA, refused until LoRA adapters exist\n"
         "  --device D              cpu | cuda | cuda:N (default cpu; cuda uses GPU LOCAL_RANK)\n"
         "  --comm-backend B        auto | self | mpi | nccl (default auto: mpi when started as several ranks,\n"
         "                          else self); nccl (GPU memory, one GPU per local rank) is required by\n"
@@ -171,6 +173,7 @@ static int parse_flags(int argc, char **argv, sl_train_config *c, run_flags *r) 
         if (sl_arg_int(&a, "--seed", 0, SL_NO_MAX, &v)) { if (!a.error) c->seed = (uint64_t)v; continue; }
         if (sl_arg_int(&a, "--threads", 0, SL_NO_MAX, &c->threads)) continue;
         if (arg_choice(&a, "--precision", c, sl_train_config_set_precision)) continue;
+        if (arg_choice(&a, "--quantize", c, sl_train_config_set_quantize)) continue;
         if (sl_arg_str(&a, "--device", c->device, sizeof c->device)) continue;
         if (sl_arg_str(&a, "--comm-backend", r->comm_backend, sizeof r->comm_backend)) continue;
         if (sl_arg_int(&a, "--log-interval", 0, SL_NO_MAX, &c->steps_per_print)) continue;

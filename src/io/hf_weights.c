@@ -6,6 +6,7 @@
 // single float into params, so a failed load leaves params untouched; padded rows are zero after
 // a successful load. sl_hf_save streams tensor by tensor (memory: one small transpose buffer).
 #include "shardlm/hf_weights.h"
+#include "shardlm/quant_model.h"
 #include "shardlm/json_get.h"
 #include "shardlm/error.h"
 #include "shardlm/fileio.h"
@@ -302,6 +303,14 @@ static int load_tensors(const source *s, const sl_param_layout *L, const tensor_
 }
 
 int sl_hf_load(const char *dir, const sl_param_layout *L, float *params) {
+    char cfg[PATH_CAP];
+    sl_quant_config qc;
+    int quantised = 0;
+    if (is_dir(dir) && !path_join(cfg, sizeof cfg, dir, "config.json") && is_file(cfg) &&
+        sl_quant_model_read_config(dir, &qc, &quantised) == 0 && quantised)
+        return sl_errorf("%s: a bitsandbytes %s model (config.json has a quantization_config): its weights load only "
+                         "quantised (shardlm generate reads them), not as full-precision parameters", dir,
+                         sl_quant_name(qc.type));
     source s = {0};
     tensor_ref *refs = sl_calloc((size_t)L->n_tensors, sizeof *refs, "HF load tensor map");
     int rc = !refs ? -1 : source_open(&s, dir);

@@ -4,6 +4,7 @@
 #include "shardlm/error.h"
 #include "shardlm/fileio.h"
 #include "shardlm/json_get.h"
+#include "shardlm/quant.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,6 +12,7 @@
 
 void sl_train_config_defaults(sl_train_config *c) {
     memset(c, 0, sizeof *c);
+    sl_quant_config_default(&c->quant);
     snprintf(c->model, sizeof c->model, "gpt2-demo");
     snprintf(c->data, sizeof c->data, "data/sotu");
     snprintf(c->save_dir, sizeof c->save_dir, "runs/demo");
@@ -49,7 +51,7 @@ void sl_train_config_free(sl_train_config *c) {
 static const char *const TOP_KEYS[] = {"train_batch_size", "train_micro_batch_size_per_gpu",
                                        "gradient_accumulation_steps", "optimizer", "scheduler",
                                        "gradient_clipping", "steps_per_print", "zero_optimization", "fp16", "bf16",
-                                       "bfloat16", "shardlm", NULL};
+                                       "bfloat16", "shardlm", "quantization_config", NULL};
 static const char *const ZERO_KEYS[] = {"stage", "reduce_bucket_size", "allgather_bucket_size", "overlap_comm",
                                         "contiguous_gradients", "stage3_prefetch_bucket_size", NULL};
 static const char *const OWN_KEYS[] = {"model", "data", "tokenizer", "seq_len", "steps", "seed", "threads",
@@ -104,6 +106,12 @@ int sl_train_config_apply_json(sl_train_config *c, const cJSON *root, const char
         if (sl_precision_parse(&c->precision, root, where)) return -1;
         if (c->precision.warning[0]) fprintf(stderr, "warning: %s\n", c->precision.warning);
     }
+    const cJSON *qc = cJSON_GetObjectItemCaseSensitive(root, "quantization_config");
+    if (qc) {
+        char w[1200];
+        snprintf(w, sizeof w, "%s: quantization_config", where);
+        if (sl_quant_config_parse(qc, &c->quant, w)) return -1;
+    }
     const cJSON *own = cJSON_GetObjectItemCaseSensitive(root, "shardlm");
     if (own) {
         char w[1200];
@@ -150,6 +158,10 @@ int sl_train_config_set_precision(sl_train_config *c, const char *name) {
     return 0;
 }
 
+int sl_train_config_set_quantize(sl_train_config *c, const char *type) {
+    return sl_quant_config_from_flag(type, &c->quant);
+}
+
 int sl_train_config_set_lr_schedule(sl_train_config *c, const char *kind) {
     if (!strcmp(kind, "constant")) c->lr_schedule = SL_SCHED_CONSTANT;
     else if (!strcmp(kind, "cosine")) c->lr_schedule = SL_SCHED_WARMUP_COSINE_LR;
@@ -179,6 +191,10 @@ static int resolve_schedule(sl_train_config *c) {
 }
 
 int sl_train_config_resolve(sl_train_config *c, int given) {
+    if (c->quant.type != SL_QUANT_NONE)   // QLoRA: a frozen quantised base under trained adapters
+        return sl_errorf("%s base weights (--quantize / quantization_config) are frozen: they train only under LoRA "
+                         "adapters (QLoRA), which shardlm train does not have yet; full fine-tuning needs the "
+                         "full-precision weights", sl_quant_name(c->quant.type));
     int tb = (given & 1) ? c->train_batch_size : 0, mb = (given & 2) ? c->micro_batch : 0;
     int ga = (given & 4) ? c->grad_accum : 0, W = c->world_size;
     if ((given & 1) && tb <= 0) return sl_errorf("train_batch_size must be positive (got %d)", tb);
@@ -271,6 +287,7 @@ char *sl_train_config_to_json(const sl_train_config *c) {
     cJSON *b16 = cJSON_AddObjectToObject(r, "bf16");
     cJSON_AddBoolToObject(b16, "enabled", pc->precision == SL_PRECISION_BF16);
     cJSON_AddBoolToObject(b16, "check_grad_overflow", pc->bf16_check_grad_overflow);
+    if (c->quant.type != SL_QUANT_NONE) cJSON_AddItemToObject(r, "quantization_config", sl_quant_config_to_json(&c->quant));
     cJSON *s = cJSON_AddObjectToObject(r, "shardlm");
     cJSON_AddStringToObject(s, "model", c->model);
     cJSON_AddStringToObject(s, "data", c->data);
