@@ -8,7 +8,7 @@
 // The reader trusts nothing: the header length, JSON, every field, every dtype, shape/size agreement,
 // bounds and overlaps are checked in sl_st_open before any data is read, and every failure is a -1
 // with a message naming the file, the tensor and what was expected versus found.
-// The writer writes F32 tensors only, streaming each tensor to a temporary file in the same
+// The writer writes F32 (and U8) tensors, streaming each tensor to a temporary file in the same
 // directory, then fsync + rename + fsync(dir), so a reader never sees a half-written file.
 #ifndef SHARDLM_SAFETENSORS_H
 #define SHARDLM_SAFETENSORS_H
@@ -64,11 +64,14 @@ int sl_st_dtype_is_float(sl_st_dtype dt);   // F32, F16, BF16, F64: readable as 
 int sl_st_read_f32_range(const sl_st_file *f, int idx, size_t first, size_t count, float *out);
 // Reads the whole tensor; `capacity` is the size of out in floats and must be >= numel.
 int sl_st_read_f32(const sl_st_file *f, int idx, float *out, size_t capacity);
+// Reads elements [first, first + count) of tensor idx as stored (count * element size bytes, no
+// conversion); -1 unless the tensor's dtype is `dtype`.
+int sl_st_read_raw_range(const sl_st_file *f, int idx, sl_st_dtype dtype, size_t first, size_t count, void *out);
 
 // Writes `shape` as "[a, b]" into buf (for error messages); returns buf.
 char *sl_st_shape_str(char *buf, size_t cap, int ndim, const int64_t *shape);
 
-// ---- writer (F32 only) ----
+// ---- writer (F32, and U8 for raw bytes) ----
 typedef struct {
     const char *name;
     int ndim;                         // 0..SL_ST_MAX_DIMS (0 is a scalar)
@@ -81,8 +84,14 @@ typedef struct sl_st_writer sl_st_writer;
 // meta_keys/meta_values may be NULL when n_meta == 0.
 int sl_st_writer_open(sl_st_writer **w, const char *path, int n, const sl_st_desc *desc, int n_meta,
                       const char *const *meta_keys, const char *const *meta_values);
+// The same with each tensor's dtype: dtypes[i] is SL_ST_F32 or SL_ST_U8 (NULL: all F32).
+int sl_st_writer_open_typed(sl_st_writer **w, const char *path, int n, const sl_st_desc *desc,
+                            const sl_st_dtype *dtypes, int n_meta, const char *const *meta_keys,
+                            const char *const *meta_values);
 // Appends `count` floats of tensor data (tensors concatenated in desc order; any chunking).
 int sl_st_writer_write(sl_st_writer *w, const float *data, size_t count);
+// Appends `bytes` raw bytes of tensor data (for U8 tensors; same stream as sl_st_writer_write).
+int sl_st_writer_write_bytes(sl_st_writer *w, const void *data, size_t bytes);
 // Checks that exactly the declared bytes were written, fsyncs, renames into place, fsyncs the
 // directory, and frees w (also on failure, removing the temporary file).
 int sl_st_writer_finish(sl_st_writer *w);

@@ -379,6 +379,23 @@ int sl_st_read_f32(const sl_st_file *f, int idx, float *out, size_t capacity) {
     return sl_st_read_f32_range(f, idx, 0, f->tensors[idx].numel, out);
 }
 
+int sl_st_read_raw_range(const sl_st_file *f, int idx, sl_st_dtype dtype, size_t first, size_t count, void *out) {
+    if (idx < 0 || idx >= f->n_tensors) return sl_errorf("%s: tensor index %d out of range", f->path, idx);
+    const sl_st_tensor *t = &f->tensors[idx];
+    if (t->dtype != dtype)
+        return sl_errorf("%s: tensor \"%s\": dtype %s, expected %s", f->path, t->name, sl_st_dtype_name(t->dtype),
+                         sl_st_dtype_name(dtype));
+    if (first > t->numel || count > t->numel - first)
+        return sl_errorf("%s: tensor \"%s\": range [%zu, %zu) outside its %zu elements", f->path, t->name, first,
+                         first + count, t->numel);
+    size_t es = sl_st_dtype_size(t->dtype);
+    uint64_t off = f->data_start + t->begin + (uint64_t)first * es;
+    if (count && read_exact(f->fd, out, count * es, off))
+        return sl_errorf("%s: tensor \"%s\": read failed at byte %llu (file changed or truncated?)", f->path, t->name,
+                         (unsigned long long)off);
+    return 0;
+}
+
 // ---------------------------------------------------------------- writer
 
 struct sl_st_writer {
@@ -408,8 +425,8 @@ void sl_st_writer_abort(sl_st_writer *w) {
 }
 
 // Builds the padded header for desc; returns malloc'd bytes (length prefix included) or NULL.
-static char *build_header(const char *path, int n, const sl_st_desc *desc, int n_meta, const char *const *mk,
-                          const char *const *mv, size_t *len_out, uint64_t *data_bytes) {
+static char *build_header(const char *path, int n, const sl_st_desc *desc, const sl_st_dtype *dtypes, int n_meta,
+                          const char *const *mk, const char *const *mv, size_t *len_out, uint64_t *data_bytes) {
     cJSON *root = cJSON_CreateObject();
     if (!root) { sl_errorf("out of memory"); return NULL; }
     if (n_meta > 0) {
@@ -440,12 +457,19 @@ static char *build_header(const char *path, int n, const sl_st_desc *desc, int n
             numel *= (uint64_t)d->shape[k];
             shape[k] = (double)d->shape[k];
         }
+        sl_st_dtype dt = dtypes ? dtypes[i] : SL_ST_F32;
+        if (dt != SL_ST_F32 && dt != SL_ST_U8) {
+            cJSON_Delete(root);
+            sl_errorf("%s: tensor \"%s\": the writer writes F32 or U8, not %s", path, d->name, sl_st_dtype_name(dt));
+            return NULL;
+        }
+        uint64_t es = sl_st_dtype_size(dt);
         cJSON *e = cJSON_AddObjectToObject(root, d->name);
-        cJSON_AddStringToObject(e, "dtype", "F32");
+        cJSON_AddStringToObject(e, "dtype", sl_st_dtype_name(dt));
         cJSON_AddItemToObject(e, "shape", cJSON_CreateDoubleArray(shape, d->ndim));
-        double offs[2] = {(double)off, (double)(off + numel * 4)};
+        double offs[2] = {(double)off, (double)(off + numel * es)};
         cJSON_AddItemToObject(e, "data_offsets", cJSON_CreateDoubleArray(offs, 2));
-        off += numel * 4;
+        off += numel * es;
     }
     char *json = cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
@@ -464,10 +488,16 @@ static char *build_header(const char *path, int n, const sl_st_desc *desc, int n
 
 int sl_st_writer_open(sl_st_writer **wp, const char *path, int n, const sl_st_desc *desc, int n_meta,
                       const char *const *meta_keys, const char *const *meta_values) {
+    return sl_st_writer_open_typed(wp, path, n, desc, NULL, n_meta, meta_keys, meta_values);
+}
+
+int sl_st_writer_open_typed(sl_st_writer **wp, const char *path, int n, const sl_st_desc *desc,
+                            const sl_st_dtype *dtypes, int n_meta, const char *const *meta_keys,
+                            const char *const *meta_values) {
     *wp = NULL;
     size_t hlen;
     uint64_t data_bytes;
-    char *header = build_header(path, n, desc, n_meta, meta_keys, meta_values, &hlen, &data_bytes);
+    char *header = build_header(path, n, desc, dtypes, n_meta, meta_keys, meta_values, &hlen, &data_bytes);
     if (!header) return -1;
     sl_st_writer *w = calloc(1, sizeof *w);
     size_t tl = strlen(path) + 32;
@@ -498,6 +528,17 @@ int sl_st_writer_write(sl_st_writer *w, const float *data, size_t count) {
         return sl_errorf("%s: write failed after %llu data bytes: %s", w->tmp, (unsigned long long)w->written,
                          strerror(errno));
     w->written += count * 4;
+    return 0;
+}
+
+int sl_st_writer_write_bytes(sl_st_writer *w, const void *data, size_t bytes) {
+    if (bytes > w->expected - w->written)
+        return sl_errorf("%s: writing %zu more bytes than the header declares (%llu bytes)", w->path, bytes,
+                         (unsigned long long)w->expected);
+    if (write_all(w->fd, data, bytes))
+        return sl_errorf("%s: write failed after %llu data bytes: %s", w->tmp, (unsigned long long)w->written,
+                         strerror(errno));
+    w->written += bytes;
     return 0;
 }
 
