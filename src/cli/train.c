@@ -59,7 +59,7 @@ static void usage(FILE *f) {
         "  --train-batch-size N    train_batch_size\n"
         "optimisation:\n"
         "  --steps N               optimizer steps (default 200)\n"
-        "  --optimizer NAME        adamw | adam | sgd (default adamw, betas 0.9/0.95)\n"
+        "  --optimizer NAME        adamw | adam | sgd | adamw8bit (default adamw, betas 0.9/0.95)\n"
         "  --lr LR                 peak learning rate (default 1e-3)\n"
         "  --weight-decay WD       (default 0.1; linear weights only unless --decay-all)\n"
         "  --decay-all             also decay norms, biases and embeddings\n"
@@ -184,6 +184,7 @@ static int parse_flags(int argc, char **argv, sl_train_config *c, flag_extras *x
         if (rc) return -1;
         c->optim.lr = keep.lr;
         c->optim.weight_decay = keep.weight_decay;
+        c->optim.min_8bit_size = keep.min_8bit_size;
         if (c->optim.type != SL_OPTIM_SGD) { c->optim.beta1 = keep.beta1; c->optim.beta2 = keep.beta2; }
     }
     if (x->lr_given) c->optim.lr = x->lr;
@@ -304,12 +305,29 @@ static void print_memory(const sl_engine *e, int world) {
     int stage = e->sharded ? e->zero.stage : 0;
     sl_zero_estimate est = sl_zero_memory_estimate(&e->model->layout, world, stage, e->n_optim_state);
     sl_zero_estimate zero0 = sl_zero_memory_estimate(&e->model->layout, world, 0, e->n_optim_state);
+    sl_adam8_plan whole = {0};
+    if (e->cfg.optim.type == SL_OPTIM_ADAMW8BIT &&
+        sl_adam8_plan_build(&whole, &e->model->layout, &e->cfg.optim, 0, e->model->layout.total) == 0) {
+        // K: the whole model's 8-bit state bytes per parameter (2 + 8 per 256-element block + 8 per
+        // 32-bit element, averaged), so the formula's KS / KP is this rank's state
+        zero0.K = est.K = (double)sl_adam8_state_bytes(&whole) / (double)e->model->layout.total;
+        zero0.optim = (double)sl_adam8_state_bytes(&whole);
+        est.optim = stage == 0 ? zero0.optim : est.K * est.S;
+    }
     size_t total = mem.params + mem.grads + mem.optim;
     printf("memory per rank (ZeRO stage %d, %d ranks): parameters %.2f MB, gradients %.2f MB, optimizer state "
            "%.2f MB; total %.2f MB = %zu bytes\n  formula %s with P=%.0f S=%.0f W=%.0f K=%g: %.0f bytes; "
            "stage 0 would hold %.0f bytes\n",
            stage, world, mem.params / 1e6, mem.grads / 1e6, mem.optim / 1e6, total / 1e6, total, est.formula, est.P,
            est.S, est.W, est.K, est.params + est.grads + est.optim, zero0.params + zero0.grads + zero0.optim);
+    if (e->cfg.optim.type == SL_OPTIM_ADAMW8BIT) {
+        const sl_adam8_plan *p = &e->adam8_plan;
+        printf("  optimizer AdamW8bit state on this rank: 2 B x %zu (8-bit exp_avg + exp_avg_sq) + 8 B x %zu blocks "
+               "of %d (absmax) + 8 B x %zu (32-bit state, tensors under min_8bit_size %lld) = %zu bytes; AdamW "
+               "would hold 8 B x %zu = %zu\n", p->n8, p->n_blocks, SL_ADAM8_BLOCK, p->n32, e->cfg.optim.min_8bit_size,
+               sl_adam8_state_bytes(p), p->end - p->begin, 8 * (p->end - p->begin));
+    }
+    sl_adam8_plan_free(&whole);
     if (mem.master || mem.param_copy)
         printf("  mixed precision adds: fp32 master weights %.2f MB, bf16 parameter copy %.2f MB (total %.2f MB)\n",
                mem.master / 1e6, mem.param_copy / 1e6, (total + mem.master + mem.param_copy) / 1e6);
