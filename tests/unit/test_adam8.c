@@ -4,6 +4,7 @@
 // single process's bits; the plan's state bytes; the config block.
 #include "test.h"
 
+#include "shardlm/engine.h"
 #include "shardlm/error.h"
 #include "shardlm/fileio.h"
 #include "shardlm/optim_8bit.h"
@@ -327,6 +328,41 @@ TEST(config_block) {
     c.type = SL_OPTIM_ADAMW8BIT;
     float p = 1, g = 1;
     CHECK(sl_optim_step(&c, 1e-3, 1, &p, &g, NULL, NULL, 0, 1) != 0);
+}
+
+// A backend without the 8-bit kernel (as cuda today) is refused at engine init, by name; with it the
+// engine steps and reports the 8-bit state's bytes as its optimizer memory.
+TEST(engine_refuses_a_backend_without_the_kernel) {
+    sl_model_config cfg;
+    sl_model m;
+    sl_ops ops = sl_ops_cpu;
+    ops.name = "kernel-less";
+    ops.adam8_step = NULL;
+    CHECK(sl_config_preset(&cfg, "gpt2-tiny") == 0 && sl_model_create(&m, &cfg, &ops) == 0);
+    sl_model_init_weights(&m, 3);
+    sl_engine_config ec = {.micro_batch = 2, .grad_accum_steps = 1, .gradient_clipping = 1.0f};
+    sl_optim_defaults(&ec.optim);
+    ec.optim.type = SL_OPTIM_ADAMW8BIT;
+    sl_schedule_constant(&ec.schedule, 1e-3);
+    sl_loss_scaler_defaults(&ec.precision);
+    sl_engine e;
+    CHECK(sl_engine_init(&e, &m, &ec) == -1);
+    CHECK_MSG(strstr(sl_error(), "AdamW8bit") && strstr(sl_error(), "kernel-less") && strstr(sl_error(), "--device cpu"),
+              "%s", sl_error());
+    sl_model_free(&m);
+
+    CHECK(sl_model_create(&m, &cfg, &sl_ops_cpu) == 0);
+    sl_model_init_weights(&m, 3);
+    CHECK(sl_engine_init(&e, &m, &ec) == 0);
+    int in[32], tg[32];
+    for (int i = 0; i < 32; i++) in[i] = tg[i] = (i * 7 + 1) % cfg.vocab_size;
+    float before = m.params[m.layout.tensors[0].offset];
+    CHECK(sl_engine_forward_backward(&e, in, tg, 2, 16, NULL) == 0 && sl_engine_step(&e) == 0);
+    CHECK(m.params[m.layout.tensors[0].offset] != before);
+    sl_engine_memory mem = sl_engine_memory_use(&e);
+    CHECK(mem.optim == sl_adam8_state_bytes(&e.adam8_plan) && mem.optim < 8 * m.layout.total);
+    sl_engine_free(&e);
+    sl_model_free(&m);
 }
 
 TEST_MAIN()
