@@ -77,9 +77,9 @@ static void build_tables(void) {
 }
 
 static inline unsigned lut_index(float x) {
-    if (!(x >= -1.0f)) x = -1.0f;  // NaN too: no undefined conversion
-    if (x > 1.0f) x = 1.0f;
-    return (unsigned)((x + 1.0f) * 0.5f * (float)(LUT_SIZE - 1) + 0.5f);
+    x = x >= -1.0f ? x : -1.0f;  // NaN too: no undefined conversion
+    x = x <= 1.0f ? x : 1.0f;
+    return (unsigned)(int)((x + 1.0f) * 0.5f * (float)(LUT_SIZE - 1) + 0.5f);
 }
 
 // q[0..n) = x quantised against absmax (all zero codes for an all-zero block, as bitsandbytes).
@@ -89,7 +89,9 @@ static void quantize(const float *x, int n, float absmax, const unsigned char *l
         return;
     }
     float inv = 1.0f / absmax;
-    for (int i = 0; i < n; i++) q[i] = lut[lut_index(x[i] * inv)];
+    unsigned idx[SL_ADAM8_BLOCK];
+    for (int i = 0; i < n; i++) idx[i] = lut_index(x[i] * inv);   // vectorised
+    for (int i = 0; i < n; i++) q[i] = lut[idx[i]];
 }
 
 // ---- the step ------------------------------------------------------------------------------------
@@ -101,25 +103,34 @@ static void block_step(const sl_adam8_args *a, float decay, float *p, const floa
                        unsigned char *q2, float *absmax1, float *absmax2, int n, const float *whole, int measure,
                        float *measured) {
     float m[SL_ADAM8_BLOCK], v[SL_ADAM8_BLOCK];
-    const float s1 = *absmax1, s2 = *absmax2;
-    float mx1 = 0.0f, mx2 = 0.0f;
+    const float s1 = *absmax1, s2 = *absmax2, b1 = a->beta1, omb1 = a->one_minus_beta1, b2 = a->beta2,
+                omb2 = a->one_minus_beta2;
+    const float *restrict map1 = g_map[1], *restrict map0 = g_map[0];
+    // separate simple loops, so the compiler vectorises each (the arithmetic per element is unchanged)
     for (int i = 0; i < n; i++) {
         float gi = g[i];
-        float mi = fmaf(gi, a->one_minus_beta1, g_map[1][q1[i]] * s1 * a->beta1);   // mul_(b1).add_(g, 1-b1)
-        float vi = g_map[0][q2[i]] * s2 * a->beta2 + a->one_minus_beta2 * gi * gi;  // mul_(b2).addcmul_(g, g)
-        m[i] = mi;
-        v[i] = vi;
-        mx1 = fmaxf(mx1, fabsf(mi));
-        mx2 = fmaxf(mx2, fabsf(vi));
+        m[i] = fmaf(gi, omb1, map1[q1[i]] * s1 * b1);         // mul_(b1).add_(g, alpha=1-b1)
+        v[i] = map0[q2[i]] * s2 * b2 + omb2 * gi * gi;        // mul_(b2).addcmul_(g, g, value=1-b2)
+    }
+    // absmax as bitsandbytes takes it: the max of |x| from 0, NaN ignored (max is exact in any order)
+    float mx1 = 0.0f, mx2 = 0.0f;
+#pragma omp simd reduction(max : mx1, mx2)
+    for (int i = 0; i < n; i++) {
+        float x1 = fabsf(m[i]), x2 = fabsf(v[i]);
+        x1 = x1 == x1 ? x1 : 0.0f;
+        x2 = x2 == x2 ? x2 : 0.0f;
+        mx1 = x1 > mx1 ? x1 : mx1;
+        mx2 = x2 > mx2 ? x2 : mx2;
     }
     if (measure) {
         measured[0] = mx1;
         measured[1] = mx2;
         return;
     }
+    const float bc2_sqrt = a->bc2_sqrt, eps = a->eps, neg_step = a->neg_step;
     for (int i = 0; i < n; i++) {
-        float denom = sqrtf(v[i]) / a->bc2_sqrt + a->eps;
-        p[i] = p[i] * decay + a->neg_step * m[i] / denom;   // addcdiv_: p + (value * m) / denom
+        float denom = sqrtf(v[i]) / bc2_sqrt + eps;
+        p[i] = p[i] * decay + neg_step * m[i] / denom;        // addcdiv_: p + (value * m) / denom
     }
     if (whole) {
         mx1 = whole[0];
