@@ -8,7 +8,8 @@
 #     give stage 0's weights and consolidated 8-bit state bit for bit; a 3-rank stage-3 checkpoint
 #     resumes on 2 ranks at stage 1 and on 1 process;
 #   * its loss tracks AdamW's (gpt2-tiny, 40 steps: final loss within 3%);
-#   * bad input: a checkpoint of another optimizer, another min_8bit_size, a bad min_8bit_size.
+#   * bad input: a checkpoint of another optimizer, another min_8bit_size, a bad min_8bit_size, an
+#     AdamW state file in place of the 8-bit one.
 # Prints PASS/FAIL lines for tests/run.sh; skips (exit 0) when "$SHARDLM_BIN" is not built.
 . "$(dirname "$0")/lib.sh" adam8
 log="$tmp/log"
@@ -117,3 +118,8 @@ echo '{"optimizer": {"type": "AdamW8bit", "params": {"min_8bit_size": -5}}}' >"$
 bad negative_min_8bit_size_is_refused "optimizer.params.min_8bit_size must be a whole number" \
   train --config "$tmp/minneg.json" --model gpt2-tiny "${common[@]}" --steps 2
 [ "$(cat "$ck/latest")" = "$before" ] && pass refused_runs_leave_the_checkpoint || fail refused_runs_leave_the_checkpoint
+# an AdamW state file in place of the 8-bit one (checksums skipped): refused by name, not misread
+mkdir -p "$tmp/swap" && cp -r "$ck/step_00000020" "$tmp/swap/" && echo step_00000020 >"$tmp/swap/latest" &&
+  cp "$(ls -d "$tmp"/fp32/step_* | tail -1)/optim_00000_of_00001.safetensors" "$tmp/swap/step_00000020/"
+bad foreign_state_file_is_refused "not an AdamW8bit state file" \
+  train --model gpt2-tiny "${common[@]}" --steps 22 --save-dir "$tmp/swap" --resume --no-verify
