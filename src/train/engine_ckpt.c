@@ -421,9 +421,10 @@ static int load_impl(sl_engine *e, const char *path, char **client_state_json) {
 static int consolidate_adam8(const sl_param_layout *L, const char *dir, const sl_manifest_shard *refs, int n,
                              const char *tmp) {
     char file[4400];
+    if (n < 1) return sl_errorf("%s: no optimizer shards", dir);
     snprintf(file, sizeof file, "%s/%s", dir, refs[0].file);
     sl_st_file f;
-    if (n < 1 || sl_st_open(&f, file)) return n < 1 ? sl_errorf("%s: no optimizer shards", dir) : -1;
+    if (sl_st_open(&f, file)) return -1;
     long long min_size = engine_adam8_file_min_size(&f);
     sl_st_close(&f);
     if (min_size < 0) return -1;
