@@ -14,6 +14,7 @@
 #include "shardlm/loss_scaler.h"
 #include "shardlm/model.h"
 #include "shardlm/optim.h"
+#include "shardlm/optim_8bit.h"
 #include "shardlm/schedule.h"
 #include "shardlm/zero.h"
 
@@ -49,6 +50,10 @@ typedef struct {
     sl_decay_mask decay_mask;
     float *optim_state[2];    // exp_avg / exp_avg_sq (Adam), momentum_buffer (SGD), as needed
     int n_optim_state;
+    // AdamW8bit (optim_8bit.h): the plan of this rank's state range (its shard clipped to the
+    // parameters, or everything) and the 8-bit state, in host memory (CPU backends only)
+    sl_adam8_plan adam8_plan;
+    sl_adam8_state adam8;
     int64_t step;             // optimizer steps completed
     int micro_step;           // micro-batches accumulated toward the next step
     double loss_sum;          // sum of micro-batch losses since the last step

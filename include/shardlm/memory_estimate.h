@@ -16,8 +16,11 @@ typedef struct {
     int world_size;           // data-parallel ranks
     int zero_stage;           // 0-3
     int optim_state_buffers;  // fp32 buffers per parameter: 2 Adam / AdamW, 1 SGD with momentum, 0 SGD
+                              // and AdamW8bit
     sl_precision precision;   // fp16 / bf16 keep fp32 master weights
     int act_bf16;             // the ops table keeps activations and a parameter copy in bf16 (ops.h act_bf16)
+    int adamw8bit;            // AdamW8bit: bitsandbytes' 8-bit state (optim_8bit.h) instead of buffers
+    long long min_8bit_size;  // its threshold: smaller tensors keep 32-bit state
 } sl_memory_setup;
 
 // A resolved training config's setup (act_bf16: the ops table the run computes with).
@@ -31,7 +34,8 @@ typedef struct {
                                   // stage 3 the windows' bf16 twins
     double total;                 // the sum of the above
     double P, S, W, K;            // the formula's inputs (zero.h): parameters, slice, window floats,
-                                  // optimizer bytes per parameter
+                                  // optimizer bytes per parameter (AdamW8bit: the whole model's state
+                                  // bytes / P, blocks' absmax and 32-bit tensors averaged in)
     const char *formula;          // the stage's formula, e.g. "4P + 4(P+S) + KS"
 } sl_memory_estimate;
 

@@ -69,6 +69,50 @@ typedef struct {
     int decay;
 } sl_segment;
 
+// 8-bit AdamW (bitsandbytes' AdamW8bit, its CPU kernels' arithmetic): exp_avg and exp_avg_sq of each
+// tensor of at least min_8bit_size elements are stored as one byte per element, in blocks of
+// SL_ADAM8_BLOCK elements counted from the tensor's first element, each block with its own float
+// absmax: the value is map[byte] * absmax with bitsandbytes' signed dynamic map (sl_dynamic_map(1))
+// for exp_avg and the unsigned one for exp_avg_sq. Smaller tensors keep float32 state (bitsandbytes'
+// 32-bit path, whose arithmetic differs slightly). optim_8bit.h builds the segments and scalars.
+#define SL_ADAM8_BLOCK 256
+
+typedef struct {
+    float beta1, one_minus_beta1, beta2, one_minus_beta2;
+    float bc2_sqrt, eps, neg_step;   // 8-bit state: denom = sqrt(v) / bc2_sqrt + eps; p += neg_step * (m / denom)
+    float eps32, neg_step32;         // 32-bit state: p += neg_step32 * (m / (sqrt(v) + eps32))
+    float decay_factor;              // on decaying segments: p *= 1 - lr*wd (1 when wd is 0)
+} sl_adam8_args;
+
+// One tensor's part of a step's range. begin/end are relative to the step's p and g pointers.
+typedef struct {
+    size_t begin, end;
+    int decay;
+    int quantized;      // 1: 8-bit blockwise state; 0: float32 state (a tensor below min_8bit_size)
+    size_t state;       // its first element's index in q1/q2 (quantized) or m32/v32
+    size_t block;       // quantized: the absmax slot of the block holding `begin`
+    int phase;          // quantized: `begin`'s position inside that block (> 0 only when a shard cuts it)
+    // quantized: the first / last block goes on past this range (a ZeRO shard boundary cuts it); it is
+    // requantised with the absmax of the whole block, which the caller supplies (sl_adam8_edges)
+    int cut_head, cut_tail;
+} sl_adam8_segment;
+
+typedef struct {
+    unsigned char *q1, *q2;   // the 8-bit exp_avg / exp_avg_sq codes
+    float *absmax1, *absmax2; // one per block
+    float *m32, *v32;         // exp_avg / exp_avg_sq of the float32-state tensors
+} sl_adam8_state;
+
+// The absmax of a step's cut blocks (at most one at each end of its range): measured over this
+// range's part, or (to apply) over the whole block.
+typedef struct {
+    float head[2], tail[2];   // {exp_avg, exp_avg_sq}
+} sl_adam8_edges;
+
+// bitsandbytes' create_dynamic_map(signed) (max_exponent_bits 7, 8 bits): 256 sorted floats, computed
+// with the same float32 operations, so equal to its map bit for bit.
+void sl_dynamic_map(int is_signed, float map[256]);
+
 typedef struct sl_ops {
     const char *name;
 
@@ -125,6 +169,11 @@ typedef struct sl_ops {
     void (*adam_step)(const sl_adam_args *a, float *p, const float *g, float *m, float *v, const sl_segment *segs,
                       int n_segs);
     void (*sgd_step)(const sl_sgd_args *a, float *p, const float *g, float *buf, const sl_segment *segs, int n_segs);
+    // 8-bit AdamW over every segment (NULL where the backend has none: cuda for now). measure = 1 only
+    // computes the cut blocks' new state and writes its absmax over this range into *edges, changing
+    // nothing; measure = 0 is the step, requantising cut blocks with the absmax in *edges.
+    void (*adam8_step)(const sl_adam8_args *a, float *p, const float *g, const sl_adam8_state *st,
+                       const sl_adam8_segment *segs, int n_segs, sl_adam8_edges *edges, int measure);
 } sl_ops;
 
 extern const sl_ops sl_ops_cpu;

@@ -23,6 +23,7 @@ typedef enum {
     SL_OPTIM_ADAMW = 0,   // DeepSpeed "AdamW", or "Adam" with adam_w_mode true (the default)
     SL_OPTIM_ADAM = 1,    // DeepSpeed "Adam" with "adam_w_mode": false: L2 decay added to the gradient
     SL_OPTIM_SGD = 2,     // torch.optim.SGD: momentum, dampening, nesterov, L2 weight decay
+    SL_OPTIM_ADAMW8BIT = 3, // bitsandbytes.optim.AdamW8bit: moments in blockwise 8-bit (optim_8bit.h)
 } sl_optim_type;
 
 typedef struct {
@@ -37,28 +38,32 @@ typedef struct {
     double dampening;     // SGD params.dampening (default 0)
     int nesterov;         // SGD params.nesterov (default false; needs momentum > 0, dampening 0)
     int decay_all;        // params.decay_all (shardlm extension): decay norms/biases/embeddings too
+    long long min_8bit_size; // AdamW8bit params.min_8bit_size (default 4096, as bitsandbytes): smaller
+                             // tensors keep 32-bit state
     char warning[256];    // after sl_optim_parse: unknown params keys, "" when none
 } sl_optim_config;
 
 // Defaults: AdamW, lr 1e-3, betas (0.9, 0.999), eps 1e-8, no weight decay.
 void sl_optim_defaults(sl_optim_config *cfg);
 
-// Parses DeepSpeed's block {"type": "AdamW"|"Adam"|"SGD", "params": {...}} (type names are
+// Parses DeepSpeed's block {"type": "AdamW"|"Adam"|"SGD"|"AdamW8bit", "params": {...}} (type names are
 // case-insensitive, as in DeepSpeed). NULL block -> defaults. Wrong types or values are errors that
 // name `where` and the key; unknown keys in params are not errors but are listed in cfg->warning.
 int sl_optim_parse(sl_optim_config *cfg, const cJSON *optimizer_block, const char *where);
 
 // Switches to the optimizer `name` names (case-insensitive: "adamw"; "adam", Adam with L2 decay as
-// DeepSpeed's adam_w_mode false; "sgd"), as a config block giving only the type would, except that
-// lr, weight_decay and, between Adam kinds, the betas stay: every other setting returns to its
-// default. -1 naming `flag` when the name is none of these.
+// DeepSpeed's adam_w_mode false; "sgd"; "adamw8bit", bitsandbytes' AdamW8bit), as a config block
+// giving only the type would, except that lr, weight_decay, min_8bit_size and, between Adam kinds,
+// the betas stay: every other setting returns to its default. -1 naming `flag` when the name is none
+// of these.
 int sl_optim_select(sl_optim_config *cfg, const char *name, const char *flag);
 
-// "AdamW", "Adam" or "SGD".
+// "AdamW", "Adam", "SGD" or "AdamW8bit".
 const char *sl_optim_name(sl_optim_type type);
 
 // Number of state buffers (each `n` floats, zero-initialised by the caller) the optimizer needs:
-// 2 for Adam/AdamW (exp_avg, exp_avg_sq), 1 for SGD with momentum (momentum_buffer), else 0.
+// 2 for Adam/AdamW (exp_avg, exp_avg_sq), 1 for SGD with momentum (momentum_buffer), else 0 (AdamW8bit
+// keeps its state in an sl_adam8_state instead: optim_8bit.h).
 int sl_optim_num_state_buffers(const sl_optim_config *cfg);
 
 // ---- weight-decay mask -------------------------------------------------------------------------

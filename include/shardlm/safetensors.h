@@ -64,6 +64,9 @@ int sl_st_dtype_is_float(sl_st_dtype dt);   // F32, F16, BF16, F64: readable as 
 int sl_st_read_f32_range(const sl_st_file *f, int idx, size_t first, size_t count, float *out);
 // Reads the whole tensor; `capacity` is the size of out in floats and must be >= numel.
 int sl_st_read_f32(const sl_st_file *f, int idx, float *out, size_t capacity);
+// Reads elements [first, first + count) of tensor idx as stored (count * element size bytes, no
+// conversion); -1 unless the tensor's dtype is `dtype`.
+int sl_st_read_raw_range(const sl_st_file *f, int idx, sl_st_dtype dtype, size_t first, size_t count, void *out);
 
 // Copies tensor idx's bytes as stored (any dtype, little-endian) into out, which holds cap bytes.
 int sl_st_read_raw(const sl_st_file *f, int idx, void *out, size_t cap);

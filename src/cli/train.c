@@ -60,7 +60,7 @@ static void usage(FILE *f) {
         "  --train-batch-size N    train_batch_size\n"
         "optimisation:\n"
         "  --steps N               optimizer steps (default 200)\n"
-        "  --optimizer NAME        adamw | adam | sgd (default adamw, betas 0.9/0.95)\n"
+        "  --optimizer NAME        adamw | adam | sgd | adamw8bit (default adamw, betas 0.9/0.95)\n"
         "  --lr LR                 peak learning rate (default 1e-3)\n"
         "  --weight-decay WD       (default 0.1; linear weights only unless --decay-all)\n"
         "  --decay-all             also decay norms, biases and embeddings\n"
@@ -262,6 +262,13 @@ static void print_memory(const sl_engine *e, const sl_train_config *c) {
            setup.zero_stage, setup.world_size, mem.params / 1e6, mem.grads / 1e6, mem.optim / 1e6, total / 1e6, total,
            est.formula, est.P, est.S, est.W, est.K, est.params + est.grads + est.optim,
            zero0.params + zero0.grads + zero0.optim);
+    if (e->cfg.optim.type == SL_OPTIM_ADAMW8BIT) {
+        const sl_adam8_plan *p = &e->adam8_plan;
+        printf("  optimizer AdamW8bit state on this rank: 2 B x %zu (8-bit exp_avg + exp_avg_sq) + 8 B x %zu blocks "
+               "of %d (absmax) + 8 B x %zu (32-bit state, tensors under min_8bit_size %lld) = %zu bytes; AdamW "
+               "would hold 8 B x %zu = %zu\n", p->n8, p->n_blocks, SL_ADAM8_BLOCK, p->n32, e->cfg.optim.min_8bit_size,
+               sl_adam8_state_bytes(p), p->end - p->begin, 8 * (p->end - p->begin));
+    }
     if (mem.master || mem.param_copy)
         printf("  mixed precision adds: fp32 master weights %.2f MB, bf16 parameter copy %.2f MB (total %.2f MB)\n",
                mem.master / 1e6, mem.param_copy / 1e6, (total + mem.master + mem.param_copy) / 1e6);

@@ -392,6 +392,23 @@ int sl_st_read_raw(const sl_st_file *f, int idx, void *out, size_t cap) {
     return 0;
 }
 
+int sl_st_read_raw_range(const sl_st_file *f, int idx, sl_st_dtype dtype, size_t first, size_t count, void *out) {
+    if (idx < 0 || idx >= f->n_tensors) return sl_errorf("%s: tensor index %d out of range", f->path, idx);
+    const sl_st_tensor *t = &f->tensors[idx];
+    if (t->dtype != dtype)
+        return sl_errorf("%s: tensor \"%s\": dtype %s, expected %s", f->path, t->name, sl_st_dtype_name(t->dtype),
+                         sl_st_dtype_name(dtype));
+    if (first > t->numel || count > t->numel - first)
+        return sl_errorf("%s: tensor \"%s\": range [%zu, %zu) outside its %zu elements", f->path, t->name, first,
+                         first + count, t->numel);
+    size_t es = sl_st_dtype_size(t->dtype);
+    uint64_t off = f->data_start + t->begin + (uint64_t)first * es;
+    if (count && read_exact(f->fd, out, count * es, off))
+        return sl_errorf("%s: tensor \"%s\": read failed at byte %llu (file changed or truncated?)", f->path, t->name,
+                         (unsigned long long)off);
+    return 0;
+}
+
 // ---------------------------------------------------------------- writer
 
 struct sl_st_writer {

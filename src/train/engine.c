@@ -125,6 +125,20 @@ int sl_engine_init(sl_engine *e, sl_model *model, const sl_engine_config *cfg) {
         e->optim_state[i] = model->ops->alloc(e->state_numel * sizeof(float), "optimizer state");
         if (!e->optim_state[i]) { sl_engine_free(e); return -1; }
     }
+    if (cfg->optim.type == SL_OPTIM_ADAMW8BIT) {
+        if (!model->ops->adam8_step || model->ops->on_device) {
+            sl_errorf("engine: optimizer AdamW8bit runs on the CPU only (the %s backend has no 8-bit optimizer "
+                      "kernel yet): use --device cpu, or optimizer AdamW", model->ops->name);
+            sl_engine_free(e);
+            return -1;
+        }
+        if (sl_adam8_plan_build(&e->adam8_plan, &model->layout, &cfg->optim, e->shard_begin,
+                                e->shard_begin + e->shard_size) ||
+            sl_adam8_state_alloc(&e->adam8, &e->adam8_plan)) {
+            sl_engine_free(e);
+            return -1;
+        }
+    }
     if (engine_precision_init(e) || sl_model_params_changed(model)) { sl_engine_free(e); return -1; }
     if (e->sharded || e->distributed || engine_mixed(e)) {
         model->unit_hook = engine_unit_hook;
@@ -139,6 +153,8 @@ void sl_engine_free(sl_engine *e) {
     for (int i = 0; i < 2; i++)
         if (e->optim_state[i]) e->model->ops->dealloc(e->optim_state[i]);
     sl_decay_mask_free(&e->decay_mask);
+    sl_adam8_plan_free(&e->adam8_plan);
+    sl_adam8_state_free(&e->adam8);
     if (e->model && e->model->unit_hook_ctx == e) {
         e->model->unit_hook = NULL;
         e->model->unit_hook_ctx = NULL;
@@ -207,9 +223,12 @@ static int apply_step(sl_engine *e, float *g, size_t n, double used_scale) {
     if (coef != 1.0) ops->scale(g, n, (float)coef);
     e->last_grad_norm = (float)norm;
     int64_t applied = e->step - e->scaler.skipped_steps;
-    if (sl_optim_step_on(ops, &e->cfg.optim, e->last_lr, applied + 1, engine_update_target(e), g, e->optim_state,
-                         &e->decay_mask, e->shard_begin, e->shard_begin + n))
-        return -1;
+    int rc = e->cfg.optim.type == SL_OPTIM_ADAMW8BIT
+                 ? sl_adam8_step(ops, &e->cfg.optim, &e->adam8_plan, &e->adam8, e->last_lr, applied + 1,
+                                 engine_update_target(e), g, e->sharded ? e->cfg.dp : NULL)
+                 : sl_optim_step_on(ops, &e->cfg.optim, e->last_lr, applied + 1, engine_update_target(e), g,
+                                    e->optim_state, &e->decay_mask, e->shard_begin, e->shard_begin + n);
+    if (rc) return -1;
     engine_publish_master(e);
     if (e->sharded) {
         if (sl_zero_after_step(&e->zero)) return -1;
@@ -281,7 +300,8 @@ int sl_engine_detach_model(sl_engine *e, int everywhere) {
 sl_engine_memory sl_engine_memory_use(const sl_engine *e) {
     sl_engine_memory mem = {.params = e->model->capacity * sizeof(float),
                             .grads = e->model->capacity * sizeof(float),
-                            .optim = (size_t)e->n_optim_state * e->state_numel * sizeof(float)};
+                            .optim = (size_t)e->n_optim_state * e->state_numel * sizeof(float) +
+                                     (e->adam8.q1 ? sl_adam8_state_bytes(&e->adam8_plan) : 0)};
     if (e->sharded) sl_zero_memory(&e->zero, &mem.params, &mem.grads);
     if (e->master) mem.master = e->shard_size * sizeof(float);
     if (e->model->weights_bf16) mem.param_copy = e->model->layout.total * sizeof(sl_bf16);

@@ -3,7 +3,8 @@
 // ROOT/<tag>/ holds
 //   model.safetensors + config.json    full weights with Hugging Face names (rank 0)
 //   optim_RRRRR_of_NNNNN.safetensors   one slice [begin, end) of the flat optimizer state, 1-D tensors
-//                                      exp_avg / exp_avg_sq (Adam) or momentum_buffer (SGD)
+//                                      exp_avg / exp_avg_sq (Adam) or momentum_buffer (SGD); AdamW8bit:
+//                                      its codes, block absmax and 32-bit state (engine_ckpt_8bit.c)
 //   trainer_state.json                 step, settings and the caller's client state (rank 0)
 //   manifest.json                      world size, ZeRO stage, every file with its range, size and
 //                                      FNV-1a 64 checksum; written last, by rank 0
@@ -54,6 +55,10 @@ static void state_range(const sl_engine *e, size_t *begin, size_t *end) {
 }
 
 static int writes_state(const sl_engine *e) { return e->sharded || rank_of(e) == 0; }
+
+// The run keeps optimizer state: float buffers, or AdamW8bit's 8-bit state (engine_ckpt_8bit.c).
+static int is_adam8(const sl_engine *e) { return e->cfg.optim.type == SL_OPTIM_ADAMW8BIT; }
+static int has_state(const sl_engine *e) { return e->n_optim_state > 0 || is_adam8(e); }
 
 // After rank 0 did something alone: every rank learns whether it worked (rank 0 keeps its message).
 static int share_status(sl_engine *e, int rc, const char *what) {
@@ -131,10 +136,11 @@ static int finish_on_rank0(sl_engine *e, const float *params, const char *root, 
     cJSON_AddStringToObject(m, "optimizer", sl_optim_name(e->cfg.optim.type));
     cJSON *names = cJSON_AddArrayToObject(m, "state_tensors");
     for (int i = 0; i < e->n_optim_state; i++) cJSON_AddItemToArray(names, cJSON_CreateString(state_names(e)[i]));
+    for (int i = 0; i < 6 && is_adam8(e); i++) cJSON_AddItemToArray(names, cJSON_CreateString(SL_ADAM8_TENSORS[i]));
     cJSON *shards = cJSON_AddArrayToObject(m, "optimizer_shards");
     int n_writers = 0;
     for (int r = 0; r < world; r++) n_writers += recs[r].writer >= 0;
-    for (int r = 0, k = 0; r < world && e->n_optim_state > 0; r++) {
+    for (int r = 0, k = 0; r < world && has_state(e); r++) {
         if (recs[r].writer < 0) continue;
         shard_name(name, sizeof name, k++, n_writers);
         add_file(shards, name, &recs[r]);
@@ -205,7 +211,7 @@ static int save_impl(sl_engine *e, const char *root, const char *tag, const char
     // every writer: its optimizer-state slice, then its record (range, size, checksum)
     shard_record mine = {-1, 0, 0, 0, 0, 0};
     char own_error[2048] = "";
-    if (writes_state(e) && e->n_optim_state > 0) {
+    if (writes_state(e) && has_state(e)) {
         size_t b, end;
         state_range(e, &b, &end);
         int index = e->sharded ? rank : 0, count = e->sharded ? world : 1;
@@ -224,7 +230,8 @@ static int save_impl(sl_engine *e, const char *root, const char *tag, const char
         mine.writer = rank;
         mine.begin = (long long)b;
         mine.end = (long long)end;
-        mine.status = engine_stage_write(e, path, e->n_optim_state, state_names(e), data, numel, what) ||
+        mine.status = (is_adam8(e) ? engine_adam8_write(&e->adam8_plan, &e->adam8, e->cfg.optim.min_8bit_size, path)
+                                   : engine_stage_write(e, path, e->n_optim_state, state_names(e), data, numel, what)) ||
                       sl_file_fnv1a64(path, SL_FNV1A64_INIT, &h, &bytes);
         mine.hash = (long long)h;
         mine.bytes = (long long)bytes;
@@ -264,6 +271,12 @@ static int read_state_slice(sl_engine *e, const char *dir, const sl_manifest_sha
         if (lo >= hi) continue;
         char path[4400];
         snprintf(path, sizeof path, "%s/%s", dir, refs[s].file);
+        if (is_adam8(e)) {
+            if (engine_adam8_read(&e->model->layout, e->cfg.optim.min_8bit_size, path, refs[s].begin, refs[s].end,
+                                  &e->adam8_plan, &e->adam8))
+                return sl_error_context("%s", what);
+            continue;
+        }
         sl_st_file f;
         if (sl_st_open(&f, path)) return -1;
         int rc = 0;
@@ -357,7 +370,7 @@ static int place_weights(sl_engine *e, const float *full, const char *path) {
 // all learn whether every rank succeeded.
 static int read_own_state(sl_engine *e, const char *dir) {
     int mine = 0;
-    if (e->n_optim_state > 0) {
+    if (has_state(e)) {
         sl_manifest man;
         mine = sl_manifest_load(&man, dir, e->model->layout.total, SL_VERIFY_NONE) ||
                read_state_slice(e, dir, man.shards, man.n_shards);
@@ -403,6 +416,35 @@ static int load_impl(sl_engine *e, const char *path, char **client_state_json) {
 
 // ---------------------------------------------------------------- consolidation
 
+// AdamW8bit: every shard's state into one plan of the whole buffer (bitsandbytes' per-tensor blocks,
+// whatever world size saved it), written as TMP/optimizer.safetensors.
+static int consolidate_adam8(const sl_param_layout *L, const char *dir, const sl_manifest_shard *refs, int n,
+                             const char *tmp) {
+    char file[4400];
+    if (n < 1) return sl_errorf("%s: no optimizer shards", dir);
+    snprintf(file, sizeof file, "%s/%s", dir, refs[0].file);
+    sl_st_file f;
+    if (sl_st_open(&f, file)) return -1;
+    long long min_size = engine_adam8_file_min_size(&f);
+    sl_st_close(&f);
+    if (min_size < 0) return -1;
+    sl_optim_config cfg;
+    sl_optim_defaults(&cfg);
+    cfg.min_8bit_size = min_size;
+    sl_adam8_plan plan;
+    sl_adam8_state st = {0};
+    int rc = sl_adam8_plan_build(&plan, L, &cfg, 0, L->total) || sl_adam8_state_alloc(&st, &plan);
+    for (int s = 0; rc == 0 && s < n; s++) {
+        snprintf(file, sizeof file, "%s/%s", dir, refs[s].file);
+        rc = engine_adam8_read(L, min_size, file, refs[s].begin, refs[s].end, &plan, &st);
+    }
+    snprintf(file, sizeof file, "%s/optimizer.safetensors", tmp);
+    if (rc == 0) rc = engine_adam8_write(&plan, &st, min_size, file);
+    sl_adam8_state_free(&st);
+    sl_adam8_plan_free(&plan);
+    return rc ? -1 : 0;
+}
+
 int sl_checkpoint_consolidate(const char *path, const char *out_dir, int with_optimizer) {
     char dir[4096], tmp[4200], file[4400];
     if (sl_ckpt_resolve(path, dir, sizeof dir)) return -1;
@@ -415,7 +457,8 @@ int sl_checkpoint_consolidate(const char *path, const char *out_dir, int with_op
     // rather than consolidated
     int rc = sl_manifest_load(&man, dir, L.total, SL_VERIFY_ALL);
     const sl_manifest_shard *refs = man.shards;
-    int n = man.n_shards, n_state = rc == 0 && with_optimizer ? man.n_state : 0;
+    int adam8 = rc == 0 && man.n_state > 0 && strcmp(man.state_names[0], SL_ADAM8_TENSORS[0]) == 0;
+    int n = man.n_shards, n_state = rc == 0 && with_optimizer && !adam8 ? man.n_state : 0;
     const char *names[2] = {man.state_names[0], man.state_names[1]};
     params = rc == 0 ? sl_calloc(L.total, sizeof(float), "parameters") : NULL;
     if (rc == 0 && (!params || sl_hf_load(dir, &L, params))) rc = -1;
@@ -435,6 +478,7 @@ int sl_checkpoint_consolidate(const char *path, const char *out_dir, int with_op
     // write everything into a temporary sibling, then rename it into place
     snprintf(tmp, sizeof tmp, "%s.tmp-%d", out_dir, (int)getpid());
     if (rc == 0 && sl_hf_save(tmp, &L, params)) rc = -1;
+    if (rc == 0 && with_optimizer && adam8) rc = consolidate_adam8(&L, dir, refs, n, tmp);
     if (rc == 0 && n_state > 0) {
         snprintf(file, sizeof file, "%s/optimizer.safetensors", tmp);
         const float *data[2] = {state[0], state[1]};

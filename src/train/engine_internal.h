@@ -61,4 +61,18 @@ int engine_backend_agrees(sl_engine *e);
 // stage 3 gathers them unit by unit through its windows into rank 0's buffer.
 int engine_weights_for_save(sl_engine *e, float **full);
 
+// ---- engine_ckpt_8bit.c: AdamW8bit state files ----------------------------------------------------
+// The six tensor names of a state file, in order: exp_avg.q8, exp_avg_sq.q8 (U8), exp_avg.absmax,
+// exp_avg_sq.absmax, exp_avg.fp32, exp_avg_sq.fp32 (F32).
+extern const char *const SL_ADAM8_TENSORS[6];
+// Writes a plan's state as one safetensors file (atomically), with min_8bit_size in its metadata.
+int engine_adam8_write(const sl_adam8_plan *plan, const sl_adam8_state *st, long long min_8bit_size,
+                       const char *path);
+// min_8bit_size from a state file's metadata; -1 (message) when it is not one.
+long long engine_adam8_file_min_size(const sl_st_file *f);
+// Fills dst (laid out by dst_plan) with the part of the state file `path` (the flat range [begin, end)
+// of layout L) that overlaps it. min_8bit_size < 0: the file's; else it must equal the file's.
+int engine_adam8_read(const sl_param_layout *L, long long min_8bit_size, const char *path, size_t begin, size_t end,
+                      const sl_adam8_plan *dst_plan, sl_adam8_state *dst);
+
 #endif

@@ -7,13 +7,14 @@
 #include "shardlm/error.h"
 #include "shardlm/layout.h"
 #include "shardlm/optim.h"
+#include "shardlm/optim_8bit.h"
 #include "shardlm/zero.h"
 
 #include <string.h>
 
 sl_memory_setup sl_memory_setup_of(const sl_train_config *c, int act_bf16) {
     sl_memory_setup s = {c->world_size, c->zero_stage, sl_optim_num_state_buffers(&c->optim), c->precision.precision,
-                         act_bf16 != 0};
+                         act_bf16 != 0, c->optim.type == SL_OPTIM_ADAMW8BIT, c->optim.min_8bit_size};
     return s;
 }
 
@@ -29,6 +30,21 @@ int sl_memory_estimate_for(const sl_model_config *model, const sl_memory_setup *
     sl_zero_estimate z = sl_zero_memory_estimate(&layout, setup->world_size, setup->zero_stage,
                                                  setup->optim_state_buffers);
     double windows = (double)sl_zero_window_floats(&layout);
+    if (setup->adamw8bit) {  // K from the whole model's 8-bit plan, so KS is a slice's share
+        sl_optim_config oc;
+        sl_optim_defaults(&oc);
+        oc.type = SL_OPTIM_ADAMW8BIT;
+        oc.min_8bit_size = setup->min_8bit_size;
+        sl_adam8_plan whole = {0};
+        if (sl_adam8_plan_build(&whole, &layout, &oc, 0, layout.total)) {
+            sl_layout_free(&layout);
+            return sl_error_context("memory estimate");
+        }
+        double bytes = (double)sl_adam8_state_bytes(&whole);
+        sl_adam8_plan_free(&whole);
+        z.K = bytes / (double)layout.total;
+        z.optim = setup->zero_stage == 0 ? bytes : z.K * z.S;
+    }
     sl_layout_free(&layout);
     out->params = z.params;
     out->grads = z.grads;

@@ -22,6 +22,7 @@ void sl_optim_defaults(sl_optim_config *cfg) {
     cfg->beta1 = 0.9;
     cfg->beta2 = 0.999;
     cfg->eps = 1e-8;
+    cfg->min_8bit_size = 4096;
 }
 
 const char *sl_optim_name(sl_optim_type type) {
@@ -29,6 +30,7 @@ const char *sl_optim_name(sl_optim_type type) {
     case SL_OPTIM_ADAMW: return "AdamW";
     case SL_OPTIM_ADAM: return "Adam";
     case SL_OPTIM_SGD: return "SGD";
+    case SL_OPTIM_ADAMW8BIT: return "AdamW8bit";
     }
     return "?";
 }
@@ -38,12 +40,14 @@ int sl_optim_select(sl_optim_config *cfg, const char *name, const char *flag) {
     if (strcasecmp(name, "adamw") == 0) type = SL_OPTIM_ADAMW;
     else if (strcasecmp(name, "adam") == 0) type = SL_OPTIM_ADAM;
     else if (strcasecmp(name, "sgd") == 0) type = SL_OPTIM_SGD;
-    else return sl_errorf("%s must be adamw, adam or sgd (got '%s')", flag, name);
+    else if (strcasecmp(name, "adamw8bit") == 0) type = SL_OPTIM_ADAMW8BIT;
+    else return sl_errorf("%s must be adamw, adam, sgd or adamw8bit (got '%s')", flag, name);
     sl_optim_config keep = *cfg;
     sl_optim_defaults(cfg);
     cfg->type = type;
     cfg->lr = keep.lr;
     cfg->weight_decay = keep.weight_decay;
+    cfg->min_8bit_size = keep.min_8bit_size;
     if (type != SL_OPTIM_SGD) {
         cfg->beta1 = keep.beta1;
         cfg->beta2 = keep.beta2;
@@ -53,6 +57,7 @@ int sl_optim_select(sl_optim_config *cfg, const char *name, const char *flag) {
 
 int sl_optim_num_state_buffers(const sl_optim_config *cfg) {
     if (cfg->type == SL_OPTIM_SGD) return cfg->momentum != 0.0 ? 1 : 0;
+    if (cfg->type == SL_OPTIM_ADAMW8BIT) return 0;
     return 2;
 }
 
@@ -95,14 +100,16 @@ int sl_optim_parse(sl_optim_config *cfg, const cJSON *block, const char *where) 
 
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(block, "type");
     if (!type || !cJSON_IsString(type))
-        return sl_errorf("%s: optimizer.type must be a string (\"AdamW\", \"Adam\" or \"SGD\")", where);
+        return sl_errorf("%s: optimizer.type must be a string (\"AdamW\", \"Adam\", \"SGD\" or \"AdamW8bit\")",
+                         where);
     int is_adam = 0;
     if (strcasecmp(type->valuestring, "adamw") == 0) cfg->type = SL_OPTIM_ADAMW;
     else if (strcasecmp(type->valuestring, "adam") == 0) cfg->type = SL_OPTIM_ADAMW, is_adam = 1;
     else if (strcasecmp(type->valuestring, "sgd") == 0) cfg->type = SL_OPTIM_SGD;
+    else if (strcasecmp(type->valuestring, "adamw8bit") == 0) cfg->type = SL_OPTIM_ADAMW8BIT;
     else
-        return sl_errorf("%s: optimizer.type \"%s\" is not supported (expected \"AdamW\", \"Adam\" or \"SGD\")",
-                         where, type->valuestring);
+        return sl_errorf("%s: optimizer.type \"%s\" is not supported (expected \"AdamW\", \"Adam\", \"SGD\" or "
+                         "\"AdamW8bit\")", where, type->valuestring);
     for (const cJSON *it = block->child; it; it = it->next)
         if (strcmp(it->string, "type") != 0 && strcmp(it->string, "params") != 0)
             note_unknown(cfg->warning, sizeof cfg->warning, "unknown optimizer keys ignored: ", it->string);
@@ -118,7 +125,10 @@ int sl_optim_parse(sl_optim_config *cfg, const cJSON *block, const char *where) 
                                             "decay_all", "bias_correction", "torch_adam", NULL};
     static const char *const sgd_keys[] = {"lr", "momentum", "dampening", "nesterov", "weight_decay",
                                            "decay_all", NULL};
-    const char *const *known = cfg->type == SL_OPTIM_SGD ? sgd_keys : adam_keys;
+    static const char *const adam8_keys[] = {"lr", "betas", "eps", "weight_decay", "decay_all", "min_8bit_size",
+                                             NULL};
+    const char *const *known = cfg->type == SL_OPTIM_SGD ? sgd_keys : cfg->type == SL_OPTIM_ADAMW8BIT ? adam8_keys
+                                                                                                    : adam_keys;
     char unknown[256] = "";
     for (const cJSON *it = params->child; it; it = it->next)
         if (!key_known(it->string, known)) note_unknown(unknown, sizeof unknown, "", it->string);
@@ -135,6 +145,15 @@ int sl_optim_parse(sl_optim_config *cfg, const cJSON *block, const char *where) 
         get_bool(params, "nesterov", &cfg->nesterov, where) ||
         get_bool(params, "decay_all", &cfg->decay_all, where))
         return -1;
+    if (cfg->type == SL_OPTIM_ADAMW8BIT) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(params, "min_8bit_size");
+        if (v && !cJSON_IsNull(v)) {
+            if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || !(v->valuedouble >= 0.0) ||
+                v->valuedouble > 1e15)
+                return sl_errorf("%s: optimizer.params.min_8bit_size must be a whole number >= 0 (elements)", where);
+            cfg->min_8bit_size = (long long)v->valuedouble;
+        }
+    }
     if (cfg->type != SL_OPTIM_SGD) {
         int adam_w_mode = 1, bias_correction = 1, torch_adam = 0;
         if (get_bool(params, "adam_w_mode", &adam_w_mode, where) ||
@@ -288,6 +307,10 @@ int sl_optim_step_on(const sl_ops *ops, const sl_optim_config *cfg, double lr, i
     sl_segment *segs;
     int n;
     if (sl_optim_segments(cfg, mask, begin, end, &segs, &n)) return -1;
+    if (cfg->type == SL_OPTIM_ADAMW8BIT) {
+        free(segs);
+        return sl_errorf("AdamW8bit keeps 8-bit state: step it with sl_adam8_step (optim_8bit.h)");
+    }
     if (cfg->type == SL_OPTIM_SGD) {
         sl_sgd_args a;
         sl_sgd_args_make(cfg, lr, step, &a);

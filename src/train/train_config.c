@@ -262,6 +262,7 @@ char *sl_train_config_to_json(const sl_train_config *c) {
         cJSON_AddItemToArray(betas, cJSON_CreateNumber(c->optim.beta2));
         cJSON_AddNumberToObject(p, "eps", c->optim.eps);
         if (c->optim.type == SL_OPTIM_ADAM) cJSON_AddFalseToObject(p, "adam_w_mode");
+        if (c->optim.type == SL_OPTIM_ADAMW8BIT) cJSON_AddNumberToObject(p, "min_8bit_size", (double)c->optim.min_8bit_size);
     }
     if (c->optim.decay_all) cJSON_AddTrueToObject(p, "decay_all");
     cJSON *sched = c->lr_schedule >= 0 ? sl_schedule_warmup_linear_block((sl_schedule_type)c->lr_schedule, c->optim.lr,

@@ -25,7 +25,7 @@ static sl_model_config tiny3(void) {
 
 static sl_memory_estimate estimate(int world, int stage, int buffers, sl_precision p, int act_bf16) {
     sl_model_config cfg = tiny3();
-    sl_memory_setup s = {world, stage, buffers, p, act_bf16};
+    sl_memory_setup s = {world, stage, buffers, p, act_bf16, 0, 0};
     sl_memory_estimate e;
     CHECK_MSG(sl_memory_estimate_for(&cfg, &s, &e) == 0, "%s", sl_error());
     return e;
@@ -66,9 +66,9 @@ TEST(mixed_precision_terms_match_hand_computed_figures) {
 TEST(bad_setups_are_refused) {
     sl_model_config cfg = tiny3();
     sl_memory_estimate e;
-    sl_memory_setup s = {0, 0, 2, SL_PRECISION_FP32, 0};
+    sl_memory_setup s = {0, 0, 2, SL_PRECISION_FP32, 0, 0, 0};
     CHECK(sl_memory_estimate_for(&cfg, &s, &e) == -1 && strstr(sl_error(), "world size 0"));
-    s = (sl_memory_setup){1, 4, 2, SL_PRECISION_FP32, 0};
+    s = (sl_memory_setup){1, 4, 2, SL_PRECISION_FP32, 0, 0, 0};
     CHECK(sl_memory_estimate_for(&cfg, &s, &e) == -1 && strstr(sl_error(), "ZeRO stage 4"));
 }
 
@@ -83,13 +83,18 @@ TEST(estimate_equals_engine_allocation) {
         for (int p = 0; p < 2; p++) {
             sl_precision prec = p ? SL_PRECISION_BF16 : SL_PRECISION_FP32;
             if (tables[t]->act_bf16 && prec != SL_PRECISION_BF16) continue;  // bf16 storage runs bf16 only
-            for (int stage = 0; stage <= 3; stage++) {
+            for (int stage = 0; stage <= 3; stage++)
+              for (int o8 = 0; o8 < 2; o8++) {  // AdamW, then AdamW8bit (min_8bit_size 64: both kinds of state)
                 sl_model m;
                 sl_engine e;
                 CHECK_MSG(sl_model_create(&m, &cfg, tables[t]) == 0, "%s", sl_error());
                 sl_engine_config ec = {.micro_batch = 1, .grad_accum_steps = 1, .dp = world, .zero_stage = stage,
                                        .reduce_bucket_size = 1 << 20, .first_bucket_size = 1 << 16, .overlap_comm = 1};
                 sl_optim_defaults(&ec.optim);
+                if (o8) {
+                    ec.optim.type = SL_OPTIM_ADAMW8BIT;
+                    ec.optim.min_8bit_size = 64;
+                }
                 sl_schedule_constant(&ec.schedule, ec.optim.lr);
                 sl_loss_scaler_defaults(&ec.precision);
                 ec.precision.precision = prec;
@@ -97,13 +102,13 @@ TEST(estimate_equals_engine_allocation) {
                 CHECK_MSG(rc == 0, "%s", sl_error());
                 if (rc == 0) {
                     sl_engine_memory mem = sl_engine_memory_use(&e);
-                    sl_memory_setup s = {1, stage, e.n_optim_state, prec, tables[t]->act_bf16};
+                    sl_memory_setup s = {1, stage, e.n_optim_state, prec, tables[t]->act_bf16, o8, 64};
                     sl_memory_estimate est;
                     CHECK(sl_memory_estimate_for(&cfg, &s, &est) == 0);
                     CHECK_MSG(est.params == mem.params && est.grads == mem.grads && est.optim == mem.optim &&
                                   est.master == mem.master && est.param_copy == mem.param_copy,
-                              "%s %s stage %d: estimate %.0f %.0f %.0f %.0f %.0f, engine %zu %zu %zu %zu %zu",
-                              tables[t]->name, sl_precision_name(prec), stage, est.params, est.grads, est.optim,
+                              "%s %s stage %d%s: estimate %.0f %.0f %.0f %.0f %.0f, engine %zu %zu %zu %zu %zu",
+                              tables[t]->name, sl_precision_name(prec), stage, o8 ? " AdamW8bit" : "", est.params, est.grads, est.optim,
                               est.master, est.param_copy, mem.params, mem.grads, mem.optim, mem.master, mem.param_copy);
                     sl_engine_free(&e);
                 }

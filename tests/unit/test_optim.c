@@ -316,9 +316,12 @@ TEST(select_switches_type_and_keeps_lr) {
     CHECK(sl_optim_select(&c, "sgd", "--optimizer") == 0);
     CHECK(c.type == SL_OPTIM_SGD && c.lr == 0.5 && c.weight_decay == 0.25 && c.beta1 == 0.9 && c.beta2 == 0.999);
     CHECK(sl_optim_select(&c, "ADAMW", "--optimizer") == 0 && c.type == SL_OPTIM_ADAMW);
+    c.min_8bit_size = 100;
+    CHECK(sl_optim_select(&c, "AdamW8bit", "--optimizer") == 0 && c.type == SL_OPTIM_ADAMW8BIT &&
+          c.min_8bit_size == 100);
     CHECK(sl_optim_select(&c, "lion", "--optimizer") == -1 &&
-          strcmp(sl_error(), "--optimizer must be adamw, adam or sgd (got 'lion')") == 0);
-    CHECK(c.type == SL_OPTIM_ADAMW);
+          strcmp(sl_error(), "--optimizer must be adamw, adam, sgd or adamw8bit (got 'lion')") == 0);
+    CHECK(c.type == SL_OPTIM_ADAMW8BIT);  // a refused name changes nothing
 }
 
 TEST_MAIN()

@@ -36,6 +36,9 @@ void cpu_add(float *x, const float *y, size_t n);
 void cpu_adam_step(const sl_adam_args *a, float *p, const float *g, float *m, float *v, const sl_segment *segs,
                    int n_segs);
 void cpu_sgd_step(const sl_sgd_args *a, float *p, const float *g, float *buf, const sl_segment *segs, int n_segs);
+// optimizer_8bit.c: 8-bit AdamW (ops.h adam8_step)
+void cpu_adam8_step(const sl_adam8_args *a, float *p, const float *g, const sl_adam8_state *st,
+                    const sl_adam8_segment *segs, int n_segs, sl_adam8_edges *edges, int measure);
 double cpu_sumsq(const float *g, size_t n);
 int cpu_nonfinite(const float *g, size_t n);
 void cpu_set_precision(int precision);
@@ -48,7 +51,7 @@ void cpu_to_storage(void *dst, const float *src, size_t n);
     .stream = cpu_stream, .peak_bytes = cpu_peak_bytes,                 \
     .reset_peak_bytes = cpu_reset_peak_bytes, .sumsq = cpu_sumsq, .scale = cpu_scale, .add = cpu_add,   \
     .nonfinite = cpu_nonfinite, .round_to = cpu_round_to, .to_storage = cpu_to_storage,                 \
-    .adam_step = cpu_adam_step, .sgd_step = cpu_sgd_step
+    .adam_step = cpu_adam_step, .sgd_step = cpu_sgd_step, .adam8_step = cpu_adam8_step
 
 // gemm.c: C (M,N) = alpha * op(A) (M,K) @ op(B) (K,N) + beta * C, row-major, op(X) = X^T when its flag
 // is set; OpenBLAS or oneDNN, chosen once (see gemm.c and sl_cpu_gemm_description).
