@@ -37,6 +37,11 @@ void cpu_bf16_matmul_backward(sl_act *dinp, float *dweight, float *dbias, const 
 void cpu_bf16_matmul_gelu_forward(sl_act *out, sl_act *pre, const sl_act *inp, const sl_act *weight,
                                   const sl_act *bias, int N, int IC, int OC);
 
+// attention_decode.c: attention_decode on bf16 storage, the cache read (and widened) in place: the
+// staged op's bits, without staging the cache.
+void cpu_bf16_attention_decode(sl_act *out, const sl_act *q, const sl_act *k_cache, const sl_act *v_cache,
+                               int n_ctx, int NH, int NKV, int HD);
+
 // ops_cpu_bf16_native.c: an op that fails (oneDNN, or no memory for scratch) records sl_error()'s
 // message; later ops do nothing until synchronize() reports the first failure and clears it.
 void cpu_bf16_record_failure(void);
