@@ -32,25 +32,25 @@ static inline float sum_lanes(float *acc) {
 }
 
 // GCC's vector extension: 16 floats, lowered to whatever the build's -march offers (zmm, two ymm, ...);
-// element-wise adds and multiplies, never fused (C17 mode contracts nothing), so any width gives the
-// same bits. Loads through memcpy: the rows are not 64-byte aligned.
+// element-wise adds and multiplies, never fused by GCC in C17 mode (-ffp-contract=off), so any width
+// gives the same bits. Loaded through memcpy (the rows are not 64-byte aligned), never passed or returned
+// by value (that would change the ABI on a build without AVX-512).
 typedef float v16f __attribute__((vector_size(64)));
 
-static inline v16f load16(const float *p) {
-    v16f v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
 // One row: two 16-lane accumulators (lanes 0..15 take k % 32 < 16, lanes 16..31 the rest). A row at a
-// time, streamed start to end: interleaving 2 or 4 rows (sharing x's loads) measured 2-4x slower here
-// (AMD EPYC, Zen 4), the hardware prefetcher losing the streams.
+// time, streamed start to end: interleaving 2 or 4 rows (sharing x's loads) measured 2-4x slower on the
+// AMD EPYC (AVX512_BF16) this was written on (presumably its prefetcher losing the interleaved streams).
 static float dot_f32(const float *w, const float *x, int n) {
     v16f a0 = {0}, a1 = {0};
     int k = 0;
     for (; k + GEMV_LANES <= n; k += GEMV_LANES) {
-        a0 += load16(w + k) * load16(x + k);
-        a1 += load16(w + k + 16) * load16(x + k + 16);
+        v16f w0, w1, x0, x1;
+        memcpy(&w0, w + k, sizeof w0);
+        memcpy(&w1, w + k + 16, sizeof w1);
+        memcpy(&x0, x + k, sizeof x0);
+        memcpy(&x1, x + k + 16, sizeof x1);
+        a0 += w0 * x0;
+        a1 += w1 * x1;
     }
     float acc[GEMV_LANES];
     memcpy(acc, &a0, sizeof a0);
