@@ -18,13 +18,14 @@
 #      shardlm's bench_decode (prefill $PROMPT tokens, decode $GEN, --repeats $SHARDLM_REPS; the first
 #      round also profiles the decode steps) at the same precision: f32 against shardlm fp32, f16 and
 #      bf16 against shardlm bf16. Threads: $THREADS for both; llama-bench -r $LLAMA_REPS.
-#   6. renders the medians and the ratios (scripts: bench/llamacpp_render.py) into RESULTS.md between
+#   6. writes bench/llamacpp_results_t$THREADS.jsonl and renders the medians and the ratios of every
+#      such file (bench/llamacpp_render.py), one subsection per thread count, into RESULTS.md between
 #      <!-- llamacpp-section:begin --> and <!-- llamacpp-section:end -->.
 #
 #   bash bench/llamacpp.sh                      # everything (first run: ~15 min on 2 cores, most of it
 #                                               # building llama.cpp)
 #   BENCH_ROUNDS=5 THREADS=1 bash bench/llamacpp.sh
-#   bash bench/llamacpp.sh --render             # re-render RESULTS.md from bench/llamacpp_results.jsonl
+#   bash bench/llamacpp.sh --render             # re-render RESULTS.md from bench/llamacpp_results_t*.jsonl
 #
 # Tests never run this; it needs the network (PyPI) the first time, and a Python with torch.
 set -euo pipefail
@@ -37,11 +38,15 @@ GEN=${GEN:-64}
 ROUNDS=${BENCH_ROUNDS:-3}
 LLAMA_REPS=${LLAMA_REPS:-2}      # llama-bench -r: measured repetitions per call (after its warmup)
 SHARDLM_REPS=${SHARDLM_REPS:-2}  # bench_decode --repeats: measured runs per call (after its warmup)
-OUT_JSONL=${BENCH_OUT:-bench/llamacpp_results.jsonl}
+OUT_JSONL=${BENCH_OUT:-bench/llamacpp_results_t$THREADS.jsonl}
 RESULTS=${BENCH_RESULTS:-bench/RESULTS.md}
 PYTHON=${PYTHON:-$( [ -x /work/venv/bin/python ] && echo /work/venv/bin/python || echo python3)}
 
-render() { python3 bench/llamacpp_render.py "$OUT_JSONL" "$RESULTS"; }
+# every thread count measured so far (one JSONL each), or just this run's with BENCH_OUT
+render() {
+    if [ -n "${BENCH_OUT:-}" ]; then python3 bench/llamacpp_render.py "$RESULTS" "$OUT_JSONL"
+    else python3 bench/llamacpp_render.py "$RESULTS" bench/llamacpp_results_t*.jsonl; fi
+}
 if [ "${1:-}" = "--render" ]; then render; exit 0; fi
 
 mkdir -p "$WORK"

@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
-"""bench/llamacpp_render.py RESULTS_JSONL RESULTS_MD: the llama.cpp comparison of bench/llamacpp.sh as a
-Markdown section of RESULTS_MD, between <!-- llamacpp-section:begin --> and <!-- llamacpp-section:end -->
+"""bench/llamacpp_render.py RESULTS_MD RESULTS_JSONL...: the llama.cpp comparison of bench/llamacpp.sh (one
+JSONL file per run, e.g. one per thread count, each its own subsection) as a Markdown section of RESULTS_MD, between <!-- llamacpp-section:begin --> and <!-- llamacpp-section:end -->
 (appended when the markers are missing; the rest of the file is kept). Standard library only.
 
 Every figure is a median over all measured runs of its row (llama-bench's samples and bench_decode's
 runs, from every round); ratios are shardlm / llama.cpp, so above 1 means shardlm is faster."""
 import json
+import os
 import statistics
 import sys
 
@@ -46,7 +47,7 @@ def fmt(x, digits=1):
 
 
 def render(meta, end, llama, shard):
-    out = [BEGIN, "", "## Generation at batch 1: shardlm against llama.cpp (`bench/llamacpp.sh`)", ""]
+    out = [f"### {meta.get('threads', '?')} thread(s)", ""]
     out.append(
         f"Machine: {meta.get('cpu', '?')}, {meta.get('cores', '?')} cores; {meta.get('date', '?')}; shardlm "
         f"{meta.get('commit', '?')}; llama.cpp from the {meta.get('llama_cpp', '?')} sdist (llama-bench, CPU "
@@ -56,12 +57,15 @@ def render(meta, end, llama, shard):
         f"prefill, `-p 0 -n {meta.get('gen')} -d {meta.get('prompt')}` for decode at the same depth); "
         f"{meta.get('rounds', '?')} rounds, each side back to back in every round; medians of every run.")
     out.append("")
+    loads = [float(x) for s in (meta.get("load_before", ""), end.get("load_after", "")) for x in s.split()]
+    shared = any(x > float(meta.get("cores", 1)) * 0.5 for x in loads)
     out.append(
         f"Load average before / after (1, 5, 15 min): {meta.get('load_before', '?')} / "
-        f"{end.get('load_after', '?')}. **The machine was shared** with other jobs when the load exceeds the "
-        f"core count: every figure below moved by 2x or more from run to run, for both programs alike "
-        f"(both spin threads at barriers, which an oversubscribed machine punishes); the ratios, measured "
-        f"interleaved, are the figures to read.")
+        f"{end.get('load_after', '?')} on {meta.get('cores', '?')} cores. " +
+        ("**The machine was shared** with other jobs during this run: figures moved by 2x or more from run "
+         "to run, for both programs alike (both wait for every thread at each op's barrier, which an "
+         "oversubscribed machine punishes); the ratios, measured interleaved, are the figures to read."
+         if shared else "The machine was quiet (load at most half the cores)."))
     out.append("")
     out.append("| shardlm | llama.cpp | prefill tok/s shardlm | llama.cpp | ratio | decode tok/s shardlm | "
                "llama.cpp | ratio | weight reads GB/s shardlm / llama.cpp | machine read GB/s |")
@@ -87,7 +91,8 @@ def render(meta, end, llama, shard):
         "read GB/s: bench_decode's sum over a 1 GiB buffer with the same threads, best of 5, measured in the "
         "same run.")
     out.append("")
-    out.append("### Where shardlm's decode time goes (ms per decoded token, profiled run, median of rounds)")
+    out.append(f"Where shardlm's decode time goes ({meta.get('threads', '?')} thread(s); ms per decoded token, "
+               "profiled run of the first round):")
     out.append("")
     names = []
     for prec in ("fp32", "bf16"):
@@ -113,16 +118,17 @@ def render(meta, end, llama, shard):
         "vectorised C; bf16: vdpbf16ps); the lm head (50304 x 768) is one of the matmul_forward calls. "
         "The per-shape tables of the profiled runs are in $LLAMA_WORK/bench_decode.log.")
     out.append("")
-    out.append(END)
     return "\n".join(out) + "\n"
 
 
 def main():
-    if len(sys.argv) != 3:
-        sys.exit("usage: llamacpp_render.py RESULTS_JSONL RESULTS_MD")
-    section = render(*load(sys.argv[1]))
+    if len(sys.argv) < 3:
+        sys.exit("usage: llamacpp_render.py RESULTS_MD RESULTS_JSONL...")
+    parts = [render(*load(p)) for p in sys.argv[2:]]
+    section = "\n".join([BEGIN, "", "## Generation at batch 1: shardlm against llama.cpp (`bench/llamacpp.sh`)", ""]
+                        + parts + [END]) + "\n"
     try:
-        with open(sys.argv[2]) as f:
+        with open(sys.argv[1]) as f:
             text = f.read()
     except FileNotFoundError:
         text = ""
@@ -131,11 +137,10 @@ def main():
         text = head + section.rstrip("\n") + rest.split(END, 1)[1]
     else:
         text = text.rstrip("\n") + "\n\n" + section
-    tmp = sys.argv[2] + ".tmp"
+    tmp = sys.argv[1] + ".tmp"
     with open(tmp, "w") as f:
         f.write(text)
-    import os
-    os.replace(tmp, sys.argv[2])
+    os.replace(tmp, sys.argv[1])
 
 
 if __name__ == "__main__":
