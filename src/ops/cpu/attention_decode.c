@@ -21,46 +21,47 @@ __attribute__((always_inline)) static inline float load(const void *p, size_t i,
     return f;
 }
 
-// out (NH*HD, fp32) = softmax(q k^T / sqrt(HD)) v over the n_ctx cached positions; q, k_cache, v_cache
-// in the storage `bf16` says (a constant after inlining, so each caller gets its own loops).
-__attribute__((always_inline)) static inline void decode(float *out, const void *q, const void *k_cache,
-                                                         const void *v_cache, int n_ctx, int NH, int NKV, int HD,
-                                                         int bf16) {
-    int group = NH / NKV;
-    float scale = 1.0f / sqrtf((float)HD);
-    size_t stride = (size_t)NKV * HD;
-#pragma omp parallel if((size_t)n_ctx * NH * HD >= SL_PAR_MIN_WORK)
-    {
-        float *p = malloc(sizeof(float) * (size_t)n_ctx);
-#pragma omp for schedule(static)
-        for (int h = 0; h < NH; h++) {
-            if (!p) continue;
-            size_t kv0 = (size_t)(h / group) * HD, q0 = (size_t)h * HD;
-            float *o = out + (size_t)h * HD, mx = -INFINITY, sum = 0.0f;
-            for (int j = 0; j < n_ctx; j++) {
-                float s = 0.0f;
-                size_t kj = kv0 + (size_t)j * stride;
+// Query head h: o (HD, fp32) = softmax(q_h k^T / sqrt(HD)) v over the n_ctx cached positions of its kv
+// head; q, k_cache, v_cache in the storage `bf16` says (a constant after inlining: each caller's loops
+// are compiled for its storage). p: n_ctx floats of scratch.
+__attribute__((always_inline)) static inline void decode_head(float *o, float *p, const void *q, const void *k_cache,
+                                                              const void *v_cache, int h, int n_ctx, int NH, int NKV,
+                                                              int HD, int bf16) {
+    size_t kv0 = (size_t)(h / (NH / NKV)) * HD, q0 = (size_t)h * HD, stride = (size_t)NKV * HD;
+    float scale = 1.0f / sqrtf((float)HD), mx = -INFINITY, sum = 0.0f;
+    for (int j = 0; j < n_ctx; j++) {
+        float s = 0.0f;
+        size_t kj = kv0 + (size_t)j * stride;
 #pragma omp simd reduction(+ : s)
-                for (int c = 0; c < HD; c++) s += load(q, q0 + c, bf16) * load(k_cache, kj + c, bf16);
-                p[j] = s * scale;
-                mx = p[j] > mx ? p[j] : mx;
-            }
-            for (int j = 0; j < n_ctx; j++) sum += (p[j] = vexpf(p[j] - mx));
-            for (int c = 0; c < HD; c++) o[c] = 0.0f;
-            for (int j = 0; j < n_ctx; j++) {
-                float pj = p[j] / sum;
-                size_t vj = kv0 + (size_t)j * stride;
+        for (int c = 0; c < HD; c++) s += load(q, q0 + c, bf16) * load(k_cache, kj + c, bf16);
+        p[j] = s * scale;
+        mx = p[j] > mx ? p[j] : mx;
+    }
+    for (int j = 0; j < n_ctx; j++) sum += (p[j] = vexpf(p[j] - mx));
+    for (int c = 0; c < HD; c++) o[c] = 0.0f;
+    for (int j = 0; j < n_ctx; j++) {
+        float pj = p[j] / sum;
+        size_t vj = kv0 + (size_t)j * stride;
 #pragma omp simd
-                for (int c = 0; c < HD; c++) o[c] += pj * load(v_cache, vj + c, bf16);
-            }
-        }
-        free(p);
+        for (int c = 0; c < HD; c++) o[c] += pj * load(v_cache, vj + c, bf16);
     }
 }
 
+// Every head of out (NH*HD, fp32), in parallel over heads. A macro, not a function: GCC outlines an
+// OpenMP region where it is written, before inlining, so a region in a shared function would test
+// the storage type inside its loops.
+#define DECODE_HEADS(out, q, k_cache, v_cache, n_ctx, NH, NKV, HD, BF16)                                   \
+    _Pragma("omp parallel if((size_t)(n_ctx) * (NH) * (HD) >= SL_PAR_MIN_WORK)") {                        \
+        float *p_ = malloc(sizeof(float) * (size_t)(n_ctx));                                               \
+        _Pragma("omp for schedule(static)") for (int h = 0; h < (NH); h++) if (p_)                          \
+            decode_head((out) + (size_t)h * (HD), p_, q, k_cache, v_cache, h, n_ctx, NH, NKV, HD, BF16);     \
+        free(p_);                                                                                           \
+    }
+
 void cpu_attention_decode(sl_act *out, const sl_act *q, const sl_act *k_cache, const sl_act *v_cache, int n_ctx,
                           int NH, int NKV, int HD) {
-    decode(cpu_f32(out), q, k_cache, v_cache, n_ctx, NH, NKV, HD, 0);
+    float *o = cpu_f32(out);
+    DECODE_HEADS(o, q, k_cache, v_cache, n_ctx, NH, NKV, HD, 0)
 }
 
 void cpu_bf16_attention_decode(sl_act *out, const sl_act *q, const sl_act *k_cache, const sl_act *v_cache,
@@ -68,6 +69,6 @@ void cpu_bf16_attention_decode(sl_act *out, const sl_act *q, const sl_act *k_cac
     size_t n = (size_t)NH * HD;
     float *o = cpu_bf16_failed() ? NULL : cpu_bf16_scratch(0, n);
     if (!o) return;
-    decode(o, q, k_cache, v_cache, n_ctx, NH, NKV, HD, 1);
+    DECODE_HEADS(o, q, k_cache, v_cache, n_ctx, NH, NKV, HD, 1)
     sl_f32_to_bf16_array(o, (sl_bf16 *)(void *)out, n);
 }
