@@ -378,11 +378,12 @@ else:
               f"{b.get('model_other', 0):.1f} | {b.get('optimizer', 0):.1f} |")
     w("")
 w("Raw JSON lines: bench/results.jsonl. Log: bench/bench.log.")
-# bench/gpu.sh owns the GPU section between these markers: keep it as it is
-BEGIN, END = "<!-- gpu-section:begin -->", "<!-- gpu-section:end -->"
+# bench/llamacpp.sh and bench/gpu.sh own the sections between these markers: keep them as they are
 old = open(dst).read() if os.path.exists(dst) else ""
-if BEGIN in old and END in old:
-    out.append("\n" + old[old.index(BEGIN):old.index(END) + len(END)])
+for BEGIN, END in (("<!-- llamacpp-section:begin -->", "<!-- llamacpp-section:end -->"),
+                   ("<!-- gpu-section:begin -->", "<!-- gpu-section:end -->")):
+    if BEGIN in old and END in old:
+        out.append("\n" + old[old.index(BEGIN):old.index(END) + len(END)])
 open(dst, "w").write("\n".join(out) + "\n")
 print(f"wrote {dst} ({len(rows)} runs)")
 PYEOF

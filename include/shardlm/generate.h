@@ -1,5 +1,5 @@
-// generate.h: autoregressive sampling with the KV cache: prompt tokens are fed one by one, then
-// each new token is drawn by the sampler (temperature / top-k / top-p) from a counter-based RNG
+// generate.h: autoregressive sampling with the KV cache: the prompt runs as one forward (prefill),
+// then each new token is drawn by the sampler (temperature / top-k / top-p) from a counter-based RNG
 // stream, so the same (seed, prompt, settings) always gives the same text.
 #ifndef SHARDLM_GENERATE_H
 #define SHARDLM_GENERATE_H

@@ -83,6 +83,7 @@ typedef struct {
     float **param_view, **grad_view;   // (layout.n_units)
     // With ops->act_bf16: unit u's bf16 copy, as param_view (into weights_bf16, or a ZeRO-3 window's).
     sl_bf16 **weight_view;              // (layout.n_units)
+    int inference_only;                 // sl_model_for_inference was called: no gradients (nor fp32 params with bf16)
     // Optional: told before and after each use of a unit, in the order the model works (unit_hook.h
     // events). A non-zero return aborts the forward/backward with the hook's error.
     int (*unit_hook)(void *ctx, sl_unit_event event, int unit, int next_unit);
@@ -120,6 +121,12 @@ void sl_model_bind_views(sl_model *m);
 // bf16 weight shadow is rewritten from params; without it, or when params is not the whole buffer
 // (ZeRO-3 converts each window as it is gathered), nothing happens.
 int sl_model_params_changed(sl_model *m);
+
+// Inference from here on (generate): releases the gradient buffer and, with ops->act_bf16, the fp32
+// parameters (the forward reads only their bf16 copy, already written by sl_model_params_changed), so
+// the model holds its weights once. Backward and sl_model_reserve are refused afterwards, and
+// sl_model_params_changed has nothing to convert.
+int sl_model_for_inference(sl_model *m);
 
 // Grows the parameter and gradient buffers to `capacity` floats (>= layout.total), the tail zeroed,
 // so a sharded engine can gather equal-sized shards in place.

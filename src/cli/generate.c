@@ -10,6 +10,7 @@
 #include "shardlm/manifest.h"
 #include "shardlm/model_source.h"
 #include "shardlm/quant_model.h"
+#include "shardlm/precision.h"
 
 #include <cjson/cJSON.h>
 #include <stdio.h>
@@ -38,6 +39,11 @@ static void usage(FILE *f) {
         "  --quantize TYPE       nf4 | fp4 | int8: quantise the linear weights on load as bitsandbytes does\n"
         "                        (nf4 with double-quantised scales); a bitsandbytes 4-bit / 8-bit directory\n"
         "                        (quantization_config in its config.json) is read quantised without it\n"
+        "  --dtype fp32|bf16     the weights (and activations) to compute with (default fp32; vLLM's flag,\n"
+        "                        also spelt float32 / bfloat16; --precision is the same flag). bf16 holds the\n"
+        "                        weights rounded to bf16 (half the bytes a decoded token reads) and runs the\n"
+        "                        bf16 CPU table: vdpbf16ps / oneDNN's bf16 matmul where the CPU has bf16\n"
+        "                        instructions, the slow bf16 emulation (with a notice) where it has not\n"
         "  --no-verify           load a checkpoint without checking its files' sizes and FNV-1a checksums\n"
         "                        against manifest.json (default: checked)\n"
         "  --logits-out FILE     also write the prompt's logits (T x vocab, full forward) as JSON, for\n"
@@ -97,6 +103,13 @@ static int write_prompt_logits(sl_model *m, const int *ids, int n, const char *p
     return rc;
 }
 
+// --dtype's value -> SL_PRECISION_FP32 / BF16; -1 with a message naming the flag otherwise.
+static int parse_dtype(const char *v) {
+    if (!strcmp(v, "fp32") || !strcmp(v, "float32")) return SL_PRECISION_FP32;
+    if (!strcmp(v, "bf16") || !strcmp(v, "bfloat16")) return SL_PRECISION_BF16;
+    return sl_errorf("--dtype: expected fp32 (float32) or bf16 (bfloat16), got '%s'", v);
+}
+
 // "1,2,3" -> ids (at most cap, each in [0, vocab)); -1 with a message naming the flag otherwise.
 static int parse_ids(const char *list, int vocab, int *ids, int cap, int *n) {
     *n = 0;
@@ -118,6 +131,9 @@ static int load_weights(sl_model *m, sl_quant_model *qm, const char *dir, const 
     int quantised;
     if (sl_quant_model_load_any(qm, dir, &m->layout, m->params, want, &quantised)) return -1;
     if (!quantised) return 0;
+    if (m->ops->act_bf16)
+        return sl_errorf("%s: quantised linears compute in fp32 on dequantised tiles; --dtype bf16 cannot be combined "
+                         "with them (use --dtype fp32)", dir);
     sl_quant_ops_entry *e = sl_malloc(sizeof *e * 4 * (size_t)m->cfg.n_layer, "quantised linears");
     int n = 0, rc = !e || sl_quant_model_linears(qm, &m->layout, m->params, e, &n) || sl_quant_ops_install(e, n);
     free(e);
@@ -134,7 +150,7 @@ static int load_weights(sl_model *m, sl_quant_model *qm, const char *dir, const 
 
 int cmd_generate(int argc, char **argv) {
     char model_spec[4096] = "runs/demo", tok_dir[4096] = "", prompt[65536] = "", logits_out[4096] = "";
-    char prompt_id_list[65536] = "";
+    char prompt_id_list[65536] = "", dtype[32] = "fp32";
     int max_new = 128, threads = 0, seed = 0, stop_eot = 0, have_prompt = 0, no_verify = 0;
     sl_sampler_config sc = {0.8f, 40, 0.95f};
     sl_quant_config want;
@@ -161,10 +177,17 @@ int cmd_generate(int argc, char **argv) {
             if (sl_quant_config_from_flag(qflag, &want)) { fprintf(stderr, "error: %s\n", sl_error()); return 2; }
             continue;
         }
+        if (sl_arg_str(&a, "--dtype", dtype, sizeof dtype)) continue;
+        if (sl_arg_str(&a, "--precision", dtype, sizeof dtype)) continue;
         fprintf(stderr, "error: unknown flag '%s' (see shardlm generate --help)\n", argv[a.i]);
         return 2;
     }
     if (a.error) return 2;
+    int precision = parse_dtype(dtype);
+    if (precision < 0) {
+        fprintf(stderr, "error: %s\n", sl_error());
+        return 2;
+    }
     sl_ops_cpu_set_threads(threads);
     sl_model_source src;
     sl_model m;
@@ -175,10 +198,14 @@ int cmd_generate(int argc, char **argv) {
     if (from_ids && have_prompt) { fprintf(stderr, "error: give --prompt or --prompt-ids, not both\n"); return 2; }
     if (sl_model_source_resolve(&src, model_spec)) goto done;
     if (!src.has_weights) { sl_errorf("%s: generation needs trained weights (a checkpoint or HF directory)", model_spec); goto done; }
-    if (sl_model_create(&m, &src.cfg, &sl_ops_cpu)) goto done;
+    const sl_ops *ops = sl_ops_for_precision(&sl_ops_cpu, precision);
+    if (sl_model_create(&m, &src.cfg, ops)) goto done;
     have_model = 1;
     if (!no_verify && sl_manifest_verify_weights_dir(src.weights_dir)) goto done;
-    if (load_weights(&m, &qm, src.weights_dir, &want)) goto done;
+    // the weights (quantised ones through sl_ops_cpu_quant), then (bf16) their rounded copy; only what the
+    // forward reads is kept
+    if (load_weights(&m, &qm, src.weights_dir, &want) || sl_model_params_changed(&m) || sl_model_for_inference(&m))
+        goto done;
     if (load_tokenizer(&tok, tok_dir, src.weights_dir)) {
         if (!from_ids || tok_dir[0]) goto done;
         tok = NULL;  // token ids in, token ids out
@@ -219,7 +246,8 @@ int cmd_generate(int argc, char **argv) {
     double secs = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
     printf("\n");
     fflush(stdout);
-    fprintf(stderr, "[%d tokens in %.2f s, %.1f tokens/s]\n", produced, secs, produced / (secs > 0 ? secs : 1));
+    fprintf(stderr, "[%d tokens in %.2f s, %.1f tokens/s; %s weights, %s ops]\n", produced, secs,
+            produced / (secs > 0 ? secs : 1), ops->act_bf16 ? "bf16" : "fp32", ops->name);
     rc = 0;
 done:
     if (rc) fprintf(stderr, "error: %s\n", sl_error());

@@ -152,7 +152,20 @@ void sl_model_bind_views(sl_model *m) {
     }
 }
 
+int sl_model_for_inference(sl_model *m) {
+    release(m, m->grads);
+    m->grads = NULL;
+    if (m->weights_bf16) {
+        release(m, m->params);
+        m->params = NULL;
+    }
+    m->inference_only = 1;
+    sl_model_bind_views(m);
+    return 0;
+}
+
 int sl_model_reserve(sl_model *m, size_t capacity) {
+    if (m->inference_only) return sl_errorf("model: set up for inference only (no parameter or gradient buffers to grow)");
     if (capacity <= m->capacity) return 0;
     // new zeroed buffers of the backend, the old contents copied in
     float *p = m->ops->alloc(capacity * sizeof(float), "parameters");
@@ -501,6 +514,7 @@ int sl_model_logits(const sl_model *m, int row0, int rows, float *out) {
 }
 
 int sl_model_backward(sl_model *m, float grad_scale) {
+    if (m->inference_only) return sl_errorf("backward: the model was set up for inference only (no gradients)");
     if (!m->have_targets)
         return sl_errorf("backward: needs a preceding forward with targets (none since the last backward or a failed forward)");
     const sl_model_config *c = &m->cfg;

@@ -9,7 +9,8 @@
 //     the two fp32 sums' difference, K 2^-23 sum_k |a_k b_k| (K the summed length); fp32 weight
 //     gradients within (K + 2) 2^-23 (sum |a b| + |start|); the bias gradient bit for bit (the CPU's
 //     order); every GEMM deterministic;
-//   * every other op: the emulation's bits (both stage the same fp32 CPU op);
+//   * every other op: the emulation's bits (both stage the same fp32 CPU op, or, for attention_decode,
+//     the native table computes what it computes on the bf16 cache read in place);
 //   * a failing oneDNN call: reported by synchronize() naming the op and its shape, later ops skipped;
 //   * gpt2-tiny and llama-tiny: loss, logits and gradients near the emulation's (bounds measured, with
 //     margin, in the comments at check_model) and near fp32; bit-identical run to run.
@@ -221,6 +222,14 @@ TEST(other_ops_give_the_emulations_bits) {
     emu->attention_backward(ACT((void *)d2), ACT((void *)dout), ACT((void *)q2), ACT((void *)a2), lse2, B, T, NH, NKV,
                             HD, 0);
     CHECK(!memcmp(d1, d2, nq * 2));
+    // one query against a KV cache long enough to run in parallel (read in place, not staged)
+    int n_ctx = 1500;
+    size_t nkv = (size_t)n_ctx * NKV * HD;
+    sl_bf16 *kc = bf16_values(nkv, 32, 1.0f), *vc = bf16_values(nkv, 33, 1.0f);
+    nat->attention_decode(ACT((void *)a1), ACT((void *)qkv), ACT((void *)kc), ACT((void *)vc), n_ctx, NH, NKV, HD);
+    emu->attention_decode(ACT((void *)a2), ACT((void *)qkv), ACT((void *)kc), ACT((void *)vc), n_ctx, NH, NKV, HD);
+    CHECK_MSG(!memcmp(a1, a2, (size_t)NH * HD * 2), "attention_decode");
+    free(kc); free(vc);
     // fused residual + layernorm in place (resid == a), then its backward accumulating into dinp
     sl_bf16 *x1 = bf16_values(nc, 23, 2.0f), *x2 = bf16_copy(x1, nc), *y = bf16_values(nc, 24, 1.0f);
     sl_bf16 *lw = bf16_values(C, 25, 1.0f), *lb = bf16_values(C, 26, 0.3f), *n1 = calloc(nc, 2), *n2 = calloc(nc, 2);

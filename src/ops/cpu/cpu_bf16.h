@@ -19,6 +19,16 @@ int cpu_gemm_bf16(const char *op, int ta, int tb, int M, int N, int K, const sl_
 // "ref:any" where it has no bf16 code for it) into impl; 0, or -1 with a message.
 int cpu_gemm_bf16_kernel(char *impl, size_t cap);
 
+// gemv.c: y (OC, fp32) = W (OC,IC) @ x (IC) (+ bias) on bf16 operands with fp32 accumulation, for the
+// linear layers at one row: vdpbf16ps where the CPU has AVX512_BF16, a portable loop with the same
+// summation order otherwise (equal but for denormals, which vdpbf16ps flushes). cpu_gemv_bf16_path picks
+// the portable loop with native = 0 (the tests compare both); cpu_gemv_bf16_native says whether the
+// vdpbf16ps kernel runs here.
+void cpu_gemv_bf16(float *y, const sl_bf16 *W, const sl_bf16 *x, const sl_bf16 *bias, int OC, int IC);
+void cpu_gemv_bf16_path(float *y, const sl_bf16 *W, const sl_bf16 *x, const sl_bf16 *bias, int OC, int IC,
+                        int native);
+int cpu_gemv_bf16_native(void);
+
 // matmul_bf16.c: the GEMM ops of ops_list.h on bf16 storage, their contracts as ops.h states them.
 void cpu_bf16_matmul_forward(sl_act *out, const sl_act *inp, const sl_act *weight, const sl_act *bias, int N, int IC,
                              int OC);
@@ -26,6 +36,11 @@ void cpu_bf16_matmul_backward(sl_act *dinp, float *dweight, float *dbias, const 
                               const sl_act *weight, int N, int IC, int OC);
 void cpu_bf16_matmul_gelu_forward(sl_act *out, sl_act *pre, const sl_act *inp, const sl_act *weight,
                                   const sl_act *bias, int N, int IC, int OC);
+
+// attention_decode.c: attention_decode on bf16 storage, the cache read (and widened) in place: the
+// staged op's bits, without staging the cache.
+void cpu_bf16_attention_decode(sl_act *out, const sl_act *q, const sl_act *k_cache, const sl_act *v_cache,
+                               int n_ctx, int NH, int NKV, int HD);
 
 // ops_cpu_bf16_native.c: an op that fails (oneDNN, or no memory for scratch) records sl_error()'s
 // message; later ops do nothing until synchronize() reports the first failure and clears it.

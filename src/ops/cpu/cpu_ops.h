@@ -63,6 +63,10 @@ void cpu_gemm_openblas(int ta, int tb, int M, int N, int K, float alpha, const f
 void cpu_gemm_onednn(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
                      int ldb, float beta, float *C, int ldc);
 
+// gemv.c: y (OC) = W (OC,IC) @ x (IC) (+ bias, may be NULL): a linear layer at one row (matmul_forward
+// with N = 1), memory-bound; a fixed summation order, the same bits for any thread count.
+void cpu_gemv_f32(float *y, const float *W, const float *x, const float *bias, int OC, int IC);
+
 // Splits [0, n) into the calling thread's contiguous share inside an omp parallel region.
 void cpu_thread_range(size_t n, size_t *begin, size_t *end);
 

@@ -1,4 +1,5 @@
-// matmul.c: linear layers through OpenBLAS sgemm. Weights are (OC, IC) as nn.Linear stores them.
+// matmul.c: linear layers through the CPU's sgemm (gemm.c); one row (decode) through the GEMV of gemv.c.
+// Weights are (OC, IC) as nn.Linear stores them.
 // The GEMM + GELU pair is the plain composition of the ops it fuses (matmul then gelu forward; gelu
 // then matmul backward), so it gives their bits exactly; the fusion pays off on the GPU only.
 #include "ops/cpu/cpu_ops.h"
@@ -11,6 +12,10 @@ void cpu_matmul_forward(sl_act *out_, const sl_act *inp_, const sl_act *weight_,
     const float *inp = cpu_f32(inp_);
     const float *weight = cpu_f32(weight_);
     const float *bias = cpu_f32(bias_);
+    if (N == 1) {  // one row (decode): a matrix-vector product at memory speed
+        cpu_gemv_f32(out, weight, inp, bias, OC, IC);
+        return;
+    }
     float beta = 0.0f;
     if (bias) {
 #pragma omp parallel for schedule(static) if((size_t)N * OC >= SL_PAR_MIN_WORK)

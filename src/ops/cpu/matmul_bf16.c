@@ -1,6 +1,6 @@
 // matmul_bf16.c: the linear layers of cpu-bf16-onednn: oneDNN bf16 GEMMs (onednn_matmul.c) straight on
 // the bf16 activations and the model's bf16 weight shadow, fp32 accumulation, as cuda-bf16 runs them
-// on cuBLASLt. Outputs in storage are rounded once from fp32 (the bias added before); the weight and
+// on cuBLASLt (one row, decode: the bf16 GEMV of gemv.c). Outputs in storage are rounded once from fp32 (the bias added before); the weight and
 // bias gradients stay fp32 and accumulate (dweight through a sum post-op, dbias by the CPU's column
 // sums in its order, so dbias equals the emulation's bit for bit). matmul_gelu_forward computes pre in
 // fp32 scratch, stores it rounded and applies the CPU's GELU to the fp32 value, as the emulation does.
@@ -22,6 +22,13 @@ static inline float widen(sl_bf16 h) {
 void cpu_bf16_matmul_forward(sl_act *out, const sl_act *inp, const sl_act *weight, const sl_act *bias, int N, int IC,
                              int OC) {
     if (cpu_bf16_failed()) return;
+    if (N == 1) {  // one row (decode): the bf16 GEMV into fp32 scratch, rounded once
+        float *y = cpu_bf16_scratch(0, (size_t)OC);
+        if (!y) return;
+        cpu_gemv_bf16(y, BF16(weight), BF16(inp), BF16(bias), OC, IC);
+        sl_f32_to_bf16_array(y, (sl_bf16 *)(void *)out, (size_t)OC);
+        return;
+    }
     // out (N,OC) = inp (N,IC) @ weight^T (IC,OC) + bias
     if (cpu_gemm_bf16("matmul_forward", 0, 1, N, OC, IC, BF16(inp), IC, BF16(weight), IC, BF16(bias), out, 0, 0))
         cpu_bf16_record_failure();
@@ -57,7 +64,8 @@ void cpu_bf16_matmul_gelu_forward(sl_act *out, sl_act *pre, const sl_act *inp, c
     float *pre32 = cpu_bf16_failed() ? NULL : cpu_bf16_scratch(0, n);
     if (!pre32) return;
     // pre (N,OC) = inp @ weight^T + bias in fp32, stored rounded; out = gelu(pre) from the fp32 value
-    if (cpu_gemm_bf16("matmul_gelu_forward", 0, 1, N, OC, IC, BF16(inp), IC, BF16(weight), IC, BF16(bias), pre32, 1,
+    if (N == 1) cpu_gemv_bf16(pre32, BF16(weight), BF16(inp), BF16(bias), OC, IC);
+    else if (cpu_gemm_bf16("matmul_gelu_forward", 0, 1, N, OC, IC, BF16(inp), IC, BF16(weight), IC, BF16(bias), pre32, 1,
                       0)) {
         cpu_bf16_record_failure();
         return;

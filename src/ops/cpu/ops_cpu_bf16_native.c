@@ -5,7 +5,8 @@
 // rounded back (nearest even), so those ops give the emulation's bits for the same inputs; but the
 // fp32 temporaries are scratch buffers kept across calls, one per argument position (no heap
 // allocation per call), and cross-entropy is staged a block of rows at a time (its logits are the
-// largest activation). The composed ops are the emulation's compositions, except encoder_forward,
+// largest activation); attention_decode reads the bf16 KV cache in place (attention_decode.c), with the
+// staged op's bits. The composed ops are the emulation's compositions, except encoder_forward,
 // which reads its rows of the bf16 tables directly. Memory functions and optimizer passes are the CPU's. The ops are called from one thread at
 // a time (the model's), as the scratch buffers and the failure record assume.
 #include "ops/cpu/cpu_bf16.h"
@@ -197,6 +198,7 @@ const sl_ops sl_ops_cpu_bf16_native = {
     .matmul_forward = cpu_bf16_matmul_forward,
     .matmul_backward = cpu_bf16_matmul_backward,
     .matmul_gelu_forward = cpu_bf16_matmul_gelu_forward,
+    .attention_decode = cpu_bf16_attention_decode,
     .crossentropy_forward = blocked_crossentropy_forward,
     .crossentropy_backward = blocked_crossentropy_backward,
     .act_bf16 = 1,
