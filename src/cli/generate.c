@@ -247,7 +247,7 @@ int cmd_generate(int argc, char **argv) {
     printf("\n");
     fflush(stdout);
     fprintf(stderr, "[%d tokens in %.2f s, %.1f tokens/s; %s weights, %s ops]\n", produced, secs,
-            produced / (secs > 0 ? secs : 1), ops->act_bf16 ? "bf16" : "fp32", ops->name);
+            produced / (secs > 0 ? secs : 1), m.ops->act_bf16 ? "bf16" : "fp32", m.ops->name);
     rc = 0;
 done:
     if (rc) fprintf(stderr, "error: %s\n", sl_error());
