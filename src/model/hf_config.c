@@ -13,6 +13,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <limits.h>
 #include <string.h>
 
 // Keys of PretrainedConfig and of the generation defaults that never change a forward or backward.
@@ -114,7 +115,12 @@ static int parse_gpt2(sl_model_config *c, const cJSON *r, const char *w) {
         sl_json_get_bool(r, "tie_word_embeddings", &c->tie_word_embeddings, w) ||
         token_id(r, "bos_token_id", &c->bos_token_id, w) || token_id(r, "eos_token_id", &c->eos_token_id, w))
         return -1;
-    if (c->n_inner == 0) c->n_inner = 4 * c->n_embd;
+    if (c->n_inner == 0) {  // transformers' default, 4 x n_embd, which must fit an int
+        if (c->n_embd > INT_MAX / 4)
+            return sl_errorf("%s: n_embd %d is too large (the default n_inner, 4 x n_embd, exceeds %d)", w, c->n_embd,
+                             INT_MAX);
+        c->n_inner = 4 * c->n_embd;
+    }
     c->n_kv_head = c->n_head;
     const cJSON *act = cJSON_GetObjectItemCaseSensitive(r, "activation_function");
     if (act && (!cJSON_IsString(act) ||

@@ -228,4 +228,14 @@ TEST(padding_row_gets_no_embedding_gradient) {
     sl_model_free(&m);
 }
 
+// A GPT-2 config.json without n_inner whose n_embd is so large that 4 x n_embd overflows an int is
+// refused naming n_embd (found by the hf_config fuzz target: a signed overflow before).
+TEST(gpt2_n_embd_overflowing_n_inner_refused) {
+    sl_model_config cfg;
+    const char *text = "{\"model_type\":\"gpt2\",\"n_embd\":1544224792,\"n_head\":4,\"n_layer\":2,"
+                       "\"n_positions\":64,\"vocab_size\":100}";
+    CHECK(sl_config_from_json_text(&cfg, text, "config.json") == -1);
+    CHECK_MSG(strstr(sl_error(), "n_embd 1544224792 is too large") != NULL, "%s", sl_error());
+}
+
 TEST_MAIN()
