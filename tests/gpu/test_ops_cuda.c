@@ -978,7 +978,7 @@ static void test_flat_passes(const char *tag, size_t n) {
     X(rmsnorm_backward) X(residual_forward) X(residual_layernorm_forward) X(residual_rmsnorm_forward)    \
     X(gelu_forward) X(gelu_backward) X(swiglu_forward) X(swiglu_backward) X(rope_forward) X(rope_backward) \
     X(attention_forward) X(attention_backward) X(attention_decode) X(crossentropy_forward)              \
-    X(crossentropy_backward) X(set_precision) X(alloc) X(dealloc) X(memzero) X(upload) X(download)      \
+    X(crossentropy_backward) X(add_columns) X(take_columns) X(dropout_forward) X(dropout_backward) X(set_precision) X(alloc) X(dealloc) X(memzero) X(upload) X(download)      \
     X(copy) X(synchronize) X(sumsq) X(scale) X(nonfinite) X(round_to) X(adam_step) X(sgd_step)
 
 static void test_table(void) {
