@@ -87,6 +87,9 @@ typedef struct {
     // events). A non-zero return aborts the forward/backward with the hook's error.
     int (*unit_hook)(void *ctx, sl_unit_event event, int unit, int next_unit);
     void *unit_hook_ctx;
+    // LoRA adapters (lora.h) the forward adds to their linears, or NULL. While attached the base is
+    // frozen: grads is NULL and the backward computes the adapters' gradients only.
+    struct sl_lora *lora;
 } sl_model;
 
 int sl_model_create(sl_model *m, const sl_model_config *cfg, const sl_ops *ops);
@@ -120,6 +123,12 @@ void sl_model_bind_views(sl_model *m);
 // bf16 weight shadow is rewritten from params; without it, or when params is not the whole buffer
 // (ZeRO-3 converts each window as it is gathered), nothing happens.
 int sl_model_params_changed(sl_model *m);
+
+// Attaches LoRA adapters built for this model's config on its backend and frees the base's gradient
+// buffer (frozen from now on: no gradient, so no optimizer state, is ever kept for it). The adapters'
+// activations are planned with the model's. The model does not own them (sl_lora_free after
+// sl_model_free).
+int sl_model_attach_lora(sl_model *m, struct sl_lora *lora);
 
 // Grows the parameter and gradient buffers to `capacity` floats (>= layout.total), the tail zeroed,
 // so a sharded engine can gather equal-sized shards in place.
