@@ -72,6 +72,7 @@ typedef struct sl_lora {
     // Dropout runs while `training` is set, with masks a pure function of (dropout_seed, adapter).
     int training;
     uint64_t dropout_seed;
+    char base_model[1024];     // the base's name or path, for adapter_config.json ("" = unknown)
 } sl_lora;
 
 // PEFT's defaults: r 8, lora_alpha 8, lora_dropout 0, no rslora, no targets (sl_lora_create then

@@ -19,9 +19,14 @@ int sl_peft_read_config(const char *dir, sl_lora_config *cfg);
 // naming the file and the tensor. On failure *lora is freed.
 int sl_peft_load(const char *dir, const sl_model_config *model_cfg, const sl_ops *ops, sl_lora *lora);
 
+// Reads DIR's adapter weights into host (lora->total floats, lora's buffer order) for adapters already
+// built: DIR's adapter_config.json must give the same r, lora_alpha, use_rslora and lora_dropout, and
+// its safetensors exactly lora's tensors (checked as sl_peft_load does).
+int sl_peft_read_weights(const char *dir, const sl_lora *lora, float *host);
+
 // Writes DIR/adapter_model.safetensors and DIR/adapter_config.json (each atomically; DIR created if
-// needed) from the adapters' current parameters. base_model names the base for
-// "base_model_name_or_path" (may be NULL).
-int sl_peft_save(const char *dir, const sl_lora *lora, const char *base_model);
+// needed): the parameters from host (lora->total floats in host memory), or downloaded from
+// lora->params when host is NULL. lora->base_model becomes "base_model_name_or_path".
+int sl_peft_save(const char *dir, const sl_lora *lora, const float *host);
 
 #endif

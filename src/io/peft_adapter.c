@@ -58,24 +58,41 @@ static int check_tensors(const sl_st_file *f, const sl_lora *lo, const char *pat
     return 0;
 }
 
-static int load_weights(const char *dir, sl_lora *lo) {
+// The settings that change the maths must be the run's.
+static int same_settings(const sl_lora_config *a, const sl_lora_config *b, const char *path) {
+    if (a->r != b->r || a->lora_alpha != b->lora_alpha || a->use_rslora != b->use_rslora ||
+        a->lora_dropout != b->lora_dropout)
+        return sl_errorf("%s: r %d, lora_alpha %g, use_rslora %d, lora_dropout %g; this run has r %d, lora_alpha %g, "
+                         "use_rslora %d, lora_dropout %g", path, a->r, a->lora_alpha, a->use_rslora,
+                         (double)a->lora_dropout, b->r, b->lora_alpha, b->use_rslora, (double)b->lora_dropout);
+    return 0;
+}
+
+int sl_peft_read_weights(const char *dir, const sl_lora *lo, float *host) {
     char path[PATH_CAP];
-    if (join(path, dir, "adapter_model.safetensors")) return -1;
+    sl_lora_config cfg;
+    if (sl_peft_read_config(dir, &cfg) || join(path, dir, "adapter_config.json") || same_settings(&cfg, &lo->cfg, path) ||
+        join(path, dir, "adapter_model.safetensors"))
+        return -1;
     sl_st_file f;
     if (sl_st_open(&f, path)) return -1;
-    float *host = check_tensors(&f, lo, path) ? NULL : sl_malloc((lo->total ? lo->total : 1) * sizeof(float),
-                                                                   "adapter weights");
-    int rc = host ? 0 : -1;
+    int rc = check_tensors(&f, lo, path);
     for (int i = 0; rc == 0 && i < lo->n_tensors; i++) {
         const sl_tensor_info *t = &lo->tensors[i];
         rc = sl_st_read_f32(&f, sl_st_find(&f, t->name), host + t->offset, t->numel);
     }
+    sl_st_close(&f);
+    return rc;
+}
+
+static int load_weights(const char *dir, sl_lora *lo) {
+    float *host = sl_malloc((lo->total ? lo->total : 1) * sizeof(float), "adapter weights");
+    int rc = host ? sl_peft_read_weights(dir, lo, host) : -1;
     if (rc == 0) {
         lo->ops->upload(lo->params, host, lo->total * sizeof(float));
         rc = sl_lora_params_changed(lo);
     }
     free(host);
-    sl_st_close(&f);
     return rc;
 }
 
@@ -89,13 +106,14 @@ int sl_peft_load(const char *dir, const sl_model_config *model_cfg, const sl_ops
     return 0;
 }
 
-static int save_weights(const char *path, const sl_lora *lo) {
+static int save_weights(const char *path, const sl_lora *lo, const float *given) {
     sl_st_desc *desc = sl_calloc((size_t)lo->n_tensors + 1, sizeof *desc, "adapter tensors");
-    float *host = sl_malloc((lo->total ? lo->total : 1) * sizeof(float), "adapter weights");
+    float *own = given ? NULL : sl_malloc((lo->total ? lo->total : 1) * sizeof(float), "adapter weights");
+    const float *host = given ? given : own;
     const float **data = sl_calloc((size_t)lo->n_tensors + 1, sizeof *data, "adapter tensors");
     int rc = desc && host && data ? 0 : -1;
     if (rc == 0) {
-        lo->ops->download(host, lo->params, lo->total * sizeof(float));
+        if (own) lo->ops->download(own, lo->params, lo->total * sizeof(float));
         for (int i = 0; i < lo->n_tensors; i++) {
             const sl_tensor_info *t = &lo->tensors[i];
             desc[i] = (sl_st_desc){.name = t->name, .ndim = 2, .shape = {t->shape[0], t->shape[1]}};
@@ -105,12 +123,13 @@ static int save_weights(const char *path, const sl_lora *lo) {
         rc = sl_st_write_f32(path, lo->n_tensors, desc, data, 1, keys, values);
     }
     free(desc);
-    free(host);
+    free(own);
     free(data);
     return rc;
 }
 
-static int save_config(const char *path, const sl_lora *lo, const char *base_model) {
+static int save_config(const char *path, const sl_lora *lo) {
+    const char *base_model = lo->base_model[0] ? lo->base_model : NULL;
     cJSON *root = cJSON_CreateObject();
     int rc = root ? sl_lora_config_to_json(&lo->cfg, root) : sl_errorf("out of memory writing %s", path);
     if (rc == 0 && (!cJSON_AddBoolToObject(root, "fan_in_fan_out", lo->model_cfg.arch == SL_ARCH_GPT2) ||
@@ -125,10 +144,10 @@ static int save_config(const char *path, const sl_lora *lo, const char *base_mod
     return rc;
 }
 
-int sl_peft_save(const char *dir, const sl_lora *lora, const char *base_model) {
+int sl_peft_save(const char *dir, const sl_lora *lora, const float *host) {
     char path[PATH_CAP];
-    if (sl_mkdirs(dir) || join(path, dir, "adapter_model.safetensors") || save_weights(path, lora) ||
-        join(path, dir, "adapter_config.json") || save_config(path, lora, base_model))
+    if (sl_mkdirs(dir) || join(path, dir, "adapter_model.safetensors") || save_weights(path, lora, host) ||
+        join(path, dir, "adapter_config.json") || save_config(path, lora))
         return sl_error_context("saving the PEFT adapter to %s", dir);
     return 0;
 }

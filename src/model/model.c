@@ -220,7 +220,7 @@ int sl_model_init_weights(sl_model *m, uint64_t seed) {
 
 int sl_model_params_changed(sl_model *m) {
     if (m->weights_bf16 && m->params) m->ops->to_storage(m->weights_bf16, m->params, m->layout.total);
-    return 0;
+    return m->lora ? sl_lora_params_changed(m->lora) : 0;
 }
 
 // The activation arena, planned in bytes: storage-typed tensors of `elem` bytes an element at `act`,

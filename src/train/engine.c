@@ -80,19 +80,32 @@ int sl_engine_init(sl_engine *e, sl_model *model, const sl_engine_config *cfg) {
                          cfg->micro_batch, cfg->grad_accum_steps);
     if (cfg->zero_stage < 0 || cfg->zero_stage > 3)
         return sl_errorf("engine: ZeRO stage %d is not one of 0, 1, 2, 3", cfg->zero_stage);
-    if (!model->params || !model->grads)
-        return sl_errorf("engine: the model's buffers belong to another engine (ZeRO-2/3 took them)");
     // An NCCL group exchanges even alone: one GPU runs the code path of N (and tests it).
     int nccl = cfg->dp && sl_comm_backend_of(cfg->dp) == SL_COMM_NCCL;
+    if (model->lora) {
+        if ((cfg->dp && (sl_comm_size(cfg->dp) > 1 || nccl)) || cfg->zero_stage)
+            return sl_errorf("engine: LoRA training runs in one process for now: data parallelism and ZeRO (stage %d) "
+                             "over adapters are not implemented; drop --zero-stage and run one rank",
+                             cfg->zero_stage);
+        if (cfg->precision.precision != SL_PRECISION_FP32)
+            return sl_errorf("engine: LoRA training computes in fp32 for now; --precision %s with adapters is not "
+                             "implemented", sl_precision_name(cfg->precision.precision));
+        if (sl_lora_alloc_grads(model->lora)) return -1;
+    } else if (!model->params || !model->grads) {
+        return sl_errorf("engine: the model's buffers belong to another engine (ZeRO-2/3 took them)");
+    }
     e->distributed = cfg->dp && (sl_comm_size(cfg->dp) > 1 || nccl);
     if (cfg->dp && sl_engine_check_comm(model->ops->on_device, model->ops->name, sl_comm_backend_of(cfg->dp),
                                         sl_comm_size(cfg->dp), cfg->zero_stage))
         return sl_error_context("engine");
-    if (sl_decay_mask_from_layout(&e->decay_mask, &model->layout, cfg->optim.decay_all)) return -1;
+    if (model->lora ? sl_decay_mask_from_tensors(&e->decay_mask, model->lora->tensors, model->lora->n_tensors,
+                                                 cfg->optim.decay_all)
+                    : sl_decay_mask_from_layout(&e->decay_mask, &model->layout, cfg->optim.decay_all))
+        return -1;
     e->sharded = cfg->dp && cfg->zero_stage >= 1;
     sl_model_zero_grad(model);
     if (e->distributed && sync_parameters(e)) { sl_engine_free(e); return -1; }
-    size_t total = model->layout.total;
+    size_t total = engine_total(e);
     e->padded_total = e->shard_size = total;
     e->shard_begin = 0;
     if (e->sharded) {
@@ -160,15 +173,15 @@ int sl_engine_forward_backward(sl_engine *e, const int *inputs, const int *targe
 int sl_engine_step_due(const sl_engine *e) { return e->micro_step >= e->cfg.grad_accum_steps; }
 
 float *engine_step_params(sl_engine *e) {
-    return e->sharded ? sl_zero_step_params(&e->zero) : e->model->params;
+    return e->sharded ? sl_zero_step_params(&e->zero) : engine_params(e);
 }
 
 // This step's gradient slice (ZeRO: the reduced slice, averaged; else the whole buffer, which DDP
 // already averaged).
 static int step_grads(sl_engine *e, float **g, size_t *n) {
     if (!e->sharded) {
-        *g = e->model->grads;
-        *n = e->model->layout.total;
+        *g = engine_grads(e);
+        *n = engine_total(e);
         return 0;
     }
     sl_zero *z = &e->zero;
@@ -268,8 +281,10 @@ int sl_engine_detach_model(sl_engine *e, int everywhere) {
 }
 
 sl_engine_memory sl_engine_memory_use(const sl_engine *e) {
+    const sl_lora *lora = e->model->lora;
     sl_engine_memory mem = {.params = e->model->capacity * sizeof(float),
-                            .grads = e->model->capacity * sizeof(float),
+                            .grads = lora ? lora->total * sizeof(float) : e->model->capacity * sizeof(float),
+                            .adapters = lora ? lora->total * sizeof(float) : 0,
                             .optim = (size_t)e->n_optim_state * e->state_numel * sizeof(float)};
     if (e->sharded) sl_zero_memory(&e->zero, &mem.params, &mem.grads);
     if (e->master) mem.master = e->shard_size * sizeof(float);
