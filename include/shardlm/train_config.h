@@ -3,13 +3,16 @@
 // DeepSpeed keys read: train_batch_size, train_micro_batch_size_per_gpu,
 // gradient_accumulation_steps (batch = micro x accumulation x data-parallel size; any two infer
 // the third), optimizer, scheduler, gradient_clipping, steps_per_print. shardlm's own settings
-// live under the key "shardlm" (model, data, seq_len, steps, ...). Unknown keys are warned about.
+// live under the key "shardlm" (model, data, seq_len, steps, adapter, ...), LoRA's under "lora" in
+// PEFT's LoraConfig words (r, lora_alpha, lora_dropout, target_modules, use_rslora, bias). Unknown
+// keys are warned about.
 // The resolved configuration serialises back to the same JSON shape (saved with checkpoints).
 #ifndef SHARDLM_TRAIN_CONFIG_H
 #define SHARDLM_TRAIN_CONFIG_H
 
 #include <stdint.h>
 #include <cjson/cJSON.h>
+#include "shardlm/lora.h"
 #include "shardlm/loss_scaler.h"
 #include "shardlm/optim.h"
 #include "shardlm/schedule.h"
@@ -57,6 +60,10 @@ typedef struct {
     // DeepSpeed "fp16" / "bf16" blocks: the training precision and the fp16 loss scaler
     sl_loss_scaler_config precision;
     char device[32];              // --device: "cpu" (default), "cuda", "cuda:N"
+    // LoRA ("lora" block in PEFT's words, --lora-* flags): train adapters on a frozen base
+    int lora_enabled;
+    sl_lora_config lora;
+    char adapter[SL_PATH_MAX];    // "" or a PEFT adapter directory to start from (its settings win)
 } sl_train_config;
 
 void sl_train_config_defaults(sl_train_config *c);

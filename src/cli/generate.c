@@ -9,6 +9,7 @@
 #include "shardlm/json_get.h"
 #include "shardlm/manifest.h"
 #include "shardlm/model_source.h"
+#include "shardlm/peft_adapter.h"
 
 #include <cjson/cJSON.h>
 #include <stdio.h>
@@ -36,6 +37,8 @@ static void usage(FILE *f) {
         "  --threads N           CPU threads\n"
         "  --no-verify           load a checkpoint without checking its files' sizes and FNV-1a checksums\n"
         "                        against manifest.json (default: checked)\n"
+        "  --adapter DIR         add a LoRA adapter (PEFT's adapter_config.json + adapter_model.safetensors,\n"
+        "                        or a shardlm LoRA checkpoint) to the model\n"
         "  --logits-out FILE     also write the prompt's logits (T x vocab, full forward) as JSON, for\n"
         "                        comparison with other implementations (tests/reference/check_hf_load.py)\n");
 }
@@ -110,7 +113,7 @@ static int parse_ids(const char *list, int vocab, int *ids, int cap, int *n) {
 
 int cmd_generate(int argc, char **argv) {
     char model_spec[4096] = "runs/demo", tok_dir[4096] = "", prompt[65536] = "", logits_out[4096] = "";
-    char prompt_id_list[65536] = "";
+    char prompt_id_list[65536] = "", adapter[4096] = "";
     int max_new = 128, threads = 0, seed = 0, stop_eot = 0, have_prompt = 0, no_verify = 0;
     sl_sampler_config sc = {0.8f, 40, 0.95f};
     sl_args a = {argc, argv, 1, NULL, 0};
@@ -130,6 +133,7 @@ int cmd_generate(int argc, char **argv) {
         if (sl_arg_switch(&a, "--stop-at-eot")) { stop_eot = 1; continue; }
         if (sl_arg_switch(&a, "--no-verify")) { no_verify = 1; continue; }
         if (sl_arg_str(&a, "--logits-out", logits_out, sizeof logits_out)) continue;
+        if (sl_arg_str(&a, "--adapter", adapter, sizeof adapter)) continue;
         fprintf(stderr, "error: unknown flag '%s' (see shardlm generate --help)\n", argv[a.i]);
         return 2;
     }
@@ -137,6 +141,8 @@ int cmd_generate(int argc, char **argv) {
     sl_ops_cpu_set_threads(threads);
     sl_model_source src;
     sl_model m;
+    sl_lora lora;
+    memset(&lora, 0, sizeof lora);
     sl_tokenizer *tok = NULL;
     int32_t *ids = NULL;
     int *prompt_ids = NULL, *new_ids = NULL, rc = -1, have_model = 0, from_ids = prompt_id_list[0] != 0;
@@ -147,6 +153,7 @@ int cmd_generate(int argc, char **argv) {
     have_model = 1;
     if (!no_verify && sl_manifest_verify_weights_dir(src.weights_dir)) goto done;
     if (sl_hf_load(src.weights_dir, &m.layout, m.params)) goto done;
+    if (adapter[0] && (sl_peft_load(adapter, &src.cfg, &sl_ops_cpu, &lora) || sl_model_attach_lora(&m, &lora))) goto done;
     if (load_tokenizer(&tok, tok_dir, src.weights_dir)) {
         if (!from_ids || tok_dir[0]) goto done;
         tok = NULL;  // token ids in, token ids out
@@ -196,5 +203,6 @@ done:
     free(new_ids);
     sl_tokenizer_free(tok);
     if (have_model) sl_model_free(&m);
+    sl_lora_free(&lora);
     return rc ? 1 : 0;
 }

@@ -295,6 +295,10 @@ static int load_on_rank0(sl_engine *e, float *params, const char *dir, char **cl
     char where[4200];
     snprintf(where, sizeof where, "%s: the checkpoint's model does not match this run's model", dir);
     // a LoRA run's checkpoint holds the adapters (checked against this run's by name, shape and settings)
+    snprintf(file, sizeof file, "%s/adapter_config.json", dir);
+    if (!m->lora && access(file, F_OK) == 0)
+        return sl_errorf("%s holds LoRA adapters, this run trains the whole model: resume with the run's LoRA settings "
+                         "(--lora-* flags or the config's \"lora\" block)", dir);
     if (!m->lora && (sl_hf_load_config(dir, &cfg) || sl_config_compare(&cfg, &m->cfg, where))) return -1;
     sl_manifest man;
     if (sl_manifest_load(&man, dir, engine_total(e), e->cfg.skip_verify ? SL_VERIFY_NONE : SL_VERIFY_ALL)) return -1;
