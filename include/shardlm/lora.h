@@ -107,6 +107,13 @@ int sl_lora_find(const sl_lora *lora, const char *name);
 // The module path of each adaptable linear of the block (for messages): "a, b, ..." into buf.
 void sl_lora_list_modules(const sl_model_config *model_cfg, char *buf, size_t cap);
 
+// PEFT's merge_and_unload: W += (B @ A) * scale for every adapter, into the base's parameters
+// `params` (host memory, layout L of the model the adapters were built for); the product in fp32
+// by fused multiply-adds over r in order, then scaled and added, as torch's CPU GEMM computes
+// delta_weight (bit for bit in tests/reference/check_lora_peft.py). The adapters' parameters are
+// read through lora->ops->download.
+int sl_lora_merge(const sl_lora *lora, const sl_param_layout *L, float *params);
+
 // ---- what the model calls (model.c) ------------------------------------------------------------
 // Plans activations for N rows (no-op when large enough).
 int sl_lora_plan(sl_lora *lora, int N);

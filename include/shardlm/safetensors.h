@@ -8,7 +8,7 @@
 // The reader trusts nothing: the header length, JSON, every field, every dtype, shape/size agreement,
 // bounds and overlaps are checked in sl_st_open before any data is read, and every failure is a -1
 // with a message naming the file, the tensor and what was expected versus found.
-// The writer writes F32 tensors only, streaming each tensor to a temporary file in the same
+// The writer writes F32 tensors (or all F16 / BF16, sl_st_writer_open_as), streaming each tensor to a temporary file in the same
 // directory, then fsync + rename + fsync(dir), so a reader never sees a half-written file.
 #ifndef SHARDLM_SAFETENSORS_H
 #define SHARDLM_SAFETENSORS_H
@@ -86,6 +86,10 @@ int sl_st_writer_write(sl_st_writer *w, const float *data, size_t count);
 // Checks that exactly the declared bytes were written, fsyncs, renames into place, fsyncs the
 // directory, and frees w (also on failure, removing the temporary file).
 int sl_st_writer_finish(sl_st_writer *w);
+// The same, every tensor stored as `dtype` (F32, F16 or BF16): sl_st_writer_write still takes floats
+// and rounds them to nearest even on the way.
+int sl_st_writer_open_as(sl_st_writer **w, const char *path, int n, const sl_st_desc *desc, int n_meta,
+                         const char *const *meta_keys, const char *const *meta_values, sl_st_dtype dtype);
 // Removes the temporary file and frees w. Safe with NULL.
 void sl_st_writer_abort(sl_st_writer *w);
 

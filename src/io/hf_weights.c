@@ -64,7 +64,7 @@ static int write_transposed(sl_st_writer *w, const float *W, int rows, int cols,
     return 0;
 }
 
-static int save_safetensors(const char *path, const sl_param_layout *L, const float *params) {
+static int save_safetensors(const char *path, const sl_param_layout *L, const float *params, sl_st_dtype dtype) {
     sl_st_desc *desc = sl_calloc((size_t)L->n_tensors, sizeof *desc, "HF save tensor list");
     if (!desc) return -1;
     int max_rows = 1;
@@ -77,7 +77,7 @@ static int save_safetensors(const char *path, const sl_param_layout *L, const fl
     float *buf = sl_malloc((size_t)max_rows * TRANSPOSE_ROWS * sizeof(float), "HF save transpose buffer");
     const char *mk[] = {"format"}, *mv[] = {"pt"};
     sl_st_writer *w = NULL;
-    int rc = !buf ? -1 : sl_st_writer_open(&w, path, L->n_tensors, desc, 1, mk, mv);
+    int rc = !buf ? -1 : sl_st_writer_open_as(&w, path, L->n_tensors, desc, 1, mk, mv, dtype);
     for (int i = 0; i < L->n_tensors && rc == 0; i++) {
         const sl_tensor_info *t = &L->tensors[i];
         const float *src = params + t->offset;
@@ -92,12 +92,35 @@ static int save_safetensors(const char *path, const sl_param_layout *L, const fl
 }
 
 int sl_hf_save(const char *dir_or_file, const sl_param_layout *L, const float *params) {
-    if (ends_with(dir_or_file, ".safetensors")) return save_safetensors(dir_or_file, L, params);
+    return sl_hf_save_as(dir_or_file, L, params, SL_ST_F32);
+}
+
+// config.json's text with torch_dtype / dtype naming the stored dtype (malloc'd).
+static char *config_text(const sl_model_config *cfg, sl_st_dtype dtype) {
+    char *json = sl_config_to_json_text(cfg);
+    if (!json || dtype == SL_ST_F32) return json;
+    cJSON *root = cJSON_Parse(json);
+    free(json);
+    const char *name = dtype == SL_ST_BF16 ? "bfloat16" : "float16";
+    if (!root || !cJSON_ReplaceItemInObject(root, "torch_dtype", cJSON_CreateString(name)) ||
+        !cJSON_ReplaceItemInObject(root, "dtype", cJSON_CreateString(name))) {
+        cJSON_Delete(root);
+        sl_errorf("out of memory writing config.json");
+        return NULL;
+    }
+    json = cJSON_Print(root);
+    cJSON_Delete(root);
+    if (!json) sl_errorf("out of memory writing config.json");
+    return json;
+}
+
+int sl_hf_save_as(const char *dir_or_file, const sl_param_layout *L, const float *params, sl_st_dtype dtype) {
+    if (ends_with(dir_or_file, ".safetensors")) return save_safetensors(dir_or_file, L, params, dtype);
     char path[PATH_CAP];
     if (sl_mkdirs(dir_or_file)) return -1;
     if (path_join(path, sizeof path, dir_or_file, "model.safetensors")) return -1;
-    if (save_safetensors(path, L, params)) return -1;
-    char *json = sl_config_to_json_text(&L->cfg);
+    if (save_safetensors(path, L, params, dtype)) return -1;
+    char *json = config_text(&L->cfg, dtype);
     if (!json) return -1;
     if (path_join(path, sizeof path, dir_or_file, "config.json")) { free(json); return -1; }
     size_t n = strlen(json);
@@ -204,6 +227,21 @@ static int source_open(source *s, const char *path) {
         }
     }
     return 0;
+}
+
+int sl_hf_weights_dtype(const char *dir, sl_st_dtype *dtype) {
+    source s;
+    memset(&s, 0, sizeof s);
+    int rc = source_open(&s, dir);
+    for (int f = 0; rc == 0 && f < s.n_files; f++)
+        for (int i = 0; i < s.files[f].n_tensors; i++)
+            if (sl_st_dtype_is_float(s.files[f].tensors[i].dtype)) {
+                *dtype = s.files[f].tensors[i].dtype;
+                source_free(&s);
+                return 0;
+            }
+    source_free(&s);
+    return rc ? -1 : sl_errorf("%s: no floating-point tensors", dir);
 }
 
 // Non-parameter buffers some checkpoints carry.

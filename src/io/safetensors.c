@@ -9,6 +9,7 @@
 #include "shardlm/error.h"
 #include "shardlm/fileio.h"
 #include "shardlm/json_get.h"
+#include "shardlm/precision.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -385,6 +386,8 @@ struct sl_st_writer {
     char *path, *tmp;
     int fd;
     uint64_t expected, written;   // data bytes
+    sl_st_dtype dtype;            // F32, F16 or BF16: every tensor's
+    size_t elem;                  // its bytes per element
 };
 
 static int write_all(int fd, const void *data, size_t len) {
@@ -409,7 +412,8 @@ void sl_st_writer_abort(sl_st_writer *w) {
 
 // Builds the padded header for desc; returns malloc'd bytes (length prefix included) or NULL.
 static char *build_header(const char *path, int n, const sl_st_desc *desc, int n_meta, const char *const *mk,
-                          const char *const *mv, size_t *len_out, uint64_t *data_bytes) {
+                          const char *const *mv, sl_st_dtype dtype, size_t *len_out, uint64_t *data_bytes) {
+    uint64_t elem = sl_st_dtype_size(dtype);
     cJSON *root = cJSON_CreateObject();
     if (!root) { sl_errorf("out of memory"); return NULL; }
     if (n_meta > 0) {
@@ -441,11 +445,11 @@ static char *build_header(const char *path, int n, const sl_st_desc *desc, int n
             shape[k] = (double)d->shape[k];
         }
         cJSON *e = cJSON_AddObjectToObject(root, d->name);
-        cJSON_AddStringToObject(e, "dtype", "F32");
+        cJSON_AddStringToObject(e, "dtype", sl_st_dtype_name(dtype));
         cJSON_AddItemToObject(e, "shape", cJSON_CreateDoubleArray(shape, d->ndim));
-        double offs[2] = {(double)off, (double)(off + numel * 4)};
+        double offs[2] = {(double)off, (double)(off + numel * elem)};
         cJSON_AddItemToObject(e, "data_offsets", cJSON_CreateDoubleArray(offs, 2));
-        off += numel * 4;
+        off += numel * elem;
     }
     char *json = cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
@@ -464,10 +468,17 @@ static char *build_header(const char *path, int n, const sl_st_desc *desc, int n
 
 int sl_st_writer_open(sl_st_writer **wp, const char *path, int n, const sl_st_desc *desc, int n_meta,
                       const char *const *meta_keys, const char *const *meta_values) {
+    return sl_st_writer_open_as(wp, path, n, desc, n_meta, meta_keys, meta_values, SL_ST_F32);
+}
+
+int sl_st_writer_open_as(sl_st_writer **wp, const char *path, int n, const sl_st_desc *desc, int n_meta,
+                         const char *const *meta_keys, const char *const *meta_values, sl_st_dtype dtype) {
     *wp = NULL;
+    if (dtype != SL_ST_F32 && dtype != SL_ST_F16 && dtype != SL_ST_BF16)
+        return sl_errorf("%s: the writer stores F32, F16 or BF16, not %s", path, sl_st_dtype_name(dtype));
     size_t hlen;
     uint64_t data_bytes;
-    char *header = build_header(path, n, desc, n_meta, meta_keys, meta_values, &hlen, &data_bytes);
+    char *header = build_header(path, n, desc, n_meta, meta_keys, meta_values, dtype, &hlen, &data_bytes);
     if (!header) return -1;
     sl_st_writer *w = calloc(1, sizeof *w);
     size_t tl = strlen(path) + 32;
@@ -483,6 +494,8 @@ int sl_st_writer_open(sl_st_writer **wp, const char *path, int n, const sl_st_de
         return sl_errorf("%s: cannot create: %s", tmpname, strerror(e));
     }
     w->expected = data_bytes;
+    w->dtype = dtype;
+    w->elem = sl_st_dtype_size(dtype);
     int rc = write_all(w->fd, header, hlen);
     free(header);
     if (rc) { int e = errno; rc = sl_errorf("%s: write failed: %s", w->tmp, strerror(e)); sl_st_writer_abort(w); return rc; }
@@ -490,14 +503,28 @@ int sl_st_writer_open(sl_st_writer **wp, const char *path, int n, const sl_st_de
     return 0;
 }
 
+// Writes count floats as the file's dtype (16-bit ones rounded through a bounded buffer).
+static int write_elements(sl_st_writer *w, const float *data, size_t count) {
+    if (w->dtype == SL_ST_F32) return write_all(w->fd, data, count * 4);
+    uint16_t buf[4096];
+    for (size_t done = 0; done < count;) {
+        size_t n = count - done < 4096 ? count - done : 4096;
+        if (w->dtype == SL_ST_BF16) sl_f32_to_bf16_array(data + done, buf, n);
+        else sl_f32_to_fp16_array(data + done, buf, n);
+        if (write_all(w->fd, buf, n * 2)) return -1;
+        done += n;
+    }
+    return 0;
+}
+
 int sl_st_writer_write(sl_st_writer *w, const float *data, size_t count) {
-    if (count > (w->expected - w->written) / 4)
-        return sl_errorf("%s: writing %zu more floats than the header declares (%llu bytes)", w->path, count,
+    if (count > (w->expected - w->written) / w->elem)
+        return sl_errorf("%s: writing %zu more values than the header declares (%llu bytes)", w->path, count,
                          (unsigned long long)w->expected);
-    if (write_all(w->fd, data, count * 4))
+    if (write_elements(w, data, count))
         return sl_errorf("%s: write failed after %llu data bytes: %s", w->tmp, (unsigned long long)w->written,
                          strerror(errno));
-    w->written += count * 4;
+    w->written += count * w->elem;
     return 0;
 }
 

@@ -238,6 +238,42 @@ int sl_lora_find(const sl_lora *lo, const char *name) {
     return -1;
 }
 
+// The base weight (out, in) an adapter's linear belongs to; the fused GEMM's rows run on contiguously.
+static int base_weight(const sl_param_layout *L, const sl_lora_adapter *ad) {
+    const sl_block_tensors *k = &L->blocks[ad->layer];
+    switch (ad->linear) {
+    case SL_LINEAR_QKV: return k->qkv_w;
+    case SL_LINEAR_ATTN_OUT: return k->attn_proj_w;
+    case SL_LINEAR_MLP_UP: return k->fc_w;
+    default: return k->mlp_proj_w;
+    }
+}
+
+int sl_lora_merge(const sl_lora *lo, const sl_param_layout *L, float *params) {
+    if (sl_config_compare(&lo->model_cfg, &L->cfg, "merge: the adapters were built for another model")) return -1;
+    float *host = sl_malloc((lo->total ? lo->total : 1) * sizeof(float), "adapter weights");
+    if (!host) return -1;
+    lo->ops->download(host, lo->params, lo->total * sizeof(float));
+    for (int a = 0; a < lo->n_adapters; a++) {
+        const sl_lora_adapter *ad = &lo->adapters[a];
+        const float *A = host + lo->tensors[ad->lora_A].offset, *B = host + lo->tensors[ad->lora_B].offset;
+        int in = ad->in_features, r = lo->cfg.r;
+        float *W = params + L->tensors[base_weight(L, ad)].offset + (size_t)ad->col0 * in, scale = lo->scale;
+        // delta[o, i] = sum over k of B[o, k] * A[k, i], each element on one thread (no reduction across them)
+#pragma omp parallel for schedule(static) if((size_t)ad->out_features * in * r >= 65536)
+        for (int o = 0; o < ad->out_features; o++) {
+            float *w = W + (size_t)o * in;
+            for (int i = 0; i < in; i++) {
+                float d = 0.0f;
+                for (int k = 0; k < r; k++) d = fmaf(B[(size_t)o * r + k], A[(size_t)k * in + i], d);
+                w[i] += d * scale;
+            }
+        }
+    }
+    free(host);
+    return 0;
+}
+
 // ---- activations ---------------------------------------------------------------------------------
 
 int sl_lora_plan(sl_lora *lo, int N) {

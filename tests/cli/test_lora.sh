@@ -78,6 +78,20 @@ if [ -n "$g1" ] && [ "$g1" != "$g0" ]; then pass generate_uses_the_adapter; else
 "$BIN" train --model "$tmp/base" --adapter "$a" "${common[@]}" --steps 2 --lr 1e-4 --save-dir "$tmp/cont" >>"$log" 2>&1
 expect train_continues_from_an_adapter test -f "$tmp/cont/step_00000002/adapter_model.safetensors"
 
+# merge: a full model in the base's dtype whose logits (no adapter) are the adapted model's
+"$BIN" merge --model "$tmp/base" --adapter "$a" --output "$tmp/merged" >>"$log" 2>&1
+"$BIN" generate --model "$tmp/base" --adapter "$a" --prompt-ids 1,2,3 --max-new-tokens 1 --temperature 0 \
+  --logits-out "$tmp/adapted.json" >>"$log" 2>&1
+"$BIN" generate --model "$tmp/merged" --tokenizer "$tmp/data/tokenizer" --prompt-ids 1,2,3 --max-new-tokens 1 \
+  --temperature 0 --logits-out "$tmp/merged.json" >>"$log" 2>&1
+expect merged_model_equals_the_adapted_one python3 -c "
+import json
+a = json.load(open('$tmp/adapted.json'))['logits']; m = json.load(open('$tmp/merged.json'))['logits']
+worst = max(abs(x - y) for ra, rm in zip(a, m) for x, y in zip(ra, rm))
+top = max(abs(x) for r in a for x in r)
+assert len(a) == len(m) == 3 and worst <= 1e-5 * top, (worst, top)
+"
+
 # --- bad input: clear message, non-zero exit, nothing written --------------------------------------
 bad() {  # bad NAME EXPECTED-MESSAGE-REGEX ARGS...   (each writes into $tmp/x, which must stay absent)
   local name=$1 re=$2; shift 2
@@ -109,6 +123,12 @@ bad foreign_adapter_shapes_are_named "has shape \[4, 32\], this base model needs
 bad foreign_adapter_targets_are_named "matches no linear of this gpt2 model" "${run[@]}" --adapter "$tmp/llama/step_00000001"
 bad adapter_resumed_as_full_model_is_refused "holds LoRA adapters, this run trains the whole model" \
   train --model gpt2-tiny "${common[@]}" --steps 14 --save-dir "$tmp/straight" --resume
+bad merge_into_an_existing_directory_is_refused "exists already" merge --model "$tmp/base" --adapter "$a" \
+  --output "$tmp/merged"
+bad merge_with_corrupt_adapter_writes_nothing "corrupt/adapter_model.safetensors" merge --model "$tmp/base" \
+  --adapter "$tmp/corrupt" --output "$tmp/x"
+bad merge_with_foreign_adapter_writes_nothing "matches no linear of this gpt2 model" merge --model "$tmp/base" \
+  --adapter "$tmp/llama/step_00000001" --output "$tmp/x"
 bad generate_with_corrupt_adapter_is_named "adapter_model.safetensors" generate --model "$tmp/base" \
   --adapter "$tmp/corrupt" --prompt-ids 1,2
 exit 0
