@@ -22,16 +22,16 @@ static long long params_hash(const float *p, size_t n) {
 // Rank 0's parameters to every rank, then a check that all ranks hold the same bits (hashed on the
 // host: a device model's parameters are downloaded for it once).
 static int sync_parameters(sl_engine *e) {
-    sl_model *m = e->model;
-    const sl_ops *ops = m->ops;
-    size_t n = m->layout.total;
-    if (sl_comm_order_after(e->cfg.dp, ops->stream()) || sl_comm_broadcast(e->cfg.dp, m->params, n, SL_DTYPE_F32, 0))
+    const sl_ops *ops = e->model->ops;
+    size_t n = engine_total(e);
+    float *params = engine_params(e);  // with LoRA the adapters (every rank loaded the same base)
+    if (sl_comm_order_after(e->cfg.dp, ops->stream()) || sl_comm_broadcast(e->cfg.dp, params, n, SL_DTYPE_F32, 0))
         return -1;
-    float *host = ops->on_device ? sl_malloc(n * sizeof(float), "parameters to hash") : m->params;
+    float *host = ops->on_device ? sl_malloc(n * sizeof(float), "parameters to hash") : params;
     if (!host) return -1;
-    if (host != m->params) ops->download(host, m->params, n * sizeof(float));
+    if (host != params) ops->download(host, params, n * sizeof(float));
     long long mine = params_hash(host, n);
-    if (host != m->params) free(host);
+    if (host != params) free(host);
     int world = sl_comm_size(e->cfg.dp);
     long long *all = sl_calloc((size_t)world, sizeof(long long), "parameter hashes");
     if (!all) return -1;
@@ -51,7 +51,10 @@ static int engine_unit_hook(void *ctx, sl_unit_event event, int unit, int next_u
     if (event == SL_GRADS_PUT && engine_mixed(e))
         engine_round_grads(e, e->model->grad_view[unit], sl_layout_unit_size(&e->model->layout, unit));
     if (e->sharded) return sl_zero_hook(&e->zero, event, unit, next_unit);
-    if (e->ddp_active && event == SL_GRADS_PUT) return sl_ddp_grad_ready(&e->ddp, e->model->layout.unit_begin[unit]);
+    if (e->ddp_active && event == SL_GRADS_PUT) {
+        const sl_lora *lora = e->model->lora;  // unit u's adapters start at the adapters' unit_begin[u]
+        return sl_ddp_grad_ready(&e->ddp, lora ? lora->unit_begin[unit] : e->model->layout.unit_begin[unit]);
+    }
     return 0;
 }
 
@@ -83,10 +86,9 @@ int sl_engine_init(sl_engine *e, sl_model *model, const sl_engine_config *cfg) {
     // An NCCL group exchanges even alone: one GPU runs the code path of N (and tests it).
     int nccl = cfg->dp && sl_comm_backend_of(cfg->dp) == SL_COMM_NCCL;
     if (model->lora) {
-        if ((cfg->dp && (sl_comm_size(cfg->dp) > 1 || nccl)) || cfg->zero_stage)
-            return sl_errorf("engine: LoRA training runs in one process for now: data parallelism and ZeRO (stage %d) "
-                             "over adapters are not implemented; drop --zero-stage and run one rank",
-                             cfg->zero_stage);
+        if (cfg->zero_stage)
+            return sl_errorf("engine: ZeRO (stage %d) over LoRA adapters is not implemented; drop --zero-stage: plain "
+                             "data parallelism (DDP) trains adapters on several ranks", cfg->zero_stage);
         if (cfg->precision.precision != SL_PRECISION_FP32)
             return sl_errorf("engine: LoRA training computes in fp32 for now; --precision %s with adapters is not "
                              "implemented", sl_precision_name(cfg->precision.precision));
@@ -115,7 +117,7 @@ int sl_engine_init(sl_engine *e, sl_model *model, const sl_engine_config *cfg) {
         e->shard_begin = e->zero.shard_begin;
     } else if (e->distributed) {
         size_t bucket = cfg->reduce_bucket_size ? cfg->reduce_bucket_size : 500000000;
-        if (sl_ddp_init(&e->ddp, cfg->dp, model->ops, model->grads, total, bucket, cfg->first_bucket_size,
+        if (sl_ddp_init(&e->ddp, cfg->dp, model->ops, engine_grads(e), total, bucket, cfg->first_bucket_size,
                         cfg->overlap_comm)) {
             sl_engine_free(e);
             return -1;

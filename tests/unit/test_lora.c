@@ -313,7 +313,7 @@ TEST(engine_refuses_what_lora_does_not_do_yet) {
     sl_engine e;
     sl_engine_config ec = r.engine.cfg;
     ec.zero_stage = 1;
-    CHECK(fails_with(sl_engine_init(&e, &r.model, &ec), "data parallelism and ZeRO"));
+    CHECK(fails_with(sl_engine_init(&e, &r.model, &ec), "ZeRO (stage 1) over LoRA adapters is not implemented"));
     ec = r.engine.cfg;
     ec.precision.precision = SL_PRECISION_BF16;
     CHECK(fails_with(sl_engine_init(&e, &r.model, &ec), "fp32"));
