@@ -217,6 +217,47 @@ static int fails_with(int rc, const char *needle) {
     return 1;
 }
 
+// With bf16 activation storage (the emulating table, the GPU's arithmetic) the adapted model computes
+// what fp32 computes within bf16 rounding: loss within 2e-2 relative, adapter gradients within 5e-2
+// in relative L2 (bf16 keeps 8 bits of mantissa).
+TEST(bf16_storage_tracks_fp32_with_adapters) {
+    const sl_ops *tables[2] = {&sl_ops_cpu, &sl_ops_cpu_bf16};
+    sl_model m[2];
+    sl_lora lo[2];
+    float loss[2];
+    sl_model_config cfg;
+    CHECK(sl_config_preset(&cfg, "llama-tiny") == 0);
+    sl_lora_config lc;
+    sl_lora_config_defaults(&lc);
+    CHECK(sl_lora_config_set_targets(&lc, "all-linear", "test") == 0);
+    int in[32], tg[32];
+    for (int i = 0; i < 32; i++) { in[i] = (i * 29 + 7) % cfg.vocab_size; tg[i] = (i * 13 + 2) % cfg.vocab_size; }
+    for (int t = 0; t < 2; t++) {
+        CHECK(sl_model_create(&m[t], &cfg, tables[t]) == 0 && sl_model_init_weights(&m[t], 4) == 0);
+        CHECK(sl_lora_create(&lo[t], &cfg, &lc, tables[t]) == 0 && sl_lora_alloc_grads(&lo[t]) == 0);
+        CHECK(sl_lora_init_weights(&lo[t], 8) == 0);
+        for (size_t i = 0; i < lo[t].total; i++) lo[t].params[i] += 0.02f * (float)((int)((i * 7919) % 11) - 5);
+        CHECK(sl_model_attach_lora(&m[t], &lo[t]) == 0 && sl_model_params_changed(&m[t]) == 0);
+        CHECK(sl_model_forward(&m[t], in, tg, 2, 16, &loss[t]) == 0);
+        CHECK(sl_model_backward(&m[t], 1.0f) == 0);
+    }
+    double num = 0, den = 0;
+    for (size_t i = 0; i < lo[0].total; i++) {
+        double d = (double)lo[1].grads[i] - lo[0].grads[i];
+        num += d * d;
+        den += (double)lo[0].grads[i] * lo[0].grads[i];
+    }
+    double rel_l2 = sqrt(num / den);
+    CHECK_MSG(fabs(loss[1] - loss[0]) < 2e-2 * loss[0], "bf16 loss %.6f, fp32 %.6f", loss[1], loss[0]);
+    CHECK_MSG(rel_l2 < 5e-2, "bf16 adapter gradients rel L2 %.3g", rel_l2);
+    printf("  llama-tiny all-linear: loss fp32 %.6f bf16 %.6f; adapter gradients rel L2 %.2e\n", loss[0], loss[1],
+           rel_l2);
+    for (int t = 0; t < 2; t++) {
+        sl_model_free(&m[t]);
+        sl_lora_free(&lo[t]);
+    }
+}
+
 // ---- training through the engine -----------------------------------------------------------------
 
 // A gpt2-tiny model with adapters on every linear (dropout 0.1, B nonzero) and an AdamW engine
