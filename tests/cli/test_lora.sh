@@ -147,6 +147,8 @@ bad merge_with_corrupt_adapter_writes_nothing "corrupt/adapter_model.safetensors
   --adapter "$tmp/corrupt" --output "$tmp/x"
 bad merge_with_foreign_adapter_writes_nothing "matches no linear of this gpt2 model" merge --model "$tmp/base" \
   --adapter "$tmp/llama/step_00000001" --output "$tmp/x"
+bad adapter_named_as_a_model_is_explained "holds a LoRA adapter \(adapter_config.json\), not a model" generate \
+  --model "$a" --prompt-ids 1,2
 bad generate_with_corrupt_adapter_is_named "adapter_model.safetensors" generate --model "$tmp/base" \
   --adapter "$tmp/corrupt" --prompt-ids 1,2
 exit 0
