@@ -125,9 +125,10 @@ void sl_model_bind_views(sl_model *m);
 int sl_model_params_changed(sl_model *m);
 
 // Attaches LoRA adapters built for this model's config on its backend and frees the base's gradient
-// buffer (frozen from now on: no gradient, so no optimizer state, is ever kept for it). The adapters'
-// activations are planned with the model's. The model does not own them (sl_lora_free after
-// sl_model_free).
+// buffer (frozen from now on: no gradient, so no optimizer state, is ever kept for it). The base's
+// bf16 copy (ops->act_bf16) is made here, once; sl_model_params_changed then refreshes the adapters'
+// only. The adapters' activations are planned with the model's. The model does not own them
+// (sl_lora_free after sl_model_free).
 int sl_model_attach_lora(sl_model *m, struct sl_lora *lora);
 
 // Grows the parameter and gradient buffers to `capacity` floats (>= layout.total), the tail zeroed,

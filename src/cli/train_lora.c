@@ -64,4 +64,7 @@ void train_lora_print_memory(const sl_engine *e) {
            lo->cfg.r, lo->n_adapters, lo->cfg.all_linear ? "all-linear" : lo->cfg.target_modules, mem.params / 1e6, A,
            mem.adapters / 1e6, mem.grads / 1e6, mem.optim / 1e6, total / 1e6, total, P, A, K, 4 * P + (8 + K) * A,
            (8 + K) * P);
+    if (mem.master || mem.param_copy)
+        printf("  mixed precision adds: the adapters' fp32 master weights %.2f MB, the base's bf16 copy %.2f MB\n",
+               mem.master / 1e6, mem.param_copy / 1e6);
 }

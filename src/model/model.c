@@ -153,11 +153,12 @@ int sl_model_attach_lora(sl_model *m, sl_lora *lora) {
     if (lora->ops != m->ops) return sl_errorf("lora: the adapters live on the %s backend, the model on %s",
                                               lora->ops->name, m->ops->name);
     if (m->unit_hook) return sl_errorf("lora: the model is being trained by an engine; attach adapters first");
+    if (sl_model_params_changed(m)) return -1;  // the base's bf16 copy, once: it never changes again
     release(m, m->grads);
     m->grads = NULL;
     m->lora = lora;
     sl_model_bind_views(m);
-    return 0;
+    return sl_lora_params_changed(lora);
 }
 
 void sl_model_bind_views(sl_model *m) {
@@ -219,8 +220,9 @@ int sl_model_init_weights(sl_model *m, uint64_t seed) {
 }
 
 int sl_model_params_changed(sl_model *m) {
+    if (m->lora) return sl_lora_params_changed(m->lora);  // the frozen base's copy was made at attach
     if (m->weights_bf16 && m->params) m->ops->to_storage(m->weights_bf16, m->params, m->layout.total);
-    return m->lora ? sl_lora_params_changed(m->lora) : 0;
+    return 0;
 }
 
 // The activation arena, planned in bytes: storage-typed tensors of `elem` bytes an element at `act`,

@@ -48,11 +48,13 @@ static int sync_parameters(sl_engine *e) {
 static int engine_unit_hook(void *ctx, sl_unit_event event, int unit, int next_unit) {
     sl_engine *e = ctx;
     // 16-bit gradients: a unit's are rounded once backward has finished them, before they are reduced
-    if (event == SL_GRADS_PUT && engine_mixed(e))
-        engine_round_grads(e, e->model->grad_view[unit], sl_layout_unit_size(&e->model->layout, unit));
+    const sl_lora *lora = e->model->lora;  // with adapters: unit u's are [unit_begin[u], unit_begin[u + 1]) of theirs
+    if (event == SL_GRADS_PUT && engine_mixed(e)) {
+        if (lora) engine_round_grads(e, lora->grads + lora->unit_begin[unit], lora->unit_begin[unit + 1] - lora->unit_begin[unit]);
+        else engine_round_grads(e, e->model->grad_view[unit], sl_layout_unit_size(&e->model->layout, unit));
+    }
     if (e->sharded) return sl_zero_hook(&e->zero, event, unit, next_unit);
     if (e->ddp_active && event == SL_GRADS_PUT) {
-        const sl_lora *lora = e->model->lora;  // unit u's adapters start at the adapters' unit_begin[u]
         return sl_ddp_grad_ready(&e->ddp, lora ? lora->unit_begin[unit] : e->model->layout.unit_begin[unit]);
     }
     return 0;
@@ -89,9 +91,6 @@ int sl_engine_init(sl_engine *e, sl_model *model, const sl_engine_config *cfg) {
         if (cfg->zero_stage)
             return sl_errorf("engine: ZeRO (stage %d) over LoRA adapters is not implemented; drop --zero-stage: plain "
                              "data parallelism (DDP) trains adapters on several ranks", cfg->zero_stage);
-        if (cfg->precision.precision != SL_PRECISION_FP32)
-            return sl_errorf("engine: LoRA training computes in fp32 for now; --precision %s with adapters is not "
-                             "implemented", sl_precision_name(cfg->precision.precision));
         if (sl_lora_alloc_grads(model->lora)) return -1;
     } else if (!model->params || !model->grads) {
         return sl_errorf("engine: the model's buffers belong to another engine (ZeRO-2/3 took them)");

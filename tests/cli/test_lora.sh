@@ -2,11 +2,11 @@
 # test_lora.sh: LoRA through `shardlm train` and `shardlm generate` on a small prepared corpus:
 #   * flags and the config's "lora" block (PEFT's words) are one setting: the same run, the same bytes;
 #   * a checkpoint is a PEFT adapter directory; resume is bit-for-bit (adapters, optimizer state and
-#     losses of 12 steps straight == 6 + resume + 6, with accumulation and dropout);
+#     losses of 12 steps straight == 6 + resume + 6, with accumulation and dropout; bf16 and fp16 too);
 #   * the memory line says the base is frozen; generate --adapter uses the adapters; 2 data-parallel
 #     ranks follow one (mpirun, when installed); merge gives the adapted model's logits;
 #   * bad input (r = 0, an unknown target module, bias other than "none", DoRA, a corrupt or foreign
-#     adapter, ZeRO / bf16 with adapters, resuming adapters as a full model, merging into an existing
+#     adapter, ZeRO with adapters, resuming adapters as a full model, merging into an existing
 #     directory) exits non-zero with a
 #     message naming the problem and writes nothing.
 # Prints PASS/FAIL lines for tests/run.sh (lib.sh); skips (exit 0) when "$SHARDLM_BIN" is not built.
@@ -58,6 +58,19 @@ got = int(re.search(r'total [0-9.]+ MB = (\d+) bytes', t).group(1))
 P, A, K, f = re.search(r'P=(\d+) A=(\d+) K=(\d+): (\d+) bytes', t).groups()
 assert got == int(f) == 4 * int(P) + (8 + int(K)) * int(A), (got, f)
 "
+
+# bf16 (bf16 activation storage where the CPU has it) and fp16 (loss scaling): resume is bit-for-bit too
+for prec in bf16 fp16; do
+  "$BIN" train --model gpt2-tiny "${common[@]}" "${lora[@]}" --precision $prec --steps 4 --save-interval 2 \
+    --save-dir "$tmp/$prec" >"$tmp/$prec.out" 2>&1
+  mkdir -p "$tmp/$prec-split" && cp -r "$tmp/$prec/step_00000002" "$tmp/$prec-split/" &&
+    echo step_00000002 >"$tmp/$prec-split/latest"
+  "$BIN" train --model gpt2-tiny "${common[@]}" "${lora[@]}" --precision $prec --steps 4 --save-dir "$tmp/$prec-split" \
+    --resume >>"$log" 2>&1
+  expect lora_${prec}_resume_is_bit_for_bit cmp "$tmp/$prec/step_00000004/adapter_model.safetensors" \
+    "$tmp/$prec-split/step_00000004/adapter_model.safetensors"
+done
+expect lora_mixed_precision_memory_line grep -q "mixed precision adds: the adapters' fp32 master weights" "$tmp/fp16.out"
 
 # the same run from a DeepSpeed-style config with a "lora" block gives the same bytes
 cat >"$tmp/lora.json" <<JSON
@@ -129,7 +142,6 @@ bad lora_bias_is_refused "\"bias\" is \"all\"" "${run[@]}" --config "$tmp/bias.j
 echo '{"lora": {"r": 4, "use_dora": true}}' >"$tmp/dora.json"
 bad dora_is_refused "DoRA" "${run[@]}" --config "$tmp/dora.json"
 bad lora_with_zero_is_refused "ZeRO \(stage 1\) over LoRA adapters is not implemented" "${run[@]}" "${lora[@]}" --zero-stage 1
-bad lora_with_bf16_is_refused "LoRA training computes in fp32 for now" "${run[@]}" "${lora[@]}" --precision bf16
 cp -r "$a" "$tmp/corrupt"
 printf 'garbage' | dd of="$tmp/corrupt/adapter_model.safetensors" bs=1 seek=0 conv=notrunc 2>/dev/null
 bad corrupt_adapter_is_named "corrupt/adapter_model.safetensors" "${run[@]}" --adapter "$tmp/corrupt"

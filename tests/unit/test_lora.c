@@ -268,7 +268,7 @@ typedef struct {
     sl_engine engine;
 } lora_run;
 
-static int lora_run_init(lora_run *r, int accum) {
+static int lora_run_init(lora_run *r, int accum, int precision) {
     memset(r, 0, sizeof *r);
     sl_model_config cfg;
     sl_lora_config lc;
@@ -282,6 +282,7 @@ static int lora_run_init(lora_run *r, int accum) {
     ec.optim.weight_decay = 0.1;
     sl_schedule_constant(&ec.schedule, ec.optim.lr);
     sl_loss_scaler_defaults(&ec.precision);
+    ec.precision.precision = precision;
     if (sl_config_preset(&cfg, "gpt2-tiny") || sl_model_create(&r->model, &cfg, &sl_ops_cpu) ||
         sl_model_init_weights(&r->model, 5) || sl_lora_config_set_targets(&lc, "all-linear", "test") ||
         sl_lora_create(&r->lora, &cfg, &lc, &sl_ops_cpu) || sl_lora_init_weights(&r->lora, 6) ||
@@ -317,7 +318,7 @@ static int lora_train(lora_run *r, int first, int last) {
 
 TEST(engine_trains_adapters_only_and_resumes_bit_for_bit) {
     lora_run a, b;
-    if (lora_run_init(&a, 2) || lora_run_init(&b, 2)) { CHECK(0); return; }
+    if (lora_run_init(&a, 2, SL_PRECISION_FP32) || lora_run_init(&b, 2, SL_PRECISION_FP32)) { CHECK(0); return; }
     sl_engine_memory mem = sl_engine_memory_use(&a.engine);
     CHECK(mem.grads == a.lora.total * sizeof(float) && mem.optim == 2 * a.lora.total * sizeof(float));
     CHECK(mem.adapters == a.lora.total * sizeof(float) && a.model.grads == NULL);
@@ -350,16 +351,55 @@ TEST(engine_trains_adapters_only_and_resumes_bit_for_bit) {
 
 TEST(engine_refuses_what_lora_does_not_do_yet) {
     lora_run r;
-    if (lora_run_init(&r, 1)) { CHECK(0); return; }
+    if (lora_run_init(&r, 1, SL_PRECISION_FP32)) { CHECK(0); return; }
     sl_engine e;
     sl_engine_config ec = r.engine.cfg;
     ec.zero_stage = 1;
     CHECK(fails_with(sl_engine_init(&e, &r.model, &ec), "ZeRO (stage 1) over LoRA adapters is not implemented"));
-    ec = r.engine.cfg;
-    ec.precision.precision = SL_PRECISION_BF16;
-    CHECK(fails_with(sl_engine_init(&e, &r.model, &ec), "fp32"));
     lora_run_free(&r);
 }
+
+// Mixed precision (DeepSpeed's fp16 with loss scaling, bf16; 16-bit values emulated by rounding on the
+// fp32 table): the adapters' fp32 master weights train, the model computes with their rounded copy,
+// resume is bit-for-bit, the (rounded) base never changes, and the losses follow fp32's.
+static void check_mixed(int precision, const char *name) {
+    lora_run a, b, f;
+    if (lora_run_init(&a, 2, precision) || lora_run_init(&b, 2, precision) || lora_run_init(&f, 2, SL_PRECISION_FP32)) {
+        CHECK(0);
+        return;
+    }
+    CHECK(a.engine.master != NULL);
+    size_t nb = a.model.layout.total * sizeof(float);
+    float *base = malloc(nb);
+    memcpy(base, a.model.params, nb);
+    char root[] = "/tmp/shardlm_lora_mixed_XXXXXX";
+    CHECK(mkdtemp(root) != NULL);
+    CHECK(lora_train(&a, 0, 3) == 0 && lora_train(&f, 0, 6) == 0);
+    CHECK_MSG(sl_engine_save(&a.engine, root, "step_00000003", NULL) == 0, "%s", sl_error());
+    CHECK(lora_train(&a, 3, 6) == 0);
+    CHECK_MSG(sl_engine_load(&b.engine, root, NULL) == 0, "%s", sl_error());
+    CHECK(lora_train(&b, 3, 6) == 0);
+    CHECK_MSG(memcmp(a.engine.master, b.engine.master, a.lora.total * sizeof(float)) == 0 &&
+                  memcmp(a.lora.params, b.lora.params, a.lora.total * sizeof(float)) == 0,
+              "%s: resumed adapters differ", name);
+    CHECK_MSG(memcmp(base, a.model.params, nb) == 0, "%s: a base weight changed", name);
+    int rounded = 1;
+    for (size_t i = 0; i < a.lora.total; i++)
+        rounded &= a.lora.params[i] == (precision == SL_PRECISION_BF16 ? sl_round_to_bf16(a.engine.master[i])
+                                                                       : sl_round_to_fp16(a.engine.master[i]));
+    CHECK_MSG(rounded, "%s: the model's adapters are not the master rounded", name);
+    CHECK_MSG(fabs(a.engine.last_loss - f.engine.last_loss) < 2e-2 * f.engine.last_loss, "%s loss %.6f, fp32 %.6f",
+              name, a.engine.last_loss, f.engine.last_loss);
+    printf("  %s: loss after 6 steps %.6f, fp32 %.6f\n", name, a.engine.last_loss, f.engine.last_loss);
+    free(base);
+    sl_remove_tree(root);
+    lora_run_free(&a);
+    lora_run_free(&b);
+    lora_run_free(&f);
+}
+
+TEST(bf16_lora_trains_and_resumes_bit_for_bit) { check_mixed(SL_PRECISION_BF16, "bf16"); }
+TEST(fp16_lora_trains_and_resumes_bit_for_bit) { check_mixed(SL_PRECISION_FP16, "fp16"); }
 
 // ---- bad input ----------------------------------------------------------------------------------
 
