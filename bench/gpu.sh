@@ -4,7 +4,8 @@
 #   1. records the machine (nvidia-smi name, driver, CUDA; nvcc; torch), the date and the commit;
 #   2. builds the library and the benchmark programs (bench/build_bench.sh, make -j$(nproc));
 #   3. measures the GEMM rate: torch.matmul on random 8192^3 matrices (bf16, fp32, tf32; median)
-#      and shardlm's own matmul_forward (cuBLASLt) at bf16 and fp32 (bench/bench_gemm.c);
+#      and shardlm's own matmul_forward (cuBLASLt) on bf16 buffers (what training runs), on fp32
+#      buffers at the bf16 compute type, and at fp32 (bench/bench_gemm.c);
 #   4. for GPT-2 124M and 355M at T=1024, bf16: shardlm (bench_train --device cuda --precision bf16
 #      --batch auto, with its per-op profile), PyTorch eager and torch.compile (bench/torch_gpu.py,
 #      flash attention through SDPA), each at the largest micro-batch that fits (searched from
@@ -199,6 +200,8 @@ fi
 if (( SHARDLM_OK )); then
     run_json gemm-shardlm-bf16 60 "$BUILD/bench_gemm" --device "$DEV" --precision bf16 --size "${GPU_GEMM_SIZE:-8192}" \
         --repeats 30
+    run_json gemm-shardlm-bf16-fp32-buffers 60 "$BUILD/bench_gemm" --device "$DEV" --precision bf16 --storage fp32 \
+        --size "${GPU_GEMM_SIZE:-8192}" --repeats 30
     run_json gemm-shardlm-fp32 60 "$BUILD/bench_gemm" --device "$DEV" --precision fp32 --size "${GPU_GEMM_SIZE:-8192}" \
         --repeats 10
 fi

@@ -44,7 +44,8 @@ def load(path):
 def render(rows):
     meta = next((r for r in rows if r["impl"] == "gpu-meta"), {})
     tgemm = {r["dtype"]: r for r in rows if r["impl"] == "torch-gemm"}
-    sgemm = {r["precision"]: r for r in rows if r["impl"] == "shardlm-gemm"}
+    # keyed by precision and buffer type; lines from before bench_gemm had --storage measured fp32 buffers
+    sgemm = {(r["precision"], r.get("storage", "fp32")): r for r in rows if r["impl"] == "shardlm-gemm"}
     simt = [r for r in rows if r.get("tag", "").startswith("shardlm-simt:")]
     runs = [r for r in rows if r["impl"] in LABEL and r not in simt]
     skips = [r for r in rows if r["impl"] == "gpu-skip"]
@@ -63,8 +64,8 @@ def render(rows):
     rate, rate_src = None, ""
     if "bf16" in tgemm:
         rate, rate_src = tgemm["bf16"]["tflops_median"], "torch.matmul bf16, %d^3" % tgemm["bf16"]["size"]
-    elif "bf16" in sgemm:
-        rate, rate_src = sgemm["bf16"]["tflops_median"], "shardlm matmul_forward bf16 (no PyTorch)"
+    elif ("bf16", "bf16") in sgemm:
+        rate, rate_src = sgemm[("bf16", "bf16")]["tflops_median"], "shardlm matmul_forward bf16 (no PyTorch)"
     w(f"- machine: {meta.get('gpu', '?')} ({meta.get('memory_total', '?')}, max SM clock {meta.get('max_sm_clock', '?')}, "
       f"power limit {meta.get('power_limit', '?')}), driver {meta.get('driver', '?')} (CUDA {meta.get('cuda_driver', '?')}), "
       f"nvcc {meta.get('nvcc', '?')}; {meta.get('cores', '?')} CPU cores ({meta.get('cpu', '?')})")
@@ -99,8 +100,9 @@ def render(rows):
             g = tgemm[dt]
             w(f"| {what}, {g['size']}³ | {g['tflops_median']:.1f} | {g['tflops_best']:.1f} | "
               f"{100 * g['tflops_median'] / H100_BF16_PEAK:.1f}% |")
-    for p, what in (("bf16", "shardlm matmul_forward, bf16 (cuBLASLt on its buffers at the bf16 compute type)"),
-                    ("fp32", "shardlm matmul_forward, fp32")):
+    for p, what in ((("bf16", "bf16"), "shardlm matmul_forward, bf16 buffers (cuBLASLt, what training runs)"),
+                    (("bf16", "fp32"), "shardlm matmul_forward, fp32 buffers at the bf16 compute type"),
+                    (("fp32", "fp32"), "shardlm matmul_forward, fp32")):
         if p in sgemm:
             g = sgemm[p]
             w(f"| {what}, {g['N']}×{g['IC']}×{g['OC']} | {g['tflops_median']:.1f} | {g['tflops_best']:.1f} | "

@@ -7,8 +7,11 @@
 # Environment (all optional):
 #   BENCH_QUICK=1            only gpt2-demo (B=8, T=128) and gpt2 at B=4, T=256
 #   BENCH_THREADS="1 2"      thread counts
-#   BENCH_ONLY=pattern       run only configurations whose "model:B:T:threads" matches the bash glob
-#                            (e.g. 'gpt2:4:1024:*'); results are appended, so earlier rows are replaced;
+#   BENCH_PRECISIONS="fp32 bf16"  training precisions: shardlm --precision bf16 (bf16 storage and
+#                            oneDNN bf16 GEMMs on a CPU with bf16 instructions) against PyTorch's
+#                            torch.autocast("cpu", bfloat16); fp32 against PyTorch fp32 eager
+#   BENCH_ONLY=pattern       run only configurations whose "model:B:T:threads:precision" matches the bash
+#                            glob (e.g. 'gpt2:4:1024:*'); results are appended, so earlier rows are replaced;
 #                            data-parallel runs match as "dist:model:T:tag" (tag: base, ddp, ddp-small,
 #                            ddp-nooverlap, zero1, zero2, zero3, zero3-noprefetch; e.g. 'dist:gpt2-demo:*')
 #   BENCH_TORCH=0            skip PyTorch;  BENCH_SHARDLM=0  skip shardlm
@@ -63,6 +66,7 @@ import json, os, platform, subprocess, sys, time
 src, dst = sys.argv[1], sys.argv[2]
 rows = {}
 dist = {}
+gemm_rate = {}  # (threads, precision): bench_gemm's line, the machine's GEMM rate
 meta = {}
 with open(src) as f:
     for line in f:
@@ -73,16 +77,19 @@ with open(src) as f:
         if r.get("impl") == "meta":
             meta = r
             continue
+        if r.get("impl") == "shardlm-gemm":
+            gemm_rate[(r["threads"], r["precision"])] = r
+            continue
         if "dist" in r:
             dist[(r["model"], r.get("global_batch", r["B"]), r["T"], r["dist"])] = r
             continue
-        rows[(r["impl"], r["model"], r["B"], r["T"], r["threads"])] = r
+        rows[(r["impl"], r["model"], r["B"], r["T"], r["threads"], r.get("precision", "fp32"))] = r
 def sh(cmd):
     try:
         return subprocess.run(cmd, shell=True, capture_output=True, text=True, timeout=60).stdout.strip()
     except Exception:
         return "?"
-configs = sorted({k[1:] for k in rows}, key=lambda k: (k[0] != "gpt2-demo", k[2], k[1], k[3]))
+configs = sorted({k[1:] for k in rows}, key=lambda k: (k[0] != "gpt2-demo", k[2], k[1], k[4], k[3]))
 out = []
 w = out.append
 w("# shardlm vs PyTorch: CPU training throughput\n")
@@ -99,7 +106,10 @@ commits = sorted({r.get("commit") for k, r in rows.items() if k[0] == "shardlm" 
 if commits:
     w(f"- shardlm source measured: commit {', '.join(commits)}")
 w(f"- PyTorch: torch {tr.get('torch', '?')} (PyPI wheel; GEMM through MKL / oneDNN), transformers "
-  f"{tr.get('transformers', '?')}, GPT2LMHeadModel, attention `{tr.get('attn', '?')}`, fp32, eager mode")
+  f"{tr.get('transformers', '?')}, GPT2LMHeadModel, attention `{tr.get('attn', '?')}`, eager mode; precision fp32, "
+  "or bf16: forward and loss under `torch.autocast(\"cpu\", torch.bfloat16)` (fp32 parameters and AdamW)")
+w("- shardlm bf16: `--precision bf16` (DeepSpeed's bf16: fp32 master weights; on a CPU with bf16 instructions bf16 "
+  "activation storage and oneDNN bf16 GEMMs, docs/precision.md); the table says which ops table ran")
 w("- each step: forward + cross-entropy + backward + clip_grad_norm(1.0) + AdamW(lr 1e-4, betas 0.9/0.95, "
   "wd 0.1 on matrices) + zero grad, on random tokens; threads set by OMP_NUM_THREADS, "
   "`--threads` / `torch.set_num_threads`")
@@ -108,18 +118,28 @@ w("- ms/step is the mean of the timed steps after warmup (min and median in the 
   "the timed steps of the shardlm / PyTorch run, from /proc/stat minus the benchmark's own CPU time: on 2 cores "
   "anything above ~0.2 distorts the row, which is then marked with *\n")
 w("## Throughput\n")
-w("| model | B | T | threads | shardlm ms/step | shardlm tok/s | PyTorch ms/step | PyTorch tok/s | ratio (shardlm/PyTorch tok/s) | steps (warmup+timed) | other load |")
-w("|---|---|---|---|---|---|---|---|---|---|---|")
-for (m, B, T, th) in configs:
-    s = rows.get(("shardlm", m, B, T, th)); p = rows.get(("pytorch", m, B, T, th))
+w("| model | B | T | threads | precision | shardlm ms/step | shardlm tok/s | PyTorch ms/step | PyTorch tok/s | ratio (shardlm/PyTorch tok/s) | steps (warmup+timed) | other load |")
+w("|---|---|---|---|---|---|---|---|---|---|---|---|")
+for (m, B, T, th, pr) in configs:
+    s = rows.get(("shardlm", m, B, T, th, pr)); p = rows.get(("pytorch", m, B, T, th, pr))
     f = lambda r, k, fmt: (fmt % r[k]) if r and k in r else "n/a"
     ratio = "%.2f" % (s["tokens_per_s"] / p["tokens_per_s"]) if s and p else "n/a"
     steps = f"{s['warmup']}+{s['steps']}" if s else ""
     if p: steps += f" / {p['warmup']}+{p['steps']}"
     load = f"{f(s, 'other_load', '%.2f')} / {f(p, 'other_load', '%.2f')}"
     if any(r and r.get("other_load", 0) > 0.2 for r in (s, p)): load += " *"
-    w(f"| {m} | {B} | {T} | {th} | {f(s, 'ms_per_step', '%.1f')} | {f(s, 'tokens_per_s', '%.1f')} | "
+    prl = pr + (f" ({s['ops']})" if s and s.get("ops") and pr != "fp32" else "")
+    w(f"| {m} | {B} | {T} | {th} | {prl} | {f(s, 'ms_per_step', '%.1f')} | {f(s, 'tokens_per_s', '%.1f')} | "
       f"{f(p, 'ms_per_step', '%.1f')} | {f(p, 'tokens_per_s', '%.1f')} | **{ratio}** | {steps} | {load} |")
+bf = [(k, r) for k, r in rows.items() if k[0] == "shardlm" and k[5] == "bf16"]
+if bf:
+    w("\nbf16 against fp32 (the same configuration):\n")
+    for k, r in sorted(bf, key=lambda kr: (kr[0][1] != "gpt2-demo", kr[0][3], kr[0][2], kr[0][4])):
+        s32 = rows.get(k[:5] + ("fp32",)); pbf = rows.get(("pytorch",) + k[1:])
+        parts = []
+        if s32: parts.append(f"{r['tokens_per_s'] / s32['tokens_per_s']:.2f}x shardlm fp32")
+        if pbf: parts.append(f"**{r['tokens_per_s'] / pbf['tokens_per_s']:.2f}x PyTorch bf16 autocast** (target 1.5x)")
+        w(f"- {k[1]} B={k[2]} T={k[3]} threads={k[4]}: shardlm bf16 ({r.get('ops', '?')}) " + ", ".join(parts))
 comp = [r for k, r in rows.items() if k[0] == "pytorch-compile"]
 if comp:
     w("\ntorch.compile (inductor) rows:\n")
@@ -136,11 +156,19 @@ w("From a separate pass with the profiling ops table (src/ops/profile_ops.c) aft
   "attention = attention_forward + attention_backward; cross-entropy = crossentropy_forward (row "
   "log-sum-exp and loss) + crossentropy_backward (dlogits in one pass); optimizer = sl_engine_step (grad-norm clip + AdamW + zero grad); "
   "other = every remaining op plus time outside ops.\n")
-w("| model | B | T | threads | step ms (profiled) | GEMM ms | GEMM % | GEMM GFLOP/s | attention ms | attention % | attn GFLOP/s | cross-entropy ms | GELU ms | layernorm ms | optimizer ms | other ms |")
-w("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+w("`GEMM % of rate`: the training GEMMs' GFLOP/s as a share of the best rate `bench_gemm` measured for that "
+  "precision and thread count in the same run (2048³, the fp32 GEMM library or the bf16 table's oneDNN matmul).\n")
+if gemm_rate:
+    w("| bench_gemm 2048³ | threads | GFLOP/s median | best | library |")
+    w("|---|---|---|---|---|")
+    for (th, pr), r in sorted(gemm_rate.items()):
+        w(f"| {pr} ({r.get('ops', '?')}) | {th} | {1e3 * r['tflops_median']:.1f} | {1e3 * r['tflops_best']:.1f} | {r.get('library', '?')} |")
+    w("")
+w("| model | B | T | threads | precision | step ms (profiled) | GEMM ms | GEMM % | GEMM GFLOP/s | GEMM % of rate | attention ms | attention % | attn GFLOP/s | cross-entropy ms | GELU ms | layernorm ms | optimizer ms | other ms |")
+w("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 def g(b, *ks): return sum(b.get(k, 0.0) for k in ks)
-for (m, B, T, th) in configs:
-    s = rows.get(("shardlm", m, B, T, th))
+for (m, B, T, th, pr) in configs:
+    s = rows.get(("shardlm", m, B, T, th, pr))
     if not s or "breakdown" not in s:
         continue
     b = s["breakdown"]; tot = s["profiled_ms_per_step"]
@@ -159,7 +187,9 @@ for (m, B, T, th) in configs:
     if att_ms and "attention_forward" in gf and "attention_backward" in gf:
         att_fl = (gf["attention_forward"] * b["attention_forward"] + gf["attention_backward"] * b["attention_backward"]) / att_ms
     pct = lambda x: "%.1f%%" % (100 * x / tot) if tot else "n/a"
-    w(f"| {m} | {B} | {T} | {th} | {tot:.1f} | {gemm:.1f} | {pct(gemm)} | {fl_g or 0:.1f} | {att:.1f} | {pct(att)} | "
+    gr = gemm_rate.get((th, pr))
+    share = "%.0f%%" % (100 * fl_g / (1e3 * gr["tflops_best"])) if gr and fl_g and gr["tflops_best"] else "n/a"
+    w(f"| {m} | {B} | {T} | {th} | {pr} | {tot:.1f} | {gemm:.1f} | {pct(gemm)} | {fl_g or 0:.1f} | {share} | {att:.1f} | {pct(att)} | "
       f"{att_fl or 0:.1f} | {ce:.1f} | {gelu:.1f} | {ln:.1f} | {opt:.1f} | {other:.1f} |")
 
 w("\n### Per-op detail (ms per step)\n")
@@ -169,7 +199,8 @@ for k in configs:
     for op in (s or {}).get("breakdown", {}):
         if op not in ops_order:
             ops_order.append(op)
-hdr = [f"{m} B{B} T{T} t{th}" for (m, B, T, th) in configs if rows.get(("shardlm", m, B, T, th), {}).get("breakdown")]
+hdr = [f"{m} B{B} T{T} t{th} {pr}" for (m, B, T, th, pr) in configs
+       if rows.get(("shardlm", m, B, T, th, pr), {}).get("breakdown")]
 w("| op | " + " | ".join(hdr) + " |")
 w("|---|" + "---|" * len(hdr))
 for op in ops_order:
@@ -185,7 +216,7 @@ for k in configs:
     s = rows.get(("shardlm",) + k)
     if not s or not s.get("matmul_shapes"):
         continue
-    w(f"{k[0]} B={k[1]} T={k[2]} threads={k[3]}:\n")
+    w(f"{k[0]} B={k[1]} T={k[2]} threads={k[3]} {k[4]}:\n")
     w("| GEMM | calls/step | ms/step | GFLOP/s |")
     w("|---|---|---|---|")
     for x in s["matmul_shapes"]:
@@ -398,29 +429,41 @@ record() {  # record LOAD COMMAND...
     fi
     RECORDED=1
     echo "${line%\}},\"load1\":$load,\"commit\":\"$COMMIT\"${EXTRA:-}}" >> "$JSONL"
-    echo "$line" | "$PY" -c 'import json,sys; r=json.loads(sys.stdin.read()); print("  %-16s %8.1f ms/step %9.1f tok/s" % (r["impl"], r["ms_per_step"], r["tokens_per_s"]))'
+    echo "$line" | "$PY" -c 'import json,sys; r=json.loads(sys.stdin.read()); print("  %-16s %s" % (r["impl"], "%8.1f ms/step %9.1f tok/s" % (r["ms_per_step"], r["tokens_per_s"]) if "tokens_per_s" in r else "%.1f GFLOP/s (median) %s" % (1e3 * r.get("tflops_median", 0), r.get("precision", ""))))'
 }
 
 if [[ "$BENCH_DIST" == only ]]; then CONFIGS=(); fi
+PRECISIONS=${BENCH_PRECISIONS:-fp32 bf16}
+# the machine's GEMM rate per thread count and precision, the denominator of "GEMM % of rate"
+if [[ "$BENCH_DIST" != only && "${BENCH_SHARDLM:-1}" == 1 ]]; then
+    for th in $THREADS; do
+        for pr in $PRECISIONS; do
+            EXTRA=",\"threads\":$th" record "$(load1)" env OMP_NUM_THREADS="$th" "./$BUILD/bench_gemm" --device cpu \
+                --precision "$pr" --size 2048 --threads "$th" --repeats 7 --warmup 2
+        done
+    done
+fi
 for cfg in "${CONFIGS[@]}"; do
     read -r model B T warmup steps psteps <<< "$cfg"
     warmup=${BENCH_WARMUP:-$warmup}; steps=${BENCH_STEPS:-$steps}; psteps=${BENCH_PROFILE_STEPS:-$psteps}
     for th in $THREADS; do
-        if [[ -n "${BENCH_ONLY:-}" && "$model:$B:$T:$th" != ${BENCH_ONLY} ]]; then continue; fi
-        echo "bench: $model B=$B T=$T threads=$th (warmup $warmup, steps $steps, profiled $psteps) load $(load1)"
-        echo "== $model B=$B T=$T threads=$th $(date)" >> "$LOG"
+      for pr in $PRECISIONS; do
+        if [[ -n "${BENCH_ONLY:-}" && "$model:$B:$T:$th:$pr" != ${BENCH_ONLY} ]]; then continue; fi
+        echo "bench: $model B=$B T=$T threads=$th $pr (warmup $warmup, steps $steps, profiled $psteps) load $(load1)"
+        echo "== $model B=$B T=$T threads=$th $pr $(date)" >> "$LOG"
         if [[ "${BENCH_SHARDLM:-1}" == 1 ]]; then
             record "$(load1)" env OMP_NUM_THREADS="$th" "./$BUILD/bench_train" --model "$model" --batch "$B" --seq "$T" \
-                --threads "$th" --steps "$steps" --warmup "$warmup" --profile-steps "$psteps" --report
+                --threads "$th" --steps "$steps" --warmup "$warmup" --profile-steps "$psteps" --precision "$pr" --report
         fi
         if [[ "${BENCH_TORCH:-1}" == 1 ]]; then
             record "$(load1)" env OMP_NUM_THREADS="$th" MKL_NUM_THREADS="$th" "$PY" bench/torch_train.py --model "$model" \
-                --batch "$B" --seq "$T" --threads "$th" --steps "$steps" --warmup "$warmup"
-            if [[ "${BENCH_TORCH_COMPILE:-0}" == 1 && "$model" == gpt2-demo ]]; then
+                --batch "$B" --seq "$T" --threads "$th" --steps "$steps" --warmup "$warmup" --precision "$pr"
+            if [[ "${BENCH_TORCH_COMPILE:-0}" == 1 && "$model" == gpt2-demo && "$pr" == fp32 ]]; then
                 record "$(load1)" env OMP_NUM_THREADS="$th" MKL_NUM_THREADS="$th" "$PY" bench/torch_train.py --model "$model" \
                     --batch "$B" --seq "$T" --threads "$th" --steps "$steps" --warmup 3 --compile
             fi
         fi
+      done
     done
 done
 

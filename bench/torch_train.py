@@ -7,7 +7,9 @@ undecayed, as shardlm does; foreach default), clip_grad_norm_(1.0), random token
 (zero_grad + forward + cross-entropy + backward + clip + optimizer step) and prints one JSON line
 shaped like bench_train's. Attention is "sdpa" (torch's fused scaled_dot_product_attention) by
 default; --attn eager selects the explicit softmax(QK^T)V path. --compile wraps the model in
-torch.compile (inductor) and counts compilation in the warmup steps only.
+torch.compile (inductor) and counts compilation in the warmup steps only. --precision bf16 runs
+forward and loss under torch.autocast("cpu", dtype=torch.bfloat16) (fp32 parameters and optimizer,
+bf16 GEMMs through oneDNN where the CPU has bf16 instructions): what a PyTorch user runs for bf16.
 
   python3 bench/torch_train.py --model gpt2 --batch 4 --seq 256 --threads 2 --steps 3 --warmup 1
 """
@@ -46,6 +48,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--attn", default="sdpa", choices=["sdpa", "eager"])
     ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--profile", action="store_true", help="also print torch.profiler's top ops to stderr")
     a = ap.parse_args()
@@ -80,10 +83,14 @@ def main():
         tok = torch.randint(0, VOCAB, (a.batch, a.seq + 1), generator=g)
         return tok[:, :-1].contiguous(), tok[:, 1:].contiguous()
 
+    import contextlib
+    autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if a.precision == "bf16" else contextlib.nullcontext
+
     def step(x, y):
         opt.zero_grad(set_to_none=True)
-        logits = fwd(input_ids=x).logits
-        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1))
+        with autocast():
+            logits = fwd(input_ids=x).logits
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), y.view(-1))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -109,7 +116,7 @@ def main():
     median = st[len(st) // 2] if len(st) % 2 else 0.5 * (st[len(st) // 2 - 1] + st[len(st) // 2])
     out = {
         "impl": "pytorch" + ("-compile" if a.compile else ""), "model": a.model, "B": a.batch, "T": a.seq,
-        "threads": a.threads, "steps": a.steps, "warmup": a.warmup, "attn": attn_used,
+        "threads": a.threads, "steps": a.steps, "warmup": a.warmup, "attn": attn_used, "precision": a.precision,
         "ms_per_step": round(1e3 * mean, 3), "ms_per_step_min": round(1e3 * st[0], 3),
         "ms_per_step_median": round(1e3 * median, 3), "tokens_per_s": round(a.batch * a.seq / mean, 2),
         "loss": round(loss, 5), "params": n_params, "warmup_s": round(t_compile, 2),

@@ -46,6 +46,11 @@ typedef struct {
 // the caller already did. `backend_name` is "self", "mpi", "nccl" or "auto" (mpi when launched by
 // mpirun/srun/our launcher with a world size > 1, else self; auto never picks nccl).
 int sl_comm_init_world(sl_comm **world, const char *backend_name, int *argc, char ***argv);
+// The backend sl_comm_init_world(backend_name) creates, known before any library starts: "auto" is
+// mpi when the launch environment (launch_env.h) has a world size > 1, else self. *world_size: 1 for
+// self, the launch environment's for the others (0 when it says nothing usable; an MPI world's size
+// is only final once MPI is up). -1 for an unknown name or, under auto, a malformed environment.
+int sl_comm_choose_backend(const char *backend_name, sl_comm_backend *backend, int *world_size);
 // Frees a group; freeing the world also finalises the backend.
 void sl_comm_free(sl_comm *comm);
 

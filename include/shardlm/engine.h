@@ -95,12 +95,15 @@ int sl_checkpoint_consolidate(const char *path, const char *out_dir, int with_op
 typedef struct { size_t params, grads, optim, master, param_copy, adapters; } sl_engine_memory;
 sl_engine_memory sl_engine_memory_use(const sl_engine *e);
 
-// The one rule for comm backends and devices: NCCL moves GPU memory only (a CPU run cannot use it), and
-// a GPU run that exchanges buffers (several ranks, or any ZeRO stage) needs NCCL (Open MPI as packaged is
-// not CUDA-aware; self copies host memory). world_size 0: not known yet (before the process group).
-// -1 with a message naming the flag to pass. The CLI checks it before touching MPI or a GPU, the engine
-// again at init.
+// The one rule for comm backends and devices: NCCL moves GPU memory only (a CPU run cannot use it) and
+// puts each process on GPU LOCAL_RANK (so it takes "cuda", not "cuda:N"), and a GPU run that exchanges
+// buffers (several ranks, or any ZeRO stage) needs NCCL (Open MPI as packaged is not CUDA-aware; self
+// copies host memory). -1 with a message naming the flag to pass. The engine checks it at init.
 int sl_engine_check_comm(int on_gpu, const char *device, sl_comm_backend backend, int world_size, int zero_stage);
+// The same rule before any process group or GPU exists, for a run on `device` ("cpu", "cuda", "cuda:N")
+// whose world sl_comm_init_world will create with backend_name (the backend and world size of
+// sl_comm_choose_backend; its errors too). `shardlm train` calls it once, first.
+int sl_engine_check_comm_plan(const char *device, const char *backend_name, int zero_stage);
 
 int sl_engine_init(sl_engine *e, sl_model *model, const sl_engine_config *cfg);
 void sl_engine_free(sl_engine *e);

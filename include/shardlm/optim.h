@@ -48,6 +48,12 @@ void sl_optim_defaults(sl_optim_config *cfg);
 // name `where` and the key; unknown keys in params are not errors but are listed in cfg->warning.
 int sl_optim_parse(sl_optim_config *cfg, const cJSON *optimizer_block, const char *where);
 
+// Switches to the optimizer `name` names (case-insensitive: "adamw"; "adam", Adam with L2 decay as
+// DeepSpeed's adam_w_mode false; "sgd"), as a config block giving only the type would, except that
+// lr, weight_decay and, between Adam kinds, the betas stay: every other setting returns to its
+// default. -1 naming `flag` when the name is none of these.
+int sl_optim_select(sl_optim_config *cfg, const char *name, const char *flag);
+
 // "AdamW", "Adam" or "SGD".
 const char *sl_optim_name(sl_optim_type type);
 

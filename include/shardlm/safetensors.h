@@ -8,7 +8,7 @@
 // The reader trusts nothing: the header length, JSON, every field, every dtype, shape/size agreement,
 // bounds and overlaps are checked in sl_st_open before any data is read, and every failure is a -1
 // with a message naming the file, the tensor and what was expected versus found.
-// The writer writes F32 tensors (or all F16 / BF16, sl_st_writer_open_as), streaming each tensor to a temporary file in the same
+// The writer writes F32 tensors, or any dtype as raw bytes (sl_st_writer_open_dtypes), streaming each tensor to a temporary file in the same
 // directory, then fsync + rename + fsync(dir), so a reader never sees a half-written file.
 #ifndef SHARDLM_SAFETENSORS_H
 #define SHARDLM_SAFETENSORS_H
@@ -65,10 +65,13 @@ int sl_st_read_f32_range(const sl_st_file *f, int idx, size_t first, size_t coun
 // Reads the whole tensor; `capacity` is the size of out in floats and must be >= numel.
 int sl_st_read_f32(const sl_st_file *f, int idx, float *out, size_t capacity);
 
+// Copies tensor idx's bytes as stored (any dtype, little-endian) into out, which holds cap bytes.
+int sl_st_read_raw(const sl_st_file *f, int idx, void *out, size_t cap);
+
 // Writes `shape` as "[a, b]" into buf (for error messages); returns buf.
 char *sl_st_shape_str(char *buf, size_t cap, int ndim, const int64_t *shape);
 
-// ---- writer (F32 only) ----
+// ---- writer ----
 typedef struct {
     const char *name;
     int ndim;                         // 0..SL_ST_MAX_DIMS (0 is a scalar)
@@ -81,15 +84,18 @@ typedef struct sl_st_writer sl_st_writer;
 // meta_keys/meta_values may be NULL when n_meta == 0.
 int sl_st_writer_open(sl_st_writer **w, const char *path, int n, const sl_st_desc *desc, int n_meta,
                       const char *const *meta_keys, const char *const *meta_values);
+// The same with each tensor's dtype (dtypes[i] for desc[i]; NULL: all F32); tensors of other dtypes
+// than F32 are written with sl_st_writer_write_raw.
+int sl_st_writer_open_dtypes(sl_st_writer **w, const char *path, int n, const sl_st_desc *desc,
+                             const sl_st_dtype *dtypes, int n_meta, const char *const *meta_keys,
+                             const char *const *meta_values);
 // Appends `count` floats of tensor data (tensors concatenated in desc order; any chunking).
 int sl_st_writer_write(sl_st_writer *w, const float *data, size_t count);
+// Appends `bytes` raw bytes of tensor data (for tensors of any dtype).
+int sl_st_writer_write_raw(sl_st_writer *w, const void *data, size_t bytes);
 // Checks that exactly the declared bytes were written, fsyncs, renames into place, fsyncs the
 // directory, and frees w (also on failure, removing the temporary file).
 int sl_st_writer_finish(sl_st_writer *w);
-// The same, every tensor stored as `dtype` (F32, F16 or BF16): sl_st_writer_write still takes floats
-// and rounds them to nearest even on the way.
-int sl_st_writer_open_as(sl_st_writer **w, const char *path, int n, const sl_st_desc *desc, int n_meta,
-                         const char *const *meta_keys, const char *const *meta_values, sl_st_dtype dtype);
 // Removes the temporary file and frees w. Safe with NULL.
 void sl_st_writer_abort(sl_st_writer *w);
 

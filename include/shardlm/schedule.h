@@ -43,6 +43,16 @@ void sl_schedule_constant(sl_schedule *s, double optimizer_lr);
 // gives the constant schedule. Errors name `where` and the key; unknown keys go to s->warning.
 int sl_schedule_parse(sl_schedule *s, const cJSON *scheduler_block, double optimizer_lr, const char *where);
 
+// The schedules `--lr-schedule` names, each warming up linearly over `warmup_steps` (>= 1; used as
+// max(2, warmup_steps), as DeepSpeed does) to `lr`: SL_SCHED_WARMUP_COSINE_LR then falls along a cosine
+// to 0.1 x lr at `total_steps`, SL_SCHED_WARMUP_DECAY_LR falls linearly to 0 at `total_steps`,
+// SL_SCHED_WARMUP_LR stays at lr; SL_SCHED_CONSTANT is lr throughout. sl_schedule_warmup_linear fills s;
+// sl_schedule_warmup_linear_block returns the DeepSpeed "scheduler" block that parses to the same
+// schedule (what a config file would say; NULL for constant), for saving the resolved configuration.
+void sl_schedule_warmup_linear(sl_schedule *s, sl_schedule_type type, double lr, int64_t warmup_steps,
+                               int64_t total_steps);
+cJSON *sl_schedule_warmup_linear_block(sl_schedule_type type, double lr, int64_t warmup_steps, int64_t total_steps);
+
 // The learning rate for the optimizer step that follows `step` completed optimizer steps
 // (step = 0 for the first step): DeepSpeed's get_lr() at last_batch_iteration = step - 1.
 double sl_schedule_lr(const sl_schedule *s, int64_t step);

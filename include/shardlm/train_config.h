@@ -2,7 +2,8 @@
 //   built-in defaults  <-  JSON config (DeepSpeed's keys where DeepSpeed has them)  <-  flags.
 // DeepSpeed keys read: train_batch_size, train_micro_batch_size_per_gpu,
 // gradient_accumulation_steps (batch = micro x accumulation x data-parallel size; any two infer
-// the third), optimizer, scheduler, gradient_clipping, steps_per_print. shardlm's own settings
+// the third), optimizer, scheduler, gradient_clipping, steps_per_print; transformers'
+// quantization_config (BitsAndBytesConfig's words, quant_config.h). shardlm's own settings
 // live under the key "shardlm" (model, data, seq_len, steps, adapter, ...), LoRA's under "lora" in
 // PEFT's LoraConfig words (r, lora_alpha, lora_dropout, target_modules, use_rslora, bias). Unknown
 // keys are warned about.
@@ -15,6 +16,7 @@
 #include "shardlm/lora.h"
 #include "shardlm/loss_scaler.h"
 #include "shardlm/optim.h"
+#include "shardlm/quant_config.h"
 #include "shardlm/schedule.h"
 
 #define SL_PATH_MAX 1024
@@ -34,8 +36,11 @@ typedef struct {
     int64_t steps;                // optimizer steps to train for
     float gradient_clipping;
     sl_optim_config optim;
-    cJSON *scheduler_block;       // DeepSpeed "scheduler" block (owned), NULL = constant lr
-    sl_schedule schedule;
+    cJSON *scheduler_block;       // the JSON config's "scheduler" block (owned, saved as given), NULL = none
+    int lr_schedule;              // --lr-schedule: an sl_schedule_type that replaces the block, or -1: the
+                                  // block's; with neither, WarmupCosineLR (sl_train_config_resolve)
+    int warmup_steps;             // --warmup-steps of that schedule, >= 1; -1 = max(1, steps / 10)
+    sl_schedule schedule;         // resolved
     // run control
     uint64_t seed;
     int threads;                  // 0 = OMP_NUM_THREADS / all cores
@@ -64,6 +69,9 @@ typedef struct {
     int lora_enabled;
     sl_lora_config lora;
     char adapter[SL_PATH_MAX];    // "" or a PEFT adapter directory to start from (its settings win)
+    // "quantization_config" (transformers' BitsAndBytesConfig words) / --quantize: a quantised frozen
+    // base, which only LoRA adapters can train on (QLoRA); type NONE by default
+    sl_quant_config quant;
 } sl_train_config;
 
 void sl_train_config_defaults(sl_train_config *c);
@@ -72,6 +80,17 @@ void sl_train_config_free(sl_train_config *c);
 // Applies a JSON config file. Unknown keys produce a warning line on stderr naming them.
 int sl_train_config_load_json(sl_train_config *c, const char *path);
 int sl_train_config_apply_json(sl_train_config *c, const cJSON *root, const char *where);
+
+// Flags are applied after the JSON config by writing the struct's fields; three of them name a choice
+// and go through these (errors name the flag, as "--precision must be fp32, bf16 or fp16 (got 'x')"):
+//   --optimizer NAME     sl_optim_select: adamw | adam | sgd (lr, weight_decay and the betas stay)
+//   --precision NAME     fp32 | bf16 | fp16
+//   --lr-schedule KIND   constant | cosine (WarmupCosineLR) | linear (WarmupDecayLR) | warmup (WarmupLR)
+//   --quantize TYPE      nf4 | fp4 | int8 | none (sl_quant_config_from_flag)
+int sl_train_config_set_optimizer(sl_train_config *c, const char *name);
+int sl_train_config_set_precision(sl_train_config *c, const char *name);
+int sl_train_config_set_lr_schedule(sl_train_config *c, const char *kind);
+int sl_train_config_set_quantize(sl_train_config *c, const char *type);
 
 // Resolves the batch rule and the schedule once flags have been applied; errors say what is impossible.
 // `given` flags mark which of train_batch_size / micro / accum the user set (bit 0, 1, 2).

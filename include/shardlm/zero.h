@@ -114,7 +114,7 @@ size_t sl_zero_window_floats(const sl_param_layout *layout);
 // (sl_zero_window_floats); stages 1-2 pad the full buffers to N*S:
 //   stage 0: 4P + 4P + KP      stage 1: 4P + 4(P + S) + KS
 //   stage 2: 4P + 4(S + W) + KS    stage 3: 4(S + W) + 4(S + W) + KS
-// One function for every caller (train's memory line; an estimate before any allocation).
+// memory_estimate.h builds the estimate of a whole run (mixed precision included) on it.
 typedef struct {
     double params, grads, optim;  // bytes per rank
     double P, S, W, K;            // the formula's inputs (W 0 below stage 2)

@@ -10,6 +10,7 @@
 #include "shardlm/manifest.h"
 #include "shardlm/model_source.h"
 #include "shardlm/peft_adapter.h"
+#include "shardlm/quant_model.h"
 
 #include <cjson/cJSON.h>
 #include <stdio.h>
@@ -35,6 +36,9 @@ static void usage(FILE *f) {
         "  --seed S              (default 0)\n"
         "  --stop-at-eot         stop when <|endoftext|> is sampled\n"
         "  --threads N           CPU threads\n"
+        "  --quantize TYPE       nf4 | fp4 | int8: quantise the linear weights on load as bitsandbytes does\n"
+        "                        (nf4 with double-quantised scales); a bitsandbytes 4-bit / 8-bit directory\n"
+        "                        (quantization_config in its config.json) is read quantised without it\n"
         "  --no-verify           load a checkpoint without checking its files' sizes and FNV-1a checksums\n"
         "                        against manifest.json (default: checked)\n"
         "  --adapter DIR         add a LoRA adapter (PEFT's adapter_config.json + adapter_model.safetensors,\n"
@@ -111,11 +115,33 @@ static int parse_ids(const char *list, int vocab, int *ids, int cap, int *n) {
     return *n ? 0 : sl_errorf("--prompt-ids: no token ids given");
 }
 
+// The model's weights, quantised ones through sl_ops_cpu_quant (quant_ops.h) when the directory is a
+// bitsandbytes model or --quantize asks for it.
+static int load_weights(sl_model *m, sl_quant_model *qm, const char *dir, const sl_quant_config *want) {
+    int quantised;
+    if (sl_quant_model_load_any(qm, dir, &m->layout, m->params, want, &quantised)) return -1;
+    if (!quantised) return 0;
+    sl_quant_ops_entry *e = sl_malloc(sizeof *e * 4 * (size_t)m->cfg.n_layer, "quantised linears");
+    int n = 0, rc = !e || sl_quant_model_linears(qm, &m->layout, m->params, e, &n) || sl_quant_ops_install(e, n);
+    free(e);
+    if (rc) return -1;
+    m->ops = &sl_ops_cpu_quant;
+    size_t full = 0;
+    for (int t = 0; t < m->layout.n_tensors; t++)
+        if (qm->q[t].type != SL_QUANT_NONE) full += m->layout.tensors[t].numel * sizeof(float);
+    char desc[96];
+    fprintf(stderr, "quantised linears: %s, %.2f MB (%.2f MB in fp32)\n", sl_quant_config_describe(&qm->qc, desc,
+            sizeof desc), (double)sl_quant_model_bytes(qm) / 1e6, (double)full / 1e6);
+    return 0;
+}
+
 int cmd_generate(int argc, char **argv) {
     char model_spec[4096] = "runs/demo", tok_dir[4096] = "", prompt[65536] = "", logits_out[4096] = "";
     char prompt_id_list[65536] = "", adapter[4096] = "";
     int max_new = 128, threads = 0, seed = 0, stop_eot = 0, have_prompt = 0, no_verify = 0;
     sl_sampler_config sc = {0.8f, 40, 0.95f};
+    sl_quant_config want;
+    sl_quant_config_default(&want);
     sl_args a = {argc, argv, 1, NULL, 0};
     for (; a.i < argc && !a.error; a.i++) {
         if (!strcmp(argv[a.i], "--help") || !strcmp(argv[a.i], "-h")) { usage(stdout); return 0; }
@@ -134,6 +160,11 @@ int cmd_generate(int argc, char **argv) {
         if (sl_arg_switch(&a, "--no-verify")) { no_verify = 1; continue; }
         if (sl_arg_str(&a, "--logits-out", logits_out, sizeof logits_out)) continue;
         if (sl_arg_str(&a, "--adapter", adapter, sizeof adapter)) continue;
+        char qflag[16];
+        if (sl_arg_str(&a, "--quantize", qflag, sizeof qflag)) {
+            if (sl_quant_config_from_flag(qflag, &want)) { fprintf(stderr, "error: %s\n", sl_error()); return 2; }
+            continue;
+        }
         fprintf(stderr, "error: unknown flag '%s' (see shardlm generate --help)\n", argv[a.i]);
         return 2;
     }
@@ -146,13 +177,14 @@ int cmd_generate(int argc, char **argv) {
     sl_tokenizer *tok = NULL;
     int32_t *ids = NULL;
     int *prompt_ids = NULL, *new_ids = NULL, rc = -1, have_model = 0, from_ids = prompt_id_list[0] != 0;
+    sl_quant_model qm = {0};
     if (from_ids && have_prompt) { fprintf(stderr, "error: give --prompt or --prompt-ids, not both\n"); return 2; }
     if (sl_model_source_resolve(&src, model_spec)) goto done;
     if (!src.has_weights) { sl_errorf("%s: generation needs trained weights (a checkpoint or HF directory)", model_spec); goto done; }
     if (sl_model_create(&m, &src.cfg, &sl_ops_cpu)) goto done;
     have_model = 1;
     if (!no_verify && sl_manifest_verify_weights_dir(src.weights_dir)) goto done;
-    if (sl_hf_load(src.weights_dir, &m.layout, m.params)) goto done;
+    if (load_weights(&m, &qm, src.weights_dir, &want)) goto done;
     if (adapter[0] && (sl_peft_load(adapter, &src.cfg, &sl_ops_cpu, &lora) || sl_model_attach_lora(&m, &lora))) goto done;
     if (load_tokenizer(&tok, tok_dir, src.weights_dir)) {
         if (!from_ids || tok_dir[0]) goto done;
@@ -204,5 +236,7 @@ done:
     sl_tokenizer_free(tok);
     if (have_model) sl_model_free(&m);
     sl_lora_free(&lora);
+    sl_quant_ops_install(NULL, 0);
+    sl_quant_model_free(&qm);
     return rc ? 1 : 0;
 }

@@ -1,13 +1,102 @@
-// launch_supervise.c: parent-death signals and heartbeat watching for `shardlm launch` (see
-// launch_supervise.h).
+// launch_supervise.c: what supervises a `shardlm launch` job's processes (see launch_supervise.h):
+// forwarded signals recorded by their handlers, parent-death signals, heartbeat watching, and the
+// small process helpers (clock, sleep, exit codes, directories) the launcher's loops share.
+#include "cli/launch.h"
 #include "cli/launch_supervise.h"
+#include "shardlm/error.h"
 
+#include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
+
+// ---- signals: handlers only record which signals arrived; loops forward them
+
+static const int forwarded_signals[] = {SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2};
+enum { N_FORWARDED = sizeof forwarded_signals / sizeof forwarded_signals[0] };
+static volatile sig_atomic_t pending_signal[N_FORWARDED];
+static volatile sig_atomic_t first_signal;
+
+static void on_forwarded_signal(int sig) {
+    for (int i = 0; i < N_FORWARDED; i++)
+        if (forwarded_signals[i] == sig) pending_signal[i] = 1;
+    if (!first_signal) first_signal = sig;
+}
+
+void launch_install_forwarding(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_forwarded_signal;
+    sigemptyset(&sa.sa_mask);
+    for (int i = 0; i < N_FORWARDED; i++) sigaction(forwarded_signals[i], &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+}
+
+void launch_reset_signals(void) {
+    for (int i = 0; i < N_FORWARDED; i++) signal(forwarded_signals[i], SIG_DFL);
+    signal(SIGPIPE, SIG_DFL);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+}
+
+int launch_take_pending_signal(void) {
+    for (int i = 0; i < N_FORWARDED; i++)
+        if (pending_signal[i]) { pending_signal[i] = 0; return forwarded_signals[i]; }
+    return 0;
+}
+
+void launch_forwarded_sigset(sigset_t *set) {
+    sigemptyset(set);
+    for (int i = 0; i < N_FORWARDED; i++) sigaddset(set, forwarded_signals[i]);
+}
+
+void launch_clear_pending_signals(void) {
+    for (int i = 0; i < N_FORWARDED; i++) pending_signal[i] = 0;
+}
+
+int launch_first_signal(void) { return first_signal; }
+
+// ---- process helpers
+
+double launch_now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void launch_sleep_ms(int ms) {
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);  // EINTR is fine: the caller's loop re-checks
+}
+
+int launch_exit_code_of(int wstatus) {
+    if (WIFEXITED(wstatus)) return WEXITSTATUS(wstatus);
+    if (WIFSIGNALED(wstatus)) return 128 + WTERMSIG(wstatus);
+    return 1;
+}
+
+int launch_mkdir_p(const char *path) {
+    char buf[LAUNCH_PATH_MAX];
+    if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf) return sl_errorf("path too long: %s", path);
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = '\0';
+        if (mkdir(buf, 0777) != 0 && errno != EEXIST) return sl_errorf("cannot create directory %s: %s", buf, strerror(errno));
+        *p = '/';
+    }
+    if (mkdir(buf, 0777) != 0 && errno != EEXIST) return sl_errorf("cannot create directory %s: %s", buf, strerror(errno));
+    return 0;
+}
+
+// ---- parent death and heartbeats
 
 int sl_die_with_parent(int sig, pid_t parent_pid) {
     if (prctl(PR_SET_PDEATHSIG, sig) != 0) return -1;

@@ -17,11 +17,12 @@
 #include "shardlm/generate.h"
 #include "shardlm/heartbeat.h"
 #include "shardlm/hf_weights.h"
-#include "shardlm/json_get.h"
 #include "shardlm/loader.h"
 #include "shardlm/manifest.h"
+#include "shardlm/memory_estimate.h"
 #include "shardlm/metrics.h"
 #include "shardlm/model_source.h"
+#include "shardlm/resume.h"
 #include "shardlm/train_config.h"
 
 #include <math.h>
@@ -77,6 +78,8 @@ static void usage(FILE *f) {
         "  --threads N             CPU threads (default OMP_NUM_THREADS or all cores)\n"
         "  --precision P           fp32 | bf16 | fp16 (DeepSpeed's bf16 / fp16 blocks: fp32 master weights,\n"
         "                          16-bit parameters and gradients; fp16 with dynamic loss scaling)\n"
+        "  --quantize TYPE         nf4 | fp4 | int8 base weights (transformers' quantization_config in the JSON\n"
+        "                          config says the same): refused, adapters on a quantised base (QLoRA) come next\n"
         "  --device D              cpu | cuda | cuda:N (default cpu; cuda uses GPU LOCAL_RANK)\n"
         "  --comm-backend B        auto | self | mpi | nccl (default auto: mpi when started as several ranks,\n"
         "                          else self); nccl (GPU memory, one GPU per local rank) is required by\n"
@@ -99,56 +102,82 @@ static void usage(FILE *f) {
         TRAIN_LORA_USAGE);
 }
 
+// What flags set besides the training configuration: which of the DeepSpeed batch triple were given
+// (bits 1 train_batch_size, 2 micro, 4 accumulation: sl_train_config_resolve's `given`) and the comm
+// backend the world is created with.
 typedef struct {
-    char schedule_kind[32];
-    int warmup_steps;       // -1 = steps/10
-    char optimizer[16];
-    float lr, weight_decay, momentum;
-    int decay_all;
-    int given;              // DeepSpeed batch triple bits (1 train_batch_size, 2 micro, 4 accum)
-    int lr_given, wd_given, momentum_given;
-    char precision[16];     // --precision, "" = the config's
-    char comm_backend[16];  // --comm-backend (sl_comm_init_world's name), default "auto"
-} flag_extras;
+    int batch_given;
+    char comm_backend[16];  // sl_comm_init_world's name, default "auto"
+} run_flags;
 
-// Parses flags into c (after the JSON config, so flags win). Returns 0, 1 for --help, -1 on error.
-static int parse_flags(int argc, char **argv, sl_train_config *c, flag_extras *x) {
-    char config_path[SL_PATH_MAX] = "";
-    // the config file applies first, wherever --config stands
+// The value of `--name V` / `--name=V` wherever it stands (the last one), or NULL: for the flags that
+// apply before the others.
+static const char *early_flag(int argc, char **argv, const char *name) {
+    const char *v = NULL;
+    size_t n = strlen(name);
     for (int i = 1; i < argc; i++) {
+        if (!strncmp(argv[i], name, n) && argv[i][n] == '=') v = argv[i] + n + 1;
+        else if (!strcmp(argv[i], name) && i + 1 < argc) v = argv[i + 1];
+    }
+    return v;
+}
+
+// A real-valued flag read as float32 (as the JSON reader's floats) into a double field.
+static int arg_real(sl_args *a, const char *name, double *out) {
+    float v;
+    if (!sl_arg_float(a, name, 0, SL_FLOAT_MAX, 0, &v)) return 0;
+    if (!a->error) *out = v;
+    return 1;
+}
+
+// A choice flag handed to its setter (train_config.h); a refused value sets a->error (and sl_error,
+// which cmd_train prints).
+static int arg_choice(sl_args *a, const char *name, sl_train_config *c, int (*set)(sl_train_config *, const char *)) {
+    char v[32];
+    if (!sl_arg_str(a, name, v, sizeof v)) return 0;
+    if (!a->error && set(c, v)) a->error = 1;
+    return 1;
+}
+
+// Fills c: the JSON config first (wherever --config stands), then --optimizer (a type switch that
+// keeps lr, weight decay and betas, so the optimizer's own flags apply after it wherever they stand),
+// then every other flag straight into its field. Returns 0, 1 for --help, -1 on error (printed here
+// for a malformed flag, else left in sl_error for cmd_train to print).
+static int parse_flags(int argc, char **argv, sl_train_config *c, run_flags *r) {
+    for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return 1;
-        if (!strncmp(argv[i], "--config=", 9)) snprintf(config_path, sizeof config_path, "%s", argv[i] + 9);
-        else if (!strcmp(argv[i], "--config") && i + 1 < argc) snprintf(config_path, sizeof config_path, "%s", argv[i + 1]);
+    const char *config = early_flag(argc, argv, "--config"), *optimizer = early_flag(argc, argv, "--optimizer");
+    if (config) {
+        if (sl_train_config_load_json(c, config)) return -1;
+        r->batch_given |= (c->train_batch_size ? 1 : 0) | (c->micro_batch ? 2 : 0) | (c->grad_accum ? 4 : 0);
     }
-    if (config_path[0]) {
-        if (sl_train_config_load_json(c, config_path)) return -1;
-        x->given |= (c->train_batch_size ? 1 : 0) | (c->micro_batch ? 2 : 0) | (c->grad_accum ? 4 : 0);
-    }
+    if (optimizer && sl_train_config_set_optimizer(c, optimizer)) return -1;
     sl_args a = {argc, argv, 1, NULL, 0};
-    int steps = -1, seed = -1;  // -1: not given (both flags allow only values >= 0)
+    char skip[SL_PATH_MAX];
+    int v;  // an integer flag whose field is wider than int
     for (; a.i < argc && !a.error; a.i++) {
-        if (sl_arg_str(&a, "--config", config_path, sizeof config_path)) continue;
+        if (sl_arg_str(&a, "--config", skip, sizeof skip) || sl_arg_str(&a, "--optimizer", skip, sizeof skip)) continue;
         if (sl_arg_str(&a, "--model", c->model, sizeof c->model)) continue;
         if (sl_arg_str(&a, "--data", c->data, sizeof c->data)) continue;
         if (sl_arg_str(&a, "--tokenizer", c->tokenizer, sizeof c->tokenizer)) continue;
         if (sl_arg_int(&a, "--seq-len", 1, SL_NO_MAX, &c->seq_len)) continue;
-        if (sl_arg_int(&a, "--batch-size", 1, SL_NO_MAX, &c->micro_batch)) { x->given |= 2; continue; }
-        if (sl_arg_int(&a, "--grad-accum", 1, SL_NO_MAX, &c->grad_accum)) { x->given |= 4; continue; }
-        if (sl_arg_int(&a, "--train-batch-size", 1, SL_NO_MAX, &c->train_batch_size)) { x->given |= 1; continue; }
-        if (sl_arg_int(&a, "--steps", 0, SL_NO_MAX, &steps)) continue;
-        if (sl_arg_str(&a, "--optimizer", x->optimizer, sizeof x->optimizer)) continue;
-        if (sl_arg_float(&a, "--lr", 0, SL_FLOAT_MAX, 0, &x->lr)) { x->lr_given = 1; continue; }
-        if (sl_arg_float(&a, "--weight-decay", 0, SL_FLOAT_MAX, 0, &x->weight_decay)) { x->wd_given = 1; continue; }
-        if (sl_arg_float(&a, "--momentum", 0, SL_FLOAT_MAX, 0, &x->momentum)) { x->momentum_given = 1; continue; }
-        if (sl_arg_switch(&a, "--decay-all")) { x->decay_all = 1; continue; }
+        if (sl_arg_int(&a, "--batch-size", 1, SL_NO_MAX, &c->micro_batch)) { r->batch_given |= 2; continue; }
+        if (sl_arg_int(&a, "--grad-accum", 1, SL_NO_MAX, &c->grad_accum)) { r->batch_given |= 4; continue; }
+        if (sl_arg_int(&a, "--train-batch-size", 1, SL_NO_MAX, &c->train_batch_size)) { r->batch_given |= 1; continue; }
+        if (sl_arg_int(&a, "--steps", 0, SL_NO_MAX, &v)) { if (!a.error) c->steps = v; continue; }
+        if (arg_real(&a, "--lr", &c->optim.lr)) continue;
+        if (arg_real(&a, "--weight-decay", &c->optim.weight_decay)) continue;
+        if (arg_real(&a, "--momentum", &c->optim.momentum)) continue;
+        if (sl_arg_switch(&a, "--decay-all")) { c->optim.decay_all = 1; continue; }
         if (sl_arg_float(&a, "--grad-clip", 0, SL_FLOAT_MAX, 0, &c->gradient_clipping)) continue;
-        if (sl_arg_str(&a, "--lr-schedule", x->schedule_kind, sizeof x->schedule_kind)) continue;
-        if (sl_arg_int(&a, "--warmup-steps", 1, SL_NO_MAX, &x->warmup_steps)) continue;
-        if (sl_arg_int(&a, "--seed", 0, SL_NO_MAX, &seed)) continue;
+        if (arg_choice(&a, "--lr-schedule", c, sl_train_config_set_lr_schedule)) continue;
+        if (sl_arg_int(&a, "--warmup-steps", 1, SL_NO_MAX, &c->warmup_steps)) continue;
+        if (sl_arg_int(&a, "--seed", 0, SL_NO_MAX, &v)) { if (!a.error) c->seed = (uint64_t)v; continue; }
         if (sl_arg_int(&a, "--threads", 0, SL_NO_MAX, &c->threads)) continue;
-        if (sl_arg_str(&a, "--precision", x->precision, sizeof x->precision)) continue;
+        if (arg_choice(&a, "--precision", c, sl_train_config_set_precision)) continue;
+        if (arg_choice(&a, "--quantize", c, sl_train_config_set_quantize)) continue;
         if (sl_arg_str(&a, "--device", c->device, sizeof c->device)) continue;
-        if (sl_arg_str(&a, "--comm-backend", x->comm_backend, sizeof x->comm_backend)) continue;
+        if (sl_arg_str(&a, "--comm-backend", r->comm_backend, sizeof r->comm_backend)) continue;
         if (sl_arg_int(&a, "--log-interval", 0, SL_NO_MAX, &c->steps_per_print)) continue;
         if (sl_arg_int(&a, "--eval-interval", 0, SL_NO_MAX, &c->eval_interval)) continue;
         if (sl_arg_int(&a, "--eval-batches", 0, SL_NO_MAX, &c->eval_batches)) continue;
@@ -172,90 +201,7 @@ static int parse_flags(int argc, char **argv, sl_train_config *c, flag_extras *x
         fprintf(stderr, "error: unknown flag '%s' (see shardlm train --help)\n", argv[a.i]);
         return -1;
     }
-    if (a.error) return -1;
-    if (steps >= 0) c->steps = steps;
-    if (seed >= 0) c->seed = (uint64_t)seed;
-    if (x->optimizer[0]) {
-        cJSON *blk = cJSON_CreateObject();
-        cJSON_AddStringToObject(blk, "type", !strcasecmp(x->optimizer, "sgd") ? "SGD"
-                                            : !strcasecmp(x->optimizer, "adam") ? "Adam" : x->optimizer);
-        cJSON *p = cJSON_AddObjectToObject(blk, "params");
-        if (!strcasecmp(x->optimizer, "adam")) cJSON_AddFalseToObject(p, "adam_w_mode");
-        sl_optim_config keep = c->optim;
-        int rc = sl_optim_parse(&c->optim, blk, "--optimizer");
-        cJSON_Delete(blk);
-        if (rc) return -1;
-        c->optim.lr = keep.lr;
-        c->optim.weight_decay = keep.weight_decay;
-        if (c->optim.type != SL_OPTIM_SGD) { c->optim.beta1 = keep.beta1; c->optim.beta2 = keep.beta2; }
-    }
-    if (x->lr_given) c->optim.lr = x->lr;
-    if (x->wd_given) c->optim.weight_decay = x->weight_decay;
-    if (x->momentum_given) c->optim.momentum = x->momentum;
-    if (x->decay_all) c->optim.decay_all = 1;
-    if (x->precision[0]) {
-        if (!strcmp(x->precision, "fp32")) c->precision.precision = SL_PRECISION_FP32;
-        else if (!strcmp(x->precision, "bf16")) c->precision.precision = SL_PRECISION_BF16;
-        else if (!strcmp(x->precision, "fp16")) c->precision.precision = SL_PRECISION_FP16;
-        else {
-            fprintf(stderr, "error: --precision must be fp32, bf16 or fp16 (got '%s')\n", x->precision);
-            return -1;
-        }
-    }
-    if (!c->scheduler_block && !x->schedule_kind[0]) snprintf(x->schedule_kind, sizeof x->schedule_kind, "cosine");
-    if (x->schedule_kind[0] && strcmp(x->schedule_kind, "constant") != 0) {
-        int warmup = x->warmup_steps >= 0 ? x->warmup_steps : (int)(c->steps / 10);
-        if (warmup < 1) warmup = 1;
-        cJSON *blk = cJSON_CreateObject(), *p;
-        if (!strcmp(x->schedule_kind, "cosine")) {
-            cJSON_AddStringToObject(blk, "type", "WarmupCosineLR");
-            p = cJSON_AddObjectToObject(blk, "params");
-            cJSON_AddNumberToObject(p, "total_num_steps", (double)(c->steps > warmup ? c->steps : warmup + 1));
-            cJSON_AddNumberToObject(p, "warmup_num_steps", warmup);
-            cJSON_AddNumberToObject(p, "cos_min_ratio", 0.1);
-            cJSON_AddStringToObject(p, "warmup_type", "linear");
-        } else if (!strcmp(x->schedule_kind, "linear") || !strcmp(x->schedule_kind, "warmup")) {
-            int decay = !strcmp(x->schedule_kind, "linear");
-            cJSON_AddStringToObject(blk, "type", decay ? "WarmupDecayLR" : "WarmupLR");
-            p = cJSON_AddObjectToObject(blk, "params");
-            if (decay) cJSON_AddNumberToObject(p, "total_num_steps", (double)(c->steps > warmup ? c->steps : warmup + 1));
-            cJSON_AddNumberToObject(p, "warmup_min_lr", 0.0);
-            cJSON_AddNumberToObject(p, "warmup_max_lr", c->optim.lr);
-            cJSON_AddNumberToObject(p, "warmup_num_steps", warmup);
-            cJSON_AddStringToObject(p, "warmup_type", "linear");
-        } else {
-            cJSON_Delete(blk);
-            fprintf(stderr, "error: --lr-schedule must be constant, cosine, linear or warmup (got '%s')\n", x->schedule_kind);
-            return -1;
-        }
-        cJSON_Delete(c->scheduler_block);
-        c->scheduler_block = blk;
-    } else if (x->schedule_kind[0]) {
-        cJSON_Delete(c->scheduler_block);
-        c->scheduler_block = NULL;
-    }
-    return 0;
-}
-
-static int is_gpu_device(const char *device) { return !strcmp(device, "cuda") || !strncmp(device, "cuda:", 5); }
-
-// Before any process group exists (NCCL would fail first on a machine without a GPU, saying less):
-// the nccl comm backend moves GPU memory, on GPU LOCAL_RANK of every process.
-static int check_comm_backend_flag(const sl_train_config *c, const char *backend) {
-    if (strcmp(backend, "nccl") != 0) return 0;
-    if (sl_engine_check_comm(is_gpu_device(c->device), c->device, SL_COMM_NCCL, 0, c->zero_stage)) return -1;
-    if (strcmp(c->device, "cuda") != 0)
-        return sl_errorf("--comm-backend nccl puts every process on GPU LOCAL_RANK (modulo the visible GPUs), so it "
-                         "takes --device cuda, not --device %s (choose the GPUs with CUDA_VISIBLE_DEVICES)", c->device);
-    return 0;
-}
-
-// Once the world exists, before the GPU is touched: a GPU run that exchanges gradients (several
-// ranks) or shards (ZeRO) needs NCCL, since the mpi backend moves host memory only (Open MPI as
-// packaged is not CUDA-aware) and self copies with memmove.
-static int check_gpu_exchange(const sl_train_config *c, sl_comm *world) {
-    return sl_engine_check_comm(is_gpu_device(c->device), c->device, sl_comm_backend_of(world), sl_comm_size(world),
-                                c->zero_stage);
+    return a.error ? -1 : 0;
 }
 
 static int dir_has_checkpoint(const char *dir) {
@@ -301,18 +247,24 @@ static int load_weights(sl_model *m, const char *dir) {
     return rc ? -1 : 0;
 }
 
-// What this rank allocated for model states, next to the ZeRO paper's formula (zero.h).
-static void print_memory(const sl_engine *e, int world) {
+// What this rank allocated for model states, next to the estimate from the configuration alone
+// (memory_estimate.h: the ZeRO paper's formula) and what stage 0 would hold.
+static void print_memory(const sl_engine *e, const sl_train_config *c) {
     sl_engine_memory mem = sl_engine_memory_use(e);
-    int stage = e->sharded ? e->zero.stage : 0;
-    sl_zero_estimate est = sl_zero_memory_estimate(&e->model->layout, world, stage, e->n_optim_state);
-    sl_zero_estimate zero0 = sl_zero_memory_estimate(&e->model->layout, world, 0, e->n_optim_state);
+    sl_memory_setup setup = sl_memory_setup_of(c, e->model->ops->act_bf16), stage0 = setup;
+    stage0.zero_stage = 0;
+    sl_memory_estimate est, zero0;
+    if (sl_memory_estimate_for(&e->model->cfg, &setup, &est) || sl_memory_estimate_for(&e->model->cfg, &stage0, &zero0)) {
+        fprintf(stderr, "warning: no memory estimate: %s\n", sl_error());
+        return;
+    }
     size_t total = mem.params + mem.grads + mem.optim;
     printf("memory per rank (ZeRO stage %d, %d ranks): parameters %.2f MB, gradients %.2f MB, optimizer state "
            "%.2f MB; total %.2f MB = %zu bytes\n  formula %s with P=%.0f S=%.0f W=%.0f K=%g: %.0f bytes; "
            "stage 0 would hold %.0f bytes\n",
-           stage, world, mem.params / 1e6, mem.grads / 1e6, mem.optim / 1e6, total / 1e6, total, est.formula, est.P,
-           est.S, est.W, est.K, est.params + est.grads + est.optim, zero0.params + zero0.grads + zero0.optim);
+           setup.zero_stage, setup.world_size, mem.params / 1e6, mem.grads / 1e6, mem.optim / 1e6, total / 1e6, total,
+           est.formula, est.P, est.S, est.W, est.K, est.params + est.grads + est.optim,
+           zero0.params + zero0.grads + zero0.optim);
     if (mem.master || mem.param_copy)
         printf("  mixed precision adds: fp32 master weights %.2f MB, bf16 parameter copy %.2f MB (total %.2f MB)\n",
                mem.master / 1e6, mem.param_copy / 1e6, (total + mem.master + mem.param_copy) / 1e6);
@@ -342,68 +294,16 @@ static int save_checkpoint(sl_engine *e, const sl_train_config *c, sl_loader *tr
     return rc;
 }
 
-static double json_num(const cJSON *o, const char *key, double dflt) {
-    const cJSON *v = o ? cJSON_GetObjectItemCaseSensitive(o, key) : NULL;
-    return cJSON_IsNumber(v) ? v->valuedouble : cJSON_IsBool(v) ? (double)cJSON_IsTrue(v) : dflt;
-}
-
-// Restores the loader position saved in a checkpoint's client state, after checking that this run
-// reads the same data the same way. The position counts windows of micro_batch x seq_len tokens
-// per rank; a run may change its number of ranks (and micro-batch, when not shuffling) as long as
-// the same global window sequence continues, so the position is rescaled to this run's shape.
+// Restores the loader position saved in a checkpoint's client state, once the train layer has
+// checked that this run reads the same data the same way (resume.h).
 static int restore_loader(sl_loader *train, const char *client, const sl_train_config *c) {
-    cJSON *root = client ? cJSON_Parse(client) : NULL;
-    const cJSON *ld = root ? cJSON_GetObjectItemCaseSensitive(root, "loader") : NULL;
-    const cJSON *cfg = root ? cJSON_GetObjectItemCaseSensitive(root, "config") : NULL;
-    const cJSON *own = cfg ? cJSON_GetObjectItemCaseSensitive(cfg, "shardlm") : NULL;
-    const cJSON *data = own ? cJSON_GetObjectItemCaseSensitive(own, "data") : NULL;
-    int rc = 0;
-    sl_loader_position pos;
-    char *s = ld ? cJSON_PrintUnformatted(ld) : NULL;
-    if (!ld || !own) rc = sl_errorf("checkpoint has no saved loader position and configuration");
-    else if (!s || sl_loader_position_from_json(s, &pos)) rc = -1;
-    free(s);
-    // the saved batch shape rescales the position: integers in range, or the checkpoint is refused
-    int64_t mbi = 0, gai = 1, tbsi = 0;
-    const char *w = "trainer_state.json client_state.config";
-    if (rc == 0 && (sl_json_get_i64(cfg, "train_micro_batch_size_per_gpu", &mbi, 1, 1, 1000000000, w) ||
-                    sl_json_get_i64(cfg, "gradient_accumulation_steps", &gai, 0, 1, 1000000000, w) ||
-                    sl_json_get_i64(cfg, "train_batch_size", &tbsi, 1, 1, 1000000000, w)))
-        rc = -1;
-    if (rc == 0) {
-        double mb = (double)mbi, ga = (double)gai, tbs = (double)tbsi, world = tbs / (mb * ga);
-        double seq = json_num(own, "seq_len", 0), seed = json_num(own, "seed", -1), shuffle = json_num(own, "shuffle", 1);
-        double old_windows = world * mb, new_windows = (double)c->world_size * c->micro_batch;
-        if (seq != c->seq_len) rc = sl_errorf("checkpoint was trained with seq_len %g, this run uses %d", seq, c->seq_len);
-        else if (seed != (double)c->seed) rc = sl_errorf("checkpoint was trained with seed %g, this run uses %llu", seed,
-                                                       (unsigned long long)c->seed);
-        else if (shuffle != c->shuffle) rc = sl_errorf("checkpoint was trained with%s shuffling, this run %s", shuffle ? "" : "out",
-                                                     c->shuffle ? "shuffles" : "does not");
-        else if (!cJSON_IsString(data) || strcmp(data->valuestring, c->data) != 0)
-            rc = sl_errorf("checkpoint was trained on data %s, this run reads %s", cJSON_IsString(data) ? data->valuestring : "?",
-                           c->data);
-        else if (c->shuffle && mb != c->micro_batch)
-            rc = sl_errorf("checkpoint was trained with micro batch %g, this run uses %d (with shuffling the window "
-                           "order depends on it; keep it, or change ranks/accumulation instead)", mb, c->micro_batch);
-        else if (fmod((double)pos.batch * old_windows, new_windows) != 0.0)
-            rc = sl_errorf("the checkpoint's data position (%lld batches of %g windows) is not a whole number of this "
-                           "run's batches of %g windows", (long long)pos.batch, old_windows, new_windows);
-        else if ((double)pos.batch * old_windows / new_windows >= (double)sl_loader_batches_per_epoch(train))
-            rc = sl_errorf("the checkpoint's data position (batch %lld of %g windows) lies past this run's epoch of "
-                           "%lld batches of %g windows", (long long)pos.batch, old_windows,
-                           (long long)sl_loader_batches_per_epoch(train), new_windows);
-        if (rc == 0) {
-            pos.batch = (int64_t)((double)pos.batch * old_windows / new_windows);
-            if (tbs != c->train_batch_size && is_rank0)
-                fprintf(stderr, "warning: train_batch_size changes from %g to %d on resume\n", tbs, c->train_batch_size);
-            if (json_num(own, "threads", 0) != c->threads && is_rank0)
-                fprintf(stderr, "warning: thread count differs from the checkpoint's run: results will not be "
-                                "bit-identical to an uninterrupted run\n");
-            rc = sl_loader_seek(train, &pos);
-        }
-    }
-    cJSON_Delete(root);
-    return rc;
+    sl_resume_state saved;
+    sl_resume_plan plan;
+    if (sl_resume_state_parse(&saved, client) ||
+        sl_resume_check(&saved, c, (int64_t)sl_loader_batches_per_epoch(train), &plan))
+        return -1;
+    for (int i = 0; i < plan.n_warnings && is_rank0; i++) fprintf(stderr, "warning: %s\n", plan.warnings[i]);
+    return sl_loader_seek(train, &plan.position);
 }
 
 static int run(sl_train_config *c, sl_comm *world) {
@@ -516,11 +416,12 @@ static int run(sl_train_config *c, sl_comm *world) {
     if (is_rank0) printf("data: %s (%lld training tokens, %lld batches per epoch)\n", c->data,
            (long long)sl_loader_num_tokens(train), (long long)sl_loader_batches_per_epoch(train));
     if (is_rank0 && model.lora) train_lora_print_memory(&engine);
-    else if (is_rank0) print_memory(&engine, c->world_size);
+    else if (is_rank0) print_memory(&engine, c);
     if (is_rank0 && !model.ops->on_device) {
         char isa[256];
         sl_cpu_features_describe(isa, sizeof isa);
-        printf("cpu: %s; GEMM %s\n", isa, sl_cpu_gemm_description());
+        // the fp32 GEMM library; a bf16-storage table names itself (cpu-bf16-onednn: oneDNN's bf16 matmul)
+        printf("cpu: %s; GEMM %s; ops %s\n", isa, sl_cpu_gemm_description(), model.ops->name);
     }
     if (is_rank0)
         printf("threads: %d per rank, data-parallel ranks: %d\nresolved config:\n%s\n", sl_ops_cpu_threads(),
@@ -641,23 +542,19 @@ done:
 int cmd_train(int argc, char **argv) {
     sl_train_config c;
     sl_train_config_defaults(&c);
-    flag_extras x;
-    memset(&x, 0, sizeof x);
-    x.warmup_steps = -1;
-    snprintf(x.comm_backend, sizeof x.comm_backend, "auto");
-    x.weight_decay = c.optim.weight_decay;
-    int p = parse_flags(argc, argv, &c, &x);
+    run_flags r = {0, "auto"};
+    int p = parse_flags(argc, argv, &c, &r);
     if (p == 1) { usage(stdout); sl_train_config_free(&c); return 0; }
     int rc = p;
     sl_comm *world = NULL;
-    if (rc == 0) rc = check_comm_backend_flag(&c, x.comm_backend);
-    if (rc == 0) rc = sl_comm_init_world(&world, x.comm_backend, NULL, NULL);
+    // the comm rule (engine.h) before MPI, NCCL or a GPU is touched, which would fail saying less
+    if (rc == 0) rc = sl_engine_check_comm_plan(c.device, r.comm_backend, c.zero_stage);
+    if (rc == 0) rc = sl_comm_init_world(&world, r.comm_backend, NULL, NULL);
     if (rc == 0) {
         c.world_size = sl_comm_size(world);
         is_rank0 = sl_comm_rank(world) == 0;
-        rc = sl_train_config_resolve(&c, x.given);
+        rc = sl_train_config_resolve(&c, r.batch_given);
     }
-    if (rc == 0) rc = check_gpu_exchange(&c, world);
     // under `shardlm launch`: a background heartbeat so the launcher can tell a hung rank from a slow one
     if (rc == 0 && sl_heartbeat_start() != 0) fprintf(stderr, "warning: no heartbeat for the launcher: %s\n", sl_error());
     if (rc == 0) {

@@ -138,35 +138,41 @@ static sl_comm *comm_alloc(const sl_comm_vtable *vt, sl_comm_backend backend, co
     return c;
 }
 
+int sl_comm_choose_backend(const char *backend_name, sl_comm_backend *backend, int *world_size) {
+    const char *name = backend_name ? backend_name : "auto";
+    sl_launch_env env;
+    *world_size = 0;
+    if (strcmp(name, "self") == 0) {
+        *backend = SL_COMM_SELF;
+        *world_size = 1;
+    } else if (strcmp(name, "mpi") == 0 || strcmp(name, "nccl") == 0) {
+        *backend = name[0] == 'm' ? SL_COMM_MPI : SL_COMM_NCCL;
+        if (sl_launch_env_detect(&env) == 0) *world_size = env.world_size;
+    } else if (strcmp(name, "auto") == 0) {
+        if (sl_launch_env_detect(&env)) return sl_error_context("choosing the comm backend");
+        *backend = env.world_size > 1 ? SL_COMM_MPI : SL_COMM_SELF;
+        *world_size = env.world_size;
+    } else {
+        return sl_errorf("unknown comm backend \"%s\" (expected self, mpi, nccl or auto)", name);
+    }
+    return 0;
+}
+
 int sl_comm_init_world(sl_comm **world, const char *backend_name, int *argc, char ***argv) {
     if (!world) return sl_errorf("sl_comm_init_world: world is NULL");
     *world = NULL;
     const char *name = backend_name ? backend_name : "auto";
-    sl_launch_env env;
-    int use_mpi = 0;
-    sl_comm_backend backend = SL_COMM_SELF;
-    const sl_comm_vtable *vt = &sl_comm_self_vtable;
-    if (strcmp(name, "self") == 0) {
-        use_mpi = 0;
-    } else if (strcmp(name, "mpi") == 0) {
-        use_mpi = 1;
-    } else if (strcmp(name, "auto") == 0) {
-        if (sl_launch_env_detect(&env)) return sl_error_context("choosing the comm backend");
-        use_mpi = env.world_size > 1;
-    } else if (strcmp(name, "nccl") == 0) {
+    sl_comm_backend backend;
+    int env_world;
+    if (sl_comm_choose_backend(name, &backend, &env_world)) return -1;
+    const sl_comm_vtable *vt = backend == SL_COMM_MPI ? &sl_comm_mpi_vtable : &sl_comm_self_vtable;
+    if (backend == SL_COMM_NCCL) {
 #ifdef SHARDLM_HAVE_NCCL
-        backend = SL_COMM_NCCL;
         vt = &sl_comm_nccl_vtable;
 #else
         return sl_errorf("comm backend \"nccl\": this binary was built without NCCL (no CUDA nccl.h / libnccl at "
                          "build time; available: self, mpi, auto)");
 #endif
-    } else {
-        return sl_errorf("unknown comm backend \"%s\" (expected self, mpi, nccl or auto)", name);
-    }
-    if (use_mpi) {
-        backend = SL_COMM_MPI;
-        vt = &sl_comm_mpi_vtable;
     }
 
     sl_comm *c = comm_alloc(vt, backend, "world");
@@ -184,7 +190,9 @@ int sl_comm_init_world(sl_comm **world, const char *backend_name, int *argc, cha
     }
     // Under "auto" the launcher told us the world; MPI must agree, or the job was started by a
     // launcher MPI cannot join (e.g. torchrun), and every process would train alone.
-    if (strcmp(name, "auto") == 0 && use_mpi && (c->size != env.world_size || c->rank != env.rank)) {
+    sl_launch_env env;
+    if (strcmp(name, "auto") == 0 && backend == SL_COMM_MPI && sl_launch_env_detect(&env) == 0 &&
+        (c->size != env.world_size || c->rank != env.rank)) {
         int mr = c->rank, ms = c->size;
         sl_comm_free(c);
         return sl_errorf("comm backend auto: %s set rank %d of %d, but MPI reports rank %d of %d (an MPI job must be "

@@ -6,9 +6,11 @@
 // single float into params, so a failed load leaves params untouched; padded rows are zero after
 // a successful load. sl_hf_save streams tensor by tensor (memory: one small transpose buffer).
 #include "shardlm/hf_weights.h"
+#include "shardlm/quant_model.h"
 #include "shardlm/json_get.h"
 #include "shardlm/error.h"
 #include "shardlm/fileio.h"
+#include "shardlm/precision.h"
 #include "shardlm/safetensors.h"
 
 #include <cjson/cJSON.h>
@@ -51,25 +53,44 @@ static int hf_shape(const sl_tensor_info *t, int64_t shape[2]) {
 
 // ---------------------------------------------------------------- save
 
+// Writes count floats as dtype: F32 as they are, F16 / BF16 rounded to nearest even through a bounded buffer.
+static int write_values(sl_st_writer *w, const float *data, size_t count, sl_st_dtype dtype) {
+    if (dtype == SL_ST_F32) return sl_st_writer_write(w, data, count);
+    uint16_t half[4096];
+    for (size_t done = 0; done < count;) {
+        size_t n = count - done < 4096 ? count - done : 4096;
+        if (dtype == SL_ST_BF16) sl_f32_to_bf16_array(data + done, half, n);
+        else sl_f32_to_fp16_array(data + done, half, n);
+        if (sl_st_writer_write_raw(w, half, n * sizeof half[0])) return -1;
+        done += n;
+    }
+    return 0;
+}
+
 // Writes W (rows, cols) transposed, i.e. as (cols, rows), in blocks of TRANSPOSE_ROWS output rows.
-static int write_transposed(sl_st_writer *w, const float *W, int rows, int cols, float *buf) {
+static int write_transposed(sl_st_writer *w, const float *W, int rows, int cols, float *buf, sl_st_dtype dtype) {
     for (int i0 = 0; i0 < cols; i0 += TRANSPOSE_ROWS) {
         int nb = cols - i0 < TRANSPOSE_ROWS ? cols - i0 : TRANSPOSE_ROWS;
         for (int r = 0; r < rows; r++) {
             const float *src = W + (size_t)r * cols + i0;
             for (int i = 0; i < nb; i++) buf[(size_t)i * rows + r] = src[i];
         }
-        if (sl_st_writer_write(w, buf, (size_t)nb * rows)) return -1;
+        if (write_values(w, buf, (size_t)nb * rows, dtype)) return -1;
     }
     return 0;
 }
 
 static int save_safetensors(const char *path, const sl_param_layout *L, const float *params, sl_st_dtype dtype) {
+    if (dtype != SL_ST_F32 && dtype != SL_ST_F16 && dtype != SL_ST_BF16)
+        return sl_errorf("%s: Hugging Face weights are written as F32, F16 or BF16, not %s", path,
+                         sl_st_dtype_name(dtype));
     sl_st_desc *desc = sl_calloc((size_t)L->n_tensors, sizeof *desc, "HF save tensor list");
-    if (!desc) return -1;
+    sl_st_dtype *dtypes = sl_calloc((size_t)L->n_tensors, sizeof *dtypes, "HF save tensor list");
+    if (!desc || !dtypes) { free(desc); free(dtypes); return -1; }
     int max_rows = 1;
     for (int i = 0; i < L->n_tensors; i++) {
         const sl_tensor_info *t = &L->tensors[i];
+        dtypes[i] = dtype;
         desc[i].name = t->name;
         desc[i].ndim = hf_shape(t, desc[i].shape);
         if (t->hf_transposed && t->shape[0] > max_rows) max_rows = t->shape[0];
@@ -77,17 +98,18 @@ static int save_safetensors(const char *path, const sl_param_layout *L, const fl
     float *buf = sl_malloc((size_t)max_rows * TRANSPOSE_ROWS * sizeof(float), "HF save transpose buffer");
     const char *mk[] = {"format"}, *mv[] = {"pt"};
     sl_st_writer *w = NULL;
-    int rc = !buf ? -1 : sl_st_writer_open_as(&w, path, L->n_tensors, desc, 1, mk, mv, dtype);
+    int rc = !buf ? -1 : sl_st_writer_open_dtypes(&w, path, L->n_tensors, desc, dtypes, 1, mk, mv);
     for (int i = 0; i < L->n_tensors && rc == 0; i++) {
         const sl_tensor_info *t = &L->tensors[i];
         const float *src = params + t->offset;
-        if (t->hf_transposed) rc = write_transposed(w, src, t->shape[0], t->shape[1], buf);
-        else rc = sl_st_writer_write(w, src, (size_t)t->hf_rows * (size_t)t->shape[1]);
+        if (t->hf_transposed) rc = write_transposed(w, src, t->shape[0], t->shape[1], buf, dtype);
+        else rc = write_values(w, src, (size_t)t->hf_rows * (size_t)t->shape[1], dtype);
     }
     if (rc == 0) rc = sl_st_writer_finish(w);
     else sl_st_writer_abort(w);
     free(buf);
     free(desc);
+    free(dtypes);
     return rc ? sl_error_context("saving Hugging Face weights to %s", path) : 0;
 }
 
@@ -340,6 +362,14 @@ static int load_tensors(const source *s, const sl_param_layout *L, const tensor_
 }
 
 int sl_hf_load(const char *dir, const sl_param_layout *L, float *params) {
+    char cfg[PATH_CAP];
+    sl_quant_config qc;
+    int quantised = 0;
+    if (is_dir(dir) && !path_join(cfg, sizeof cfg, dir, "config.json") && is_file(cfg) &&
+        sl_quant_model_read_config(dir, &qc, &quantised) == 0 && quantised)
+        return sl_errorf("%s: a bitsandbytes %s model (config.json has a quantization_config): its weights load only "
+                         "quantised (shardlm generate reads them), not as full-precision parameters", dir,
+                         sl_quant_name(qc.type));
     source s = {0};
     tensor_ref *refs = sl_calloc((size_t)L->n_tensors, sizeof *refs, "HF load tensor map");
     int rc = !refs ? -1 : source_open(&s, dir);

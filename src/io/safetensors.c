@@ -1,4 +1,4 @@
-// safetensors.c: the safetensors reader and the streaming F32 writer (see safetensors.h).
+// safetensors.c: the safetensors reader and the streaming writer (F32, or raw bytes of any dtype) (see safetensors.h).
 // Reader invariants after a successful sl_st_open: every tensor has a known dtype, 0 <= ndim <= 8,
 // non-negative dims whose product times the dtype size equals end - begin (no overflow), and the
 // tensors tile the data section exactly (contiguous from 0 to the file's end); names are unique. Only then is data read,
@@ -9,7 +9,6 @@
 #include "shardlm/error.h"
 #include "shardlm/fileio.h"
 #include "shardlm/json_get.h"
-#include "shardlm/precision.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -380,14 +379,25 @@ int sl_st_read_f32(const sl_st_file *f, int idx, float *out, size_t capacity) {
     return sl_st_read_f32_range(f, idx, 0, f->tensors[idx].numel, out);
 }
 
+int sl_st_read_raw(const sl_st_file *f, int idx, void *out, size_t cap) {
+    if (idx < 0 || idx >= f->n_tensors) return sl_errorf("%s: tensor index %d out of range", f->path, idx);
+    const sl_st_tensor *t = &f->tensors[idx];
+    uint64_t bytes = t->end - t->begin;
+    if (bytes > cap)
+        return sl_errorf("%s: tensor \"%s\": has %llu bytes, destination holds %zu", f->path, t->name,
+                         (unsigned long long)bytes, cap);
+    if (bytes && read_exact(f->fd, out, (size_t)bytes, f->data_start + t->begin))
+        return sl_errorf("%s: tensor \"%s\": read failed at byte %llu (file changed or truncated?)", f->path, t->name,
+                         (unsigned long long)(f->data_start + t->begin));
+    return 0;
+}
+
 // ---------------------------------------------------------------- writer
 
 struct sl_st_writer {
     char *path, *tmp;
     int fd;
     uint64_t expected, written;   // data bytes
-    sl_st_dtype dtype;            // F32, F16 or BF16: every tensor's
-    size_t elem;                  // its bytes per element
 };
 
 static int write_all(int fd, const void *data, size_t len) {
@@ -411,9 +421,8 @@ void sl_st_writer_abort(sl_st_writer *w) {
 }
 
 // Builds the padded header for desc; returns malloc'd bytes (length prefix included) or NULL.
-static char *build_header(const char *path, int n, const sl_st_desc *desc, int n_meta, const char *const *mk,
-                          const char *const *mv, sl_st_dtype dtype, size_t *len_out, uint64_t *data_bytes) {
-    uint64_t elem = sl_st_dtype_size(dtype);
+static char *build_header(const char *path, int n, const sl_st_desc *desc, const sl_st_dtype *dtypes, int n_meta,
+                          const char *const *mk, const char *const *mv, size_t *len_out, uint64_t *data_bytes) {
     cJSON *root = cJSON_CreateObject();
     if (!root) { sl_errorf("out of memory"); return NULL; }
     if (n_meta > 0) {
@@ -444,12 +453,19 @@ static char *build_header(const char *path, int n, const sl_st_desc *desc, int n
             numel *= (uint64_t)d->shape[k];
             shape[k] = (double)d->shape[k];
         }
+        sl_st_dtype dt = dtypes ? dtypes[i] : SL_ST_F32;
+        size_t es = sl_st_dtype_size(dt);
+        if (!es) {
+            cJSON_Delete(root);
+            sl_errorf("%s: tensor \"%s\": unknown dtype %d", path, d->name, (int)dt);
+            return NULL;
+        }
         cJSON *e = cJSON_AddObjectToObject(root, d->name);
-        cJSON_AddStringToObject(e, "dtype", sl_st_dtype_name(dtype));
+        cJSON_AddStringToObject(e, "dtype", sl_st_dtype_name(dt));
         cJSON_AddItemToObject(e, "shape", cJSON_CreateDoubleArray(shape, d->ndim));
-        double offs[2] = {(double)off, (double)(off + numel * elem)};
+        double offs[2] = {(double)off, (double)(off + numel * es)};
         cJSON_AddItemToObject(e, "data_offsets", cJSON_CreateDoubleArray(offs, 2));
-        off += numel * elem;
+        off += numel * es;
     }
     char *json = cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
@@ -468,17 +484,16 @@ static char *build_header(const char *path, int n, const sl_st_desc *desc, int n
 
 int sl_st_writer_open(sl_st_writer **wp, const char *path, int n, const sl_st_desc *desc, int n_meta,
                       const char *const *meta_keys, const char *const *meta_values) {
-    return sl_st_writer_open_as(wp, path, n, desc, n_meta, meta_keys, meta_values, SL_ST_F32);
+    return sl_st_writer_open_dtypes(wp, path, n, desc, NULL, n_meta, meta_keys, meta_values);
 }
 
-int sl_st_writer_open_as(sl_st_writer **wp, const char *path, int n, const sl_st_desc *desc, int n_meta,
-                         const char *const *meta_keys, const char *const *meta_values, sl_st_dtype dtype) {
+int sl_st_writer_open_dtypes(sl_st_writer **wp, const char *path, int n, const sl_st_desc *desc,
+                             const sl_st_dtype *dtypes, int n_meta, const char *const *meta_keys,
+                             const char *const *meta_values) {
     *wp = NULL;
-    if (dtype != SL_ST_F32 && dtype != SL_ST_F16 && dtype != SL_ST_BF16)
-        return sl_errorf("%s: the writer stores F32, F16 or BF16, not %s", path, sl_st_dtype_name(dtype));
     size_t hlen;
     uint64_t data_bytes;
-    char *header = build_header(path, n, desc, n_meta, meta_keys, meta_values, dtype, &hlen, &data_bytes);
+    char *header = build_header(path, n, desc, dtypes, n_meta, meta_keys, meta_values, &hlen, &data_bytes);
     if (!header) return -1;
     sl_st_writer *w = calloc(1, sizeof *w);
     size_t tl = strlen(path) + 32;
@@ -494,8 +509,6 @@ int sl_st_writer_open_as(sl_st_writer **wp, const char *path, int n, const sl_st
         return sl_errorf("%s: cannot create: %s", tmpname, strerror(e));
     }
     w->expected = data_bytes;
-    w->dtype = dtype;
-    w->elem = sl_st_dtype_size(dtype);
     int rc = write_all(w->fd, header, hlen);
     free(header);
     if (rc) { int e = errno; rc = sl_errorf("%s: write failed: %s", w->tmp, strerror(e)); sl_st_writer_abort(w); return rc; }
@@ -503,29 +516,22 @@ int sl_st_writer_open_as(sl_st_writer **wp, const char *path, int n, const sl_st
     return 0;
 }
 
-// Writes count floats as the file's dtype (16-bit ones rounded through a bounded buffer).
-static int write_elements(sl_st_writer *w, const float *data, size_t count) {
-    if (w->dtype == SL_ST_F32) return write_all(w->fd, data, count * 4);
-    uint16_t buf[4096];
-    for (size_t done = 0; done < count;) {
-        size_t n = count - done < 4096 ? count - done : 4096;
-        if (w->dtype == SL_ST_BF16) sl_f32_to_bf16_array(data + done, buf, n);
-        else sl_f32_to_fp16_array(data + done, buf, n);
-        if (write_all(w->fd, buf, n * 2)) return -1;
-        done += n;
-    }
+int sl_st_writer_write_raw(sl_st_writer *w, const void *data, size_t bytes) {
+    if (bytes > w->expected - w->written)
+        return sl_errorf("%s: writing %zu more bytes than the header declares (%llu bytes)", w->path, bytes,
+                         (unsigned long long)w->expected);
+    if (write_all(w->fd, data, bytes))
+        return sl_errorf("%s: write failed after %llu data bytes: %s", w->tmp, (unsigned long long)w->written,
+                         strerror(errno));
+    w->written += bytes;
     return 0;
 }
 
 int sl_st_writer_write(sl_st_writer *w, const float *data, size_t count) {
-    if (count > (w->expected - w->written) / w->elem)
-        return sl_errorf("%s: writing %zu more values than the header declares (%llu bytes)", w->path, count,
+    if (count > (w->expected - w->written) / 4)
+        return sl_errorf("%s: writing %zu more floats than the header declares (%llu bytes)", w->path, count,
                          (unsigned long long)w->expected);
-    if (write_elements(w, data, count))
-        return sl_errorf("%s: write failed after %llu data bytes: %s", w->tmp, (unsigned long long)w->written,
-                         strerror(errno));
-    w->written += count * w->elem;
-    return 0;
+    return sl_st_writer_write_raw(w, data, count * 4);
 }
 
 int sl_st_writer_finish(sl_st_writer *w) {

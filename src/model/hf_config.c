@@ -7,6 +7,7 @@
 #include "shardlm/error.h"
 #include "shardlm/fileio.h"
 #include "shardlm/json_get.h"
+#include "shardlm/quant_config.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -37,7 +38,7 @@ static const char *const gpt2_known[] = {
     "reorder_and_upcast_attn", "add_cross_attention", "pad_token_id",
     // dropout (shardlm trains without it) and GPT2DoubleHeadsModel's summary head
     "resid_pdrop", "embd_pdrop", "attn_pdrop", "summary_type", "summary_use_proj", "summary_activation",
-    "summary_proj_to_labels", "summary_first_dropout", NULL};
+    "summary_proj_to_labels", "summary_first_dropout", "quantization_config", NULL};
 static const char *const llama_known[] = {
     "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
     "num_key_value_heads", "hidden_act", "max_position_embeddings", "rms_norm_eps", "tie_word_embeddings",
@@ -91,6 +92,15 @@ static int require_number(const cJSON *r, const char *key, double want, const ch
     return 0;
 }
 
+// A bitsandbytes quantization_config must be one shardlm reads (quant_config.h); the weights loader
+// (quant_model.h) reads it again with the weights.
+static int check_quantization(const cJSON *r, const char *w) {
+    char where[512];
+    snprintf(where, sizeof where, "%s: quantization_config", w);
+    sl_quant_config qc;
+    return sl_quant_config_parse(cJSON_GetObjectItemCaseSensitive(r, "quantization_config"), &qc, where);
+}
+
 static int parse_gpt2(sl_model_config *c, const cJSON *r, const char *w) {
     *c = (sl_model_config){.arch = SL_ARCH_GPT2, .family = SL_FAMILY_GPT2, .vocab_size = 50257, .max_seq_len = 1024,
                            .n_layer = 12, .n_head = 12, .n_kv_head = 12, .n_embd = 768, .norm_eps = 1e-5f,
@@ -114,6 +124,7 @@ static int parse_gpt2(sl_model_config *c, const cJSON *r, const char *w) {
     if (require_bool(r, "scale_attn_weights", 1, w) || require_bool(r, "scale_attn_by_inverse_layer_idx", 0, w) ||
         require_bool(r, "reorder_and_upcast_attn", 0, w) || require_bool(r, "add_cross_attention", 0, w))
         return -1;
+    if (check_quantization(r, w)) return -1;
     return unknown_notice(r, gpt2_known, w);
 }
 
@@ -338,8 +349,7 @@ static int parse_llama(sl_model_config *c, const cJSON *r, sl_family family, con
         (require_bool(r, "attention_bias", 0, w) || require_bool(r, "mlp_bias", 0, w)))
         return -1;
     if (require_number(r, "attention_dropout", 0.0, "shardlm trains without dropout", w)) return -1;
-    const cJSON *q = cJSON_GetObjectItemCaseSensitive(r, "quantization_config");
-    if (q && !cJSON_IsNull(q)) return sl_errorf("%s: quantization_config: quantised checkpoints are not supported", w);
+    if (check_quantization(r, w)) return -1;
     if (parse_rope(c, r, w) || parse_sliding(c, r, w)) return -1;
     if (c->pad_token_id >= c->vocab_size)
         return sl_errorf("%s: pad_token_id %d is outside the vocabulary [0, %d)", w, c->pad_token_id, c->vocab_size);

@@ -64,6 +64,9 @@ int sl_engine_check_comm(int on_gpu, const char *device, sl_comm_backend backend
     if (backend == SL_COMM_NCCL && !on_gpu)
         return sl_errorf("--comm-backend nccl moves GPU memory: it needs --device cuda (this run has --device %s); "
                          "on the CPU use --comm-backend mpi or auto", device);
+    if (backend == SL_COMM_NCCL && strncmp(device, "cuda:", 5) == 0)
+        return sl_errorf("--comm-backend nccl puts every process on GPU LOCAL_RANK (modulo the visible GPUs), so it "
+                         "takes --device cuda, not --device %s (choose the GPUs with CUDA_VISIBLE_DEVICES)", device);
     if (!on_gpu || backend == SL_COMM_NCCL) return 0;
     const char *name = backend == SL_COMM_MPI ? "mpi" : "self";
     if (world_size > 1)
@@ -74,6 +77,14 @@ int sl_engine_check_comm(int on_gpu, const char *device, sl_comm_backend backend
         return sl_errorf("--device %s with ZeRO stage %d needs the nccl comm backend (the %s backend moves host memory "
                          "only): pass --comm-backend nccl (one process works too)", device, zero_stage, name);
     return 0;
+}
+
+int sl_engine_check_comm_plan(const char *device, const char *backend_name, int zero_stage) {
+    sl_comm_backend backend;
+    int world;
+    if (sl_comm_choose_backend(backend_name, &backend, &world)) return -1;
+    int on_gpu = !strcmp(device, "cuda") || !strncmp(device, "cuda:", 5);
+    return sl_engine_check_comm(on_gpu, device, backend, world, zero_stage);
 }
 
 int sl_engine_init(sl_engine *e, sl_model *model, const sl_engine_config *cfg) {

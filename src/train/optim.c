@@ -33,6 +33,24 @@ const char *sl_optim_name(sl_optim_type type) {
     return "?";
 }
 
+int sl_optim_select(sl_optim_config *cfg, const char *name, const char *flag) {
+    sl_optim_type type;
+    if (strcasecmp(name, "adamw") == 0) type = SL_OPTIM_ADAMW;
+    else if (strcasecmp(name, "adam") == 0) type = SL_OPTIM_ADAM;
+    else if (strcasecmp(name, "sgd") == 0) type = SL_OPTIM_SGD;
+    else return sl_errorf("%s must be adamw, adam or sgd (got '%s')", flag, name);
+    sl_optim_config keep = *cfg;
+    sl_optim_defaults(cfg);
+    cfg->type = type;
+    cfg->lr = keep.lr;
+    cfg->weight_decay = keep.weight_decay;
+    if (type != SL_OPTIM_SGD) {
+        cfg->beta1 = keep.beta1;
+        cfg->beta2 = keep.beta2;
+    }
+    return 0;
+}
+
 int sl_optim_num_state_buffers(const sl_optim_config *cfg) {
     if (cfg->type == SL_OPTIM_SGD) return cfg->momentum != 0.0 ? 1 : 0;
     return 2;

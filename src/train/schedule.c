@@ -128,6 +128,36 @@ int sl_schedule_parse(sl_schedule *s, const cJSON *block, double optimizer_lr, c
     return 0;
 }
 
+void sl_schedule_warmup_linear(sl_schedule *s, sl_schedule_type type, double lr, int64_t warmup_steps,
+                               int64_t total_steps) {
+    sl_schedule_constant(s, lr);
+    if (type == SL_SCHED_CONSTANT) return;
+    s->type = type;
+    s->warmup_type = SL_WARMUP_LINEAR;
+    s->warmup_num_steps = warmup_steps < 2 ? 2 : warmup_steps;  // DeepSpeed: max(2, warmup_num_steps)
+    if (type != SL_SCHED_WARMUP_LR) s->total_num_steps = total_steps;
+    if (type == SL_SCHED_WARMUP_COSINE_LR) s->cos_min_ratio = 0.1;
+}
+
+cJSON *sl_schedule_warmup_linear_block(sl_schedule_type type, double lr, int64_t warmup_steps, int64_t total_steps) {
+    if (type == SL_SCHED_CONSTANT) return NULL;
+    cJSON *blk = cJSON_CreateObject();
+    cJSON_AddStringToObject(blk, "type", sl_schedule_name(type));
+    cJSON *p = cJSON_AddObjectToObject(blk, "params");
+    if (type == SL_SCHED_WARMUP_COSINE_LR) {
+        cJSON_AddNumberToObject(p, "total_num_steps", (double)total_steps);
+        cJSON_AddNumberToObject(p, "warmup_num_steps", (double)warmup_steps);
+        cJSON_AddNumberToObject(p, "cos_min_ratio", 0.1);
+    } else {
+        if (type == SL_SCHED_WARMUP_DECAY_LR) cJSON_AddNumberToObject(p, "total_num_steps", (double)total_steps);
+        cJSON_AddNumberToObject(p, "warmup_min_lr", 0.0);
+        cJSON_AddNumberToObject(p, "warmup_max_lr", lr);
+        cJSON_AddNumberToObject(p, "warmup_num_steps", (double)warmup_steps);
+    }
+    cJSON_AddStringToObject(p, "warmup_type", "linear");
+    return blk;
+}
+
 // DeepSpeed's warmup gamma in [0, 1) for last_batch_iteration < warmup_num_steps.
 static double warmup_gamma(const sl_schedule *s, int64_t it) {
     if (s->warmup_type == SL_WARMUP_LOG) return (1.0 / log((double)s->warmup_num_steps)) * log((double)it + 1.0);

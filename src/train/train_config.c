@@ -1,8 +1,10 @@
-// train_config.c: defaults <- JSON (DeepSpeed keys + "shardlm" block) <- flags, and the batch rule.
+// train_config.c: defaults <- JSON (DeepSpeed keys + "shardlm" block) <- flags, the choices flags name,
+// the batch rule and the schedule, and the resolved configuration as JSON.
 #include "shardlm/train_config.h"
 #include "shardlm/error.h"
 #include "shardlm/fileio.h"
 #include "shardlm/json_get.h"
+#include "shardlm/quant.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,6 +12,7 @@
 
 void sl_train_config_defaults(sl_train_config *c) {
     memset(c, 0, sizeof *c);
+    sl_quant_config_default(&c->quant);
     snprintf(c->model, sizeof c->model, "gpt2-demo");
     snprintf(c->data, sizeof c->data, "data/sotu");
     snprintf(c->save_dir, sizeof c->save_dir, "runs/demo");
@@ -37,6 +40,8 @@ void sl_train_config_defaults(sl_train_config *c) {
     c->contiguous_gradients = 1;
     c->stage3_prefetch_bucket_size = 50000000;
     sl_lora_config_defaults(&c->lora);
+    c->lr_schedule = -1;
+    c->warmup_steps = -1;
 }
 
 void sl_train_config_free(sl_train_config *c) {
@@ -47,7 +52,7 @@ void sl_train_config_free(sl_train_config *c) {
 static const char *const TOP_KEYS[] = {"train_batch_size", "train_micro_batch_size_per_gpu",
                                        "gradient_accumulation_steps", "optimizer", "scheduler",
                                        "gradient_clipping", "steps_per_print", "zero_optimization", "fp16", "bf16",
-                                       "bfloat16", "shardlm", "lora", NULL};
+                                       "bfloat16", "shardlm", "quantization_config", "lora", NULL};
 static const char *const ZERO_KEYS[] = {"stage", "reduce_bucket_size", "allgather_bucket_size", "overlap_comm",
                                         "contiguous_gradients", "stage3_prefetch_bucket_size", NULL};
 static const char *const OWN_KEYS[] = {"model", "data", "tokenizer", "seq_len", "steps", "seed", "threads",
@@ -109,6 +114,12 @@ int sl_train_config_apply_json(sl_train_config *c, const cJSON *root, const char
         if (sl_lora_config_parse(&c->lora, lora, w)) return -1;
         c->lora_enabled = 1;
     }
+    const cJSON *qc = cJSON_GetObjectItemCaseSensitive(root, "quantization_config");
+    if (qc) {
+        char w[1200];
+        snprintf(w, sizeof w, "%s: quantization_config", where);
+        if (sl_quant_config_parse(qc, &c->quant, w)) return -1;
+    }
     const cJSON *own = cJSON_GetObjectItemCaseSensitive(root, "shardlm");
     if (own) {
         char w[1200];
@@ -145,7 +156,56 @@ int sl_train_config_load_json(sl_train_config *c, const char *path) {
     return rc;
 }
 
+int sl_train_config_set_optimizer(sl_train_config *c, const char *name) {
+    return sl_optim_select(&c->optim, name, "--optimizer");
+}
+
+int sl_train_config_set_precision(sl_train_config *c, const char *name) {
+    if (!strcmp(name, "fp32")) c->precision.precision = SL_PRECISION_FP32;
+    else if (!strcmp(name, "bf16")) c->precision.precision = SL_PRECISION_BF16;
+    else if (!strcmp(name, "fp16")) c->precision.precision = SL_PRECISION_FP16;
+    else return sl_errorf("--precision must be fp32, bf16 or fp16 (got '%s')", name);
+    return 0;
+}
+
+int sl_train_config_set_quantize(sl_train_config *c, const char *type) {
+    return sl_quant_config_from_flag(type, &c->quant);
+}
+
+int sl_train_config_set_lr_schedule(sl_train_config *c, const char *kind) {
+    if (!strcmp(kind, "constant")) c->lr_schedule = SL_SCHED_CONSTANT;
+    else if (!strcmp(kind, "cosine")) c->lr_schedule = SL_SCHED_WARMUP_COSINE_LR;
+    else if (!strcmp(kind, "linear")) c->lr_schedule = SL_SCHED_WARMUP_DECAY_LR;
+    else if (!strcmp(kind, "warmup")) c->lr_schedule = SL_SCHED_WARMUP_LR;
+    else return sl_errorf("--lr-schedule must be constant, cosine, linear or warmup (got '%s')", kind);
+    return 0;
+}
+
+// The last step of a named schedule: the run's, or just past the warmup for a run that short.
+static int64_t schedule_total_steps(const sl_train_config *c) {
+    return c->steps > c->warmup_steps ? c->steps : (int64_t)c->warmup_steps + 1;
+}
+
+// The schedule: one named by --lr-schedule, else the config's block, else WarmupCosineLR.
+static int resolve_schedule(sl_train_config *c) {
+    if (c->lr_schedule < 0 && !c->scheduler_block) c->lr_schedule = SL_SCHED_WARMUP_COSINE_LR;
+    if (c->lr_schedule < 0) {
+        if (sl_schedule_parse(&c->schedule, c->scheduler_block, c->optim.lr, "scheduler")) return -1;
+        if (c->schedule.warning[0]) fprintf(stderr, "warning: %s\n", c->schedule.warning);
+        return 0;
+    }
+    if (c->warmup_steps < 0) c->warmup_steps = c->steps / 10 >= 1 ? (int)(c->steps / 10) : 1;
+    sl_schedule_warmup_linear(&c->schedule, (sl_schedule_type)c->lr_schedule, c->optim.lr, c->warmup_steps,
+                              schedule_total_steps(c));
+    return 0;
+}
+
 int sl_train_config_resolve(sl_train_config *c, int given) {
+    if (c->quant.type != SL_QUANT_NONE)   // QLoRA: a frozen quantised base under trained adapters
+        return sl_errorf("%s base weights (--quantize / quantization_config) are frozen: they train only under LoRA "
+                         "adapters (QLoRA), and shardlm train does not put adapters on a quantised base yet (LoRA on "
+                         "an fp32 / bf16 base works: docs/finetune.md); full fine-tuning needs the full-precision "
+                         "weights", sl_quant_name(c->quant.type));
     int tb = (given & 1) ? c->train_batch_size : 0, mb = (given & 2) ? c->micro_batch : 0;
     int ga = (given & 4) ? c->grad_accum : 0, W = c->world_size;
     if ((given & 1) && tb <= 0) return sl_errorf("train_batch_size must be positive (got %d)", tb);
@@ -187,8 +247,7 @@ int sl_train_config_resolve(sl_train_config *c, int given) {
         return sl_errorf("eval_interval, save_interval, sample_tokens and steps_per_print must be >= 0");
     if (!(c->gradient_clipping >= 0)) return sl_errorf("gradient_clipping must be >= 0 (got %g)", c->gradient_clipping);
     if (c->lora_enabled && sl_lora_config_check(&c->lora, "lora")) return -1;
-    if (sl_schedule_parse(&c->schedule, c->scheduler_block, c->optim.lr, "scheduler")) return -1;
-    if (c->schedule.warning[0]) fprintf(stderr, "warning: %s\n", c->schedule.warning);
+    if (resolve_schedule(c)) return -1;
     if (!c->metrics[0]) snprintf(c->metrics, sizeof c->metrics, "%.900s/metrics.jsonl", c->save_dir);
     return 0;
 }
@@ -217,7 +276,10 @@ char *sl_train_config_to_json(const sl_train_config *c) {
         if (c->optim.type == SL_OPTIM_ADAM) cJSON_AddFalseToObject(p, "adam_w_mode");
     }
     if (c->optim.decay_all) cJSON_AddTrueToObject(p, "decay_all");
-    if (c->scheduler_block) cJSON_AddItemToObject(r, "scheduler", cJSON_Duplicate(c->scheduler_block, 1));
+    cJSON *sched = c->lr_schedule >= 0 ? sl_schedule_warmup_linear_block((sl_schedule_type)c->lr_schedule, c->optim.lr,
+                                                                          c->warmup_steps, schedule_total_steps(c))
+                   : c->scheduler_block ? cJSON_Duplicate(c->scheduler_block, 1) : NULL;
+    if (sched) cJSON_AddItemToObject(r, "scheduler", sched);
     cJSON *z = cJSON_AddObjectToObject(r, "zero_optimization");
     cJSON_AddNumberToObject(z, "stage", c->zero_stage);
     cJSON_AddNumberToObject(z, "reduce_bucket_size", (double)c->reduce_bucket_size);
@@ -237,6 +299,7 @@ char *sl_train_config_to_json(const sl_train_config *c) {
     cJSON *b16 = cJSON_AddObjectToObject(r, "bf16");
     cJSON_AddBoolToObject(b16, "enabled", pc->precision == SL_PRECISION_BF16);
     cJSON_AddBoolToObject(b16, "check_grad_overflow", pc->bf16_check_grad_overflow);
+    if (c->quant.type != SL_QUANT_NONE) cJSON_AddItemToObject(r, "quantization_config", sl_quant_config_to_json(&c->quant));
     cJSON *s = cJSON_AddObjectToObject(r, "shardlm");
     cJSON_AddStringToObject(s, "model", c->model);
     cJSON_AddStringToObject(s, "data", c->data);

@@ -36,6 +36,10 @@ refused launch_nproc_negative "error: flag --nproc-per-node expects an integer >
 refused train_lr_underflows_float "error: flag --lr value '1e-50' is outside float32's range (magnitude 1.2e-38 to 3.4e+38, or 0)" train "${T[@]}" --lr 1e-50
 refused train_momentum_negative "error: flag --momentum expects a finite number >= 0, got '-1'" train "${T[@]}" --optimizer sgd --momentum -1
 refused train_weight_decay_negative "error: flag --weight-decay expects a finite number >= 0, got '-0.1'" train "${T[@]}" --weight-decay -0.1
+# choices: each named flag, the value given and the ones allowed
+refused train_optimizer_unknown "error: --optimizer must be adamw, adam or sgd (got 'lion')" train "${T[@]}" --optimizer lion
+refused train_precision_unknown "error: --precision must be fp32, bf16 or fp16 (got 'fp8')" train "${T[@]}" --precision fp8
+refused train_lr_schedule_unknown "error: --lr-schedule must be constant, cosine, linear or warmup (got 'step')" train "${T[@]}" --lr-schedule step
 # more of the same reader
 refused train_lr_infinite "error: flag --lr expects a finite number >= 0, got 'inf'" train "${T[@]}" --lr inf
 refused train_steps_fraction "error: flag --steps expects an integer >= 0, got '1.5'" train "${T[@]}" --steps 1.5

@@ -129,6 +129,11 @@ bad corrupt_checkpoint_is_named "model.safetensors" train --model gpt2-tiny "${c
 bad resume_with_other_model_is_refused "does not match" train --model llama-tiny "${common[@]}" --steps 25 --save-dir "$ck" --resume
 bad resume_with_other_micro_batch_is_refused "micro batch 2, this run uses 3" train --model gpt2-tiny "${common[@]}" --batch-size 3 --steps 25 --save-dir "$ck" --resume
 bad resume_with_other_seq_len_is_refused "seq_len 32, this run uses 16" train --model gpt2-tiny "${common[@]}" --seq-len 16 --steps 25 --save-dir "$ck" --resume
+# the train layer's resume check (resume.h) names the field, the checkpoint's value and this run's
+bad resume_with_other_seed_is_refused "checkpoint was trained with seed 7, this run uses 8" train --model gpt2-tiny "${common[@]}" --seed 8 --steps 25 --save-dir "$ck" --resume
+bad resume_without_shuffling_is_refused "checkpoint was trained with shuffling, this run does not" train --model gpt2-tiny "${common[@]}" --no-shuffle --steps 25 --save-dir "$ck" --resume
+cp -r "$tmp/data" "$tmp/data2"
+bad resume_with_other_data_is_refused "checkpoint was trained on data $tmp/data, this run reads $tmp/data2" train --model gpt2-tiny "${common[@]}" --data "$tmp/data2" --steps 25 --save-dir "$ck" --resume
 bad non_finite_flag_is_refused "expects a finite number" train --lr nan
 # comm backends and devices: NCCL moves GPU memory only, and a GPU's buffers cross processes only
 # through NCCL; both refusals come before any GPU or MPI is touched (this machine may have neither)

@@ -192,8 +192,12 @@ if [ -x "$CS" ]; then
     t 120 "$logdir/sanitizer_$tool.log" "$CS" --tool "${tool%_bf16}" --error-exitcode 99 "$BIN" "${common[@]}" --model gpt2-tiny \
       --seq-len 32 --batch-size 2 --steps 2 --device cuda --precision "$([ $tool = memcheck_bf16 ] && echo bf16 || echo fp32)" \
       --no-save; rc=$?
-    grep -q "ERROR SUMMARY: 0 errors" "$logdir/sanitizer_$tool.log" && [ $rc -eq 0 ] && pass "compute_sanitizer_${tool}_clean" ||
-      fail "compute_sanitizer_${tool}_clean" "$(grep -E 'ERROR SUMMARY|Invalid|Race|error' "$logdir/sanitizer_$tool.log" | head -5)"
+    # memcheck and synccheck end with "ERROR SUMMARY: 0 errors"; racecheck with
+    # "RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)".
+    summary="ERROR SUMMARY: 0 errors"
+    [ "$tool" = racecheck ] && summary="RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)"
+    grep -qF "$summary" "$logdir/sanitizer_$tool.log" && [ $rc -eq 0 ] && pass "compute_sanitizer_${tool}_clean" ||
+      fail "compute_sanitizer_${tool}_clean" "$(grep -E 'SUMMARY|Invalid|Race|error' "$logdir/sanitizer_$tool.log" | head -5)"
   done
 else
   fail compute_sanitizer_available "$CS not found"

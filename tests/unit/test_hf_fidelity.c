@@ -158,6 +158,8 @@ TEST(settings_that_change_numbers_are_refused_by_name) {
     check_refused("llama", "\"hidden_act\": \"gelu\"", "hidden_act");
     check_refused("llama", "\"attention_dropout\": 0.1", "attention_dropout");
     check_refused("llama", "\"quantization_config\": {\"quant_method\": \"bitsandbytes\"}", "quantization_config");
+    check_refused("llama", "\"quantization_config\": {\"load_in_4bit\": true, \"bnb_4bit_quant_type\": \"nf5\"}",
+                  "bnb_4bit_quant_type");
     check_refused("llama", "\"sliding_window\": 16", "sliding_window");
     check_refused("llama", "\"pad_token_id\": 100", "pad_token_id");
     check_refused("llama", "\"head_dim\": 7", "head_dim");

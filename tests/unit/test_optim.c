@@ -305,4 +305,20 @@ TEST(step_argument_errors) {
     CHECK(sl_optim_step(&c, 1e-3f, 1, p, g, NULL, NULL, 0, 4) == 0);
 }
 
+// --optimizer: the type switches as a type-only block would, keeping lr, weight decay and Adam's betas.
+TEST(select_switches_type_and_keeps_lr) {
+    sl_optim_config c;
+    sl_optim_defaults(&c);
+    c.lr = 0.5, c.weight_decay = 0.25, c.beta1 = 0.8, c.beta2 = 0.9, c.eps = 1e-6, c.momentum = 0.7, c.decay_all = 1;
+    CHECK(sl_optim_select(&c, "Adam", "--optimizer") == 0);
+    CHECK(c.type == SL_OPTIM_ADAM && c.lr == 0.5 && c.weight_decay == 0.25 && c.beta1 == 0.8 && c.beta2 == 0.9);
+    CHECK(c.eps == 1e-8 && c.momentum == 0 && c.decay_all == 0);
+    CHECK(sl_optim_select(&c, "sgd", "--optimizer") == 0);
+    CHECK(c.type == SL_OPTIM_SGD && c.lr == 0.5 && c.weight_decay == 0.25 && c.beta1 == 0.9 && c.beta2 == 0.999);
+    CHECK(sl_optim_select(&c, "ADAMW", "--optimizer") == 0 && c.type == SL_OPTIM_ADAMW);
+    CHECK(sl_optim_select(&c, "lion", "--optimizer") == -1 &&
+          strcmp(sl_error(), "--optimizer must be adamw, adam or sgd (got 'lion')") == 0);
+    CHECK(c.type == SL_OPTIM_ADAMW);
+}
+
 TEST_MAIN()

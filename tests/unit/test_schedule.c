@@ -143,4 +143,25 @@ TEST(extreme_steps_are_safe) {
     }
 }
 
+// A schedule --lr-schedule names is the one its saved "scheduler" block parses to, field for field.
+TEST(named_schedules_equal_their_blocks) {
+    const sl_schedule_type types[] = {SL_SCHED_CONSTANT, SL_SCHED_WARMUP_LR, SL_SCHED_WARMUP_DECAY_LR,
+                                      SL_SCHED_WARMUP_COSINE_LR};
+    const int64_t warmups[] = {1, 2, 7}, totals[] = {3, 50};
+    for (int t = 0; t < 4; t++)
+        for (int w = 0; w < 3; w++)
+            for (int n = 0; n < 2; n++) {
+                sl_schedule typed, parsed;
+                double lr = 3e-4;
+                sl_schedule_warmup_linear(&typed, types[t], lr, warmups[w], totals[n]);
+                cJSON *blk = sl_schedule_warmup_linear_block(types[t], lr, warmups[w], totals[n]);
+                CHECK((blk == NULL) == (types[t] == SL_SCHED_CONSTANT));
+                CHECK_MSG(sl_schedule_parse(&parsed, blk, lr, "block") == 0, "%s", sl_error());
+                cJSON_Delete(blk);
+                CHECK_MSG(memcmp(&typed, &parsed, sizeof typed) == 0, "%s warmup %lld total %lld",
+                          sl_schedule_name(types[t]), (long long)warmups[w], (long long)totals[n]);
+                for (int64_t step = 0; step < 60; step++) CHECK(sl_schedule_lr(&typed, step) == sl_schedule_lr(&parsed, step));
+            }
+}
+
 TEST_MAIN()

@@ -1,0 +1,42 @@
+// memory_estimate.h: what a training run's model states take on each data-parallel rank, from its
+// configuration alone, before anything is allocated: parameters, gradients and optimizer state by
+// the ZeRO paper's formula (zero.h, sl_zero_memory_estimate), plus what mixed precision adds (the
+// fp32 master slice, the bf16 parameter copy). It gives the bytes the engine allocates for them
+// (sl_engine_memory_use), which `shardlm train` prints beside it; `shardlm estimate` shares it.
+// Activations and workspaces are not model states and are not counted.
+#ifndef SHARDLM_MEMORY_ESTIMATE_H
+#define SHARDLM_MEMORY_ESTIMATE_H
+
+#include "shardlm/config.h"
+#include "shardlm/precision.h"
+#include "shardlm/train_config.h"
+
+// The training settings the estimate depends on.
+typedef struct {
+    int world_size;           // data-parallel ranks
+    int zero_stage;           // 0-3
+    int optim_state_buffers;  // fp32 buffers per parameter: 2 Adam / AdamW, 1 SGD with momentum, 0 SGD
+    sl_precision precision;   // fp16 / bf16 keep fp32 master weights
+    int act_bf16;             // the ops table keeps activations and a parameter copy in bf16 (ops.h act_bf16)
+} sl_memory_setup;
+
+// A resolved training config's setup (act_bf16: the ops table the run computes with).
+sl_memory_setup sl_memory_setup_of(const sl_train_config *c, int act_bf16);
+
+typedef struct {
+    double params, grads, optim;  // bytes per rank: fp32 parameters, gradients, optimizer state
+    double master;                // fp32 master weights of this rank's slice (fp16 / bf16; 0 when the
+                                  // fp32 parameters are the master: bf16 with act_bf16 and no ZeRO)
+    double param_copy;            // the bf16 parameter copy with act_bf16: the whole model, or at ZeRO
+                                  // stage 3 the windows' bf16 twins
+    double total;                 // the sum of the above
+    double P, S, W, K;            // the formula's inputs (zero.h): parameters, slice, window floats,
+                                  // optimizer bytes per parameter
+    const char *formula;          // the stage's formula, e.g. "4P + 4(P+S) + KS"
+} sl_memory_estimate;
+
+// The estimate for `model` trained with `setup`. -1 with a message when the model's layout cannot be
+// built (an invalid config) or the setup is out of range.
+int sl_memory_estimate_for(const sl_model_config *model, const sl_memory_setup *setup, sl_memory_estimate *out);
+
+#endif

@@ -1,0 +1,47 @@
+// memory_estimate.c: model-state bytes per rank from a model config and a training setup (see
+// memory_estimate.h). The ZeRO formula comes from zero.c; the mixed-precision terms follow what
+// engine_precision.c and the model allocate: a master slice unless the fp32 parameters are the master
+// (bf16 with bf16 activation storage and no ZeRO), and under act_bf16 a bf16 copy of the whole model,
+// which ZeRO-3 replaces by bf16 twins of its parameter windows.
+#include "shardlm/memory_estimate.h"
+#include "shardlm/error.h"
+#include "shardlm/layout.h"
+#include "shardlm/optim.h"
+#include "shardlm/zero.h"
+
+#include <string.h>
+
+sl_memory_setup sl_memory_setup_of(const sl_train_config *c, int act_bf16) {
+    sl_memory_setup s = {c->world_size, c->zero_stage, sl_optim_num_state_buffers(&c->optim), c->precision.precision,
+                         act_bf16 != 0};
+    return s;
+}
+
+int sl_memory_estimate_for(const sl_model_config *model, const sl_memory_setup *setup, sl_memory_estimate *out) {
+    memset(out, 0, sizeof *out);
+    if (setup->world_size < 1 || setup->zero_stage < 0 || setup->zero_stage > 3 || setup->optim_state_buffers < 0 ||
+        setup->optim_state_buffers > 2)
+        return sl_errorf("memory estimate: world size %d, ZeRO stage %d and %d optimizer state buffers are not a "
+                         "training setup (expected >= 1, 0-3, 0-2)", setup->world_size, setup->zero_stage,
+                         setup->optim_state_buffers);
+    sl_param_layout layout;
+    if (sl_layout_build(&layout, model)) return sl_error_context("memory estimate");
+    sl_zero_estimate z = sl_zero_memory_estimate(&layout, setup->world_size, setup->zero_stage,
+                                                 setup->optim_state_buffers);
+    double windows = (double)sl_zero_window_floats(&layout);
+    sl_layout_free(&layout);
+    out->params = z.params;
+    out->grads = z.grads;
+    out->optim = z.optim;
+    out->P = z.P;
+    out->S = z.S;
+    out->W = z.W;
+    out->K = z.K;
+    out->formula = z.formula;
+    int mixed = setup->precision != SL_PRECISION_FP32;
+    int params_are_master = setup->precision == SL_PRECISION_BF16 && setup->act_bf16 && setup->zero_stage == 0;
+    if (mixed && !params_are_master) out->master = 4.0 * z.S;  // S is P at stage 0
+    if (setup->act_bf16) out->param_copy = 2.0 * (setup->zero_stage == 3 ? windows : z.P);
+    out->total = out->params + out->grads + out->optim + out->master + out->param_copy;
+    return 0;
+}
