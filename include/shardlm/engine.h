@@ -95,7 +95,9 @@ int sl_checkpoint_consolidate(const char *path, const char *out_dir, int with_op
 // under mixed precision also the separate fp32 master slice (0 when model->params is the master)
 // and the bf16 parameter copy the model computes with (its whole-model copy, or its ZeRO-3
 // windows' bf16 twins).
-typedef struct { size_t params, grads, optim, master, param_copy; } sl_engine_memory;
+// With LoRA adapters attached (model->lora): params is the frozen base, adapters the trained
+// adapters' parameters, and grads and optim hold the adapters' only.
+typedef struct { size_t params, grads, optim, master, param_copy, adapters; } sl_engine_memory;
 sl_engine_memory sl_engine_memory_use(const sl_engine *e);
 
 // The one rule for comm backends and devices: NCCL moves GPU memory only (a CPU run cannot use it) and

@@ -9,12 +9,19 @@
 
 #include "shardlm/config.h"
 #include "shardlm/layout.h"
+#include "shardlm/safetensors.h"
 
 // Writes the weights. `dir_or_file` ending in ".safetensors" writes that one file; otherwise it is a
 // directory (created if needed) that receives model.safetensors and config.json. The safetensors
 // carries "__metadata__": {"format": "pt"}; tied lm_head is not written (HF drops it too).
 int sl_hf_save(const char *dir_or_file, const sl_param_layout *L, const float *params);
 
+// The same with every tensor stored as dtype (F32, F16 or BF16, rounded to nearest even) and
+// config.json's torch_dtype saying so.
+int sl_hf_save_as(const char *dir_or_file, const sl_param_layout *L, const float *params, sl_st_dtype dtype);
+// The dtype of the model's floating-point weights in dir (as sl_hf_load finds them): the first
+// tensor's of model.safetensors or of the index's first shard.
+int sl_hf_weights_dtype(const char *dir, sl_st_dtype *dtype);
 // Reads DIR/config.json (or the file itself if given a .json path).
 int sl_hf_load_config(const char *dir, sl_model_config *cfg);
 

@@ -88,6 +88,9 @@ typedef struct {
     // events). A non-zero return aborts the forward/backward with the hook's error.
     int (*unit_hook)(void *ctx, sl_unit_event event, int unit, int next_unit);
     void *unit_hook_ctx;
+    // LoRA adapters (lora.h) the forward adds to their linears, or NULL. While attached the base is
+    // frozen: grads is NULL and the backward computes the adapters' gradients only.
+    struct sl_lora *lora;
 } sl_model;
 
 int sl_model_create(sl_model *m, const sl_model_config *cfg, const sl_ops *ops);
@@ -127,6 +130,13 @@ int sl_model_params_changed(sl_model *m);
 // the model holds its weights once. Backward and sl_model_reserve are refused afterwards, and
 // sl_model_params_changed has nothing to convert.
 int sl_model_for_inference(sl_model *m);
+
+// Attaches LoRA adapters built for this model's config on its backend and frees the base's gradient
+// buffer (frozen from now on: no gradient, so no optimizer state, is ever kept for it). The base's
+// bf16 copy (ops->act_bf16) is made here, once; sl_model_params_changed then refreshes the adapters'
+// only. The adapters' activations are planned with the model's. The model does not own them
+// (sl_lora_free after sl_model_free).
+int sl_model_attach_lora(sl_model *m, struct sl_lora *lora);
 
 // Grows the parameter and gradient buffers to `capacity` floats (>= layout.total), the tail zeroed,
 // so a sharded engine can gather equal-sized shards in place.

@@ -31,6 +31,7 @@
 #define SHARDLM_OPS_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 // Activation storage: an incomplete type (see the top of this file).
 typedef struct sl_act sl_act;
@@ -38,6 +39,22 @@ typedef struct sl_act sl_act;
 // The byte address of element i of storage whose elements are `elem` bytes (2 for bf16, 4 for fp32).
 static inline sl_act *sl_act_at(const sl_act *p, size_t i, size_t elem) {
     return (sl_act *)((const char *)p + i * elem);
+}
+
+// Dropout's mask (dropout_forward / dropout_backward): element i is kept when a uniform draw in [0, 1)
+// that is a pure function of (seed, i) (SplitMix64's finaliser, 24 bits) is >= p. Host and device code
+// compute it alike, so every backend drops the same elements.
+#ifdef __CUDACC__
+#define SL_HOST_DEVICE __host__ __device__
+#else
+#define SL_HOST_DEVICE
+#endif
+static inline SL_HOST_DEVICE int sl_dropout_keep(uint64_t seed, size_t i, float p) {
+    uint64_t z = seed + 0x9e3779b97f4a7c15ULL * ((uint64_t)i + 1);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    z ^= z >> 31;
+    return (float)(z >> 40) * (1.0f / 16777216.0f) >= p;
 }
 
 #include "shardlm/ops_list.h"

@@ -46,8 +46,8 @@
       SL_IN(inp, SL_N2(N, IC)) SL_IN(weight, SL_N2(OC, IC)) SL_IN(bias, (size_t)OC)                         \
       SL_OUT(out, SL_N2(N, OC)),                                                                            \
       SL_GEMM_FLOPS(0, 0, 1), STAGED)                                                                          \
-    /* dinp (N,IC) = dout @ weight (skipped if dinp NULL); dweight += dout^T @ inp;                         \
-       dbias += colsum(dout) (dbias may be NULL). */                                                        \
+    /* dinp (N,IC) = dout @ weight (skipped if dinp NULL); dweight += dout^T @ inp (skipped if NULL:       \
+       a frozen weight); dbias += colsum(dout) (dbias may be NULL). */                                                        \
     X(void, matmul_backward,                                                                                \
       (sl_act *dinp, float *dweight, float *dbias, const sl_act *dout, const sl_act *inp,                   \
        const sl_act *weight, int N, int IC, int OC),                                                        \
@@ -80,7 +80,7 @@
       (out, mean, rstd, inp, w, b, N, C, eps),                                                              \
       SL_IN(inp, SL_N2(N, C)) SL_IN(w, (size_t)C) SL_IN(b, (size_t)C) SL_OUT(out, SL_N2(N, C)),             \
       SL_FLOPS(0), STAGED)                                                                                  \
-    /* dinp += ..., dw += ..., db += ... */                                                                 \
+    /* dinp += ..., dw += ..., db += ... (dw, db NULL: frozen, only dinp) */                                                                 \
     X(void, layernorm_backward,                                                                             \
       (sl_act *dinp, float *dw, float *db, const sl_act *dout, const sl_act *inp, const sl_act *w,          \
        const float *mean, const float *rstd, int N, int C),                                                 \
@@ -93,7 +93,7 @@
       (out, rstd, inp, w, N, C, eps),                                                                       \
       SL_IN(inp, SL_N2(N, C)) SL_IN(w, (size_t)C) SL_OUT(out, SL_N2(N, C)),                                 \
       SL_FLOPS(0), STAGED)                                                                                  \
-    /* dinp += ..., dw += ... */                                                                            \
+    /* dinp += ..., dw += ... (dw NULL: frozen, only dinp) */                                                                            \
     X(void, rmsnorm_backward,                                                                               \
       (sl_act *dinp, float *dw, const sl_act *dout, const sl_act *inp, const sl_act *w, const float *rstd, \
        int N, int C),                                                                                       \
@@ -123,6 +123,26 @@
       SL_IN(a, SL_N2(N, C)) SL_IN(b, SL_N2(N, C)) SL_IN(w, (size_t)C)                                       \
       SL_OUT(resid, SL_N2(N, C)) SL_OUT(out, SL_N2(N, C)),                                                  \
       SL_FLOPS(0), COMPOSED)                                                                                \
+    /* LoRA's adapter on a slice of a fused linear's output: out (N,ld)[:, col0:col0+W] += scale * inp    \
+       (N,W). */                                                                                            \
+    X(void, add_columns,                                                                                    \
+      (sl_act *out, const sl_act *inp, float scale, int N, int W, int ld, int col0),                        \
+      (out, inp, scale, N, W, ld, col0),                                                                    \
+      SL_INOUT(out, SL_N2(N, ld)) SL_IN(inp, SL_N2(N, W)),                                                  \
+      SL_FLOPS(0), STAGED)                                                                                  \
+    /* Its backward's slice of the output gradient: out (N,W) = scale * inp (N,ld)[:, col0:col0+W]. */     \
+    X(void, take_columns,                                                                                   \
+      (sl_act *out, const sl_act *inp, float scale, int N, int W, int ld, int col0),                        \
+      (out, inp, scale, N, W, ld, col0),                                                                    \
+      SL_IN(inp, SL_N2(N, ld)) SL_OUT(out, SL_N2(N, W)),                                                    \
+      SL_FLOPS(0), STAGED)                                                                                  \
+    /* Inverted dropout with probability p: out (n) = inp * keep / (1 - p), keep[i] = sl_dropout_keep(     \
+       seed, i, p), a pure function of (seed, i) (ops.h); out may be inp. */                                \
+    X(void, dropout_forward, (sl_act *out, const sl_act *inp, size_t n, float p, uint64_t seed),            \
+      (out, inp, n, p, seed), SL_IN(inp, n) SL_OUT(out, n), SL_FLOPS(0), STAGED)                            \
+    /* dinp (n) = dout * keep / (1 - p), the forward's keep for the same seed (OVERWRITTEN; may be dout). */ \
+    X(void, dropout_backward, (sl_act *dinp, const sl_act *dout, size_t n, float p, uint64_t seed),         \
+      (dinp, dout, n, p, seed), SL_IN(dout, n) SL_OUT(dinp, n), SL_FLOPS(0), STAGED)                        \
     /* tanh-approximate GELU ("gelu_new"). */                                                               \
     X(void, gelu_forward, (sl_act *out, const sl_act *inp, size_t n), (out, inp, n),                        \
       SL_IN(inp, n) SL_OUT(out, n), SL_FLOPS(0), STAGED)                                                    \

@@ -79,6 +79,8 @@ typedef struct {
 // Ranges of every tensor with weight_decay == 1 (or every tensor when decay_all). Adjacent ranges
 // are merged. Free with sl_decay_mask_free.
 int sl_decay_mask_from_layout(sl_decay_mask *mask, const sl_param_layout *layout, int decay_all);
+// The same from any offsets table (LoRA's adapters: lora.h).
+int sl_decay_mask_from_tensors(sl_decay_mask *mask, const sl_tensor_info *tensors, int n_tensors, int decay_all);
 void sl_decay_mask_free(sl_decay_mask *mask);
 
 // ---- steps -------------------------------------------------------------------------------------

@@ -4,13 +4,16 @@
 // gradient_accumulation_steps (batch = micro x accumulation x data-parallel size; any two infer
 // the third), optimizer, scheduler, gradient_clipping, steps_per_print; transformers'
 // quantization_config (BitsAndBytesConfig's words, quant_config.h). shardlm's own settings
-// live under the key "shardlm" (model, data, seq_len, steps, ...). Unknown keys are warned about.
+// live under the key "shardlm" (model, data, seq_len, steps, adapter, ...), LoRA's under "lora" in
+// PEFT's LoraConfig words (r, lora_alpha, lora_dropout, target_modules, use_rslora, bias). Unknown
+// keys are warned about.
 // The resolved configuration serialises back to the same JSON shape (saved with checkpoints).
 #ifndef SHARDLM_TRAIN_CONFIG_H
 #define SHARDLM_TRAIN_CONFIG_H
 
 #include <stdint.h>
 #include <cjson/cJSON.h>
+#include "shardlm/lora.h"
 #include "shardlm/loss_scaler.h"
 #include "shardlm/optim.h"
 #include "shardlm/quant_config.h"
@@ -62,6 +65,10 @@ typedef struct {
     // DeepSpeed "fp16" / "bf16" blocks: the training precision and the fp16 loss scaler
     sl_loss_scaler_config precision;
     char device[32];              // --device: "cpu" (default), "cuda", "cuda:N"
+    // LoRA ("lora" block in PEFT's words, --lora-* flags): train adapters on a frozen base
+    int lora_enabled;
+    sl_lora_config lora;
+    char adapter[SL_PATH_MAX];    // "" or a PEFT adapter directory to start from (its settings win)
     // "quantization_config" (transformers' BitsAndBytesConfig words) / --quantize: a quantised frozen
     // base, which only LoRA adapters can train on (QLoRA); type NONE by default
     sl_quant_config quant;

@@ -9,6 +9,7 @@
 #include "shardlm/json_get.h"
 #include "shardlm/manifest.h"
 #include "shardlm/model_source.h"
+#include "shardlm/peft_adapter.h"
 #include "shardlm/quant_model.h"
 #include "shardlm/precision.h"
 
@@ -46,6 +47,8 @@ static void usage(FILE *f) {
         "                        instructions, the slow bf16 emulation (with a notice) where it has not\n"
         "  --no-verify           load a checkpoint without checking its files' sizes and FNV-1a checksums\n"
         "                        against manifest.json (default: checked)\n"
+        "  --adapter DIR         add a LoRA adapter (PEFT's adapter_config.json + adapter_model.safetensors,\n"
+        "                        or a shardlm LoRA checkpoint) to the model\n"
         "  --logits-out FILE     also write the prompt's logits (T x vocab, full forward) as JSON, for\n"
         "                        comparison with other implementations (tests/reference/check_hf_load.py)\n");
 }
@@ -150,7 +153,7 @@ static int load_weights(sl_model *m, sl_quant_model *qm, const char *dir, const 
 
 int cmd_generate(int argc, char **argv) {
     char model_spec[4096] = "runs/demo", tok_dir[4096] = "", prompt[65536] = "", logits_out[4096] = "";
-    char prompt_id_list[65536] = "", dtype[32] = "fp32";
+    char prompt_id_list[65536] = "", dtype[32] = "fp32", adapter[4096] = "";
     int max_new = 128, threads = 0, seed = 0, stop_eot = 0, have_prompt = 0, no_verify = 0;
     sl_sampler_config sc = {0.8f, 40, 0.95f};
     sl_quant_config want;
@@ -172,6 +175,7 @@ int cmd_generate(int argc, char **argv) {
         if (sl_arg_switch(&a, "--stop-at-eot")) { stop_eot = 1; continue; }
         if (sl_arg_switch(&a, "--no-verify")) { no_verify = 1; continue; }
         if (sl_arg_str(&a, "--logits-out", logits_out, sizeof logits_out)) continue;
+        if (sl_arg_str(&a, "--adapter", adapter, sizeof adapter)) continue;
         char qflag[16];
         if (sl_arg_str(&a, "--quantize", qflag, sizeof qflag)) {
             if (sl_quant_config_from_flag(qflag, &want)) { fprintf(stderr, "error: %s\n", sl_error()); return 2; }
@@ -191,6 +195,8 @@ int cmd_generate(int argc, char **argv) {
     sl_ops_cpu_set_threads(threads);
     sl_model_source src;
     sl_model m;
+    sl_lora lora;
+    memset(&lora, 0, sizeof lora);
     sl_tokenizer *tok = NULL;
     int32_t *ids = NULL;
     int *prompt_ids = NULL, *new_ids = NULL, rc = -1, have_model = 0, from_ids = prompt_id_list[0] != 0;
@@ -202,10 +208,11 @@ int cmd_generate(int argc, char **argv) {
     if (sl_model_create(&m, &src.cfg, ops)) goto done;
     have_model = 1;
     if (!no_verify && sl_manifest_verify_weights_dir(src.weights_dir)) goto done;
-    // the weights (quantised ones through sl_ops_cpu_quant), then (bf16) their rounded copy; only what the
-    // forward reads is kept
-    if (load_weights(&m, &qm, src.weights_dir, &want) || sl_model_params_changed(&m) || sl_model_for_inference(&m))
-        goto done;
+    // the weights (quantised ones through sl_ops_cpu_quant), their bf16 copy, the adapter; then only what
+    // the forward reads is kept
+    if (load_weights(&m, &qm, src.weights_dir, &want) || sl_model_params_changed(&m)) goto done;
+    if (adapter[0] && (sl_peft_load(adapter, &src.cfg, m.ops, &lora) || sl_model_attach_lora(&m, &lora))) goto done;
+    if (sl_model_for_inference(&m)) goto done;
     if (load_tokenizer(&tok, tok_dir, src.weights_dir)) {
         if (!from_ids || tok_dir[0]) goto done;
         tok = NULL;  // token ids in, token ids out
@@ -256,6 +263,7 @@ done:
     free(new_ids);
     sl_tokenizer_free(tok);
     if (have_model) sl_model_free(&m);
+    sl_lora_free(&lora);
     sl_quant_ops_install(NULL, 0);
     sl_quant_model_free(&qm);
     return rc ? 1 : 0;

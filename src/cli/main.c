@@ -15,6 +15,7 @@ static void usage(FILE *f) {
             "  train      train or fine-tune a GPT-2 / LLaMA model (DeepSpeed-style JSON config + flags)\n"
             "  generate   sample text from a checkpoint or Hugging Face model directory\n"
             "  convert    consolidate a (sharded) checkpoint into one Hugging Face directory\n"
+            "  merge      merge a LoRA adapter into its base model (PEFT's merge_and_unload)\n"
             "  quantize   write a model's linears in bitsandbytes' 4-bit / 8-bit layout (transformers loads it)\n"
             "  launch     run a program on N ranks (torchrun / deepspeed launcher on srun, mpirun or fork)\n"
             "  report     print what this build and machine have: libraries, backends, GPUs (ds_report)\n\n"
@@ -41,6 +42,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "train")) return cmd_train(argc - 1, argv + 1);
     if (!strcmp(cmd, "generate")) return cmd_generate(argc - 1, argv + 1);
     if (!strcmp(cmd, "convert")) return cmd_convert(argc - 1, argv + 1);
+    if (!strcmp(cmd, "merge")) return cmd_merge(argc - 1, argv + 1);
     if (!strcmp(cmd, "quantize")) return cmd_quantize(argc - 1, argv + 1);
     if (!strcmp(cmd, "launch")) return cmd_launch(argc - 1, argv + 1);
     if (!strcmp(cmd, "report")) return cmd_report(argc - 1, argv + 1);

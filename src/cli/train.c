@@ -5,6 +5,7 @@
 // SIGINT/SIGTERM finish the current step, save a checkpoint and exit non-zero.
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/train_lora.h"
 #include "shardlm/cpu_features.h"
 #include "shardlm/checkpoint.h"
 #include "shardlm/comm.h"
@@ -78,7 +79,7 @@ static void usage(FILE *f) {
         "  --precision P           fp32 | bf16 | fp16 (DeepSpeed's bf16 / fp16 blocks: fp32 master weights,\n"
         "                          16-bit parameters and gradients; fp16 with dynamic loss scaling)\n"
         "  --quantize TYPE         nf4 | fp4 | int8 base weights (transformers' quantization_config in the JSON\n"
-        "                          config says the same): for QLoRA, refused until LoRA adapters exist\n"
+        "                          config says the same): refused, adapters on a quantised base (QLoRA) come next\n"
         "  --device D              cpu | cuda | cuda:N (default cpu; cuda uses GPU LOCAL_RANK)\n"
         "  --comm-backend B        auto | self | mpi | nccl (default auto: mpi when started as several ranks,\n"
         "                          else self); nccl (GPU memory, one GPU per local rank) is required by\n"
@@ -97,7 +98,8 @@ static void usage(FILE *f) {
         "  --resume [PATH]         continue from PATH (a checkpoint root or tag); `--resume auto` or a bare\n"
         "                          --resume uses SAVE_DIR if it holds a checkpoint\n"
         "  --metrics FILE          JSON-lines metrics (default SAVE_DIR/metrics.jsonl)\n"
-        "  --sample-tokens N       tokens to generate after training (default 64, 0 = none)\n");
+        "  --sample-tokens N       tokens to generate after training (default 64, 0 = none)\n"
+        TRAIN_LORA_USAGE);
 }
 
 // What flags set besides the training configuration: which of the DeepSpeed batch triple were given
@@ -195,6 +197,7 @@ static int parse_flags(int argc, char **argv, sl_train_config *c, run_flags *r) 
         if (sl_arg_str(&a, "--resume", c->resume, sizeof c->resume)) continue;
         if (sl_arg_str(&a, "--metrics", c->metrics, sizeof c->metrics)) continue;
         if (sl_arg_int(&a, "--sample-tokens", 0, SL_NO_MAX, &c->sample_tokens)) continue;
+        if (train_lora_flag(&a, c)) continue;
         fprintf(stderr, "error: unknown flag '%s' (see shardlm train --help)\n", argv[a.i]);
         return -1;
     }
@@ -313,12 +316,14 @@ static int restore_loader(sl_loader *train, const char *client, const sl_train_c
 static int run(sl_train_config *c, sl_comm *world) {
     int rc = -1;
     sl_model model;
+    sl_lora lora;
     sl_engine engine;
     sl_loader *train = NULL, *val = NULL;
     sl_metrics *metrics = NULL;
     sl_tokenizer *tok = NULL;
     int *in = NULL, *tg = NULL, have_model = 0, have_engine = 0;
     memset(&model, 0, sizeof model);
+    memset(&lora, 0, sizeof lora);
     sl_progress prog;
     sl_progress_init(&prog, stdout);
 
@@ -364,6 +369,7 @@ static int run(sl_train_config *c, sl_comm *world) {
     } else if (sl_model_init_weights(&model, c->seed)) {
         goto done;
     }
+    if (train_lora_attach(&lora, &model, c)) goto done;
 
     int rank = sl_comm_rank(world);
     sl_loader_config lc = {c->data, "train", c->micro_batch, c->seq_len, rank, c->world_size, c->seed, c->shuffle,
@@ -416,7 +422,8 @@ static int run(sl_train_config *c, sl_comm *world) {
            src.cfg.n_layer, src.cfg.n_head, src.cfg.n_embd, src.cfg.vocab_size);
     if (is_rank0) printf("data: %s (%lld training tokens, %lld batches per epoch)\n", c->data,
            (long long)sl_loader_num_tokens(train), (long long)sl_loader_batches_per_epoch(train));
-    if (is_rank0) print_memory(&engine, c);
+    if (is_rank0 && model.lora) train_lora_print_memory(&engine);
+    else if (is_rank0) print_memory(&engine, c);
     if (is_rank0 && !model.ops->on_device) {
         char isa[256];
         sl_cpu_features_describe(isa, sizeof isa);
@@ -449,6 +456,10 @@ static int run(sl_train_config *c, sl_comm *world) {
     int64_t tokens_per_step = (int64_t)BT * c->grad_accum;
     while (engine.step < c->steps && !stop_signal) {
         for (int k = 0; k < c->grad_accum; k++) {
+            if (model.lora) {  // dropout while training, its masks keyed by (seed, rank, step, micro-batch)
+                lora.training = 1;
+                lora.dropout_seed = train_lora_dropout_seed(c->seed, rank, engine.step, k);
+            }
             if (sl_loader_next(train, in, tg) || sl_engine_forward_backward(&engine, in, tg, c->micro_batch, c->seq_len, NULL))
                 goto done;
         }
@@ -479,6 +490,7 @@ static int run(sl_train_config *c, sl_comm *world) {
         if (val && (engine.step % c->eval_interval == 0 || engine.step == c->steps)) {
             float vl;
             sl_heartbeat_progress(engine.step, "evaluation");
+            lora.training = 0;
             if (evaluate(&model, world, val, c->eval_batches, c->micro_batch, c->seq_len, in, tg, &vl)) goto done;
             char line[128];
             snprintf(line, sizeof line, "step %lld | val loss %.4f", (long long)engine.step, vl);
@@ -507,6 +519,7 @@ static int run(sl_train_config *c, sl_comm *world) {
         printf("sample (%d tokens, temperature 1.0, top-k 40):\n---\n", gc.max_new_tokens);
         // token-by-token decoding runs on the CPU in fp32: a GPU model (or one with bf16 activation
         // storage) hands its weights to a host copy
+        lora.training = 0;
         sl_model host_model, *sm = &model;
         if (model.ops->on_device || model.ops->act_bf16) {
             if (sl_model_create(&host_model, &model.cfg, &sl_ops_cpu)) goto done;
@@ -526,6 +539,7 @@ done:
     if (metrics) sl_metrics_close(metrics);
     if (have_engine) sl_engine_free(&engine);
     if (have_model) sl_model_free(&model);
+    sl_lora_free(&lora);
     sl_loader_close(train);
     sl_loader_close(val);
     sl_tokenizer_free(tok);

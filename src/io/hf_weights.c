@@ -10,6 +10,7 @@
 #include "shardlm/json_get.h"
 #include "shardlm/error.h"
 #include "shardlm/fileio.h"
+#include "shardlm/precision.h"
 #include "shardlm/safetensors.h"
 
 #include <cjson/cJSON.h>
@@ -52,25 +53,44 @@ static int hf_shape(const sl_tensor_info *t, int64_t shape[2]) {
 
 // ---------------------------------------------------------------- save
 
+// Writes count floats as dtype: F32 as they are, F16 / BF16 rounded to nearest even through a bounded buffer.
+static int write_values(sl_st_writer *w, const float *data, size_t count, sl_st_dtype dtype) {
+    if (dtype == SL_ST_F32) return sl_st_writer_write(w, data, count);
+    uint16_t half[4096];
+    for (size_t done = 0; done < count;) {
+        size_t n = count - done < 4096 ? count - done : 4096;
+        if (dtype == SL_ST_BF16) sl_f32_to_bf16_array(data + done, half, n);
+        else sl_f32_to_fp16_array(data + done, half, n);
+        if (sl_st_writer_write_raw(w, half, n * sizeof half[0])) return -1;
+        done += n;
+    }
+    return 0;
+}
+
 // Writes W (rows, cols) transposed, i.e. as (cols, rows), in blocks of TRANSPOSE_ROWS output rows.
-static int write_transposed(sl_st_writer *w, const float *W, int rows, int cols, float *buf) {
+static int write_transposed(sl_st_writer *w, const float *W, int rows, int cols, float *buf, sl_st_dtype dtype) {
     for (int i0 = 0; i0 < cols; i0 += TRANSPOSE_ROWS) {
         int nb = cols - i0 < TRANSPOSE_ROWS ? cols - i0 : TRANSPOSE_ROWS;
         for (int r = 0; r < rows; r++) {
             const float *src = W + (size_t)r * cols + i0;
             for (int i = 0; i < nb; i++) buf[(size_t)i * rows + r] = src[i];
         }
-        if (sl_st_writer_write(w, buf, (size_t)nb * rows)) return -1;
+        if (write_values(w, buf, (size_t)nb * rows, dtype)) return -1;
     }
     return 0;
 }
 
-static int save_safetensors(const char *path, const sl_param_layout *L, const float *params) {
+static int save_safetensors(const char *path, const sl_param_layout *L, const float *params, sl_st_dtype dtype) {
+    if (dtype != SL_ST_F32 && dtype != SL_ST_F16 && dtype != SL_ST_BF16)
+        return sl_errorf("%s: Hugging Face weights are written as F32, F16 or BF16, not %s", path,
+                         sl_st_dtype_name(dtype));
     sl_st_desc *desc = sl_calloc((size_t)L->n_tensors, sizeof *desc, "HF save tensor list");
-    if (!desc) return -1;
+    sl_st_dtype *dtypes = sl_calloc((size_t)L->n_tensors, sizeof *dtypes, "HF save tensor list");
+    if (!desc || !dtypes) { free(desc); free(dtypes); return -1; }
     int max_rows = 1;
     for (int i = 0; i < L->n_tensors; i++) {
         const sl_tensor_info *t = &L->tensors[i];
+        dtypes[i] = dtype;
         desc[i].name = t->name;
         desc[i].ndim = hf_shape(t, desc[i].shape);
         if (t->hf_transposed && t->shape[0] > max_rows) max_rows = t->shape[0];
@@ -78,27 +98,51 @@ static int save_safetensors(const char *path, const sl_param_layout *L, const fl
     float *buf = sl_malloc((size_t)max_rows * TRANSPOSE_ROWS * sizeof(float), "HF save transpose buffer");
     const char *mk[] = {"format"}, *mv[] = {"pt"};
     sl_st_writer *w = NULL;
-    int rc = !buf ? -1 : sl_st_writer_open(&w, path, L->n_tensors, desc, 1, mk, mv);
+    int rc = !buf ? -1 : sl_st_writer_open_dtypes(&w, path, L->n_tensors, desc, dtypes, 1, mk, mv);
     for (int i = 0; i < L->n_tensors && rc == 0; i++) {
         const sl_tensor_info *t = &L->tensors[i];
         const float *src = params + t->offset;
-        if (t->hf_transposed) rc = write_transposed(w, src, t->shape[0], t->shape[1], buf);
-        else rc = sl_st_writer_write(w, src, (size_t)t->hf_rows * (size_t)t->shape[1]);
+        if (t->hf_transposed) rc = write_transposed(w, src, t->shape[0], t->shape[1], buf, dtype);
+        else rc = write_values(w, src, (size_t)t->hf_rows * (size_t)t->shape[1], dtype);
     }
     if (rc == 0) rc = sl_st_writer_finish(w);
     else sl_st_writer_abort(w);
     free(buf);
     free(desc);
+    free(dtypes);
     return rc ? sl_error_context("saving Hugging Face weights to %s", path) : 0;
 }
 
 int sl_hf_save(const char *dir_or_file, const sl_param_layout *L, const float *params) {
-    if (ends_with(dir_or_file, ".safetensors")) return save_safetensors(dir_or_file, L, params);
+    return sl_hf_save_as(dir_or_file, L, params, SL_ST_F32);
+}
+
+// config.json's text with torch_dtype / dtype naming the stored dtype (malloc'd).
+static char *config_text(const sl_model_config *cfg, sl_st_dtype dtype) {
+    char *json = sl_config_to_json_text(cfg);
+    if (!json || dtype == SL_ST_F32) return json;
+    cJSON *root = cJSON_Parse(json);
+    free(json);
+    const char *name = dtype == SL_ST_BF16 ? "bfloat16" : "float16";
+    if (!root || !cJSON_ReplaceItemInObject(root, "torch_dtype", cJSON_CreateString(name)) ||
+        !cJSON_ReplaceItemInObject(root, "dtype", cJSON_CreateString(name))) {
+        cJSON_Delete(root);
+        sl_errorf("out of memory writing config.json");
+        return NULL;
+    }
+    json = cJSON_Print(root);
+    cJSON_Delete(root);
+    if (!json) sl_errorf("out of memory writing config.json");
+    return json;
+}
+
+int sl_hf_save_as(const char *dir_or_file, const sl_param_layout *L, const float *params, sl_st_dtype dtype) {
+    if (ends_with(dir_or_file, ".safetensors")) return save_safetensors(dir_or_file, L, params, dtype);
     char path[PATH_CAP];
     if (sl_mkdirs(dir_or_file)) return -1;
     if (path_join(path, sizeof path, dir_or_file, "model.safetensors")) return -1;
-    if (save_safetensors(path, L, params)) return -1;
-    char *json = sl_config_to_json_text(&L->cfg);
+    if (save_safetensors(path, L, params, dtype)) return -1;
+    char *json = config_text(&L->cfg, dtype);
     if (!json) return -1;
     if (path_join(path, sizeof path, dir_or_file, "config.json")) { free(json); return -1; }
     size_t n = strlen(json);
@@ -205,6 +249,21 @@ static int source_open(source *s, const char *path) {
         }
     }
     return 0;
+}
+
+int sl_hf_weights_dtype(const char *dir, sl_st_dtype *dtype) {
+    source s;
+    memset(&s, 0, sizeof s);
+    int rc = source_open(&s, dir);
+    for (int f = 0; rc == 0 && f < s.n_files; f++)
+        for (int i = 0; i < s.files[f].n_tensors; i++)
+            if (sl_st_dtype_is_float(s.files[f].tensors[i].dtype)) {
+                *dtype = s.files[f].tensors[i].dtype;
+                source_free(&s);
+                return 0;
+            }
+    source_free(&s);
+    return rc ? -1 : sl_errorf("%s: no floating-point tensors", dir);
 }
 
 // Non-parameter buffers some checkpoints carry.

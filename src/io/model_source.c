@@ -28,6 +28,12 @@ int sl_model_source_resolve(sl_model_source *src, const char *spec) {
         } else {
             snprintf(dir, sizeof dir, "%s", spec);
         }
+        char adapter[4200], config[4200];
+        snprintf(adapter, sizeof adapter, "%s/adapter_config.json", dir);
+        snprintf(config, sizeof config, "%s/config.json", dir);
+        if (exists(adapter) && !exists(config))
+            return sl_errorf("%s holds a LoRA adapter (adapter_config.json), not a model: name its base model and "
+                             "pass this directory as --adapter", dir);
         if (sl_hf_load_config(dir, &src->cfg)) return -1;
         src->has_weights = 1;
         snprintf(src->weights_dir, sizeof src->weights_dir, "%s", dir);

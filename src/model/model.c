@@ -9,6 +9,7 @@
 // their own: the norms' backward accumulates into dresid, the gradient of both addends.
 #include "shardlm/model.h"
 #include "shardlm/kv_cache.h"
+#include "shardlm/lora.h"
 #include "shardlm/error.h"
 #include "shardlm/precision.h"
 #include "shardlm/rng.h"
@@ -39,7 +40,9 @@ static inline size_t unit_offset(const sl_model *m, int idx) {
     } while (0)
 // Optional tensors (biases, GPT-2's wpe) are -1 in the layout: NULL pointers for the ops (WB, G_OPT).
 #define WB(m, idx) ((idx) >= 0 ? W(m, idx) : NULL)
-#define G_OPT(m, idx) ((idx) >= 0 ? G(m, idx) : NULL)
+// A base tensor's gradient for the ops: NULL while LoRA adapters are attached (frozen base).
+#define GB(m, idx) ((m)->lora ? NULL : G(m, idx))
+#define G_OPT(m, idx) ((idx) >= 0 ? GB(m, idx) : NULL)
 
 static int qkv_width(const sl_model_config *c) { return (c->n_head + 2 * c->n_kv_head) * sl_config_head_dim(c); }
 static int fc_width(const sl_model_config *c) { return c->arch == SL_ARCH_LLAMA ? 2 * c->n_inner : c->n_inner; }
@@ -142,6 +145,20 @@ void sl_model_free(sl_model *m) {
 
 void sl_model_zero_grad(sl_model *m) {
     if (m->grads) m->ops->memzero(m->grads, m->capacity * sizeof(float));
+    if (m->lora) sl_lora_zero_grad(m->lora);
+}
+
+int sl_model_attach_lora(sl_model *m, sl_lora *lora) {
+    if (sl_config_compare(&lora->model_cfg, &m->cfg, "lora: the adapters were built for another model")) return -1;
+    if (lora->ops != m->ops) return sl_errorf("lora: the adapters live on the %s backend, the model on %s",
+                                              lora->ops->name, m->ops->name);
+    if (m->unit_hook) return sl_errorf("lora: the model is being trained by an engine; attach adapters first");
+    if (sl_model_params_changed(m)) return -1;  // the base's bf16 copy, once: it never changes again
+    release(m, m->grads);
+    m->grads = NULL;
+    m->lora = lora;
+    sl_model_bind_views(m);
+    return sl_lora_params_changed(lora);
 }
 
 void sl_model_bind_views(sl_model *m) {
@@ -216,6 +233,7 @@ int sl_model_init_weights(sl_model *m, uint64_t seed) {
 }
 
 int sl_model_params_changed(sl_model *m) {
+    if (m->lora) return sl_lora_params_changed(m->lora);  // the frozen base's copy was made at attach
     if (m->weights_bf16 && m->params) m->ops->to_storage(m->weights_bf16, m->params, m->layout.total);
     return 0;
 }
@@ -317,9 +335,9 @@ static void norm_backward(sl_model *m, sl_act *dinp, const sl_act *dout, const s
                           const float *mean, const float *rstd, int N) {
     const sl_model_config *c = &m->cfg;
     if (c->arch == SL_ARCH_GPT2)
-        m->ops->layernorm_backward(dinp, G(m, w_idx), G(m, b_idx), dout, inp, W(m, w_idx), mean, rstd, N, c->n_embd);
+        m->ops->layernorm_backward(dinp, GB(m, w_idx), GB(m, b_idx), dout, inp, W(m, w_idx), mean, rstd, N, c->n_embd);
     else
-        m->ops->rmsnorm_backward(dinp, G(m, w_idx), dout, inp, W(m, w_idx), rstd, N, c->n_embd);
+        m->ops->rmsnorm_backward(dinp, GB(m, w_idx), dout, inp, W(m, w_idx), rstd, N, c->n_embd);
 }
 
 // The head GEMM's weight (the shadow with bf16 storage; the embedding's when tied).
@@ -395,6 +413,7 @@ static int forward(sl_model *m, sl_kv_cache *kv, const int *inputs, const int *t
                              targets[i], i / T, i % T, c->vocab_size);
     }
     if (alloc_acts(m, B, T) || (kv ? rope_rows(m, pos0, T) : rope_for_length(m, T))) return -1;
+    if (m->lora && sl_lora_plan(m->lora, B * T)) return -1;
     m->B = B;
     m->T = T;
     announce_precision(m);
@@ -421,6 +440,7 @@ static int forward(sl_model *m, sl_kv_cache *kv, const int *inputs, const int *t
         HOOK(m, SL_PARAMS_GET, l + 1, l + 2);
         norm_forward(m, a->ln1, a->ln1_mean, a->ln1_rstd, resid, pending, k->ln1_w, k->ln1_b, (int)N);
         ops->matmul_forward(a->qkv, a->ln1, W(m, k->qkv_w), WB(m, k->qkv_b), (int)N, C, QKV);
+        if (m->lora) sl_lora_forward(m->lora, l, SL_LINEAR_QKV, a->ln1, a->qkv, (int)N, QKV);
         if (c->arch == SL_ARCH_LLAMA) ops->rope_forward(a->qkv, m->rope_cos, m->rope_sin, B, T, NH, NKV, HD, pos0);
         if (kv) cache_append(m, kv, l, a->qkv, T);
         if (kv && pos0 > 0) {  // one query against the cache (the window's part of it)
@@ -432,16 +452,21 @@ static int forward(sl_model *m, sl_kv_cache *kv, const int *inputs, const int *t
             ops->attention_forward(a->att, a->lse, a->qkv, B, T, NH, NKV, HD, window);
         }
         ops->matmul_forward(a->resid2, a->att, W(m, k->attn_proj_w), WB(m, k->attn_proj_b), (int)N, A, C);
+        if (m->lora) sl_lora_forward(m->lora, l, SL_LINEAR_ATTN_OUT, a->att, a->resid2, (int)N, C);
         // resid2 = attention output + resid, fused with ln2
         norm_forward(m, a->ln2, a->ln2_mean, a->ln2_rstd, a->resid2, resid, k->ln2_w, k->ln2_b, (int)N);
-        if (c->arch == SL_ARCH_GPT2) {
+        int fc_adapted = m->lora && sl_lora_first_on(m->lora, l, SL_LINEAR_MLP_UP) >= 0;
+        if (c->arch == SL_ARCH_GPT2 && !fc_adapted) {
             ops->matmul_gelu_forward(a->fch_act, a->fch, a->ln2, W(m, k->fc_w), WB(m, k->fc_b), (int)N, C, F);
-        } else {
+        } else {  // an adapter adds to the up-projection before its activation
             ops->matmul_forward(a->fch, a->ln2, W(m, k->fc_w), WB(m, k->fc_b), (int)N, C, FC);
-            ops->swiglu_forward(a->fch_act, a->fch, (int)N, F);
+            if (fc_adapted) sl_lora_forward(m->lora, l, SL_LINEAR_MLP_UP, a->ln2, a->fch, (int)N, FC);
+            if (c->arch == SL_ARCH_GPT2) ops->gelu_forward(a->fch_act, a->fch, (size_t)N * F);
+            else ops->swiglu_forward(a->fch_act, a->fch, (int)N, F);
         }
         // resid3 = MLP output (+ resid2, added by the next norm)
         ops->matmul_forward(a->resid3, a->fch_act, W(m, k->mlp_proj_w), WB(m, k->mlp_proj_b), (int)N, F, C);
+        if (m->lora) sl_lora_forward(m->lora, l, SL_LINEAR_MLP_DOWN, a->fch_act, a->resid3, (int)N, C);
         HOOK(m, SL_PARAMS_PUT, l + 1, l + 2);
         resid = a->resid3;
         pending = a->resid2;
@@ -534,7 +559,7 @@ int sl_model_backward(sl_model *m, float grad_scale) {
     HOOK(m, SL_GRADS_GET, head_unit, -1);
     ops->crossentropy_backward(m->logits, m->logits_lse, m->targets, N, c->vocab_size, Vp, dloss);
     int head = L->lm_head >= 0 ? L->lm_head : L->wte;
-    ops->matmul_backward(m->dln, G(m, head), NULL, m->logits, m->lnf, W(m, head), N, C, Vp);
+    ops->matmul_backward(m->dln, GB(m, head), NULL, m->logits, m->lnf, W(m, head), N, C, Vp);
     if (tied) {  // the embedding's gradients stay open until the encoder adds its part
         HOOK(m, SL_PARAMS_PUT, 0, last);
         HOOK(m, SL_PARAMS_GET, last, c->n_layer);
@@ -547,7 +572,10 @@ int sl_model_backward(sl_model *m, float grad_scale) {
     HOOK(m, SL_PARAMS_PUT, last, c->n_layer);
     HOOK(m, SL_GRADS_PUT, last, c->n_layer);
 
-    for (int l = c->n_layer - 1; l >= 0; l--) {
+    // a frozen base needs gradients only down to the lowest adapter
+    int lowest = 0;
+    if (m->lora) lowest = m->lora->n_adapters ? m->lora->adapters[0].layer : c->n_layer;
+    for (int l = c->n_layer - 1; l >= lowest; l--) {
         const sl_block_tensors *k = &L->blocks[l];
         sl_layer_acts *a = &m->layers[l];
         const sl_act *resid_in = l > 0 ? m->layers[l - 1].resid3 : m->encoded;
@@ -555,26 +583,33 @@ int sl_model_backward(sl_model *m, float grad_scale) {
         HOOK(m, SL_PARAMS_GET, unit, next);
         HOOK(m, SL_GRADS_GET, unit, next);
         // MLP: dresid is d(resid3) and flows unchanged into d(resid2) through the residual
-        ops->matmul_backward(m->dB, G(m, k->mlp_proj_w), G_OPT(m, k->mlp_proj_b), m->dresid, a->fch_act,
+        ops->matmul_backward(m->dB, GB(m, k->mlp_proj_w), G_OPT(m, k->mlp_proj_b), m->dresid, a->fch_act,
                              W(m, k->mlp_proj_w), N, F, C);
+        if (m->lora) sl_lora_backward(m->lora, l, SL_LINEAR_MLP_DOWN, a->fch_act, m->dresid, m->dB, N, C);
         if (c->arch == SL_ARCH_GPT2) {  // dB (the GELU output's gradient) becomes the pre-GELU gradient
-            ops->matmul_gelu_backward(m->dln, G(m, k->fc_w), G_OPT(m, k->fc_b), m->dB, a->fch, a->ln2, W(m, k->fc_w),
+            ops->matmul_gelu_backward(m->dln, GB(m, k->fc_w), G_OPT(m, k->fc_b), m->dB, a->fch, a->ln2, W(m, k->fc_w),
                                       N, C, F);
+            if (m->lora) sl_lora_backward(m->lora, l, SL_LINEAR_MLP_UP, a->ln2, m->dB, m->dln, N, F);
         } else {
             ops->swiglu_backward(m->dA, a->fch, m->dB, N, F);
-            ops->matmul_backward(m->dln, G(m, k->fc_w), G_OPT(m, k->fc_b), m->dA, a->ln2, W(m, k->fc_w), N, C, FC);
+            ops->matmul_backward(m->dln, GB(m, k->fc_w), G_OPT(m, k->fc_b), m->dA, a->ln2, W(m, k->fc_w), N, C, FC);
+            if (m->lora) sl_lora_backward(m->lora, l, SL_LINEAR_MLP_UP, a->ln2, m->dA, m->dln, N, FC);
         }
         norm_backward(m, m->dresid, m->dln, a->resid2, k->ln2_w, k->ln2_b, a->ln2_mean, a->ln2_rstd, N);
         // attention
-        ops->matmul_backward(m->dB, G(m, k->attn_proj_w), G_OPT(m, k->attn_proj_b), m->dresid, a->att,
+        ops->matmul_backward(m->dB, GB(m, k->attn_proj_w), G_OPT(m, k->attn_proj_b), m->dresid, a->att,
                              W(m, k->attn_proj_w), N, A, C);
+        if (m->lora) sl_lora_backward(m->lora, l, SL_LINEAR_ATTN_OUT, a->att, m->dresid, m->dB, N, C);
         ops->attention_backward(m->dA, m->dB, a->qkv, a->att, a->lse, B, T, NH, NKV, HD, c->sliding_window);
         if (c->arch == SL_ARCH_LLAMA) ops->rope_backward(m->dA, m->rope_cos, m->rope_sin, B, T, NH, NKV, HD);
-        ops->matmul_backward(m->dln, G(m, k->qkv_w), G_OPT(m, k->qkv_b), m->dA, a->ln1, W(m, k->qkv_w), N, C, QKV);
-        norm_backward(m, m->dresid, m->dln, resid_in, k->ln1_w, k->ln1_b, a->ln1_mean, a->ln1_rstd, N);
+        ops->matmul_backward(m->dln, GB(m, k->qkv_w), G_OPT(m, k->qkv_b), m->dA, a->ln1, W(m, k->qkv_w), N, C, QKV);
+        if (m->lora) sl_lora_backward(m->lora, l, SL_LINEAR_QKV, a->ln1, m->dA, m->dln, N, QKV);
+        if (!m->lora || l > lowest)  // nothing below the lowest adapter needs the residual's gradient
+            norm_backward(m, m->dresid, m->dln, resid_in, k->ln1_w, k->ln1_b, a->ln1_mean, a->ln1_rstd, N);
         HOOK(m, SL_PARAMS_PUT, unit, next);
         HOOK(m, SL_GRADS_PUT, unit, next);
     }
+    if (m->lora) return 0;  // frozen embeddings: nothing more to compute
     if (!tied) HOOK(m, SL_GRADS_GET, 0, -1);
     // nn.Embedding(padding_idx): the padding token's row takes no gradient from the lookup (a tied
     // head's gradient for it stays): its gradient is put back as it was before the encoder's part

@@ -22,16 +22,16 @@ static long long params_hash(const float *p, size_t n) {
 // Rank 0's parameters to every rank, then a check that all ranks hold the same bits (hashed on the
 // host: a device model's parameters are downloaded for it once).
 static int sync_parameters(sl_engine *e) {
-    sl_model *m = e->model;
-    const sl_ops *ops = m->ops;
-    size_t n = m->layout.total;
-    if (sl_comm_order_after(e->cfg.dp, ops->stream()) || sl_comm_broadcast(e->cfg.dp, m->params, n, SL_DTYPE_F32, 0))
+    const sl_ops *ops = e->model->ops;
+    size_t n = engine_total(e);
+    float *params = engine_params(e);  // with LoRA the adapters (every rank loaded the same base)
+    if (sl_comm_order_after(e->cfg.dp, ops->stream()) || sl_comm_broadcast(e->cfg.dp, params, n, SL_DTYPE_F32, 0))
         return -1;
-    float *host = ops->on_device ? sl_malloc(n * sizeof(float), "parameters to hash") : m->params;
+    float *host = ops->on_device ? sl_malloc(n * sizeof(float), "parameters to hash") : params;
     if (!host) return -1;
-    if (host != m->params) ops->download(host, m->params, n * sizeof(float));
+    if (host != params) ops->download(host, params, n * sizeof(float));
     long long mine = params_hash(host, n);
-    if (host != m->params) free(host);
+    if (host != params) free(host);
     int world = sl_comm_size(e->cfg.dp);
     long long *all = sl_calloc((size_t)world, sizeof(long long), "parameter hashes");
     if (!all) return -1;
@@ -48,10 +48,15 @@ static int sync_parameters(sl_engine *e) {
 static int engine_unit_hook(void *ctx, sl_unit_event event, int unit, int next_unit) {
     sl_engine *e = ctx;
     // 16-bit gradients: a unit's are rounded once backward has finished them, before they are reduced
-    if (event == SL_GRADS_PUT && engine_mixed(e))
-        engine_round_grads(e, e->model->grad_view[unit], sl_layout_unit_size(&e->model->layout, unit));
+    const sl_lora *lora = e->model->lora;  // with adapters: unit u's are [unit_begin[u], unit_begin[u + 1]) of theirs
+    if (event == SL_GRADS_PUT && engine_mixed(e)) {
+        if (lora) engine_round_grads(e, lora->grads + lora->unit_begin[unit], lora->unit_begin[unit + 1] - lora->unit_begin[unit]);
+        else engine_round_grads(e, e->model->grad_view[unit], sl_layout_unit_size(&e->model->layout, unit));
+    }
     if (e->sharded) return sl_zero_hook(&e->zero, event, unit, next_unit);
-    if (e->ddp_active && event == SL_GRADS_PUT) return sl_ddp_grad_ready(&e->ddp, e->model->layout.unit_begin[unit]);
+    if (e->ddp_active && event == SL_GRADS_PUT) {
+        return sl_ddp_grad_ready(&e->ddp, lora ? lora->unit_begin[unit] : e->model->layout.unit_begin[unit]);
+    }
     return 0;
 }
 
@@ -91,19 +96,31 @@ int sl_engine_init(sl_engine *e, sl_model *model, const sl_engine_config *cfg) {
                          cfg->micro_batch, cfg->grad_accum_steps);
     if (cfg->zero_stage < 0 || cfg->zero_stage > 3)
         return sl_errorf("engine: ZeRO stage %d is not one of 0, 1, 2, 3", cfg->zero_stage);
-    if (!model->params || !model->grads)
-        return sl_errorf("engine: the model's buffers belong to another engine (ZeRO-2/3 took them)");
     // An NCCL group exchanges even alone: one GPU runs the code path of N (and tests it).
     int nccl = cfg->dp && sl_comm_backend_of(cfg->dp) == SL_COMM_NCCL;
+    if (model->lora) {
+        if (cfg->zero_stage)
+            return sl_errorf("engine: ZeRO (stage %d) over LoRA adapters is not implemented; drop --zero-stage: plain "
+                             "data parallelism (DDP) trains adapters on several ranks", cfg->zero_stage);
+        if (cfg->optim.type == SL_OPTIM_ADAMW8BIT)
+            return sl_errorf("engine: optimizer AdamW8bit over LoRA adapters is not implemented yet (its 8-bit "
+                             "state follows the base model's tensors); use AdamW: the adapters' state is small");
+        if (sl_lora_alloc_grads(model->lora)) return -1;
+    } else if (!model->params || !model->grads) {
+        return sl_errorf("engine: the model's buffers belong to another engine (ZeRO-2/3 took them)");
+    }
     e->distributed = cfg->dp && (sl_comm_size(cfg->dp) > 1 || nccl);
     if (cfg->dp && sl_engine_check_comm(model->ops->on_device, model->ops->name, sl_comm_backend_of(cfg->dp),
                                         sl_comm_size(cfg->dp), cfg->zero_stage))
         return sl_error_context("engine");
-    if (sl_decay_mask_from_layout(&e->decay_mask, &model->layout, cfg->optim.decay_all)) return -1;
+    if (model->lora ? sl_decay_mask_from_tensors(&e->decay_mask, model->lora->tensors, model->lora->n_tensors,
+                                                 cfg->optim.decay_all)
+                    : sl_decay_mask_from_layout(&e->decay_mask, &model->layout, cfg->optim.decay_all))
+        return -1;
     e->sharded = cfg->dp && cfg->zero_stage >= 1;
     sl_model_zero_grad(model);
     if (e->distributed && sync_parameters(e)) { sl_engine_free(e); return -1; }
-    size_t total = model->layout.total;
+    size_t total = engine_total(e);
     e->padded_total = e->shard_size = total;
     e->shard_begin = 0;
     if (e->sharded) {
@@ -113,7 +130,7 @@ int sl_engine_init(sl_engine *e, sl_model *model, const sl_engine_config *cfg) {
         e->shard_begin = e->zero.shard_begin;
     } else if (e->distributed) {
         size_t bucket = cfg->reduce_bucket_size ? cfg->reduce_bucket_size : 500000000;
-        if (sl_ddp_init(&e->ddp, cfg->dp, model->ops, model->grads, total, bucket, cfg->first_bucket_size,
+        if (sl_ddp_init(&e->ddp, cfg->dp, model->ops, engine_grads(e), total, bucket, cfg->first_bucket_size,
                         cfg->overlap_comm)) {
             sl_engine_free(e);
             return -1;
@@ -187,15 +204,15 @@ int sl_engine_forward_backward(sl_engine *e, const int *inputs, const int *targe
 int sl_engine_step_due(const sl_engine *e) { return e->micro_step >= e->cfg.grad_accum_steps; }
 
 float *engine_step_params(sl_engine *e) {
-    return e->sharded ? sl_zero_step_params(&e->zero) : e->model->params;
+    return e->sharded ? sl_zero_step_params(&e->zero) : engine_params(e);
 }
 
 // This step's gradient slice (ZeRO: the reduced slice, averaged; else the whole buffer, which DDP
 // already averaged).
 static int step_grads(sl_engine *e, float **g, size_t *n) {
     if (!e->sharded) {
-        *g = e->model->grads;
-        *n = e->model->layout.total;
+        *g = engine_grads(e);
+        *n = engine_total(e);
         return 0;
     }
     sl_zero *z = &e->zero;
@@ -298,8 +315,10 @@ int sl_engine_detach_model(sl_engine *e, int everywhere) {
 }
 
 sl_engine_memory sl_engine_memory_use(const sl_engine *e) {
+    const sl_lora *lora = e->model->lora;
     sl_engine_memory mem = {.params = e->model->capacity * sizeof(float),
-                            .grads = e->model->capacity * sizeof(float),
+                            .grads = lora ? lora->total * sizeof(float) : e->model->capacity * sizeof(float),
+                            .adapters = lora ? lora->total * sizeof(float) : 0,
                             .optim = (size_t)e->n_optim_state * e->state_numel * sizeof(float) +
                                      (e->adam8.q1 ? sl_adam8_state_bytes(&e->adam8_plan) : 0)};
     if (e->sharded) sl_zero_memory(&e->zero, &mem.params, &mem.grads);

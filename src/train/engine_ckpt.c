@@ -1,7 +1,9 @@
 // engine_ckpt.c: a training run's checkpoints: sl_engine_save and sl_engine_load (every rank in
 // parallel, each with its own slice) and sl_checkpoint_consolidate (one file set from any of them).
 // ROOT/<tag>/ holds
-//   model.safetensors + config.json    full weights with Hugging Face names (rank 0)
+//   model.safetensors + config.json    full weights with Hugging Face names (rank 0); a LoRA run
+//                                      writes adapter_model.safetensors + adapter_config.json (PEFT)
+//                                      instead, its base staying where it was loaded from
 //   optim_RRRRR_of_NNNNN.safetensors   one slice [begin, end) of the flat optimizer state, 1-D tensors
 //                                      exp_avg / exp_avg_sq (Adam) or momentum_buffer (SGD); AdamW8bit:
 //                                      its codes, block absmax and 32-bit state (engine_ckpt_8bit.c)
@@ -28,6 +30,7 @@
 #include "shardlm/hf_weights.h"
 #include "shardlm/json_get.h"
 #include "shardlm/manifest.h"
+#include "shardlm/peft_adapter.h"
 #include "shardlm/safetensors.h"
 
 #include <cjson/cJSON.h>
@@ -47,7 +50,7 @@ static int world_of(const sl_engine *e) { return e->distributed ? sl_comm_size(e
 // The slice of the optimizer state this rank holds (and writes): its ZeRO shard clipped to the
 // real parameters, or everything.
 static void state_range(const sl_engine *e, size_t *begin, size_t *end) {
-    size_t total = e->model->layout.total;
+    size_t total = engine_total(e);
     *begin = e->sharded ? e->shard_begin : 0;
     *end = e->sharded ? e->shard_begin + e->shard_size : total;
     if (*end > total) *end = total;
@@ -82,7 +85,7 @@ static char *trainer_state_json(const sl_engine *e, const char *client_state_jso
     cJSON_AddNumberToObject(root, "last_loss", e->last_loss);
     cJSON_AddStringToObject(root, "optimizer", sl_optim_name(e->cfg.optim.type));
     cJSON_AddStringToObject(root, "scheduler", sl_schedule_name(e->cfg.schedule.type));
-    cJSON_AddNumberToObject(root, "num_parameters_flat", (double)e->model->layout.total);
+    cJSON_AddNumberToObject(root, "num_parameters_flat", (double)engine_total(e));
     engine_scaler_to_json(e, root);
     if (client_state_json) {
         cJSON *client = cJSON_Parse(client_state_json);
@@ -118,7 +121,8 @@ static int finish_on_rank0(sl_engine *e, const float *params, const char *root, 
     char path[4400], name[64];
     for (int r = 0; r < world; r++)
         if (recs[r].status != 0) return sl_errorf("rank %d failed to write its optimizer shard (see its error)", r);
-    if (sl_hf_save(tmp, &e->model->layout, params)) return -1;
+    const sl_lora *lora = e->model->lora;  // with adapters: they are the weights (PEFT's files), the base frozen
+    if (lora ? sl_peft_save(tmp, lora, params) : sl_hf_save(tmp, &e->model->layout, params)) return -1;
     char *state = trainer_state_json(e, client);
     if (!state) return sl_errorf("out of memory writing trainer_state.json");
     snprintf(path, sizeof path, "%s/trainer_state.json", tmp);
@@ -132,7 +136,7 @@ static int finish_on_rank0(sl_engine *e, const float *params, const char *root, 
     cJSON_AddNumberToObject(m, "world_size", world);
     cJSON_AddNumberToObject(m, "zero_stage", e->sharded ? e->cfg.zero_stage : 0);
     cJSON_AddNumberToObject(m, "shard_size", (double)e->shard_size);
-    cJSON_AddNumberToObject(m, "num_parameters_flat", (double)e->model->layout.total);
+    cJSON_AddNumberToObject(m, "num_parameters_flat", (double)engine_total(e));
     cJSON_AddStringToObject(m, "optimizer", sl_optim_name(e->cfg.optim.type));
     cJSON *names = cJSON_AddArrayToObject(m, "state_tensors");
     for (int i = 0; i < e->n_optim_state; i++) cJSON_AddItemToArray(names, cJSON_CreateString(state_names(e)[i]));
@@ -146,7 +150,8 @@ static int finish_on_rank0(sl_engine *e, const float *params, const char *root, 
         add_file(shards, name, &recs[r]);
     }
     cJSON *files = cJSON_AddArrayToObject(m, "files");
-    const char *plain[3] = {"model.safetensors", "config.json", "trainer_state.json"};
+    const char *plain[3] = {lora ? "adapter_model.safetensors" : "model.safetensors",
+                            lora ? "adapter_config.json" : "config.json", "trainer_state.json"};
     for (int i = 0; i < 3 && rc == 0; i++) {
         shard_record f = {-1, 0, -1, 0, 0, 0};
         uint64_t h, b;
@@ -300,14 +305,18 @@ static int load_on_rank0(sl_engine *e, float *params, const char *dir, char **cl
     char file[4400];
     sl_model *m = e->model;
     sl_model_config cfg;
-    if (sl_hf_load_config(dir, &cfg)) return -1;
     char where[4200];
     snprintf(where, sizeof where, "%s: the checkpoint's model does not match this run's model", dir);
-    if (sl_config_compare(&cfg, &m->cfg, where)) return -1;
+    // a LoRA run's checkpoint holds the adapters (checked against this run's by name, shape and settings)
+    snprintf(file, sizeof file, "%s/adapter_config.json", dir);
+    if (!m->lora && access(file, F_OK) == 0)
+        return sl_errorf("%s holds LoRA adapters, this run trains the whole model: resume with the run's LoRA settings "
+                         "(--lora-* flags or the config's \"lora\" block)", dir);
+    if (!m->lora && (sl_hf_load_config(dir, &cfg) || sl_config_compare(&cfg, &m->cfg, where))) return -1;
     sl_manifest man;
-    if (sl_manifest_load(&man, dir, m->layout.total, e->cfg.skip_verify ? SL_VERIFY_NONE : SL_VERIFY_ALL)) return -1;
+    if (sl_manifest_load(&man, dir, engine_total(e), e->cfg.skip_verify ? SL_VERIFY_NONE : SL_VERIFY_ALL)) return -1;
     sl_manifest_free(&man);
-    if (sl_hf_load(dir, &m->layout, params)) return -1;
+    if (m->lora ? sl_peft_read_weights(dir, m->lora, params) : sl_hf_load(dir, &m->layout, params)) return -1;
     snprintf(file, sizeof file, "%s/trainer_state.json", dir);
     cJSON *root = sl_json_read_strict(file);
     if (!root) return -1;
@@ -349,13 +358,13 @@ static int share_trainer_state(sl_engine *e, char **client) {
 // buffer, which is then broadcast in the backend's memory (NCCL on GPUs), as init does.
 static int place_weights(sl_engine *e, const float *full, const char *path) {
     sl_model *m = e->model;
-    size_t n = m->layout.total;
+    size_t n = engine_total(e);
     int rc;
     if (e->sharded && e->zero.stage == 3) {
         rc = sl_zero_scatter_params(&e->zero, full, 0);
         if (engine_backend_agrees(e)) rc = -1;  // every rank takes part, whatever the scatter said
     } else {
-        if (full) m->ops->upload(m->params, full, n * sizeof(float));
+        if (full) m->ops->upload(engine_params(e), full, n * sizeof(float));
         rc = engine_backend_agrees(e);  // a failed upload is named before the broadcast spreads it
         if (rc == 0 && e->distributed)
             rc = sl_comm_order_after(e->cfg.dp, m->ops->stream()) ||
@@ -372,7 +381,7 @@ static int read_own_state(sl_engine *e, const char *dir) {
     int mine = 0;
     if (has_state(e)) {
         sl_manifest man;
-        mine = sl_manifest_load(&man, dir, e->model->layout.total, SL_VERIFY_NONE) ||
+        mine = sl_manifest_load(&man, dir, engine_total(e), SL_VERIFY_NONE) ||
                read_state_slice(e, dir, man.shards, man.n_shards);
         sl_manifest_free(&man);
         // rank 0 returns its own message; another rank's is printed here, where it is known
@@ -450,6 +459,10 @@ int sl_checkpoint_consolidate(const char *path, const char *out_dir, int with_op
     if (sl_ckpt_resolve(path, dir, sizeof dir)) return -1;
     sl_model_config cfg;
     sl_param_layout L;
+    snprintf(file, sizeof file, "%s/adapter_config.json", dir);
+    if (access(file, F_OK) == 0)
+        return sl_errorf("%s holds LoRA adapters (adapter_model.safetensors, adapter_config.json), which PEFT loads as "
+                         "they are; `shardlm merge --model BASE --adapter %s --output DIR` makes a full model", dir, dir);
     if (sl_hf_load_config(dir, &cfg) || sl_layout_build(&L, &cfg)) return -1;
     float *params = NULL, *state[2] = {NULL, NULL};
     sl_manifest man;

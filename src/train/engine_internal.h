@@ -3,7 +3,20 @@
 #define SHARDLM_ENGINE_INTERNAL_H
 
 #include "shardlm/engine.h"
+#include "shardlm/lora.h"
 #include "shardlm/safetensors.h"
+
+// The flat buffer the engine trains: the model's parameters, or with LoRA adapters attached
+// (model->lora) the adapters', the base frozen (no gradient, no optimizer state).
+static inline float *engine_params(const sl_engine *e) {
+    return e->model->lora ? e->model->lora->params : e->model->params;
+}
+static inline float *engine_grads(const sl_engine *e) {
+    return e->model->lora ? e->model->lora->grads : e->model->grads;
+}
+static inline size_t engine_total(const sl_engine *e) {
+    return e->model->lora ? e->model->lora->total : e->model->layout.total;
+}
 
 // The parameters the optimizer updates on this rank: [shard_begin, shard_begin + shard_size) of the
 // flat buffer (the whole buffer without ZeRO), in the model (stages 0-2) or the ZeRO-3 slice.

@@ -40,6 +40,10 @@ int engine_precision_init(sl_engine *e) {
     e->last_step_scale = e->scaler.scale;
     // the model's values are 16-bit under mixed precision: the backend may compute its GEMMs in it
     e->model->precision = e->cfg.precision.precision;
+    // LoRA: the frozen base computes with 16-bit values too, rounded once here (its bf16 copy, with
+    // bf16 activation storage, was made when the adapters were attached)
+    if (engine_mixed(e) && e->model->lora)
+        e->model->ops->round_to(e->model->params, e->model->capacity, e->cfg.precision.precision);
     if (!engine_mixed(e) || engine_params_are_master(e)) return 0;
     e->master = e->model->ops->alloc(e->shard_size * sizeof(float), "fp32 master weights");
     if (!e->master) return -1;
@@ -58,6 +62,7 @@ void engine_capture_master(sl_engine *e) {
     int p = e->cfg.precision.precision;
     ops->copy(e->master, engine_step_params(e), e->shard_size * sizeof(float));
     if (e->sharded && e->zero.stage == 3) ops->round_to(e->zero.shard_params, e->shard_size, p);
+    else if (e->model->lora) ops->round_to(engine_params(e), engine_total(e), p);
     else ops->round_to(e->model->params, e->model->capacity, p);
 }
 

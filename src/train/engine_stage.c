@@ -95,8 +95,8 @@ int engine_weights_for_save(sl_engine *e, float **full) {
     int stage3 = e->sharded && e->zero.stage == 3, rank0 = rank_of(e) == 0;
     if (!stage3 && (!e->master || !e->sharded)) {
         // one local buffer holds them all: the master without ZeRO, else the model's fp32 parameters
-        const float *src = e->master ? e->master : e->model->params;
-        size_t n = e->model->layout.total;
+        const float *src = e->master ? e->master : engine_params(e);
+        size_t n = engine_total(e);
         float *host = rank0 ? sl_malloc(n * sizeof(float), "weights for the checkpoint") : NULL;
         if (agree(e, rank0 && !host ? -1 : 0)) {
             free(host);

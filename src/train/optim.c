@@ -192,13 +192,17 @@ int sl_optim_parse(sl_optim_config *cfg, const cJSON *block, const char *where) 
 // ---- decay mask --------------------------------------------------------------------------------
 
 int sl_decay_mask_from_layout(sl_decay_mask *mask, const sl_param_layout *layout, int decay_all) {
+    return sl_decay_mask_from_tensors(mask, layout->tensors, layout->n_tensors, decay_all);
+}
+
+int sl_decay_mask_from_tensors(sl_decay_mask *mask, const sl_tensor_info *tensors, int n_tensors, int decay_all) {
     mask->ranges = NULL;
     mask->n = 0;
-    sl_range *r = sl_malloc((size_t)(layout->n_tensors > 0 ? layout->n_tensors : 1) * sizeof *r, "decay mask");
+    sl_range *r = sl_malloc((size_t)(n_tensors > 0 ? n_tensors : 1) * sizeof *r, "decay mask");
     if (!r) return -1;
     int n = 0;
-    for (int i = 0; i < layout->n_tensors; i++) {
-        const sl_tensor_info *t = &layout->tensors[i];
+    for (int i = 0; i < n_tensors; i++) {
+        const sl_tensor_info *t = &tensors[i];
         if (!(decay_all || t->weight_decay) || t->numel == 0) continue;
         if (n > 0 && r[n - 1].end == t->offset) r[n - 1].end += t->numel;  // merge adjacent
         else r[n++] = (sl_range){t->offset, t->offset + t->numel};

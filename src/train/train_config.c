@@ -39,6 +39,7 @@ void sl_train_config_defaults(sl_train_config *c) {
     c->overlap_comm = 1;
     c->contiguous_gradients = 1;
     c->stage3_prefetch_bucket_size = 50000000;
+    sl_lora_config_defaults(&c->lora);
     c->lr_schedule = -1;
     c->warmup_steps = -1;
 }
@@ -51,12 +52,12 @@ void sl_train_config_free(sl_train_config *c) {
 static const char *const TOP_KEYS[] = {"train_batch_size", "train_micro_batch_size_per_gpu",
                                        "gradient_accumulation_steps", "optimizer", "scheduler",
                                        "gradient_clipping", "steps_per_print", "zero_optimization", "fp16", "bf16",
-                                       "bfloat16", "shardlm", "quantization_config", NULL};
+                                       "bfloat16", "shardlm", "quantization_config", "lora", NULL};
 static const char *const ZERO_KEYS[] = {"stage", "reduce_bucket_size", "allgather_bucket_size", "overlap_comm",
                                         "contiguous_gradients", "stage3_prefetch_bucket_size", NULL};
 static const char *const OWN_KEYS[] = {"model", "data", "tokenizer", "seq_len", "steps", "seed", "threads",
                                        "eval_interval", "eval_batches", "save_interval", "save_dir",
-                                       "metrics", "sample_tokens", "shuffle", NULL};
+                                       "metrics", "sample_tokens", "shuffle", "adapter", NULL};
 
 int sl_train_config_apply_json(sl_train_config *c, const cJSON *root, const char *where) {
     if (!cJSON_IsObject(root)) return sl_errorf("%s: expected a JSON object at the top level", where);
@@ -106,6 +107,13 @@ int sl_train_config_apply_json(sl_train_config *c, const cJSON *root, const char
         if (sl_precision_parse(&c->precision, root, where)) return -1;
         if (c->precision.warning[0]) fprintf(stderr, "warning: %s\n", c->precision.warning);
     }
+    const cJSON *lora = cJSON_GetObjectItemCaseSensitive(root, "lora");
+    if (lora && !cJSON_IsNull(lora)) {
+        char w[1200];
+        snprintf(w, sizeof w, "%s: lora", where);
+        if (sl_lora_config_parse(&c->lora, lora, w)) return -1;
+        c->lora_enabled = 1;
+    }
     const cJSON *qc = cJSON_GetObjectItemCaseSensitive(root, "quantization_config");
     if (qc) {
         char w[1200];
@@ -130,8 +138,10 @@ int sl_train_config_apply_json(sl_train_config *c, const cJSON *root, const char
             sl_json_get_string(own, "save_dir", c->save_dir, sizeof c->save_dir, w) ||
             sl_json_get_string(own, "metrics", c->metrics, sizeof c->metrics, w) ||
             sl_json_get_int(own, "sample_tokens", &c->sample_tokens, 0, 0, w) ||
-            sl_json_get_bool(own, "shuffle", &c->shuffle, w))
+            sl_json_get_bool(own, "shuffle", &c->shuffle, w) ||
+            sl_json_get_string(own, "adapter", c->adapter, sizeof c->adapter, w))
             return -1;
+        if (c->adapter[0]) c->lora_enabled = 1;
         if (steps >= 0) c->steps = steps;
         if (seed >= 0) c->seed = (uint64_t)seed;
     }
@@ -193,8 +203,9 @@ static int resolve_schedule(sl_train_config *c) {
 int sl_train_config_resolve(sl_train_config *c, int given) {
     if (c->quant.type != SL_QUANT_NONE)   // QLoRA: a frozen quantised base under trained adapters
         return sl_errorf("%s base weights (--quantize / quantization_config) are frozen: they train only under LoRA "
-                         "adapters (QLoRA), which shardlm train does not have yet; full fine-tuning needs the "
-                         "full-precision weights", sl_quant_name(c->quant.type));
+                         "adapters (QLoRA), and shardlm train does not put adapters on a quantised base yet (LoRA on "
+                         "an fp32 / bf16 base works: docs/finetune.md); full fine-tuning needs the full-precision "
+                         "weights", sl_quant_name(c->quant.type));
     int tb = (given & 1) ? c->train_batch_size : 0, mb = (given & 2) ? c->micro_batch : 0;
     int ga = (given & 4) ? c->grad_accum : 0, W = c->world_size;
     if ((given & 1) && tb <= 0) return sl_errorf("train_batch_size must be positive (got %d)", tb);
@@ -235,6 +246,7 @@ int sl_train_config_resolve(sl_train_config *c, int given) {
     if (c->eval_interval < 0 || c->save_interval < 0 || c->sample_tokens < 0 || c->steps_per_print < 0)
         return sl_errorf("eval_interval, save_interval, sample_tokens and steps_per_print must be >= 0");
     if (!(c->gradient_clipping >= 0)) return sl_errorf("gradient_clipping must be >= 0 (got %g)", c->gradient_clipping);
+    if (c->lora_enabled && sl_lora_config_check(&c->lora, "lora")) return -1;
     if (resolve_schedule(c)) return -1;
     if (!c->metrics[0]) snprintf(c->metrics, sizeof c->metrics, "%.900s/metrics.jsonl", c->save_dir);
     return 0;
@@ -304,6 +316,11 @@ char *sl_train_config_to_json(const sl_train_config *c) {
     cJSON_AddStringToObject(s, "metrics", c->metrics);
     cJSON_AddNumberToObject(s, "sample_tokens", c->sample_tokens);
     cJSON_AddBoolToObject(s, "shuffle", c->shuffle);
+    if (c->adapter[0]) cJSON_AddStringToObject(s, "adapter", c->adapter);
+    if (c->lora_enabled && sl_lora_config_to_json(&c->lora, cJSON_AddObjectToObject(r, "lora"))) {
+        cJSON_Delete(r);
+        return NULL;
+    }
     char *out = cJSON_Print(r);
     cJSON_Delete(r);
     return out;

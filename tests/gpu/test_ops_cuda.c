@@ -608,6 +608,41 @@ static void test_elementwise(const char *tag, size_t n, int N, int I) {
     free(x); free(y); free(out); free(dout); free(dinp); free(sin_); free(sout); free(sdout); free(sdinp);
 }
 
+// LoRA's column slices (N rows, W columns at col0 = a->pos0 of a width a->IC output, scale a->coef)
+// and dropout (p = a->eps, a fixed seed): the same expressions as the CPU's, so the same bits.
+static double op_add_columns(const sl_ops *o, void **p, const args *a) {
+    o->add_columns(p[0], p[1], a->coef, a->N, a->OC, a->IC, a->pos0);
+    return 0;
+}
+static double op_take_columns(const sl_ops *o, void **p, const args *a) {
+    o->take_columns(p[0], p[1], a->coef, a->N, a->OC, a->IC, a->pos0);
+    return 0;
+}
+static double op_dropout_fwd(const sl_ops *o, void **p, const args *a) {
+    o->dropout_forward(p[0], p[1], a->n, a->eps, 987654321u);
+    return 0;
+}
+static double op_dropout_bwd(const sl_ops *o, void **p, const args *a) {
+    o->dropout_backward(p[0], p[1], a->n, a->eps, 987654321u);
+    return 0;
+}
+
+static void test_lora_ops(const char *tag, int N, int W, int ld, int col0) {
+    char name[128];
+    size_t nw = (size_t)N * W, nl = (size_t)N * ld;
+    args a = {.N = N, .OC = W, .IC = ld, .pos0 = col0, .coef = 1.7f, .n = nl, .eps = 0.1f};
+    float *x = frand(nw, 1.0f), *y = frand(nl, 1.0f), *z = frand(nw, 1.0f), *d = frand(nl, 1.0f);
+    snprintf(name, sizeof name, "add_columns_%s", tag);
+    RUN(name, op_add_columns, &a, CMP_BITS, 0, {"out", y, F(nl), INOUT}, {"inp", x, F(nw), IN});
+    snprintf(name, sizeof name, "take_columns_%s", tag);
+    RUN(name, op_take_columns, &a, CMP_BITS, 0, {"out", z, F(nw), OUT}, {"inp", y, F(nl), IN});
+    snprintf(name, sizeof name, "dropout_forward_%s", tag);
+    RUN(name, op_dropout_fwd, &a, CMP_BITS, 0, {"out", d, F(nl), OUT}, {"inp", y, F(nl), IN});
+    snprintf(name, sizeof name, "dropout_backward_%s", tag);
+    RUN(name, op_dropout_bwd, &a, CMP_BITS, 0, {"dinp", d, F(nl), OUT}, {"dout", y, F(nl), IN});
+    free(x); free(y); free(z); free(d);
+}
+
 static void test_rope(const char *tag, int B, int T, int NH, int NKV, int HD, int pos0) {
     char name[128];
     args a = {.B = B, .T = T, .NH = NH, .NKV = NKV, .HD = HD, .pos0 = pos0};
@@ -978,7 +1013,7 @@ static void test_flat_passes(const char *tag, size_t n) {
     X(rmsnorm_backward) X(residual_forward) X(residual_layernorm_forward) X(residual_rmsnorm_forward)    \
     X(gelu_forward) X(gelu_backward) X(swiglu_forward) X(swiglu_backward) X(rope_forward) X(rope_backward) \
     X(attention_forward) X(attention_backward) X(attention_decode) X(crossentropy_forward)              \
-    X(crossentropy_backward) X(set_precision) X(alloc) X(dealloc) X(memzero) X(upload) X(download)      \
+    X(crossentropy_backward) X(add_columns) X(take_columns) X(dropout_forward) X(dropout_backward) X(set_precision) X(alloc) X(dealloc) X(memzero) X(upload) X(download)      \
     X(copy) X(synchronize) X(sumsq) X(scale) X(nonfinite) X(round_to) X(adam_step) X(sgd_step)
 
 static void test_table(void) {
@@ -1122,6 +1157,8 @@ int main(int argc, char **argv) {
     if (group("elementwise")) {
         test_elementwise("small", 1001, 37, 100);
         test_elementwise("gpt2", (size_t)1024 * 3072 + 3, 1024, 2048);
+        test_lora_ops("small", 37, 13, 50, 20);
+        test_lora_ops("qkv", 1024, 768, 2304, 1536);
     }
 
     if (group("rope")) {

@@ -187,6 +187,27 @@ TEST(attention_rope_and_activations_equal_fp32_on_rounded_inputs) {
     free(g); free(s_g); free(h); free(s_h); free(dg); free(s_dg); free(dh); free(s_dh);
 }
 
+TEST(lora_ops_equal_fp32_on_rounded_inputs) {
+    int N = 6, W = 5, ld = 12, col0 = 4;
+    size_t nw = (size_t)N * W, nl = (size_t)N * ld;
+    float *x = values(nw, 31, 1.0f), *s_x = storage(x, nw), *y = values(nl, 32, 1.0f), *s_y = storage(y, nl);
+    ref->add_columns(ACT(y), ACT(x), 0.5f, N, W, ld, col0);
+    emu->add_columns(ACT(s_y), ACT(s_x), 0.5f, N, W, ld, col0);
+    CHECK(same_storage(s_y, y, nl));
+    sl_bf16_to_f32_array((const sl_bf16 *)(const void *)s_y, y, nl);
+    ref->take_columns(ACT(x), ACT(y), 2.0f, N, W, ld, col0);
+    emu->take_columns(ACT(s_x), ACT(s_y), 2.0f, N, W, ld, col0);
+    CHECK(same_storage(s_x, x, nw));
+    float *d = malloc(nl * 4), *s_d = malloc(nl * 2);
+    ref->dropout_forward(ACT(d), ACT(y), nl, 0.3f, 5);
+    emu->dropout_forward(ACT(s_d), ACT(s_y), nl, 0.3f, 5);
+    CHECK(same_storage(s_d, d, nl));
+    ref->dropout_backward(ACT(d), ACT(y), nl, 0.3f, 5);
+    emu->dropout_backward(ACT(s_d), ACT(s_y), nl, 0.3f, 5);
+    CHECK(same_storage(s_d, d, nl));
+    free(x); free(s_x); free(y); free(s_y); free(d); free(s_d);
+}
+
 TEST(encoder_and_crossentropy_equal_fp32_on_rounded_inputs) {
     int B = 2, T = 4, C = 16, V = 30, Vp = 32, N = B * T;
     float *wte = values((size_t)V * C, 31, 0.1f), *wpe = values((size_t)T * C, 32, 0.1f);

@@ -7,6 +7,7 @@
 #include "shardlm/error.h"
 #include "shardlm/fileio.h"
 #include "shardlm/hf_weights.h"
+#include "shardlm/precision.h"
 #include "shardlm/safetensors.h"
 
 #include <cjson/cJSON.h>
@@ -196,6 +197,39 @@ TEST(save_single_file_path) {
     model_free(&a);
     model_free(&b);
     unlink(p);
+}
+
+// sl_hf_save_as stores every tensor as BF16 / F16 (rounded to nearest even; the Conv1D ones transposed
+// as in F32), config.json says so, sl_hf_weights_dtype reads it back, and the values load as the rounding.
+TEST(save_as_bf16_and_f16) {
+    const sl_st_dtype kinds[2] = {SL_ST_BF16, SL_ST_F16};
+    const char *names[2] = {"bfloat16", "float16"};
+    for (int k = 0; k < 2; k++) {
+        model a, b;
+        const char *dir = tmp_path(names[k]);
+        CHECK(model_init(&a, FIX "/gpt2") == 0 && sl_hf_load(FIX "/gpt2", &a.L, a.params) == 0);
+        CHECK(sl_hf_save_as(dir, &a.L, a.params, kinds[k]) == 0);
+        sl_st_dtype got = SL_ST_F32;
+        CHECK(sl_hf_weights_dtype(dir, &got) == 0 && got == kinds[k]);
+        CHECK(model_init(&b, dir) == 0 && sl_hf_load(dir, &b.L, b.params) == 0);
+        int same = 1;
+        for (size_t i = 0; i < a.L.total; i++)
+            same &= b.params[i] == (k == 0 ? sl_round_to_bf16(a.params[i]) : sl_round_to_fp16(a.params[i]));
+        CHECK(same);
+        char cfg[300];
+        snprintf(cfg, sizeof cfg, "%s/config.json", dir);
+        char *text = sl_read_text_file(cfg, NULL);
+        CHECK(text && strstr(text, names[k]) != NULL);
+        free(text);
+        model_free(&a);
+        model_free(&b);
+        rm_dir(dir);
+    }
+    model m;
+    CHECK(model_init(&m, FIX "/gpt2") == 0);
+    CHECK(sl_hf_save_as(tmp_path("i8.safetensors"), &m.L, m.params, SL_ST_I8) == -1 &&
+          strstr(sl_error(), "F32, F16 or BF16"));
+    model_free(&m);
 }
 
 // Writes a GPT-2-tiny-shaped file with zero data: every layout tensor (HF shapes) except `skip`,

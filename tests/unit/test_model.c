@@ -5,6 +5,7 @@
 // residual + norm) change no bit of the model, every forward/backward tells the backend the model's
 // precision, and the model rejects out-of-range tokens and over-long sequences with a clear message.
 #include "test.h"
+#include "test_fixture.h"
 
 #include "shardlm/engine.h"
 #include "shardlm/error.h"
@@ -15,21 +16,6 @@
 
 #define REL_TOL 1e-5
 
-static float *read_tensor(const sl_st_file *f, const char *name, size_t *numel) {
-    int idx = sl_st_find(f, name);
-    if (idx < 0) { fprintf(stderr, "  fixture lacks %s\n", name); return NULL; }
-    float *out = malloc(sizeof(float) * f->tensors[idx].numel);
-    if (sl_st_read_f32(f, idx, out, f->tensors[idx].numel)) { fprintf(stderr, "  %s\n", sl_error()); free(out); return NULL; }
-    if (numel) *numel = f->tensors[idx].numel;
-    return out;
-}
-
-static double max_abs(const float *x, size_t n) {
-    double m = 0;
-    for (size_t i = 0; i < n; i++) m = fmax(m, fabs(x[i]));
-    return m;
-}
-
 typedef struct {
     sl_model model;
     sl_st_file expected;
@@ -38,27 +24,11 @@ typedef struct {
 } fixture;
 
 static int load_fixture(fixture *fx, const char *name) {
-    char dir[256], path[300];
+    char dir[256];
     snprintf(dir, sizeof dir, "tests/fixtures/model/%s", name);
     sl_model_config cfg;
-    if (sl_hf_load_config(dir, &cfg) || sl_model_create(&fx->model, &cfg, &sl_ops_cpu) ||
-        sl_hf_load(dir, &fx->model.layout, fx->model.params)) {
-        fprintf(stderr, "  %s\n", sl_error());
-        return -1;
-    }
-    snprintf(path, sizeof path, "%s/expected.safetensors", dir);
-    if (sl_st_open(&fx->expected, path)) { fprintf(stderr, "  %s\n", sl_error()); return -1; }
-    size_t n;
-    float *ids = read_tensor(&fx->expected, "input_ids", &n), *tg = read_tensor(&fx->expected, "targets", NULL);
-    int idx = sl_st_find(&fx->expected, "input_ids");
-    fx->B = (int)fx->expected.tensors[idx].shape[0];
-    fx->T = (int)fx->expected.tensors[idx].shape[1];
-    fx->inputs = malloc(sizeof(int) * n);
-    fx->targets = malloc(sizeof(int) * n);
-    for (size_t i = 0; i < n; i++) { fx->inputs[i] = (int)ids[i]; fx->targets[i] = (int)tg[i]; }
-    free(ids);
-    free(tg);
-    return 0;
+    if (fixture_model(dir, &fx->model, &cfg)) return -1;
+    return fixture_expected(dir, &fx->expected, &fx->inputs, &fx->targets, &fx->B, &fx->T);
 }
 
 static void free_fixture(fixture *fx) {
@@ -88,15 +58,15 @@ static void check_against_transformers(const char *name) {
     sl_model *m = &fx.model;
     float loss;
     CHECK(sl_model_forward(m, fx.inputs, fx.targets, fx.B, fx.T, &loss) == 0);
-    size_t n;
-    float *want_logits = read_tensor(&fx.expected, "logits", &n), *want_loss = read_tensor(&fx.expected, "loss", NULL);
+    size_t n = 0;
+    float *want_logits = fixture_tensor(&fx.expected, "logits", &n), *want_loss = fixture_tensor(&fx.expected, "loss", NULL);
     int V = m->cfg.vocab_size;
     float *logits = malloc((size_t)fx.B * fx.T * V * sizeof(float));
     CHECK(sl_model_logits(m, 0, fx.B * fx.T, logits) == 0);
     double worst = 0;
     for (size_t i = 0; i < (size_t)fx.B * fx.T * V; i++) worst = fmax(worst, fabs(logits[i] - want_logits[i]));
     free(logits);
-    double rel = worst / max_abs(want_logits, n);
+    double rel = worst / fixture_max_abs(want_logits, n);
     CHECK_MSG(rel < REL_TOL, "%s logits relative error %.3g", name, rel);
     CHECK_MSG(fabs(loss - want_loss[0]) <= REL_TOL * fabs(want_loss[0]), "%s loss %.8f vs %.8f", name, loss, want_loss[0]);
 
@@ -108,14 +78,14 @@ static void check_against_transformers(const char *name) {
         const sl_tensor_info *t = &m->layout.tensors[i];
         char gname[128];
         snprintf(gname, sizeof gname, "grad.%s", t->name);
-        size_t gn;
-        float *want = read_tensor(&fx.expected, gname, &gn);
+        size_t gn = 0;
+        float *want = fixture_tensor(&fx.expected, gname, &gn);
         if (!want) { CHECK_MSG(0, "missing %s", gname); continue; }
         float *got = grad_in_hf_layout(m, t);
         CHECK_MSG(gn == (size_t)t->hf_rows * t->shape[1], "%s numel", gname);
         double w = 0;
         for (size_t j = 0; j < gn; j++) w = fmax(w, fabs(got[j] - want[j]));
-        double r = w / fmax(max_abs(want, gn), 1e-30);
+        double r = w / fmax(fixture_max_abs(want, gn), 1e-30);
         if (r > worst_rel) { worst_rel = r; worst_name = t->name; }
         free(want);
         free(got);
@@ -137,7 +107,7 @@ static void check_adamw_track(const char *name) {
     fixture fx;
     memset(&fx, 0, sizeof fx);
     if (load_fixture(&fx, name)) { CHECK(0); return; }
-    float *want = read_tensor(&fx.expected, "adamw_losses", NULL);
+    float *want = fixture_tensor(&fx.expected, "adamw_losses", NULL);
     sl_engine_config ec = {.micro_batch = fx.B, .grad_accum_steps = 1, .gradient_clipping = 0.0f};
     sl_optim_defaults(&ec.optim);
     ec.optim.lr = 1e-2f;

@@ -175,6 +175,42 @@ static void check_activation(int swiglu) {
     free(c.inp); free(c.r); free(c.out); free(dinp); free(fi); free(fr); free(fo); free(fdi);
 }
 
+// ---------------------------------------------------------------- LoRA's column slices, dropout
+// add_columns and take_columns are each other's transpose (the one is the other's backward): with
+// L = sum(r * add(x)) the gradient of x is take(r). Both against the reference; dropout keeps about
+// 1 - p of the elements, scales them by 1 / (1 - p), and its backward applies the same mask.
+TEST(lora_column_slices_and_dropout_match_reference) {
+    int N = 7, W = 5, ld = 13, col0 = 6;
+    double scale = 0.75;
+    double *x = drand_vec((size_t)N * W, 1), *y = drand_vec((size_t)N * ld, 1), *r = drand_vec((size_t)N * ld, 1);
+    double *want = malloc(sizeof(double) * N * ld), *dx = dzeros((size_t)N * W);
+    memcpy(want, y, sizeof(double) * N * ld);
+    ref_add_columns(want, x, scale, N, W, ld, col0);
+    ref_take_columns(dx, r, scale, N, W, ld, col0);
+    double lin = dotd(want, r, (size_t)N * ld) - dotd(y, r, (size_t)N * ld);  // L(x) - L(0): linear in x
+    CHECK(fabs(lin - dotd(x, dx, (size_t)N * W)) < 1e-12 * (1 + fabs(lin)));
+    float *fx = to_f(x, (size_t)N * W), *fy = to_f(y, (size_t)N * ld), *fr = to_f(r, (size_t)N * ld);
+    float *fdx = fzeros((size_t)N * W);
+    cpu_add_columns(ACT(fy), ACT(fx), (float)scale, N, W, ld, col0);
+    cpu_take_columns(ACT(fdx), ACT(fr), (float)scale, N, W, ld, col0);
+    CHECK(rel_err_f(fy, want, (size_t)N * ld) < F32_TOL);
+    CHECK(rel_err_f(fdx, dx, (size_t)N * W) < F32_TOL);
+    size_t n = 20000;
+    double *d = drand_vec(n, 1), *dref = dzeros(n);
+    float *fd = to_f(d, n), *fo = fzeros(n), *fb = fzeros(n);
+    ref_dropout(dref, d, n, 0.25, 99);
+    cpu_dropout_forward(ACT(fo), ACT(fd), n, 0.25f, 99);
+    cpu_dropout_backward(ACT(fb), ACT(fd), n, 0.25f, 99);
+    size_t kept = 0;
+    for (size_t i = 0; i < n; i++) kept += fo[i] != 0.0f;
+    CHECK_MSG(fabs((double)kept / n - 0.75) < 0.02, "dropout kept %zu of %zu", kept, n);
+    CHECK(rel_err_f(fo, dref, n) < F32_TOL && memcmp(fo, fb, n * sizeof(float)) == 0);
+    cpu_dropout_forward(ACT(fb), ACT(fd), n, 0.25f, 100);  // another seed, another mask
+    CHECK(memcmp(fo, fb, n * sizeof(float)) != 0);
+    free(x); free(y); free(r); free(want); free(dx); free(fx); free(fy); free(fr); free(fdx);
+    free(d); free(dref); free(fd); free(fo); free(fb);
+}
+
 TEST(gelu_backward_matches_finite_differences_and_cpu) { check_activation(0); }
 TEST(swiglu_backward_matches_finite_differences_and_cpu) { check_activation(1); }
 

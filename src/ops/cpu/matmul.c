@@ -35,7 +35,7 @@ void cpu_matmul_backward(sl_act *dinp_, float *dweight, float *dbias, const sl_a
     // dinp (N,IC) = dout (N,OC) @ weight (OC,IC)
     if (dinp) cpu_sgemm(0, 0, N, IC, OC, 1.0f, dout, OC, weight, IC, 0.0f, dinp, IC);
     // dweight (OC,IC) += dout^T (OC,N) @ inp (N,IC)
-    cpu_sgemm(1, 0, OC, IC, N, 1.0f, dout, OC, inp, IC, 1.0f, dweight, IC);
+    if (dweight) cpu_sgemm(1, 0, OC, IC, N, 1.0f, dout, OC, inp, IC, 1.0f, dweight, IC);
     if (!dbias) return;
     // column sums, each thread owning a block of columns: deterministic for any thread count
 #pragma omp parallel if((size_t)N * OC >= SL_PAR_MIN_WORK)

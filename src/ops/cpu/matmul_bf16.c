@@ -41,7 +41,8 @@ void cpu_bf16_matmul_backward(sl_act *dinp, float *dweight, float *dbias, const 
     // dinp (N,IC) = dout (N,OC) @ weight (OC,IC); dweight (OC,IC) += dout^T (OC,N) @ inp (N,IC)
     if ((dinp && cpu_gemm_bf16("matmul_backward (dinp)", 0, 0, N, IC, OC, dout, OC, BF16(weight), IC, NULL, dinp, 0,
                                0)) ||
-        cpu_gemm_bf16("matmul_backward (dweight)", 1, 0, OC, IC, N, dout, OC, BF16(inp), IC, NULL, dweight, 1, 1)) {
+        (dweight &&
+         cpu_gemm_bf16("matmul_backward (dweight)", 1, 0, OC, IC, N, dout, OC, BF16(inp), IC, NULL, dweight, 1, 1))) {
         cpu_bf16_record_failure();
         return;
     }

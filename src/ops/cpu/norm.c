@@ -94,6 +94,7 @@ void cpu_layernorm_backward(sl_act *dinp_, float *dw, float *db, const sl_act *d
 #pragma omp simd
         for (int c = 0; c < C; c++) dx[c] += (dy[c] * w[c] - mean_dnorm - (x[c] - m) * r * mean_dnorm_xhat) * r;
     }
+    if (!dw) return;  // frozen weights (LoRA): only the input's gradient
 #pragma omp parallel if((size_t)N * C >= SL_PAR_MIN_WORK)
     {
         size_t c0, c1;
@@ -149,6 +150,7 @@ void cpu_rmsnorm_backward(sl_act *dinp_, float *dw, const sl_act *dout_, const s
 #pragma omp simd
         for (int c = 0; c < C; c++) dx[c] += dy[c] * w[c] * r - x[c] * k;
     }
+    if (!dw) return;  // frozen weight (LoRA): only the input's gradient
 #pragma omp parallel if((size_t)N * C >= SL_PAR_MIN_WORK)
     {
         size_t c0, c1;

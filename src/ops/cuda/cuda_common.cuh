@@ -49,6 +49,15 @@ void *sl_cuda_scratch_get(sl_cuda_scratch *s, size_t bytes, const char *what);
 
 static inline unsigned int ceil_div_u(size_t a, size_t b) { return (unsigned int)((a + b - 1) / b); }
 
+// Elementwise kernels: EW_THREADS a block, at most 2^20 blocks, each thread striding over [0, n).
+#define EW_THREADS 256
+static inline unsigned int ew_grid(size_t n) {
+    size_t blocks = (n + EW_THREADS - 1) / EW_THREADS;
+    return (unsigned int)(blocks < ((size_t)1 << 20) ? blocks : ((size_t)1 << 20));
+}
+#define GRID_STRIDE(i, n) \
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
+
 // A kernel's dynamic shared memory above the 48 KiB default must be opted into; set on every launch
 // (cheap, and right whichever device is current). false (failure recorded) when the GPU allows less.
 template <typename Kernel> bool sl_cuda_allow_smem(Kernel kernel, size_t bytes) {

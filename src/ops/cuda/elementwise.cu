@@ -13,17 +13,7 @@
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/cuda_math.cuh"
 
-#define EW_THREADS 256
-
-static unsigned int grid_for(size_t n) {
-    size_t blocks = (n + EW_THREADS - 1) / EW_THREADS;
-    return (unsigned int)(blocks < ((size_t)1 << 20) ? blocks : ((size_t)1 << 20));
-}
-
 // ---- kernels -------------------------------------------------------------------------------------
-
-#define GRID_STRIDE(i, n) \
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
 
 template <typename T>
 __global__ void residual_forward_kernel(T *out, const T *a, const T *b, size_t n) {
@@ -73,7 +63,7 @@ __global__ void swiglu_backward_kernel(T *dinp, const T *inp, const T *dout, siz
 template <typename floatX>
 void cuda_residual_forward(sl_act *out, const sl_act *a, const sl_act *b, size_t n) {
     if (n == 0) return;
-    residual_forward_kernel<floatX><<<grid_for(n), EW_THREADS, 0, sl_cuda_stream()>>>(
+    residual_forward_kernel<floatX><<<ew_grid(n), EW_THREADS, 0, sl_cuda_stream()>>>(
         as_storage<floatX>(out), as_storage<floatX>(a), as_storage<floatX>(b), n);
     CUDA_LAUNCH_CHECK();
 }
@@ -81,7 +71,7 @@ void cuda_residual_forward(sl_act *out, const sl_act *a, const sl_act *b, size_t
 template <typename floatX>
 void cuda_gelu_forward(sl_act *out, const sl_act *inp, size_t n) {
     if (n == 0) return;
-    gelu_forward_kernel<floatX><<<grid_for(n), EW_THREADS, 0, sl_cuda_stream()>>>(as_storage<floatX>(out),
+    gelu_forward_kernel<floatX><<<ew_grid(n), EW_THREADS, 0, sl_cuda_stream()>>>(as_storage<floatX>(out),
                                                                                   as_storage<floatX>(inp), n);
     CUDA_LAUNCH_CHECK();
 }
@@ -89,7 +79,7 @@ void cuda_gelu_forward(sl_act *out, const sl_act *inp, size_t n) {
 template <typename floatX>
 void cuda_gelu_backward(sl_act *dinp, const sl_act *inp, const sl_act *dout, size_t n) {
     if (n == 0) return;
-    gelu_backward_kernel<floatX><<<grid_for(n), EW_THREADS, 0, sl_cuda_stream()>>>(
+    gelu_backward_kernel<floatX><<<ew_grid(n), EW_THREADS, 0, sl_cuda_stream()>>>(
         as_storage<floatX>(dinp), as_storage<floatX>(inp), as_storage<floatX>(dout), n);
     CUDA_LAUNCH_CHECK();
 }
@@ -98,7 +88,7 @@ template <typename floatX>
 void cuda_swiglu_forward(sl_act *out, const sl_act *inp, int N, int I) {
     if (N <= 0 || I <= 0) return;
     size_t total = (size_t)N * I;
-    swiglu_forward_kernel<floatX><<<grid_for(total), EW_THREADS, 0, sl_cuda_stream()>>>(
+    swiglu_forward_kernel<floatX><<<ew_grid(total), EW_THREADS, 0, sl_cuda_stream()>>>(
         as_storage<floatX>(out), as_storage<floatX>(inp), (size_t)N, (size_t)I);
     CUDA_LAUNCH_CHECK();
 }
@@ -107,7 +97,7 @@ template <typename floatX>
 void cuda_swiglu_backward(sl_act *dinp, const sl_act *inp, const sl_act *dout, int N, int I) {
     if (N <= 0 || I <= 0) return;
     size_t total = (size_t)N * I;
-    swiglu_backward_kernel<floatX><<<grid_for(total), EW_THREADS, 0, sl_cuda_stream()>>>(
+    swiglu_backward_kernel<floatX><<<ew_grid(total), EW_THREADS, 0, sl_cuda_stream()>>>(
         as_storage<floatX>(dinp), as_storage<floatX>(inp), as_storage<floatX>(dout), (size_t)N, (size_t)I);
     CUDA_LAUNCH_CHECK();
 }

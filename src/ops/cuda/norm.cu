@@ -226,6 +226,7 @@ __global__ void norm_param_reduce_kernel(float *dw, float *db, const float *part
 template <typename T>
 static void norm_param_backward(float *dw, float *db, const T *dout, const T *inp, const float *mean, const float *rstd,
                                 int N, int C) {
+    if (!dw) return;  // frozen weights (LoRA): only the input's gradient
     int rows_per_chunk, n_chunks;
     norm_chunking(N, &rows_per_chunk, &n_chunks);
     size_t part = (size_t)n_chunks * C;

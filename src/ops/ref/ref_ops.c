@@ -1,6 +1,7 @@
 // ref_ops.c: the double-precision reference ops (see ref_ops.h). Straight loops, no tiling, no
 // threads: clarity over speed. Gradient conventions are those of ops.h.
 #include "ops/ref/ref_ops.h"
+#include "shardlm/ops.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -114,6 +115,20 @@ void ref_rmsnorm_backward(double *dinp, double *dw, const double *dout, const do
 }
 
 static const double GELU_K = 0.7978845608028654;  // sqrt(2/pi)
+
+void ref_add_columns(double *out, const double *inp, double scale, int N, int W, int ld, int col0) {
+    for (int n = 0; n < N; n++)
+        for (int j = 0; j < W; j++) out[(size_t)n * ld + col0 + j] += scale * inp[(size_t)n * W + j];
+}
+
+void ref_take_columns(double *out, const double *inp, double scale, int N, int W, int ld, int col0) {
+    for (int n = 0; n < N; n++)
+        for (int j = 0; j < W; j++) out[(size_t)n * W + j] = scale * inp[(size_t)n * ld + col0 + j];
+}
+
+void ref_dropout(double *out, const double *inp, size_t n, double p, uint64_t seed) {
+    for (size_t i = 0; i < n; i++) out[i] = sl_dropout_keep(seed, i, (float)p) ? inp[i] / (1.0 - p) : 0.0;
+}
 
 void ref_gelu_forward(double *out, const double *inp, size_t n) {
     for (size_t i = 0; i < n; i++) {

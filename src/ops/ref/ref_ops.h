@@ -6,6 +6,7 @@
 #define SHARDLM_REF_OPS_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 void ref_encoder_forward(double *out, const int *inp, const double *wte, const double *wpe, int B, int T, int C);
 void ref_encoder_backward(double *dwte, double *dwpe, const double *dout, const int *inp, int B, int T, int C);
@@ -19,6 +20,10 @@ void ref_layernorm_backward(double *dinp, double *dw, double *db, const double *
 void ref_rmsnorm_forward(double *out, double *rstd, const double *inp, const double *w, int N, int C, double eps);
 void ref_rmsnorm_backward(double *dinp, double *dw, const double *dout, const double *inp, const double *w,
                           const double *rstd, int N, int C);
+// LoRA's column slices (ops_list.h add_columns / take_columns) and inverted dropout (sl_dropout_keep).
+void ref_add_columns(double *out, const double *inp, double scale, int N, int W, int ld, int col0);
+void ref_take_columns(double *out, const double *inp, double scale, int N, int W, int ld, int col0);
+void ref_dropout(double *out, const double *inp, size_t n, double p, uint64_t seed);
 void ref_gelu_forward(double *out, const double *inp, size_t n);
 void ref_gelu_backward(double *dinp, const double *inp, const double *dout, size_t n);
 void ref_swiglu_forward(double *out, const double *inp, int N, int I);

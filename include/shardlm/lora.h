@@ -1,0 +1,129 @@
+// lora.h: LoRA adapters on a model's linears, in PEFT's words. An adapted linear computes
+//   y = x W^T + b + scale * B(A(dropout(x))),   scale = lora_alpha / r (lora_alpha / sqrt(r) with use_rslora)
+// with A (r, in) and B (out, r) trained and W, b frozen. shardlm fuses q/k/v into one GEMM and
+// LLaMA's gate/up into another, so each PEFT module's adapter adds into a column range of its fused
+// GEMM's output (sl_lora_adapter.col0, out_features).
+//
+// The adapters live in their own flat, layer-major buffer (params, grads) with their own offsets
+// table naming every tensor as PEFT saves it: "base_model.model.<module path>.lora_A.weight" (r, in)
+// and "...lora_B.weight" (out, r). The table's units match the model's (unit 0: embeddings, 1 + l:
+// block l, n_layer + 1: final norm and head), so unit 1 + l holds exactly block l's adapters.
+//
+// The model computes with them once attached (sl_model_attach_lora); attaching frees the model's
+// gradient buffer: the base is frozen, its backward computes only the activations' gradients.
+#ifndef SHARDLM_LORA_H
+#define SHARDLM_LORA_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <cjson/cJSON.h>
+#include "shardlm/config.h"
+#include "shardlm/layout.h"
+#include "shardlm/ops.h"
+#include "shardlm/precision.h"
+
+#define SL_LORA_NAME_MAX 64
+#define SL_LORA_TARGETS_MAX 32768  // bytes of the comma-joined target list (PEFT writes full paths)
+
+// PEFT's LoraConfig, the part shardlm computes.
+typedef struct {
+    int r;                 // rank (> 0)
+    double lora_alpha;     // scale numerator
+    float lora_dropout;    // dropout probability on the adapter's input, in [0, 1)
+    int use_rslora;        // scale = lora_alpha / sqrt(r)
+    int all_linear;        // target_modules "all-linear": every linear of the blocks
+    int n_targets;         // target_modules as a list of names, comma-joined (a module matches a name it
+    char target_modules[SL_LORA_TARGETS_MAX];  // equals or ends with after a '.'); PEFT writes full paths
+} sl_lora_config;
+
+// The fused GEMMs of a block an adapter can add to.
+typedef enum { SL_LINEAR_QKV, SL_LINEAR_ATTN_OUT, SL_LINEAR_MLP_UP, SL_LINEAR_MLP_DOWN } sl_linear_kind;
+
+typedef struct {
+    int layer;
+    sl_linear_kind linear;
+    int col0, out_features, in_features;  // output columns [col0, col0 + out_features) of that GEMM
+    int lora_A, lora_B;                   // indices into the tensor table
+    char module[SL_LORA_NAME_MAX];        // its module path, e.g. "model.layers.0.self_attn.q_proj"
+} sl_lora_adapter;
+
+typedef struct sl_lora {
+    sl_lora_config cfg;
+    sl_model_config model_cfg;
+    float scale;
+    const sl_ops *ops;
+    sl_tensor_info *tensors;   // PEFT names; shape (r, in) for A, (out, r) for B; hf_transposed 0
+    int n_tensors;
+    size_t total;              // floats in the flat buffer
+    sl_lora_adapter *adapters; // in buffer order: block by block, each block's in the model's order
+    int n_adapters;
+    int *layer_first;          // n_layer + 1: block l's adapters are [layer_first[l], layer_first[l + 1])
+    int n_units;               // the model's units (layout.h)
+    size_t *unit_begin;        // n_units + 1 offsets into the flat buffer
+    // the backend's buffers
+    float *params, *grads;     // (total); grads NULL until sl_lora_alloc_grads (not needed to generate)
+    sl_bf16 *weights_bf16;     // with ops->act_bf16: params rounded to bf16 (sl_lora_params_changed)
+    // activations for up to act_N rows, planned by sl_lora_plan
+    int act_N;
+    void *act_memory;
+    sl_act **u;                // per adapter (N, r): A's output, kept for backward
+    sl_act **xd;               // per adapter (N, in): the dropped input (lora_dropout > 0 while training)
+    sl_act *delta, *dh, *du;   // scratch (N, max out), (N, max in), (N, r)
+    // Dropout runs while `training` is set, with masks a pure function of (dropout_seed, adapter).
+    int training;
+    uint64_t dropout_seed;
+    char base_model[1024];     // the base's name or path, for adapter_config.json ("" = unknown)
+} sl_lora;
+
+// PEFT's defaults: r 8, lora_alpha 8, lora_dropout 0, no rslora, no targets (sl_lora_create then
+// takes PEFT's default targets for the architecture: GPT-2 c_attn, LLaMA q_proj and v_proj).
+void sl_lora_config_defaults(sl_lora_config *cfg);
+// Reads a PEFT-style object (a train config's "lora" block or adapter_config.json): r, lora_alpha,
+// lora_dropout, target_modules (a list, or "all-linear"), use_rslora, bias ("none" only). Other
+// PEFT keys that change nothing here are accepted; a value shardlm cannot honour is an error naming
+// `where` and the key.
+int sl_lora_config_parse(sl_lora_config *cfg, const cJSON *obj, const char *where);
+// target_modules from a comma-separated list ("q_proj,v_proj" or "all-linear").
+int sl_lora_config_set_targets(sl_lora_config *cfg, const char *list, const char *where);
+// Range checks: r > 0, lora_alpha finite, 0 <= lora_dropout < 1.
+int sl_lora_config_check(const sl_lora_config *cfg, const char *where);
+// The config as adapter_config.json's fields (PEFT's LoraConfig keys) into obj.
+int sl_lora_config_to_json(const sl_lora_config *cfg, cJSON *obj);
+
+// Builds the adapters of cfg for a model of model_cfg on ops' backend and allocates their
+// parameters (zero). An unknown target module (matching no linear of the model) is an error naming it.
+int sl_lora_create(sl_lora *lora, const sl_model_config *model_cfg, const sl_lora_config *cfg, const sl_ops *ops);
+void sl_lora_free(sl_lora *lora);
+// The gradient buffer (zeroed), for training.
+int sl_lora_alloc_grads(sl_lora *lora);
+void sl_lora_zero_grad(sl_lora *lora);
+// PEFT's initialisation: A as nn.Linear's default reset (kaiming_uniform_(a=sqrt(5)): uniform in
+// +-1/sqrt(in)), B zero, drawn from the counter-based RNG (seed, tensor index).
+int sl_lora_init_weights(sl_lora *lora, uint64_t seed);
+// Refreshes the bf16 copy after params changed (nothing without ops->act_bf16).
+int sl_lora_params_changed(sl_lora *lora);
+// Index of the tensor with this PEFT name, or -1.
+int sl_lora_find(const sl_lora *lora, const char *name);
+// The module path of each adaptable linear of the block (for messages): "a, b, ..." into buf.
+void sl_lora_list_modules(const sl_model_config *model_cfg, char *buf, size_t cap);
+
+// PEFT's merge_and_unload: W += (B @ A) * scale for every adapter, into the base's parameters
+// `params` (host memory, layout L of the model the adapters were built for); the product in fp32
+// by fused multiply-adds over r in order, then scaled and added, as torch's CPU GEMM computes
+// delta_weight (bit for bit in tests/reference/check_lora_peft.py). The adapters' parameters are
+// read through lora->ops->download.
+int sl_lora_merge(const sl_lora *lora, const sl_param_layout *L, float *params);
+
+// ---- what the model calls (model.c) ------------------------------------------------------------
+// Plans activations for N rows (no-op when large enough).
+int sl_lora_plan(sl_lora *lora, int N);
+// Block `layer`'s first adapter on `linear` (the index into adapters), -1 when none.
+int sl_lora_first_on(const sl_lora *lora, int layer, sl_linear_kind linear);
+// y (N, ld) += scale * B(A(dropout(x))) in each of block `layer`'s adapters on `linear`; x (N, in).
+void sl_lora_forward(sl_lora *lora, int layer, sl_linear_kind linear, const sl_act *x, sl_act *y, int N, int ld);
+// Backward of sl_lora_forward with dy (N, ld) the GEMM output's gradient: grads of A and B
+// accumulate; dx (N, in), the input's gradient from the base GEMM, gets the adapters' part added.
+void sl_lora_backward(sl_lora *lora, int layer, sl_linear_kind linear, const sl_act *x, const sl_act *dy, sl_act *dx,
+                      int N, int ld);
+
+#endif

@@ -1,0 +1,70 @@
+// train_lora.c: LoRA for `shardlm train` (train_lora.h). The flags fill the config's "lora" block
+// (PEFT's words, so flags and JSON are one setting); the adapters are built here and attached to the
+// model, after which the engine trains them alone.
+#include "cli/train_lora.h"
+#include "shardlm/error.h"
+#include "shardlm/peft_adapter.h"
+#include "shardlm/rng.h"
+
+#include <stdio.h>
+#include <string.h>
+
+int train_lora_flag(sl_args *a, sl_train_config *c) {
+    char targets[SL_LORA_TARGETS_MAX];
+    float alpha;
+    if (sl_arg_switch(a, "--lora-rslora")) {
+        c->lora.use_rslora = 1;
+    } else if (sl_arg_int(a, "--lora-r", 1, SL_NO_MAX, &c->lora.r) ||
+               sl_arg_float(a, "--lora-dropout", 0, 1, SL_OPEN_HI, &c->lora.lora_dropout) ||
+               sl_arg_str(a, "--adapter", c->adapter, sizeof c->adapter)) {
+    } else if (sl_arg_float(a, "--lora-alpha", -SL_FLOAT_MAX, SL_FLOAT_MAX, 0, &alpha)) {
+        c->lora.lora_alpha = alpha;
+    } else if (sl_arg_str(a, "--lora-targets", targets, sizeof targets)) {
+        if (sl_lora_config_set_targets(&c->lora, targets, "--lora-targets")) {
+            fprintf(stderr, "error: %s\n", sl_error());
+            a->error = 1;
+        }
+    } else {
+        return 0;
+    }
+    c->lora_enabled = 1;
+    return 1;
+}
+
+int train_lora_attach(sl_lora *lora, sl_model *model, sl_train_config *c) {
+    if (!c->lora_enabled) return 0;
+    if (c->sample_tokens > 0 && (model->ops->on_device || model->ops->act_bf16))
+        return sl_errorf("the sample after a LoRA run decodes on the CPU in fp32 only: pass --sample-tokens 0");
+    int rc = c->adapter[0] ? sl_peft_load(c->adapter, &model->cfg, model->ops, lora)
+                           : sl_lora_create(lora, &model->cfg, &c->lora, model->ops);
+    if (rc) return -1;
+    if ((!c->adapter[0] && sl_lora_init_weights(lora, c->seed)) || sl_model_attach_lora(model, lora)) {
+        sl_lora_free(lora);
+        return -1;
+    }
+    snprintf(lora->base_model, sizeof lora->base_model, "%s", c->model);
+    c->lora = lora->cfg;  // what runs (an adapter's settings, PEFT's default targets) is what the config says
+    return 0;
+}
+
+uint64_t train_lora_dropout_seed(uint64_t seed, int rank, int64_t step, int k) {
+    sl_rng rng = sl_rng_make(seed, (uint64_t)rank, (uint64_t)step * 65536u + (uint64_t)k, SL_RNG_DROPOUT);
+    return sl_rng_u64(&rng);
+}
+
+void train_lora_print_memory(const sl_engine *e) {
+    sl_engine_memory mem = sl_engine_memory_use(e);
+    const sl_lora *lo = e->model->lora;
+    double P = (double)e->model->layout.total, A = (double)lo->total, K = 4.0 * e->n_optim_state;
+    size_t total = mem.params + mem.adapters + mem.grads + mem.optim;
+    printf("memory (LoRA r=%d, %d adapters on %s): base frozen %.2f MB (no gradients, no optimizer state); adapters "
+           "%.0f parameters: %.2f MB, gradients %.2f MB, optimizer state %.2f MB; total %.2f MB = %zu bytes\n"
+           "  formula 4P + (4 + 4 + K)A with P=%.0f A=%.0f K=%g: %.0f bytes; full fine-tuning would hold "
+           "(4 + 4 + K)P = %.0f bytes\n",
+           lo->cfg.r, lo->n_adapters, lo->cfg.all_linear ? "all-linear" : lo->cfg.target_modules, mem.params / 1e6, A,
+           mem.adapters / 1e6, mem.grads / 1e6, mem.optim / 1e6, total / 1e6, total, P, A, K, 4 * P + (8 + K) * A,
+           (8 + K) * P);
+    if (mem.master || mem.param_copy)
+        printf("  mixed precision adds: the adapters' fp32 master weights %.2f MB, the base's bf16 copy %.2f MB\n",
+               mem.master / 1e6, mem.param_copy / 1e6);
+}

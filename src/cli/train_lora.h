@@ -1,0 +1,38 @@
+// train_lora.h: what `shardlm train` adds for LoRA (train_lora.c): the --lora-* and --adapter flags,
+// the adapters built (or loaded) and attached to the model, and the memory line of a LoRA run.
+#ifndef SHARDLM_CLI_TRAIN_LORA_H
+#define SHARDLM_CLI_TRAIN_LORA_H
+
+#include "cli/args.h"
+#include "shardlm/engine.h"
+#include "shardlm/lora.h"
+#include "shardlm/train_config.h"
+
+// Usage lines for the flags.
+#define TRAIN_LORA_USAGE                                                                                     \
+    "  --lora-r R              train LoRA adapters of rank R on a frozen base (PEFT's r; default 8 with any\n" \
+    "                          --lora-* flag)\n"                                                               \
+    "  --lora-alpha A          lora_alpha (default 8): the adapters' output is scaled by A / R\n"             \
+    "  --lora-dropout P        lora_dropout on the adapters' input while training (default 0)\n"             \
+    "  --lora-targets LIST     target_modules, e.g. c_attn,c_proj,c_fc or q_proj,v_proj or all-linear\n"     \
+    "                          (default: PEFT's for the architecture: c_attn / q_proj,v_proj)\n"               \
+    "  --lora-rslora           use_rslora: scale by A / sqrt(R)\n"                                            \
+    "  --adapter DIR           start from a PEFT adapter directory (its adapter_config.json settings)\n"
+
+// Consumes one LoRA flag into c (1), or returns 0 when argv[a->i] is none of them.
+int train_lora_flag(sl_args *a, sl_train_config *c);
+
+// With c->lora_enabled: the adapters for model (loaded from c->adapter, or PEFT's initialisation from
+// c->seed), attached to it (the base frozen), and c->lora set to their resolved settings. Nothing
+// otherwise. -1 with the error.
+int train_lora_attach(sl_lora *lora, sl_model *model, sl_train_config *c);
+
+// The dropout masks of micro-batch k of step `step` on `rank`: a pure function of them and the seed,
+// so a resumed run draws the same masks.
+uint64_t train_lora_dropout_seed(uint64_t seed, int rank, int64_t step, int k);
+
+// The memory line of a LoRA run: the frozen base, the adapters' parameters, gradients and optimizer
+// state, against the formula 4P + (8 + K)A.
+void train_lora_print_memory(const sl_engine *e);
+
+#endif

@@ -1,0 +1,153 @@
+// peft_adapter.c: PEFT adapter directories (peft_adapter.h) <-> sl_lora. Reading trusts nothing:
+// the config is parsed strictly, the adapters it describes are built for the base, and every tensor
+// of the safetensors file is matched by name, shape and dtype against them before one byte of
+// weights is used. Writing stages the parameters through host memory and writes each file atomically.
+#include "shardlm/peft_adapter.h"
+#include "shardlm/error.h"
+#include "shardlm/fileio.h"
+#include "shardlm/json_get.h"
+#include "shardlm/safetensors.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define PATH_CAP 4096
+
+static int join(char *out, const char *dir, const char *name) {
+    if (snprintf(out, PATH_CAP, "%s/%s", dir, name) >= PATH_CAP) return sl_errorf("path too long: %s/%s", dir, name);
+    return 0;
+}
+
+int sl_peft_read_config(const char *dir, sl_lora_config *cfg) {
+    char path[PATH_CAP];
+    if (join(path, dir, "adapter_config.json")) return -1;
+    cJSON *root = sl_json_read_strict(path);
+    if (!root) return -1;
+    sl_lora_config_defaults(cfg);
+    int rc = sl_lora_config_parse(cfg, root, path);
+    cJSON_Delete(root);
+    return rc;
+}
+
+// Every tensor of f is one of the adapters', with its shape and a float dtype, and every adapter
+// tensor is there.
+static int check_tensors(const sl_st_file *f, const sl_lora *lo, const char *path) {
+    for (int i = 0; i < f->n_tensors; i++) {
+        const sl_st_tensor *t = &f->tensors[i];
+        int idx = sl_lora_find(lo, t->name);
+        char got[64], want[64];
+        if (idx < 0)
+            return sl_errorf("%s: tensor %s is not an adapter of this model with this adapter_config.json (expected "
+                             "%d tensors named like %s)", path, t->name, lo->n_tensors,
+                             lo->n_tensors ? lo->tensors[0].name : "(none)");
+        const sl_tensor_info *e = &lo->tensors[idx];
+        int64_t shape[2] = {e->shape[0], e->shape[1]};
+        if (t->ndim != 2 || t->shape[0] != shape[0] || t->shape[1] != shape[1])
+            return sl_errorf("%s: tensor %s has shape %s, this base model needs %s (an adapter for another base "
+                             "model, or another r?)", path, t->name, sl_st_shape_str(got, sizeof got, t->ndim, t->shape),
+                             sl_st_shape_str(want, sizeof want, 2, shape));
+        if (!sl_st_dtype_is_float(t->dtype))
+            return sl_errorf("%s: tensor %s has dtype %s, expected F32, F16, BF16 or F64", path, t->name,
+                             sl_st_dtype_name(t->dtype));
+    }
+    for (int i = 0; i < lo->n_tensors; i++)
+        if (sl_st_find(f, lo->tensors[i].name) < 0)
+            return sl_errorf("%s: tensor %s is missing (adapter_config.json's target_modules adapt it)", path,
+                             lo->tensors[i].name);
+    return 0;
+}
+
+// The settings that change the maths must be the run's.
+static int same_settings(const sl_lora_config *a, const sl_lora_config *b, const char *path) {
+    if (a->r != b->r || a->lora_alpha != b->lora_alpha || a->use_rslora != b->use_rslora ||
+        a->lora_dropout != b->lora_dropout)
+        return sl_errorf("%s: r %d, lora_alpha %g, use_rslora %d, lora_dropout %g; this run has r %d, lora_alpha %g, "
+                         "use_rslora %d, lora_dropout %g", path, a->r, a->lora_alpha, a->use_rslora,
+                         (double)a->lora_dropout, b->r, b->lora_alpha, b->use_rslora, (double)b->lora_dropout);
+    return 0;
+}
+
+int sl_peft_read_weights(const char *dir, const sl_lora *lo, float *host) {
+    char path[PATH_CAP];
+    sl_lora_config cfg;
+    if (sl_peft_read_config(dir, &cfg) || join(path, dir, "adapter_config.json") || same_settings(&cfg, &lo->cfg, path) ||
+        join(path, dir, "adapter_model.safetensors"))
+        return -1;
+    sl_st_file f;
+    if (sl_st_open(&f, path)) return -1;
+    int rc = check_tensors(&f, lo, path);
+    for (int i = 0; rc == 0 && i < lo->n_tensors; i++) {
+        const sl_tensor_info *t = &lo->tensors[i];
+        rc = sl_st_read_f32(&f, sl_st_find(&f, t->name), host + t->offset, t->numel);
+    }
+    sl_st_close(&f);
+    return rc;
+}
+
+static int load_weights(const char *dir, sl_lora *lo) {
+    float *host = sl_malloc((lo->total ? lo->total : 1) * sizeof(float), "adapter weights");
+    int rc = host ? sl_peft_read_weights(dir, lo, host) : -1;
+    if (rc == 0) {
+        lo->ops->upload(lo->params, host, lo->total * sizeof(float));
+        rc = sl_lora_params_changed(lo);
+    }
+    free(host);
+    return rc;
+}
+
+int sl_peft_load(const char *dir, const sl_model_config *model_cfg, const sl_ops *ops, sl_lora *lora) {
+    sl_lora_config cfg;
+    memset(lora, 0, sizeof *lora);
+    if (sl_peft_read_config(dir, &cfg) || sl_lora_create(lora, model_cfg, &cfg, ops) || load_weights(dir, lora)) {
+        sl_lora_free(lora);
+        return sl_error_context("loading the PEFT adapter %s", dir);
+    }
+    return 0;
+}
+
+static int save_weights(const char *path, const sl_lora *lo, const float *given) {
+    sl_st_desc *desc = sl_calloc((size_t)lo->n_tensors + 1, sizeof *desc, "adapter tensors");
+    float *own = given ? NULL : sl_malloc((lo->total ? lo->total : 1) * sizeof(float), "adapter weights");
+    const float *host = given ? given : own;
+    const float **data = sl_calloc((size_t)lo->n_tensors + 1, sizeof *data, "adapter tensors");
+    int rc = desc && host && data ? 0 : -1;
+    if (rc == 0) {
+        if (own) lo->ops->download(own, lo->params, lo->total * sizeof(float));
+        for (int i = 0; i < lo->n_tensors; i++) {
+            const sl_tensor_info *t = &lo->tensors[i];
+            desc[i] = (sl_st_desc){.name = t->name, .ndim = 2, .shape = {t->shape[0], t->shape[1]}};
+            data[i] = host + t->offset;
+        }
+        const char *keys[] = {"format"}, *values[] = {"pt"};
+        rc = sl_st_write_f32(path, lo->n_tensors, desc, data, 1, keys, values);
+    }
+    free(desc);
+    free(own);
+    free(data);
+    return rc;
+}
+
+static int save_config(const char *path, const sl_lora *lo) {
+    const char *base_model = lo->base_model[0] ? lo->base_model : NULL;
+    cJSON *root = cJSON_CreateObject();
+    int rc = root ? sl_lora_config_to_json(&lo->cfg, root) : sl_errorf("out of memory writing %s", path);
+    if (rc == 0 && (!cJSON_AddBoolToObject(root, "fan_in_fan_out", lo->model_cfg.arch == SL_ARCH_GPT2) ||
+                    !(base_model ? cJSON_AddStringToObject(root, "base_model_name_or_path", base_model)
+                                 : cJSON_AddNullToObject(root, "base_model_name_or_path"))))
+        rc = sl_errorf("out of memory writing %s", path);
+    char *text = rc == 0 ? cJSON_Print(root) : NULL;
+    if (rc == 0 && !text) rc = sl_errorf("out of memory writing %s", path);
+    if (rc == 0) rc = sl_write_file_atomic(path, text, strlen(text));
+    free(text);
+    cJSON_Delete(root);
+    return rc;
+}
+
+int sl_peft_save(const char *dir, const sl_lora *lora, const float *host) {
+    char path[PATH_CAP];
+    if (sl_mkdirs(dir) || join(path, dir, "adapter_model.safetensors") || save_weights(path, lora, host) ||
+        join(path, dir, "adapter_config.json") || save_config(path, lora))
+        return sl_error_context("saving the PEFT adapter to %s", dir);
+    return 0;
+}

@@ -1,0 +1,372 @@
+// lora.c: LoRA adapters (lora.h): which linears a PEFT target list adapts, the adapters' flat
+// layer-major buffer and its offsets table (PEFT names), PEFT's initialisation, and the adapters'
+// forward and backward, composed from the ops table (two GEMMs, a column-slice add, dropout).
+// Invariants: tensors are in buffer order without gaps, block l's adapters (A then B of each
+// module, modules in the model's order) lie in unit 1 + l; the activations planned for N rows hold
+// each adapter's A output (and dropped input) from its forward until the backward.
+#include "shardlm/lora.h"
+#include "shardlm/error.h"
+#include "shardlm/rng.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+// One adaptable linear of a block: its module path after the block's prefix, the fused GEMM it is
+// part of, and where its output columns start.
+typedef struct {
+    const char *name;
+    sl_linear_kind linear;
+    int col0, out, in;
+} module_slot;
+
+// The block's adaptable linears in the model's order; returns their count (at most 7).
+static int block_modules(const sl_model_config *c, module_slot *s) {
+    int C = c->n_embd, F = c->n_inner, A = sl_config_attn_width(c), KV = c->n_kv_head * sl_config_head_dim(c);
+    if (c->arch == SL_ARCH_GPT2) {
+        s[0] = (module_slot){"attn.c_attn", SL_LINEAR_QKV, 0, 3 * C, C};
+        s[1] = (module_slot){"attn.c_proj", SL_LINEAR_ATTN_OUT, 0, C, C};
+        s[2] = (module_slot){"mlp.c_fc", SL_LINEAR_MLP_UP, 0, F, C};
+        s[3] = (module_slot){"mlp.c_proj", SL_LINEAR_MLP_DOWN, 0, C, F};
+        return 4;
+    }
+    s[0] = (module_slot){"self_attn.q_proj", SL_LINEAR_QKV, 0, A, C};
+    s[1] = (module_slot){"self_attn.k_proj", SL_LINEAR_QKV, A, KV, C};
+    s[2] = (module_slot){"self_attn.v_proj", SL_LINEAR_QKV, A + KV, KV, C};
+    s[3] = (module_slot){"self_attn.o_proj", SL_LINEAR_ATTN_OUT, 0, C, A};
+    s[4] = (module_slot){"mlp.gate_proj", SL_LINEAR_MLP_UP, 0, F, C};
+    s[5] = (module_slot){"mlp.up_proj", SL_LINEAR_MLP_UP, F, F, C};
+    s[6] = (module_slot){"mlp.down_proj", SL_LINEAR_MLP_DOWN, 0, C, F};
+    return 7;
+}
+
+static const char *block_prefix(const sl_model_config *c) {
+    return c->arch == SL_ARCH_GPT2 ? "transformer.h.%d." : "model.layers.%d.";
+}
+
+void sl_lora_list_modules(const sl_model_config *c, char *buf, size_t cap) {
+    module_slot s[8];
+    int n = block_modules(c, s);
+    size_t used = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < n && used < cap; i++)
+        used += (size_t)snprintf(buf + used, cap - used, "%s%s", i ? ", " : "", s[i].name);
+}
+
+// PEFT's rule: a module matches a target it equals or ends with after a '.'.
+static int name_matches(const char *path, const char *target) {
+    size_t lp = strlen(path), lt = strlen(target);
+    if (lp == lt) return strcmp(path, target) == 0;
+    return lp > lt && path[lp - lt - 1] == '.' && strcmp(path + lp - lt, target) == 0;
+}
+
+// Which slots cfg adapts in each block (masks[l] bit i: slot i of block l), checking every target
+// names a linear of the model.
+static int targeted_slots(const sl_model_config *mc, sl_lora_config *cfg, unsigned *masks) {
+    module_slot s[8];
+    int n = block_modules(mc, s);
+    if (!cfg->all_linear && cfg->n_targets == 0) {  // PEFT's defaults for the architecture
+        if (mc->arch == SL_ARCH_GPT2) sl_lora_config_set_targets(cfg, "c_attn", "lora");
+        else sl_lora_config_set_targets(cfg, "q_proj,v_proj", "lora");
+    }
+    char prefix[32], path[SL_LORA_NAME_MAX + 32];
+    for (int l = 0; l < mc->n_layer; l++) masks[l] = cfg->all_linear ? (1u << n) - 1 : 0;
+    char target[SL_LORA_NAME_MAX];
+    for (const char *p = cfg->target_modules; *p; p += strlen(target) + (p[strlen(target)] == ',')) {
+        snprintf(target, sizeof target, "%.*s", (int)strcspn(p, ","), p);
+        unsigned hit = 0;
+        for (int l = 0; l < mc->n_layer; l++) {
+            snprintf(prefix, sizeof prefix, block_prefix(mc), l);
+            for (int i = 0; i < n; i++) {
+                snprintf(path, sizeof path, "%s%s", prefix, s[i].name);
+                if (name_matches(path, target)) masks[l] |= 1u << i, hit = 1;
+            }
+        }
+        if (!hit) {
+            char list[256];
+            sl_lora_list_modules(mc, list, sizeof list);
+            return sl_errorf("lora: target module '%s' matches no linear of this %s model's blocks (adaptable: %s; "
+                             "or \"all-linear\")", target, mc->arch == SL_ARCH_GPT2 ? "gpt2" : "llama",
+                             list);
+        }
+    }
+    return 0;
+}
+
+static int add_tensor(sl_lora *lo, size_t *offset, int layer, int rows, int cols, const char *module,
+                      const char *which) {
+    sl_tensor_info *t = &lo->tensors[lo->n_tensors];
+    memset(t, 0, sizeof *t);
+    int len = snprintf(t->name, sizeof t->name, "base_model.model.%s.%s.weight", module, which);
+    if (len >= (int)sizeof t->name) return sl_errorf("lora: tensor name for %s is too long", module);
+    t->offset = *offset;
+    t->ndim = 2;
+    t->shape[0] = t->hf_rows = rows;
+    t->shape[1] = cols;
+    t->numel = (size_t)rows * (size_t)cols;
+    t->layer = layer;
+    t->unit = layer + 1;
+    t->weight_decay = 1;
+    *offset += t->numel;
+    return lo->n_tensors++;
+}
+
+static int build_table(sl_lora *lo, const unsigned *masks) {
+    const sl_model_config *mc = &lo->model_cfg;
+    module_slot s[8];
+    int n = block_modules(mc, s), count = 0, r = lo->cfg.r;
+    for (int l = 0; l < mc->n_layer; l++)
+        for (int i = 0; i < n; i++) count += (masks[l] >> i) & 1;
+    lo->tensors = sl_calloc((size_t)(2 * count) + 1, sizeof *lo->tensors, "lora tensors");
+    lo->adapters = sl_calloc((size_t)count + 1, sizeof *lo->adapters, "lora adapters");
+    lo->layer_first = sl_calloc((size_t)mc->n_layer + 1, sizeof(int), "lora adapters");
+    lo->n_units = mc->n_layer + 2;
+    lo->unit_begin = sl_calloc((size_t)lo->n_units + 1, sizeof(size_t), "lora units");
+    if (!lo->tensors || !lo->adapters || !lo->layer_first || !lo->unit_begin) return -1;
+    size_t offset = 0;
+    for (int l = 0; l < mc->n_layer; l++) {
+        lo->layer_first[l] = lo->n_adapters;
+        lo->unit_begin[l + 1] = offset;
+        for (int i = 0; i < n; i++) {
+            if (!((masks[l] >> i) & 1)) continue;
+            sl_lora_adapter *ad = &lo->adapters[lo->n_adapters++];
+            ad->layer = l;
+            ad->linear = s[i].linear;
+            ad->col0 = s[i].col0;
+            ad->out_features = s[i].out;
+            ad->in_features = s[i].in;
+            char prefix[32];
+            snprintf(prefix, sizeof prefix, block_prefix(mc), l);
+            snprintf(ad->module, sizeof ad->module, "%s%s", prefix, s[i].name);
+            if ((ad->lora_A = add_tensor(lo, &offset, l, r, s[i].in, ad->module, "lora_A")) < 0 ||
+                (ad->lora_B = add_tensor(lo, &offset, l, s[i].out, r, ad->module, "lora_B")) < 0)
+                return -1;
+        }
+    }
+    lo->layer_first[mc->n_layer] = lo->n_adapters;
+    lo->unit_begin[mc->n_layer + 1] = lo->unit_begin[mc->n_layer + 2] = offset;
+    lo->total = offset;
+    return 0;
+}
+
+int sl_lora_create(sl_lora *lo, const sl_model_config *mc, const sl_lora_config *cfg, const sl_ops *ops) {
+    memset(lo, 0, sizeof *lo);
+    lo->cfg = *cfg;
+    lo->model_cfg = *mc;
+    lo->ops = ops;
+    unsigned *masks = sl_calloc((size_t)mc->n_layer + 1, sizeof(unsigned), "lora targets");
+    if (!masks || sl_lora_config_check(cfg, "lora") || targeted_slots(mc, &lo->cfg, masks) || build_table(lo, masks)) {
+        free(masks);
+        sl_lora_free(lo);
+        return -1;
+    }
+    free(masks);
+    lo->scale = (float)(lo->cfg.use_rslora ? lo->cfg.lora_alpha / sqrt((double)lo->cfg.r)
+                                           : lo->cfg.lora_alpha / lo->cfg.r);
+    lo->params = ops->alloc((lo->total ? lo->total : 1) * sizeof(float), "lora parameters");
+    if (!lo->params) { sl_lora_free(lo); return -1; }
+    if (ops->act_bf16 && !(lo->weights_bf16 = ops->alloc((lo->total ? lo->total : 1) * sizeof(sl_bf16), "lora bf16"))) {
+        sl_lora_free(lo);
+        return -1;
+    }
+    return 0;
+}
+
+static void release(const sl_lora *lo, void *p) {
+    if (p) lo->ops->dealloc(p);
+}
+
+static void free_acts(sl_lora *lo) {
+    release(lo, lo->act_memory);
+    free(lo->u);
+    free(lo->xd);
+    lo->act_memory = NULL;
+    lo->u = lo->xd = NULL;
+    lo->act_N = 0;
+}
+
+void sl_lora_free(sl_lora *lo) {
+    if (!lo->ops) return;
+    free_acts(lo);
+    release(lo, lo->params);
+    release(lo, lo->grads);
+    release(lo, lo->weights_bf16);
+    free(lo->tensors);
+    free(lo->adapters);
+    free(lo->layer_first);
+    free(lo->unit_begin);
+    memset(lo, 0, sizeof *lo);
+}
+
+int sl_lora_alloc_grads(sl_lora *lo) {
+    if (lo->grads) return 0;
+    lo->grads = lo->ops->alloc((lo->total ? lo->total : 1) * sizeof(float), "lora gradients");
+    return lo->grads ? 0 : -1;
+}
+
+void sl_lora_zero_grad(sl_lora *lo) {
+    if (lo->grads) lo->ops->memzero(lo->grads, lo->total * sizeof(float));
+}
+
+int sl_lora_init_weights(sl_lora *lo, uint64_t seed) {
+    float *host = lo->ops->on_device ? sl_calloc(lo->total, sizeof(float), "lora initial weights") : lo->params;
+    if (!host && lo->total) return -1;
+    for (int a = 0; a < lo->n_adapters; a++) {
+        const sl_tensor_info *A = &lo->tensors[lo->adapters[a].lora_A], *B = &lo->tensors[lo->adapters[a].lora_B];
+        // rank 1 of the key keeps these streams apart from the base model's (rank 0, same indices)
+        sl_rng rng = sl_rng_make(seed, 1, (uint64_t)lo->adapters[a].lora_A, SL_RNG_INIT);
+        float bound = 1.0f / sqrtf((float)A->shape[1]);
+        for (size_t j = 0; j < A->numel; j++) host[A->offset + j] = bound * (2.0f * sl_rng_uniform(&rng) - 1.0f);
+        memset(host + B->offset, 0, B->numel * sizeof(float));
+    }
+    if (host != lo->params) {
+        lo->ops->upload(lo->params, host, lo->total * sizeof(float));
+        free(host);
+    }
+    return sl_lora_params_changed(lo);
+}
+
+int sl_lora_params_changed(sl_lora *lo) {
+    if (lo->weights_bf16) lo->ops->to_storage(lo->weights_bf16, lo->params, lo->total);
+    return 0;
+}
+
+int sl_lora_find(const sl_lora *lo, const char *name) {
+    for (int i = 0; i < lo->n_tensors; i++)
+        if (strcmp(lo->tensors[i].name, name) == 0) return i;
+    return -1;
+}
+
+// The base weight (out, in) an adapter's linear belongs to; the fused GEMM's rows run on contiguously.
+static int base_weight(const sl_param_layout *L, const sl_lora_adapter *ad) {
+    const sl_block_tensors *k = &L->blocks[ad->layer];
+    switch (ad->linear) {
+    case SL_LINEAR_QKV: return k->qkv_w;
+    case SL_LINEAR_ATTN_OUT: return k->attn_proj_w;
+    case SL_LINEAR_MLP_UP: return k->fc_w;
+    default: return k->mlp_proj_w;
+    }
+}
+
+int sl_lora_merge(const sl_lora *lo, const sl_param_layout *L, float *params) {
+    if (sl_config_compare(&lo->model_cfg, &L->cfg, "merge: the adapters were built for another model")) return -1;
+    float *host = sl_malloc((lo->total ? lo->total : 1) * sizeof(float), "adapter weights");
+    if (!host) return -1;
+    lo->ops->download(host, lo->params, lo->total * sizeof(float));
+    for (int a = 0; a < lo->n_adapters; a++) {
+        const sl_lora_adapter *ad = &lo->adapters[a];
+        const float *A = host + lo->tensors[ad->lora_A].offset, *B = host + lo->tensors[ad->lora_B].offset;
+        int in = ad->in_features, r = lo->cfg.r;
+        float *W = params + L->tensors[base_weight(L, ad)].offset + (size_t)ad->col0 * in, scale = lo->scale;
+        // delta[o, i] = sum over k of B[o, k] * A[k, i], each element on one thread (no reduction across them)
+#pragma omp parallel for schedule(static) if((size_t)ad->out_features * in * r >= 65536)
+        for (int o = 0; o < ad->out_features; o++) {
+            float *w = W + (size_t)o * in;
+            for (int i = 0; i < in; i++) {
+                float d = 0.0f;
+                for (int k = 0; k < r; k++) d = fmaf(B[(size_t)o * r + k], A[(size_t)k * in + i], d);
+                w[i] += d * scale;
+            }
+        }
+    }
+    free(host);
+    return 0;
+}
+
+// ---- activations ---------------------------------------------------------------------------------
+
+int sl_lora_plan(sl_lora *lo, int N) {
+    if (lo->act_memory && N <= lo->act_N) return 0;
+    free_acts(lo);
+    size_t e = lo->ops->act_bf16 ? sizeof(sl_bf16) : sizeof(float), r = (size_t)lo->cfg.r, n = (size_t)N;
+    size_t max_out = 0, max_in = 0, elems = 0;
+    int dropout = lo->cfg.lora_dropout > 0.0f;
+    for (int a = 0; a < lo->n_adapters; a++) {
+        const sl_lora_adapter *ad = &lo->adapters[a];
+        if ((size_t)ad->out_features > max_out) max_out = (size_t)ad->out_features;
+        if ((size_t)ad->in_features > max_in) max_in = (size_t)ad->in_features;
+        elems += n * r + (dropout ? n * (size_t)ad->in_features : 0);
+    }
+    size_t scratch = n * (max_out + max_in + r);
+    lo->act_memory = lo->ops->alloc((elems + scratch) * e + 1, "lora activations");
+    lo->u = sl_calloc((size_t)lo->n_adapters + 1, sizeof(sl_act *), "lora activations");
+    lo->xd = sl_calloc((size_t)lo->n_adapters + 1, sizeof(sl_act *), "lora activations");
+    if (!lo->act_memory || !lo->u || !lo->xd) {
+        free_acts(lo);
+        return sl_error_context("planning LoRA activations for %d rows", N);
+    }
+    size_t at = 0;
+    for (int a = 0; a < lo->n_adapters; a++) {
+        lo->u[a] = sl_act_at(lo->act_memory, at, e);
+        at += n * r;
+        if (dropout) {
+            lo->xd[a] = sl_act_at(lo->act_memory, at, e);
+            at += n * (size_t)lo->adapters[a].in_features;
+        }
+    }
+    lo->delta = sl_act_at(lo->act_memory, at, e);
+    lo->dh = sl_act_at(lo->act_memory, at + n * max_out, e);
+    lo->du = sl_act_at(lo->act_memory, at + n * (max_out + max_in), e);
+    lo->act_N = N;
+    return 0;
+}
+
+// ---- forward and backward ------------------------------------------------------------------------
+
+// A tensor as the GEMMs read it (the bf16 copy with bf16 storage) and its gradient.
+static const sl_act *weight(const sl_lora *lo, int idx) {
+    size_t off = lo->tensors[idx].offset;
+    return lo->weights_bf16 ? (const sl_act *)(const void *)(lo->weights_bf16 + off)
+                            : (const sl_act *)(const void *)(lo->params + off);
+}
+
+static uint64_t dropout_seed(const sl_lora *lo, int adapter) {
+    sl_rng rng = sl_rng_make(lo->dropout_seed, 0, (uint64_t)adapter, SL_RNG_DROPOUT);
+    return sl_rng_u64(&rng);
+}
+
+static int dropping(const sl_lora *lo) { return lo->training && lo->cfg.lora_dropout > 0.0f; }
+
+int sl_lora_first_on(const sl_lora *lo, int layer, sl_linear_kind linear) {
+    for (int a = lo->layer_first[layer]; a < lo->layer_first[layer + 1]; a++)
+        if (lo->adapters[a].linear == linear) return a;
+    return -1;
+}
+
+void sl_lora_forward(sl_lora *lo, int layer, sl_linear_kind linear, const sl_act *x, sl_act *y, int N, int ld) {
+    const sl_ops *ops = lo->ops;
+    int r = lo->cfg.r;
+    for (int a = lo->layer_first[layer]; a < lo->layer_first[layer + 1]; a++) {
+        const sl_lora_adapter *ad = &lo->adapters[a];
+        if (ad->linear != linear) continue;
+        const sl_act *h = x;  // (N, in)
+        if (dropping(lo)) {
+            ops->dropout_forward(lo->xd[a], x, (size_t)N * ad->in_features, lo->cfg.lora_dropout, dropout_seed(lo, a));
+            h = lo->xd[a];
+        }
+        ops->matmul_forward(lo->u[a], h, weight(lo, ad->lora_A), NULL, N, ad->in_features, r);
+        ops->matmul_forward(lo->delta, lo->u[a], weight(lo, ad->lora_B), NULL, N, r, ad->out_features);
+        ops->add_columns(y, lo->delta, lo->scale, N, ad->out_features, ld, ad->col0);
+    }
+}
+
+void sl_lora_backward(sl_lora *lo, int layer, sl_linear_kind linear, const sl_act *x, const sl_act *dy, sl_act *dx,
+                      int N, int ld) {
+    const sl_ops *ops = lo->ops;
+    int r = lo->cfg.r;
+    for (int a = lo->layer_first[layer]; a < lo->layer_first[layer + 1]; a++) {
+        const sl_lora_adapter *ad = &lo->adapters[a];
+        if (ad->linear != linear) continue;
+        size_t n_in = (size_t)N * ad->in_features;
+        const sl_act *h = dropping(lo) ? lo->xd[a] : x;
+        float *gA = lo->grads ? lo->grads + lo->tensors[ad->lora_A].offset : NULL;
+        float *gB = lo->grads ? lo->grads + lo->tensors[ad->lora_B].offset : NULL;
+        // d(delta) = scale * dy's columns; dB += d(delta)^T u, du = d(delta) B; dA += du^T h, dh = du A
+        ops->take_columns(lo->delta, dy, lo->scale, N, ad->out_features, ld, ad->col0);
+        ops->matmul_backward(lo->du, gB, NULL, lo->delta, lo->u[a], weight(lo, ad->lora_B), N, r, ad->out_features);
+        ops->matmul_backward(lo->dh, gA, NULL, lo->du, h, weight(lo, ad->lora_A), N, ad->in_features, r);
+        if (dropping(lo)) ops->dropout_backward(lo->dh, lo->dh, n_in, lo->cfg.lora_dropout, dropout_seed(lo, a));
+        ops->residual_forward(dx, dx, lo->dh, n_in);
+    }
+}

@@ -1,0 +1,148 @@
+// lora_config.c: PEFT's LoraConfig as shardlm reads and writes it (the train config's "lora" block,
+// adapter_config.json). What shardlm computes (r, lora_alpha, lora_dropout, target_modules as a
+// list or "all-linear", use_rslora, bias "none") is read and range-checked; PEFT features that would
+// change the maths and that shardlm does not compute (DoRA, per-module ranks, adapter biases, extra
+// trained modules, ...) are refused by name when set; the rest (paths, versions, task type) is ignored.
+#include "shardlm/lora.h"
+#include "shardlm/error.h"
+#include "shardlm/json_get.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+void sl_lora_config_defaults(sl_lora_config *cfg) {
+    memset(cfg, 0, sizeof *cfg);
+    cfg->r = 8;
+    cfg->lora_alpha = 8.0;
+}
+
+static int add_target(sl_lora_config *cfg, const char *name, size_t len, const char *where) {
+    if (len == 0) return sl_errorf("%s: target_modules holds an empty name", where);
+    if (len >= SL_LORA_NAME_MAX)
+        return sl_errorf("%s: target module name '%.*s' is longer than %d characters", where, (int)len, name,
+                         SL_LORA_NAME_MAX - 1);
+    if (memchr(name, ',', len)) return sl_errorf("%s: target module name '%.*s' holds a comma", where, (int)len, name);
+    if (len == 10 && strncmp(name, "all-linear", 10) == 0) {
+        cfg->all_linear = 1;
+        return 0;
+    }
+    size_t used = strlen(cfg->target_modules);
+    if (used + len + 2 > sizeof cfg->target_modules)
+        return sl_errorf("%s: target_modules is longer than %d bytes; name the modules (q_proj, ...) instead of "
+                         "their paths", where, SL_LORA_TARGETS_MAX);
+    snprintf(cfg->target_modules + used, sizeof cfg->target_modules - used, "%s%.*s", used ? "," : "", (int)len,
+             name);
+    cfg->n_targets++;
+    return 0;
+}
+
+int sl_lora_config_set_targets(sl_lora_config *cfg, const char *list, const char *where) {
+    cfg->n_targets = 0;
+    cfg->all_linear = 0;
+    cfg->target_modules[0] = '\0';
+    for (const char *p = list;;) {
+        const char *end = strchr(p, ',');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        while (len && (*p == ' ')) p++, len--;
+        while (len && p[len - 1] == ' ') len--;
+        if (add_target(cfg, p, len, where)) return -1;
+        if (!end) break;
+        p = end + 1;
+    }
+    return 0;
+}
+
+// A PEFT key whose non-empty value would change the maths: absent, null, false, "", {} or [] only.
+static int refuse_if_set(const cJSON *obj, const char *key, const char *what, const char *where) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+    if (!v || cJSON_IsNull(v) || cJSON_IsFalse(v)) return 0;
+    if ((cJSON_IsObject(v) || cJSON_IsArray(v)) && !v->child) return 0;
+    if (cJSON_IsString(v) && v->valuestring[0] == '\0') return 0;
+    return sl_errorf("%s: \"%s\" is set, but shardlm computes plain LoRA without %s; remove it", where, key, what);
+}
+
+static int parse_targets(sl_lora_config *cfg, const cJSON *v, const char *where) {
+    cfg->n_targets = 0;
+    cfg->all_linear = 0;
+    cfg->target_modules[0] = '\0';
+    if (cJSON_IsString(v)) {
+        if (strcmp(v->valuestring, "all-linear") == 0) return add_target(cfg, "all-linear", 10, where);
+        return sl_errorf("%s: \"target_modules\" is the string '%s'; PEFT reads a string as a regular expression, "
+                         "which shardlm does not: give a list of module names or \"all-linear\"",
+                         where, v->valuestring);
+    }
+    if (!cJSON_IsArray(v)) return sl_errorf("%s: \"target_modules\" must be a list of module names", where);
+    const cJSON *item;
+    cJSON_ArrayForEach(item, v) {
+        if (!cJSON_IsString(item)) return sl_errorf("%s: \"target_modules\" must hold strings", where);
+        if (add_target(cfg, item->valuestring, strlen(item->valuestring), where)) return -1;
+    }
+    return 0;
+}
+
+int sl_lora_config_parse(sl_lora_config *cfg, const cJSON *obj, const char *where) {
+    if (!cJSON_IsObject(obj)) return sl_errorf("%s: expected a JSON object of LoRA settings", where);
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(obj, "peft_type");
+    if (type && !(cJSON_IsString(type) && strcmp(type->valuestring, "LORA") == 0))
+        return sl_errorf("%s: \"peft_type\" must be \"LORA\" (the only adapter type shardlm computes)", where);
+    if (sl_json_get_int(obj, "r", &cfg->r, 0, 1, where)) return -1;
+    const cJSON *alpha = cJSON_GetObjectItemCaseSensitive(obj, "lora_alpha");
+    if (alpha && !cJSON_IsNull(alpha)) {
+        if (!cJSON_IsNumber(alpha)) return sl_errorf("%s: \"lora_alpha\" must be a number", where);
+        cfg->lora_alpha = alpha->valuedouble;
+    }
+    if (sl_json_get_float(obj, "lora_dropout", &cfg->lora_dropout, where) ||
+        sl_json_get_bool(obj, "use_rslora", &cfg->use_rslora, where))
+        return -1;
+    char bias[32] = "none";
+    if (sl_json_get_string(obj, "bias", bias, sizeof bias, where)) return -1;
+    if (strcmp(bias, "none") != 0)
+        return sl_errorf("%s: \"bias\" is \"%s\"; shardlm trains LoRA with frozen biases only (\"none\")", where, bias);
+    const cJSON *targets = cJSON_GetObjectItemCaseSensitive(obj, "target_modules");
+    if (targets && !cJSON_IsNull(targets) && parse_targets(cfg, targets, where)) return -1;
+    static const struct { const char *key, *what; } refused[] = {
+        {"use_dora", "DoRA"}, {"use_qalora", "QALoRA"}, {"lora_bias", "adapter biases"},
+        {"rank_pattern", "per-module ranks"}, {"alpha_pattern", "per-module alphas"},
+        {"layers_to_transform", "a subset of layers"}, {"layer_replication", "layer replication"},
+        {"modules_to_save", "extra fully trained modules"}, {"exclude_modules", "excluded modules"},
+        {"target_parameters", "adapters on parameters"}, {"trainable_token_indices", "trainable tokens"},
+    };
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++)
+        if (refuse_if_set(obj, refused[i].key, refused[i].what, where)) return -1;
+    const cJSON *init = cJSON_GetObjectItemCaseSensitive(obj, "init_lora_weights");
+    if (init && !cJSON_IsBool(init))
+        return sl_errorf("%s: \"init_lora_weights\" other than true/false (PiSSA, OLoRA, LoftQ, ...) is not "
+                         "computed by shardlm", where);
+    return sl_lora_config_check(cfg, where);
+}
+
+int sl_lora_config_check(const sl_lora_config *cfg, const char *where) {
+    if (cfg->r <= 0) return sl_errorf("%s: LoRA rank r must be a positive integer, found %d", where, cfg->r);
+    if (!isfinite(cfg->lora_alpha)) return sl_errorf("%s: lora_alpha must be a finite number", where);
+    if (!(cfg->lora_dropout >= 0.0f && cfg->lora_dropout < 1.0f))
+        return sl_errorf("%s: lora_dropout must be in [0, 1), found %g", where, (double)cfg->lora_dropout);
+    return 0;
+}
+
+int sl_lora_config_to_json(const sl_lora_config *cfg, cJSON *obj) {
+    cJSON *targets = cfg->all_linear ? cJSON_CreateString("all-linear") : cJSON_CreateArray();
+    char name[SL_LORA_NAME_MAX];
+    for (const char *p = cfg->target_modules; targets && !cfg->all_linear && *p;) {
+        size_t len = strcspn(p, ",");
+        snprintf(name, sizeof name, "%.*s", (int)len, p);
+        cJSON_AddItemToArray(targets, cJSON_CreateString(name));
+        p += len + (p[len] == ',');
+    }
+    if (!targets || !cJSON_AddStringToObject(obj, "peft_type", "LORA") ||
+        !cJSON_AddStringToObject(obj, "task_type", "CAUSAL_LM") || !cJSON_AddNumberToObject(obj, "r", cfg->r) ||
+        !cJSON_AddNumberToObject(obj, "lora_alpha", cfg->lora_alpha) ||
+        !cJSON_AddNumberToObject(obj, "lora_dropout", cfg->lora_dropout) ||
+        !cJSON_AddBoolToObject(obj, "use_rslora", cfg->use_rslora) || !cJSON_AddStringToObject(obj, "bias", "none") ||
+        !cJSON_AddBoolToObject(obj, "inference_mode", 1) || !cJSON_AddBoolToObject(obj, "init_lora_weights", 1)) {
+        cJSON_Delete(targets);
+        return sl_errorf("out of memory writing adapter_config.json");
+    }
+    cJSON_AddItemToObject(obj, "target_modules", targets);
+    return 0;
+}

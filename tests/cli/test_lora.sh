@@ -1,0 +1,192 @@
+#!/usr/bin/env bash
+# test_lora.sh: LoRA through `shardlm train` and `shardlm generate` on a small prepared corpus:
+#   * flags and the config's "lora" block (PEFT's words) are one setting: the same run, the same bytes;
+#   * a checkpoint is a PEFT adapter directory; resume is bit-for-bit (adapters, optimizer state and
+#     losses of 12 steps straight == 6 + resume + 6, with accumulation and dropout; bf16 and fp16 too);
+#   * the memory line says the base is frozen; generate --adapter uses the adapters; 2 data-parallel
+#     ranks follow one (mpirun, when installed); merge gives the adapted model's logits;
+#   * bad input (r = 0, an unknown target module, bias other than "none", DoRA, a corrupt or foreign
+#     adapter, ZeRO with adapters, resuming adapters as a full model, merging into an existing
+#     directory) exits non-zero with a
+#     message naming the problem and writes nothing.
+# Prints PASS/FAIL lines for tests/run.sh (lib.sh); skips (exit 0) when "$SHARDLM_BIN" is not built.
+. "$(dirname "$0")/lib.sh" lora
+log="$tmp/log"
+expect() {  # expect NAME CONDITION-COMMAND...
+  local name=$1; shift
+  if "$@" >>"$log" 2>&1; then pass "$name"; else fail "$name"; tail -n 15 "$log"; fi
+}
+prepare_tiny_data || { fail prepare_tiny_data "no $DATA/sotu"; exit 0; }
+common=(--data "$tmp/data" --seq-len 32 --batch-size 2 --grad-accum 2 --threads 2 --lr 1e-2 --seed 7
+        --eval-interval 6 --eval-batches 2 --sample-tokens 0 --log-interval 6)
+lora=(--lora-r 4 --lora-alpha 8 --lora-dropout 0.1 --lora-targets c_attn,c_proj,c_fc)
+
+# straight 12 steps (checkpoints at 6 and 12), then 6 + resume + 6
+"$BIN" train --model gpt2-tiny "${common[@]}" "${lora[@]}" --steps 12 --save-interval 6 --save-dir "$tmp/straight" \
+  >"$tmp/straight.out" 2>&1
+rc1=$?
+mkdir -p "$tmp/split"
+cp -r "$tmp/straight/step_00000006" "$tmp/split/"
+echo step_00000006 >"$tmp/split/latest"
+head -n "$(grep -n '"step":6,' "$tmp/straight/metrics.jsonl" | tail -1 | cut -d: -f1)" "$tmp/straight/metrics.jsonl" \
+  >"$tmp/split/metrics.jsonl"
+"$BIN" train --model gpt2-tiny "${common[@]}" "${lora[@]}" --steps 12 --save-dir "$tmp/split" --resume >>"$log" 2>&1
+rc2=$?
+if [ $rc1 -eq 0 ] && [ $rc2 -eq 0 ]; then pass lora_train_and_resume_run; else fail lora_train_and_resume_run "exit $rc1 $rc2"; fi
+a="$tmp/straight/step_00000012"; b="$tmp/split/step_00000012"
+if cmp -s "$a/adapter_model.safetensors" "$b/adapter_model.safetensors" &&
+   cmp -s "$a/optim_00000_of_00001.safetensors" "$b/optim_00000_of_00001.safetensors"; then
+  pass lora_resume_is_bit_for_bit
+else
+  fail lora_resume_is_bit_for_bit "adapter/optimizer files differ between straight and resumed runs"
+fi
+grep '"loss"' "$tmp/straight/metrics.jsonl" | sed -n '7,12p' | sed 's/,"tokens_per_s".*//' >"$tmp/l1"
+grep '"loss"' "$tmp/split/metrics.jsonl" | sed -n '7,12p' | sed 's/,"tokens_per_s".*//' >"$tmp/l2"
+if [ -s "$tmp/l1" ] && cmp -s "$tmp/l1" "$tmp/l2"; then pass lora_resumed_losses_identical; else fail lora_resumed_losses_identical; fi
+expect lora_checkpoint_is_a_peft_directory test -f "$a/adapter_config.json" -a ! -e "$a/model.safetensors"
+expect lora_adapter_config_in_pefts_words python3 -c "
+import json; c = json.load(open('$a/adapter_config.json'))
+assert c['peft_type'] == 'LORA' and c['r'] == 4 and c['lora_alpha'] == 8 and c['bias'] == 'none'
+assert sorted(c['target_modules']) == ['c_attn', 'c_fc', 'c_proj'] and c['fan_in_fan_out'] is True
+"
+expect lora_memory_line_says_base_frozen grep -q "base frozen .* (no gradients, no optimizer state); adapters" \
+  "$tmp/straight.out"
+# the formula printed equals the bytes counted: 4P + (4 + 4 + K)A
+expect lora_memory_matches_formula python3 -c "
+import re; t = open('$tmp/straight.out').read()
+got = int(re.search(r'total [0-9.]+ MB = (\d+) bytes', t).group(1))
+P, A, K, f = re.search(r'P=(\d+) A=(\d+) K=(\d+): (\d+) bytes', t).groups()
+assert got == int(f) == 4 * int(P) + (8 + int(K)) * int(A), (got, f)
+"
+
+# bf16 (bf16 activation storage where the CPU has it) and fp16 (loss scaling): resume is bit-for-bit too
+for prec in bf16 fp16; do
+  "$BIN" train --model gpt2-tiny "${common[@]}" "${lora[@]}" --precision $prec --steps 4 --save-interval 2 \
+    --save-dir "$tmp/$prec" >"$tmp/$prec.out" 2>&1
+  mkdir -p "$tmp/$prec-split" && cp -r "$tmp/$prec/step_00000002" "$tmp/$prec-split/" &&
+    echo step_00000002 >"$tmp/$prec-split/latest"
+  "$BIN" train --model gpt2-tiny "${common[@]}" "${lora[@]}" --precision $prec --steps 4 --save-dir "$tmp/$prec-split" \
+    --resume >>"$log" 2>&1
+  expect lora_${prec}_resume_is_bit_for_bit cmp "$tmp/$prec/step_00000004/adapter_model.safetensors" \
+    "$tmp/$prec-split/step_00000004/adapter_model.safetensors"
+done
+expect lora_mixed_precision_memory_line grep -q "mixed precision adds: the adapters' fp32 master weights" "$tmp/fp16.out"
+
+# the same run from a DeepSpeed-style config with a "lora" block gives the same bytes
+cat >"$tmp/lora.json" <<JSON
+{"lora": {"r": 4, "lora_alpha": 8, "lora_dropout": 0.1, "target_modules": ["c_attn", "c_proj", "c_fc"],
+          "bias": "none", "use_rslora": false}}
+JSON
+"$BIN" train --config "$tmp/lora.json" --model gpt2-tiny "${common[@]}" --grad-clip 1 --lr-schedule cosine --steps 6 \
+  --save-dir "$tmp/json" >>"$log" 2>&1
+"$BIN" train --model gpt2-tiny "${common[@]}" "${lora[@]}" --steps 6 --save-dir "$tmp/flags" >>"$log" 2>&1
+expect lora_config_block_equals_flags cmp "$tmp/json/step_00000006/adapter_model.safetensors" \
+  "$tmp/flags/step_00000006/adapter_model.safetensors"
+
+# generate with the adapter (a checkpoint) differs from the base alone, and is deterministic
+# (the base: a 1-step run at lr 0 is gpt2-tiny's initial weights as a checkpoint)
+"$BIN" train --model gpt2-tiny "${common[@]}" --steps 1 --lr 0 --save-dir "$tmp/base" >>"$log" 2>&1
+g1=$("$BIN" generate --model "$tmp/base" --adapter "$a" --prompt-ids 1,2,3 --max-new-tokens 8 --temperature 0 2>>"$log")
+g0=$("$BIN" generate --model "$tmp/base" --prompt-ids 1,2,3 --max-new-tokens 8 --temperature 0 2>>"$log")
+if [ -n "$g1" ] && [ "$g1" != "$g0" ]; then pass generate_uses_the_adapter; else fail generate_uses_the_adapter "'$g1' vs '$g0'"; fi
+# --dtype bf16 (bf16 weights, the base's copy made once) applies the adapter too: its logits move as
+# much as fp32's do, and stay within 2% of the largest fp32 logit
+for dt in fp32 bf16; do
+  "$BIN" generate --model "$tmp/base" --adapter "$a" --prompt-ids 1,2,3 --max-new-tokens 1 --dtype $dt \
+    --logits-out "$tmp/la_$dt.json" >>"$log" 2>&1
+  "$BIN" generate --model "$tmp/base" --prompt-ids 1,2,3 --max-new-tokens 1 --dtype $dt \
+    --logits-out "$tmp/lb_$dt.json" >>"$log" 2>&1
+done
+expect generate_bf16_uses_the_adapter python3 -c "
+import json
+def flat(p):
+    out = []
+    def walk(v):
+        if isinstance(v, dict): v = v.get('logits', [])
+        if isinstance(v, list): [walk(x) for x in v]
+        else: out.append(v)
+    walk(json.load(open(p))); return out
+a32, b32, a16, b16 = (flat('$tmp/' + n + '.json') for n in ('la_fp32', 'lb_fp32', 'la_bf16', 'lb_bf16'))
+d = lambda x, y: max(abs(u - v) for u, v in zip(x, y))
+top = max(abs(v) for v in a32)
+assert a32 and len(a32) == len(a16) and d(a32, b32) > 1e-3, 'the adapter changes nothing in fp32'
+assert d(a16, b16) > 0.5 * d(a32, b32), 'bf16 ignores the adapter'
+assert d(a16, a32) < 0.02 * top, 'bf16 with the adapter is far from fp32'
+"
+# continuing from an adapter directory (--adapter) starts where that run ended
+"$BIN" train --model "$tmp/base" --adapter "$a" "${common[@]}" --steps 2 --lr 1e-4 --save-dir "$tmp/cont" >>"$log" 2>&1
+expect train_continues_from_an_adapter test -f "$tmp/cont/step_00000002/adapter_model.safetensors"
+
+# merge: a full model in the base's dtype whose logits (no adapter) are the adapted model's
+"$BIN" merge --model "$tmp/base" --adapter "$a" --output "$tmp/merged" >>"$log" 2>&1
+"$BIN" generate --model "$tmp/base" --adapter "$a" --prompt-ids 1,2,3 --max-new-tokens 1 --temperature 0 \
+  --logits-out "$tmp/adapted.json" >>"$log" 2>&1
+"$BIN" generate --model "$tmp/merged" --tokenizer "$tmp/data/tokenizer" --prompt-ids 1,2,3 --max-new-tokens 1 \
+  --temperature 0 --logits-out "$tmp/merged.json" >>"$log" 2>&1
+expect merged_model_equals_the_adapted_one python3 -c "
+import json
+a = json.load(open('$tmp/adapted.json'))['logits']; m = json.load(open('$tmp/merged.json'))['logits']
+worst = max(abs(x - y) for ra, rm in zip(a, m) for x, y in zip(ra, rm))
+top = max(abs(x) for r in a for x in r)
+assert len(a) == len(m) == 3 and worst <= 1e-5 * top, (worst, top)
+"
+
+# data parallelism: 2 ranks x batch 2 follow 1 rank x batch 4 (fp32 reduction order aside), and their
+# checkpoint resumes on 1 rank
+if command -v mpirun >/dev/null; then
+  root=(); [ "$(id -u)" -eq 0 ] && root=(--allow-run-as-root)
+  ddp=(train --model gpt2-tiny --data "$tmp/data" --seq-len 32 --steps 8 --seed 3 --lr 1e-2 --no-shuffle --threads 1
+       --eval-interval 0 --sample-tokens 0 --log-interval 4 --lora-r 4 --lora-targets all-linear)
+  "$BIN" "${ddp[@]}" --batch-size 4 --save-dir "$tmp/w1" >>"$log" 2>&1
+  timeout 300 mpirun "${root[@]}" --oversubscribe -np 2 "$BIN" "${ddp[@]}" --batch-size 2 --save-dir "$tmp/w2" >>"$log" 2>&1
+  grep '"loss"' "$tmp/w1/metrics.jsonl" | sed 's/.*"loss":\([0-9.e+-]*\).*/\1/' >"$tmp/dl1"
+  grep '"loss"' "$tmp/w2/metrics.jsonl" | sed 's/.*"loss":\([0-9.e+-]*\).*/\1/' >"$tmp/dl2"
+  expect lora_ddp_matches_one_rank bash -c "[ \$(wc -l <'$tmp/dl1') -eq 8 ] && paste '$tmp/dl1' '$tmp/dl2' |
+    awk '{ d = \$1 - \$2; if (d < 0) d = -d; if (d > 2e-4 * \$1) bad = 1 } END { exit bad }'"
+  "$BIN" "${ddp[@]}" --batch-size 4 --steps 10 --save-dir "$tmp/w2" --resume >>"$log" 2>&1
+  expect lora_ddp_checkpoint_resumes_on_one_rank test -f "$tmp/w2/step_00000010/adapter_model.safetensors"
+fi
+
+# --- bad input: clear message, non-zero exit, nothing written --------------------------------------
+bad() {  # bad NAME EXPECTED-MESSAGE-REGEX ARGS...   (each writes into $tmp/x, which must stay absent)
+  local name=$1 re=$2; shift 2
+  rm -rf "$tmp/x"
+  "$BIN" "$@" >"$tmp/bad.out" 2>&1; local rc=$?
+  if [ $rc -ne 0 ] && [ $rc -lt 128 ] && grep -Eq -- "$re" "$tmp/bad.out" && [ ! -e "$tmp/x" ]; then pass "$name"
+  else fail "$name" "exit $rc"; tail -3 "$tmp/bad.out"; ls "$tmp/x" 2>/dev/null | head -3; fi
+}
+run=(train --model gpt2-tiny "${common[@]}" --steps 2 --save-dir "$tmp/x")
+bad lora_rank_zero_is_refused "flag --lora-r expects an integer >= 1, got '0'" "${run[@]}" --lora-r 0
+echo '{"lora": {"r": 0}}' >"$tmp/r0.json"
+bad lora_rank_zero_in_config_is_refused "lora.*\"r\"" "${run[@]}" --config "$tmp/r0.json"
+bad unknown_target_module_is_named "target module 'q_proj' matches no linear of this gpt2 model" "${run[@]}" \
+  --lora-targets q_proj
+echo '{"lora": {"r": 4, "bias": "all"}}' >"$tmp/bias.json"
+bad lora_bias_is_refused "\"bias\" is \"all\"" "${run[@]}" --config "$tmp/bias.json"
+echo '{"lora": {"r": 4, "use_dora": true}}' >"$tmp/dora.json"
+bad dora_is_refused "DoRA" "${run[@]}" --config "$tmp/dora.json"
+bad lora_with_zero_is_refused "ZeRO \(stage 1\) over LoRA adapters is not implemented" "${run[@]}" "${lora[@]}" --zero-stage 1
+bad lora_with_adamw8bit_is_refused "optimizer AdamW8bit over LoRA adapters is not implemented" "${run[@]}" "${lora[@]}" \
+  --optimizer adamw8bit
+cp -r "$a" "$tmp/corrupt"
+printf 'garbage' | dd of="$tmp/corrupt/adapter_model.safetensors" bs=1 seek=0 conv=notrunc 2>/dev/null
+bad corrupt_adapter_is_named "corrupt/adapter_model.safetensors" "${run[@]}" --adapter "$tmp/corrupt"
+"$BIN" train --model llama-tiny "${common[@]}" --steps 1 --lora-r 4 --lora-targets q_proj --save-dir "$tmp/llama" \
+  >>"$log" 2>&1
+# an adapter for another base: LLaMA-tiny's q_proj adapters on llama-demo (another width)
+bad foreign_adapter_shapes_are_named "has shape \[4, 32\], this base model needs" train --model llama-demo "${common[@]}" \
+  --steps 2 --save-dir "$tmp/x" --adapter "$tmp/llama/step_00000001"
+bad foreign_adapter_targets_are_named "matches no linear of this gpt2 model" "${run[@]}" --adapter "$tmp/llama/step_00000001"
+bad adapter_resumed_as_full_model_is_refused "holds LoRA adapters, this run trains the whole model" \
+  train --model gpt2-tiny "${common[@]}" --steps 14 --save-dir "$tmp/straight" --resume
+bad merge_into_an_existing_directory_is_refused "exists already" merge --model "$tmp/base" --adapter "$a" \
+  --output "$tmp/merged"
+bad merge_with_corrupt_adapter_writes_nothing "corrupt/adapter_model.safetensors" merge --model "$tmp/base" \
+  --adapter "$tmp/corrupt" --output "$tmp/x"
+bad merge_with_foreign_adapter_writes_nothing "matches no linear of this gpt2 model" merge --model "$tmp/base" \
+  --adapter "$tmp/llama/step_00000001" --output "$tmp/x"
+bad adapter_named_as_a_model_is_explained "holds a LoRA adapter \(adapter_config.json\), not a model" generate \
+  --model "$a" --prompt-ids 1,2
+bad generate_with_corrupt_adapter_is_named "adapter_model.safetensors" generate --model "$tmp/base" \
+  --adapter "$tmp/corrupt" --prompt-ids 1,2
+exit 0

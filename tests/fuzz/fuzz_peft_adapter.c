@@ -1,0 +1,25 @@
+// fuzz_peft_adapter.c: PEFT's adapter_config.json (peft_adapter.c, lora_config.c): any bytes give
+// LoRA settings that pass their range checks or one error, and settings that were read write and
+// read back as the same settings.
+#include "fuzz_common.h"
+#include "shardlm/error.h"
+#include "shardlm/peft_adapter.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    static sl_lora_config cfg, back;  // 32 KiB of target names each: off the stack
+    char path[128];
+    fuzz_write("adapter_config.json", data, size, path, sizeof path);
+    if (sl_peft_read_config(fuzz_tmpdir(), &cfg) == 0) {
+        cJSON *obj = cJSON_CreateObject();
+        sl_lora_config_defaults(&back);
+        if (!obj || sl_lora_config_to_json(&cfg, obj) || sl_lora_config_parse(&back, obj, "written") ||
+            back.r != cfg.r || back.lora_alpha != cfg.lora_alpha || back.lora_dropout != cfg.lora_dropout ||
+            back.use_rslora != cfg.use_rslora || back.all_linear != cfg.all_linear ||
+            strcmp(back.target_modules, cfg.target_modules) != 0) {
+            fprintf(stderr, "written adapter config does not read back: %s\n", sl_error());
+            abort();
+        }
+        cJSON_Delete(obj);
+    }
+    return 0;
+}

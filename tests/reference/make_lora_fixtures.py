@@ -1,0 +1,108 @@
+#!/usr/bin/env python3
+"""Reference values for the LoRA tests, from PEFT's get_peft_model on transformers' models.
+
+The base models are the model tests' tiny GPT-2 and LLaMA (tests/fixtures/model/<base>, weights
+already committed). For each case below this writes, under tests/fixtures/lora/<case>/:
+  adapter_config.json + adapter_model.safetensors   the adapters, saved by PeftModel.save_pretrained
+                                                    (A and B drawn N(0, 0.1^2): B nonzero, so every
+                                                    path of the maths is exercised; at 0.3 the adapters
+                                                    swamp the base and fp32 gradients of torch itself
+                                                    drift 2.3e-5 from float64)
+  expected.safetensors   input_ids, targets (float32), logits (B,T,V), loss, the gradient of every
+                         adapter tensor under "grad.<PEFT name>" (these computed by the same PEFT model
+                         in float64 and stored as float32, so a test measures shardlm's error and not
+                         torch's own fp32 rounding), and the losses of 10 AdamW steps (float32) on
+                         the adapters ("adamw_losses"; lr 1e-2, betas 0.9/0.95, eps 1e-8, weight
+                         decay 0.1 on every adapter tensor)
+Run: /work/venv/bin/python tests/reference/make_lora_fixtures.py   (torch, transformers, peft, safetensors)
+"""
+import copy
+import os
+import sys
+
+import torch
+from peft import LoraConfig, get_peft_model
+from safetensors.torch import load_file, save_file
+from transformers import AutoModelForCausalLM
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+BASES = os.path.join(HERE, "..", "fixtures", "model")
+OUT = os.path.join(HERE, "..", "fixtures", "lora")
+B, T = 2, 24
+ADAMW = dict(lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+
+CASES = {
+    # GPT-2: "c_proj" matches attn.c_proj and mlp.c_proj, so all four Conv1D linears
+    "gpt2-tiny-all": ("gpt2-tiny", dict(r=4, lora_alpha=8, target_modules=["c_attn", "c_proj", "c_fc"])),
+    # LLaMA: q and v (gaps in the fused q/k/v output), up (second half of gate/up) and down
+    "llama-tiny-qvud": ("llama-tiny", dict(r=4, lora_alpha=6, target_modules=["q_proj", "v_proj", "up_proj",
+                                                                             "down_proj"])),
+    # LLaMA: every linear of the blocks, rsLoRA scaling alpha / sqrt(r)
+    "llama-tiny-rslora": ("llama-tiny", dict(r=3, lora_alpha=5, target_modules="all-linear", use_rslora=True)),
+}
+
+
+def loss_of(model, inputs, targets, V):
+    logits = model(input_ids=inputs).logits
+    return logits, torch.nn.functional.cross_entropy(logits.reshape(-1, V), targets.reshape(-1), ignore_index=-100)
+
+
+def run(case, base, lora_kwargs):
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(os.path.join(BASES, base), attn_implementation="eager")
+    model.eval()
+    V = model.config.vocab_size
+    peft_model = get_peft_model(model, LoraConfig(lora_dropout=0.0, bias="none", task_type="CAUSAL_LM",
+                                                  **lora_kwargs))
+    gen = torch.Generator().manual_seed(4321)
+    with torch.no_grad():
+        for name, p in peft_model.named_parameters():
+            if "lora_" in name:
+                p.copy_(0.1 * torch.randn(p.shape, generator=gen))
+    ids = torch.randint(0, V, (B, T + 1), generator=gen)
+    inputs, targets = ids[:, :-1].contiguous(), ids[:, 1:].contiguous()
+    targets[0, 3] = -100
+
+    out_dir = os.path.join(OUT, case)
+    os.makedirs(out_dir, exist_ok=True)
+    peft_model.peft_config["default"].base_model_name_or_path = base
+    peft_model.save_pretrained(out_dir, safe_serialization=True)
+    os.remove(os.path.join(out_dir, "README.md"))  # PEFT's model card: not a fixture
+    saved = load_file(os.path.join(out_dir, "adapter_model.safetensors"))
+
+    exact = copy.deepcopy(peft_model).double()
+    logits, loss = loss_of(exact, inputs, targets, V)
+    loss.backward()
+    expected = {
+        "input_ids": inputs.float(),
+        "targets": targets.clamp(min=-1).float(),
+        "logits": logits.detach().float().contiguous(),
+        "loss": loss.detach().float().reshape(1),
+    }
+    for name, p in exact.named_parameters():
+        if p.requires_grad:
+            key = name.replace(".default", "")  # the name PEFT saves
+            assert key in saved, key
+            expected["grad." + key] = p.grad.detach().float().contiguous()
+    trainable = [(n, p) for n, p in peft_model.named_parameters() if p.requires_grad]
+    assert len(trainable) == len(saved) == len(expected) - 4
+
+    opt = torch.optim.AdamW([p for _, p in trainable], lr=ADAMW["lr"], betas=ADAMW["betas"], eps=ADAMW["eps"],
+                            weight_decay=ADAMW["weight_decay"], foreach=False)
+    losses = []
+    for _ in range(10):
+        opt.zero_grad()
+        _, l = loss_of(peft_model, inputs, targets, V)
+        l.backward()
+        opt.step()
+        losses.append(l.item())
+    expected["adamw_losses"] = torch.tensor(losses, dtype=torch.float32)
+    save_file(expected, os.path.join(out_dir, "expected.safetensors"))
+    print(f"{case}: {len(saved)} adapter tensors, loss {loss.item():.6f}, "
+          f"adamw {losses[0]:.4f} .. {losses[-1]:.4f} -> {out_dir}")
+
+
+if __name__ == "__main__":
+    for case, (base, kw) in CASES.items():
+        run(case, base, kw)
+    sys.exit(0)

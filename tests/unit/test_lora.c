@@ -1,0 +1,471 @@
+// test_lora.c: LoRA against PEFT (fixtures from tests/reference/make_lora_fixtures.py: PEFT's
+// get_peft_model on the model tests' tiny GPT-2 and LLaMA, adapters saved by PEFT): adapters that
+// PEFT wrote load, logits, loss and every adapter gradient within 1e-5 relative, 10 AdamW steps on
+// the adapters track PEFT's losses while the base weights keep every bit; the base has no gradient
+// buffer. Adapters saved by shardlm load back bit for bit; PEFT-style configs and bad adapters
+// (r = 0, unknown target module, another base's shapes, a corrupt file) fail with clear messages.
+#include "test.h"
+#include "test_fixture.h"
+
+#include "shardlm/engine.h"
+#include "shardlm/error.h"
+#include "shardlm/fileio.h"
+#include "shardlm/hf_weights.h"
+#include "shardlm/lora.h"
+#include "shardlm/model.h"
+#include "shardlm/optim.h"
+#include "shardlm/peft_adapter.h"
+#include "shardlm/safetensors.h"
+
+#include <unistd.h>
+
+#define REL_TOL 1e-5
+
+typedef struct {
+    sl_model model;
+    sl_lora lora;
+    sl_st_file expected;
+    int *inputs, *targets;
+    int B, T;
+} fixture;
+
+static int load_fixture(fixture *fx, const char *base, const char *name) {
+    char dir[256];
+    memset(fx, 0, sizeof *fx);
+    snprintf(dir, sizeof dir, "tests/fixtures/model/%s", base);
+    sl_model_config cfg;
+    if (fixture_model(dir, &fx->model, &cfg)) return -1;
+    snprintf(dir, sizeof dir, "tests/fixtures/lora/%s", name);
+    if (sl_peft_load(dir, &cfg, &sl_ops_cpu, &fx->lora) || sl_lora_alloc_grads(&fx->lora) ||
+        sl_model_attach_lora(&fx->model, &fx->lora)) {
+        fprintf(stderr, "  %s\n", sl_error());
+        return -1;
+    }
+    return fixture_expected(dir, &fx->expected, &fx->inputs, &fx->targets, &fx->B, &fx->T);
+}
+
+static void free_fixture(fixture *fx) {
+    sl_model_free(&fx->model);
+    sl_lora_free(&fx->lora);
+    sl_st_close(&fx->expected);
+    free(fx->inputs);
+    free(fx->targets);
+}
+
+static void check_against_peft(const char *base, const char *name) {
+    fixture fx;
+    if (load_fixture(&fx, base, name)) { CHECK(0); free_fixture(&fx); return; }
+    sl_model *m = &fx.model;
+    CHECK(m->grads == NULL);  // frozen base: no gradient buffer at all
+    float loss;
+    CHECK(sl_model_forward(m, fx.inputs, fx.targets, fx.B, fx.T, &loss) == 0);
+    size_t n = 0, V = (size_t)m->cfg.vocab_size;
+    float *want_logits = fixture_tensor(&fx.expected, "logits", &n), *want_loss = fixture_tensor(&fx.expected, "loss", NULL);
+    float *logits = malloc((size_t)fx.B * fx.T * V * sizeof(float));
+    CHECK(sl_model_logits(m, 0, fx.B * fx.T, logits) == 0);
+    double worst = 0;
+    for (size_t i = 0; i < n; i++) worst = fmax(worst, fabs(logits[i] - want_logits[i]));
+    double rel = worst / fixture_max_abs(want_logits, n);
+    CHECK_MSG(rel < REL_TOL, "%s logits relative error %.3g", name, rel);
+    CHECK_MSG(fabs(loss - want_loss[0]) <= REL_TOL * fabs(want_loss[0]), "%s loss %.8f vs %.8f", name, loss,
+              want_loss[0]);
+    sl_model_zero_grad(m);
+    CHECK(sl_model_backward(m, 1.0f) == 0);
+    double worst_rel = 0;
+    const char *worst_name = "";
+    for (int i = 0; i < fx.lora.n_tensors; i++) {
+        const sl_tensor_info *t = &fx.lora.tensors[i];
+        char gname[160];
+        snprintf(gname, sizeof gname, "grad.%s", t->name);
+        size_t gn = 0;
+        float *want = fixture_tensor(&fx.expected, gname, &gn);
+        if (!want) { CHECK_MSG(0, "missing %s", gname); continue; }
+        CHECK(gn == t->numel);
+        double w = 0;
+        for (size_t j = 0; j < gn && j < t->numel; j++) w = fmax(w, fabs(fx.lora.grads[t->offset + j] - want[j]));
+        double r = w / fmax(fixture_max_abs(want, gn), 1e-30);
+        if (r > worst_rel) { worst_rel = r; worst_name = t->name; }
+        free(want);
+    }
+    CHECK_MSG(worst_rel < REL_TOL, "%s worst adapter gradient relative error %.3g in %s", name, worst_rel, worst_name);
+    printf("  %s: %d adapter tensors, logits rel err %.2e, loss %.7f vs %.7f, worst grad rel err %.2e (%s)\n", name,
+           fx.lora.n_tensors, rel, loss, want_loss[0], worst_rel, worst_name);
+    free(logits);
+    free(want_logits);
+    free(want_loss);
+    free_fixture(&fx);
+}
+
+TEST(gpt2_lora_matches_peft) { check_against_peft("gpt2-tiny", "gpt2-tiny-all"); }
+TEST(llama_lora_q_v_up_down_matches_peft) { check_against_peft("llama-tiny", "llama-tiny-qvud"); }
+TEST(llama_rslora_all_linear_matches_peft) { check_against_peft("llama-tiny", "llama-tiny-rslora"); }
+
+// 10 AdamW steps on the adapters only (lr 1e-2, betas 0.9/0.95, eps 1e-8, weight decay 0.1 on every
+// adapter tensor, as torch.optim.AdamW over PEFT's trainable parameters); the base keeps its bits.
+static void check_adamw_track(const char *base, const char *name) {
+    fixture fx;
+    if (load_fixture(&fx, base, name)) { CHECK(0); free_fixture(&fx); return; }
+    float *want = fixture_tensor(&fx.expected, "adamw_losses", NULL);
+    sl_optim_config oc;
+    sl_optim_defaults(&oc);
+    oc.lr = 1e-2;
+    oc.beta1 = 0.9;
+    oc.beta2 = 0.95;
+    oc.eps = 1e-8;
+    oc.weight_decay = 0.1;
+    size_t total = fx.lora.total, nb = fx.model.layout.total * sizeof(float);
+    float *state[2] = {calloc(total, sizeof(float)), calloc(total, sizeof(float))};
+    float *base_before = malloc(nb);
+    memcpy(base_before, fx.model.params, nb);
+    double worst = 0;
+    for (int s = 0; s < 10; s++) {
+        float loss;
+        sl_model_zero_grad(&fx.model);
+        CHECK(sl_model_forward(&fx.model, fx.inputs, fx.targets, fx.B, fx.T, &loss) == 0);
+        CHECK(sl_model_backward(&fx.model, 1.0f) == 0);
+        CHECK(sl_optim_step(&oc, oc.lr, s + 1, fx.lora.params, fx.lora.grads, state, NULL, 0, total) == 0);
+        worst = fmax(worst, fabs(loss - want[s]) / fabs(want[s]));
+        if (s == 0 || s == 9) printf("  %s step %d: loss %.6f, peft %.6f\n", name, s + 1, loss, want[s]);
+    }
+    CHECK_MSG(worst < 1e-4, "%s adamw loss curve deviates by %.3g relative", name, worst);
+    CHECK_MSG(memcmp(base_before, fx.model.params, nb) == 0, "%s: a base weight changed", name);
+    free(state[0]);
+    free(state[1]);
+    free(base_before);
+    free(want);
+    free_fixture(&fx);
+}
+
+TEST(gpt2_lora_adamw_tracks_peft) { check_adamw_track("gpt2-tiny", "gpt2-tiny-all"); }
+TEST(llama_lora_adamw_tracks_peft) { check_adamw_track("llama-tiny", "llama-tiny-qvud"); }
+
+// shardlm's save loads back bit for bit with the same config.
+TEST(saved_adapters_load_back) {
+    fixture fx;
+    if (load_fixture(&fx, "llama-tiny", "llama-tiny-rslora")) { CHECK(0); free_fixture(&fx); return; }
+    char dir[] = "/tmp/shardlm_lora_XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    snprintf(fx.lora.base_model, sizeof fx.lora.base_model, "llama-tiny");
+    CHECK(sl_peft_save(dir, &fx.lora, NULL) == 0);
+    sl_lora back;
+    CHECK(sl_peft_load(dir, &fx.model.cfg, &sl_ops_cpu, &back) == 0);
+    CHECK(back.total == fx.lora.total && back.scale == fx.lora.scale && back.cfg.use_rslora == 1);
+    CHECK(back.total == fx.lora.total && memcmp(back.params, fx.lora.params, back.total * sizeof(float)) == 0);
+    sl_lora_free(&back);
+    sl_remove_tree(dir);
+    free_fixture(&fx);
+}
+
+// PEFT's initialisation: A uniform in +-1/sqrt(in), B zero, so the adapted model starts as the base.
+TEST(initialisation_is_pefts) {
+    sl_model_config cfg;
+    CHECK(sl_config_preset(&cfg, "llama-tiny") == 0);
+    sl_lora_config lc;
+    sl_lora_config_defaults(&lc);
+    CHECK(sl_lora_config_set_targets(&lc, "all-linear", "test") == 0);
+    sl_lora lo;
+    CHECK(sl_lora_create(&lo, &cfg, &lc, &sl_ops_cpu) == 0);
+    CHECK(lo.n_adapters == 7 * cfg.n_layer && lo.scale == 1.0f);
+    CHECK(sl_lora_init_weights(&lo, 3) == 0);
+    for (int a = 0; a < lo.n_adapters; a++) {
+        const sl_tensor_info *A = &lo.tensors[lo.adapters[a].lora_A], *B = &lo.tensors[lo.adapters[a].lora_B];
+        double bound = 1.0 / sqrt((double)A->shape[1]), mx = 0;
+        for (size_t j = 0; j < A->numel; j++) mx = fmax(mx, fabs(lo.params[A->offset + j]));
+        CHECK(mx <= bound && mx > 0.5 * bound);
+        CHECK(fixture_max_abs(lo.params + B->offset, B->numel) == 0.0);
+    }
+    sl_lora_free(&lo);
+}
+
+// Dropout runs only while training, with the same mask for the same seed.
+TEST(dropout_only_while_training_and_repeatable) {
+    sl_model_config cfg;
+    CHECK(sl_config_preset(&cfg, "gpt2-tiny") == 0);
+    sl_model m;
+    CHECK(sl_model_create(&m, &cfg, &sl_ops_cpu) == 0);
+    sl_model_init_weights(&m, 1);
+    sl_lora_config lc;
+    sl_lora_config_defaults(&lc);
+    lc.lora_dropout = 0.5f;
+    CHECK(sl_lora_config_set_targets(&lc, "c_attn,c_fc", "test") == 0);
+    sl_lora lo;
+    CHECK(sl_lora_create(&lo, &cfg, &lc, &sl_ops_cpu) == 0 && sl_lora_alloc_grads(&lo) == 0);
+    CHECK(sl_lora_init_weights(&lo, 2) == 0);
+    for (size_t i = 0; i < lo.total; i++) lo.params[i] += 0.05f * (float)((int)((i * 7919) % 13) - 6);  // B nonzero
+    CHECK(sl_model_attach_lora(&m, &lo) == 0);
+    int in[16], tg[16];
+    for (int i = 0; i < 16; i++) { in[i] = (i * 37 + 3) % cfg.vocab_size; tg[i] = (i * 11 + 5) % cfg.vocab_size; }
+    float eval1, eval2, train1, train2, train3;
+    CHECK(sl_model_forward(&m, in, tg, 1, 16, &eval1) == 0);
+    lo.training = 1;
+    lo.dropout_seed = 9;
+    CHECK(sl_model_forward(&m, in, tg, 1, 16, &train1) == 0);
+    CHECK(sl_model_backward(&m, 1.0f) == 0);
+    CHECK(sl_model_forward(&m, in, tg, 1, 16, &train2) == 0);
+    lo.dropout_seed = 10;
+    CHECK(sl_model_forward(&m, in, tg, 1, 16, &train3) == 0);
+    lo.training = 0;
+    CHECK(sl_model_forward(&m, in, tg, 1, 16, &eval2) == 0);
+    CHECK_MSG(eval1 == eval2 && train1 == train2 && train1 != eval1 && train3 != train1, "eval %.7f %.7f train %.7f %.7f %.7f", eval1, eval2, train1, train2, train3);
+    sl_model_free(&m);
+    sl_lora_free(&lo);
+}
+
+static int fails_with(int rc, const char *needle) {
+    if (rc != -1) return 0;
+    if (!strstr(sl_error(), needle)) { fprintf(stderr, "  message: %s\n", sl_error()); return 0; }
+    return 1;
+}
+
+// With bf16 activation storage (the emulating table, the GPU's arithmetic) the adapted model computes
+// what fp32 computes within bf16 rounding: loss within 2e-2 relative, adapter gradients within 5e-2
+// in relative L2 (bf16 keeps 8 bits of mantissa).
+TEST(bf16_storage_tracks_fp32_with_adapters) {
+    const sl_ops *tables[2] = {&sl_ops_cpu, &sl_ops_cpu_bf16};
+    sl_model m[2];
+    sl_lora lo[2];
+    float loss[2];
+    sl_model_config cfg;
+    CHECK(sl_config_preset(&cfg, "llama-tiny") == 0);
+    sl_lora_config lc;
+    sl_lora_config_defaults(&lc);
+    CHECK(sl_lora_config_set_targets(&lc, "all-linear", "test") == 0);
+    int in[32], tg[32];
+    for (int i = 0; i < 32; i++) { in[i] = (i * 29 + 7) % cfg.vocab_size; tg[i] = (i * 13 + 2) % cfg.vocab_size; }
+    for (int t = 0; t < 2; t++) {
+        CHECK(sl_model_create(&m[t], &cfg, tables[t]) == 0 && sl_model_init_weights(&m[t], 4) == 0);
+        CHECK(sl_lora_create(&lo[t], &cfg, &lc, tables[t]) == 0 && sl_lora_alloc_grads(&lo[t]) == 0);
+        CHECK(sl_lora_init_weights(&lo[t], 8) == 0);
+        for (size_t i = 0; i < lo[t].total; i++) lo[t].params[i] += 0.02f * (float)((int)((i * 7919) % 11) - 5);
+        CHECK(sl_model_attach_lora(&m[t], &lo[t]) == 0 && sl_model_params_changed(&m[t]) == 0);
+        CHECK(sl_model_forward(&m[t], in, tg, 2, 16, &loss[t]) == 0);
+        CHECK(sl_model_backward(&m[t], 1.0f) == 0);
+    }
+    double num = 0, den = 0;
+    for (size_t i = 0; i < lo[0].total; i++) {
+        double d = (double)lo[1].grads[i] - lo[0].grads[i];
+        num += d * d;
+        den += (double)lo[0].grads[i] * lo[0].grads[i];
+    }
+    double rel_l2 = sqrt(num / den);
+    CHECK_MSG(fabs(loss[1] - loss[0]) < 2e-2 * loss[0], "bf16 loss %.6f, fp32 %.6f", loss[1], loss[0]);
+    CHECK_MSG(rel_l2 < 5e-2, "bf16 adapter gradients rel L2 %.3g", rel_l2);
+    printf("  llama-tiny all-linear: loss fp32 %.6f bf16 %.6f; adapter gradients rel L2 %.2e\n", loss[0], loss[1],
+           rel_l2);
+    for (int t = 0; t < 2; t++) {
+        sl_model_free(&m[t]);
+        sl_lora_free(&lo[t]);
+    }
+}
+
+// ---- training through the engine -----------------------------------------------------------------
+
+// A gpt2-tiny model with adapters on every linear (dropout 0.1, B nonzero) and an AdamW engine
+// accumulating `accum` micro-batches.
+typedef struct {
+    sl_model model;
+    sl_lora lora;
+    sl_engine engine;
+} lora_run;
+
+static int lora_run_init(lora_run *r, int accum, int precision) {
+    memset(r, 0, sizeof *r);
+    sl_model_config cfg;
+    sl_lora_config lc;
+    sl_lora_config_defaults(&lc);
+    lc.r = 4;
+    lc.lora_alpha = 16;
+    lc.lora_dropout = 0.1f;
+    sl_engine_config ec = {.micro_batch = 2, .grad_accum_steps = accum, .gradient_clipping = 1.0f};
+    sl_optim_defaults(&ec.optim);
+    ec.optim.lr = 1e-2;
+    ec.optim.weight_decay = 0.1;
+    sl_schedule_constant(&ec.schedule, ec.optim.lr);
+    sl_loss_scaler_defaults(&ec.precision);
+    ec.precision.precision = precision;
+    if (sl_config_preset(&cfg, "gpt2-tiny") || sl_model_create(&r->model, &cfg, &sl_ops_cpu) ||
+        sl_model_init_weights(&r->model, 5) || sl_lora_config_set_targets(&lc, "all-linear", "test") ||
+        sl_lora_create(&r->lora, &cfg, &lc, &sl_ops_cpu) || sl_lora_init_weights(&r->lora, 6) ||
+        sl_model_attach_lora(&r->model, &r->lora) || sl_engine_init(&r->engine, &r->model, &ec)) {
+        fprintf(stderr, "  %s\n", sl_error());
+        return -1;
+    }
+    r->lora.training = 1;
+    return 0;
+}
+
+static void lora_run_free(lora_run *r) {
+    sl_engine_free(&r->engine);
+    sl_model_free(&r->model);
+    sl_lora_free(&r->lora);
+}
+
+// Steps [first, last) on a fixed stream of batches, dropout keyed by (step, micro-batch).
+static int lora_train(lora_run *r, int first, int last) {
+    int in[2 * 16], tg[2 * 16], V = r->model.cfg.vocab_size;
+    for (int s = first; s < last; s++)
+        for (int k = 0; k < r->engine.cfg.grad_accum_steps; k++) {
+            for (int i = 0; i < 32; i++) {
+                in[i] = (i * 31 + s * 7 + k * 3) % V;
+                tg[i] = (i * 17 + s * 5 + k + 1) % V;
+            }
+            r->lora.dropout_seed = (uint64_t)s * 1000 + (uint64_t)k;
+            if (sl_engine_forward_backward(&r->engine, in, tg, 2, 16, NULL)) return -1;
+            if (sl_engine_step_due(&r->engine) && sl_engine_step(&r->engine)) return -1;
+        }
+    return 0;
+}
+
+TEST(engine_trains_adapters_only_and_resumes_bit_for_bit) {
+    lora_run a, b;
+    if (lora_run_init(&a, 2, SL_PRECISION_FP32) || lora_run_init(&b, 2, SL_PRECISION_FP32)) { CHECK(0); return; }
+    sl_engine_memory mem = sl_engine_memory_use(&a.engine);
+    CHECK(mem.grads == a.lora.total * sizeof(float) && mem.optim == 2 * a.lora.total * sizeof(float));
+    CHECK(mem.adapters == a.lora.total * sizeof(float) && a.model.grads == NULL);
+    size_t nb = a.model.layout.total * sizeof(float);
+    float *base = malloc(nb);
+    memcpy(base, a.model.params, nb);
+    char root[] = "/tmp/shardlm_lora_ckpt_XXXXXX";
+    CHECK(mkdtemp(root) != NULL);
+    CHECK(lora_train(&a, 0, 3) == 0);
+    CHECK_MSG(sl_engine_save(&a.engine, root, "step_00000003", NULL) == 0, "%s", sl_error());
+    CHECK(lora_train(&a, 3, 6) == 0);
+    CHECK_MSG(sl_engine_load(&b.engine, root, NULL) == 0, "%s", sl_error());
+    CHECK(b.engine.step == 3);
+    CHECK(lora_train(&b, 3, 6) == 0);
+    CHECK_MSG(memcmp(a.lora.params, b.lora.params, a.lora.total * sizeof(float)) == 0,
+              "resumed adapters differ from the uninterrupted run's");
+    CHECK(a.engine.last_loss == b.engine.last_loss);
+    CHECK_MSG(memcmp(base, a.model.params, nb) == 0, "a base weight changed");
+    // the checkpoint is a PEFT adapter directory
+    char tag[300];
+    snprintf(tag, sizeof tag, "%s/step_00000003", root);
+    sl_lora back;
+    CHECK_MSG(sl_peft_load(tag, &a.model.cfg, &sl_ops_cpu, &back) == 0, "%s", sl_error());
+    sl_lora_free(&back);
+    free(base);
+    sl_remove_tree(root);
+    lora_run_free(&a);
+    lora_run_free(&b);
+}
+
+TEST(engine_refuses_what_lora_does_not_do_yet) {
+    lora_run r;
+    if (lora_run_init(&r, 1, SL_PRECISION_FP32)) { CHECK(0); return; }
+    sl_engine e;
+    sl_engine_config ec = r.engine.cfg;
+    ec.zero_stage = 1;
+    CHECK(fails_with(sl_engine_init(&e, &r.model, &ec), "ZeRO (stage 1) over LoRA adapters is not implemented"));
+    lora_run_free(&r);
+}
+
+// Mixed precision (DeepSpeed's fp16 with loss scaling, bf16; 16-bit values emulated by rounding on the
+// fp32 table): the adapters' fp32 master weights train, the model computes with their rounded copy,
+// resume is bit-for-bit, the (rounded) base never changes, and the losses follow fp32's.
+static void check_mixed(int precision, const char *name) {
+    lora_run a, b, f;
+    if (lora_run_init(&a, 2, precision) || lora_run_init(&b, 2, precision) || lora_run_init(&f, 2, SL_PRECISION_FP32)) {
+        CHECK(0);
+        return;
+    }
+    CHECK(a.engine.master != NULL);
+    size_t nb = a.model.layout.total * sizeof(float);
+    float *base = malloc(nb);
+    memcpy(base, a.model.params, nb);
+    char root[] = "/tmp/shardlm_lora_mixed_XXXXXX";
+    CHECK(mkdtemp(root) != NULL);
+    CHECK(lora_train(&a, 0, 3) == 0 && lora_train(&f, 0, 6) == 0);
+    CHECK_MSG(sl_engine_save(&a.engine, root, "step_00000003", NULL) == 0, "%s", sl_error());
+    CHECK(lora_train(&a, 3, 6) == 0);
+    CHECK_MSG(sl_engine_load(&b.engine, root, NULL) == 0, "%s", sl_error());
+    CHECK(lora_train(&b, 3, 6) == 0);
+    CHECK_MSG(memcmp(a.engine.master, b.engine.master, a.lora.total * sizeof(float)) == 0 &&
+                  memcmp(a.lora.params, b.lora.params, a.lora.total * sizeof(float)) == 0,
+              "%s: resumed adapters differ", name);
+    CHECK_MSG(memcmp(base, a.model.params, nb) == 0, "%s: a base weight changed", name);
+    int rounded = 1;
+    for (size_t i = 0; i < a.lora.total; i++)
+        rounded &= a.lora.params[i] == (precision == SL_PRECISION_BF16 ? sl_round_to_bf16(a.engine.master[i])
+                                                                       : sl_round_to_fp16(a.engine.master[i]));
+    CHECK_MSG(rounded, "%s: the model's adapters are not the master rounded", name);
+    CHECK_MSG(fabs(a.engine.last_loss - f.engine.last_loss) < 2e-2 * f.engine.last_loss, "%s loss %.6f, fp32 %.6f",
+              name, a.engine.last_loss, f.engine.last_loss);
+    printf("  %s: loss after 6 steps %.6f, fp32 %.6f\n", name, a.engine.last_loss, f.engine.last_loss);
+    free(base);
+    sl_remove_tree(root);
+    lora_run_free(&a);
+    lora_run_free(&b);
+    lora_run_free(&f);
+}
+
+TEST(bf16_lora_trains_and_resumes_bit_for_bit) { check_mixed(SL_PRECISION_BF16, "bf16"); }
+TEST(fp16_lora_trains_and_resumes_bit_for_bit) { check_mixed(SL_PRECISION_FP16, "fp16"); }
+
+// ---- bad input ----------------------------------------------------------------------------------
+
+TEST(bad_configs_are_refused_by_name) {
+    sl_model_config cfg;
+    CHECK(sl_config_preset(&cfg, "gpt2-tiny") == 0);
+    sl_lora_config lc;
+    sl_lora lo;
+    sl_lora_config_defaults(&lc);
+    lc.r = 0;
+    CHECK(fails_with(sl_lora_create(&lo, &cfg, &lc, &sl_ops_cpu), "rank r must be a positive integer"));
+    sl_lora_config_defaults(&lc);
+    CHECK(sl_lora_config_set_targets(&lc, "q_proj", "test") == 0);  // a LLaMA name on GPT-2
+    CHECK(fails_with(sl_lora_create(&lo, &cfg, &lc, &sl_ops_cpu), "target module 'q_proj' matches no linear"));
+    sl_lora_config_defaults(&lc);
+    const char *bad[][2] = {
+        {"{\"r\": 0}", "\"r\""},
+        {"{\"bias\": \"all\"}", "\"bias\" is \"all\""},
+        {"{\"use_dora\": true}", "DoRA"},
+        {"{\"target_modules\": \".*proj\"}", "regular expression"},
+        {"{\"lora_dropout\": 1.0}", "lora_dropout must be in [0, 1)"},
+        {"{\"peft_type\": \"IA3\"}", "peft_type"},
+        {"{\"rank_pattern\": {\"q_proj\": 4}}", "per-module ranks"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        cJSON *j = cJSON_Parse(bad[i][0]);
+        sl_lora_config_defaults(&lc);
+        CHECK_MSG(fails_with(sl_lora_config_parse(&lc, j, "adapter_config.json"), bad[i][1]), "%s", bad[i][0]);
+        cJSON_Delete(j);
+    }
+}
+
+// Copies a fixture's adapter directory to a temporary one.
+static void copy_file(const char *from, const char *to) {
+    size_t len;
+    char *data = sl_read_text_file(from, &len);
+    CHECK(data && sl_write_file_atomic(to, data, len) == 0);
+    free(data);
+}
+
+TEST(bad_adapters_are_refused_by_name) {
+    sl_model_config llama, bigger;
+    CHECK(sl_hf_load_config("tests/fixtures/model/llama-tiny", &llama) == 0);
+    sl_lora lo;
+    // an adapter for another base: shapes that are not this model's
+    bigger = llama;
+    bigger.n_embd = 64;
+    bigger.head_dim = 16;
+    CHECK(fails_with(sl_peft_load("tests/fixtures/lora/llama-tiny-qvud", &bigger, &sl_ops_cpu, &lo), "has shape"));
+    CHECK(strstr(sl_error(), "another base model") != NULL);
+    // GPT-2's adapters on LLaMA: its target names match nothing
+    CHECK(fails_with(sl_peft_load("tests/fixtures/lora/gpt2-tiny-all", &llama, &sl_ops_cpu, &lo),
+                     "matches no linear"));
+    // a corrupt file: truncated safetensors
+    char dir[] = "/tmp/shardlm_lora_XXXXXX", path[256];
+    CHECK(mkdtemp(dir) != NULL);
+    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+    copy_file("tests/fixtures/lora/llama-tiny-qvud/adapter_config.json", path);
+    snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
+    copy_file("tests/fixtures/lora/llama-tiny-qvud/adapter_model.safetensors", path);
+    CHECK(truncate(path, 5000) == 0);
+    CHECK(fails_with(sl_peft_load(dir, &llama, &sl_ops_cpu, &lo), "adapter_model.safetensors"));
+    // a missing file
+    CHECK(unlink(path) == 0);
+    CHECK(fails_with(sl_peft_load(dir, &llama, &sl_ops_cpu, &lo), "adapter_model.safetensors"));
+    sl_remove_tree(dir);
+}
+
+TEST_MAIN()
