@@ -10,8 +10,7 @@
 #      (`shardlm prepare`, `train --steps 1`), `shardlm convert` to a Hugging Face directory, plus the
 #      GPT-2 tokenizer files (speed does not depend on the weights' values);
 #   4. converts it with llama.cpp's convert_hf_to_gguf.py to f32, f16 and bf16 GGUF, in a temporary venv
-#      over $PYTHON (an interpreter with torch, numpy and transformers; default /work/venv/bin/python
-#      where it exists, else python3), which sees $PYTHON's packages and gets the sdist's gguf-py; what
+#      over $PYTHON (an interpreter with torch, numpy and transformers; default python3), which sees $PYTHON's packages and gets the sdist's gguf-py; what
 #      is still missing is pip-installed into that venv;
 #   5. measures, BENCH_ROUNDS times, each side back to back: llama-bench pp$PROMPT (prefill) and
 #      tg$GEN at depth $PROMPT (decode after a $PROMPT-token prompt, as shardlm's decode runs), then
@@ -40,7 +39,7 @@ LLAMA_REPS=${LLAMA_REPS:-2}      # llama-bench -r: measured repetitions per call
 SHARDLM_REPS=${SHARDLM_REPS:-2}  # bench_decode --repeats: measured runs per call (after its warmup)
 OUT_JSONL=${BENCH_OUT:-bench/llamacpp_results_t$THREADS.jsonl}
 RESULTS=${BENCH_RESULTS:-bench/RESULTS.md}
-PYTHON=${PYTHON:-$( [ -x /work/venv/bin/python ] && echo /work/venv/bin/python || echo python3)}
+PYTHON=${PYTHON:-python3}
 
 # every thread count measured so far (one JSONL each), or just this run's with BENCH_OUT
 render() {

@@ -2,7 +2,7 @@
 """LoRA files both ways between shardlm and PEFT, and `shardlm merge` against merge_and_unload.
 
 Run by hand after building (needs torch, transformers, peft, safetensors; not part of `make test`):
-    /work/venv/bin/python tests/reference/check_lora_peft.py [build/shardlm]
+    python3 tests/reference/check_lora_peft.py [build/shardlm]
 For the tiny GPT-2 and LLaMA bases of tests/fixtures/model:
   1. shardlm -> PEFT: `shardlm train --lora-*` for a few steps on random tokens; its checkpoint directory
      loads with peft.PeftModel.from_pretrained(base, dir) and gives the logits `shardlm generate

@@ -6,7 +6,7 @@ same model (e.g. tests/fixtures/quant/llama_nf4). Checks that both hold the same
 bytes, and that transformers loads OURS with the same logits as THEIRS (training-mode forward: bitsandbytes'
 dequantise-then-float32 path). Exit status 0 when all agree.
   build/shardlm quantize --model tests/fixtures/quant/llama_fp32 --quantize nf4 --output /tmp/q
-  /work/venv/bin/python tests/reference/check_quant_in_transformers.py /tmp/q tests/fixtures/quant/llama_nf4
+  python3 tests/reference/check_quant_in_transformers.py /tmp/q tests/fixtures/quant/llama_nf4
 """
 import os
 import sys

@@ -14,7 +14,7 @@ already committed). For each case below this writes, under tests/fixtures/lora/<
                          torch's own fp32 rounding), and the losses of 10 AdamW steps (float32) on
                          the adapters ("adamw_losses"; lr 1e-2, betas 0.9/0.95, eps 1e-8, weight
                          decay 0.1 on every adapter tensor)
-Run: /work/venv/bin/python tests/reference/make_lora_fixtures.py   (torch, transformers, peft, safetensors)
+Run: python3 tests/reference/make_lora_fixtures.py   (torch, transformers, peft, safetensors)
 """
 import copy
 import os

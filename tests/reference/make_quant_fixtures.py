@@ -14,7 +14,7 @@ float32, bfloat16 or float16) it holds:
 Dequantised values come from bitsandbytes' reference implementation (backends/default, the flat-block
 definition CUDA also follows); where the CPU kernel's layout assumption holds (in % 64 == 0) the script
 asserts that the CPU kernel gives the same bits. Run from the repository root with the venv that has
-bitsandbytes 0.50: /work/venv/bin/python tests/reference/make_quant_fixtures.py
+bitsandbytes 0.50: python3 tests/reference/make_quant_fixtures.py
 """
 import os
 

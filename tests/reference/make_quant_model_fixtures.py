@@ -18,7 +18,7 @@ Every linear has a multiple of 64 input features: bitsandbytes 0.50's CPU dequan
 path) indexes block scales per row and gives wrong values otherwise (its reference implementation and
 CUDA use flat blocks, as shardlm does).
 Run from the repository root with the venv that has transformers and bitsandbytes 0.50:
-/work/venv/bin/python tests/reference/make_quant_model_fixtures.py
+python3 tests/reference/make_quant_model_fixtures.py
 """
 import os
 
