@@ -208,10 +208,12 @@ int cmd_generate(int argc, char **argv) {
     if (sl_model_create(&m, &src.cfg, ops)) goto done;
     have_model = 1;
     if (!no_verify && sl_manifest_verify_weights_dir(src.weights_dir)) goto done;
-    // the weights (quantised ones through sl_ops_cpu_quant), their bf16 copy, the adapter; then only what
-    // the forward reads is kept
-    if (load_weights(&m, &qm, src.weights_dir, &want) || sl_model_params_changed(&m)) goto done;
-    if (adapter[0] && (sl_peft_load(adapter, &src.cfg, m.ops, &lora) || sl_model_attach_lora(&m, &lora))) goto done;
+    // the weights (quantised ones through sl_ops_cpu_quant), then their bf16 copy (made by
+    // sl_model_attach_lora when an adapter is attached); then only what the forward reads is kept
+    if (load_weights(&m, &qm, src.weights_dir, &want)) goto done;
+    if (adapter[0] ? sl_peft_load(adapter, &src.cfg, m.ops, &lora) || sl_model_attach_lora(&m, &lora)
+                   : sl_model_params_changed(&m))
+        goto done;
     if (sl_model_for_inference(&m)) goto done;
     if (load_tokenizer(&tok, tok_dir, src.weights_dir)) {
         if (!from_ids || tok_dir[0]) goto done;
