@@ -186,10 +186,29 @@ static int64_t schedule_total_steps(const sl_train_config *c) {
     return c->steps > c->warmup_steps ? c->steps : (int64_t)c->warmup_steps + 1;
 }
 
-// The schedule: one named by --lr-schedule, else the config's block, else WarmupCosineLR.
+// --warmup-steps over the config's scheduler block: flags apply after the file, so the flag becomes the
+// block's params.warmup_num_steps (saved with the run, as the user's file would have said it).
+static int override_block_warmup(sl_train_config *c) {
+    if (c->warmup_steps < 1 || !cJSON_IsObject(c->scheduler_block)) return 0;  // not an object: parse says so
+    cJSON *params = cJSON_GetObjectItemCaseSensitive(c->scheduler_block, "params");
+    if (params && !cJSON_IsNull(params) && !cJSON_IsObject(params))
+        return sl_errorf("scheduler: scheduler.params must be an object");
+    if (!params || cJSON_IsNull(params)) {
+        cJSON_DeleteItemFromObjectCaseSensitive(c->scheduler_block, "params");
+        params = cJSON_AddObjectToObject(c->scheduler_block, "params");
+    }
+    if (params) cJSON_DeleteItemFromObjectCaseSensitive(params, "warmup_num_steps");
+    if (!params || !cJSON_AddNumberToObject(params, "warmup_num_steps", (double)c->warmup_steps))
+        return sl_errorf("scheduler: out of memory setting warmup_num_steps from --warmup-steps");
+    return 0;
+}
+
+// The schedule: one named by --lr-schedule, else the config's block (its warmup set by --warmup-steps
+// when given), else WarmupCosineLR.
 static int resolve_schedule(sl_train_config *c) {
     if (c->lr_schedule < 0 && !c->scheduler_block) c->lr_schedule = SL_SCHED_WARMUP_COSINE_LR;
     if (c->lr_schedule < 0) {
+        if (override_block_warmup(c)) return -1;
         if (sl_schedule_parse(&c->schedule, c->scheduler_block, c->optim.lr, "scheduler")) return -1;
         if (c->schedule.warning[0]) fprintf(stderr, "warning: %s\n", c->schedule.warning);
         return 0;

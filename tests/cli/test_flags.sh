@@ -93,5 +93,18 @@ if prepare_tiny_data; then
      echo "$lrs" | awk '{ ok = $1 == 0 && $2 == 0 && $3 > 0.0024 && $3 < 0.0026 && $6 > 0.0099 && $40 > 0.001 && $40 < 0.0011; exit !ok }'; then
     pass config_without_scheduler_uses_default_warmup_cosine
   else fail config_without_scheduler_uses_default_warmup_cosine "rc=$rc lrs=$lrs"; tail -5 "$tmp/ns.out"; fi
+  # --warmup-steps over a config's scheduler block (no --lr-schedule): the flag sets the block's
+  # warmup_num_steps (flags apply after the file), so WarmupLR reaches lr by step 6 instead of step 101
+  echo '{"optimizer": {"type": "AdamW", "params": {"lr": 0.01}}, "scheduler": {"type": "WarmupLR",
+        "params": {"warmup_min_lr": 0, "warmup_max_lr": 0.01, "warmup_num_steps": 100, "warmup_type": "linear"}}}' \
+    >"$tmp/ws.json"
+  "$BIN" train --config "$tmp/ws.json" --warmup-steps 4 --model gpt2-tiny --data "$tmp/data" --seq-len 32 --steps 8 \
+    --no-save --sample-tokens 0 --eval-interval 0 --metrics "$tmp/mw.jsonl" >"$tmp/ws.out" 2>&1
+  rc=$?
+  lrs=$(sed 's/.*"lr":\([0-9.e+-]*\).*/\1/' "$tmp/mw.jsonl" | tr '\n' ' ')
+  if [ $rc -eq 0 ] && grep -Pq '"warmup_num_steps":\s*4\b' "$tmp/ws.out" &&
+     echo "$lrs" | awk '{ ok = $3 > 0.0024 && $3 < 0.0026 && $6 > 0.00999 && $6 < 0.01001 && $8 > 0.00999 && $8 < 0.01001; exit !ok }'; then
+    pass warmup_steps_flag_sets_config_block
+  else fail warmup_steps_flag_sets_config_block "rc=$rc lrs=$lrs"; tail -5 "$tmp/ws.out"; fi
 fi
 exit 0
