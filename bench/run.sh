@@ -152,7 +152,9 @@ else:
 
 w("\n## Where shardlm's time goes\n")
 w("From a separate pass with the profiling ops table (src/ops/profile_ops.c) after the timed steps, in ms per "
-  "step. GEMM = matmul_forward + matmul_backward (OpenBLAS sgemm plus the bias copy / bias-gradient sums); "
+  "step. GEMM = every matmul op: matmul_forward / _backward and matmul_gelu_forward / _backward (the GEMM "
+  "library plus the bias copy / bias-gradient sums, and for matmul_gelu the GELU fused after the c_fc GEMM and "
+  "its gradient before the backward GEMMs, which is why GELU shows 0); "
   "attention = attention_forward + attention_backward; cross-entropy = crossentropy_forward (row "
   "log-sum-exp and loss) + crossentropy_backward (dlogits in one pass); optimizer = sl_engine_step (grad-norm clip + AdamW + zero grad); "
   "other = every remaining op plus time outside ops.\n")
@@ -172,7 +174,7 @@ for (m, B, T, th, pr) in configs:
     if not s or "breakdown" not in s:
         continue
     b = s["breakdown"]; tot = s["profiled_ms_per_step"]
-    gemm = g(b, "matmul_forward", "matmul_backward"); att = g(b, "attention_forward", "attention_backward")
+    gemm = sum(v for k, v in b.items() if k.startswith("matmul")); att = g(b, "attention_forward", "attention_backward")
     ce = g(b, "crossentropy_forward", "crossentropy_backward"); gelu = g(b, "gelu_forward", "gelu_backward")
     ln = g(b, "layernorm_forward", "layernorm_backward"); opt = b.get("optimizer", 0.0)
     other = tot - gemm - att - ce - gelu - ln - opt
@@ -370,7 +372,7 @@ else:
             if not r or "breakdown" not in r:
                 continue
             b = r["breakdown"]
-            gemm = b.get("matmul_forward", 0) + b.get("matmul_backward", 0)
+            gemm = sum(v for k, v in b.items() if k.startswith("matmul"))
             att = b.get("attention_forward", 0) + b.get("attention_backward", 0)
             ops_all = sum(v for k, v in b.items() if k not in ("optimizer", "model_other"))
             w(f"| {g[0]} | {g[2]} | {labels.get(d, d)} | {r.get('world', 1)} × {r['threads']} | "
