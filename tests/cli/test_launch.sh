@@ -40,7 +40,10 @@ env | grep -E '^(RANK|WORLD_SIZE|LOCAL_RANK|LOCAL_WORLD_SIZE|SHARDLM_[A-Z_]*|MAS
 echo "hello from $r"
 echo "complaint from $r" >&2
 EOF
-# fail.sh: rank 1 exits 3 (or kills itself with SIGKILL when HOW=kill); the others wait 60 s
+# fail.sh: rank 1 exits 3 (or kills itself with SIGKILL when HOW=kill); the others wait 60 s, in a sleep
+# whose argument is this run's own (60.<pid>), so that another test run on the machine does not look like
+# a worker left behind
+SLEEP_MARK="60.$$"
 cat >fail.sh <<'EOF'
 #!/bin/sh
 r=${RANK:-$OMPI_COMM_WORLD_RANK}
@@ -51,8 +54,9 @@ if [ "$r" = 1 ]; then
   exit 3
 fi
 trap 'echo "rank $r stopped" >"$OUT/stopped_$r"; exit 143' TERM
-sleep 60.4242 & wait
+sleep SLEEP_MARK & wait
 EOF
+sed -i "s/SLEEP_MARK/$SLEEP_MARK/" fail.sh
 # flaky.sh: rank 0 fails on the first attempt only (a marker file remembers)
 cat >flaky.sh <<'EOF'
 #!/bin/sh
@@ -159,7 +163,7 @@ for b in $backends; do
   else fail "${b}_sigkilled_worker_gives_137" "rc=$rc"; cat "fail_$b/kerr"; fi
 done
 sleep 0.5
-if pgrep -f "sleep 60.4242" >/dev/null 2>&1; then fail no_workers_left_behind "a 'sleep 60.4242' worker survived"; else pass no_workers_left_behind; fi
+if pgrep -xf "sleep $SLEEP_MARK" >/dev/null 2>&1; then fail no_workers_left_behind "a 'sleep $SLEEP_MARK' worker survived"; else pass no_workers_left_behind; fi
 
 "$BIN" launch --backend fork ./no-such-program >nf.out 2>nf.err
 rc=$?
