@@ -4,7 +4,8 @@
 #   * At 2 ranks (gpt2-tiny: tied head, AdamW) and 3 ranks (llama-tiny: untied head, all-linear,
 #     AdamW8bit with min_8bit_size 256, so 8-bit and 32-bit state and blocks cut by the shards),
 #     stages 1, 2 and 3 log stage 0's losses and save its adapters, byte for byte; AdamW's optimizer
-#     state (the ranks' shards joined in order) equals stage 0's single file. With gradient
+#     state (the ranks' shards joined in order) equals stage 0's single file; under bf16 and fp16
+#     stage 3's adapters equal stage 0's too. With gradient
 #     accumulation stage 3 follows stage 0 within 2e-4 (its sums run in another order).
 #   * The memory line: the bytes this rank allocated equal the printed formula 4P + (the stage's ZeRO
 #     formula over the adapters' A parameters), for every stage at 2 ranks.
@@ -76,6 +77,14 @@ for path in sys.argv[1:]:
     assert stage == 0 or S == (A + 1) // 2, (path, S, A)
 PY
 then pass memory_line_equals_the_formula_at_every_stage; else fail memory_line_equals_the_formula_at_every_stage; fi
+
+# bf16 (bf16 activation storage where the CPU has it: the base's and the adapters' bf16 copies, the
+# adapter windows' bf16 twins at stage 3) and fp16 (loss scaling): stage 3 equals stage 0 too
+for prec in bf16 fp16; do
+  for s in 0 3; do run 2 "$BIN" "${g[@]}" --precision $prec --zero-stage $s --save-dir "$tmp/$prec$s" >>"$log" 2>&1; done
+  same "${prec}_stage3_adapters_equal_stage0" "$tmp/${prec}0/step_00000006/adapter_model.safetensors" \
+    "$tmp/${prec}3/step_00000006/adapter_model.safetensors"
+done
 
 # gradient accumulation: stages 2-3 reduce every micro-batch (the running sum added in another order
 # than stage 0's, so within 2e-4 rather than bit for bit, as for full training in test_zero.sh)
