@@ -448,7 +448,7 @@ TEST(zero_stages_shard_the_adapters_only) {
             CHECK(z.model.params != NULL && z.model.grads == NULL);  // the base: whole, frozen
             CHECK((z.lora.grads == NULL) == (stage >= 2) && (z.lora.params == NULL) == (stage == 3));
             CHECK_MSG(lora_train(&z, 0, 2) == 0, "%s", sl_error());
-            char tag[32], dir[320];
+            char tag[48], dir[320];
             snprintf(tag, sizeof tag, "a%d_stage%d_step2", adam8, stage);
             snprintf(dir, sizeof dir, "%s/%s", root, tag);
             CHECK_MSG(sl_engine_save(&z.engine, root, tag, NULL) == 0, "%s", sl_error());
