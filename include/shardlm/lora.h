@@ -11,6 +11,9 @@
 //
 // The model computes with them once attached (sl_model_attach_lora); attaching frees the model's
 // gradient buffer: the base is frozen, its backward computes only the activations' gradients.
+// The forward and backward reach unit u's adapters through its views (param_view[u], grad_view[u],
+// weight_view[u]), which point into params / grads / weights_bf16 by default; a ZeRO engine points
+// them at its windows instead (zero.h), exactly as it does the model's own views.
 #ifndef SHARDLM_LORA_H
 #define SHARDLM_LORA_H
 
@@ -62,7 +65,10 @@ typedef struct sl_lora {
     size_t *unit_begin;        // n_units + 1 offsets into the flat buffer
     // the backend's buffers
     float *params, *grads;     // (total); grads NULL until sl_lora_alloc_grads (not needed to generate)
+    size_t capacity;           // floats allocated for params and grads (>= total; ZeRO 1-2 pad them)
     sl_bf16 *weights_bf16;     // with ops->act_bf16: params rounded to bf16 (sl_lora_params_changed)
+    float **param_view, **grad_view;  // (n_units) unit u's adapters: into params / grads, or a ZeRO window
+    sl_bf16 **weight_view;            // (n_units) with ops->act_bf16: unit u's bf16 copy, as param_view
     // activations for up to act_N rows, planned by sl_lora_plan
     int act_N;
     void *act_memory;
@@ -92,10 +98,13 @@ int sl_lora_config_to_json(const sl_lora_config *cfg, cJSON *obj);
 
 // Builds the adapters of cfg for a model of model_cfg on ops' backend and allocates their
 // parameters (zero). An unknown target module (matching no linear of the model) is an error naming it.
+// ops NULL: the tensor table and units only, no buffers (what a memory estimate needs).
 int sl_lora_create(sl_lora *lora, const sl_model_config *model_cfg, const sl_lora_config *cfg, const sl_ops *ops);
 void sl_lora_free(sl_lora *lora);
 // The gradient buffer (zeroed), for training.
 int sl_lora_alloc_grads(sl_lora *lora);
+// Points every unit's views into params / grads / weights_bf16 (after they move).
+void sl_lora_bind_views(sl_lora *lora);
 void sl_lora_zero_grad(sl_lora *lora);
 // PEFT's initialisation: A as nn.Linear's default reset (kaiming_uniform_(a=sqrt(5)): uniform in
 // +-1/sqrt(in)), B zero, drawn from the counter-based RNG (seed, tensor index).

@@ -4,10 +4,13 @@
 // fp32 master slice, the bf16 parameter copy). It gives the bytes the engine allocates for them
 // (sl_engine_memory_use), which `shardlm train` prints beside it; `shardlm estimate` shares it.
 // Activations and workspaces are not model states and are not counted.
+// With LoRA the formula applies to the adapters' buffer (what trains, and what ZeRO partitions), and
+// the frozen base adds its fp32 parameters, whole on every rank (and its bf16 copy under act_bf16).
 #ifndef SHARDLM_MEMORY_ESTIMATE_H
 #define SHARDLM_MEMORY_ESTIMATE_H
 
 #include "shardlm/config.h"
+#include "shardlm/lora.h"
 #include "shardlm/precision.h"
 #include "shardlm/train_config.h"
 
@@ -21,21 +24,27 @@ typedef struct {
     int act_bf16;             // the ops table keeps activations and a parameter copy in bf16 (ops.h act_bf16)
     int adamw8bit;            // AdamW8bit: bitsandbytes' 8-bit state (optim_8bit.h) instead of buffers
     long long min_8bit_size;  // its threshold: smaller tensors keep 32-bit state
+    const sl_lora_config *lora;  // LoRA adapters of this config train, the base frozen; NULL: the whole model
 } sl_memory_setup;
 
 // A resolved training config's setup (act_bf16: the ops table the run computes with).
 sl_memory_setup sl_memory_setup_of(const sl_train_config *c, int act_bf16);
 
 typedef struct {
-    double params, grads, optim;  // bytes per rank: fp32 parameters, gradients, optimizer state
+    double params, grads, optim;  // bytes per rank: fp32 parameters, gradients, optimizer state (LoRA:
+                                  // params is the frozen base, grads and optim the adapters')
+    double adapters;              // LoRA: the adapters' fp32 parameters (0 otherwise)
     double master;                // fp32 master weights of this rank's slice (fp16 / bf16; 0 when the
                                   // fp32 parameters are the master: bf16 with act_bf16 and no ZeRO)
     double param_copy;            // the bf16 parameter copy with act_bf16: the whole model, or at ZeRO
-                                  // stage 3 the windows' bf16 twins
+                                  // stage 3 the windows' bf16 twins (LoRA: the base's whole copy plus
+                                  // the adapters', or their windows' twins)
     double total;                 // the sum of the above
     double P, S, W, K;            // the formula's inputs (zero.h): parameters, slice, window floats,
                                   // optimizer bytes per parameter (AdamW8bit: the whole model's state
-                                  // bytes / P, blocks' absmax and 32-bit tensors averaged in)
+                                  // bytes / P, blocks' absmax and 32-bit tensors averaged in); with
+                                  // LoRA all of the adapters' buffer
+    double frozen;                // LoRA: the frozen base's parameters (0 otherwise)
     const char *formula;          // the stage's formula, e.g. "4P + 4(P+S) + KS"
 } sl_memory_estimate;
 

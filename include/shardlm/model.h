@@ -127,7 +127,7 @@ int sl_model_params_changed(sl_model *m);
 
 // Inference from here on (generate): releases the gradient buffer and, with ops->act_bf16, the fp32
 // parameters (the forward reads only their bf16 copy, already written by sl_model_params_changed), so
-// the model holds its weights once. Backward and sl_model_reserve are refused afterwards, and
+// the model holds its weights once. Backward is refused afterwards, and
 // sl_model_params_changed has nothing to convert.
 int sl_model_for_inference(sl_model *m);
 
@@ -137,9 +137,5 @@ int sl_model_for_inference(sl_model *m);
 // only. The adapters' activations are planned with the model's. The model does not own them
 // (sl_lora_free after sl_model_free).
 int sl_model_attach_lora(sl_model *m, struct sl_lora *lora);
-
-// Grows the parameter and gradient buffers to `capacity` floats (>= layout.total), the tail zeroed,
-// so a sharded engine can gather equal-sized shards in place.
-int sl_model_reserve(sl_model *m, size_t capacity);
 
 #endif

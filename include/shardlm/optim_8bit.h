@@ -27,7 +27,7 @@
 typedef struct {
     size_t begin, end;        // flat range covered (end clipped to the layout's total)
     sl_adam8_segment *segs;   // one per tensor part in [begin, end), in order
-    int *seg_tensor;          // the layout tensor of each segment
+    int *seg_tensor;          // the table index of each segment's tensor
     size_t *seg_block0;       // quantized segments: the tensor-relative index of their first block
     int n_segs;
     size_t n8, n32, n_blocks; // elements with 8-bit state, elements with 32-bit state, absmax slots
@@ -36,11 +36,12 @@ typedef struct {
     size_t head_block, tail_block;
 } sl_adam8_plan;
 
-// The plan for [begin, end) of the layout's flat buffer (end past the total is clipped: ZeRO padding
-// has no state). Decay per tensor as the decay mask's (weight_decay > 0 and the tensor decays, or
+// The plan for [begin, end) of a flat buffer of `total` floats holding n_tensors tensors in offset
+// order (a model layout's, or LoRA adapters' table; end past the total is clipped: ZeRO padding has
+// no state). Decay per tensor as the decay mask's (weight_decay > 0 and the tensor decays, or
 // decay_all).
-int sl_adam8_plan_build(sl_adam8_plan *plan, const sl_param_layout *L, const sl_optim_config *cfg, size_t begin,
-                        size_t end);
+int sl_adam8_plan_build(sl_adam8_plan *plan, const sl_tensor_info *tensors, int n_tensors, size_t total,
+                        const sl_optim_config *cfg, size_t begin, size_t end);
 void sl_adam8_plan_free(sl_adam8_plan *plan);
 size_t sl_adam8_state_bytes(const sl_adam8_plan *plan);
 

@@ -1,5 +1,11 @@
 // zero.h: ZeRO stages 1-3 (DeepSpeed's semantics) over the flat layer-major buffers of layout.h.
 //
+// What is partitioned is the buffer the engine trains (sl_zero_buffer): the model's parameters, or,
+// with LoRA adapters attached (lora.h), the adapters' flat buffer alone. The frozen base then stays
+// whole on every rank, as DeepSpeed leaves parameters without requires_grad out of its partitions:
+// stage 1 shards the adapters' optimizer state, 2 also their gradients, 3 also their parameters.
+// Both buffers are cut into the same units, so the model's unit hook drives either.
+//
 // Partition: with N data-parallel ranks and S = ceil(total / N), rank r owns the slice
 // [r*S, (r+1)*S) of the flat buffer padded to N*S (the padding is zero and never decays). Every rank
 // holds the optimizer state of its slice only (1/N), and `shard_grads`: the reduced gradient sums of
@@ -52,10 +58,26 @@ typedef struct {
     sl_comm_request req;
 } sl_zero_window;
 
+// The buffer ZeRO partitions and the owner's fields it takes over (frees, grows, points at windows).
+typedef struct {
+    size_t total;                     // floats
+    int n_units;
+    const size_t *unit_begin;         // (n_units + 1) unit u is [unit_begin[u], unit_begin[u + 1])
+    float **params, **grads;          // the owner's full buffers
+    size_t *capacity;                 // floats allocated in each
+    sl_bf16 **weights_bf16;           // the owner's bf16 copy of params (ops->act_bf16), or NULL in it
+    float **param_view, **grad_view;  // (n_units) where the model reads unit u
+    sl_bf16 **weight_view;            // (n_units) unit u's bf16 copy
+} sl_zero_buffer;
+
+// The model's trained buffer: its adapters' when LoRA is attached, else its own parameters.
+sl_zero_buffer sl_zero_buffer_of(sl_model *model);
+
 typedef struct {
     sl_comm *dp;
     int rank, world, stage, prefetch;
     sl_model *model;
+    sl_zero_buffer buf;         // what is partitioned (sl_zero_buffer_of(model))
     size_t total, shard_size, shard_begin, padded_total;
     float *shard_params;        // stage 3: (shard_size) this rank's parameters
     float *shard_grads;         // (shard_size) this rank's reduced gradient sums this step
@@ -68,10 +90,10 @@ typedef struct {
     unsigned long clock;
 } sl_zero;
 
-// Partitions the model's buffers over dp (any size, 1 included) for stage 1, 2 or 3. The model's
-// parameters must already be equal on every rank. Stages 2-3 free the model's gradient buffer,
-// stage 3 its parameter buffer too (model->params / grads become NULL; the views point at windows).
-// Stages 1-2 grow model->params to padded_total floats so the parameter all-gather works in place.
+// Partitions the model's trained buffer (sl_zero_buffer_of) over dp (any size, 1 included) for stage
+// 1, 2 or 3. Its parameters must already be equal on every rank. Stages 2-3 free its gradient buffer,
+// stage 3 its parameter buffer too (params / grads become NULL; the views point at windows).
+// Stages 1-2 grow params to padded_total floats so the parameter all-gather works in place.
 int sl_zero_init(sl_zero *z, sl_model *model, sl_comm *dp, int stage, int prefetch);
 void sl_zero_free(sl_zero *z);
 
@@ -105,12 +127,14 @@ int sl_zero_gather_slices(sl_zero *z, const float *slice, float *full);
 // floats; NULL elsewhere), unit by unit through a window.
 int sl_zero_scatter_params(sl_zero *z, const float *full, int root);
 
-// Floats in one set of windows (parameters or gradients): unit 0 + last unit + 2 largest blocks.
-size_t sl_zero_window_floats(const sl_param_layout *layout);
+// Floats in one set of windows (parameters or gradients) of a buffer cut into n_units units at
+// unit_begin (n_units + 1 offsets): unit 0 + last unit + 2 largest blocks.
+size_t sl_zero_window_floats(int n_units, const size_t *unit_begin);
 
 // The ZeRO paper's model-state memory per rank in fp32 (no separate master copy; K bytes of optimizer
-// state per parameter: 8 for Adam), as an engine of this layout, world and stage allocates it: with P
-// parameters, N ranks, S = P/N rounded up (P at stage 0) and W the floats of the ZeRO-2/3 windows
+// state per parameter: 8 for Adam), as an engine of this buffer (its units: a layout's, or LoRA
+// adapters'), world and stage allocates it: with P parameters, N ranks, S = P/N rounded up (P at
+// stage 0) and W the floats of the ZeRO-2/3 windows
 // (sl_zero_window_floats); stages 1-2 pad the full buffers to N*S:
 //   stage 0: 4P + 4P + KP      stage 1: 4P + 4(P + S) + KS
 //   stage 2: 4P + 4(S + W) + KS    stage 3: 4(S + W) + 4(S + W) + KS
@@ -120,7 +144,8 @@ typedef struct {
     double P, S, W, K;            // the formula's inputs (W 0 below stage 2)
     const char *formula;          // the stage's line above, e.g. "4P + 4(P+S) + KS"
 } sl_zero_estimate;
-sl_zero_estimate sl_zero_memory_estimate(const sl_param_layout *layout, int world, int stage, int optim_state_buffers);
+sl_zero_estimate sl_zero_memory_estimate(int n_units, const size_t *unit_begin, int world, int stage,
+                                         int optim_state_buffers);
 
 // Bytes this rank allocated for parameters, gradients (model buffers, slices, windows).
 void sl_zero_memory(const sl_zero *z, size_t *param_bytes, size_t *grad_bytes);

@@ -248,9 +248,24 @@ static int load_weights(sl_model *m, const char *dir) {
     return rc ? -1 : 0;
 }
 
+// AdamW8bit: this rank's state bytes against the formula (and what AdamW would hold).
+static void print_adam8_state(const sl_engine *e) {
+    if (e->cfg.optim.type != SL_OPTIM_ADAMW8BIT) return;
+    const sl_adam8_plan *p = &e->adam8_plan;
+    printf("  optimizer AdamW8bit state on this rank: 2 B x %zu (8-bit exp_avg + exp_avg_sq) + 8 B x %zu blocks "
+           "of %d (absmax) + 8 B x %zu (32-bit state, tensors under min_8bit_size %lld) = %zu bytes; AdamW "
+           "would hold 8 B x %zu = %zu\n", p->n8, p->n_blocks, SL_ADAM8_BLOCK, p->n32, e->cfg.optim.min_8bit_size,
+           sl_adam8_state_bytes(p), p->end - p->begin, 8 * (p->end - p->begin));
+}
+
 // What this rank allocated for model states, next to the estimate from the configuration alone
 // (memory_estimate.h: the ZeRO paper's formula) and what stage 0 would hold.
 static void print_memory(const sl_engine *e, const sl_train_config *c) {
+    if (e->model->lora) {
+        train_lora_print_memory(e, c);
+        print_adam8_state(e);
+        return;
+    }
     sl_engine_memory mem = sl_engine_memory_use(e);
     sl_memory_setup setup = sl_memory_setup_of(c, e->model->ops->act_bf16), stage0 = setup;
     stage0.zero_stage = 0;
@@ -266,13 +281,7 @@ static void print_memory(const sl_engine *e, const sl_train_config *c) {
            setup.zero_stage, setup.world_size, mem.params / 1e6, mem.grads / 1e6, mem.optim / 1e6, total / 1e6, total,
            est.formula, est.P, est.S, est.W, est.K, est.params + est.grads + est.optim,
            zero0.params + zero0.grads + zero0.optim);
-    if (e->cfg.optim.type == SL_OPTIM_ADAMW8BIT) {
-        const sl_adam8_plan *p = &e->adam8_plan;
-        printf("  optimizer AdamW8bit state on this rank: 2 B x %zu (8-bit exp_avg + exp_avg_sq) + 8 B x %zu blocks "
-               "of %d (absmax) + 8 B x %zu (32-bit state, tensors under min_8bit_size %lld) = %zu bytes; AdamW "
-               "would hold 8 B x %zu = %zu\n", p->n8, p->n_blocks, SL_ADAM8_BLOCK, p->n32, e->cfg.optim.min_8bit_size,
-               sl_adam8_state_bytes(p), p->end - p->begin, 8 * (p->end - p->begin));
-    }
+    print_adam8_state(e);
     if (mem.master || mem.param_copy)
         printf("  mixed precision adds: fp32 master weights %.2f MB, bf16 parameter copy %.2f MB (total %.2f MB)\n",
                mem.master / 1e6, mem.param_copy / 1e6, (total + mem.master + mem.param_copy) / 1e6);
@@ -423,8 +432,7 @@ static int run(sl_train_config *c, sl_comm *world) {
            src.cfg.n_layer, src.cfg.n_head, src.cfg.n_embd, src.cfg.vocab_size);
     if (is_rank0) printf("data: %s (%lld training tokens, %lld batches per epoch)\n", c->data,
            (long long)sl_loader_num_tokens(train), (long long)sl_loader_batches_per_epoch(train));
-    if (is_rank0 && model.lora) train_lora_print_memory(&engine);
-    else if (is_rank0) print_memory(&engine, c);
+    if (is_rank0) print_memory(&engine, c);
     if (is_rank0 && !model.ops->on_device) {
         char isa[256];
         sl_cpu_features_describe(isa, sizeof isa);

@@ -3,6 +3,7 @@
 // model, after which the engine trains them alone.
 #include "cli/train_lora.h"
 #include "shardlm/error.h"
+#include "shardlm/memory_estimate.h"
 #include "shardlm/peft_adapter.h"
 #include "shardlm/rng.h"
 
@@ -52,19 +53,36 @@ uint64_t train_lora_dropout_seed(uint64_t seed, int rank, int64_t step, int k) {
     return sl_rng_u64(&rng);
 }
 
-void train_lora_print_memory(const sl_engine *e) {
+// The ZeRO formula of the adapters' buffer: the stage's formula with its P read as A.
+static void adapter_formula(const char *formula, char *out, size_t cap) {
+    size_t i = 0;
+    for (; formula[i] && i + 1 < cap; i++) out[i] = formula[i] == 'P' ? 'A' : formula[i];
+    out[i] = '\0';
+}
+
+void train_lora_print_memory(const sl_engine *e, const sl_train_config *c) {
     sl_engine_memory mem = sl_engine_memory_use(e);
     const sl_lora *lo = e->model->lora;
-    double P = (double)e->model->layout.total, A = (double)lo->total, K = 4.0 * e->n_optim_state;
+    sl_memory_setup setup = sl_memory_setup_of(c, e->model->ops->act_bf16), full = setup;
+    full.lora = NULL;
+    sl_memory_estimate est, whole;
+    if (sl_memory_estimate_for(&e->model->cfg, &setup, &est) || sl_memory_estimate_for(&e->model->cfg, &full, &whole)) {
+        fprintf(stderr, "warning: no memory estimate: %s\n", sl_error());
+        return;
+    }
+    char formula[64];
+    adapter_formula(est.formula, formula, sizeof formula);
     size_t total = mem.params + mem.adapters + mem.grads + mem.optim;
-    printf("memory (LoRA r=%d, %d adapters on %s): base frozen %.2f MB (no gradients, no optimizer state); adapters "
-           "%.0f parameters: %.2f MB, gradients %.2f MB, optimizer state %.2f MB; total %.2f MB = %zu bytes\n"
-           "  formula 4P + (4 + 4 + K)A with P=%.0f A=%.0f K=%g: %.0f bytes; full fine-tuning would hold "
-           "(4 + 4 + K)P = %.0f bytes\n",
-           lo->cfg.r, lo->n_adapters, lo->cfg.all_linear ? "all-linear" : lo->cfg.target_modules, mem.params / 1e6, A,
-           mem.adapters / 1e6, mem.grads / 1e6, mem.optim / 1e6, total / 1e6, total, P, A, K, 4 * P + (8 + K) * A,
-           (8 + K) * P);
+    printf("memory per rank (LoRA r=%d, %d adapters on %s; ZeRO stage %d, %d ranks): base frozen %.2f MB (no "
+           "gradients, no optimizer state); adapters %.0f parameters: %.2f MB, gradients %.2f MB, optimizer state "
+           "%.2f MB; total %.2f MB = %zu bytes\n"
+           "  formula 4P + %s with P=%.0f A=%.0f S=%.0f W=%.0f K=%g: %.0f bytes; full fine-tuning would hold %.0f "
+           "bytes\n",
+           lo->cfg.r, lo->n_adapters, lo->cfg.all_linear ? "all-linear" : lo->cfg.target_modules, setup.zero_stage,
+           setup.world_size, mem.params / 1e6, (double)lo->total, mem.adapters / 1e6, mem.grads / 1e6,
+           mem.optim / 1e6, total / 1e6, total, formula, est.frozen, est.P, est.S, est.W, est.K,
+           est.params + est.adapters + est.grads + est.optim, whole.params + whole.grads + whole.optim);
     if (mem.master || mem.param_copy)
-        printf("  mixed precision adds: the adapters' fp32 master weights %.2f MB, the base's bf16 copy %.2f MB\n",
-               mem.master / 1e6, mem.param_copy / 1e6);
+        printf("  mixed precision adds: the adapters' fp32 master weights %.2f MB, bf16 copies of the base and the "
+               "adapters %.2f MB\n", mem.master / 1e6, mem.param_copy / 1e6);
 }

@@ -32,7 +32,8 @@ int train_lora_attach(sl_lora *lora, sl_model *model, sl_train_config *c);
 uint64_t train_lora_dropout_seed(uint64_t seed, int rank, int64_t step, int k);
 
 // The memory line of a LoRA run: the frozen base, the adapters' parameters, gradients and optimizer
-// state, against the formula 4P + (8 + K)A.
-void train_lora_print_memory(const sl_engine *e);
+// state on this rank, against the estimate (memory_estimate.h): 4P for the base plus the ZeRO
+// formula over the adapters' A parameters (4A + 4A + KA at stage 0).
+void train_lora_print_memory(const sl_engine *e, const sl_train_config *c);
 
 #endif

@@ -123,7 +123,12 @@ static int build_table(sl_lora *lo, const unsigned *masks) {
     lo->layer_first = sl_calloc((size_t)mc->n_layer + 1, sizeof(int), "lora adapters");
     lo->n_units = mc->n_layer + 2;
     lo->unit_begin = sl_calloc((size_t)lo->n_units + 1, sizeof(size_t), "lora units");
-    if (!lo->tensors || !lo->adapters || !lo->layer_first || !lo->unit_begin) return -1;
+    lo->param_view = sl_calloc((size_t)lo->n_units, sizeof(float *), "lora views");
+    lo->grad_view = sl_calloc((size_t)lo->n_units, sizeof(float *), "lora views");
+    lo->weight_view = sl_calloc((size_t)lo->n_units, sizeof(sl_bf16 *), "lora views");
+    if (!lo->tensors || !lo->adapters || !lo->layer_first || !lo->unit_begin || !lo->param_view || !lo->grad_view ||
+        !lo->weight_view)
+        return -1;
     size_t offset = 0;
     for (int l = 0; l < mc->n_layer; l++) {
         lo->layer_first[l] = lo->n_adapters;
@@ -164,17 +169,28 @@ int sl_lora_create(sl_lora *lo, const sl_model_config *mc, const sl_lora_config 
     free(masks);
     lo->scale = (float)(lo->cfg.use_rslora ? lo->cfg.lora_alpha / sqrt((double)lo->cfg.r)
                                            : lo->cfg.lora_alpha / lo->cfg.r);
+    if (!ops) return 0;  // the table only
+    lo->capacity = lo->total;
     lo->params = ops->alloc((lo->total ? lo->total : 1) * sizeof(float), "lora parameters");
     if (!lo->params) { sl_lora_free(lo); return -1; }
     if (ops->act_bf16 && !(lo->weights_bf16 = ops->alloc((lo->total ? lo->total : 1) * sizeof(sl_bf16), "lora bf16"))) {
         sl_lora_free(lo);
         return -1;
     }
+    sl_lora_bind_views(lo);
     return 0;
 }
 
 static void release(const sl_lora *lo, void *p) {
-    if (p) lo->ops->dealloc(p);
+    if (p && lo->ops) lo->ops->dealloc(p);
+}
+
+void sl_lora_bind_views(sl_lora *lo) {
+    for (int u = 0; u < lo->n_units; u++) {
+        lo->param_view[u] = lo->params ? lo->params + lo->unit_begin[u] : NULL;
+        lo->grad_view[u] = lo->grads ? lo->grads + lo->unit_begin[u] : NULL;
+        lo->weight_view[u] = lo->weights_bf16 ? lo->weights_bf16 + lo->unit_begin[u] : NULL;
+    }
 }
 
 static void free_acts(sl_lora *lo) {
@@ -187,7 +203,6 @@ static void free_acts(sl_lora *lo) {
 }
 
 void sl_lora_free(sl_lora *lo) {
-    if (!lo->ops) return;
     free_acts(lo);
     release(lo, lo->params);
     release(lo, lo->grads);
@@ -196,17 +211,22 @@ void sl_lora_free(sl_lora *lo) {
     free(lo->adapters);
     free(lo->layer_first);
     free(lo->unit_begin);
+    free(lo->param_view);
+    free(lo->grad_view);
+    free(lo->weight_view);
     memset(lo, 0, sizeof *lo);
 }
 
 int sl_lora_alloc_grads(sl_lora *lo) {
     if (lo->grads) return 0;
-    lo->grads = lo->ops->alloc((lo->total ? lo->total : 1) * sizeof(float), "lora gradients");
-    return lo->grads ? 0 : -1;
+    lo->grads = lo->ops->alloc((lo->capacity ? lo->capacity : 1) * sizeof(float), "lora gradients");
+    if (!lo->grads) return -1;
+    sl_lora_bind_views(lo);
+    return 0;
 }
 
 void sl_lora_zero_grad(sl_lora *lo) {
-    if (lo->grads) lo->ops->memzero(lo->grads, lo->total * sizeof(float));
+    if (lo->grads) lo->ops->memzero(lo->grads, lo->capacity * sizeof(float));
 }
 
 int sl_lora_init_weights(sl_lora *lo, uint64_t seed) {
@@ -228,7 +248,7 @@ int sl_lora_init_weights(sl_lora *lo, uint64_t seed) {
 }
 
 int sl_lora_params_changed(sl_lora *lo) {
-    if (lo->weights_bf16) lo->ops->to_storage(lo->weights_bf16, lo->params, lo->total);
+    if (lo->weights_bf16 && lo->params) lo->ops->to_storage(lo->weights_bf16, lo->params, lo->total);
     return 0;
 }
 
@@ -314,11 +334,22 @@ int sl_lora_plan(sl_lora *lo, int N) {
 
 // ---- forward and backward ------------------------------------------------------------------------
 
-// A tensor as the GEMMs read it (the bf16 copy with bf16 storage) and its gradient.
+// Where tensor idx starts within its unit's views.
+static size_t unit_offset(const sl_lora *lo, int idx) {
+    return lo->tensors[idx].offset - lo->unit_begin[lo->tensors[idx].unit];
+}
+
+// A tensor as the GEMMs read it (the bf16 copy with bf16 storage), through its unit's view.
 static const sl_act *weight(const sl_lora *lo, int idx) {
-    size_t off = lo->tensors[idx].offset;
-    return lo->weights_bf16 ? (const sl_act *)(const void *)(lo->weights_bf16 + off)
-                            : (const sl_act *)(const void *)(lo->params + off);
+    int u = lo->tensors[idx].unit;
+    return lo->ops->act_bf16 ? (const sl_act *)(const void *)(lo->weight_view[u] + unit_offset(lo, idx))
+                             : (const sl_act *)(const void *)(lo->param_view[u] + unit_offset(lo, idx));
+}
+
+// Its gradient (accumulated into), NULL without gradients (generation).
+static float *grad(const sl_lora *lo, int idx) {
+    float *g = lo->grad_view[lo->tensors[idx].unit];
+    return g ? g + unit_offset(lo, idx) : NULL;
 }
 
 static uint64_t dropout_seed(const sl_lora *lo, int adapter) {
@@ -360,8 +391,7 @@ void sl_lora_backward(sl_lora *lo, int layer, sl_linear_kind linear, const sl_ac
         if (ad->linear != linear) continue;
         size_t n_in = (size_t)N * ad->in_features;
         const sl_act *h = dropping(lo) ? lo->xd[a] : x;
-        float *gA = lo->grads ? lo->grads + lo->tensors[ad->lora_A].offset : NULL;
-        float *gB = lo->grads ? lo->grads + lo->tensors[ad->lora_B].offset : NULL;
+        float *gA = grad(lo, ad->lora_A), *gB = grad(lo, ad->lora_B);
         // d(delta) = scale * dy's columns; dB += d(delta)^T u, du = d(delta) B; dA += du^T h, dh = du A
         ops->take_columns(lo->delta, dy, lo->scale, N, ad->out_features, ld, ad->col0);
         ops->matmul_backward(lo->du, gB, NULL, lo->delta, lo->u[a], weight(lo, ad->lora_B), N, r, ad->out_features);

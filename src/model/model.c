@@ -181,27 +181,6 @@ int sl_model_for_inference(sl_model *m) {
     return 0;
 }
 
-int sl_model_reserve(sl_model *m, size_t capacity) {
-    if (m->inference_only) return sl_errorf("model: set up for inference only (no parameter or gradient buffers to grow)");
-    if (capacity <= m->capacity) return 0;
-    // new zeroed buffers of the backend, the old contents copied in
-    float *p = m->ops->alloc(capacity * sizeof(float), "parameters");
-    float *g = p ? m->ops->alloc(capacity * sizeof(float), "gradients") : NULL;
-    if (!p || !g) {
-        release(m, p);
-        return sl_error_context("growing parameters and gradients to %zu floats", capacity);
-    }
-    m->ops->copy(p, m->params, m->capacity * sizeof(float));
-    m->ops->copy(g, m->grads, m->capacity * sizeof(float));
-    release(m, m->params);
-    release(m, m->grads);
-    m->params = p;
-    m->grads = g;
-    m->capacity = capacity;
-    sl_model_bind_views(m);
-    return 0;
-}
-
 int sl_model_init_weights(sl_model *m, uint64_t seed) {
     const sl_param_layout *L = &m->layout;
     float resid_std = 0.02f / sqrtf(2.0f * (float)m->cfg.n_layer);
@@ -609,7 +588,10 @@ int sl_model_backward(sl_model *m, float grad_scale) {
         HOOK(m, SL_PARAMS_PUT, unit, next);
         HOOK(m, SL_GRADS_PUT, unit, next);
     }
-    if (m->lora) return 0;  // frozen embeddings: nothing more to compute
+    if (m->lora) {  // frozen embeddings: nothing more to compute; a tied head's (empty) adapter unit closes
+        if (tied) HOOK(m, SL_GRADS_PUT, 0, -1);
+        return 0;
+    }
     if (!tied) HOOK(m, SL_GRADS_GET, 0, -1);
     // nn.Embedding(padding_idx): the padding token's row takes no gradient from the lookup (a tied
     // head's gradient for it stays): its gradient is put back as it was before the encoder's part

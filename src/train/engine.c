@@ -50,7 +50,7 @@ static int engine_unit_hook(void *ctx, sl_unit_event event, int unit, int next_u
     // 16-bit gradients: a unit's are rounded once backward has finished them, before they are reduced
     const sl_lora *lora = e->model->lora;  // with adapters: unit u's are [unit_begin[u], unit_begin[u + 1]) of theirs
     if (event == SL_GRADS_PUT && engine_mixed(e)) {
-        if (lora) engine_round_grads(e, lora->grads + lora->unit_begin[unit], lora->unit_begin[unit + 1] - lora->unit_begin[unit]);
+        if (lora) engine_round_grads(e, lora->grad_view[unit], lora->unit_begin[unit + 1] - lora->unit_begin[unit]);
         else engine_round_grads(e, e->model->grad_view[unit], sl_layout_unit_size(&e->model->layout, unit));
     }
     if (e->sharded) return sl_zero_hook(&e->zero, event, unit, next_unit);
@@ -98,13 +98,7 @@ int sl_engine_init(sl_engine *e, sl_model *model, const sl_engine_config *cfg) {
         return sl_errorf("engine: ZeRO stage %d is not one of 0, 1, 2, 3", cfg->zero_stage);
     // An NCCL group exchanges even alone: one GPU runs the code path of N (and tests it).
     int nccl = cfg->dp && sl_comm_backend_of(cfg->dp) == SL_COMM_NCCL;
-    if (model->lora) {
-        if (cfg->zero_stage)
-            return sl_errorf("engine: ZeRO (stage %d) over LoRA adapters is not implemented; drop --zero-stage: plain "
-                             "data parallelism (DDP) trains adapters on several ranks", cfg->zero_stage);
-        if (cfg->optim.type == SL_OPTIM_ADAMW8BIT)
-            return sl_errorf("engine: optimizer AdamW8bit over LoRA adapters is not implemented yet (its 8-bit "
-                             "state follows the base model's tensors); use AdamW: the adapters' state is small");
+    if (model->lora) {  // the adapters are what trains (and what ZeRO partitions); the base stays frozen
         if (sl_lora_alloc_grads(model->lora)) return -1;
     } else if (!model->params || !model->grads) {
         return sl_errorf("engine: the model's buffers belong to another engine (ZeRO-2/3 took them)");
@@ -149,7 +143,9 @@ int sl_engine_init(sl_engine *e, sl_model *model, const sl_engine_config *cfg) {
             sl_engine_free(e);
             return -1;
         }
-        if (sl_adam8_plan_build(&e->adam8_plan, &model->layout, &cfg->optim, e->shard_begin,
+        int n_tensors;
+        const sl_tensor_info *tensors = engine_tensors(e, &n_tensors);
+        if (sl_adam8_plan_build(&e->adam8_plan, tensors, n_tensors, total, &cfg->optim, e->shard_begin,
                                 e->shard_begin + e->shard_size) ||
             sl_adam8_state_alloc(&e->adam8, &e->adam8_plan)) {
             sl_engine_free(e);
@@ -289,7 +285,8 @@ int sl_engine_detach_model(sl_engine *e, int everywhere) {
     sl_model *m = e->model;
     const sl_ops *ops = m->ops;
     if (e->sharded && e->zero.stage == 3) {
-        // the model's own buffer again (the backend's memory), filled through a host copy on a GPU
+        // the trained buffer whole again (the model's, or its adapters'; the backend's memory), filled
+        // through a host copy on a GPU
         int root_only = !everywhere && e->zero.rank != 0;
         size_t bytes = e->padded_total * sizeof(float);
         float *full = root_only ? NULL : ops->alloc(bytes, "parameters");
@@ -305,11 +302,13 @@ int sl_engine_detach_model(sl_engine *e, int everywhere) {
             if (full) ops->dealloc(full);
             return -1;
         }
-        m->params = full;
+        *e->zero.buf.params = full;
+        *e->zero.buf.capacity = full ? e->padded_total : 0;
     }
     m->unit_hook = NULL;
     m->unit_hook_ctx = NULL;
     sl_model_bind_views(m);
+    if (m->lora) sl_lora_bind_views(m->lora);
     e->detached = 1;
     return 0;
 }
@@ -317,14 +316,17 @@ int sl_engine_detach_model(sl_engine *e, int everywhere) {
 sl_engine_memory sl_engine_memory_use(const sl_engine *e) {
     const sl_lora *lora = e->model->lora;
     sl_engine_memory mem = {.params = e->model->capacity * sizeof(float),
-                            .grads = lora ? lora->total * sizeof(float) : e->model->capacity * sizeof(float),
-                            .adapters = lora ? lora->total * sizeof(float) : 0,
+                            .grads = lora ? lora->capacity * sizeof(float) : e->model->capacity * sizeof(float),
+                            .adapters = lora ? lora->capacity * sizeof(float) : 0,
                             .optim = (size_t)e->n_optim_state * e->state_numel * sizeof(float) +
                                      (e->adam8.q1 ? sl_adam8_state_bytes(&e->adam8_plan) : 0)};
-    if (e->sharded) sl_zero_memory(&e->zero, &mem.params, &mem.grads);
+    // ZeRO's buffers: the adapters' with LoRA (the base stays whole), else the model's
+    if (e->sharded) sl_zero_memory(&e->zero, lora ? &mem.adapters : &mem.params, &mem.grads);
     if (e->master) mem.master = e->shard_size * sizeof(float);
+    // bf16 copies: the model's whole (the frozen base's with LoRA), the adapters', ZeRO-3 windows' twins
     if (e->model->weights_bf16) mem.param_copy = e->model->layout.total * sizeof(sl_bf16);
-    else if (e->model->ops->act_bf16 && e->sharded && e->zero.stage == 3)
-        mem.param_copy = sl_zero_window_floats(&e->model->layout) * sizeof(sl_bf16);
+    if (lora && lora->weights_bf16) mem.param_copy += lora->total * sizeof(sl_bf16);
+    if (e->model->ops->act_bf16 && e->sharded && e->zero.stage == 3)
+        mem.param_copy += sl_zero_window_floats(e->zero.buf.n_units, e->zero.buf.unit_begin) * sizeof(sl_bf16);
     return mem;
 }

@@ -277,8 +277,10 @@ static int read_state_slice(sl_engine *e, const char *dir, const sl_manifest_sha
         char path[4400];
         snprintf(path, sizeof path, "%s/%s", dir, refs[s].file);
         if (is_adam8(e)) {
-            if (engine_adam8_read(&e->model->layout, e->cfg.optim.min_8bit_size, path, refs[s].begin, refs[s].end,
-                                  &e->adam8_plan, &e->adam8))
+            int n_tensors;
+            const sl_tensor_info *tensors = engine_tensors(e, &n_tensors);
+            if (engine_adam8_read(tensors, n_tensors, engine_total(e), e->cfg.optim.min_8bit_size, path, refs[s].begin,
+                                  refs[s].end, &e->adam8_plan, &e->adam8))
                 return sl_error_context("%s", what);
             continue;
         }
@@ -368,7 +370,7 @@ static int place_weights(sl_engine *e, const float *full, const char *path) {
         rc = engine_backend_agrees(e);  // a failed upload is named before the broadcast spreads it
         if (rc == 0 && e->distributed)
             rc = sl_comm_order_after(e->cfg.dp, m->ops->stream()) ||
-                 sl_comm_broadcast(e->cfg.dp, m->params, n, SL_DTYPE_F32, 0);
+                 sl_comm_broadcast(e->cfg.dp, engine_params(e), n, SL_DTYPE_F32, 0);
     }
     if (rc) sl_error_context("loading checkpoint %s (step %lld): copying the weights to the %s backend", path,
                              (long long)e->step, m->ops->name);
@@ -442,10 +444,12 @@ static int consolidate_adam8(const sl_param_layout *L, const char *dir, const sl
     cfg.min_8bit_size = min_size;
     sl_adam8_plan plan;
     sl_adam8_state st = {0};
-    int rc = sl_adam8_plan_build(&plan, L, &cfg, 0, L->total) || sl_adam8_state_alloc(&st, &plan);
+    int rc = sl_adam8_plan_build(&plan, L->tensors, L->n_tensors, L->total, &cfg, 0, L->total) ||
+             sl_adam8_state_alloc(&st, &plan);
     for (int s = 0; rc == 0 && s < n; s++) {
         snprintf(file, sizeof file, "%s/%s", dir, refs[s].file);
-        rc = engine_adam8_read(L, min_size, file, refs[s].begin, refs[s].end, &plan, &st);
+        rc = engine_adam8_read(L->tensors, L->n_tensors, L->total, min_size, file, refs[s].begin, refs[s].end, &plan,
+                               &st);
     }
     snprintf(file, sizeof file, "%s/optimizer.safetensors", tmp);
     if (rc == 0) rc = engine_adam8_write(&plan, &st, min_size, file);

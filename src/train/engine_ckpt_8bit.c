@@ -68,8 +68,8 @@ static int read_run(void *ctx, sl_adam8_part part, size_t src, size_t dst, size_
            sl_st_read_raw_range(c->f, c->idx[k + 1], SL_ST_F32, src, count, b + dst);
 }
 
-int engine_adam8_read(const sl_param_layout *L, long long min_8bit_size, const char *path, size_t begin, size_t end,
-                      const sl_adam8_plan *dst_plan, sl_adam8_state *dst) {
+int engine_adam8_read(const sl_tensor_info *tensors, int n_tensors, size_t total, long long min_8bit_size,
+                      const char *path, size_t begin, size_t end, const sl_adam8_plan *dst_plan, sl_adam8_state *dst) {
     sl_st_file f;
     if (sl_st_open(&f, path)) return -1;
     long long saved = engine_adam8_file_min_size(&f);
@@ -81,7 +81,7 @@ int engine_adam8_read(const sl_param_layout *L, long long min_8bit_size, const c
     sl_optim_defaults(&cfg);
     cfg.min_8bit_size = saved;
     sl_adam8_plan src = {0};
-    if (rc == 0) rc = sl_adam8_plan_build(&src, L, &cfg, begin, end);
+    if (rc == 0) rc = sl_adam8_plan_build(&src, tensors, n_tensors, total, &cfg, begin, end);
     read_ctx c = {&f, {0}, dst};
     size_t numel[6] = {src.n8, src.n8, src.n_blocks, src.n_blocks, src.n32, src.n32};
     for (int i = 0; rc == 0 && i < 6; i++) {

@@ -17,6 +17,11 @@ static inline float *engine_grads(const sl_engine *e) {
 static inline size_t engine_total(const sl_engine *e) {
     return e->model->lora ? e->model->lora->total : e->model->layout.total;
 }
+// Its tensor table (the optimizer's per-tensor state: AdamW8bit's blocks), n_tensors entries.
+static inline const sl_tensor_info *engine_tensors(const sl_engine *e, int *n_tensors) {
+    *n_tensors = e->model->lora ? e->model->lora->n_tensors : e->model->layout.n_tensors;
+    return e->model->lora ? e->model->lora->tensors : e->model->layout.tensors;
+}
 
 // The parameters the optimizer updates on this rank: [shard_begin, shard_begin + shard_size) of the
 // flat buffer (the whole buffer without ZeRO), in the model (stages 0-2) or the ZeRO-3 slice.
@@ -84,8 +89,9 @@ int engine_adam8_write(const sl_adam8_plan *plan, const sl_adam8_state *st, long
 // min_8bit_size from a state file's metadata; -1 (message) when it is not one.
 long long engine_adam8_file_min_size(const sl_st_file *f);
 // Fills dst (laid out by dst_plan) with the part of the state file `path` (the flat range [begin, end)
-// of layout L) that overlaps it. min_8bit_size < 0: the file's; else it must equal the file's.
-int engine_adam8_read(const sl_param_layout *L, long long min_8bit_size, const char *path, size_t begin, size_t end,
-                      const sl_adam8_plan *dst_plan, sl_adam8_state *dst);
+// of the buffer of the tensor table `tensors`, `total` floats) that overlaps it. min_8bit_size < 0:
+// the file's; else it must equal the file's.
+int engine_adam8_read(const sl_tensor_info *tensors, int n_tensors, size_t total, long long min_8bit_size,
+                      const char *path, size_t begin, size_t end, const sl_adam8_plan *dst_plan, sl_adam8_state *dst);
 
 #endif

@@ -18,14 +18,14 @@ void sl_adam8_plan_free(sl_adam8_plan *plan) {
     memset(plan, 0, sizeof *plan);
 }
 
-int sl_adam8_plan_build(sl_adam8_plan *plan, const sl_param_layout *L, const sl_optim_config *cfg, size_t begin,
-                        size_t end) {
+int sl_adam8_plan_build(sl_adam8_plan *plan, const sl_tensor_info *tensors, int n_tensors, size_t total,
+                        const sl_optim_config *cfg, size_t begin, size_t end) {
     memset(plan, 0, sizeof *plan);
-    end = min_sz(end, L->total);
+    end = min_sz(end, total);
     begin = min_sz(begin, end);
     plan->begin = begin;
     plan->end = end;
-    size_t cap = (size_t)(L->n_tensors > 0 ? L->n_tensors : 1);
+    size_t cap = (size_t)(n_tensors > 0 ? n_tensors : 1);
     plan->segs = sl_calloc(cap, sizeof *plan->segs, "8-bit optimizer plan");
     plan->seg_tensor = sl_calloc(cap, sizeof *plan->seg_tensor, "8-bit optimizer plan");
     plan->seg_block0 = sl_calloc(cap, sizeof *plan->seg_block0, "8-bit optimizer plan");
@@ -34,8 +34,8 @@ int sl_adam8_plan_build(sl_adam8_plan *plan, const sl_param_layout *L, const sl_
         return -1;
     }
     const size_t B = SL_ADAM8_BLOCK;
-    for (int i = 0; i < L->n_tensors; i++) {
-        const sl_tensor_info *t = &L->tensors[i];
+    for (int i = 0; i < n_tensors; i++) {
+        const sl_tensor_info *t = &tensors[i];
         size_t lo = max_sz(begin, t->offset), hi = min_sz(end, t->offset + t->numel);
         if (lo >= hi) continue;
         int k = plan->n_segs++;

@@ -13,13 +13,14 @@
 //   only after the kernels that read it; the host waits for a collective before ops use its result.
 #include "shardlm/zero.h"
 #include "shardlm/error.h"
+#include "shardlm/lora.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-static int last_unit(const sl_zero *z) { return z->model->layout.n_units - 1; }
-static size_t unit_begin(const sl_zero *z, int u) { return z->model->layout.unit_begin[u]; }
-static size_t unit_size(const sl_zero *z, int u) { return sl_layout_unit_size(&z->model->layout, u); }
+static int last_unit(const sl_zero *z) { return z->buf.n_units - 1; }
+static size_t unit_begin(const sl_zero *z, int u) { return z->buf.unit_begin[u]; }
+static size_t unit_size(const sl_zero *z, int u) { return z->buf.unit_begin[u + 1] - z->buf.unit_begin[u]; }
 static size_t min_sz(size_t a, size_t b) { return a < b ? a : b; }
 static size_t max_sz(size_t a, size_t b) { return a > b ? a : b; }
 static const sl_ops *ops_of(const sl_zero *z) { return z->model->ops; }
@@ -120,7 +121,7 @@ static int progress(sl_zero *z) {
             if (w[i].pending && done) w[i].pending = 0;
         }
     }
-    for (int u = 0; z->unit_req && u < z->model->layout.n_units; u++) {
+    for (int u = 0; z->unit_req && u < z->buf.n_units; u++) {
         int done;
         if (z->unit_req[u].impl && sl_comm_test(&z->unit_req[u], &done)) return -1;
     }
@@ -134,11 +135,11 @@ static int params_get(sl_zero *z, int u, int next) {
     if (wait_window(w)) return sl_error_context("ZeRO-3: gathering the parameters of unit %d", u);
     w->busy = 1;
     w->stamp = ++z->clock;
-    z->model->param_view[u] = w->data;
+    z->buf.param_view[u] = w->data;
     if (w->data_bf16) {  // bf16 activation storage: the GEMMs read the window's bf16 copy
         if (w->bf16_unit != u) ops_of(z)->to_storage(w->data_bf16, w->data, unit_size(z, u));
         w->bf16_unit = u;
-        z->model->weight_view[u] = w->data_bf16;
+        z->buf.weight_view[u] = w->data_bf16;
     }
     if (z->prefetch && next >= 0 && next != u) {
         sl_zero_window *p = pick(z, z->pwin, next);
@@ -155,19 +156,19 @@ static int grads_get(sl_zero *z, int u) {
     w->unit = u;
     w->busy = 1;
     w->stamp = ++z->clock;
-    z->model->grad_view[u] = w->data;
+    z->buf.grad_view[u] = w->data;
     return 0;
 }
 
 static int grads_put(sl_zero *z, int u) {
     if (z->stage == 1) {
         if (!z->reducing) return 0;
-        return start_reduce(z, z->model->grads + unit_begin(z, u), u, &z->unit_req[u]);
+        return start_reduce(z, *z->buf.grads + unit_begin(z, u), u, &z->unit_req[u]);
     }
     sl_zero_window *w = held(z->gwin, u);
     if (!w) return sl_errorf("ZeRO-%d: gradients of unit %d finished but were never opened", z->stage, u);
     w->busy = 0;
-    z->model->grad_view[u] = NULL;
+    z->buf.grad_view[u] = NULL;
     w->pending = 1;
     return start_reduce(z, w->data, u, &w->req);
 }
@@ -183,8 +184,8 @@ int sl_zero_hook(void *ctx, sl_unit_event event, int unit, int next_unit) {
         if (z->stage == 3) {
             sl_zero_window *w = held(z->pwin, unit);
             if (w) w->busy = 0;
-            z->model->param_view[unit] = NULL;
-            z->model->weight_view[unit] = NULL;
+            z->buf.param_view[unit] = NULL;
+            z->buf.weight_view[unit] = NULL;
         }
         break;
     case SL_GRADS_GET:
@@ -201,7 +202,7 @@ void sl_zero_begin_backward(sl_zero *z, int last_micro) { z->reducing = z->stage
 
 int sl_zero_finish_backward(sl_zero *z) {
     int rc = 0;
-    for (int u = 0; z->unit_req && u < z->model->layout.n_units; u++)
+    for (int u = 0; z->unit_req && u < z->buf.n_units; u++)
         if (z->unit_req[u].impl && sl_comm_wait(&z->unit_req[u])) rc = -1;
     for (int i = 0; i < 4; i++) {
         if (wait_window(&z->gwin[i])) rc = -1;
@@ -211,7 +212,7 @@ int sl_zero_finish_backward(sl_zero *z) {
     return rc;
 }
 
-float *sl_zero_step_params(sl_zero *z) { return z->stage == 3 ? z->shard_params : z->model->params + z->shard_begin; }
+float *sl_zero_step_params(sl_zero *z) { return z->stage == 3 ? z->shard_params : *z->buf.params + z->shard_begin; }
 
 int sl_zero_before_step(sl_zero *z) {
     int rc = 0;
@@ -222,7 +223,7 @@ int sl_zero_before_step(sl_zero *z) {
 
 void sl_zero_zero_grads(sl_zero *z) {
     ops_of(z)->memzero(z->shard_grads, z->shard_size * sizeof(float));
-    if (z->stage == 1) sl_model_zero_grad(z->model);
+    if (z->stage == 1) ops_of(z)->memzero(*z->buf.grads, *z->buf.capacity * sizeof(float));
     z->accumulated = 0;
 }
 
@@ -232,7 +233,7 @@ int sl_zero_after_step(sl_zero *z) {
         for (int i = 0; i < 4; i++) z->pwin[i].unit = z->pwin[i].bf16_unit = -1;
         return 0;
     }
-    float *p = z->model->params;
+    float *p = *z->buf.params;
     if (ordered(z) || sl_comm_allgather(z->dp, p + z->shard_begin, p, z->shard_size, SL_DTYPE_F32))
         return sl_error_context("ZeRO-%d: gathering the updated parameters", z->stage);
     return 0;
@@ -241,7 +242,7 @@ int sl_zero_after_step(sl_zero *z) {
 int sl_zero_gather_slices(sl_zero *z, const float *slice, float *full) {
     if (sl_zero_before_step(z)) return -1;
     int params = slice == z->shard_params;
-    for (int u = 0; u < z->model->layout.n_units; u++) {
+    for (int u = 0; u < z->buf.n_units; u++) {
         sl_zero_window *w = pick(z, z->pwin, u);
         if (!w || w->busy) return sl_errorf("ZeRO-3: cannot gather the parameters while the model uses them");
         if ((!params || w->unit != u) && start_gather_from(z, slice, w, u)) return -1;
@@ -256,7 +257,7 @@ int sl_zero_gather_params(sl_zero *z, float *full) { return sl_zero_gather_slice
 
 int sl_zero_scatter_params(sl_zero *z, const float *full, int root) {
     if (sl_zero_before_step(z)) return -1;
-    for (int u = 0; u < z->model->layout.n_units; u++) {
+    for (int u = 0; u < z->buf.n_units; u++) {
         sl_zero_window *w = pick(z, z->pwin, u);
         if (!w || w->busy) return sl_errorf("ZeRO-3: cannot load parameters while the model uses them");
         size_t n = unit_size(z, u), lo, hi;
@@ -272,9 +273,9 @@ int sl_zero_scatter_params(sl_zero *z, const float *full, int root) {
 }
 
 void sl_zero_memory(const sl_zero *z, size_t *param_bytes, size_t *grad_bytes) {
-    const sl_model *m = z->model;
-    size_t p = (m->params ? m->capacity : 0) + (z->shard_params ? z->shard_size : 0);
-    size_t g = (m->grads ? m->capacity : 0) + z->shard_size;
+    const sl_zero_buffer *b = &z->buf;
+    size_t p = (*b->params ? *b->capacity : 0) + (z->shard_params ? z->shard_size : 0);
+    size_t g = (*b->grads ? *b->capacity : 0) + z->shard_size;
     for (int i = 0; i < 4; i++) {
         p += z->pwin[i].cap;
         g += z->gwin[i].cap;
@@ -283,24 +284,27 @@ void sl_zero_memory(const sl_zero *z, size_t *param_bytes, size_t *grad_bytes) {
     *grad_bytes = g * sizeof(float);
 }
 
-static size_t largest_block(const sl_param_layout *L) {
+static size_t largest_block(int n_units, const size_t *unit_begin) {
     size_t block = 0;
-    for (int u = 1; u < L->n_units - 1; u++) block = max_sz(block, sl_layout_unit_size(L, u));
+    for (int u = 1; u < n_units - 1; u++) block = max_sz(block, unit_begin[u + 1] - unit_begin[u]);
     return block;
 }
 
-size_t sl_zero_window_floats(const sl_param_layout *L) {
-    return sl_layout_unit_size(L, 0) + sl_layout_unit_size(L, L->n_units - 1) + 2 * largest_block(L);
+size_t sl_zero_window_floats(int n_units, const size_t *unit_begin) {
+    return unit_begin[1] - unit_begin[0] + unit_begin[n_units] - unit_begin[n_units - 1] +
+           2 * largest_block(n_units, unit_begin);
 }
 
-sl_zero_estimate sl_zero_memory_estimate(const sl_param_layout *L, int world, int stage, int optim_state_buffers) {
+sl_zero_estimate sl_zero_memory_estimate(int n_units, const size_t *unit_begin, int world, int stage,
+                                         int optim_state_buffers) {
     static const char *const formula[4] = {"4P + 4P + KP", "4P + 4(P+S) + KS", "4P + 4(S+W) + KS",
                                            "4(S+W) + 4(S+W) + KS"};
     if (stage < 0 || stage > 3) stage = 0;
     if (world < 1) world = 1;
-    double P = (double)L->total, K = optim_state_buffers * 4.0;
-    double S = stage == 0 ? P : (double)((L->total + (size_t)world - 1) / (size_t)world);
-    double Pp = stage == 0 ? P : S * world, W = (double)sl_zero_window_floats(L);
+    size_t total = unit_begin[n_units];
+    double P = (double)total, K = optim_state_buffers * 4.0;
+    double S = stage == 0 ? P : (double)((total + (size_t)world - 1) / (size_t)world);
+    double Pp = stage == 0 ? P : S * world, W = (double)sl_zero_window_floats(n_units, unit_begin);
     sl_zero_estimate e = {
         .params = stage == 3 ? 4 * (S + W) : 4 * Pp,
         .grads = stage == 0 ? 4 * P : stage == 1 ? 4 * (Pp + S) : 4 * (S + W),
@@ -313,7 +317,7 @@ sl_zero_estimate sl_zero_memory_estimate(const sl_param_layout *L, int world, in
 // Windows sized for their role: unit 0, the last unit, and the largest block (twice); with_bf16:
 // each with its bf16 copy too (parameter windows under bf16 activation storage).
 static int alloc_windows(sl_zero *z, sl_zero_window *w, const char *what, int with_bf16) {
-    size_t block = largest_block(&z->model->layout);
+    size_t block = largest_block(z->buf.n_units, z->buf.unit_begin);
     size_t sizes[4] = {unit_size(z, 0), unit_size(z, last_unit(z)), block, block};
     for (int i = 0; i < 4; i++) {
         size_t n = sizes[i] ? sizes[i] : 1;
@@ -322,6 +326,46 @@ static int alloc_windows(sl_zero *z, sl_zero_window *w, const char *what, int wi
         if (with_bf16 && !(w[i].data_bf16 = ops_of(z)->alloc(n * sizeof(sl_bf16), what))) return -1;
         w[i].cap = sizes[i];
     }
+    return 0;
+}
+
+sl_zero_buffer sl_zero_buffer_of(sl_model *m) {
+    sl_lora *lo = m->lora;
+    if (lo)
+        return (sl_zero_buffer){lo->total, lo->n_units, lo->unit_begin, &lo->params, &lo->grads, &lo->capacity,
+                                &lo->weights_bf16, lo->param_view, lo->grad_view, lo->weight_view};
+    return (sl_zero_buffer){m->layout.total, m->layout.n_units, m->layout.unit_begin, &m->params, &m->grads,
+                            &m->capacity, &m->weights_bf16, m->param_view, m->grad_view, m->weight_view};
+}
+
+// Points the owner's unit views into its full buffers (after they moved or went away).
+static void bind_views(const sl_zero_buffer *b) {
+    for (int u = 0; u < b->n_units; u++) {
+        b->param_view[u] = *b->params ? *b->params + b->unit_begin[u] : NULL;
+        b->grad_view[u] = *b->grads ? *b->grads + b->unit_begin[u] : NULL;
+        b->weight_view[u] = *b->weights_bf16 ? *b->weights_bf16 + b->unit_begin[u] : NULL;
+    }
+}
+
+// Stages 1-2: the owner's parameter and gradient buffers grown to n floats (the tail zero), so the
+// parameter all-gather works in place.
+static int grow(sl_zero *z, size_t n) {
+    sl_zero_buffer *b = &z->buf;
+    const sl_ops *ops = ops_of(z);
+    if (n <= *b->capacity) return 0;
+    float *p = ops->alloc(n * sizeof(float), "parameters");
+    float *g = p ? ops->alloc(n * sizeof(float), "gradients") : NULL;
+    if (!p || !g) {
+        if (p) ops->dealloc(p);
+        return sl_error_context("growing parameters and gradients to %zu floats", n);
+    }
+    ops->copy(p, *b->params, *b->capacity * sizeof(float));
+    ops->copy(g, *b->grads, *b->capacity * sizeof(float));
+    ops->dealloc(*b->params);
+    ops->dealloc(*b->grads);
+    *b->params = p;
+    *b->grads = g;
+    *b->capacity = n;
     return 0;
 }
 
@@ -336,34 +380,37 @@ int sl_zero_init(sl_zero *z, sl_model *model, sl_comm *dp, int stage, int prefet
     z->stage = stage;
     z->prefetch = prefetch;
     z->model = model;
-    z->total = model->layout.total;
+    z->buf = sl_zero_buffer_of(model);
+    sl_zero_buffer *b = &z->buf;
+    const sl_ops *ops = model->ops;
+    z->total = b->total;
     z->shard_size = (z->total + (size_t)z->world - 1) / (size_t)z->world;
     z->padded_total = z->shard_size * (size_t)z->world;
     z->shard_begin = z->shard_size * (size_t)z->rank;
     z->counts = sl_calloc((size_t)z->world, sizeof(size_t), "ZeRO counts");
     z->displs = sl_calloc((size_t)z->world, sizeof(size_t), "ZeRO counts");
-    z->shard_grads = model->ops->alloc(z->shard_size * sizeof(float), "ZeRO gradient slice");
+    z->shard_grads = ops->alloc((z->shard_size ? z->shard_size : 1) * sizeof(float), "ZeRO gradient slice");
     if (!z->counts || !z->displs || !z->shard_grads) goto fail;
-    if (stage <= 2 && sl_model_reserve(model, z->padded_total)) goto fail;
-    if (stage == 1 && !(z->unit_req = sl_calloc((size_t)model->layout.n_units, sizeof *z->unit_req, "ZeRO requests")))
+    if (stage <= 2 && grow(z, z->padded_total)) goto fail;
+    if (stage == 1 && !(z->unit_req = sl_calloc((size_t)b->n_units, sizeof *z->unit_req, "ZeRO requests")))
         goto fail;
     if (stage >= 2) {
         if (alloc_windows(z, z->gwin, "ZeRO gradient windows", 0)) goto fail;
-        model->ops->dealloc(model->grads);
-        model->grads = NULL;
+        ops->dealloc(*b->grads);
+        *b->grads = NULL;
     }
     if (stage == 3) {
-        z->shard_params = model->ops->alloc(z->shard_size * sizeof(float), "ZeRO-3 parameter slice");
-        if (!z->shard_params || alloc_windows(z, z->pwin, "ZeRO-3 parameter windows", model->ops->act_bf16)) goto fail;
+        z->shard_params = ops->alloc((z->shard_size ? z->shard_size : 1) * sizeof(float), "ZeRO-3 parameter slice");
+        if (!z->shard_params || alloc_windows(z, z->pwin, "ZeRO-3 parameter windows", ops->act_bf16)) goto fail;
         size_t end = min_sz(z->shard_begin + z->shard_size, z->total);
         if (end > z->shard_begin)
-            model->ops->copy(z->shard_params, model->params + z->shard_begin, (end - z->shard_begin) * sizeof(float));
-        model->ops->dealloc(model->params);
-        model->params = NULL;
-        if (model->weights_bf16) model->ops->dealloc(model->weights_bf16);  // the windows carry their own
-        model->weights_bf16 = NULL;
+            ops->copy(z->shard_params, *b->params + z->shard_begin, (end - z->shard_begin) * sizeof(float));
+        ops->dealloc(*b->params);
+        *b->params = NULL;
+        if (*b->weights_bf16) ops->dealloc(*b->weights_bf16);  // the windows carry their own
+        *b->weights_bf16 = NULL;
     }
-    sl_model_bind_views(model);
+    bind_views(b);
     return 0;
 fail:
     sl_zero_free(z);

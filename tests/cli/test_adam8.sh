@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # test_adam8.sh: `shardlm train` with optimizer AdamW8bit (bitsandbytes' 8-bit AdamW) end to end:
 #   * resume is bit-for-bit (20 steps straight == 10 + resume + 10; model and 8-bit state files
-#     byte-identical), for GPT-2 and LLaMA with gradient accumulation, and under --precision bf16;
+#     byte-identical), for GPT-2 and LLaMA with gradient accumulation, under --precision bf16, and for
+#     LoRA adapters (their state only; the checkpoint a PEFT directory with the optimizer shard);
 #   * the memory line's state bytes are 2 per 8-bit element + 8 per block + 8 per 32-bit element,
-#     and its optimizer state figure is that number;
+#     and its optimizer state figure is that number (with LoRA: over the adapters' elements only);
 #   * ZeRO: at 3 ranks (gpt2-tiny's 43904 parameters in slices of 14635 cut blocks), stages 1, 2 and 3
 #     give stage 0's weights and consolidated 8-bit state bit for bit; a 3-rank stage-3 checkpoint
 #     resumes on 2 ranks at stage 1 and on 1 process;
@@ -27,9 +28,17 @@ prepare_tiny_data || { echo "SKIP adam8: no ../shared/data/sotu"; exit 0; }
 common=(--data "$tmp/data" --seq-len 32 --batch-size 2 --grad-accum 2 --threads 2 --lr 1e-2 --seed 7
         --eval-interval 0 --sample-tokens 0 --log-interval 5 --optimizer adamw8bit)
 
+# LoRA r=32 on c_attn, c_proj, c_fc: c_fc's lora_B (128 x 32) and mlp.c_proj's lora_A (32 x 128) have
+# 4096 elements, 8-bit state at the default min_8bit_size; the other adapters keep 32-bit state
+lora=(--lora-r 32 --lora-alpha 32 --lora-targets c_attn,c_proj,c_fc)
+
 # ---- resume bit for bit
-for run in gpt2-tiny llama-tiny gpt2-tiny-bf16; do
-  model=${run%-bf16}; extra=(); [ "$run" != "$model" ] && extra=(--precision bf16)
+for run in gpt2-tiny llama-tiny gpt2-tiny-bf16 gpt2-tiny-lora; do
+  case $run in
+    *-bf16) model=${run%-bf16} extra=(--precision bf16) ;;
+    *-lora) model=${run%-lora} extra=("${lora[@]}") ;;
+    *) model=$run extra=() ;;
+  esac
   "$BIN" train --model "$model" "${common[@]}" "${extra[@]}" --steps 20 --save-interval 10 \
     --save-dir "$tmp/$run-straight" >"$tmp/$run.out" 2>&1
   rc1=$?
@@ -41,7 +50,8 @@ for run in gpt2-tiny llama-tiny gpt2-tiny-bf16; do
   if [ $rc1 -eq 0 ] && [ $rc2 -eq 0 ]; then pass "${run}_train_and_resume_run"; else
     fail "${run}_train_and_resume_run" "exit codes $rc1 $rc2"; tail -5 "$tmp/$run.out" "$log"; fi
   a="$tmp/$run-straight/step_00000020"; b="$tmp/$run-split/step_00000020"
-  same "${run}_resume_is_bit_for_bit" "$a/model.safetensors" "$b/model.safetensors"
+  weights=model.safetensors; [ "$run" = gpt2-tiny-lora ] && weights=adapter_model.safetensors
+  same "${run}_resume_is_bit_for_bit" "$a/$weights" "$b/$weights"
   same "${run}_resumed_8bit_state_is_bit_for_bit" "$a/optim_00000_of_00001.safetensors" "$b/optim_00000_of_00001.safetensors"
 done
 
@@ -60,6 +70,20 @@ fi
 mb=$(grep -o 'optimizer state [0-9.]* MB' "$tmp/gpt2-tiny.out" | awk '{ print $3 }')
 awk -v a="$mb" -v b="$bytes" 'BEGIN { exit !(a == sprintf("%.2f", b / 1e6)) }' && pass memory_line_counts_the_8bit_state ||
   fail memory_line_counts_the_8bit_state "$mb MB vs $bytes bytes"
+# the adapters' state only (the base frozen): 2 blocks x 2 tensors of 4096 8-bit elements, 64 blocks
+line=$(grep 'optimizer AdamW8bit state on this rank' "$tmp/gpt2-tiny-lora.out")
+n8=$(echo "$line" | sed -n 's/.* 2 B x \([0-9]*\) (8-bit.*/\1/p')
+nb=$(echo "$line" | sed -n 's/.* 8 B x \([0-9]*\) blocks of 256.*/\1/p')
+n32=$(echo "$line" | sed -n 's/.* 8 B x \([0-9]*\) (32-bit.*/\1/p')
+bytes=$(echo "$line" | sed -n 's/.* = \([0-9]*\) bytes.*/\1/p')
+A=$(sed -n 's/.* adapters \([0-9]*\) parameters.*/\1/p' "$tmp/gpt2-tiny-lora.out")
+mb=$(grep -o 'optimizer state [0-9.]* MB' "$tmp/gpt2-tiny-lora.out" | awk '{ print $3 }')
+if [ "$n8" = 16384 ] && [ "$nb" = 64 ] && [ -n "$A" ] && [ $((n8 + n32)) = "$A" ] &&
+   [ "$bytes" = $((2 * n8 + 8 * nb + 8 * n32)) ] && awk -v a="$mb" -v b="$bytes" 'BEGIN { exit !(a == sprintf("%.2f", b / 1e6)) }'; then
+  pass lora_state_bytes_equal_the_formula
+else
+  fail lora_state_bytes_equal_the_formula "$line (adapters $A, $mb MB)"
+fi
 
 # ---- ZeRO at 3 ranks: stages 1-3 equal stage 0 bit for bit; a checkpoint loads at other world sizes
 if command -v mpirun >/dev/null; then

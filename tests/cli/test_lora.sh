@@ -6,8 +6,8 @@
 #   * the memory line says the base is frozen; generate --adapter uses the adapters; 2 data-parallel
 #     ranks follow one (mpirun, when installed); merge gives the adapted model's logits;
 #   * bad input (r = 0, an unknown target module, bias other than "none", DoRA, a corrupt or foreign
-#     adapter, ZeRO with adapters, resuming adapters as a full model, merging into an existing
-#     directory) exits non-zero with a
+#     adapter, an AdamW checkpoint resumed with AdamW8bit, resuming adapters as a full model, merging
+#     into an existing directory) exits non-zero with a
 #     message naming the problem and writes nothing.
 # Prints PASS/FAIL lines for tests/run.sh (lib.sh); skips (exit 0) when "$SHARDLM_BIN" is not built.
 . "$(dirname "$0")/lib.sh" lora
@@ -55,7 +55,7 @@ expect lora_memory_line_says_base_frozen grep -q "base frozen .* (no gradients, 
 expect lora_memory_matches_formula python3 -c "
 import re; t = open('$tmp/straight.out').read()
 got = int(re.search(r'total [0-9.]+ MB = (\d+) bytes', t).group(1))
-P, A, K, f = re.search(r'P=(\d+) A=(\d+) K=(\d+): (\d+) bytes', t).groups()
+P, A, K, f = re.search(r'formula 4P \+ 4A \+ 4A \+ KA with P=(\d+) A=(\d+) S=\d+ W=0 K=(\d+): (\d+) bytes', t).groups()
 assert got == int(f) == 4 * int(P) + (8 + int(K)) * int(A), (got, f)
 "
 
@@ -165,9 +165,9 @@ echo '{"lora": {"r": 4, "bias": "all"}}' >"$tmp/bias.json"
 bad lora_bias_is_refused "\"bias\" is \"all\"" "${run[@]}" --config "$tmp/bias.json"
 echo '{"lora": {"r": 4, "use_dora": true}}' >"$tmp/dora.json"
 bad dora_is_refused "DoRA" "${run[@]}" --config "$tmp/dora.json"
-bad lora_with_zero_is_refused "ZeRO \(stage 1\) over LoRA adapters is not implemented" "${run[@]}" "${lora[@]}" --zero-stage 1
-bad lora_with_adamw8bit_is_refused "optimizer AdamW8bit over LoRA adapters is not implemented" "${run[@]}" "${lora[@]}" \
-  --optimizer adamw8bit
+bad lora_adamw_checkpoint_resumed_with_adamw8bit_is_refused \
+  "checkpoint optimizer \"AdamW\" differs from this run's \"AdamW8bit\"" \
+  train --model gpt2-tiny "${common[@]}" "${lora[@]}" --optimizer adamw8bit --steps 14 --save-dir "$tmp/straight" --resume
 cp -r "$a" "$tmp/corrupt"
 printf 'garbage' | dd of="$tmp/corrupt/adapter_model.safetensors" bs=1 seek=0 conv=notrunc 2>/dev/null
 bad corrupt_adapter_is_named "corrupt/adapter_model.safetensors" "${run[@]}" --adapter "$tmp/corrupt"

@@ -92,7 +92,8 @@ static int run_ranks(fixture *fx, int world, float *params, rank_state *ranks, i
         if (!(grads[k] = fixture_tensor(fx, name, SL_ST_F32, NULL))) return -1;
     }
     for (int r = 0; r < world; r++)
-        if (sl_adam8_plan_build(&ranks[r].plan, &fx->L, &fx->cfg, (size_t)r * shard, (size_t)(r + 1) * shard) ||
+        if (sl_adam8_plan_build(&ranks[r].plan, fx->L.tensors, fx->L.n_tensors, fx->L.total, &fx->cfg,
+                                (size_t)r * shard, (size_t)(r + 1) * shard) ||
             sl_adam8_state_alloc(&ranks[r].st, &ranks[r].plan))
             return -1;
     double *records = calloc((size_t)world * 6, sizeof(double));
@@ -161,7 +162,7 @@ TEST(plan_counts_bitsandbytes_state) {
     fixture fx;
     if (fixture_open(&fx)) { CHECK(0); return; }
     sl_adam8_plan p;
-    CHECK(sl_adam8_plan_build(&p, &fx.L, &fx.cfg, 0, fx.L.total) == 0);
+    CHECK(sl_adam8_plan_build(&p, fx.L.tensors, fx.L.n_tensors, fx.L.total, &fx.cfg, 0, fx.L.total) == 0);
     size_t n8 = 0, n32 = 0, blocks = 0;
     for (int i = 0; i < fx.n; i++) {
         if ((long long)fx.tensors[i].numel >= fx.cfg.min_8bit_size) {
