@@ -16,7 +16,8 @@ BEGIN, END = "<!-- finetune-section:begin -->", "<!-- finetune-section:end -->"
 ROWS = [("shardlm", "full", "shardlm full fine-tune"), ("pytorch", "full", "PyTorch full fine-tune"),
         ("shardlm", "lora", "shardlm LoRA"), ("pytorch", "lora", "PEFT LoRA"),
         ("shardlm", "qlora", "shardlm QLoRA (NF4 base)"), ("pytorch", "qlora", "PEFT + bitsandbytes QLoRA (NF4 base)")]
-TITLES = {"gpt2": "GPT-2 124M", "llama": "LLaMA of GPT-2 small's size"}
+TITLES = {"gpt2": "GPT-2 124M (12 layers, C=768, vocab 50257, tied head)",
+          "llama": "LLaMA of GPT-2 small's size (hidden 768, 12 layers, intermediate 2048, vocab 32000, untied head)"}
 
 
 def load(path):
@@ -54,9 +55,11 @@ def unavailable(impl, mode, failed, message=True):
 
 def render_model(arch, runs, meta):
     out = [f"### {TITLES.get(arch, arch)}", ""]
-    anyrow = next((r for (a, _, _), rs in runs.items() if a == arch for r in rs if r.get("status") == "ok"), None)
-    if anyrow and anyrow.get("params"):
-        out.append(f"{anyrow['params']:,} parameters as PyTorch counts them{' (4-bit weights count as half)' if anyrow.get('mode') == 'qlora' else ''}.")
+    # the parameter count of the fp32 model (a 4-bit model's count holds two weights per byte as one)
+    n = next((r["params"] for (a, i, m), rs in runs.items() if a == arch and i == "pytorch" and m != "qlora"
+              for r in rs if r.get("params")), None)
+    if n:
+        out.append(f"{n:,} parameters.")
         out.append("")
     out.append("| row | trained parameters | ms/step | tok/s | peak RSS (whole run) | peak RSS (training) | "
                "first-step loss | other load (max) | rounds |")
@@ -93,8 +96,9 @@ def render_model(arch, runs, meta):
     imp = [r["import_rss_bytes"] for (a, i, _), rs in runs.items() if a == arch and i == "pytorch"
            for r in rs if r.get("status") == "ok" and r.get("import_rss_bytes")]
     if imp:
+        span = gb(min(imp)) if gb(min(imp)) == gb(max(imp)) else f"{gb(min(imp))} to {gb(max(imp))}"
         notes.insert(0, f"- PyTorch rows: the interpreter with torch, transformers and peft (and bitsandbytes) imported "
-                        f"is {gb(min(imp))} to {gb(max(imp))} resident before any model is loaded; it counts in their peaks.")
+                        f"holds {span} resident before any model is loaded; it counts in their peaks.")
     out.extend(notes + ([""] if notes else []))
     out.append("Against the targets:")
     out.append("")
