@@ -130,7 +130,7 @@ demo:
 bench: all
 	@bash bench/run.sh
 
-# Fine-tuning (LoRA / QLoRA) against PEFT + bitsandbytes: about 20 minutes on 2 cores, so not in `bench`;
+# Fine-tuning (LoRA / QLoRA) against PEFT + bitsandbytes: 15-25 minutes on 2 cores, so not in `bench`;
 # needs PYTHON= an interpreter with torch, transformers, peft and bitsandbytes
 bench-finetune:
 	@bash bench/finetune.sh
