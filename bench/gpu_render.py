@@ -9,8 +9,9 @@ the parameters without the position embeddings, the tied V x C embedding counted
 GEMM, V = 50257; 6 L T C the causal attention products QK^T and PV, forward and backward).
 """
 import json
-import os
 import sys
+
+from bench_util import replace_section
 
 BEGIN, END = "<!-- gpu-section:begin -->", "<!-- gpu-section:end -->"
 H100_BF16_PEAK = 989.0  # TFLOP/s, H100 SXM dense bf16 (datasheet)
@@ -260,18 +261,6 @@ def render_torch_profiles(w, prof):
     w("Top kernels of each profiled run are in the raw JSON (`profile_top_ms`).\n")
 
 
-def insert(results_path, section):
-    old = open(results_path).read() if os.path.exists(results_path) else ""
-    if BEGIN in old and END in old:
-        new = old[:old.index(BEGIN)] + section.rstrip("\n") + old[old.index(END) + len(END):]
-    else:
-        new = old.rstrip("\n") + "\n\n" + section
-    tmp = results_path + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(new if new.endswith("\n") else new + "\n")
-    os.replace(tmp, results_path)
-
-
 def main():
     args = sys.argv[1:]
     section_file = None
@@ -282,7 +271,7 @@ def main():
     if len(args) != 2:
         sys.exit("usage: gpu_render.py RESULTS.jsonl RESULTS.md [--section FILE]")
     section = render(load(args[0]))
-    insert(args[1], section)
+    replace_section(args[1], BEGIN, END, section)
     if section_file:
         with open(section_file, "w") as f:
             f.write(section)

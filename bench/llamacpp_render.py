@@ -5,10 +5,10 @@ JSONL file per run, e.g. one per thread count, each its own subsection) as a Mar
 
 Every figure is a median over all measured runs of its row (llama-bench's samples and bench_decode's
 runs, from every round); ratios are shardlm / llama.cpp, so above 1 means shardlm is faster."""
-import json
-import os
 import statistics
 import sys
+
+from bench_util import read_jsonl, replace_section
 
 BEGIN, END = "<!-- llamacpp-section:begin -->", "<!-- llamacpp-section:end -->"
 # (shardlm precision, llama.cpp GGUF type) pairs, as the script measures them
@@ -17,20 +17,15 @@ PAIRS = [("fp32", "f32"), ("bf16", "f16"), ("bf16", "bf16")]
 
 def load(path):
     meta, end, llama, shard = {}, {}, {}, {}
-    with open(path) as f:
-        for line in f:
-            line = line.strip()
-            if not line:
-                continue
-            r = json.loads(line)
-            if r.get("meta"):
-                meta = r
-            elif r.get("meta_end"):
-                end = r
-            elif r.get("impl") == "llama.cpp":
-                llama.setdefault((r["type"], r["phase"]), []).append(r)
-            elif r.get("impl") == "shardlm-decode":
-                shard.setdefault(r["precision"], []).append(r)
+    for r in read_jsonl(path):
+        if r.get("meta"):
+            meta = r
+        elif r.get("meta_end"):
+            end = r
+        elif r.get("impl") == "llama.cpp":
+            llama.setdefault((r["type"], r["phase"]), []).append(r)
+        elif r.get("impl") == "shardlm-decode":
+            shard.setdefault(r["precision"], []).append(r)
     return meta, end, llama, shard
 
 
@@ -127,21 +122,7 @@ def main():
     parts = [render(*load(p)) for p in sys.argv[2:]]
     section = "\n".join([BEGIN, "", "## Generation at batch 1: shardlm against llama.cpp (`bench/llamacpp.sh`)", ""]
                         + parts + [END]) + "\n"
-    try:
-        with open(sys.argv[1]) as f:
-            text = f.read()
-    except FileNotFoundError:
-        text = ""
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        text = head + section.rstrip("\n") + rest.split(END, 1)[1]
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    tmp = sys.argv[1] + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, sys.argv[1])
-
+    replace_section(sys.argv[1], BEGIN, END, section)
 
 if __name__ == "__main__":
     main()

@@ -380,9 +380,10 @@ else:
               f"{b.get('model_other', 0):.1f} | {b.get('optimizer', 0):.1f} |")
     w("")
 w("Raw JSON lines: bench/results.jsonl. Log: bench/bench.log.")
-# bench/llamacpp.sh and bench/gpu.sh own the sections between these markers: keep them as they are
+# bench/llamacpp.sh, bench/finetune.sh and bench/gpu.sh own the sections between these markers: keep them
 old = open(dst).read() if os.path.exists(dst) else ""
 for BEGIN, END in (("<!-- llamacpp-section:begin -->", "<!-- llamacpp-section:end -->"),
+                   ("<!-- finetune-section:begin -->", "<!-- finetune-section:end -->"),
                    ("<!-- gpu-section:begin -->", "<!-- gpu-section:end -->")):
     if BEGIN in old and END in old:
         out.append("\n" + old[old.index(BEGIN):old.index(END) + len(END)])

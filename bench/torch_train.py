@@ -19,6 +19,8 @@ import os
 import sys
 import time
 
+from bench_util import machine_busy_seconds, step_times_ms
+
 PRESETS = {  # name: (n_layer, n_head, n_embd, n_positions), as src/model/config.c
     "gpt2": (12, 12, 768, 1024),
     "gpt2-medium": (24, 16, 1024, 1024),
@@ -26,16 +28,6 @@ PRESETS = {  # name: (n_layer, n_head, n_embd, n_positions), as src/model/config
     "gpt2-tiny": (2, 4, 32, 64),
 }
 VOCAB = 50257
-
-
-def machine_busy_seconds():
-    """CPU seconds the machine spent busy (user, nice, system, irq, softirq, steal), from /proc/stat."""
-    try:
-        with open("/proc/stat") as f:
-            v = [int(x) for x in f.readline().split()[1:9]]
-        return (v[0] + v[1] + v[2] + v[5] + v[6] + v[7]) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def main():
@@ -112,13 +104,10 @@ def main():
     # cores' worth of CPU that other processes (or the hypervisor: steal) used during the timed steps
     other_load = max(0.0, (busy1 - busy0 - own) / wall) if busy0 is not None and busy1 is not None else -1
     mean = sum(times) / len(times)
-    st = sorted(times)
-    median = st[len(st) // 2] if len(st) % 2 else 0.5 * (st[len(st) // 2 - 1] + st[len(st) // 2])
     out = {
         "impl": "pytorch" + ("-compile" if a.compile else ""), "model": a.model, "B": a.batch, "T": a.seq,
         "threads": a.threads, "steps": a.steps, "warmup": a.warmup, "attn": attn_used, "precision": a.precision,
-        "ms_per_step": round(1e3 * mean, 3), "ms_per_step_min": round(1e3 * st[0], 3),
-        "ms_per_step_median": round(1e3 * median, 3), "tokens_per_s": round(a.batch * a.seq / mean, 2),
+        **step_times_ms(times), "tokens_per_s": round(a.batch * a.seq / mean, 2),
         "loss": round(loss, 5), "params": n_params, "warmup_s": round(t_compile, 2),
         "torch": torch.__version__, "transformers": transformers.__version__,
         "torch_threads": torch.get_num_threads(),
