@@ -304,6 +304,21 @@ TEST(attention_decode_head_sizes_match_reference) {
     check_attention(1, 1023, 2, 1, 64, 0, 0);
     check_attention(1, 40, 2, 1, 32, 17, 0);
 }
+// a cache long enough for the heads to run in parallel: the same bits at 1 and 2 threads
+TEST(attention_decode_does_not_depend_on_thread_count) {
+    int n_ctx = 300, NH = 4, NKV = 2, HD = 64;
+    size_t nkv = (size_t)n_ctx * NKV * HD, no = (size_t)NH * HD;
+    double *dq = drand_vec(no, 5), *dk = drand_vec(nkv, 6), *dv = drand_vec(nkv, 7);
+    float *q = to_f(dq, no), *k = to_f(dk, nkv), *v = to_f(dv, nkv), *o[2];
+    for (int t = 0; t < 2; t++) {
+        sl_ops_cpu_set_threads(t + 1);
+        o[t] = fzeros(no);
+        cpu_attention_decode(ACT(o[t]), ACT(q), ACT(k), ACT(v), n_ctx, NH, NKV, HD);
+    }
+    sl_ops_cpu_set_threads(2);
+    CHECK(!memcmp(o[0], o[1], sizeof(float) * no));
+    free(dq); free(dk); free(dv); free(q); free(k); free(v); free(o[0]); free(o[1]);
+}
 TEST(attention_sliding_window_multi_tile_matches_reference) {
     check_attention(1, 200, 4, 1, 8, 7, 0);
     check_attention(1, 150, 2, 2, 8, 70, 0);
