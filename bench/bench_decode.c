@@ -1,5 +1,6 @@
-// bench_decode.c: generation speed at batch 1 on one backend. Builds a model from a preset with
-// random weights (seeded), prefills a prompt of --prompt tokens as one forward, then decodes --tokens
+// bench_decode.c: generation speed at batch 1 on one backend. Builds a model from a preset, a
+// config.json or a Hugging Face directory's config.json (sl_model_source_resolve) with random weights
+// (seeded; speed does not depend on their values), prefills a prompt of --prompt tokens as one forward, then decodes --tokens
 // tokens one at a time against the KV cache (greedy: the argmax of each step's logits is fed back),
 // the path `shardlm generate` takes. Reports prefill and decode tokens/s, the bytes of parameters a
 // decoded token reads (every weight once: the layout's bytes in the activation storage the table
@@ -14,12 +15,13 @@
 // wrapped by the profiler (ops_profile.h) and prints, to stderr, the per-op table of the decode steps
 // only (ms per decoded token), with the time outside any op; the JSON gets the decode breakdown.
 //
-//   bench_decode --model gpt2 [--prompt 128] [--tokens 64] [--threads 2] [--device cpu] [--seed 1]
+//   bench_decode --model gpt2|CONFIG.json|HF_DIR [--prompt 128] [--tokens 64] [--threads 2] [--device cpu] [--seed 1]
 //                [--precision fp32|bf16] [--repeats 3] [--profile 0|1]
 #include "shardlm/cpu_features.h"
 #include "shardlm/error.h"
 #include "shardlm/kv_cache.h"
 #include "shardlm/model.h"
+#include "shardlm/model_source.h"
 #include "shardlm/ops.h"
 #include "shardlm/ops_profile.h"
 #include "shardlm/precision.h"
@@ -121,7 +123,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(f, "--precision")) precision = v;
         else if (!strcmp(f, "--repeats")) repeats = atoi(v);
         else {
-            fprintf(stderr, "usage: %s [--model PRESET] [--prompt P] [--tokens N] [--threads T] [--device D] [--seed S]\n"
+            fprintf(stderr, "usage: %s [--model PRESET|CONFIG.json|HF_DIR] [--prompt P] [--tokens N] [--threads T] [--device D] [--seed S]\n"
                             "       [--precision fp32|bf16] [--repeats R] [--profile 0|1]\n", argv[0]);
             return 2;
         }
@@ -135,19 +137,19 @@ int main(int argc, char **argv) {
         return 2;
     }
     if (threads > 0) sl_ops_cpu_set_threads(threads);
-    sl_model_config cfg;
+    sl_model_source src;
     const sl_ops *ops = sl_ops_for_device(device, 0);
     if (ops && !strcmp(precision, "bf16")) ops = sl_ops_for_precision(ops, SL_PRECISION_BF16);
     sl_model m;
     sl_kv_cache kv;
-    if (!ops || sl_config_preset(&cfg, preset) || sl_model_create(&m, &cfg, ops) || sl_model_init_weights(&m, seed) ||
+    if (!ops || sl_model_source_resolve(&src, preset) || sl_model_create(&m, &src.cfg, ops) || sl_model_init_weights(&m, seed) ||
         sl_model_params_changed(&m) || sl_kv_cache_init(&kv, &m, prompt + tokens)) {
         fprintf(stderr, "bench_decode: %s\n", sl_error());
         return 1;
     }
     int *ids = malloc(sizeof(int) * (size_t)prompt);
     sl_rng rng = sl_rng_make(seed, 0, 0, SL_RNG_DATA);
-    for (int i = 0; i < prompt; i++) ids[i] = (int)sl_rng_below(&rng, (uint64_t)cfg.vocab_size);
+    for (int i = 0; i < prompt; i++) ids[i] = (int)sl_rng_below(&rng, (uint64_t)m.cfg.vocab_size);
     // one untimed run (first-use costs: GEMM library choice, oneDNN primitives, page faults), then timed
     double tp, td, prefill_tps[100], decode_tps[100];
     char runs[2048] = "", breakdown[4096] = "";
@@ -167,7 +169,7 @@ int main(int argc, char **argv) {
         rc = sl_model_forward_cached(&m, &kv, ids, prompt, &logits);
         sl_ops_profile_reset();
         double t0 = now_seconds();
-        for (int i = 0; i < tokens && rc == 0; i++) rc = sl_kv_cache_forward(&kv, argmax(logits, cfg.vocab_size), &logits);
+        for (int i = 0; i < tokens && rc == 0; i++) rc = sl_kv_cache_forward(&kv, argmax(logits, m.cfg.vocab_size), &logits);
         double t = now_seconds() - t0;
         if (rc == 0) {
             fprintf(stderr, "decode steps (%d tokens at positions %d..%d), ms per token:\n", tokens, prompt,

@@ -23,10 +23,19 @@ def load(path):
         elif r.get("meta_end"):
             end = r
         elif r.get("impl") == "llama.cpp":
-            llama.setdefault((r["type"], r["phase"]), []).append(r)
+            llama.setdefault(r.get("bench_model", "gpt2"), {}).setdefault((r["type"], r["phase"]), []).append(r)
         elif r.get("impl") == "shardlm-decode":
-            shard.setdefault(r["precision"], []).append(r)
+            shard.setdefault(r.get("bench_model", "gpt2"), {}).setdefault(r["precision"], []).append(r)
     return meta, end, llama, shard
+
+
+# what bench/llamacpp.sh measures under each bench_model name
+MODELS = {
+    "gpt2": "GPT-2 124M",
+    "llama": "a LLaMA of GPT-2 124M's size (hidden 768, 12 layers, 12 heads with 4 KV heads (GQA), "
+             "intermediate 2048, RoPE, RMSNorm, SwiGLU, untied head, GPT-2's 50257-token vocabulary; 152M "
+             "parameters)",
+}
 
 
 def med(xs):
@@ -41,27 +50,8 @@ def fmt(x, digits=1):
     return "n/a" if x != x else f"{x:.{digits}f}"
 
 
-def render(meta, end, llama, shard):
-    out = [f"### {meta.get('threads', '?')} thread(s)", ""]
-    out.append(
-        f"Machine: {meta.get('cpu', '?')}, {meta.get('cores', '?')} cores; {meta.get('date', '?')}; shardlm "
-        f"{meta.get('commit', '?')}; llama.cpp from the {meta.get('llama_cpp', '?')} sdist (llama-bench, CPU "
-        f"only, GGML_NATIVE). GPT-2 124M saved by shardlm (one training step), converted by llama.cpp's "
-        f"convert_hf_to_gguf.py. {meta.get('threads', '?')} threads, prompt {meta.get('prompt', '?')} tokens, "
-        f"{meta.get('gen', '?')} decoded tokens after it (llama-bench `-p {meta.get('prompt')} -n 0` for "
-        f"prefill, `-p 0 -n {meta.get('gen')} -d {meta.get('prompt')}` for decode at the same depth); "
-        f"{meta.get('rounds', '?')} rounds, each side back to back in every round; medians of every run.")
-    out.append("")
-    loads = [float(x) for s in (meta.get("load_before", ""), end.get("load_after", "")) for x in s.split()]
-    shared = any(x > float(meta.get("cores", 1)) * 0.5 for x in loads)
-    out.append(
-        f"Load average before / after (1, 5, 15 min): {meta.get('load_before', '?')} / "
-        f"{end.get('load_after', '?')} on {meta.get('cores', '?')} cores. " +
-        ("**The machine was shared** with other jobs during this run: figures moved by 2x or more from run "
-         "to run, for both programs alike (both wait for every thread at each op's barrier, which an "
-         "oversubscribed machine punishes); the ratios, measured interleaved, are the figures to read."
-         if shared else "The machine was quiet (load at most half the cores)."))
-    out.append("")
+def render_model(model, meta, llama, shard):
+    out = [f"#### {MODELS.get(model, model)}", ""]
     out.append("| shardlm | llama.cpp | prefill tok/s shardlm | llama.cpp | ratio | decode tok/s shardlm | "
                "llama.cpp | ratio | weight reads GB/s shardlm / llama.cpp | machine read GB/s |")
     out.append("|---|---|---|---|---|---|---|---|---|---|")
@@ -111,8 +101,35 @@ def render(meta, end, llama, shard):
     out.append(
         "matmul_forward and matmul_gelu_forward at one row are the GEMV of src/ops/cpu/gemv.c (fp32: "
         "vectorised C; bf16: vdpbf16ps); the lm head (50304 x 768) is one of the matmul_forward calls. "
+        "LLaMA's linears (fused qkv, fused gate/up, down, the head) are all matmul_forward. "
         "The per-shape tables of the profiled runs are in $LLAMA_WORK/bench_decode.log.")
     out.append("")
+    return out
+
+
+def render(meta, end, llama, shard):
+    out = [f"### {meta.get('threads', '?')} thread(s)", ""]
+    out.append(
+        f"Machine: {meta.get('cpu', '?')}, {meta.get('cores', '?')} cores; {meta.get('date', '?')}; shardlm "
+        f"{meta.get('commit', '?')}; llama.cpp from the {meta.get('llama_cpp', '?')} sdist (llama-bench, CPU "
+        f"only, GGML_NATIVE). Each model saved by shardlm in Hugging Face format (one training step), "
+        f"converted by llama.cpp's convert_hf_to_gguf.py. {meta.get('threads', '?')} threads, prompt {meta.get('prompt', '?')} tokens, "
+        f"{meta.get('gen', '?')} decoded tokens after it (llama-bench `-p {meta.get('prompt')} -n 0` for "
+        f"prefill, `-p 0 -n {meta.get('gen')} -d {meta.get('prompt')}` for decode at the same depth); "
+        f"{meta.get('rounds', '?')} rounds, each side back to back in every round; medians of every run.")
+    out.append("")
+    loads = [float(x) for s in (meta.get("load_before", ""), end.get("load_after", "")) for x in s.split()]
+    shared = any(x > float(meta.get("cores", 1)) * 0.5 for x in loads)
+    out.append(
+        f"Load average before / after (1, 5, 15 min): {meta.get('load_before', '?')} / "
+        f"{end.get('load_after', '?')} on {meta.get('cores', '?')} cores. " +
+        ("**The machine was shared** with other jobs during this run: figures moved by 2x or more from run "
+         "to run, for both programs alike (both wait for every thread at each op's barrier, which an "
+         "oversubscribed machine punishes); the ratios, measured interleaved, are the figures to read."
+         if shared else "The machine was quiet (load at most half the cores)."))
+    out.append("")
+    for model in shard:
+        out += render_model(model, meta, llama.get(model, {}), shard[model])
     return "\n".join(out) + "\n"
 
 

@@ -230,6 +230,16 @@ TEST(other_ops_give_the_emulations_bits) {
     emu->attention_decode(ACT((void *)a2), ACT((void *)qkv), ACT((void *)kc), ACT((void *)vc), n_ctx, NH, NKV, HD);
     CHECK_MSG(!memcmp(a1, a2, (size_t)NH * HD * 2), "attention_decode");
     free(kc); free(vc);
+    {  // the vector path (head size 64), a partial last block of 16 positions
+        int hd = 64, nh = 4, nkv = 2, ctx = 37;
+        size_t nq64 = (size_t)nh * hd, nc64 = (size_t)ctx * nkv * hd;
+        sl_bf16 *q64 = bf16_values(nq64, 34, 1.0f), *k64 = bf16_values(nc64, 35, 1.0f), *v64 = bf16_values(nc64, 36, 1.0f);
+        sl_bf16 *o1 = calloc(nq64, 2), *o2 = calloc(nq64, 2);
+        nat->attention_decode(ACT((void *)o1), ACT((void *)q64), ACT((void *)k64), ACT((void *)v64), ctx, nh, nkv, hd);
+        emu->attention_decode(ACT((void *)o2), ACT((void *)q64), ACT((void *)k64), ACT((void *)v64), ctx, nh, nkv, hd);
+        CHECK_MSG(!memcmp(o1, o2, nq64 * 2), "attention_decode, head size 64");
+        free(q64); free(k64); free(v64); free(o1); free(o2);
+    }
     // fused residual + layernorm in place (resid == a), then its backward accumulating into dinp
     sl_bf16 *x1 = bf16_values(nc, 23, 2.0f), *x2 = bf16_copy(x1, nc), *y = bf16_values(nc, 24, 1.0f);
     sl_bf16 *lw = bf16_values(C, 25, 1.0f), *lb = bf16_values(C, 26, 0.3f), *n1 = calloc(nc, 2), *n2 = calloc(nc, 2);

@@ -136,4 +136,46 @@ TEST(bf16_weights_generation_tracks_fp32) {
     check_bf16_tracks_fp32("llama-tiny", 2.5e-2);
 }
 
+// Decode gives the same logits bit for bit at 1 and 2 threads (its GEMVs and attention give every
+// output to one thread in a fixed order), for both families and the fp32 and bf16 tables. A one-token
+// prompt, so no GEMM (whose bits depend on the thread count) fills the cache; layers wide enough for
+// every GEMV to run in parallel.
+static void check_decode_thread_invariant(const char *name, const sl_ops *ops) {
+    sl_model_config cfg = preset(name);
+    cfg.n_layer = 2;
+    sl_model m;
+    CHECK(sl_model_create(&m, &cfg, ops) == 0 && sl_model_init_weights(&m, 3) == 0 && sl_model_for_inference(&m) == 0);
+    int T = 8;
+    size_t V = (size_t)cfg.vocab_size;
+    float *got[2];
+    for (int t = 0; t < 2; t++) {
+        sl_ops_cpu_set_threads(t + 1);
+        got[t] = malloc(sizeof(float) * V * (size_t)T);
+        sl_kv_cache kv;
+        CHECK(sl_kv_cache_init(&kv, &m, T) == 0);
+        const float *logits;
+        int token = 5;
+        for (int i = 0; i < T; i++) {
+            CHECK(sl_model_forward_cached(&m, &kv, &token, 1, &logits) == 0);
+            memcpy(got[t] + (size_t)i * V, logits, sizeof(float) * V);
+            token = (token * 31 + 7) % cfg.vocab_size;
+        }
+        sl_kv_cache_free(&kv);
+    }
+    sl_ops_cpu_set_threads(2);
+    CHECK_MSG(!memcmp(got[0], got[1], sizeof(float) * V * (size_t)T), "%s on %s: decode logits depend on the thread count",
+              name, ops->name);
+    free(got[0]);
+    free(got[1]);
+    sl_model_free(&m);
+}
+
+TEST(decode_does_not_depend_on_thread_count) {
+    const sl_ops *bf16 = sl_ops_for_precision(&sl_ops_cpu, SL_PRECISION_BF16);
+    check_decode_thread_invariant("gpt2-demo", &sl_ops_cpu);
+    check_decode_thread_invariant("llama-demo", &sl_ops_cpu);
+    check_decode_thread_invariant("gpt2-demo", bf16);
+    check_decode_thread_invariant("llama-demo", bf16);
+}
+
 TEST_MAIN()

@@ -292,6 +292,33 @@ TEST(attention_multi_tile_matches_reference) { check_attention(1, 150, 4, 1, 8, 
 // Mistral's sliding window: short windows inside one tile, a window crossing tile boundaries (rows whose
 // whole first key tile is outside their window), and a window as long as the sequence (plain causal)
 TEST(attention_sliding_window_matches_finite_differences) { check_attention(2, 13, 4, 2, 4, 5, 120); }
+// decode's vector path (head sizes that are multiples of 16, compiled apart for 64 and 128) and its
+// scalar path, over caches of 1, 7, 33 and 1023 positions (blocks of 16 positions, partial last blocks)
+TEST(attention_decode_head_sizes_match_reference) {
+    check_attention(1, 1, 2, 1, 64, 0, 0);
+    check_attention(1, 7, 2, 2, 16, 0, 0);
+    check_attention(1, 33, 4, 2, 64, 0, 0);
+    check_attention(1, 33, 2, 1, 128, 0, 0);
+    check_attention(1, 33, 2, 1, 48, 0, 0);
+    check_attention(1, 33, 2, 1, 24, 0, 0);
+    check_attention(1, 1023, 2, 1, 64, 0, 0);
+    check_attention(1, 40, 2, 1, 32, 17, 0);
+}
+// a cache long enough for the heads to run in parallel: the same bits at 1 and 2 threads
+TEST(attention_decode_does_not_depend_on_thread_count) {
+    int n_ctx = 300, NH = 4, NKV = 2, HD = 64;
+    size_t nkv = (size_t)n_ctx * NKV * HD, no = (size_t)NH * HD;
+    double *dq = drand_vec(no, 5), *dk = drand_vec(nkv, 6), *dv = drand_vec(nkv, 7);
+    float *q = to_f(dq, no), *k = to_f(dk, nkv), *v = to_f(dv, nkv), *o[2];
+    for (int t = 0; t < 2; t++) {
+        sl_ops_cpu_set_threads(t + 1);
+        o[t] = fzeros(no);
+        cpu_attention_decode(ACT(o[t]), ACT(q), ACT(k), ACT(v), n_ctx, NH, NKV, HD);
+    }
+    sl_ops_cpu_set_threads(2);
+    CHECK(!memcmp(o[0], o[1], sizeof(float) * no));
+    free(dq); free(dk); free(dv); free(q); free(k); free(v); free(o[0]); free(o[1]);
+}
 TEST(attention_sliding_window_multi_tile_matches_reference) {
     check_attention(1, 200, 4, 1, 8, 7, 0);
     check_attention(1, 150, 2, 2, 8, 70, 0);

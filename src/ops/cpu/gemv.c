@@ -2,7 +2,7 @@
 // W (OC, IC) @ x (IC) (+ bias), W row-major as nn.Linear stores it, fp32 accumulation. At one row a
 // linear layer reads every weight once and does two FLOPs with it, so its speed is the memory's: the
 // kernels stream each weight row once, keep x in L1, and split the rows over the threads in one
-// parallel region (a GEMM library's blocking and packing cost more than they save at N = 1).
+// parallel region, in chunks of rows (a GEMM library's blocking and packing cost more than they save at N = 1).
 //
 // Summation order (the invariant every path keeps): a row's dot product runs in GEMV_LANES lane
 // accumulators, lane j taking the products of elements k with k % GEMV_LANES == j in increasing k
@@ -23,6 +23,16 @@
 
 // Below this many weights a product runs on the calling thread (waking the team costs more).
 #define GEMV_PAR_MIN ((size_t)1 << 16)
+
+// Rows are handed to the threads in chunks of about this many bytes of weights, first come first
+// served (schedule(dynamic)): a thread the OS descheduled for a while no longer holds up a fixed
+// half of the rows, and each chunk is one stream long enough for the hardware prefetcher. Which
+// thread computes a row never changes its bits.
+#define GEMV_CHUNK_BYTES ((size_t)64 << 10)
+static inline int chunk_rows(int IC, size_t elem) {
+    size_t r = GEMV_CHUNK_BYTES / ((size_t)IC * elem + 1);
+    return r < 1 ? 1 : (int)r;
+}
 
 // The lanes summed by a fixed pairwise tree.
 static inline float sum_lanes(float *acc) {
@@ -60,7 +70,7 @@ static float dot_f32(const float *w, const float *x, int n) {
 }
 
 void cpu_gemv_f32(float *y, const float *W, const float *x, const float *bias, int OC, int IC) {
-#pragma omp parallel for schedule(static) if((size_t)OC * IC >= GEMV_PAR_MIN)
+#pragma omp parallel for schedule(dynamic, chunk_rows(IC, sizeof(float))) if((size_t)OC * IC >= GEMV_PAR_MIN)
     for (int o = 0; o < OC; o++) {
         float s = dot_f32(W + (size_t)o * IC, x, IC);
         y[o] = bias ? s + bias[o] : s;
@@ -142,7 +152,7 @@ void cpu_gemv_bf16_path(float *y, const sl_bf16 *W, const sl_bf16 *x, const sl_b
 #else
     (void)native;
 #endif
-#pragma omp parallel for schedule(static) if((size_t)OC * IC >= GEMV_PAR_MIN)
+#pragma omp parallel for schedule(dynamic, chunk_rows(IC, sizeof(sl_bf16))) if((size_t)OC * IC >= GEMV_PAR_MIN)
     for (int o = 0; o < OC; o++) {
         float s = dot(W + (size_t)o * IC, x, IC);
         y[o] = bias ? s + widen(bias[o]) : s;

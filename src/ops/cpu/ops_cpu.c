@@ -6,12 +6,28 @@
 #include <cblas.h>
 #include <math.h>
 #include <omp.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 // Host memory: the CPU backend's "device" is the host, so transfers are plain copies.
-void *cpu_alloc(size_t bytes, const char *what) { return sl_calloc(bytes ? bytes : 1, 1, what); }
-void cpu_dealloc(void *p) { free(p); }
+// Buffers start on a 64-byte line (calloc's 16-byte alignment put every weight row of a GEMV across
+// line boundaries, ~10% of the read rate measured on the AMD EPYC); zeroed by calloc, so pages never
+// written stay unmapped. The offset from calloc's pointer sits in the byte below the returned one.
+void *cpu_alloc(size_t bytes, const char *what) {
+    if (bytes > SIZE_MAX - 64) {
+        sl_errorf("out of memory allocating %zu bytes for %s", bytes, what);
+        return NULL;
+    }
+    unsigned char *raw = sl_calloc((bytes ? bytes : 1) + 64, 1, what);
+    if (!raw) return NULL;
+    unsigned char *p = raw + 64 - ((uintptr_t)raw & 63);
+    p[-1] = (unsigned char)(p - raw);
+    return p;
+}
+void cpu_dealloc(void *p) {
+    if (p) free((unsigned char *)p - ((unsigned char *)p)[-1]);
+}
 void cpu_memzero(void *p, size_t bytes) { if (bytes) memset(p, 0, bytes); }
 void cpu_copy(void *dst, const void *src, size_t bytes) { if (bytes && dst != src) memmove(dst, src, bytes); }
 int cpu_synchronize(void) { return 0; }
