@@ -17,6 +17,10 @@
 #      parameters. The two sides of each pair run back to back; which side goes first alternates by
 #      round. Each run goes through bench/finetune_run.py, which measures peak resident memory and
 #      the other load the same way for both (see there);
+#      Each row runs at each precision of FT_PRECISIONS: fp32, and bf16 = shardlm `--precision bf16`
+#      (bf16 activations and GEMMs where the CPU has bf16 instructions, fp32 master weights) against
+#      PyTorch's forward and loss under torch.autocast("cpu", torch.bfloat16) (fp32 parameters and AdamW;
+#      bitsandbytes' compute dtype bfloat16 for QLoRA);
 #   4. renders the medians over rounds, the ratios and the targets (bench/finetune_render.py).
 # A shardlm row that train refuses (QLoRA before train accepts --quantize with LoRA) is recorded with
 # train's error message and shown as not available; nothing is assumed about which rows work.
@@ -26,7 +30,7 @@
 #   FT_ROWS="shardlm-lora pytorch-lora" bash bench/finetune.sh
 #   bash bench/finetune.sh --render                 # re-render RESULTS.md from bench/finetune_results.jsonl
 #
-# Knobs: FT_MODELS ("gpt2 llama"), FT_ROWS (also pytorch-full: PyTorch full fine-tuning), FT_ROUNDS (3),
+# Knobs: FT_MODELS ("gpt2 llama"), FT_PRECISIONS ("fp32 bf16"), FT_ROWS (also pytorch-full: PyTorch full fine-tuning), FT_ROUNDS (3),
 # FT_WARMUP (2), FT_STEPS (5), FT_BATCH (4), FT_SEQ (256), FT_THREADS (2), FT_LORA_R (16),
 # FT_LORA_ALPHA (32), FT_WORK (/tmp/shardlm_finetune), PYTHON (an interpreter with torch, transformers,
 # peft and bitsandbytes; default python3), BENCH_OUT / BENCH_RESULTS (a trial run that leaves bench/
@@ -35,6 +39,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 WORK=${FT_WORK:-/tmp/shardlm_finetune}
 MODELS=${FT_MODELS:-gpt2 llama}
+PRECISIONS=${FT_PRECISIONS:-fp32 bf16}
 ROWS=${FT_ROWS:-shardlm-full shardlm-lora pytorch-lora shardlm-qlora pytorch-qlora}
 ROUNDS=${FT_ROUNDS:-3}
 WARMUP=${FT_WARMUP:-2}
@@ -66,6 +71,9 @@ done
 for m in $MODELS; do
     case $m in gpt2|llama) ;; *) echo "finetune.sh: FT_MODELS: unknown model '$m' (expected gpt2, llama)" >&2; exit 2 ;; esac
 done
+for pr in $PRECISIONS; do
+    case $pr in fp32|bf16) ;; *) echo "finetune.sh: FT_PRECISIONS: unknown precision '$pr' (expected fp32, bf16)" >&2; exit 2 ;; esac
+done
 if ! "$PYTHON" -c "import torch, transformers, peft, bitsandbytes, numpy" 2>/dev/null; then
     echo "finetune.sh: $PYTHON cannot import torch, transformers, peft, bitsandbytes and numpy: set PYTHON" >&2
     exit 2
@@ -79,7 +87,7 @@ mkdir -p "$WORK"
 
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 if ! git diff --quiet HEAD -- src include 2>/dev/null; then commit="$commit+dirty"; fi
-python3 - "$commit" "$ROUNDS" "$WARMUP" "$STEPS" "$B" "$T" "$THREADS" "$LORA_R" "$LORA_ALPHA" "$ROWS" "$MODELS" \
+python3 - "$commit" "$ROUNDS" "$WARMUP" "$STEPS" "$B" "$T" "$THREADS" "$LORA_R" "$LORA_ALPHA" "$ROWS" "$MODELS" "$PRECISIONS" \
     >"$OUT_JSONL.tmp" <<'PYEOF'
 import json, os, platform, subprocess, sys, time
 def sh(c):
@@ -94,18 +102,18 @@ print(json.dumps({"meta": 1, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "com
     "openblas_pkg": sh("dpkg-query -W -f='${Version}' libopenblas0-openmp 2>/dev/null") or "?",
     "rounds": int(a[1]), "warmup": int(a[2]), "steps": int(a[3]), "B": int(a[4]), "T": int(a[5]),
     "threads": int(a[6]), "lora_r": int(a[7]), "lora_alpha": float(a[8]), "rows": a[9].split(),
-    "models": a[10].split(), "load_before": " ".join(open("/proc/loadavg").read().split()[:3])}))
+    "models": a[10].split(), "precisions": a[11].split(), "load_before": " ".join(open("/proc/loadavg").read().split()[:3])}))
 PYEOF
 
 # 3. measure
-run_row() {  # row model round
-    local impl=${1%%-*} mode=${1#*-} m=$2 r=$3 targets cmd
+run_row() {  # row model round precision
+    local impl=${1%%-*} mode=${1#*-} m=$2 r=$3 pr=$4 targets cmd
     if [ "$m" = gpt2 ]; then targets=c_attn,c_proj,c_fc; else targets=q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj; fi
     if [ "$impl" = shardlm ]; then
         cmd=(env OMP_NUM_THREADS="$THREADS" SHARDLM_TERMINAL=0 build/shardlm train --model "$WORK/$m"
              --data "$WORK/data-$m" --batch-size "$B" --seq-len "$T" --steps $((WARMUP + STEPS)) --threads "$THREADS"
              --lr 1e-4 --lr-schedule constant --weight-decay 0 --grad-clip 1.0 --no-shuffle --no-save
-             --eval-interval 0 --sample-tokens 0 --log-interval 1 --seed 1234 --metrics "$WORK/metrics.jsonl")
+             --eval-interval 0 --sample-tokens 0 --log-interval 1 --seed 1234 --metrics "$WORK/metrics.jsonl" --precision "$pr")
         if [ "$mode" != full ]; then
             cmd+=(--lora-r "$LORA_R" --lora-alpha "$LORA_ALPHA" --lora-dropout 0 --lora-targets "$targets")
         fi
@@ -113,31 +121,33 @@ run_row() {  # row model round
     else
         cmd=(env OMP_NUM_THREADS="$THREADS" MKL_NUM_THREADS="$THREADS" "$PYTHON" bench/torch_finetune.py train
              --model "$WORK/$m" --data "$WORK/data-$m/train_000000.bin" --mode "$mode" --batch "$B" --seq "$T"
-             --threads "$THREADS" --steps "$STEPS" --warmup "$WARMUP" --lora-r "$LORA_R" --lora-alpha "$LORA_ALPHA")
+             --threads "$THREADS" --steps "$STEPS" --warmup "$WARMUP" --lora-r "$LORA_R" --lora-alpha "$LORA_ALPHA" --precision "$pr")
     fi
     python3 bench/finetune_run.py --impl "$impl" --mode "$mode" --arch "$m" --warmup "$WARMUP" --steps "$STEPS" \
-        --batch "$B" --seq "$T" --threads "$THREADS" --round "$r" --metrics "$WORK/metrics.jsonl" \
+        --batch "$B" --seq "$T" --threads "$THREADS" --round "$r" --precision "$pr" --metrics "$WORK/metrics.jsonl" \
         --log "$WORK/finetune.log" -- "${cmd[@]}" | tee -a "$OUT_JSONL.tmp" | python3 -c '
 import json, sys
 r = json.loads(sys.stdin.read())
 what = ("%8.1f ms/step %7.1f tok/s" % (r["ms_per_step"], r["tokens_per_s"]) if r["status"] == "ok"
         else "failed: " + r.get("error", "?"))
 peak = r.get("peak_rss_bytes") or 0
-print("[finetune.sh]   %-8s %-5s %s, peak RSS %.2f GB, other load %s, load %s" % (r["impl"], r["mode"], what,
+print("[finetune.sh]   %-8s %-5s %-4s %s, peak RSS %.2f GB, other load %s, load %s" % (r["impl"], r["mode"], r["precision"], what,
       peak / 1e9, r.get("other_load", "?"), r["load_after"]), file=sys.stderr)'
 }
 # the rows as pairs of one mode, so each pair runs back to back; shardlm first in odd rounds
 for r in $(seq 1 "$ROUNDS"); do
     for m in $MODELS; do
-        log "round $r/$ROUNDS, $m: load $(cut -d' ' -f1-3 /proc/loadavg)"
+      for pr in $PRECISIONS; do
+        log "round $r/$ROUNDS, $m $pr: load $(cut -d' ' -f1-3 /proc/loadavg)"
         for mode in full lora qlora; do
             pair=()
             for impl in shardlm pytorch; do
                 if [[ " $ROWS " == *" $impl-$mode "* ]]; then pair+=("$impl-$mode"); fi
             done
             if (( r % 2 == 0 )) && [ "${#pair[@]}" -eq 2 ]; then pair=("${pair[1]}" "${pair[0]}"); fi
-            for row in "${pair[@]}"; do run_row "$row" "$m" "$r"; done
+            for row in "${pair[@]}"; do run_row "$row" "$m" "$r" "$pr"; done
         done
+      done
     done
 done
 printf '{"meta_end":1,"load_after":"%s","date":"%s"}\n' "$(cut -d' ' -f1-3 /proc/loadavg)" \

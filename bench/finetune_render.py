@@ -28,7 +28,7 @@ def load(path):
         elif r.get("meta_end"):
             end = r
         else:
-            runs.setdefault((r["arch"], r["impl"], r["mode"]), []).append(r)
+            runs.setdefault((r["arch"], r.get("precision", "fp32"), r["impl"], r["mode"]), []).append(r)
     return meta, end, runs
 
 
@@ -53,10 +53,13 @@ def unavailable(impl, mode, failed, message=True):
     return (f"failed: `{err}`" if message else "failed (below)") if failed else "not run"
 
 
-def render_model(arch, runs, meta):
-    out = [f"### {TITLES.get(arch, arch)}", ""]
+PRECISION_TITLES = {"fp32": "fp32", "bf16": "bf16 (shardlm `--precision bf16`; PyTorch `torch.autocast(\"cpu\", torch.bfloat16)`)"}
+
+
+def render_model(arch, precision, runs, meta):
+    out = [f"### {TITLES.get(arch, arch)}, {PRECISION_TITLES.get(precision, precision)}", ""]
     # the parameter count of the fp32 model (a 4-bit model's count holds two weights per byte as one)
-    n = next((r["params"] for (a, i, m), rs in runs.items() if a == arch and i == "pytorch" and m != "qlora"
+    n = next((r["params"] for (a, _, i, m), rs in runs.items() if a == arch and i == "pytorch" and m != "qlora"
               for r in rs if r.get("params")), None)
     if n:
         out.append(f"{n:,} parameters.")
@@ -67,7 +70,7 @@ def render_model(arch, runs, meta):
     fig = {}
     notes = []
     for impl, mode, label in ROWS:
-        rs = runs.get((arch, impl, mode), [])
+        rs = runs.get((arch, precision, impl, mode), [])
         ok = [r for r in rs if r.get("status") == "ok"]
         failed = [r for r in rs if r.get("status") != "ok"]
         if not rs:
@@ -95,7 +98,7 @@ def render_model(arch, runs, meta):
         if impl == "pytorch" and any(r.get("gradient_checkpointing") for r in ok):
             notes.append(f"- {label}: gradient checkpointing was on")
     out.append("")
-    imp = [r["import_rss_bytes"] for (a, i, _), rs in runs.items() if a == arch and i == "pytorch"
+    imp = [r["import_rss_bytes"] for (a, pr, i, _), rs in runs.items() if a == arch and pr == precision and i == "pytorch"
            for r in rs if r.get("status") == "ok" and r.get("import_rss_bytes")]
     if imp:
         span = gb(min(imp)) if gb(min(imp)) == gb(max(imp)) else f"{gb(min(imp))} to {gb(max(imp))}"
@@ -121,7 +124,7 @@ def render_model(arch, runs, meta):
                        f"{gb(p['peak_rss_bytes'])}; target {mem_target[0]}: {'met' if mem_target[1](mr) else 'NOT met'})"
                        + (f"; while training {tmr:.2f}x" if tmr is not None else "") + ".")
         elif ("shardlm", mode) in fig and fig[("shardlm", mode)] is None:
-            rs = runs.get((arch, "shardlm", mode), [])
+            rs = runs.get((arch, precision, "shardlm", mode), [])
             out.append(f"- {label}: shardlm's row {unavailable('shardlm', mode, rs)}; no ratio."
                        + (f" {who} {label} ran at "
                           f"{p['tokens_per_s']:.1f} tok/s with a peak RSS of {gb(p['peak_rss_bytes'])}." if p else ""))
@@ -160,7 +163,10 @@ def render(meta, end, runs):
     out.append(f"- date: {meta.get('date', '?')} to {end.get('date', '?')}; shardlm commit {meta.get('commit', '?')}, "
                f"{meta.get('gcc', '?')}, OpenBLAS {meta.get('openblas_pkg', '?')}")
     vers = ", ".join(f"{k} {py[k]}" for k in ("torch", "transformers", "peft", "bitsandbytes") if py.get(k))
-    out.append(f"- PyTorch side: {vers or '?'}; eager, attention `sdpa`, fp32")
+    out.append(f"- PyTorch side: {vers or '?'}; eager, attention `sdpa`; fp32, or bf16: forward and loss under "
+               "`torch.autocast(\"cpu\", torch.bfloat16)` with fp32 parameters, gradients and AdamW")
+    out.append("- shardlm bf16: `--precision bf16` (DeepSpeed's bf16: fp32 master weights; bf16 activations and oneDNN "
+               "bf16 GEMMs where the CPU has bf16 instructions, docs/precision.md)")
     out.append(
         f"- models: both sides load the same fp32 safetensors written by transformers with random weights "
         f"(`torch_finetune.py make`): GPT-2 124M (12 layers, 12 heads, C=768, vocab 50257, tied head) and a LLaMA "
@@ -172,8 +178,9 @@ def render(meta, end, runs):
         f"`torch.set_num_threads`); LoRA r={meta.get('lora_r')}, alpha={meta.get('lora_alpha'):g}, dropout 0, every "
         f"linear of the blocks (GPT-2 `c_attn`, `c_proj`, `c_fc`: `c_proj` is both attn.c_proj and mlp.c_proj; LLaMA "
         f"`q_proj` ... `down_proj`); QLoRA: the same adapters on an NF4 base with double quantisation, compute in "
-        f"fp32 (shardlm `--quantize nf4`; PEFT on `BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=\"nf4\", "
-        f"bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=torch.float32)`, device_map cpu)")
+        f"the row's precision (shardlm `--quantize nf4`; PEFT on `BitsAndBytesConfig(load_in_4bit=True, "
+        f"bnb_4bit_quant_type=\"nf4\", bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=torch.float32` or "
+        f"`torch.bfloat16)`, device_map cpu)")
     out.append(
         "- a step: forward + cross-entropy over all B*T positions + backward + clip_grad_norm(1.0) + AdamW (lr 1e-4 "
         "constant, betas 0.9/0.95, eps 1e-8, weight decay 0) over the trained parameters; shardlm is `shardlm train` "
@@ -202,8 +209,9 @@ def render(meta, end, runs):
                 "machine before reading the ratios." if shared else "The machine was quiet (load at most half the cores)."))
     out.append("")
     for arch in meta.get("models", ["gpt2", "llama"]):
-        if any(k[0] == arch for k in runs):
-            out.extend(render_model(arch, runs, meta))
+        for precision in meta.get("precisions", ["fp32"]):
+            if any(k[0] == arch and k[1] == precision for k in runs):
+                out.extend(render_model(arch, precision, runs, meta))
     out.append("Raw JSON lines: bench/finetune_results.jsonl; the runs' output: $FT_WORK/finetune.log.")
     out.append("")
     out.append(END)

@@ -69,6 +69,7 @@ def main():
     ap.add_argument("--seq", type=int, required=True)
     ap.add_argument("--threads", type=int, required=True)
     ap.add_argument("--round", type=int, default=1)
+    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     ap.add_argument("--metrics", help="shardlm train's --metrics file")
     ap.add_argument("--log", help="append the command's stdout and stderr here")
     ap.add_argument("cmd", nargs=argparse.REMAINDER)
@@ -81,7 +82,7 @@ def main():
     if a.metrics and os.path.exists(a.metrics):
         os.remove(a.metrics)
     log = open(a.log, "a") if a.log else open(os.devnull, "w")
-    log.write(f"== {a.impl} {a.mode} {a.arch} round {a.round} {time.strftime('%Y-%m-%d %H:%M:%S')}: {' '.join(cmd)}\n")
+    log.write(f"== {a.impl} {a.mode} {a.arch} {a.precision} round {a.round} {time.strftime('%Y-%m-%d %H:%M:%S')}: {' '.join(cmd)}\n")
     log.flush()
     load_before = open("/proc/loadavg").read().split()[:3]
     t_start = time.perf_counter()
@@ -121,7 +122,7 @@ def main():
     wall = time.perf_counter() - t_start
     log.flush()
     rss = ru.ru_maxrss * 1024  # Linux: kilobytes
-    common = {"impl": a.impl, "mode": a.mode, "arch": a.arch, "B": a.batch, "T": a.seq, "threads": a.threads,
+    common = {"impl": a.impl, "mode": a.mode, "arch": a.arch, "precision": a.precision, "B": a.batch, "T": a.seq, "threads": a.threads,
               "round": a.round, "wall_s": round(wall, 2), "load_before": " ".join(load_before),
               "load_after": " ".join(open("/proc/loadavg").read().split()[:3]), "rc": p.returncode}
     peak = max(rss, (hwm_before_kib or 0) * 1024)

@@ -13,6 +13,7 @@ both sides read.
 
   torch_finetune.py train --model DIR --data DIR --mode lora|qlora|full --batch 4 --seq 256
                           --threads 2 --steps S --warmup W [--lora-r 16 --lora-alpha 32]
+                          [--precision fp32|bf16]
       fine-tunes the model on the shard's windows, read as shardlm's loader reads them without shuffling
       (window k = tokens [k*B*T, k*B*T + B*T + 1), inputs its first B*T tokens, targets the last B*T),
       so both sides see the same batches in the same order:
@@ -23,6 +24,8 @@ both sides read.
         qlora: the same adapters on a base loaded through BitsAndBytesConfig(load_in_4bit, nf4, double
                quantisation, compute dtype float32), device_map cpu (bitsandbytes' CPU 4-bit path);
         full:  every parameter trained (no PEFT).
+      --precision bf16: forward and loss under torch.autocast("cpu", torch.bfloat16) (fp32 parameters,
+      gradients and AdamW, as bench/torch_train.py), and bitsandbytes' compute dtype bfloat16 for qlora.
       Step: zero_grad, forward (attention "sdpa"), F.cross_entropy over all B*T positions, backward,
       clip_grad_norm_(trainable, 1.0), AdamW (lr 1e-4, betas 0.9/0.95, eps 1e-8, weight decay 0) over
       the trainable parameters: what shardlm train runs with the flags bench/finetune.sh gives it. W
@@ -135,7 +138,7 @@ def train(a):
     if a.mode == "qlora":
         kw["quantization_config"] = BitsAndBytesConfig(
             load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-            bnb_4bit_compute_dtype=torch.float32)
+            bnb_4bit_compute_dtype=torch.bfloat16 if a.precision == "bf16" else torch.float32)
         kw["device_map"] = "cpu"
         versions["bitsandbytes"] = bitsandbytes.__version__
     t_load = time.perf_counter()
@@ -169,8 +172,9 @@ def train(a):
 
     def step(x, y):
         opt.zero_grad(set_to_none=True)
-        logits = model(input_ids=x).logits
-        loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), y.reshape(-1))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.precision == "bf16"):
+            logits = model(input_ids=x).logits
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), y.reshape(-1))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(trainable, 1.0)
         opt.step()
@@ -193,7 +197,7 @@ def train(a):
     other_load = max(0.0, (busy1 - busy0 - own) / wall) if busy0 is not None and busy1 is not None else -1
     mean = sum(times) / len(times)
     out = {
-        "impl": "pytorch", "mode": a.mode, "arch": arch, "B": a.batch, "T": a.seq, "threads": a.threads,
+        "impl": "pytorch", "mode": a.mode, "arch": arch, "precision": a.precision, "B": a.batch, "T": a.seq, "threads": a.threads,
         "steps": a.steps, "warmup": a.warmup, **step_times_ms(times),
         "tokens_per_s": round(BT / mean, 2), "first_loss": round(losses[0], 5), "losses": [round(v, 5) for v in losses],
         "params": n_params, "trainable_params": n_trainable, "load_s": round(t_load, 2), "import_rss_bytes": import_rss,
@@ -223,6 +227,7 @@ def main():
     t.add_argument("--lora-r", type=int, default=16)
     t.add_argument("--lora-alpha", type=float, default=32)
     t.add_argument("--seed", type=int, default=1234)
+    t.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     a = ap.parse_args()
     if a.cmd == "make":
         make(a)
