@@ -20,6 +20,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 typedef uint16_t sl_bf16;  // bfloat16 bits: 1 sign, 8 exponent, 7 mantissa (top half of a float32)
 typedef uint16_t sl_fp16;  // IEEE binary16 bits: 1 sign, 5 exponent, 10 mantissa
@@ -35,6 +36,22 @@ typedef enum {
 const char *sl_precision_name(sl_precision p);
 
 // ---- single values -----------------------------------------------------------------------------
+
+// The bf16 conversions inline, for the element loops of ops on bf16 storage (the compiler vectorises
+// them); the functions below and the array forms are these, so every form gives the same bits.
+static inline sl_bf16 sl_bf16_round(float x) {  // float32 -> bf16, nearest even, every NaN -> 0x7FC0
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FC0;
+    return (sl_bf16)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+static inline float sl_bf16_widen(sl_bf16 h) {  // bf16 -> float32, exact
+    uint32_t u = (uint32_t)h << 16;
+    float x;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+
 
 sl_bf16 sl_f32_to_bf16(float x);
 float sl_bf16_to_f32(sl_bf16 h);

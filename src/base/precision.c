@@ -30,15 +30,12 @@ static inline float bits_f32(uint32_t u) {
     return x;
 }
 
-// c10::BFloat16 round_to_nearest_even: add 0x7FFF plus the lowest kept bit, keep the top half.
-// A finite value whose rounding carries past the largest exponent lands exactly on Inf's bits.
-static inline sl_bf16 to_bf16(float x) {
-    uint32_t u = f32_bits(x);
-    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FC0;
-    return (sl_bf16)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-}
+// c10::BFloat16 round_to_nearest_even (precision.h's sl_bf16_round): add 0x7FFF plus the lowest kept
+// bit, keep the top half. A finite value whose rounding carries past the largest exponent lands
+// exactly on Inf's bits.
+static inline sl_bf16 to_bf16(float x) { return sl_bf16_round(x); }
 
-static inline float from_bf16(sl_bf16 h) { return bits_f32((uint32_t)h << 16); }
+static inline float from_bf16(sl_bf16 h) { return sl_bf16_widen(h); }
 
 static inline sl_fp16 to_fp16(float x) {
     uint32_t u = f32_bits(x);

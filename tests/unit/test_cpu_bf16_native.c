@@ -16,6 +16,8 @@
 //     margin, in the comments at check_model) and near fp32; bit-identical run to run.
 #include "test.h"
 
+#include <math.h>
+
 #include "ops/cpu/cpu_bf16.h"
 #include "shardlm/cpu_features.h"
 #include "shardlm/error.h"
@@ -296,6 +298,54 @@ TEST(other_ops_give_the_emulations_bits) {
     free(qkv); free(q1); free(q2); free(a1); free(a2); free(d1); free(d2); free(dout); free(x1); free(x2); free(y);
     free(lw); free(lb); free(n1); free(n2); free(dw1); free(dw2); free(db1); free(db2); free(g1); free(g2);
     free(wte); free(wpe); free(l1); free(l2);
+}
+
+// residual_forward, add_columns and take_columns read and write bf16 in place (elementwise_bf16.c):
+// the staged emulation's bits, also for Inf, NaN, overflow to Inf and sums that tie between two bf16
+// values; add_columns leaves the columns outside its slice alone, at sizes below and above the
+// parallel threshold.
+static void special_values(sl_bf16 *x, size_t n) {
+    static const float sp[] = {INFINITY, -INFINITY, NAN, 3.3e38f, -3.3e38f, 1.0f, 0x1.01p0f, 1e-40f, 0.0f, -0.0f};
+    for (size_t i = 0; i < n && i < 10 * 37; i += 37) x[i] = sl_f32_to_bf16(sp[i / 37]);
+}
+
+TEST(in_place_elementwise_ops_give_the_emulations_bits) {
+    for (int big = 0; big < 2; big++) {
+        size_t n = big ? 70001 : 777;
+        sl_bf16 *a = bf16_values(n, 40 + big, 3.0f), *b = bf16_values(n, 42 + big, 3.0f);
+        special_values(a, n);
+        special_values(b + 5, n - 5);
+        for (size_t i = 400; i < 420; i++) b[i] = sl_f32_to_bf16(0x1p-8f), a[i] = sl_f32_to_bf16(1.0f);  // ties
+        sl_bf16 *o1 = calloc(n, 2), *o2 = calloc(n, 2);
+        nat->residual_forward(ACT((void *)o1), ACT((void *)a), ACT((void *)b), n);
+        emu->residual_forward(ACT((void *)o2), ACT((void *)a), ACT((void *)b), n);
+        CHECK_MSG(!memcmp(o1, o2, n * 2), "residual_forward, n %zu", n);
+        sl_bf16 *a1 = bf16_copy(a, n), *a2 = bf16_copy(a, n);  // in place: out == a
+        nat->residual_forward(ACT((void *)a1), ACT((void *)a1), ACT((void *)b), n);
+        emu->residual_forward(ACT((void *)a2), ACT((void *)a2), ACT((void *)b), n);
+        CHECK_MSG(!memcmp(a1, a2, n * 2) && !memcmp(a1, o1, n * 2), "residual_forward in place, n %zu", n);
+        int N = big ? 333 : 33, W = 24, ld = big ? 240 : 80, col0 = 16;
+        size_t ny = (size_t)N * ld, nd = (size_t)N * W;
+        sl_bf16 *y = bf16_values(ny, 44 + big, 2.0f), *d = bf16_values(nd, 46 + big, 2.0f);
+        special_values(y + col0, ny - col0);
+        special_values(d, nd);
+        sl_bf16 *y1 = bf16_copy(y, ny), *y2 = bf16_copy(y, ny);
+        nat->add_columns(ACT((void *)y1), ACT((void *)d), 0.37f, N, W, ld, col0);
+        emu->add_columns(ACT((void *)y2), ACT((void *)d), 0.37f, N, W, ld, col0);
+        CHECK_MSG(!memcmp(y1, y2, ny * 2), "add_columns, N %d", N);
+        int outside_kept = 1;
+        for (int r = 0; r < N; r++)
+            for (int c = 0; c < ld; c++)
+                if ((c < col0 || c >= col0 + W) && y1[(size_t)r * ld + c] != y[(size_t)r * ld + c]) outside_kept = 0;
+        CHECK_MSG(outside_kept, "add_columns touched columns outside its slice");
+        sl_bf16 *t1 = calloc(nd, 2), *t2 = calloc(nd, 2);
+        nat->take_columns(ACT((void *)t1), ACT((void *)y), -1.75f, N, W, ld, col0);
+        emu->take_columns(ACT((void *)t2), ACT((void *)y), -1.75f, N, W, ld, col0);
+        CHECK_MSG(!memcmp(t1, t2, nd * 2), "take_columns, N %d", N);
+        CHECK(nat->synchronize() == 0);
+        free(a); free(b); free(o1); free(o2); free(a1); free(a2); free(y); free(d); free(y1); free(y2); free(t1);
+        free(t2);
+    }
 }
 
 TEST(a_failing_gemm_is_reported_by_synchronize) {

@@ -42,6 +42,12 @@ void cpu_bf16_matmul_gelu_forward(sl_act *out, sl_act *pre, const sl_act *inp, c
 void cpu_bf16_attention_decode(sl_act *out, const sl_act *q, const sl_act *k_cache, const sl_act *v_cache,
                                int n_ctx, int NH, int NKV, int HD);
 
+// elementwise_bf16.c: residual_forward, add_columns and take_columns on bf16 storage in place, with the
+// staged ops' bits (their contracts as ops.h states them).
+void cpu_bf16_residual_forward(sl_act *out, const sl_act *a, const sl_act *b, size_t n);
+void cpu_bf16_add_columns(sl_act *out, const sl_act *inp, float scale, int N, int W, int ld, int col0);
+void cpu_bf16_take_columns(sl_act *out, const sl_act *inp, float scale, int N, int W, int ld, int col0);
+
 // ops_cpu_bf16_native.c: an op that fails (oneDNN, or no memory for scratch) records sl_error()'s
 // message; later ops do nothing until synchronize() reports the first failure and clears it.
 void cpu_bf16_record_failure(void);

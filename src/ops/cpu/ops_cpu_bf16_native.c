@@ -5,8 +5,9 @@
 // rounded back (nearest even), so those ops give the emulation's bits for the same inputs; but the
 // fp32 temporaries are scratch buffers kept across calls, one per argument position (no heap
 // allocation per call), and cross-entropy is staged a block of rows at a time (its logits are the
-// largest activation); attention_decode reads the bf16 KV cache in place (attention_decode.c), with the
-// staged op's bits. The composed ops are the emulation's compositions, except encoder_forward,
+// largest activation); attention_decode reads the bf16 KV cache in place (attention_decode.c), and
+// residual_forward, add_columns and take_columns read and write their storage in place
+// (elementwise_bf16.c), with the staged ops' bits. The composed ops are the emulation's compositions, except encoder_forward,
 // which reads its rows of the bf16 tables directly. Memory functions and optimizer passes are the CPU's. The ops are called from one thread at
 // a time (the model's), as the scratch buffers and the failure record assume.
 #include "ops/cpu/cpu_bf16.h"
@@ -151,13 +152,13 @@ static void composed_matmul_gelu_backward(sl_act *dinp, float *dweight, float *d
 static void composed_residual_layernorm_forward(sl_act *resid, sl_act *out, float *mean, float *rstd, const sl_act *a,
                                                 const sl_act *b, const sl_act *w, const sl_act *bias, int N, int C,
                                                 float eps) {
-    staged_residual_forward(resid, a, b, (size_t)N * C);
+    cpu_bf16_residual_forward(resid, a, b, (size_t)N * C);
     staged_layernorm_forward(out, mean, rstd, resid, w, bias, N, C, eps);
 }
 
 static void composed_residual_rmsnorm_forward(sl_act *resid, sl_act *out, float *rstd, const sl_act *a,
                                               const sl_act *b, const sl_act *w, int N, int C, float eps) {
-    staged_residual_forward(resid, a, b, (size_t)N * C);
+    cpu_bf16_residual_forward(resid, a, b, (size_t)N * C);
     staged_rmsnorm_forward(out, rstd, resid, w, N, C, eps);
 }
 
@@ -199,6 +200,9 @@ const sl_ops sl_ops_cpu_bf16_native = {
     .matmul_backward = cpu_bf16_matmul_backward,
     .matmul_gelu_forward = cpu_bf16_matmul_gelu_forward,
     .attention_decode = cpu_bf16_attention_decode,
+    .residual_forward = cpu_bf16_residual_forward,
+    .add_columns = cpu_bf16_add_columns,
+    .take_columns = cpu_bf16_take_columns,
     .crossentropy_forward = blocked_crossentropy_forward,
     .crossentropy_backward = blocked_crossentropy_backward,
     .act_bf16 = 1,

@@ -1,0 +1,46 @@
+// elementwise_bf16.c: the elementwise ops of cpu-bf16-onednn that read and write bf16 storage in place
+// instead of being staged (ops_cpu_bf16_native.c): residual_forward, and LoRA's add_columns /
+// take_columns. Staging widens every argument whole into fp32 scratch, runs the CPU op and rounds what
+// it wrote back: for add_columns that is the whole fused q|k|v or gate|up output (N x ld) to touch one
+// adapter's W columns, three or two times per block. These widen each element as they read it, compute
+// the CPU op's fp32 expression in its order (-ffp-contract=off: no fused multiply-add) and round once
+// to nearest even, so they give the staged op's bits; untouched columns are not rewritten (staging
+// rewrote them with their own bits). No reductions: the same bits for any thread count.
+#include "ops/cpu/cpu_bf16.h"
+
+static inline sl_bf16 *bf16_of(sl_act *p) { return (sl_bf16 *)(void *)p; }
+static inline const sl_bf16 *cbf16_of(const sl_act *p) { return (const sl_bf16 *)(const void *)p; }
+
+void cpu_bf16_residual_forward(sl_act *out_, const sl_act *a_, const sl_act *b_, size_t n) {
+    if (cpu_bf16_failed()) return;
+    sl_bf16 *out = bf16_of(out_);
+    const sl_bf16 *a = cbf16_of(a_), *b = cbf16_of(b_);
+#pragma omp parallel for simd schedule(static) if(n >= SL_PAR_MIN_WORK)
+    for (size_t i = 0; i < n; i++) out[i] = sl_bf16_round(sl_bf16_widen(a[i]) + sl_bf16_widen(b[i]));
+}
+
+void cpu_bf16_add_columns(sl_act *out_, const sl_act *inp_, float scale, int N, int W, int ld, int col0) {
+    if (cpu_bf16_failed()) return;
+    sl_bf16 *out = bf16_of(out_);
+    const sl_bf16 *inp = cbf16_of(inp_);
+#pragma omp parallel for schedule(static) if((size_t)N * W >= SL_PAR_MIN_WORK)
+    for (int n = 0; n < N; n++) {
+        sl_bf16 *o = out + (size_t)n * ld + col0;
+        const sl_bf16 *x = inp + (size_t)n * W;
+#pragma omp simd
+        for (int j = 0; j < W; j++) o[j] = sl_bf16_round(sl_bf16_widen(o[j]) + scale * sl_bf16_widen(x[j]));
+    }
+}
+
+void cpu_bf16_take_columns(sl_act *out_, const sl_act *inp_, float scale, int N, int W, int ld, int col0) {
+    if (cpu_bf16_failed()) return;
+    sl_bf16 *out = bf16_of(out_);
+    const sl_bf16 *inp = cbf16_of(inp_);
+#pragma omp parallel for schedule(static) if((size_t)N * W >= SL_PAR_MIN_WORK)
+    for (int n = 0; n < N; n++) {
+        sl_bf16 *o = out + (size_t)n * W;
+        const sl_bf16 *x = inp + (size_t)n * ld + col0;
+#pragma omp simd
+        for (int j = 0; j < W; j++) o[j] = sl_bf16_round(scale * sl_bf16_widen(x[j]));
+    }
+}
