@@ -33,8 +33,9 @@ typedef struct {
 } sl_quant_base;
 
 // 1 when the model at src is computed with a quantised base: want asks for one (type != NONE) or its
-// weights directory is a bitsandbytes model. -1 on a config.json that cannot be read.
-int sl_quant_base_wanted(const sl_model_source *src, const sl_quant_config *want);
+// weights directory is a bitsandbytes model; *resolved (may be NULL) then gets the quantisation that
+// runs (the directory's own, which decides, or want). -1 on a config.json that cannot be read.
+int sl_quant_base_wanted(const sl_model_source *src, const sl_quant_config *want, sl_quant_config *resolved);
 
 // Creates m (sl_model_create_quantised on `ops`, which must be the CPU fp32 table) with its weights
 // from src (above; seed for a model without weights), the quantised linears installed and m->ops set

@@ -133,7 +133,7 @@ static int parse_ids(const char *list, int vocab, int *ids, int cap, int *n) {
 // asks for one, else the full-precision model.
 static int load_model(sl_model *m, sl_quant_base *qb, const sl_model_source *src, const sl_ops *ops,
                       const sl_quant_config *want) {
-    int quantised = sl_quant_base_wanted(src, want);
+    int quantised = sl_quant_base_wanted(src, want, NULL);
     if (quantised < 0) return -1;
     if (!quantised) {
         if (sl_model_create(m, &src->cfg, ops)) return -1;

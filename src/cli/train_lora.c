@@ -3,6 +3,7 @@
 // model, after which the engine trains them alone.
 #include "cli/train_lora.h"
 #include "shardlm/error.h"
+#include "shardlm/memory_estimate.h"
 #include "shardlm/peft_adapter.h"
 #include "shardlm/rng.h"
 
@@ -52,18 +53,39 @@ uint64_t train_lora_dropout_seed(uint64_t seed, int rank, int64_t step, int k) {
     return sl_rng_u64(&rng);
 }
 
-void train_lora_print_memory(const sl_engine *e) {
+// The quantised base's line: the formula of memory_estimate.h (4P + Q for the base) from the config alone.
+static void print_quant_base(const sl_engine *e, const sl_quant_base *qb, double adapters_part) {
+    sl_memory_quant_base est;
+    char desc[96];
+    if (sl_memory_quant_base_for(&e->model->cfg, &qb->qm.qc, &est)) {
+        fprintf(stderr, "warning: no memory estimate: %s\n", sl_error());
+        return;
+    }
+    printf("  formula 4P + Q + (4 + 4 + K)A with P=%.0f (full-precision floats) Q=%.0f (%s over n=%.0f weights): "
+           "%.0f bytes; in fp32 the n weights would take %.0f bytes (%.1fx Q)\n",
+           est.P, est.quantised, sl_quant_config_describe(&qb->qm.qc, desc, sizeof desc), est.quantised_numel,
+           est.full_precision + est.quantised + adapters_part, 4.0 * est.quantised_numel,
+           est.quantised > 0 ? 4.0 * est.quantised_numel / est.quantised : 0.0);
+}
+
+void train_lora_print_memory(const sl_engine *e, const sl_quant_base *qb) {
     sl_engine_memory mem = sl_engine_memory_use(e);
     const sl_lora *lo = e->model->lora;
     double P = (double)e->model->layout.total, A = (double)lo->total, K = 4.0 * e->n_optim_state;
-    size_t total = mem.params + mem.adapters + mem.grads + mem.optim;
-    printf("memory (LoRA r=%d, %d adapters on %s): base frozen %.2f MB (no gradients, no optimizer state); adapters "
-           "%.0f parameters: %.2f MB, gradients %.2f MB, optimizer state %.2f MB; total %.2f MB = %zu bytes\n"
-           "  formula 4P + (4 + 4 + K)A with P=%.0f A=%.0f K=%g: %.0f bytes; full fine-tuning would hold "
-           "(4 + 4 + K)P = %.0f bytes\n",
-           lo->cfg.r, lo->n_adapters, lo->cfg.all_linear ? "all-linear" : lo->cfg.target_modules, mem.params / 1e6, A,
-           mem.adapters / 1e6, mem.grads / 1e6, mem.optim / 1e6, total / 1e6, total, P, A, K, 4 * P + (8 + K) * A,
-           (8 + K) * P);
+    size_t quant = qb ? sl_quant_base_bytes(qb) : 0;
+    size_t total = mem.params + quant + mem.adapters + mem.grads + mem.optim;
+    char base[160];
+    if (qb) snprintf(base, sizeof base, "%s linears %.2f MB (codes + block statistics) + full-precision tensors %.2f MB",
+                     sl_quant_name(qb->qm.qc.type), quant / 1e6, mem.params / 1e6);
+    else snprintf(base, sizeof base, "%.2f MB", mem.params / 1e6);
+    printf("memory (%s r=%d, %d adapters on %s): base frozen %s (no gradients, no optimizer state); adapters "
+           "%.0f parameters: %.2f MB, gradients %.2f MB, optimizer state %.2f MB; total %.2f MB = %zu bytes\n",
+           qb ? "QLoRA" : "LoRA", lo->cfg.r, lo->n_adapters, lo->cfg.all_linear ? "all-linear" : lo->cfg.target_modules,
+           base, A, mem.adapters / 1e6, mem.grads / 1e6, mem.optim / 1e6, total / 1e6, total);
+    if (qb) print_quant_base(e, qb, (8 + K) * A);
+    else
+        printf("  formula 4P + (4 + 4 + K)A with P=%.0f A=%.0f K=%g: %.0f bytes; full fine-tuning would hold "
+               "(4 + 4 + K)P = %.0f bytes\n", P, A, K, 4 * P + (8 + K) * A, (8 + K) * P);
     if (mem.master || mem.param_copy)
         printf("  mixed precision adds: the adapters' fp32 master weights %.2f MB, the base's bf16 copy %.2f MB\n",
                mem.master / 1e6, mem.param_copy / 1e6);

@@ -6,6 +6,7 @@
 #include "cli/args.h"
 #include "shardlm/engine.h"
 #include "shardlm/lora.h"
+#include "shardlm/quant_base.h"
 #include "shardlm/train_config.h"
 
 // Usage lines for the flags.
@@ -32,7 +33,8 @@ int train_lora_attach(sl_lora *lora, sl_model *model, sl_train_config *c);
 uint64_t train_lora_dropout_seed(uint64_t seed, int rank, int64_t step, int k);
 
 // The memory line of a LoRA run: the frozen base, the adapters' parameters, gradients and optimizer
-// state, against the formula 4P + (8 + K)A.
-void train_lora_print_memory(const sl_engine *e);
+// state, against the formula 4P + (8 + K)A; with a quantised base (qb, else NULL) its codes and block
+// statistics too, against 4P + Q + (8 + K)A (memory_estimate.h).
+void train_lora_print_memory(const sl_engine *e, const sl_quant_base *qb);
 
 #endif

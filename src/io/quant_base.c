@@ -27,10 +27,11 @@ static int file_quant(const sl_model_source *src, sl_quant_config *qc, int *pres
     return sl_quant_model_read_config(src->weights_dir, qc, present);
 }
 
-int sl_quant_base_wanted(const sl_model_source *src, const sl_quant_config *want) {
+int sl_quant_base_wanted(const sl_model_source *src, const sl_quant_config *want, sl_quant_config *resolved) {
     sl_quant_config qc;
     int present;
     if (file_quant(src, &qc, &present)) return -1;
+    if (resolved) *resolved = present ? qc : *want;
     return present || want->type != SL_QUANT_NONE;
 }
 
