@@ -7,7 +7,8 @@
 #     ranks follow one (mpirun, when installed);
 #   * generate with a PEFT + bitsandbytes adapter on the quantised base gives PEFT + bitsandbytes'
 #     logits (tests/fixtures/qlora, within 1e-5 of the largest);
-#   * bad input (no adapters, ZeRO, bf16, a GPU device, NF4 on a partial block) is refused by name.
+#   * bad input (no adapters, ZeRO, bf16, a GPU device, NF4 on a partial block, resuming QLoRA adapters
+#     on a full-precision base) is refused by name.
 # Prints PASS/FAIL lines for tests/run.sh (lib.sh); skips (exit 0) when "$SHARDLM_BIN" is not built.
 . "$(dirname "$0")/lib.sh" qlora
 log="$tmp/log"
@@ -113,3 +114,6 @@ printf '{"n_embd": 36, "n_layer": 1, "n_head": 4, "vocab_size": 512, "n_position
   >"$tmp/odd.json"
 bad qlora_partial_block_refused 'not a multiple of the block size 64' \
   train --model "$tmp/odd.json" --data "$tmp/data" --seq-len 32 --steps 1 --quantize nf4 --lora-r 4
+bad qlora_resumed_on_another_base_refused 'checkpoint was trained on a nf4 (blocks of 64, double-quantised scales) base, this run'"'"'s base is full-precision' \
+  train --model gpt2-tiny "${common[@]}" --lora-r 4 --lora-alpha 8 --lora-dropout 0.1 --lora-targets c_attn,c_proj,c_fc \
+  --steps 13 --resume "$tmp/straight"
