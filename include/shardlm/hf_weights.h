@@ -33,4 +33,12 @@ int sl_hf_load_config(const char *dir, sl_model_config *cfg);
 // (named); all names and shapes are checked before params is written.
 int sl_hf_load(const char *dir, const sl_param_layout *L, float *params);
 
+// Receives tensor t's values (numel floats, (out, in), padded rows zero) for a tensor the layout holds
+// quantised; valid only during the call. Non-zero stops the load.
+typedef int (*sl_hf_tensor_sink)(void *ctx, int t, const float *values);
+// sl_hf_load for a layout with quantised tensors (sl_layout_build_quantised): each of those is read
+// into a buffer of its own size and handed to sink (its placeholder in params set to zero), one at a
+// time, so the full-precision model never exists in memory. After a failure params may be partly written.
+int sl_hf_load_each(const char *dir, const sl_param_layout *L, float *params, sl_hf_tensor_sink sink, void *ctx);
+
 #endif

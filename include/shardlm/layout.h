@@ -23,6 +23,9 @@ typedef struct {
     int layer;          // block index, or -1 for embeddings / final norm / head
     int unit;           // the unit (see sl_param_layout) this tensor belongs to
     int weight_decay;   // 1 for linear weights; 0 for norms, biases, embeddings
+    int quantised;      // 1: held quantised outside the flat buffer (a quantised base, quant_base.h); its
+                        // slot there is ONE placeholder float (zero) whose address names the weight to
+                        // the ops table (quant_ops.h), so the buffer holds only what stays unquantised
 } sl_tensor_info;
 
 // Indices of each block's tensors in the table (per architecture; -1 when absent).
@@ -52,6 +55,15 @@ typedef struct {
 } sl_param_layout;
 
 int sl_layout_build(sl_param_layout *layout, const sl_model_config *cfg);
+// The layout of a model whose block linear weights (sl_layout_is_block_linear) are held quantised:
+// the same tensors in the same order, each quantised one marked and given a one-float slot.
+int sl_layout_build_quantised(sl_param_layout *layout, const sl_model_config *cfg);
+// 1 when tensor t is a linear weight of a block (GPT-2 c_attn, attn.c_proj, c_fc, mlp.c_proj; LLaMA
+// q/k/v/o_proj, gate/up/down_proj): the weights bitsandbytes quantises (embeddings, norms, biases and
+// the LM head stay in full precision).
+int sl_layout_is_block_linear(const sl_param_layout *layout, int t);
+// Floats tensor t takes in the flat buffer: numel, or 1 for a quantised tensor's placeholder.
+static inline size_t sl_layout_stored(const sl_tensor_info *t) { return t->quantised ? 1 : t->numel; }
 void sl_layout_free(sl_param_layout *layout);
 // Elements in unit u.
 static inline size_t sl_layout_unit_size(const sl_param_layout *L, int u) { return L->unit_begin[u + 1] - L->unit_begin[u]; }

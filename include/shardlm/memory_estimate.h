@@ -52,4 +52,18 @@ typedef struct {
 // built (an invalid config) or the setup is out of range.
 int sl_memory_estimate_for(const sl_model_config *model, const sl_memory_setup *setup, sl_memory_estimate *out);
 
+// The frozen base of a QLoRA run (quant_base.h): the tensors kept in fp32 (embeddings, norms, biases,
+// an untied head, plus one placeholder float per quantised weight: 4P bytes, P the quantised layout's
+// floats) and the quantised linears' codes and block statistics (Q bytes: NF4 / FP4 n/2 + 4n/B, with
+// double quantisation n/2 + n/B + 4n/(256B); int8 n + 4 per output row; n their elements, B the
+// block size). With the adapters' (4 + 4 + K)A this is what `shardlm train --quantize` allocates.
+typedef struct {
+    double full_precision;   // 4P
+    double quantised;        // Q
+    double quantised_numel;  // n
+    double P;
+} sl_memory_quant_base;
+
+int sl_memory_quant_base_for(const sl_model_config *model, const sl_quant_config *qc, sl_memory_quant_base *out);
+
 #endif

@@ -94,6 +94,10 @@ typedef struct {
 } sl_model;
 
 int sl_model_create(sl_model *m, const sl_model_config *cfg, const sl_ops *ops);
+// A model whose block linear weights are held quantised outside its buffers (sl_layout_build_quantised:
+// a one-float placeholder each): params and grads hold only the tensors that stay in full precision.
+// quant_base.h fills the quantised weights and hands the model the table that computes with them.
+int sl_model_create_quantised(sl_model *m, const sl_model_config *cfg, const sl_ops *ops);
 void sl_model_free(sl_model *m);
 
 // GPT-2 / LLaMA initialisation as transformers does it: N(0, 0.02) for linear weights and
@@ -101,6 +105,9 @@ void sl_model_free(sl_model *m);
 // A pure function of (seed, tensor index), computed on the host and handed to the model's backend.
 // -1 only when a device model's host staging buffer cannot be allocated.
 int sl_model_init_weights(sl_model *m, uint64_t seed);
+// Tensor i's initial values as sl_model_init_weights computes them (numel floats into host memory
+// `out`), for a tensor held outside the buffer (a quantised weight: its placeholder is set to zero).
+void sl_model_init_tensor(const sl_model *m, int i, uint64_t seed, float *out);
 
 // Forward over inputs (B,T). With targets (B,T; -1 = ignore) it computes the mean loss into *loss.
 // Logits stay in m->logits (B,T,Vp) until backward. Errors: T > max_seq_len, token id out of range.

@@ -69,8 +69,11 @@ int sl_quantize_4bit(sl_qtensor *q, const float *w, int64_t rows, int64_t cols, 
                      int double_quant, sl_quant_dtype dtype, int allow_partial);
 int sl_quantize_int8(sl_qtensor *q, const float *w, int64_t rows, int64_t cols, sl_quant_dtype dtype);
 void sl_qtensor_free(sl_qtensor *q);
-// Bytes held by the quantised form (codes + scales).
+// Bytes held by the quantised form (codes + scales): 4-bit ceil(n/2) + 4 per block (double-quantised:
+// 1 per block + 4 per 256 blocks); int8 n + 4 per row. The 16- and 256-entry tables are not counted.
 size_t sl_qtensor_bytes(const sl_qtensor *q);
+// The same from the shape and settings, before anything is quantised (memory_estimate.h).
+size_t sl_qtensor_bytes_for(sl_quant_type type, int64_t rows, int64_t cols, int blocksize, int nested);
 // Checks that the sizes and arrays of q agree (after loading from a file); -1 with a message naming `what`.
 int sl_qtensor_validate(const sl_qtensor *q, const char *what);
 

@@ -38,6 +38,12 @@ typedef struct {
 // 1 when layout tensor t is a linear weight that bitsandbytes quantises.
 int sl_quant_model_wants(const sl_param_layout *L, int t);
 
+// An empty qm for L quantised with qc (every tensor NONE until quantised or loaded).
+int sl_quant_model_begin(sl_quant_model *qm, const sl_param_layout *L, const sl_quant_config *qc);
+// Quantises layout tensor t (a wanted one) from w (numel floats, exact in src_dtype) with qm->qc.
+int sl_quant_model_quantize_one(sl_quant_model *qm, const sl_param_layout *L, int t, const float *w,
+                                sl_quant_dtype src_dtype);
+
 // Quantises every wanted tensor of params (as loaded from fp32 / bf16 / fp16 safetensors, so exact in
 // src_dtype, which quant_state records) with qc, then zeroes those tensors in params so that nothing
 // can use the full-precision copy by mistake. On failure qm is empty and params untouched.
@@ -68,6 +74,10 @@ int sl_quant_model_linears(const sl_quant_model *qm, const sl_param_layout *L, c
 // quant_state records is config.json's "dtype" / "torch_dtype" (float32 when absent).
 int sl_quant_model_load_any(sl_quant_model *qm, const char *dir, const sl_param_layout *L, float *params,
                             const sl_quant_config *want, int *quantised);
+
+// The dtype quant_state records for weights read from dir: config.json's "dtype" / "torch_dtype"
+// (float32 when absent or unknown).
+sl_quant_dtype sl_quant_model_source_dtype(const char *dir);
 
 // Bytes of all quantised tensors (codes and scales).
 size_t sl_quant_model_bytes(const sl_quant_model *qm);

@@ -22,6 +22,7 @@ typedef struct {
     int64_t seq_len, seed;        // shardlm.seq_len, shardlm.seed
     int shuffle;                  // shardlm.shuffle (1 when absent)
     int threads;                  // shardlm.threads (0 when absent)
+    sl_quant_config quant;        // quantization_config: the base the adapters were trained on (NONE when absent)
     char data[SL_PATH_MAX];       // shardlm.data
 } sl_resume_state;
 

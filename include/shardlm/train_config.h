@@ -91,6 +91,10 @@ int sl_train_config_set_optimizer(sl_train_config *c, const char *name);
 int sl_train_config_set_precision(sl_train_config *c, const char *name);
 int sl_train_config_set_lr_schedule(sl_train_config *c, const char *kind);
 int sl_train_config_set_quantize(sl_train_config *c, const char *type);
+// What a quantised base (c->quant) trains with: LoRA adapters (QLoRA), ZeRO stage 0, fp32, the CPU;
+// -1 with a message naming the setting otherwise (sl_train_config_resolve calls it; so does train
+// when the model directory itself turns out to be a bitsandbytes one).
+int sl_train_config_check_quant(const sl_train_config *c);
 
 // Resolves the batch rule and the schedule once flags have been applied; errors say what is impossible.
 // `given` flags mark which of train_batch_size / micro / accum the user set (bit 0, 1, 2).

@@ -10,7 +10,7 @@
 #include "shardlm/manifest.h"
 #include "shardlm/model_source.h"
 #include "shardlm/peft_adapter.h"
-#include "shardlm/quant_model.h"
+#include "shardlm/quant_base.h"
 #include "shardlm/precision.h"
 
 #include <cjson/cJSON.h>
@@ -128,26 +128,27 @@ static int parse_ids(const char *list, int vocab, int *ids, int cap, int *n) {
     return *n ? 0 : sl_errorf("--prompt-ids: no token ids given");
 }
 
-// The model's weights, quantised ones through sl_ops_cpu_quant (quant_ops.h) when the directory is a
-// bitsandbytes model or --quantize asks for it.
-static int load_weights(sl_model *m, sl_quant_model *qm, const char *dir, const sl_quant_config *want) {
-    int quantised;
-    if (sl_quant_model_load_any(qm, dir, &m->layout, m->params, want, &quantised)) return -1;
-    if (!quantised) return 0;
-    if (m->ops->act_bf16)
+// The model and its weights: a quantised base (quant_base.h: only codes and block statistics for the
+// linears, computed through sl_ops_cpu_quant) when the directory is a bitsandbytes model or --quantize
+// asks for one, else the full-precision model.
+static int load_model(sl_model *m, sl_quant_base *qb, const sl_model_source *src, const sl_ops *ops,
+                      const sl_quant_config *want) {
+    int quantised = sl_quant_base_wanted(src, want, NULL);
+    if (quantised < 0) return -1;
+    if (!quantised) {
+        if (sl_model_create(m, &src->cfg, ops)) return -1;
+        if (!sl_hf_load(src->weights_dir, &m->layout, m->params)) return 0;
+        sl_model_free(m);
+        return -1;
+    }
+    if (ops->act_bf16)
         return sl_errorf("%s: quantised linears compute in fp32 on dequantised tiles; --dtype bf16 cannot be combined "
-                         "with them (use --dtype fp32)", dir);
-    sl_quant_ops_entry *e = sl_malloc(sizeof *e * 4 * (size_t)m->cfg.n_layer, "quantised linears");
-    int n = 0, rc = !e || sl_quant_model_linears(qm, &m->layout, m->params, e, &n) || sl_quant_ops_install(e, n);
-    free(e);
-    if (rc) return -1;
-    m->ops = &sl_ops_cpu_quant;
-    size_t full = 0;
-    for (int t = 0; t < m->layout.n_tensors; t++)
-        if (qm->q[t].type != SL_QUANT_NONE) full += m->layout.tensors[t].numel * sizeof(float);
+                         "with them (use --dtype fp32)", src->weights_dir);
+    if (sl_quant_base_create(qb, m, src, want, ops, 0)) return -1;
     char desc[96];
-    fprintf(stderr, "quantised linears: %s, %.2f MB (%.2f MB in fp32)\n", sl_quant_config_describe(&qm->qc, desc,
-            sizeof desc), (double)sl_quant_model_bytes(qm) / 1e6, (double)full / 1e6);
+    fprintf(stderr, "quantised linears: %s, %.2f MB (%.2f MB in fp32); full-precision tensors %.2f MB\n",
+            sl_quant_config_describe(&qb->qm.qc, desc, sizeof desc), (double)sl_quant_base_bytes(qb) / 1e6,
+            (double)qb->full_bytes / 1e6, (double)m->layout.total * sizeof(float) / 1e6);
     return 0;
 }
 
@@ -200,17 +201,16 @@ int cmd_generate(int argc, char **argv) {
     sl_tokenizer *tok = NULL;
     int32_t *ids = NULL;
     int *prompt_ids = NULL, *new_ids = NULL, rc = -1, have_model = 0, from_ids = prompt_id_list[0] != 0;
-    sl_quant_model qm = {0};
+    sl_quant_base qb = {0};
     if (from_ids && have_prompt) { fprintf(stderr, "error: give --prompt or --prompt-ids, not both\n"); return 2; }
     if (sl_model_source_resolve(&src, model_spec)) goto done;
     if (!src.has_weights) { sl_errorf("%s: generation needs trained weights (a checkpoint or HF directory)", model_spec); goto done; }
     const sl_ops *ops = sl_ops_for_precision(&sl_ops_cpu, precision);
-    if (sl_model_create(&m, &src.cfg, ops)) goto done;
-    have_model = 1;
     if (!no_verify && sl_manifest_verify_weights_dir(src.weights_dir)) goto done;
     // the weights (quantised ones through sl_ops_cpu_quant), then their bf16 copy (made by
     // sl_model_attach_lora when an adapter is attached); then only what the forward reads is kept
-    if (load_weights(&m, &qm, src.weights_dir, &want)) goto done;
+    if (load_model(&m, &qb, &src, ops, &want)) goto done;
+    have_model = 1;
     if (adapter[0] ? sl_peft_load(adapter, &src.cfg, m.ops, &lora) || sl_model_attach_lora(&m, &lora)
                    : sl_model_params_changed(&m))
         goto done;
@@ -266,7 +266,6 @@ done:
     sl_tokenizer_free(tok);
     if (have_model) sl_model_free(&m);
     sl_lora_free(&lora);
-    sl_quant_ops_install(NULL, 0);
-    sl_quant_model_free(&qm);
+    sl_quant_base_free(&qb);
     return rc ? 1 : 0;
 }

@@ -6,7 +6,7 @@
 #include "shardlm/error.h"
 #include "shardlm/manifest.h"
 #include "shardlm/model_source.h"
-#include "shardlm/quant_model.h"
+#include "shardlm/quant_base.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -50,24 +50,23 @@ int cmd_quantize(int argc, char **argv) {
     struct stat st;
     if (stat(out, &st) == 0) { fprintf(stderr, "error: %s already exists (give a new directory)\n", out); return 2; }
     sl_model_source src;
-    sl_param_layout L = {0};
-    sl_quant_model qm = {0};
-    float *params = NULL;
-    int rc = -1, quantised = 0;
+    sl_model m;
+    sl_quant_base qb = {0};
+    int rc = -1, have_model = 0;
     if (sl_model_source_resolve(&src, spec)) goto done;
     if (!src.has_weights) { sl_errorf("%s: a preset or config has no weights to quantise", spec); goto done; }
-    if (sl_manifest_verify_weights_dir(src.weights_dir) || sl_layout_build(&L, &src.cfg)) goto done;
-    if (!(params = sl_calloc(L.total, sizeof(float), "parameters"))) goto done;
-    if (sl_quant_model_load_any(&qm, src.weights_dir, &L, params, &qc, &quantised)) goto done;
-    if (sl_quant_model_save(out, &qm, &L, params)) goto done;
+    // the linears quantised one at a time as they load (quant_base.h): the fp32 model never exists
+    if (sl_manifest_verify_weights_dir(src.weights_dir) || sl_quant_base_create(&qb, &m, &src, &qc, &sl_ops_cpu, 0))
+        goto done;
+    have_model = 1;
+    if (sl_quant_model_save(out, &qb.qm, &m.layout, m.params)) goto done;
     char desc[96];
-    printf("wrote %s: linears as %s, %.2f MB\n", out, sl_quant_config_describe(&qm.qc, desc, sizeof desc),
-           (double)sl_quant_model_bytes(&qm) / 1e6);
+    printf("wrote %s: linears as %s, %.2f MB\n", out, sl_quant_config_describe(&qb.qm.qc, desc, sizeof desc),
+           (double)sl_quant_base_bytes(&qb) / 1e6);
     rc = 0;
 done:
     if (rc) fprintf(stderr, "error: %s\n", sl_error());
-    sl_quant_model_free(&qm);
-    free(params);
-    sl_layout_free(&L);
+    if (have_model) sl_model_free(&m);
+    sl_quant_base_free(&qb);
     return rc ? 1 : 0;
 }

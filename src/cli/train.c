@@ -22,6 +22,7 @@
 #include "shardlm/memory_estimate.h"
 #include "shardlm/metrics.h"
 #include "shardlm/model_source.h"
+#include "shardlm/quant_base.h"
 #include "shardlm/resume.h"
 #include "shardlm/train_config.h"
 
@@ -79,8 +80,9 @@ static void usage(FILE *f) {
         "  --threads N             CPU threads (default OMP_NUM_THREADS or all cores)\n"
         "  --precision P           fp32 | bf16 | fp16 (DeepSpeed's bf16 / fp16 blocks: fp32 master weights,\n"
         "                          16-bit parameters and gradients; fp16 with dynamic loss scaling)\n"
-        "  --quantize TYPE         nf4 | fp4 | int8 base weights (transformers' quantization_config in the JSON\n"
-        "                          config says the same): refused, adapters on a quantised base (QLoRA) come next\n"
+        "  --quantize TYPE         nf4 | fp4 | int8: hold the frozen base quantised as bitsandbytes does (nf4 with\n"
+        "                          double-quantised scales; transformers' quantization_config in the JSON config\n"
+        "                          says the same) and train LoRA adapters on it (QLoRA; needs --lora-* flags)\n"
         "  --device D              cpu | cuda | cuda:N (default cpu; cuda uses GPU LOCAL_RANK)\n"
         "  --comm-backend B        auto | self | mpi | nccl (default auto: mpi when started as several ranks,\n"
         "                          else self); nccl (GPU memory, one GPU per local rank) is required by\n"
@@ -260,9 +262,9 @@ static void print_adam8_state(const sl_engine *e) {
 
 // What this rank allocated for model states, next to the estimate from the configuration alone
 // (memory_estimate.h: the ZeRO paper's formula) and what stage 0 would hold.
-static void print_memory(const sl_engine *e, const sl_train_config *c) {
+static void print_memory(const sl_engine *e, const sl_train_config *c, const sl_quant_base *qb) {
     if (e->model->lora) {
-        train_lora_print_memory(e, c);
+        train_lora_print_memory(e, c, qb);
         print_adam8_state(e);
         return;
     }
@@ -328,6 +330,7 @@ static int run(sl_train_config *c, sl_comm *world) {
     sl_model model;
     sl_lora lora;
     sl_engine engine;
+    sl_quant_base qbase = {0};   // QLoRA's quantised base (quant_base.h), when the run has one
     sl_loader *train = NULL, *val = NULL;
     sl_metrics *metrics = NULL;
     sl_tokenizer *tok = NULL;
@@ -371,13 +374,17 @@ static int run(sl_train_config *c, sl_comm *world) {
     if (!ops) goto done;
     // bf16 on the GPU stores activations in bf16 (ops.h act_bf16; docs/precision.md)
     ops = sl_ops_for_precision(ops, c->precision.precision);
-    if (sl_model_create(&model, &src.cfg, ops)) goto done;
-    have_model = 1;
-    if (src.has_weights) {
-        if ((!c->no_verify && sl_manifest_verify_weights_dir(src.weights_dir)) || load_weights(&model, src.weights_dir))
-            goto done;
-    } else if (sl_model_init_weights(&model, c->seed)) {
-        goto done;
+    if (src.has_weights && !c->no_verify && sl_manifest_verify_weights_dir(src.weights_dir)) goto done;
+    // QLoRA: --quantize, or a bitsandbytes directory as the model (its quantisation then runs)
+    int quantised = sl_quant_base_wanted(&src, &c->quant, &c->quant);
+    if (quantised < 0 || (quantised && sl_train_config_check_quant(c))) goto done;
+    if (quantised) {
+        if (sl_quant_base_create(&qbase, &model, &src, &c->quant, ops, c->seed)) goto done;
+        have_model = 1;
+    } else {
+        if (sl_model_create(&model, &src.cfg, ops)) goto done;
+        have_model = 1;
+        if (src.has_weights ? load_weights(&model, src.weights_dir) : sl_model_init_weights(&model, c->seed)) goto done;
     }
     if (train_lora_attach(&lora, &model, c)) goto done;
 
@@ -432,7 +439,7 @@ static int run(sl_train_config *c, sl_comm *world) {
            src.cfg.n_layer, src.cfg.n_head, src.cfg.n_embd, src.cfg.vocab_size);
     if (is_rank0) printf("data: %s (%lld training tokens, %lld batches per epoch)\n", c->data,
            (long long)sl_loader_num_tokens(train), (long long)sl_loader_batches_per_epoch(train));
-    if (is_rank0) print_memory(&engine, c);
+    if (is_rank0) print_memory(&engine, c, quantised ? &qbase : NULL);
     if (is_rank0 && !model.ops->on_device) {
         char isa[256];
         sl_cpu_features_describe(isa, sizeof isa);
@@ -549,6 +556,7 @@ done:
     if (have_engine) sl_engine_free(&engine);
     if (have_model) sl_model_free(&model);
     sl_lora_free(&lora);
+    sl_quant_base_free(&qbase);
     sl_loader_close(train);
     sl_loader_close(val);
     sl_tokenizer_free(tok);

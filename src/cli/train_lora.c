@@ -60,7 +60,22 @@ static void adapter_formula(const char *formula, char *out, size_t cap) {
     out[i] = '\0';
 }
 
-void train_lora_print_memory(const sl_engine *e, const sl_train_config *c) {
+// The quantised base's line: the formula of memory_estimate.h (4P + Q for the base) from the config alone.
+static void print_quant_base(const sl_engine *e, const sl_quant_base *qb, double adapters_part) {
+    sl_memory_quant_base est;
+    char desc[96];
+    if (sl_memory_quant_base_for(&e->model->cfg, &qb->qm.qc, &est)) {
+        fprintf(stderr, "warning: no memory estimate: %s\n", sl_error());
+        return;
+    }
+    printf("  formula 4P + Q + (4 + 4 + K)A with P=%.0f (full-precision floats) Q=%.0f (%s over n=%.0f weights): "
+           "%.0f bytes; in fp32 the n weights would take %.0f bytes (%.1fx Q)\n",
+           est.P, est.quantised, sl_quant_config_describe(&qb->qm.qc, desc, sizeof desc), est.quantised_numel,
+           est.full_precision + est.quantised + adapters_part, 4.0 * est.quantised_numel,
+           est.quantised > 0 ? 4.0 * est.quantised_numel / est.quantised : 0.0);
+}
+
+void train_lora_print_memory(const sl_engine *e, const sl_train_config *c, const sl_quant_base *qb) {
     sl_engine_memory mem = sl_engine_memory_use(e);
     const sl_lora *lo = e->model->lora;
     sl_memory_setup setup = sl_memory_setup_of(c, e->model->ops->act_bf16), full = setup;
@@ -70,18 +85,25 @@ void train_lora_print_memory(const sl_engine *e, const sl_train_config *c) {
         fprintf(stderr, "warning: no memory estimate: %s\n", sl_error());
         return;
     }
-    char formula[64];
+    char formula[64], base[160];
     adapter_formula(est.formula, formula, sizeof formula);
-    size_t total = mem.params + mem.adapters + mem.grads + mem.optim;
-    printf("memory per rank (LoRA r=%d, %d adapters on %s; ZeRO stage %d, %d ranks): base frozen %.2f MB (no "
+    size_t quant = qb ? sl_quant_base_bytes(qb) : 0;
+    size_t total = mem.params + quant + mem.adapters + mem.grads + mem.optim;
+    if (qb) snprintf(base, sizeof base, "%s linears %.2f MB (codes + block statistics) + full-precision tensors %.2f MB",
+                     sl_quant_name(qb->qm.qc.type), quant / 1e6, mem.params / 1e6);
+    else snprintf(base, sizeof base, "%.2f MB", mem.params / 1e6);
+    printf("memory per rank (%s r=%d, %d adapters on %s; ZeRO stage %d, %d ranks): base frozen %s (no "
            "gradients, no optimizer state); adapters %.0f parameters: %.2f MB, gradients %.2f MB, optimizer state "
-           "%.2f MB; total %.2f MB = %zu bytes\n"
-           "  formula 4P + %s with P=%.0f A=%.0f S=%.0f W=%.0f K=%g: %.0f bytes; full fine-tuning would hold %.0f "
-           "bytes\n",
-           lo->cfg.r, lo->n_adapters, lo->cfg.all_linear ? "all-linear" : lo->cfg.target_modules, setup.zero_stage,
-           setup.world_size, mem.params / 1e6, (double)lo->total, mem.adapters / 1e6, mem.grads / 1e6,
-           mem.optim / 1e6, total / 1e6, total, formula, est.frozen, est.P, est.S, est.W, est.K,
-           est.params + est.adapters + est.grads + est.optim, whole.params + whole.grads + whole.optim);
+           "%.2f MB; total %.2f MB = %zu bytes\n",
+           qb ? "QLoRA" : "LoRA", lo->cfg.r, lo->n_adapters, lo->cfg.all_linear ? "all-linear" : lo->cfg.target_modules,
+           setup.zero_stage, setup.world_size, base, (double)lo->total, mem.adapters / 1e6, mem.grads / 1e6,
+           mem.optim / 1e6, total / 1e6, total);
+    if (qb) print_quant_base(e, qb, est.adapters + est.grads + est.optim);
+    else
+        printf("  formula 4P + %s with P=%.0f A=%.0f S=%.0f W=%.0f K=%g: %.0f bytes; full fine-tuning would hold %.0f "
+               "bytes\n",
+               formula, est.frozen, est.P, est.S, est.W, est.K, est.params + est.adapters + est.grads + est.optim,
+               whole.params + whole.grads + whole.optim);
     if (mem.master || mem.param_copy)
         printf("  mixed precision adds: the adapters' fp32 master weights %.2f MB, bf16 copies of the base and the "
                "adapters %.2f MB\n", mem.master / 1e6, mem.param_copy / 1e6);

@@ -6,6 +6,7 @@
 #include "cli/args.h"
 #include "shardlm/engine.h"
 #include "shardlm/lora.h"
+#include "shardlm/quant_base.h"
 #include "shardlm/train_config.h"
 
 // Usage lines for the flags.
@@ -33,7 +34,8 @@ uint64_t train_lora_dropout_seed(uint64_t seed, int rank, int64_t step, int k);
 
 // The memory line of a LoRA run: the frozen base, the adapters' parameters, gradients and optimizer
 // state on this rank, against the estimate (memory_estimate.h): 4P for the base plus the ZeRO
-// formula over the adapters' A parameters (4A + 4A + KA at stage 0).
-void train_lora_print_memory(const sl_engine *e, const sl_train_config *c);
+// formula over the adapters' A parameters (4A + 4A + KA at stage 0); with a quantised base (qb, else
+// NULL) its codes and block statistics too, against 4P + Q + (8 + K)A.
+void train_lora_print_memory(const sl_engine *e, const sl_train_config *c, const sl_quant_base *qb);
 
 #endif

@@ -332,36 +332,49 @@ static int match_tensors(const source *s, const sl_param_layout *L, tensor_ref *
     return 0;
 }
 
-static int load_tensors(const source *s, const sl_param_layout *L, const tensor_ref *refs, float *params) {
-    size_t max_t = 0;
-    for (int k = 0; k < L->n_tensors; k++)
+static int load_tensors(const source *s, const sl_param_layout *L, const tensor_ref *refs, float *params,
+                        sl_hf_tensor_sink sink, void *ctx) {
+    size_t max_t = 0, max_q = 0;
+    for (int k = 0; k < L->n_tensors; k++) {
         if (L->tensors[k].hf_transposed && L->tensors[k].numel > max_t) max_t = L->tensors[k].numel;
+        if (L->tensors[k].quantised && L->tensors[k].numel > max_q) max_q = L->tensors[k].numel;
+    }
+    if (max_q && !sink) return sl_errorf("internal: a quantised layout loaded without a quantiser");
     float *tmp = max_t ? sl_malloc(max_t * sizeof(float), "HF load transpose buffer") : NULL;
-    if (max_t && !tmp) return -1;
-    int rc = 0;
+    float *one = max_q ? sl_malloc(max_q * sizeof(float), "HF load tensor buffer") : NULL;   // a quantised tensor
+    int rc = (max_t && !tmp) || (max_q && !one) ? -1 : 0;
     for (int k = 0; k < L->n_tensors && !rc; k++) {
         const sl_tensor_info *t = &L->tensors[k];
         const sl_st_file *F = &s->files[refs[k].file];
-        float *dst = params + t->offset;
+        float *dst = t->quantised ? one : params + t->offset;
         if (!t->hf_transposed) {
             size_t stored = (size_t)t->hf_rows * (size_t)t->shape[1];
             rc = sl_st_read_f32(F, refs[k].idx, dst, stored);
             if (!rc) memset(dst + stored, 0, (t->numel - stored) * sizeof(float));   // padded vocabulary rows
-            continue;
+        } else {
+            int rows = t->shape[0], cols = t->shape[1];   // internal (out, in); file holds (in, out)
+            rc = sl_st_read_f32(F, refs[k].idx, tmp, max_t);
+            for (int i0 = 0; i0 < cols && !rc; i0 += TRANSPOSE_ROWS) {
+                int nb = cols - i0 < TRANSPOSE_ROWS ? cols - i0 : TRANSPOSE_ROWS;
+                for (int r = 0; r < rows; r++)
+                    for (int i = 0; i < nb; i++) dst[(size_t)r * cols + i0 + i] = tmp[(size_t)(i0 + i) * rows + r];
+            }
         }
-        int rows = t->shape[0], cols = t->shape[1];   // internal (out, in); file holds (in, out)
-        rc = sl_st_read_f32(F, refs[k].idx, tmp, max_t);
-        for (int i0 = 0; i0 < cols && !rc; i0 += TRANSPOSE_ROWS) {
-            int nb = cols - i0 < TRANSPOSE_ROWS ? cols - i0 : TRANSPOSE_ROWS;
-            for (int r = 0; r < rows; r++)
-                for (int i = 0; i < nb; i++) dst[(size_t)r * cols + i0 + i] = tmp[(size_t)(i0 + i) * rows + r];
+        if (!rc && t->quantised) {
+            params[t->offset] = 0.0f;   // the placeholder
+            rc = sink(ctx, k, one);
         }
     }
     free(tmp);
+    free(one);
     return rc;
 }
 
 int sl_hf_load(const char *dir, const sl_param_layout *L, float *params) {
+    return sl_hf_load_each(dir, L, params, NULL, NULL);
+}
+
+int sl_hf_load_each(const char *dir, const sl_param_layout *L, float *params, sl_hf_tensor_sink sink, void *ctx) {
     char cfg[PATH_CAP];
     sl_quant_config qc;
     int quantised = 0;
@@ -374,7 +387,7 @@ int sl_hf_load(const char *dir, const sl_param_layout *L, float *params) {
     tensor_ref *refs = sl_calloc((size_t)L->n_tensors, sizeof *refs, "HF load tensor map");
     int rc = !refs ? -1 : source_open(&s, dir);
     if (!rc) rc = match_tensors(&s, L, refs);
-    if (!rc) rc = load_tensors(&s, L, refs, params);
+    if (!rc) rc = load_tensors(&s, L, refs, params, sink, ctx);
     source_free(&s);
     free(refs);
     return rc ? sl_error_context("loading Hugging Face weights from %s", dir) : 0;

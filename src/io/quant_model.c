@@ -16,10 +16,7 @@
 
 #define NAME_CAP 160
 
-int sl_quant_model_wants(const sl_param_layout *L, int t) {
-    const sl_tensor_info *x = &L->tensors[t];
-    return x->ndim == 2 && x->layer >= 0 && x->weight_decay && t != L->wte && t != L->wpe && t != L->lm_head;
-}
+int sl_quant_model_wants(const sl_param_layout *L, int t) { return sl_layout_is_block_linear(L, t); }
 
 void sl_quant_model_free(sl_quant_model *qm) {
     for (int t = 0; qm->q && t < qm->n_tensors; t++) sl_qtensor_free(&qm->q[t]);
@@ -34,7 +31,7 @@ size_t sl_quant_model_bytes(const sl_quant_model *qm) {
     return b;
 }
 
-static int model_init(sl_quant_model *qm, const sl_param_layout *L, const sl_quant_config *qc) {
+int sl_quant_model_begin(sl_quant_model *qm, const sl_param_layout *L, const sl_quant_config *qc) {
     memset(qm, 0, sizeof *qm);
     qm->qc = *qc;
     qm->q = sl_calloc((size_t)L->n_tensors, sizeof *qm->q, "quantised weights");
@@ -43,19 +40,30 @@ static int model_init(sl_quant_model *qm, const sl_param_layout *L, const sl_qua
     return 0;
 }
 
+int sl_quant_model_quantize_one(sl_quant_model *qm, const sl_param_layout *L, int t, const float *w,
+                                sl_quant_dtype src_dtype) {
+    const sl_tensor_info *x = &L->tensors[t];
+    const sl_quant_config *qc = &qm->qc;
+    int rc = qc->type == SL_QUANT_INT8
+                 ? sl_quantize_int8(&qm->q[t], w, x->shape[0], x->shape[1], src_dtype)
+                 : sl_quantize_4bit(&qm->q[t], w, x->shape[0], x->shape[1], qc->type, qc->blocksize, qc->double_quant,
+                                    src_dtype, 0);
+    return rc ? sl_error_context("quantising %s", x->name) : 0;
+}
+
 int sl_quant_model_quantize(sl_quant_model *qm, const sl_param_layout *L, float *params, const sl_quant_config *qc,
                             sl_quant_dtype src_dtype) {
     if (qc->type == SL_QUANT_NONE) return sl_errorf("quantising a model: no quantisation type given");
-    if (model_init(qm, L, qc)) return -1;
+    for (int t = 0; t < L->n_tensors; t++)
+        if (L->tensors[t].quantised)
+            return sl_errorf("quantising a model: %s holds no full-precision values in this layout", L->tensors[t].name);
+    if (sl_quant_model_begin(qm, L, qc)) return -1;
     for (int t = 0; t < L->n_tensors; t++) {
         if (!sl_quant_model_wants(L, t)) continue;
-        const sl_tensor_info *x = &L->tensors[t];
-        const float *w = params + x->offset;
-        int rc = qc->type == SL_QUANT_INT8
-                     ? sl_quantize_int8(&qm->q[t], w, x->shape[0], x->shape[1], src_dtype)
-                     : sl_quantize_4bit(&qm->q[t], w, x->shape[0], x->shape[1], qc->type, qc->blocksize,
-                                        qc->double_quant, src_dtype, 0);
-        if (rc) { sl_quant_model_free(qm); return sl_error_context("quantising %s", x->name); }
+        if (sl_quant_model_quantize_one(qm, L, t, params + L->tensors[t].offset, src_dtype)) {
+            sl_quant_model_free(qm);
+            return -1;
+        }
     }
     for (int t = 0; t < L->n_tensors; t++)
         if (qm->q[t].type != SL_QUANT_NONE) memset(params + L->tensors[t].offset, 0, L->tensors[t].numel * sizeof(float));
@@ -88,7 +96,7 @@ static int add_linear(const sl_quant_model *qm, const sl_param_layout *L, const 
             return sl_errorf("%s: not a quantised part %d of the linear starting at %s", t < L->n_tensors ?
                              L->tensors[t].name : "(end)", k, L->tensors[first].name);
         q[k] = &qm->q[t];
-        off += L->tensors[t].numel;
+        off += sl_layout_stored(&L->tensors[t]);
     }
     e->weight = params + L->tensors[first].offset;
     return sl_qlinear_init(&e->lin, parts, q, L->tensors[first].name);
@@ -250,7 +258,7 @@ static int load_all(bnb_file *b, sl_quant_model *qm, const sl_param_layout *L, f
         if (!sl_quant_model_wants(L, t)) { if (load_float(b, x, params)) return -1; continue; }
         char mod[NAME_CAP];
         if (module_of(x->name, mod, sizeof mod)) return sl_errorf("%s: not a linear weight's name", x->name);
-        memset(params + x->offset, 0, x->numel * sizeof(float));
+        memset(params + x->offset, 0, sl_layout_stored(x) * sizeof(float));
         sl_qtensor *q = &qm->q[t];
         if (qm->qc.type == SL_QUANT_INT8) { if (load_int8(b, x->name, mod, x, q)) return -1; }
         else {
@@ -303,7 +311,7 @@ int sl_quant_model_load(sl_quant_model *qm, const char *dir, const sl_param_layo
         return -1;
     }
     float *staged = NULL;
-    int rc = model_init(qm, L, &qc);
+    int rc = sl_quant_model_begin(qm, L, &qc);
     if (!rc && !(b.used = sl_calloc((size_t)b.f.n_tensors + 1, 1, "tensor marks"))) rc = -1;
     // params are written only when everything loaded: stage into a copy first
     if (!rc && !(staged = sl_malloc(L->total * sizeof(float), "staged parameters"))) rc = -1;
@@ -431,7 +439,7 @@ int sl_quant_model_save(const char *dir, const sl_quant_model *qm, const sl_para
 }
 
 // config.json's "dtype" (transformers 5) or "torch_dtype" (4.x); float32 when absent or unknown.
-static sl_quant_dtype source_dtype(const char *dir) {
+sl_quant_dtype sl_quant_model_source_dtype(const char *dir) {
     char path[4200];
     snprintf(path, sizeof path, "%s/config.json", dir);
     sl_quant_dtype dt = SL_QDT_F32;
@@ -467,7 +475,7 @@ int sl_quant_model_load_any(sl_quant_model *qm, const char *dir, const sl_param_
     }
     if (sl_hf_load(dir, L, params)) return -1;
     if (want->type == SL_QUANT_NONE) return 0;
-    if (sl_quant_model_quantize(qm, L, params, want, source_dtype(dir))) return -1;
+    if (sl_quant_model_quantize(qm, L, params, want, sl_quant_model_source_dtype(dir))) return -1;
     *quantised = 1;
     return 0;
 }

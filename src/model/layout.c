@@ -9,7 +9,7 @@
 #include <stdarg.h>
 #include <string.h>
 
-typedef struct { sl_param_layout *L; int cap; size_t offset; } builder;
+typedef struct { sl_param_layout *L; int cap; size_t offset; int quantised_linears; } builder;
 
 __attribute__((format(printf, 8, 9)))
 static int add(builder *b, int layer, int decay, int transposed, int hf_rows, int rows, int cols, const char *fmt, ...) {
@@ -28,7 +28,9 @@ static int add(builder *b, int layer, int decay, int transposed, int hf_rows, in
     t->hf_transposed = transposed;
     t->layer = layer;
     t->weight_decay = decay;
-    b->offset += t->numel;
+    // a block's linear weight of a quantised base keeps only a placeholder here (layout.h)
+    t->quantised = b->quantised_linears && layer >= 0 && decay && t->ndim == 2;
+    b->offset += sl_layout_stored(t);
     return b->L->n_tensors++;
 }
 
@@ -95,7 +97,7 @@ static void build_llama(builder *b, const sl_model_config *c) {
                                         : add(b, -1, 1, 0, c->vocab_size, c->padded_vocab_size, C, "lm_head.weight");
 }
 
-int sl_layout_build(sl_param_layout *L, const sl_model_config *cfg) {
+static int build(sl_param_layout *L, const sl_model_config *cfg, int quantised_linears) {
     memset(L, 0, sizeof *L);
     L->cfg = *cfg;
     int cap = 4 + 20 * cfg->n_layer;
@@ -103,7 +105,7 @@ int sl_layout_build(sl_param_layout *L, const sl_model_config *cfg) {
     L->blocks = sl_calloc((size_t)cfg->n_layer, sizeof *L->blocks, "parameter layout");
     L->block_begin = sl_calloc((size_t)cfg->n_layer + 1, sizeof *L->block_begin, "parameter layout");
     if (!L->tensors || !L->blocks || !L->block_begin) { sl_layout_free(L); return -1; }
-    builder b = {L, cap, 0};
+    builder b = {L, cap, 0, quantised_linears};
     if (cfg->arch == SL_ARCH_GPT2) build_gpt2(&b, cfg);
     else build_llama(&b, cfg);
     L->total = b.offset;
@@ -117,6 +119,14 @@ int sl_layout_build(sl_param_layout *L, const sl_model_config *cfg) {
         t->unit = t->layer >= 0 ? t->layer + 1 : (t->offset < L->block_begin[0] ? 0 : L->n_units - 1);
     }
     return 0;
+}
+
+int sl_layout_build(sl_param_layout *L, const sl_model_config *cfg) { return build(L, cfg, 0); }
+int sl_layout_build_quantised(sl_param_layout *L, const sl_model_config *cfg) { return build(L, cfg, 1); }
+
+int sl_layout_is_block_linear(const sl_param_layout *L, int t) {
+    const sl_tensor_info *x = &L->tensors[t];
+    return x->ndim == 2 && x->layer >= 0 && x->weight_decay && t != L->wte && t != L->wpe && t != L->lm_head;
 }
 
 void sl_layout_free(sl_param_layout *L) {

@@ -77,12 +77,12 @@ static int rope_for_length(sl_model *m, int T) {
     return want == m->rope_len ? 0 : rope_build(m, want);
 }
 
-int sl_model_create(sl_model *m, const sl_model_config *cfg, const sl_ops *ops) {
+static int create(sl_model *m, const sl_model_config *cfg, const sl_ops *ops, int quantised_linears) {
     memset(m, 0, sizeof *m);
     m->cfg = *cfg;
     m->ops = ops;
     m->precision = SL_PRECISION_FP32;
-    if (sl_layout_build(&m->layout, cfg)) return -1;
+    if ((quantised_linears ? sl_layout_build_quantised : sl_layout_build)(&m->layout, cfg)) return -1;
     m->params = ops->alloc(m->layout.total * sizeof(float), "parameters");
     m->grads = ops->alloc(m->layout.total * sizeof(float), "gradients");
     if (!m->params || !m->grads) { sl_model_free(m); return -1; }
@@ -125,6 +125,12 @@ static void free_acts(sl_model *m) {
     m->layers = NULL;
     m->inputs = m->targets = NULL;
     m->act_B = m->act_T = 0;
+}
+
+int sl_model_create(sl_model *m, const sl_model_config *cfg, const sl_ops *ops) { return create(m, cfg, ops, 0); }
+
+int sl_model_create_quantised(sl_model *m, const sl_model_config *cfg, const sl_ops *ops) {
+    return create(m, cfg, ops, 1);
 }
 
 void sl_model_free(sl_model *m) {
@@ -181,28 +187,37 @@ int sl_model_for_inference(sl_model *m) {
     return 0;
 }
 
+// Tensor i's initial values (numel floats) into p: a pure function of (seed, i).
+static void init_tensor(const sl_model *m, int i, uint64_t seed, float *p) {
+    const sl_param_layout *L = &m->layout;
+    const sl_tensor_info *t = &L->tensors[i];
+    if (t->ndim == 1) {  // norms weight 1, biases 0
+        int is_bias = strstr(t->name, ".bias") != NULL;
+        for (size_t j = 0; j < t->numel; j++) p[j] = is_bias ? 0.0f : 1.0f;
+        return;
+    }
+    float std = 0.02f;
+    if (m->cfg.arch == SL_ARCH_GPT2 && strstr(t->name, "c_proj.weight")) std = 0.02f / sqrtf(2.0f * (float)m->cfg.n_layer);
+    sl_rng rng = sl_rng_make(seed, 0, (uint64_t)i, SL_RNG_INIT);
+    size_t real = (size_t)t->hf_rows * (size_t)t->shape[1];
+    for (size_t j = 0; j < t->numel; j++) p[j] = j < real ? std * sl_rng_normal(&rng) : 0.0f;
+    // nn.Embedding(padding_idx=pad_token_id) starts its padding row at zero
+    if (i == L->wte && m->cfg.arch == SL_ARCH_LLAMA && m->cfg.pad_token_id >= 0)
+        memset(p + (size_t)m->cfg.pad_token_id * t->shape[1], 0, sizeof(float) * t->shape[1]);
+}
+
+void sl_model_init_tensor(const sl_model *m, int i, uint64_t seed, float *out) { init_tensor(m, i, seed, out); }
+
 int sl_model_init_weights(sl_model *m, uint64_t seed) {
     const sl_param_layout *L = &m->layout;
-    float resid_std = 0.02f / sqrtf(2.0f * (float)m->cfg.n_layer);
     // computed on the host, then handed to the backend
     float *host = m->ops->on_device ? sl_malloc(L->total * sizeof(float), "initial weights") : m->params;
     if (!host) return -1;
 #pragma omp parallel for schedule(dynamic, 1)
     for (int i = 0; i < L->n_tensors; i++) {
-        const sl_tensor_info *t = &L->tensors[i];
-        float *p = host + t->offset;
-        if (t->ndim == 1) {  // norms weight 1, biases 0
-            int is_bias = strstr(t->name, ".bias") != NULL;
-            for (size_t j = 0; j < t->numel; j++) p[j] = is_bias ? 0.0f : 1.0f;
-            continue;
-        }
-        float std = 0.02f;
-        if (m->cfg.arch == SL_ARCH_GPT2 && strstr(t->name, "c_proj.weight")) std = resid_std;
-        sl_rng rng = sl_rng_make(seed, 0, (uint64_t)i, SL_RNG_INIT);
-        size_t real = (size_t)t->hf_rows * (size_t)t->shape[1];
-        for (size_t j = 0; j < t->numel; j++) p[j] = j < real ? std * sl_rng_normal(&rng) : 0.0f;
-        // nn.Embedding(padding_idx=pad_token_id) starts its padding row at zero
-        if (i == L->wte && m->pad_row) memset(p + (size_t)m->cfg.pad_token_id * t->shape[1], 0, sizeof(float) * t->shape[1]);
+        float *p = host + L->tensors[i].offset;
+        if (L->tensors[i].quantised) *p = 0.0f;   // a placeholder: the values live quantised (quant_base.h)
+        else init_tensor(m, i, seed, p);
     }
     if (host != m->params) {
         m->ops->upload(m->params, host, L->total * sizeof(float));

@@ -10,6 +10,7 @@
 #include "shardlm/layout.h"
 #include "shardlm/optim.h"
 #include "shardlm/optim_8bit.h"
+#include "shardlm/quant.h"
 #include "shardlm/zero.h"
 
 #include <string.h>
@@ -82,5 +83,23 @@ int sl_memory_estimate_for(const sl_model_config *model, const sl_memory_setup *
     if (mixed && !params_are_master) out->master = 4.0 * z.S;  // S is P at stage 0
     if (setup->act_bf16) out->param_copy = 2.0 * (setup->zero_stage == 3 ? windows : z.P) + 2.0 * frozen;
     out->total = out->params + out->adapters + out->grads + out->optim + out->master + out->param_copy;
+    return 0;
+}
+
+int sl_memory_quant_base_for(const sl_model_config *model, const sl_quant_config *qc, sl_memory_quant_base *out) {
+    memset(out, 0, sizeof *out);
+    if (qc->type == SL_QUANT_NONE) return sl_errorf("memory estimate: no quantisation given for the base");
+    sl_param_layout layout;
+    if (sl_layout_build_quantised(&layout, model)) return sl_error_context("memory estimate");
+    out->P = (double)layout.total;
+    out->full_precision = 4.0 * (double)layout.total;
+    for (int t = 0; t < layout.n_tensors; t++) {
+        const sl_tensor_info *x = &layout.tensors[t];
+        if (!x->quantised) continue;
+        out->quantised_numel += (double)x->numel;
+        out->quantised += (double)sl_qtensor_bytes_for(qc->type, x->shape[0], x->shape[1], qc->blocksize,
+                                                       qc->double_quant);
+    }
+    sl_layout_free(&layout);
     return 0;
 }

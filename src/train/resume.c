@@ -38,8 +38,17 @@ int sl_resume_state_parse(sl_resume_state *s, const char *client_state_json) {
         if (!cJSON_IsString(data)) rc = sl_errorf("%s: \"data\" must be the data directory (a string)", wo);
         else if (sl_json_get_string(own, "data", s->data, sizeof s->data, wo)) rc = -1;
     }
+    if (rc == 0 && sl_quant_config_parse(cJSON_GetObjectItemCaseSensitive(cfg, "quantization_config"), &s->quant,
+                                         "trainer_state.json client_state.config.quantization_config"))
+        rc = -1;
     cJSON_Delete(root);
     return rc;
+}
+
+// "nf4 (blocks of 64, double-quantised scales)" or "full-precision" for the refusal below.
+static const char *base_words(const sl_quant_config *q, char *buf, size_t cap) {
+    if (q->type == SL_QUANT_NONE) return "full-precision";
+    return sl_quant_config_describe(q, buf, cap);
 }
 
 static void add_warning(sl_resume_plan *p, const char *text) {
@@ -59,6 +68,14 @@ int sl_resume_check(const sl_resume_state *s, const sl_train_config *c, int64_t 
                          c->shuffle ? "shuffles" : "does not");
     if (strcmp(s->data, c->data) != 0)
         return sl_errorf("checkpoint was trained on data %s, this run reads %s", s->data, c->data);
+    if (s->quant.type != c->quant.type || (s->quant.type != SL_QUANT_NONE && s->quant.type != SL_QUANT_INT8 &&
+                                           (s->quant.blocksize != c->quant.blocksize ||
+                                            s->quant.double_quant != c->quant.double_quant))) {
+        char a[96], b[96];
+        return sl_errorf("checkpoint was trained on a %s base, this run's base is %s (resume with the same "
+                         "--quantize / quantization_config: the adapters were fitted to that base)",
+                         base_words(&s->quant, a, sizeof a), base_words(&c->quant, b, sizeof b));
+    }
     if (c->shuffle && s->micro_batch != c->micro_batch)
         return sl_errorf("checkpoint was trained with micro batch %lld, this run uses %d (with shuffling the window "
                          "order depends on it; keep it, or change ranks/accumulation instead)",

@@ -219,12 +219,28 @@ static int resolve_schedule(sl_train_config *c) {
     return 0;
 }
 
-int sl_train_config_resolve(sl_train_config *c, int given) {
-    if (c->quant.type != SL_QUANT_NONE)   // QLoRA: a frozen quantised base under trained adapters
+int sl_train_config_check_quant(const sl_train_config *c) {
+    if (c->quant.type == SL_QUANT_NONE) return 0;
+    const char *q = sl_quant_name(c->quant.type);
+    if (!c->lora_enabled)   // as PEFT + bitsandbytes: a 4-bit / 8-bit model trains only through adapters
         return sl_errorf("%s base weights (--quantize / quantization_config) are frozen: they train only under LoRA "
-                         "adapters (QLoRA), and shardlm train does not put adapters on a quantised base yet (LoRA on "
-                         "an fp32 / bf16 base works: docs/finetune.md); full fine-tuning needs the full-precision "
-                         "weights", sl_quant_name(c->quant.type));
+                         "adapters (QLoRA: add --lora-r R or a \"lora\" block); full fine-tuning needs the "
+                         "full-precision weights", q);
+    if (c->zero_stage > 0)
+        return sl_errorf("zero_optimization.stage %d with a quantised (%s) base is not supported: the frozen base's "
+                         "codes are not sharded; train the adapters with plain data parallelism (stage 0)",
+                         c->zero_stage, q);
+    if (c->precision.precision != SL_PRECISION_FP32)
+        return sl_errorf("--precision %s with a quantised (%s) base is not supported: the CPU multiplies dequantised "
+                         "tiles in float32 (bnb_4bit_compute_dtype \"float32\"); use --precision fp32",
+                         sl_precision_name(c->precision.precision), q);
+    if (strncmp(c->device, "cpu", 3) != 0)
+        return sl_errorf("--device %s with a quantised (%s) base is not supported: the quantised linears are a CPU "
+                         "module (no CUDA kernels yet); use --device cpu", c->device, q);
+    return 0;
+}
+
+int sl_train_config_resolve(sl_train_config *c, int given) {
     int tb = (given & 1) ? c->train_batch_size : 0, mb = (given & 2) ? c->micro_batch : 0;
     int ga = (given & 4) ? c->grad_accum : 0, W = c->world_size;
     if ((given & 1) && tb <= 0) return sl_errorf("train_batch_size must be positive (got %d)", tb);
@@ -266,6 +282,7 @@ int sl_train_config_resolve(sl_train_config *c, int given) {
         return sl_errorf("eval_interval, save_interval, sample_tokens and steps_per_print must be >= 0");
     if (!(c->gradient_clipping >= 0)) return sl_errorf("gradient_clipping must be >= 0 (got %g)", c->gradient_clipping);
     if (c->lora_enabled && sl_lora_config_check(&c->lora, "lora")) return -1;
+    if (sl_train_config_check_quant(c)) return -1;   // QLoRA: a frozen quantised base under trained adapters
     if (resolve_schedule(c)) return -1;
     if (!c->metrics[0]) snprintf(c->metrics, sizeof c->metrics, "%.900s/metrics.jsonl", c->save_dir);
     return 0;

@@ -43,7 +43,7 @@ sed 's/"bnb_4bit_quant_type": "nf4"/"bnb_4bit_quant_type": "nf5"/' $FX/llama_nf4
 cp $FX/llama_nf4/model.safetensors "$tmp/damaged/"
 bad unknown_quant_type_in_config_refused 'quantization_config: bnb_4bit_quant_type "nf5" is unknown' \
   generate --model "$tmp/damaged" --prompt-ids 1
-bad training_a_quantised_base_refused 'a bitsandbytes nf4 model (config.json has a quantization_config)' \
+bad training_a_quantised_base_refused 'nf4 base weights (--quantize / quantization_config) are frozen: they train only under LoRA' \
   train --model $FX/llama_nf4 --data "$tmp/no-data" --seq-len 16 --batch-size 1 --steps 1 \
   --save-dir "$tmp/out-training_a_quantised_base_refused"
 echo '{"quantization_config": {"load_in_4bit": true, "bnb_4bit_quant_type": "nf4"}}' >"$tmp/qlora.json"

@@ -47,13 +47,8 @@ def loss_of(model, inputs, targets, V):
     return logits, torch.nn.functional.cross_entropy(logits.reshape(-1, V), targets.reshape(-1), ignore_index=-100)
 
 
-def run(case, base, lora_kwargs):
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(os.path.join(BASES, base), attn_implementation="eager")
-    model.eval()
-    V = model.config.vocab_size
-    peft_model = get_peft_model(model, LoraConfig(lora_dropout=0.0, bias="none", task_type="CAUSAL_LM",
-                                                  **lora_kwargs))
+def random_adapters_and_batch(peft_model, V, B, T):
+    """Adapters drawn N(0, 0.1^2) and a (B, T) batch with one ignored target, from a fixed generator."""
     gen = torch.Generator().manual_seed(4321)
     with torch.no_grad():
         for name, p in peft_model.named_parameters():
@@ -62,6 +57,31 @@ def run(case, base, lora_kwargs):
     ids = torch.randint(0, V, (B, T + 1), generator=gen)
     inputs, targets = ids[:, :-1].contiguous(), ids[:, 1:].contiguous()
     targets[0, 3] = -100
+    return inputs, targets
+
+
+def adamw_losses(model, params, inputs, targets, V, steps=10):
+    """The losses of `steps` AdamW steps (ADAMW) on params, one batch."""
+    opt = torch.optim.AdamW(params, lr=ADAMW["lr"], betas=ADAMW["betas"], eps=ADAMW["eps"],
+                            weight_decay=ADAMW["weight_decay"], foreach=False)
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        _, l = loss_of(model, inputs, targets, V)
+        l.backward()
+        opt.step()
+        losses.append(l.item())
+    return losses
+
+
+def run(case, base, lora_kwargs):
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(os.path.join(BASES, base), attn_implementation="eager")
+    model.eval()
+    V = model.config.vocab_size
+    peft_model = get_peft_model(model, LoraConfig(lora_dropout=0.0, bias="none", task_type="CAUSAL_LM",
+                                                  **lora_kwargs))
+    inputs, targets = random_adapters_and_batch(peft_model, V, B, T)
 
     out_dir = os.path.join(OUT, case)
     os.makedirs(out_dir, exist_ok=True)
@@ -87,15 +107,7 @@ def run(case, base, lora_kwargs):
     trainable = [(n, p) for n, p in peft_model.named_parameters() if p.requires_grad]
     assert len(trainable) == len(saved) == len(expected) - 4
 
-    opt = torch.optim.AdamW([p for _, p in trainable], lr=ADAMW["lr"], betas=ADAMW["betas"], eps=ADAMW["eps"],
-                            weight_decay=ADAMW["weight_decay"], foreach=False)
-    losses = []
-    for _ in range(10):
-        opt.zero_grad()
-        _, l = loss_of(peft_model, inputs, targets, V)
-        l.backward()
-        opt.step()
-        losses.append(l.item())
+    losses = adamw_losses(peft_model, [p for _, p in trainable], inputs, targets, V)
     expected["adamw_losses"] = torch.tensor(losses, dtype=torch.float32)
     save_file(expected, os.path.join(out_dir, "expected.safetensors"))
     print(f"{case}: {len(saved)} adapter tensors, loss {loss.item():.6f}, "

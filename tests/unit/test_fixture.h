@@ -8,6 +8,7 @@
 #include "shardlm/error.h"
 #include "shardlm/hf_weights.h"
 #include "shardlm/model.h"
+#include "shardlm/optim.h"
 #include "shardlm/safetensors.h"
 
 #include <math.h>
@@ -61,6 +62,39 @@ static inline int fixture_expected(const char *dir, sl_st_file *f, int **inputs,
     snprintf(path, sizeof path, "%s/expected.safetensors", dir);
     if (sl_st_open(f, path)) { fprintf(stderr, "  %s\n", sl_error()); return -1; }
     return fixture_batch(f, inputs, targets, B, T);
+}
+
+// Trains the adapters (params / grads, `total` floats) of m for `steps` AdamW steps as the reference
+// scripts' torch.optim.AdamW (lr 1e-2, betas 0.9/0.95, eps 1e-8, weight decay 0.1 on every adapter
+// tensor) on one batch, and returns the largest relative distance of a step's loss from want[step]
+// (INFINITY when a step fails). Prints the first and last step's losses.
+static inline double fixture_adamw_track(sl_model *m, float *params, float *grads, size_t total, const int *inputs,
+                                         const int *targets, int B, int T, const float *want, int steps,
+                                         const char *name) {
+    sl_optim_config oc;
+    sl_optim_defaults(&oc);
+    oc.lr = 1e-2;
+    oc.beta1 = 0.9;
+    oc.beta2 = 0.95;
+    oc.eps = 1e-8;
+    oc.weight_decay = 0.1;
+    float *state[2] = {calloc(total, sizeof(float)), calloc(total, sizeof(float))};
+    double worst = state[0] && state[1] ? 0 : INFINITY;
+    for (int s = 0; s < steps && isfinite(worst); s++) {
+        float loss;
+        sl_model_zero_grad(m);
+        if (sl_model_forward(m, inputs, targets, B, T, &loss) || sl_model_backward(m, 1.0f) ||
+            sl_optim_step(&oc, oc.lr, s + 1, params, grads, state, NULL, 0, total)) {
+            fprintf(stderr, "  %s\n", sl_error());
+            worst = INFINITY;
+            break;
+        }
+        worst = fmax(worst, fabs(loss - want[s]) / fabs(want[s]));
+        if (s == 0 || s == steps - 1) printf("  %s step %d: loss %.6f, reference %.6f\n", name, s + 1, loss, want[s]);
+    }
+    free(state[0]);
+    free(state[1]);
+    return worst;
 }
 
 #endif

@@ -109,31 +109,13 @@ static void check_adamw_track(const char *base, const char *name) {
     fixture fx;
     if (load_fixture(&fx, base, name)) { CHECK(0); free_fixture(&fx); return; }
     float *want = fixture_tensor(&fx.expected, "adamw_losses", NULL);
-    sl_optim_config oc;
-    sl_optim_defaults(&oc);
-    oc.lr = 1e-2;
-    oc.beta1 = 0.9;
-    oc.beta2 = 0.95;
-    oc.eps = 1e-8;
-    oc.weight_decay = 0.1;
-    size_t total = fx.lora.total, nb = fx.model.layout.total * sizeof(float);
-    float *state[2] = {calloc(total, sizeof(float)), calloc(total, sizeof(float))};
+    size_t nb = fx.model.layout.total * sizeof(float);
     float *base_before = malloc(nb);
     memcpy(base_before, fx.model.params, nb);
-    double worst = 0;
-    for (int s = 0; s < 10; s++) {
-        float loss;
-        sl_model_zero_grad(&fx.model);
-        CHECK(sl_model_forward(&fx.model, fx.inputs, fx.targets, fx.B, fx.T, &loss) == 0);
-        CHECK(sl_model_backward(&fx.model, 1.0f) == 0);
-        CHECK(sl_optim_step(&oc, oc.lr, s + 1, fx.lora.params, fx.lora.grads, state, NULL, 0, total) == 0);
-        worst = fmax(worst, fabs(loss - want[s]) / fabs(want[s]));
-        if (s == 0 || s == 9) printf("  %s step %d: loss %.6f, peft %.6f\n", name, s + 1, loss, want[s]);
-    }
+    double worst = fixture_adamw_track(&fx.model, fx.lora.params, fx.lora.grads, fx.lora.total, fx.inputs, fx.targets,
+                                       fx.B, fx.T, want, 10, name);
     CHECK_MSG(worst < 1e-4, "%s adamw loss curve deviates by %.3g relative", name, worst);
     CHECK_MSG(memcmp(base_before, fx.model.params, nb) == 0, "%s: a base weight changed", name);
-    free(state[0]);
-    free(state[1]);
     free(base_before);
     free(want);
     free_fixture(&fx);

@@ -397,11 +397,16 @@ void sl_dequantize_range(const sl_qtensor *q, size_t first, size_t count, float 
     }
 }
 
+size_t sl_qtensor_bytes_for(sl_quant_type type, int64_t rows, int64_t cols, int blocksize, int nested) {
+    size_t numel = (size_t)rows * (size_t)cols;
+    if (type == SL_QUANT_INT8) return numel + (size_t)rows * sizeof(float);
+    size_t b = (numel + 1) / 2, n_blocks = (numel + (size_t)blocksize - 1) / (size_t)blocksize;
+    if (!nested) return b + n_blocks * sizeof(float);
+    return b + n_blocks + (n_blocks + SL_QUANT_NESTED_BLOCK - 1) / SL_QUANT_NESTED_BLOCK * sizeof(float);
+}
+
 size_t sl_qtensor_bytes(const sl_qtensor *q) {
-    if (q->type == SL_QUANT_INT8) return q->numel + (size_t)q->rows * sizeof(float);
-    size_t b = (q->numel + 1) / 2;
-    if (!q->nested) return b + q->n_blocks * sizeof(float);
-    return b + q->n_blocks + (q->n_blocks + SL_QUANT_NESTED_BLOCK - 1) / SL_QUANT_NESTED_BLOCK * sizeof(float);
+    return sl_qtensor_bytes_for(q->type, q->rows, q->cols, q->blocksize, q->nested);
 }
 
 int sl_qtensor_validate(const sl_qtensor *q, const char *what) {
