@@ -201,12 +201,16 @@ def render(meta, end, runs):
         "- other load: cores' worth of CPU used by anything else during the timed steps (/proc/stat minus the "
         "child's utime + stime), the largest over rounds; above 0.2 (marked *) the row was disturbed")
     out.append("")
-    loads = [float(x) for s in (meta.get("load_before", ""), end.get("load_after", "")) for x in s.split()]
-    shared = any(x > float(meta.get("cores", 1)) * 0.5 for x in loads)
+    # the benchmark itself keeps about FT_THREADS cores busy, so the load average says little: the rows'
+    # other load (everything else, measured during the timed steps) says whether the machine was shared
+    others = [r["other_load"] for r in ok if r.get("other_load") is not None]
+    worst = max(others) if others else None
     out.append(f"Load average before / after (1, 5, 15 min): {meta.get('load_before', '?')} / "
-               f"{end.get('load_after', '?')}. " +
-               ("**The machine was shared during this run**: speeds moved with the other jobs; rerun on a quiet "
-                "machine before reading the ratios." if shared else "The machine was quiet (load at most half the cores)."))
+               f"{end.get('load_after', '?')} (the benchmark's own threads included). " +
+               ("No row's other load was measured." if worst is None else
+                f"**The machine was shared during this run** (other load up to {worst:.2f} cores): rows marked * "
+                "moved with the other jobs; rerun on a quiet machine before reading their ratios." if worst > 0.2 else
+                f"The machine was quiet: other load at most {worst:.2f} cores in every timed row."))
     out.append("")
     for arch in meta.get("models", ["gpt2", "llama"]):
         for precision in meta.get("precisions", ["fp32"]):
