@@ -185,18 +185,22 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench_decode: %s\n", sl_error());
         return 1;
     }
-    // bytes a decoded token reads: every parameter once (a tied head reads wte once more, counted once)
-    double weight_bytes = (double)m.layout.total * (double)(ops->act_bf16 ? 2 : 4);
+    // bytes a decoded token reads: every parameter once (a tied head reads wte once more, counted once),
+    // except the embedding tables it only takes one row of: wpe, and wte when the head is untied
+    const sl_param_layout *L = &m.layout;
+    double unread = (L->wpe >= 0 ? (double)L->tensors[L->wpe].numel : 0.0) +
+                    (L->lm_head >= 0 && L->wte >= 0 ? (double)L->tensors[L->wte].numel : 0.0);
+    double weight_bytes = ((double)L->total - unread) * (double)(ops->act_bf16 ? 2 : 4);
     double prefill = median(prefill_tps, repeats), decode = median(decode_tps, repeats);
     double bw = ops->on_device ? 0 : read_bandwidth((size_t)1 << 30);
     char isa[256];
     sl_cpu_features_describe(isa, sizeof isa);
     printf("{\"impl\":\"shardlm-decode\",\"model\":\"%s\",\"device\":\"%s\",\"precision\":\"%s\",\"ops\":\"%s\","
            "\"threads\":%d,\"prompt\":%d,\"tokens\":%d,\"repeats\":%d,\"prefill_tok_s\":%.1f,\"decode_tok_s\":%.2f,"
-           "\"runs\":[%s],\"weight_bytes\":%.0f,\"decode_read_gb_s\":%.2f,\"machine_read_gb_s\":%.2f,"
+           "\"runs\":[%s],\"weight_bytes\":%.0f,\"unread_params\":%.0f,\"decode_read_gb_s\":%.2f,\"machine_read_gb_s\":%.2f,"
            "\"cpu_isa\":\"%s\",\"gemm\":\"%s\"%s}\n",
            preset, device, precision, ops->name, omp_get_max_threads(), prompt, tokens, repeats, prefill, decode, runs,
-           weight_bytes, weight_bytes * decode / 1e9, bw, isa, ops->on_device ? "device" : sl_cpu_gemm_description(),
+           weight_bytes, unread, weight_bytes * decode / 1e9, bw, isa, ops->on_device ? "device" : sl_cpu_gemm_description(),
            breakdown);
     free(ids);
     sl_kv_cache_free(&kv);

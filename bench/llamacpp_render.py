@@ -63,7 +63,10 @@ def render_model(model, meta, llama, shard):
         l_dec_rows = llama.get((gtype, "decode"), [])
         l_dec = med(llama_rates(l_dec_rows))
         s_bytes = s_rows[0]["weight_bytes"] if s_rows else float("nan")
-        l_bytes = l_dec_rows[0]["model_size"] if l_dec_rows else float("nan")
+        # the GGUF's bytes less the embedding tables a token reads one row of (bench_decode's count; stored
+        # at the file's type, f32 4 bytes, f16 / bf16 2); files from before that count keep every byte
+        unread = s_rows[0].get("unread_params", 0) if s_rows else 0
+        l_bytes = l_dec_rows[0]["model_size"] - unread * (4 if gtype == "f32" else 2) if l_dec_rows else float("nan")
         bw = med([r["machine_read_gb_s"] for r in s_rows])
         out.append(
             f"| {prec} ({s_rows[0]['ops'] if s_rows else '?'}) | {gtype} | {fmt(s_pre)} | {fmt(l_pre)} | "
@@ -71,8 +74,9 @@ def render_model(model, meta, llama, shard):
             f"{fmt(s_bytes * s_dec / 1e9)} / {fmt(l_bytes * l_dec / 1e9)} | {fmt(bw)} |")
     out.append("")
     out.append(
-        "Weight reads: the bytes of every weight once per decoded token (shardlm: its parameters at 4 or 2 "
-        "bytes; llama.cpp: the GGUF's tensor bytes, norms and biases in f32) times decode tok/s. Machine "
+        "Weight reads: the bytes of every weight a decoded token reads, once (shardlm: its parameters at 4 or 2 "
+        "bytes; llama.cpp: the GGUF's tensor bytes, norms and biases in f32; both without the embedding tables "
+        "a token takes one row of: GPT-2's wpe, and wte where the head is untied), times decode tok/s. Machine "
         "read GB/s: bench_decode's sum over a 1 GiB buffer with the same threads, best of 5, measured in the "
         "same run.")
     out.append("")
@@ -118,15 +122,18 @@ def render(meta, end, llama, shard):
         f"prefill, `-p 0 -n {meta.get('gen')} -d {meta.get('prompt')}` for decode at the same depth); "
         f"{meta.get('rounds', '?')} rounds, each side back to back in every round; medians of every run.")
     out.append("")
-    loads = [float(x) for s in (meta.get("load_before", ""), end.get("load_after", "")) for x in s.split()]
-    shared = any(x > float(meta.get("cores", 1)) * 0.5 for x in loads)
+    # the 1-minute averages, which include the benchmark's own threads: above them (+ 0.5) something
+    # else was running
+    ones = [float(s.split()[0]) for s in (meta.get("load_before", ""), end.get("load_after", "")) if s.split()]
+    shared = any(x > float(meta.get("threads", 1)) + 0.5 for x in ones)
     out.append(
         f"Load average before / after (1, 5, 15 min): {meta.get('load_before', '?')} / "
         f"{end.get('load_after', '?')} on {meta.get('cores', '?')} cores. " +
         ("**The machine was shared** with other jobs during this run: figures moved by 2x or more from run "
          "to run, for both programs alike (both wait for every thread at each op's barrier, which an "
          "oversubscribed machine punishes); the ratios, measured interleaved, are the figures to read."
-         if shared else "The machine was quiet (load at most half the cores)."))
+         if shared else "The machine was quiet: the 1-minute load stayed within the benchmark's own "
+         "threads + 0.5."))
     out.append("")
     for model in shard:
         out += render_model(model, meta, llama.get(model, {}), shard[model])
