@@ -1,8 +1,9 @@
 # lib.sh: the common start of the CLI test scripts that source it (`. "$(dirname "$0")/lib.sh" NAME`):
 # BIN, the shardlm binary as an absolute path (the script exits 0, skipped, when it is not built);
 # DATA, ../shared/data as an absolute path; a temporary directory $tmp (shardlm_test_NAME_*) removed on
-# exit; pass / fail lines for tests/run.sh; and prepare_tiny_data, which tokenizes ten speeches with a
-# new 512-token BPE into $tmp/data (a second or so).
+# exit; pass / fail lines for tests/run.sh; expect, a pass / fail line from a command's status (its
+# output into $log); cut_run, a run's checkpoint directory cut back to one step to resume from; and
+# prepare_tiny_data, which tokenizes ten speeches with a new 512-token BPE into $tmp/data (a second or so).
 set -u
 BIN=${SHARDLM_BIN:-build/shardlm}
 [ -x "$BIN" ] || exit 0
@@ -13,6 +14,16 @@ tmp=$(mktemp -d "/tmp/shardlm_test_${1}_XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 pass() { echo "PASS $1"; }
 fail() { echo "FAIL $1"; shift; [ $# -gt 0 ] && echo "  $*"; }
+log="$tmp/log"
+expect() {  # expect NAME CONDITION-COMMAND...: the command's output goes to $log, shown on failure
+  local name=$1; shift
+  if "$@" >>"$log" 2>&1; then pass "$name"; else fail "$name"; tail -n 15 "$log"; fi
+}
+cut_run() {  # cut_run FROM TO STEP: TO holds FROM's checkpoint of STEP, as latest, and its metrics up to STEP
+  local ckpt; ckpt=$(printf 'step_%08d' "$3")
+  mkdir -p "$2" && cp -r "$1/$ckpt" "$2/" && echo "$ckpt" >"$2/latest" &&
+    head -n "$(grep -n "\"step\":$3," "$1/metrics.jsonl" | tail -1 | cut -d: -f1)" "$1/metrics.jsonl" >"$2/metrics.jsonl"
+}
 prepare_tiny_data() {  # returns non-zero when ../shared/data/sotu is missing
   [ -d "$DATA/sotu" ] || return 1
   mkdir -p "$tmp/corpus" && cp "$DATA"/sotu/179*.txt "$tmp/corpus/" &&

@@ -11,11 +11,6 @@
 #     on a full-precision base) is refused by name.
 # Prints PASS/FAIL lines for tests/run.sh (lib.sh); skips (exit 0) when "$SHARDLM_BIN" is not built.
 . "$(dirname "$0")/lib.sh" qlora
-log="$tmp/log"
-expect() {  # expect NAME CONDITION-COMMAND...
-  local name=$1; shift
-  if "$@" >>"$log" 2>&1; then pass "$name"; else fail "$name"; tail -n 15 "$log"; fi
-}
 prepare_tiny_data || { fail prepare_tiny_data "no $DATA/sotu"; exit 0; }
 common=(--data "$tmp/data" --seq-len 32 --batch-size 2 --grad-accum 2 --threads 2 --lr 1e-2 --seed 7
         --eval-interval 6 --eval-batches 2 --sample-tokens 0 --log-interval 6)
@@ -24,9 +19,7 @@ qlora=(--quantize nf4 --lora-r 4 --lora-alpha 8 --lora-dropout 0.1 --lora-target
 "$BIN" train --model gpt2-tiny "${common[@]}" "${qlora[@]}" --steps 12 --save-interval 6 --save-dir "$tmp/straight" \
   >"$tmp/straight.out" 2>&1
 rc1=$?
-mkdir -p "$tmp/split" && cp -r "$tmp/straight/step_00000006" "$tmp/split/" && echo step_00000006 >"$tmp/split/latest"
-head -n "$(grep -n '"step":6,' "$tmp/straight/metrics.jsonl" | tail -1 | cut -d: -f1)" "$tmp/straight/metrics.jsonl" \
-  >"$tmp/split/metrics.jsonl"
+cut_run "$tmp/straight" "$tmp/split" 6
 "$BIN" train --model gpt2-tiny "${common[@]}" "${qlora[@]}" --steps 12 --save-dir "$tmp/split" --resume >>"$log" 2>&1
 rc2=$?
 if [ $rc1 -eq 0 ] && [ $rc2 -eq 0 ]; then pass qlora_train_and_resume_run; else fail qlora_train_and_resume_run "exit $rc1 $rc2"; cat "$tmp/straight.out" | tail -5; fi
