@@ -7,8 +7,10 @@
 
 #include "shardlm/error.h"
 #include "shardlm/hf_weights.h"
+#include "shardlm/lora.h"
 #include "shardlm/model.h"
 #include "shardlm/optim.h"
+#include "shardlm/peft_adapter.h"
 #include "shardlm/safetensors.h"
 
 #include <math.h>
@@ -95,6 +97,16 @@ static inline double fixture_adamw_track(sl_model *m, float *params, float *grad
     free(state[0]);
     free(state[1]);
     return worst;
+}
+
+// The PEFT adapter directory dir (written for a model of cfg) read into lora, with gradients, and attached
+// to m on m's backend; -1 with the error on stderr.
+static inline int fixture_attach_adapter(const char *dir, const sl_model_config *cfg, sl_model *m, sl_lora *lora) {
+    if (sl_peft_load(dir, cfg, m->ops, lora) || sl_lora_alloc_grads(lora) || sl_model_attach_lora(m, lora)) {
+        fprintf(stderr, "  %s\n", sl_error());
+        return -1;
+    }
+    return 0;
 }
 
 #endif

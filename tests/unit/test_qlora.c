@@ -44,11 +44,7 @@ static int load_fixture(fixture *fx, const char *base, const char *name, int dou
         return -1;
     }
     snprintf(dir, sizeof dir, "tests/fixtures/qlora/%s", name);
-    if (sl_peft_load(dir, &src.cfg, fx->model.ops, &fx->lora) || sl_lora_alloc_grads(&fx->lora) ||
-        sl_model_attach_lora(&fx->model, &fx->lora)) {
-        fprintf(stderr, "  %s\n", sl_error());
-        return -1;
-    }
+    if (fixture_attach_adapter(dir, &src.cfg, &fx->model, &fx->lora)) return -1;
     return fixture_expected(dir, &fx->expected, &fx->inputs, &fx->targets, &fx->B, &fx->T);
 }
 
