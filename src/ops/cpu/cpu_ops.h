@@ -52,6 +52,8 @@ void cpu_to_storage(void *dst, const float *src, size_t n);
     .reset_peak_bytes = cpu_reset_peak_bytes, .sumsq = cpu_sumsq, .scale = cpu_scale, .add = cpu_add,   \
     .nonfinite = cpu_nonfinite, .round_to = cpu_round_to, .to_storage = cpu_to_storage,                 \
     .adam_step = cpu_adam_step, .sgd_step = cpu_sgd_step, .adam8_step = cpu_adam8_step
+// The entry of op `name` of ops_list.h in a CPU table: cpu_<name> (SL_OPS(SL_CPU_OP_ENTRY) fills them all).
+#define SL_CPU_OP_ENTRY(ret, name, params, args, storage, flops, emulation) .name = cpu_##name,
 
 // gemm.c: C (M,N) = alpha * op(A) (M,K) @ op(B) (K,N) + beta * C, row-major, op(X) = X^T when its flag
 // is set; OpenBLAS or oneDNN, chosen once (see gemm.c and sl_cpu_gemm_description).

@@ -47,9 +47,7 @@ void cpu_to_storage(void *dst, const float *src, size_t n) { sl_f32_to_bf16_arra
 
 const sl_ops sl_ops_cpu = {
     .name = "cpu",
-#define SL_CPU_OP_ENTRY(ret, name, params, args, storage, flops, emulation) .name = cpu_##name,
     SL_OPS(SL_CPU_OP_ENTRY)
-#undef SL_CPU_OP_ENTRY
     .act_bf16 = 0,
     .sliding_window = 1,
     .synchronize = cpu_synchronize,

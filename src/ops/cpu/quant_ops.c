@@ -80,9 +80,7 @@ static void q_matmul_gelu_backward(sl_act *dinp, float *dweight, float *dbias, s
 #pragma GCC diagnostic ignored "-Woverride-init"  // the four linear entries replace the CPU ones
 const sl_ops sl_ops_cpu_quant = {
     .name = "cpu-quant",
-#define SL_CPU_OP_ENTRY(ret, name, params, args, storage, flops, emulation) .name = cpu_##name,
     SL_OPS(SL_CPU_OP_ENTRY)
-#undef SL_CPU_OP_ENTRY
     .matmul_forward = q_matmul_forward,
     .matmul_backward = q_matmul_backward,
     .matmul_gelu_forward = q_matmul_gelu_forward,
