@@ -39,7 +39,10 @@ const char *sl_precision_name(sl_precision p);
 
 // The bf16 conversions inline, for the element loops of ops on bf16 storage (the compiler vectorises
 // them); the functions below and the array forms are these, so every form gives the same bits.
-static inline sl_bf16 sl_bf16_round(float x) {  // float32 -> bf16, nearest even, every NaN -> 0x7FC0
+// float32 -> bf16 as c10::BFloat16's round_to_nearest_even: add 0x7FFF plus the lowest kept bit, keep the
+// top half (a finite value whose rounding carries past the largest exponent lands exactly on Inf's
+// bits); every NaN -> 0x7FC0.
+static inline sl_bf16 sl_bf16_round(float x) {
     uint32_t u;
     memcpy(&u, &x, sizeof u);
     if ((u & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FC0;

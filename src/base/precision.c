@@ -30,12 +30,6 @@ static inline float bits_f32(uint32_t u) {
     return x;
 }
 
-// c10::BFloat16 round_to_nearest_even (precision.h's sl_bf16_round): add 0x7FFF plus the lowest kept
-// bit, keep the top half. A finite value whose rounding carries past the largest exponent lands
-// exactly on Inf's bits.
-static inline sl_bf16 to_bf16(float x) { return sl_bf16_round(x); }
-
-static inline float from_bf16(sl_bf16 h) { return sl_bf16_widen(h); }
 
 static inline sl_fp16 to_fp16(float x) {
     uint32_t u = f32_bits(x);
@@ -70,21 +64,21 @@ static inline float from_fp16(sl_fp16 h) {
     return bits_f32(sign | ((e + 112u) << 23) | (m << 13));
 }
 
-sl_bf16 sl_f32_to_bf16(float x) { return to_bf16(x); }
-float sl_bf16_to_f32(sl_bf16 h) { return from_bf16(h); }
+sl_bf16 sl_f32_to_bf16(float x) { return sl_bf16_round(x); }
+float sl_bf16_to_f32(sl_bf16 h) { return sl_bf16_widen(h); }
 sl_fp16 sl_f32_to_fp16(float x) { return to_fp16(x); }
 float sl_fp16_to_f32(sl_fp16 h) { return from_fp16(h); }
-float sl_round_to_bf16(float x) { return from_bf16(to_bf16(x)); }
+float sl_round_to_bf16(float x) { return sl_bf16_widen(sl_bf16_round(x)); }
 float sl_round_to_fp16(float x) { return from_fp16(to_fp16(x)); }
 
 void sl_f32_to_bf16_array(const float *src, sl_bf16 *dst, size_t n) {
 #pragma omp parallel for schedule(static) if (n >= SL_OMP_MIN)
-    for (size_t i = 0; i < n; i++) dst[i] = to_bf16(src[i]);
+    for (size_t i = 0; i < n; i++) dst[i] = sl_bf16_round(src[i]);
 }
 
 void sl_bf16_to_f32_array(const sl_bf16 *src, float *dst, size_t n) {
 #pragma omp parallel for schedule(static) if (n >= SL_OMP_MIN)
-    for (size_t i = 0; i < n; i++) dst[i] = from_bf16(src[i]);
+    for (size_t i = 0; i < n; i++) dst[i] = sl_bf16_widen(src[i]);
 }
 
 void sl_f32_to_fp16_array(const float *src, sl_fp16 *dst, size_t n) {
@@ -99,7 +93,7 @@ void sl_fp16_to_f32_array(const sl_fp16 *src, float *dst, size_t n) {
 
 void sl_round_to_bf16_array(float *x, size_t n) {
 #pragma omp parallel for schedule(static) if (n >= SL_OMP_MIN)
-    for (size_t i = 0; i < n; i++) x[i] = from_bf16(to_bf16(x[i]));
+    for (size_t i = 0; i < n; i++) x[i] = sl_bf16_widen(sl_bf16_round(x[i]));
 }
 
 void sl_round_to_fp16_array(float *x, size_t n) {
