@@ -57,11 +57,9 @@ static void q_matmul_backward(sl_act *dinp, float *dweight, float *dbias, const 
                               const sl_act *weight, int N, int IC, int OC) {
     const sl_qlinear *l = lookup(weight, IC, OC);
     if (!l) { cpu_matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, IC, OC); return; }
-    const float *d = cpu_f32(dout);
-    if (dinp) sl_qlinear_backward_input(l, cpu_f32(dinp), d, N, 0);
-    if (!dbias) return;
-    for (int n = 0; n < N; n++)   // the bias is not quantised: its gradient as cpu_matmul_backward's
-        for (int o = 0; o < OC; o++) dbias[o] += d[(size_t)n * OC + o];
+    if (dinp) sl_qlinear_backward_input(l, cpu_f32(dinp), cpu_f32(dout), N, 0);
+    // the bias is not quantised: cpu_matmul_backward's own column sums (no dinp, no dweight: weight unread)
+    if (dbias) cpu_matmul_backward(NULL, NULL, dbias, dout, inp, weight, N, IC, OC);
 }
 
 static void q_matmul_gelu_forward(sl_act *out, sl_act *pre, const sl_act *inp, const sl_act *weight,
