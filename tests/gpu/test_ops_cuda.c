@@ -12,7 +12,8 @@
 //     nonfinite the same answer; sumsq (double, a different summation tree) within 1e-9 relative;
 //   * determinism: the two CUDA runs must give identical bits (tensors and returned values).
 // Shapes mix small odd ones (not multiples of 32 or 64, unaligned pointers, T = 1) with GPT-2 124M
-// ones (C 768, NH 12, HD 64, T 1024, B 1). Also: every table entry is filled, an impossible
+// ones (C 768, NH 12, HD 64, T 1024, B 1); the norms also C = 5, 771, 1024, 4096 and N = 1, 1003,
+// 4099 (NORM_SHAPES), and their backward once more on the split kernels (SHARDLM_FUSED_KERNELS=0). Also: every table entry is filled, an impossible
 // allocation fails with a message and leaves the backend usable, and cuda_synchronize returns 0.
 // Fused ops: matmul_gelu (cuBLASLt GELU_AUX epilogue where OC % 8 == 0, the unfused fallback where
 // not) and residual + layernorm / rmsnorm against the CPU at 1e-5; on the GPU the fused residual +
@@ -43,6 +44,7 @@
 #include "shardlm/ops.h"
 #include "shardlm/rope.h"
 #include "shardlm/optim.h"
+#include "shardlm/settings.h"
 
 // A host fp32 array handed to the CPU table as activation storage (fp32 there).
 #define ACT(p)                                                   \
@@ -1064,6 +1066,22 @@ static void test_memory(void) {
     else pass("alloc_failure_message", 0.0);
 }
 
+// Sets (value) or clears (NULL) an environment switch of settings.h and reloads the settings, which
+// the backend reads once (a setenv alone would change nothing).
+static void set_switch(const char *name, const char *value) {
+    if (value) setenv(name, value, 1);
+    else unsetenv(name);
+    if (sl_settings_load()) fail("settings_reload", "%s", sl_error());
+}
+
+// The norm shapes: odd ones (C below a vector, C not a multiple of 8 or 4: the scalar path; N not a
+// multiple of the 8-row tile or the 32-row chunk) and GPT-2 / LLaMA widths (768, 1024, 4096).
+static const struct { const char *tag; int N, C; } NORM_SHAPES[] = {
+    {"small", 37, 100},  {"gpt2", 1024, 768},     {"one_row_c5", 1, 5}, {"odd_c771", 1003, 771},
+    {"n4099_c768", 4099, 768}, {"c1024", 515, 1024}, {"c4096", 77, 4096},
+};
+#define N_NORM_SHAPES ((int)(sizeof NORM_SHAPES / sizeof NORM_SHAPES[0]))
+
 // The op groups, each runnable alone (argv[2]): a CUDA error is sticky in the backend, so one failing op
 // would fail every later case of its process; tests/gpu/run.sh runs each group as its own process.
 static const char *const GROUPS[] = {"basics", "encoder", "matmul", "matmul_gelu", "matmul_16bit", "norm", "elementwise",
@@ -1146,8 +1164,11 @@ int main(int argc, char **argv) {
     }
 
     if (group("norm")) {
-        test_norms("small", 37, 100);
-        test_norms("gpt2", 1024, 768);
+        for (int i = 0; i < N_NORM_SHAPES; i++) test_norms(NORM_SHAPES[i].tag, NORM_SHAPES[i].N, NORM_SHAPES[i].C);
+        set_switch("SHARDLM_FUSED_KERNELS", "0");  // the split backward kernels (norm_backward.cu)
+        test_norms("split_small", 37, 100);
+        test_norms("split_gpt2", 1024, 768);
+        set_switch("SHARDLM_FUSED_KERNELS", NULL);
         test_residual_norms("small", 37, 100);
         test_residual_norms("gpt2", 1024, 768);
         test_residual_norm_fusion_exact("small", 37, 100);
@@ -1209,8 +1230,12 @@ int main(int argc, char **argv) {
             test_bf16_matmul("small_bias", 37, 19, 23);       // matmul_gelu: the unfused fallback (OC % 8 != 0)
             test_bf16_matmul("small_epilogue", 37, 19, 24);   // matmul_gelu: the GELU_AUX_BIAS epilogue
             test_bf16_matmul("gpt2_fc", 1024, 768, 3072);
-            test_bf16_norms("small", 37, 100);
-            test_bf16_norms("gpt2", 1024, 768);
+            for (int i = 0; i < N_NORM_SHAPES; i++)
+                test_bf16_norms(NORM_SHAPES[i].tag, NORM_SHAPES[i].N, NORM_SHAPES[i].C);
+            set_switch("SHARDLM_FUSED_KERNELS", "0");
+            test_bf16_norms("split_small", 37, 100);
+            test_bf16_norms("split_gpt2", 1024, 768);
+            set_switch("SHARDLM_FUSED_KERNELS", NULL);
             test_bf16_elementwise("small", 1001, 37, 100);
             test_bf16_elementwise("gpt2", (size_t)1024 * 3072 + 3, 1024, 2048);
             test_bf16_rope("small", 2, 37, 4, 2, 64, 5);
@@ -1226,13 +1251,13 @@ int main(int argc, char **argv) {
             const int n_shapes = (int)(sizeof shapes / sizeof shapes[0]);
             for (int i = 0; i < n_shapes; i++)
                 test_bf16_attention(shapes[i].tag, shapes[i].B, shapes[i].T, shapes[i].NH, shapes[i].NKV, shapes[i].HD);
-            setenv("SHARDLM_ATTENTION", "simt", 1);
+            set_switch("SHARDLM_ATTENTION", "simt");
             for (int i = 0; i < n_shapes; i += n_shapes - 2) {
                 char tag[64];
                 snprintf(tag, sizeof tag, "simt_%s", shapes[i].tag);
                 test_bf16_attention(tag, shapes[i].B, shapes[i].T, shapes[i].NH, shapes[i].NKV, shapes[i].HD);
             }
-            unsetenv("SHARDLM_ATTENTION");
+            set_switch("SHARDLM_ATTENTION", NULL);
             test_bf16_encoder("small", 2, 37, 40, 97);
             test_bf16_crossentropy("small", 37, 100, 128);
             test_bf16_crossentropy("gpt2", 64, 50257, 50304);
