@@ -56,22 +56,6 @@ static void norm_chunking(int N, int *rows_per_chunk, int *n_chunks) {
 
 // ---- per-row and per-element maths (both paths) ----------------------------------------------------
 
-// VEC elements of storage type T loaded / stored as one access (16 bytes for the vector path).
-template <typename T, int VEC> struct alignas(sizeof(T) * VEC) norm_vec {
-    T v[VEC];
-};
-template <typename T, int VEC> __device__ __forceinline__ void load_vec(float *f, const T *p) {
-    norm_vec<T, VEC> a = *reinterpret_cast<const norm_vec<T, VEC> *>(p);
-#pragma unroll
-    for (int j = 0; j < VEC; j++) f[j] = to_f32(a.v[j]);
-}
-template <typename T, int VEC> __device__ __forceinline__ void store_vec(T *p, const float *f) {
-    norm_vec<T, VEC> a;
-#pragma unroll
-    for (int j = 0; j < VEC; j++) a.v[j] = from_f32<T>(f[j]);
-    *reinterpret_cast<norm_vec<T, VEC> *>(p) = a;
-}
-
 // dinp (C) += the input gradient of one row, by one warp (lane 0..31, columns of vectors lane,
 // lane + 32, ...). LayerNorm (LN): g = ((dnorm - mean(dnorm)) - xhat * mean(dnorm * xhat)) * r with
 // dnorm = dy * w, xhat = (x - m) * r. RMSNorm: g = dy * w * r - x * (sum(dy * w * x) * r^3 / C).
@@ -254,8 +238,6 @@ __global__ void __launch_bounds__(32 * NB_REDUCE_Y)
 
 // ---- entry points (cuda_ops.cuh) ------------------------------------------------------------------
 
-static bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
-
 // Both norms: dinp += ..., dw += ..., db += ... (LN; dw NULL: frozen, dinp only). mean unused for RMS.
 template <typename T, bool LN>
 static void norm_backward(T *dinp, float *dw, float *db, const T *dout, const T *inp, const T *w, const float *mean,
@@ -276,7 +258,7 @@ static void norm_backward(T *dinp, float *dw, float *db, const T *dout, const T 
     const cudaDeviceProp *p = sl_cuda_device_props();
     if (sl_settings_get()->fused_kernels && (!p || smem <= p->sharedMemPerBlockOptin)) {
         constexpr int VEC = 16 / sizeof(T);
-        if (C % VEC == 0 && aligned16(dinp) && aligned16(dout) && aligned16(inp) && aligned16(w))
+        if (C % VEC == 0 && sl_aligned16(dinp) && sl_aligned16(dout) && sl_aligned16(inp) && sl_aligned16(w))
             launch_fused<T, VEC, LN>(dinp, part_w, part_b, dout, inp, w, mean, rstd, N, C, rows_per_chunk, n_chunks, smem);
         else
             launch_fused<T, 1, LN>(dinp, part_w, part_b, dout, inp, w, mean, rstd, N, C, rows_per_chunk, n_chunks, smem);
