@@ -19,7 +19,8 @@
 //   fused    = thread 0 reads x[target] first, then statistics, lse and the row loss as forward,
 //              then the gradient: one read of the row from memory (the second should come from
 //              L2: a grid of 2 blocks per SM walks the rows, so 2 x 132 rows of 100 KB are in
-//              flight on an H100), one write.
+//              flight on an H100, and the gradient pass reads and writes with the evict-first
+//              hint, keeping L2 for rows still to be re-read), one write.
 //   One 1024-thread block then sums the N row losses in double in a fixed order (strided serial
 //   sums, then a shared-memory tree) and the total comes back to the host: the one synchronisation
 //   of forward and fused (cuda_ops.h).
@@ -113,7 +114,7 @@ __device__ __forceinline__ void ce_grad_row(T *x, float lse, int target, int V, 
     float scale = target >= 0 ? dloss : 0.0f;
     for (int v0 = threadIdx.x * VEC; v0 < Vp; v0 += CE_THREADS * VEC) {
         float xv[VEC];
-        load_vec<T, VEC>(xv, x + v0);
+        load_vec_cs<T, VEC>(xv, x + v0);  // the row's last read and its only write: evict first
 #pragma unroll
         for (int j = 0; j < VEC; j++) {
             int v = v0 + j;
@@ -124,7 +125,7 @@ __device__ __forceinline__ void ce_grad_row(T *x, float lse, int target, int V, 
             }
             xv[j] = g;
         }
-        store_vec<T, VEC>(x + v0, xv);
+        store_vec_cs<T, VEC>(x + v0, xv);
     }
 }
 

@@ -108,6 +108,28 @@ template <typename T, int VEC> __device__ __forceinline__ void store_vec(T *p, c
     for (int j = 0; j < VEC; j++) a.v[j] = from_f32<T>(f[j]);
     *reinterpret_cast<sl_vec<T, VEC> *>(p) = a;
 }
+// The same for data seen for the last time: 16-byte vectors with the evict-first cache hint (ld / st
+// .cs), so a streaming pass does not push data still to be re-read out of L2; narrower ones plain.
+template <typename T, int VEC> __device__ __forceinline__ void load_vec_cs(float *f, const T *p) {
+    if constexpr (sizeof(sl_vec<T, VEC>) == 16) {
+        sl_vec<T, VEC> a;
+        *reinterpret_cast<int4 *>(&a) = __ldcs(reinterpret_cast<const int4 *>(p));
+#pragma unroll
+        for (int j = 0; j < VEC; j++) f[j] = to_f32(a.v[j]);
+    } else {
+        load_vec<T, VEC>(f, p);
+    }
+}
+template <typename T, int VEC> __device__ __forceinline__ void store_vec_cs(T *p, const float *f) {
+    if constexpr (sizeof(sl_vec<T, VEC>) == 16) {
+        sl_vec<T, VEC> a;
+#pragma unroll
+        for (int j = 0; j < VEC; j++) a.v[j] = from_f32<T>(f[j]);
+        __stcs(reinterpret_cast<int4 *>(p), *reinterpret_cast<const int4 *>(&a));
+    } else {
+        store_vec<T, VEC>(p, f);
+    }
+}
 static inline bool sl_aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
 // Warp-level sum / max (all 32 lanes take part).
