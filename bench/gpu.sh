@@ -13,7 +13,10 @@
 #      both fit, when that differs (the like-for-like rows; these go first when the budget runs out);
 #   5. each model once more at shardlm's micro-batch with SHARDLM_ATTENTION=simt (bf16 attention on
 #      the CUDA cores), for the table comparing the attention kernels (GPU_SIMT=0: not run);
-#   6. renders the "GPU" section of bench/RESULTS.md (bench/gpu_render.py) after every model, so a
+#   6. each model once more at shardlm's micro-batch with SHARDLM_FUSED_KERNELS=0 (the norm backward
+#      and cross-entropy as the earlier separate kernels), for the before / after table of the fused
+#      kernels (GPU_SPLIT=0: not run);
+#   7. renders the "GPU" section of bench/RESULTS.md (bench/gpu_render.py) after every model, so a
 #      run cut short still leaves its finished rows.
 # Every stage has a timeout and the whole run a budget (GPU_BUDGET_S, default 540 s); a stage that
 # fails or does not fit the budget is logged, recorded as a "gpu-skip" line and rendered as not
@@ -34,7 +37,8 @@
 # Environment: GPU_BUDGET_S=540  GPU_MODELS="gpt2 gpt2-medium"  GPU_SEQ=1024  GPU_MAX_BATCH=64
 #   (GPU_SHARDLM_MAX_BATCH / GPU_TORCH_MAX_BATCH: one side's first try)  GPU_GEMM_SIZE=8192
 #   GPU_STEPS=6  GPU_WARMUP=2  GPU_TORCH=1 (0: shardlm only)  GPU_COMPILE=1 (0: no torch.compile rows)
-#   GPU_LIKE=1 (0: no like-for-like rows)  GPU_SIMT=1 (0: no CUDA-core attention rows)  GPU_BUILD=build/gpu  GPU_COMMIT (when git is not there)
+#   GPU_LIKE=1 (0: no like-for-like rows)  GPU_SIMT=1 (0: no CUDA-core attention rows)
+#   GPU_SPLIT=1 (0: no separate-kernel rows)  GPU_BUILD=build/gpu  GPU_COMMIT (when git is not there)
 #   PYTHON=python3
 #   GPU_DEVICE=cuda; GPU_DEVICE=cpu is a dry run of this script's logic on a machine without a GPU (with
 #   GPU_MODELS=gpt2-tiny GPU_SEQ=64 GPU_MAX_BATCH=8 GPU_OUT_DIR=/tmp/somewhere: it measures nothing useful)
@@ -252,6 +256,15 @@ for model in ${GPU_MODELS:-gpt2 gpt2-medium}; do
     [[ "${GPU_SIMT:-1}" == 1 && -n "$bs" ]] || continue
     say "== $model: attention on the CUDA cores (SHARDLM_ATTENTION=simt), micro-batch $bs"
     SHARDLM_ATTENTION=simt shardlm_run "shardlm-simt:$model" 180 "$bs"
+    publish
+done
+# the fused kernels: each model again at shardlm's micro-batch with SHARDLM_FUSED_KERNELS=0 (the norm
+# backward and the cross-entropy as separate kernels), for the before / after table
+for model in ${GPU_MODELS:-gpt2 gpt2-medium}; do
+    bs=${BS[$model]:-}
+    [[ "${GPU_SPLIT:-1}" == 1 && -n "$bs" ]] || continue
+    say "== $model: separate norm-backward and cross-entropy kernels (SHARDLM_FUSED_KERNELS=0), micro-batch $bs"
+    SHARDLM_FUSED_KERNELS=0 shardlm_run "shardlm-split:$model" 180 "$bs"
     publish
 done
 say "finished in ${SECONDS}s"

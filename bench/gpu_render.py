@@ -48,7 +48,8 @@ def render(rows):
     # keyed by precision and buffer type; lines from before bench_gemm had --storage measured fp32 buffers
     sgemm = {(r["precision"], r.get("storage", "fp32")): r for r in rows if r["impl"] == "shardlm-gemm"}
     simt = [r for r in rows if r.get("tag", "").startswith("shardlm-simt:")]
-    runs = [r for r in rows if r["impl"] in LABEL and r not in simt]
+    split = [r for r in rows if r.get("tag", "").startswith("shardlm-split:")]
+    runs = [r for r in rows if r["impl"] in LABEL and r not in simt and r not in split]
     skips = [r for r in rows if r["impl"] == "gpu-skip"]
     out = []
     w = out.append
@@ -160,6 +161,7 @@ def render(rows):
     w("")
     render_profiles(w, [r for r in runs if r["impl"] == "shardlm" and "breakdown" in r], rate)
     render_attention(w, runs, simt)
+    render_fused(w, runs, split)
     render_torch_profiles(w, [r for r in runs if "profile_categories_ms" in r])
     if skips:
         w("### Not measured\n")
@@ -171,13 +173,42 @@ def render(rows):
     return "\n".join(out) + "\n"
 
 
+def default_pairs(runs, variants):
+    """Each variant run next to the default shardlm run of the same model and micro-batch."""
+    pairs = []
+    for s in variants:
+        d = [r for r in runs if r["impl"] == "shardlm" and r["model"] == s["model"] and r["B"] == s["B"]]
+        if d:
+            pairs.append((d[0], s))
+    return pairs
+
+
+def render_fused(w, runs, split):
+    """The fused norm backward and classifier (the default) against the separate kernels, same model and B."""
+    pairs = default_pairs(runs, split)
+    if not pairs:
+        return
+    ops = ("layernorm_backward", "rmsnorm_backward", "crossentropy_fused", "crossentropy_forward",
+           "crossentropy_backward")
+    shown = [k for k in ops if any(k in r.get("breakdown", {}) for p in pairs for r in p)]
+    w("### Fused kernels against the separate ones (bf16, profiled step)\n")
+    w("The norm backward (src/ops/cuda/norm_backward.cu) and the fused classifier (crossentropy_fused, "
+      "src/ops/cuda/crossentropy.cu) against `SHARDLM_FUSED_KERNELS=0` (the earlier separate kernels, and "
+      "crossentropy_forward + crossentropy_backward). Same model, micro-batch and step count; ms per step.\n")
+    w("| model | micro-batch | kernels | ms/step | tok/s | " + " | ".join(shown) + " |")
+    w("|---|---|---|---|---|" + "---|" * len(shown))
+    for d, s in pairs:
+        for r, what in ((d, "fused"), (s, "separate")):
+            b = r.get("breakdown", {})
+            cells = ["%.2f" % b[k] if k in b else "" for k in shown]
+            w(f"| {NAMES.get(r['model'], r['model'])} | {r['B']} | {what} | {r['ms_per_step']:.1f} | "
+              f"{r['tokens_per_s']:.0f} | " + " | ".join(cells) + " |")
+    w("")
+
+
 def render_attention(w, runs, simt):
     """bf16 attention on the tensor cores (the default) against the CUDA-core kernels, same model and B."""
-    pairs = []
-    for s in simt:
-        tc = [r for r in runs if r["impl"] == "shardlm" and r["model"] == s["model"] and r["B"] == s["B"]]
-        if tc:
-            pairs.append((tc[0], s))
+    pairs = default_pairs(runs, simt)
     if not pairs:
         return
     w("### Attention: tensor cores against CUDA cores (bf16, profiled step)\n")

@@ -68,13 +68,17 @@ typedef struct {
     sl_layer_acts *layers;
     sl_act *lnf;                 // (B,T,C)
     float *lnf_mean, *lnf_rstd;
-    sl_act *logits;              // (B,T,Vp); holds dlogits after backward (sl_model_logits reads them)
+    sl_act *logits;              // (B,T,Vp); holds dlogits after backward, or after a forward told
+                                 // sl_model_expect_backward (the fused classifier)
     float *logits_lse;           // (B,T) log-sum-exp of each row's logits
     sl_act *dresid, *dln, *dA, *dB;  // backward scratch
     // state of the last forward
     int B, T;
     int have_targets;
     int logits_rows;             // rows of logits the last forward computed (B*T; 1 with a KV cache; 0 after backward)
+    int expect_backward;         // sl_model_expect_backward was called for the next forward
+    float expected_grad_scale;   // ... with this grad_scale
+    int logits_hold_grad;        // the last forward wrote dlogits for backward (the fused classifier)
     int n_valid_targets;
     float loss;                  // mean loss of the last forward with targets
     // Where each unit's parameters and gradients are (layout.h units): tensor t of unit u lives at
@@ -120,6 +124,14 @@ int sl_model_logits(const sl_model *m, int row0, int rows, float *out);
 // Backward of the last forward (which must have had targets): ACCUMULATES into m->grads the
 // gradient of grad_scale * mean loss (grad_scale = 1/accumulation steps for gradient accumulation).
 int sl_model_backward(sl_model *m, float grad_scale);
+
+// Tells the model that the next forward (with targets) is a training step's, followed by
+// sl_model_backward(m, grad_scale). That forward then computes the loss and the logits' gradient in
+// one op (ops->crossentropy_fused: one pass over the logits on the GPU) instead of leaving the
+// logits for backward: sl_model_logits has no rows until the next forward, and a backward with
+// another grad_scale is refused. Holds for the next forward only; SHARDLM_FUSED_KERNELS=0 keeps the
+// separate ops. Loss, gradients and logits' bits are those of the separate ops.
+void sl_model_expect_backward(sl_model *m, float grad_scale);
 
 // Zeroes the whole gradient buffer (nothing when the engine has taken it away).
 void sl_model_zero_grad(sl_model *m);

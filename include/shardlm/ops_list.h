@@ -204,6 +204,12 @@
     X(void, crossentropy_backward,                                                                          \
       (sl_act *logits, const float *lse, const int *targets, int N, int V, int Vp, float dloss),           \
       (logits, lse, targets, N, V, Vp, dloss),                                                              \
+      SL_INOUT(logits, SL_N2(N, Vp)), SL_FLOPS(0), STAGED)                                                  \
+    /* crossentropy_forward then crossentropy_backward in one call (training's fused classifier: one        \
+       pass over the logits on the GPU): the same lse, returned loss and gradient over the logits. */       \
+    X(double, crossentropy_fused,                                                                           \
+      (float *lse, sl_act *logits, const int *targets, int N, int V, int Vp, float dloss),                  \
+      (lse, logits, targets, N, V, Vp, dloss),                                                              \
       SL_INOUT(logits, SL_N2(N, Vp)), SL_FLOPS(0), STAGED)
 
 // Causal (query, key) pairs over all heads and batch rows: each query sees min(t + 1, window) keys.

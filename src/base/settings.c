@@ -8,7 +8,7 @@
 #include <string.h>
 
 #define DEFAULTS                                                                                      \
-    {.gelu_epilogue = 1, .attention_tensor_cores = 1, .bf16_storage = 1, .cpu_bf16 = 1, .log_level = 1,   \
+    {.gelu_epilogue = 1, .attention_tensor_cores = 1, .fused_kernels = 1, .bf16_storage = 1, .cpu_bf16 = 1, .log_level = 1,   \
      .heartbeat_interval_ms = 1000, .terminal = 1}
 static sl_settings settings = DEFAULTS;
 static int loaded;
@@ -17,6 +17,7 @@ static const struct { const char *name, *meaning; } variables[] = {
     {"SHARDLM_TF32", "1: fp32 GEMMs on the GPU may use TF32 tensor cores (default 0: exact fp32)"},
     {"SHARDLM_GELU_EPILOGUE", "0: GPT-2's GELU as its own kernel instead of cuBLASLt's epilogue (default 1)"},
     {"SHARDLM_ATTENTION", "simt: bf16 attention on the CUDA-core kernels instead of tensor cores (default tc)"},
+    {"SHARDLM_FUSED_KERNELS", "0: the GPU's norm backward and cross-entropy as the earlier separate kernels (A/B timing; default 1)"},
     {"SHARDLM_BF16_STORAGE", "0: --precision bf16 keeps fp32 activations, on the GPU and the CPU (default 1: bf16 storage)"},
     {"SHARDLM_EMULATE_BF16_STORAGE", "1: the CPU backend emulates the GPU's bf16 storage (tests; default 0)"},
     {"SHARDLM_CPU_BF16", "0: bf16 on the CPU acts as on a CPU without bf16 instructions (emulation; default 1)"},
@@ -85,6 +86,7 @@ int sl_settings_load(void) {
     read_switch("SHARDLM_TF32", &s.tf32);
     read_switch("SHARDLM_GELU_EPILOGUE", &s.gelu_epilogue);
     read_word("SHARDLM_ATTENTION", attention, attention_v, 2, &s.attention_tensor_cores, "tc or simt");
+    read_switch("SHARDLM_FUSED_KERNELS", &s.fused_kernels);
     read_switch("SHARDLM_BF16_STORAGE", &s.bf16_storage);
     read_switch("SHARDLM_EMULATE_BF16_STORAGE", &s.emulate_bf16_storage);
     read_switch("SHARDLM_CPU_BF16", &s.cpu_bf16);

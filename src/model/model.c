@@ -14,6 +14,7 @@
 #include "shardlm/precision.h"
 #include "shardlm/rng.h"
 #include "shardlm/rope.h"
+#include "shardlm/settings.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -379,6 +380,11 @@ static void cache_append(const sl_model *m, sl_kv_cache *kv, int l, const sl_act
     }
 }
 
+// dloss of the mean loss's gradient scaled by grad_scale: grad_scale / the counted targets.
+static float loss_dlogits_scale(const sl_model *m, float grad_scale) {
+    return m->n_valid_targets ? grad_scale / (float)m->n_valid_targets : 0.0f;
+}
+
 // One forward over inputs (B,T). Without a cache: training / full forward from position 0 (targets
 // optional). With one (B = 1): the T tokens at positions kv->pos.. — a prefill from position 0 uses
 // the full attention and fills the cache, one token after that attends to the cache (decode); only
@@ -388,6 +394,9 @@ static int forward(sl_model *m, sl_kv_cache *kv, const int *inputs, const int *t
     const sl_ops *ops = m->ops;
     m->have_targets = 0;  // a failed forward must not leave a stale one for backward
     m->logits_rows = 0;
+    m->logits_hold_grad = 0;
+    int fuse_loss = m->expect_backward && targets && !kv && sl_settings_get()->fused_kernels;
+    m->expect_backward = 0;  // for this forward only
     int pos0 = kv ? kv->pos : 0;
     if (B <= 0 || T <= 0) return sl_errorf("forward: batch %d x %d must be positive", B, T);
     if (pos0 + T > sl_config_context(c))
@@ -483,9 +492,16 @@ static int forward(sl_model *m, sl_kv_cache *kv, const int *inputs, const int *t
     m->loss = 0.0f;
     if (targets) {
         for (size_t i = 0; i < N; i++) m->n_valid_targets += targets[i] >= 0;
-        // the loss and each row's log-sum-exp here (logits kept); backward writes dlogits in place
-        double total = ops->crossentropy_forward(m->logits_lse, m->logits, m->targets, (int)N, c->vocab_size,
-                                                 c->padded_vocab_size);
+        double total;
+        if (fuse_loss) {  // a training step: the loss and dlogits (in place) in one pass, for backward
+            total = ops->crossentropy_fused(m->logits_lse, m->logits, m->targets, (int)N, c->vocab_size,
+                                            c->padded_vocab_size, loss_dlogits_scale(m, m->expected_grad_scale));
+            m->logits_hold_grad = 1;
+            m->logits_rows = 0;
+        } else {  // the loss and each row's log-sum-exp here (logits kept); backward writes dlogits in place
+            total = ops->crossentropy_forward(m->logits_lse, m->logits, m->targets, (int)N, c->vocab_size,
+                                              c->padded_vocab_size);
+        }
         m->loss = m->n_valid_targets ? (float)(total / m->n_valid_targets) : 0.0f;
         if (loss) *loss = m->loss;
     }
@@ -532,17 +548,28 @@ int sl_model_logits(const sl_model *m, int row0, int rows, float *out) {
     return 0;
 }
 
+void sl_model_expect_backward(sl_model *m, float grad_scale) {
+    m->expect_backward = 1;
+    m->expected_grad_scale = grad_scale;
+}
+
 int sl_model_backward(sl_model *m, float grad_scale) {
     if (m->inference_only) return sl_errorf("backward: the model was set up for inference only (no gradients)");
     if (!m->have_targets)
         return sl_errorf("backward: needs a preceding forward with targets (none since the last backward or a failed forward)");
+    if (m->logits_hold_grad && grad_scale != m->expected_grad_scale)
+        return sl_errorf("backward: grad_scale %g differs from the %g announced before the forward "
+                         "(sl_model_expect_backward), whose loss gradient is already computed",
+                         (double)grad_scale, (double)m->expected_grad_scale);
     const sl_model_config *c = &m->cfg;
     const sl_ops *ops = m->ops;
     const sl_param_layout *L = &m->layout;
     int B = m->B, T = m->T, N = B * T;
     int C = c->n_embd, F = c->n_inner, NH = c->n_head, NKV = c->n_kv_head, HD = sl_config_head_dim(c);
     int QKV = qkv_width(c), FC = fc_width(c), Vp = c->padded_vocab_size, A = sl_config_attn_width(c);
-    float dloss = m->n_valid_targets ? grad_scale / (float)m->n_valid_targets : 0.0f;
+    float dloss = loss_dlogits_scale(m, grad_scale);
+    int logits_hold_grad = m->logits_hold_grad;
+    m->logits_hold_grad = 0;
     m->have_targets = 0;  // logits become gradients below; a second backward would be wrong
     m->logits_rows = 0;
     announce_precision(m);
@@ -551,7 +578,7 @@ int sl_model_backward(sl_model *m, float grad_scale) {
     // logits -> dlogits in place, then the head and the final norm
     HOOK(m, SL_PARAMS_GET, head_unit, tied ? last : c->n_layer);
     HOOK(m, SL_GRADS_GET, head_unit, -1);
-    ops->crossentropy_backward(m->logits, m->logits_lse, m->targets, N, c->vocab_size, Vp, dloss);
+    if (!logits_hold_grad) ops->crossentropy_backward(m->logits, m->logits_lse, m->targets, N, c->vocab_size, Vp, dloss);
     int head = L->lm_head >= 0 ? L->lm_head : L->wte;
     ops->matmul_backward(m->dln, GB(m, head), NULL, m->logits, m->lnf, W(m, head), N, C, Vp);
     if (tied) {  // the embedding's gradients stay open until the encoder adds its part

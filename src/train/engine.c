@@ -181,11 +181,12 @@ int sl_engine_forward_backward(sl_engine *e, const int *inputs, const int *targe
     float l;
     if (e->detached) return sl_errorf("engine: the model was detached for inference; no more training");
     int last_micro = e->micro_step + 1 == e->cfg.grad_accum_steps;
+    float grad_scale = 1.0f / (float)e->cfg.grad_accum_steps;
+    if (engine_loss_scale(e) != 1.0f) grad_scale *= engine_loss_scale(e);  // fp16: the scaled loss
+    sl_model_expect_backward(e->model, grad_scale);  // the loss and its gradient in one pass (fused classifier)
     if (sl_model_forward(e->model, inputs, targets, B, T, &l)) return -1;
     if (e->sharded) sl_zero_begin_backward(&e->zero, last_micro);
     e->ddp_active = !e->sharded && e->distributed && last_micro;
-    float grad_scale = 1.0f / (float)e->cfg.grad_accum_steps;
-    if (engine_loss_scale(e) != 1.0f) grad_scale *= engine_loss_scale(e);  // fp16: the scaled loss
     int rc = sl_model_backward(e->model, grad_scale);
     if (rc == 0 && e->sharded) rc = sl_zero_finish_backward(&e->zero);
     if (rc == 0 && e->ddp_active) rc = sl_ddp_finish(&e->ddp);

@@ -127,6 +127,21 @@ static void check_preset(const char *preset, const sl_ops *gpu) {
     double worst = worst_gradient(&c, ggrad, &where);
     snprintf(name, sizeof name, "%s_gradients_match_cpu(worst %s)", preset, where);
     report(ok && worst <= 1e-4, name, "max rel err %.2e", worst);
+    // the fused classifier (sl_model_expect_backward: loss and dlogits in forward) gives the same bits
+    sl_model f;
+    float lf = 0.0f;
+    int fok = ok && ggrad && !sl_model_create(&f, &cfg, gpu);
+    if (fok) {
+        fok = !sl_model_init_weights(&f, 5);
+        sl_model_expect_backward(&f, 1.0f);
+        fok = fok && !sl_model_forward(&f, in, tg, B, T, &lf) && !sl_model_backward(&f, 1.0f);
+        float *fgrad = fok ? download(&f, f.grads, f.layout.total) : NULL;
+        fok = fok && fgrad && !memcmp(&lf, &lg, sizeof lf) && !memcmp(fgrad, ggrad, f.layout.total * sizeof(float));
+        free(fgrad);
+        sl_model_free(&f);
+    }
+    snprintf(name, sizeof name, "%s_fused_classifier_equals_separate_bits", preset);
+    report(fok, name, "exact", 0);
     free(glog);
     free(ggrad);
     sl_model_free(&c);

@@ -12,11 +12,13 @@
 //     nonfinite the same answer; sumsq (double, a different summation tree) within 1e-9 relative;
 //   * determinism: the two CUDA runs must give identical bits (tensors and returned values).
 // Shapes mix small odd ones (not multiples of 32 or 64, unaligned pointers, T = 1) with GPT-2 124M
-// ones (C 768, NH 12, HD 64, T 1024, B 1). Also: every table entry is filled, an impossible
+// ones (C 768, NH 12, HD 64, T 1024, B 1); the norms also C = 5, 771, 1024, 4096 and N = 1, 1003,
+// 4099 (NORM_SHAPES), and their backward once more on the split kernels (SHARDLM_FUSED_KERNELS=0). Also: every table entry is filled, an impossible
 // allocation fails with a message and leaves the backend usable, and cuda_synchronize returns 0.
 // Fused ops: matmul_gelu (cuBLASLt GELU_AUX epilogue where OC % 8 == 0, the unfused fallback where
 // not) and residual + layernorm / rmsnorm against the CPU at 1e-5; on the GPU the fused residual +
-// norm must equal residual_forward + the norm bit for bit. 16-bit compute types: with
+// norm must equal residual_forward + the norm bit for bit, and crossentropy_fused (against the CPU's
+// forward + backward at 1e-5) must equal the GPU's crossentropy_forward + crossentropy_backward bit for bit. 16-bit compute types: with
 // set_precision(bf16 / fp16) the GEMMs run as CUBLAS_COMPUTE_32F_FAST_16BF / _16F; on inputs already
 // rounded to that format they must stay within BF16_TOL (1e-2) of the CPU's fp32 GEMM on the same
 // inputs (exact 16-bit products, fp32 accumulation: expect ~1e-6; the bound is the format's).
@@ -43,6 +45,7 @@
 #include "shardlm/ops.h"
 #include "shardlm/rope.h"
 #include "shardlm/optim.h"
+#include "shardlm/settings.h"
 
 // A host fp32 array handed to the CPU table as activation storage (fp32 there).
 #define ACT(p)                                                   \
@@ -369,6 +372,9 @@ static double op_ce_fwd(const sl_ops *o, void **p, const args *a) {
 static double op_ce_bwd(const sl_ops *o, void **p, const args *a) {
     o->crossentropy_backward(p[0], p[1], p[2], a->N, a->V, a->Vp, a->dloss);
     return 0;
+}
+static double op_ce_fused(const sl_ops *o, void **p, const args *a) {
+    return o->crossentropy_fused(p[0], p[1], p[2], a->N, a->V, a->Vp, a->dloss);
 }
 static double op_sumsq(const sl_ops *o, void **p, const args *a) { return o->sumsq(p[0], a->n); }
 static double op_scale(const sl_ops *o, void **p, const args *a) {
@@ -712,6 +718,9 @@ static void test_crossentropy(const char *tag, int N, int V, int Vp) {
     RUN(name, op_ce_fwd, &a, CMP_REL, REL_TOL, {"lse", lse, F(N), OUT}, {"logits", logits, F(n), IN},
         {"targets", targets, I(N), IN});
     cpu->crossentropy_forward(lse, ACT(logits), targets, N, V, Vp);
+    snprintf(name, sizeof name, "crossentropy_fused_%s", tag);
+    RUN(name, op_ce_fused, &a, CMP_REL, REL_TOL, {"lse", lse, F(N), OUT}, {"logits", logits, F(n), INOUT},
+        {"targets", targets, I(N), IN});
     snprintf(name, sizeof name, "crossentropy_backward_%s", tag);
     RUN(name, op_ce_bwd, &a, CMP_REL, REL_TOL, {"logits", logits, F(n), INOUT}, {"lse", lse, F(N), IN},
         {"targets", targets, I(N), IN});
@@ -871,7 +880,8 @@ static void test_bf16_encoder(const char *tag, int B, int T, int C, int V) {
     free(tok); free(wte); free(wpe); free(dwte); free(dwpe); free(out); free(dout);
 }
 
-// crossentropy forward (the returned loss too) / backward: logits (and dlogits over them) bf16, lse fp32.
+// crossentropy forward (the returned loss too) / backward / fused: logits (and dlogits over them)
+// bf16, lse fp32.
 static void test_bf16_crossentropy(const char *tag, int N, int V, int Vp) {
     size_t n = (size_t)N * Vp;
     float *l, *lse;
@@ -880,10 +890,56 @@ static void test_bf16_crossentropy(const char *tag, int N, int V, int Vp) {
     void *logits = to_bf16(l, n);
     RUN(bname("crossentropy_forward", tag), op_ce_fwd, &a, CMP_REL, BF16_STORAGE_TOL, {"lse", lse, F(N), OUT},
         {"logits", logits, H(n), BIN}, {"targets", targets, I(N), IN});
+    RUN(bname("crossentropy_fused", tag), op_ce_fused, &a, CMP_REL, BF16_STORAGE_TOL, {"lse", lse, F(N), OUT},
+        {"logits", logits, H(n), BINOUT}, {"targets", targets, I(N), IN});
     cpu->crossentropy_forward(lse, ACT(logits), targets, N, V, Vp);
     RUN(bname("crossentropy_backward", tag), op_ce_bwd, &a, CMP_REL, BF16_STORAGE_TOL,
         {"logits", logits, H(n), BINOUT}, {"lse", lse, F(N), IN}, {"targets", targets, I(N), IN});
     free(logits); free(lse); free(targets);
+}
+
+// On the GPU table in use (fp32 or bf16 storage), crossentropy_fused must give crossentropy_forward's
+// lse and loss and crossentropy_backward's gradient, bit for bit (the kernels share their row code).
+static void test_crossentropy_fusion_exact(const char *tag, int N, int V, int Vp) {
+    char name[160];
+    snprintf(name, sizeof name, "crossentropy_fused_equals_forward_backward_bits_%s%s",
+             gpu->act_bf16 ? "bf16_storage_" : "", tag);
+    float *l, *lse;
+    int *targets;
+    args a = ce_inputs(N, V, Vp, &l, &lse, &targets);
+    size_t n = (size_t)N * Vp, bytes = n * (gpu->act_bf16 ? sizeof(sl_bf16) : sizeof(float));
+    void *host = gpu->act_bf16 ? to_bf16(l, n) : l;
+    void *x[2] = {gpu->alloc(bytes, "logits"), gpu->alloc(bytes, "logits")};
+    float *dl[2] = {gpu->alloc(F(N), "lse"), gpu->alloc(F(N), "lse")};
+    int *dt = gpu->alloc(I(N), "targets");
+    void *got[2] = {xmalloc(bytes), xmalloc(bytes)};
+    float *got_lse[2] = {xmalloc(F(N)), xmalloc(F(N))};
+    if (!x[0] || !x[1] || !dl[0] || !dl[1] || !dt) {
+        fail(name, "alloc: %s", sl_error());
+    } else {
+        for (int k = 0; k < 2; k++) gpu->upload(x[k], host, bytes);
+        gpu->upload(dt, targets, I(N));
+        double t0 = gpu->crossentropy_forward(dl[0], x[0], dt, N, V, Vp);
+        gpu->crossentropy_backward(x[0], dl[0], dt, N, V, Vp, a.dloss);
+        double t1 = gpu->crossentropy_fused(dl[1], x[1], dt, N, V, Vp, a.dloss);
+        for (int k = 0; k < 2; k++) {
+            gpu->download(got[k], x[k], bytes);
+            gpu->download(got_lse[k], dl[k], F(N));
+        }
+        if (gpu->synchronize()) fail(name, "%s", sl_error());
+        else if (memcmp(&t0, &t1, sizeof t0)) fail(name, "loss %.17g fused, %.17g separate", t1, t0);
+        else if (memcmp(got_lse[0], got_lse[1], F(N))) fail(name, "lse differs");
+        else if (memcmp(got[0], got[1], bytes)) fail(name, "the gradient over the logits differs");
+        else pass(name, 0.0);
+    }
+    for (int k = 0; k < 2; k++) {
+        gpu->dealloc(x[k]);
+        gpu->dealloc(dl[k]);
+        free(got[k]);
+        free(got_lse[k]);
+    }
+    gpu->dealloc(dt);
+    free(host); free(lse); free(targets);
 }
 
 // Segments covering [0, n): sorted, disjoint, uneven lengths (one of a single element), decay alternating.
@@ -1064,6 +1120,29 @@ static void test_memory(void) {
     else pass("alloc_failure_message", 0.0);
 }
 
+// Sets (value) or clears (NULL) an environment switch of settings.h and reloads the settings, which
+// the backend reads once (a setenv alone would change nothing).
+static void set_switch(const char *name, const char *value) {
+    if (value) setenv(name, value, 1);
+    else unsetenv(name);
+    if (sl_settings_load()) fail("settings_reload", "%s", sl_error());
+}
+
+// The norm shapes: odd ones (C below a vector, C not a multiple of 8 or 4: the scalar path; N not a
+// multiple of the 8-row tile or the 32-row chunk) and GPT-2 / LLaMA widths (768, 1024, 4096).
+static const struct { const char *tag; int N, C; } NORM_SHAPES[] = {
+    {"small", 37, 100},  {"gpt2", 1024, 768},     {"one_row_c5", 1, 5}, {"odd_c771", 1003, 771},
+    {"n4099_c768", 4099, 768}, {"c1024", 515, 1024}, {"c4096", 77, 4096},
+};
+#define N_NORM_SHAPES ((int)(sizeof NORM_SHAPES / sizeof NORM_SHAPES[0]))
+
+// Cross-entropy shapes: Vp a multiple of 8 (16-byte vectors, V inside a vector) and not (97: single
+// elements), one row, GPT-2's padded vocabulary.
+static const struct { const char *tag; int N, V, Vp; } CE_SHAPES[] = {
+    {"small", 37, 100, 128}, {"odd_vp97", 5, 97, 97}, {"one_row_gpt2", 1, 50257, 50304}, {"gpt2", 64, 50257, 50304},
+};
+#define N_CE_SHAPES ((int)(sizeof CE_SHAPES / sizeof CE_SHAPES[0]))
+
 // The op groups, each runnable alone (argv[2]): a CUDA error is sticky in the backend, so one failing op
 // would fail every later case of its process; tests/gpu/run.sh runs each group as its own process.
 static const char *const GROUPS[] = {"basics", "encoder", "matmul", "matmul_gelu", "matmul_16bit", "norm", "elementwise",
@@ -1146,8 +1225,11 @@ int main(int argc, char **argv) {
     }
 
     if (group("norm")) {
-        test_norms("small", 37, 100);
-        test_norms("gpt2", 1024, 768);
+        for (int i = 0; i < N_NORM_SHAPES; i++) test_norms(NORM_SHAPES[i].tag, NORM_SHAPES[i].N, NORM_SHAPES[i].C);
+        set_switch("SHARDLM_FUSED_KERNELS", "0");  // the split backward kernels (norm_backward.cu)
+        test_norms("split_small", 37, 100);
+        test_norms("split_gpt2", 1024, 768);
+        set_switch("SHARDLM_FUSED_KERNELS", NULL);
         test_residual_norms("small", 37, 100);
         test_residual_norms("gpt2", 1024, 768);
         test_residual_norm_fusion_exact("small", 37, 100);
@@ -1183,8 +1265,10 @@ int main(int argc, char **argv) {
     }
 
     if (group("crossentropy")) {
-        test_crossentropy("small", 37, 100, 128);
-        test_crossentropy("gpt2", 64, 50257, 50304);
+        for (int i = 0; i < N_CE_SHAPES; i++) {
+            test_crossentropy(CE_SHAPES[i].tag, CE_SHAPES[i].N, CE_SHAPES[i].V, CE_SHAPES[i].Vp);
+            test_crossentropy_fusion_exact(CE_SHAPES[i].tag, CE_SHAPES[i].N, CE_SHAPES[i].V, CE_SHAPES[i].Vp);
+        }
     }
 
     if (group("optimizer")) {
@@ -1209,8 +1293,12 @@ int main(int argc, char **argv) {
             test_bf16_matmul("small_bias", 37, 19, 23);       // matmul_gelu: the unfused fallback (OC % 8 != 0)
             test_bf16_matmul("small_epilogue", 37, 19, 24);   // matmul_gelu: the GELU_AUX_BIAS epilogue
             test_bf16_matmul("gpt2_fc", 1024, 768, 3072);
-            test_bf16_norms("small", 37, 100);
-            test_bf16_norms("gpt2", 1024, 768);
+            for (int i = 0; i < N_NORM_SHAPES; i++)
+                test_bf16_norms(NORM_SHAPES[i].tag, NORM_SHAPES[i].N, NORM_SHAPES[i].C);
+            set_switch("SHARDLM_FUSED_KERNELS", "0");
+            test_bf16_norms("split_small", 37, 100);
+            test_bf16_norms("split_gpt2", 1024, 768);
+            set_switch("SHARDLM_FUSED_KERNELS", NULL);
             test_bf16_elementwise("small", 1001, 37, 100);
             test_bf16_elementwise("gpt2", (size_t)1024 * 3072 + 3, 1024, 2048);
             test_bf16_rope("small", 2, 37, 4, 2, 64, 5);
@@ -1226,16 +1314,18 @@ int main(int argc, char **argv) {
             const int n_shapes = (int)(sizeof shapes / sizeof shapes[0]);
             for (int i = 0; i < n_shapes; i++)
                 test_bf16_attention(shapes[i].tag, shapes[i].B, shapes[i].T, shapes[i].NH, shapes[i].NKV, shapes[i].HD);
-            setenv("SHARDLM_ATTENTION", "simt", 1);
+            set_switch("SHARDLM_ATTENTION", "simt");
             for (int i = 0; i < n_shapes; i += n_shapes - 2) {
                 char tag[64];
                 snprintf(tag, sizeof tag, "simt_%s", shapes[i].tag);
                 test_bf16_attention(tag, shapes[i].B, shapes[i].T, shapes[i].NH, shapes[i].NKV, shapes[i].HD);
             }
-            unsetenv("SHARDLM_ATTENTION");
+            set_switch("SHARDLM_ATTENTION", NULL);
             test_bf16_encoder("small", 2, 37, 40, 97);
-            test_bf16_crossentropy("small", 37, 100, 128);
-            test_bf16_crossentropy("gpt2", 64, 50257, 50304);
+            for (int i = 0; i < N_CE_SHAPES; i++) {
+                test_bf16_crossentropy(CE_SHAPES[i].tag, CE_SHAPES[i].N, CE_SHAPES[i].V, CE_SHAPES[i].Vp);
+                test_crossentropy_fusion_exact(CE_SHAPES[i].tag, CE_SHAPES[i].N, CE_SHAPES[i].V, CE_SHAPES[i].Vp);
+            }
         }
         gpu = fp32_gpu;
         cpu = &sl_ops_cpu;

@@ -228,12 +228,16 @@ TEST(encoder_and_crossentropy_equal_fp32_on_rounded_inputs) {
     emu->encoder_backward(dwte2, NULL, ACT(s_dout), inp, B, T, C);
     CHECK(same_f32(dwte, dwte2, (size_t)V * C));
     float *logits = values((size_t)N * Vp, 34, 4.0f), *s_logits = storage(logits, (size_t)N * Vp), lse[8], lse2[8];
+    float *s_fused = storage(logits, (size_t)N * Vp), lse3[8];
+    double l3 = emu->crossentropy_fused(lse3, ACT(s_fused), tg, N, V, Vp, 0.25f);  // forward + backward in one
     double l1 = ref->crossentropy_forward(lse, ACT(logits), tg, N, V, Vp);
     double l2 = emu->crossentropy_forward(lse2, ACT(s_logits), tg, N, V, Vp);
     CHECK(l1 == l2 && same_f32(lse, lse2, N));
     ref->crossentropy_backward(ACT(logits), lse, tg, N, V, Vp, 0.25f);
     emu->crossentropy_backward(ACT(s_logits), lse2, tg, N, V, Vp, 0.25f);  // dlogits in place, rounded
     CHECK(same_storage(s_logits, logits, (size_t)N * Vp));
+    CHECK(l3 == l2 && same_f32(lse3, lse2, N) && same_storage(s_fused, logits, (size_t)N * Vp));
+    free(s_fused);
     free(wte); free(wpe); free(out); free(s_out); free(dwte); free(dwte2); free(dout); free(s_dout); free(logits);
     free(s_logits);
 }

@@ -285,15 +285,19 @@ TEST(other_ops_give_the_emulations_bits) {
     int NB = 150, VB = 30000, VBp = 30080, tb[150];
     for (int i = 0; i < NB; i++) tb[i] = i % 7 == 3 ? -1 : (i * 7919) % VB;
     size_t nb = (size_t)NB * VBp;
-    sl_bf16 *b1 = bf16_values(nb, 31, 4.0f), *b2 = bf16_copy(b1, nb);
-    float *bl1 = malloc(NB * 4), *bl2 = malloc(NB * 4);
+    sl_bf16 *b1 = bf16_values(nb, 31, 4.0f), *b2 = bf16_copy(b1, nb), *b3 = bf16_copy(b1, nb);
+    float *bl1 = malloc(NB * 4), *bl2 = malloc(NB * 4), *bl3 = malloc(NB * 4);
     c1 = nat->crossentropy_forward(bl1, ACT((void *)b1), tb, NB, VB, VBp);
     c2 = emu->crossentropy_forward(bl2, ACT((void *)b2), tb, NB, VB, VBp);
     CHECK_MSG(c1 == c2 && !memcmp(bl1, bl2, NB * 4), "blocked cross-entropy %.17g vs %.17g", c1, c2);
     nat->crossentropy_backward(ACT((void *)b1), bl1, tb, NB, VB, VBp, 1.0f / 150);
     emu->crossentropy_backward(ACT((void *)b2), bl2, tb, NB, VB, VBp, 1.0f / 150);
     CHECK(!memcmp(b1, b2, nb * 2));
-    free(b1); free(b2); free(bl1); free(bl2);
+    // both in one call, blocked the same way: the same loss, lse and gradient
+    double c3 = nat->crossentropy_fused(bl3, ACT((void *)b3), tb, NB, VB, VBp, 1.0f / 150);
+    CHECK_MSG(c3 == c1 && !memcmp(bl3, bl1, NB * 4) && !memcmp(b3, b1, nb * 2), "fused cross-entropy %.17g vs %.17g",
+              c3, c1);
+    free(b1); free(b2); free(b3); free(bl1); free(bl2); free(bl3);
     CHECK(nat->synchronize() == 0);
     free(qkv); free(q1); free(q2); free(a1); free(a2); free(d1); free(d2); free(dout); free(x1); free(x2); free(y);
     free(lw); free(lb); free(n1); free(n2); free(dw1); free(dw2); free(db1); free(db2); free(g1); free(g2);

@@ -2,7 +2,7 @@
 // tests/reference/make_model_fixtures.py): logits, loss and every parameter gradient within 1e-5
 // relative (per tensor: max |ours - theirs| / max |theirs|), and 10 AdamW steps tracking
 // PyTorch's losses. Also: gradient accumulation equals one bigger batch, the fused ops (GEMM + GELU,
-// residual + norm) change no bit of the model, every forward/backward tells the backend the model's
+// residual + norm, the fused classifier) change no bit of the model, every forward/backward tells the backend the model's
 // precision, and the model rejects out-of-range tokens and over-long sequences with a clear message.
 #include "test.h"
 #include "test_fixture.h"
@@ -215,6 +215,16 @@ static void record_precision(int precision) {
     precision_calls++;
 }
 
+// Models a (on the CPU table) and b (on ops_b) of a preset, with the same weights.
+static void model_pair(const char *preset, const sl_ops *ops_b, uint64_t seed, sl_model_config *cfg, sl_model *a,
+                       sl_model *b) {
+    CHECK(sl_config_preset(cfg, preset) == 0);
+    CHECK(sl_model_create(a, cfg, &sl_ops_cpu) == 0);
+    CHECK(sl_model_create(b, cfg, ops_b) == 0);
+    sl_model_init_weights(a, seed);
+    sl_model_init_weights(b, seed);
+}
+
 // The model on the CPU table and on the unfused one: identical logits, loss and gradients (bits).
 TEST(fused_ops_change_no_bit_of_the_model) {
     sl_ops unfused = sl_ops_cpu;
@@ -225,12 +235,8 @@ TEST(fused_ops_change_no_bit_of_the_model) {
     const char *presets[2] = {"gpt2-tiny", "llama-tiny"};
     for (int p = 0; p < 2; p++) {
         sl_model_config cfg;
-        CHECK(sl_config_preset(&cfg, presets[p]) == 0);
         sl_model a, b;
-        CHECK(sl_model_create(&a, &cfg, &sl_ops_cpu) == 0);
-        CHECK(sl_model_create(&b, &cfg, &unfused) == 0);
-        sl_model_init_weights(&a, 3);
-        sl_model_init_weights(&b, 3);
+        model_pair(presets[p], &unfused, 3, &cfg, &a, &b);
         int B = 2, T = 16, in[32], tg[32];
         for (int i = 0; i < 32; i++) { in[i] = (i * 29 + 3) % cfg.vocab_size; tg[i] = (i * 41 + 7) % cfg.vocab_size; }
         float la = 0, lb = 0;
@@ -239,6 +245,49 @@ TEST(fused_ops_change_no_bit_of_the_model) {
         CHECK_MSG(la == lb && !memcmp(a.logits, b.logits, sizeof(float) * nl), "%s: forward differs", presets[p]);
         CHECK(sl_model_backward(&a, 1.0f) == 0 && sl_model_backward(&b, 1.0f) == 0);
         CHECK_MSG(!memcmp(a.grads, b.grads, sizeof(float) * a.layout.total), "%s: gradients differ", presets[p]);
+        sl_model_free(&a);
+        sl_model_free(&b);
+    }
+}
+
+// The fused classifier (sl_model_expect_backward): the loss and dlogits in forward through
+// crossentropy_fused give the separate ops' loss and gradients bit for bit; its logits are not
+// readable, a backward with another grad_scale is refused, and the announcement holds one forward.
+static int fused_ce_calls;
+static double counting_crossentropy_fused(float *lse, sl_act *logits, const int *targets, int N, int V, int Vp,
+                                          float dloss) {
+    fused_ce_calls++;
+    return sl_ops_cpu.crossentropy_fused(lse, logits, targets, N, V, Vp, dloss);
+}
+
+TEST(fused_classifier_changes_no_bit_and_is_checked) {
+    sl_ops counting = sl_ops_cpu;
+    counting.crossentropy_fused = counting_crossentropy_fused;
+    const char *presets[2] = {"gpt2-tiny", "llama-tiny"};
+    for (int p = 0; p < 2; p++) {
+        sl_model_config cfg;
+        sl_model a, b;
+        model_pair(presets[p], &counting, 4, &cfg, &a, &b);
+        int B = 2, T = 16, in[32], tg[32];
+        for (int i = 0; i < 32; i++) { in[i] = (i * 31 + 5) % cfg.vocab_size; tg[i] = i % 7 ? (i * 43 + 1) % cfg.vocab_size : -1; }
+        float la = 0, lb = 0, *row = malloc(sizeof(float) * (size_t)cfg.vocab_size);
+        fused_ce_calls = 0;
+        sl_model_expect_backward(&b, 0.5f);
+        CHECK(sl_model_forward(&a, in, tg, B, T, &la) == 0 && sl_model_forward(&b, in, tg, B, T, &lb) == 0);
+        CHECK_MSG(fused_ce_calls == 1 && la == lb, "%s: %d fused calls, loss %.9g vs %.9g", presets[p], fused_ce_calls,
+                  (double)lb, (double)la);
+        CHECK(sl_model_logits(&b, 0, 1, row) == -1);
+        CHECK(sl_model_backward(&a, 0.5f) == 0 && sl_model_backward(&b, 0.5f) == 0);
+        CHECK_MSG(!memcmp(a.grads, b.grads, sizeof(float) * a.layout.total), "%s: gradients differ", presets[p]);
+        sl_model_expect_backward(&b, 0.5f);
+        CHECK(sl_model_forward(&b, in, tg, B, T, NULL) == 0);
+        CHECK(sl_model_backward(&b, 1.0f) == -1 && strstr(sl_error(), "grad_scale") != NULL);
+        sl_model_expect_backward(&b, 0.5f);
+        CHECK(sl_model_forward(&b, in, NULL, B, T, NULL) == 0);  // no targets: the announcement is spent
+        fused_ce_calls = 0;
+        CHECK(sl_model_forward(&b, in, tg, B, T, NULL) == 0 && fused_ce_calls == 0);
+        CHECK(sl_model_logits(&b, 0, 1, row) == 0);  // the separate forward keeps the logits
+        free(row);
         sl_model_free(&a);
         sl_model_free(&b);
     }

@@ -369,12 +369,15 @@ TEST(crossentropy_backward_matches_finite_differences_and_cpu) {
     double *dl = dzeros((size_t)N * Vp);
     double loss = ref_crossentropy(dl, c.logits, targets, N, V, Vp);
     CHECK(fd_check(ce_loss, &c, c.logits, dl, (size_t)N * Vp, 80) < FD_TOL);
-    float *fl = to_f(c.logits, (size_t)N * Vp), lse[6];
+    float *fl = to_f(c.logits, (size_t)N * Vp), *fused = to_f(c.logits, (size_t)N * Vp), lse[6], lse_fused[6];
     double total = cpu_crossentropy_forward(lse, ACT(fl), targets, N, V, Vp);
     CHECK_CLOSE(total / 5.0, loss, 1e-6);
     cpu_crossentropy_backward(ACT(fl), lse, targets, N, V, Vp, 1.0f / 5.0f);
     CHECK(rel_err_f(fl, dl, (size_t)N * Vp) < F32_TOL);
-    free(c.logits); free(dl); free(fl);
+    // the fused op: forward's loss and lse, backward's gradient, bit for bit
+    CHECK(cpu_crossentropy_fused(lse_fused, ACT(fused), targets, N, V, Vp, 1.0f / 5.0f) == total);
+    CHECK(!memcmp(lse_fused, lse, sizeof lse) && !memcmp(fused, fl, sizeof(float) * (size_t)N * Vp));
+    free(c.logits); free(dl); free(fl); free(fused);
 }
 
 TEST(thread_count_does_not_change_results) {

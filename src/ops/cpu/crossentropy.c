@@ -41,3 +41,10 @@ void cpu_crossentropy_backward(sl_act *logits_, const float *lse, const int *tar
         for (int v = V; v < Vp; v++) x[v] = 0.0f;
     }
 }
+
+// The two ops above in sequence (the CPU has no pass to save): the same bits as calling them.
+double cpu_crossentropy_fused(float *lse, sl_act *logits, const int *targets, int N, int V, int Vp, float dloss) {
+    double total = cpu_crossentropy_forward(lse, logits, targets, N, V, Vp);
+    cpu_crossentropy_backward(logits, lse, targets, N, V, Vp, dloss);
+    return total;
+}

@@ -187,6 +187,23 @@ static void blocked_crossentropy_backward(sl_act *logits, const float *lse, cons
                                      N - r0 < rows ? N - r0 : rows, V, Vp, dloss);
 }
 
+// Both in one call, a block of rows at a time: each block's forward, its rows' loss terms (added in
+// row order as blocked_crossentropy_forward adds them, so the same total), then its backward.
+static double blocked_crossentropy_fused(float *lse, sl_act *logits, const int *targets, int N, int V, int Vp,
+                                         float dloss) {
+    const sl_bf16 *x = (const sl_bf16 *)(const void *)logits;
+    double total = 0.0;
+    for (int r0 = 0, rows = rows_per_block(Vp); r0 < N && !g_failed; r0 += rows) {
+        int n_rows = N - r0 < rows ? N - r0 : rows;
+        sl_act *block = sl_act_at(logits, (size_t)r0 * Vp, sizeof(sl_bf16));
+        staged_crossentropy_forward(lse + r0, block, targets + r0, n_rows, V, Vp);
+        for (int n = r0; n < r0 + n_rows && !g_failed; n++)
+            if (targets[n] >= 0) total += (double)(lse[n] - sl_bf16_to_f32(x[(size_t)n * Vp + targets[n]]));
+        staged_crossentropy_backward(block, lse + r0, targets + r0, n_rows, V, Vp, dloss);
+    }
+    return g_failed ? 0.0 : total;
+}
+
 #define PICK_STAGED(name) staged_##name
 #define PICK_COMPOSED(name) composed_##name
 #define ENTRY(ret, name, params, args, storage, flops, emulation) .name = PICK_##emulation(name),
@@ -205,6 +222,7 @@ const sl_ops sl_ops_cpu_bf16_native = {
     .take_columns = cpu_bf16_take_columns,
     .crossentropy_forward = blocked_crossentropy_forward,
     .crossentropy_backward = blocked_crossentropy_backward,
+    .crossentropy_fused = blocked_crossentropy_fused,
     .act_bf16 = 1,
     .sliding_window = 1,
     .synchronize = native_synchronize,

@@ -1,75 +1,174 @@
 // crossentropy.cu: softmax cross-entropy over the first V of Vp (padded) logit columns and its
-// gradient, in place over the logits (the fused classifier of llm.c): forward keeps only each row's
-// log-sum-exp, backward turns the logits into their gradient in one pass, so the probabilities are
-// never stored separately.
+// gradient, in place over the logits, so the probabilities are never stored: forward (evaluation:
+// the loss and each row's log-sum-exp), backward (the gradient from the saved log-sum-exp), and the
+// fused classifier of training (llm.c's design), both in one pass over the logits.
 //
-// Forward: one 512-thread block per row: block max, then the sum of exp(x - max) (each thread
-// strides the columns in order, warps combine with warp_sum's fixed butterfly, then warp 0's lanes
-// combine the warps), lse = max + log(sum). Thread 0 writes the row loss (double)(lse - x[target])
-// (0 for ignored rows, target < 0) into a scratch vector; one 1024-thread block then sums the N row
-// losses in double in a fixed order (strided serial sums, then a shared-memory tree) and the total
-// comes back to the host: the one synchronisation of this op (cuda_ops.h).
-// Backward: one block per row; x[v] = exp(x[v] - lse) * dloss (0 * ... on ignored rows), minus dloss
-// at the target, 0 in the padded columns: the CPU's expression, bit for bit (vexpf ported below).
-// Invariants: no atomics; every reduction has a fixed order, so the results are bit-identical run to
-// run; the loss scratch is grow-only (one process drives one GPU). Row sums are not bit-identical to
-// the CPU's (OpenMP simd order, glibc logf). Cost: forward reads the logits twice (max pass, exp
-// pass), backward reads and writes them once; the loss sum is N doubles.
+// One CE_THREADS block per row. Thread t takes the vectors t, t + CE_THREADS, ... of the row (16-byte
+// vectors of 8 bf16 / 4 fp32 when Vp is a multiple and the logits 16-byte aligned, else single
+// elements).
+//   row statistics (ce_row_lse): each thread keeps a running max m and sum s of exp(x - m) over its
+//   columns below V (a larger x rescales s by exp(m_old - x)); the lanes of a warp merge (m, s) pairs
+//   with xor butterflies, lane 0s put the warps' pairs in shared memory, and every warp merges those
+//   the same way, so every thread holds the same lse = m + log(s) bits. One read of the row.
+//   gradient (ce_grad_row): x[v] = exp(x[v] - lse) * dloss (0 * ... on ignored rows), minus dloss at
+//   the target, 0 in the padded columns: the CPU's expression, with CUDA's exponential (ce_exp: expf
+//   for fp32 storage, the SFU's __expf for bf16), not the CPU's vexpf polynomial.
+//   forward  = statistics; thread 0 writes lse and the row loss (double)(lse - x[target]) (0 for an
+//              ignored row, target < 0) into a scratch vector;
+//   backward = gradient from the saved lse;
+//   fused    = thread 0 reads x[target] first, then statistics, lse and the row loss as forward,
+//              then the gradient: one read of the row from memory (the second should come from
+//              L2: a grid of 2 blocks per SM walks the rows, so 2 x 132 rows of 100 KB are in
+//              flight on an H100, and the gradient pass reads and writes with the evict-first
+//              hint, keeping L2 for rows still to be re-read), one write.
+//   One 1024-thread block then sums the N row losses in double in a fixed order (strided serial
+//   sums, then a shared-memory tree) and the total comes back to the host: the one synchronisation
+//   of forward and fused (cuda_ops.h).
+// Invariants: no atomics; every reduction has a fixed order (the (m, s) merge is symmetric, so both
+// lanes of a butterfly get the same bits), so results are bit-identical run to run, and fused gives
+// forward's lse and loss and backward's gradient bit for bit (the same device functions). In the
+// fused kernel every read of the row (thread 0's x[target] included) happens before the block
+// barrier inside ce_row_lse and every write after it. Not bit-identical to the CPU (OpenMP simd
+// order, a two-pass max then sum, glibc logf, vexpf): within rounding of it (1e-5 in the fp32
+// tests). The loss scratch is grow-only (one process drives one GPU). Cost: forward reads the
+// logits once, backward reads and writes them once, fused reads them once from memory (plus the
+// L2 re-read) and writes them once; two exponentials a logit (ce_exp).
 #include "ops/cuda/cuda_common.cuh"
-#include "ops/cuda/cuda_math.cuh"
 
 #include <math.h>
 
 #define CE_THREADS 512
 #define CE_SUM_THREADS 1024
+#define CE_FUSED_BLOCKS_PER_SM 2  // the fused kernel's grid: rows in flight (see crossentropy_fused_kernel)
 
 static sl_cuda_scratch crossentropy_buf;  // grow-only scratch (cuda_common.cuh)
 
+// ---- row statistics ---------------------------------------------------------------------------------
 
-// ---- block reductions (fixed order; every thread gets the result) -------------------------------
+// exp(x) as the storage type calls for: fp32 storage CUDA's expf (2 ulp); bf16 storage the SFU's
+// __expf (ex2.approx: a few ulp more for large |x|, far below the bf16 rounding of the gradient).
+// Each logit takes two exponentials, and with the CPU's vexpf polynomial (about 40 instructions each,
+// written without contraction) the classifier would be bound by instruction issue, not memory, on
+// GPT-2's 3.3 G logits a step (the earlier kernels used it: 10.8 ms each way on an H100).
+template <typename T> __device__ __forceinline__ float ce_exp(float x) { return __expf(x); }
+template <> __device__ __forceinline__ float ce_exp<float>(float x) { return expf(x); }
 
-// red: CE_THREADS/32 floats of shared memory, free for reuse once this returns.
-__device__ __forceinline__ float block_sum(float v, float *red) {
-    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, n_warps = blockDim.x / 32;
-    v = warp_sum(v);
-    __syncthreads();  // a previous reduction's readers are done with red
-    if (lane == 0) red[warp] = v;
-    __syncthreads();
-    return warp_sum(lane < n_warps ? red[lane] : 0.0f);
+// (m, s) <- the merge of (m, s) and (m2, s2): max and the sum of exp(x - max) over both sets. An empty
+// set is (-inf, 0). Symmetric: merging (a, b) and (b, a) gives the same bits.
+template <typename T> __device__ __forceinline__ void ce_merge(float &m, float &s, float m2, float s2) {
+    float mx = fmaxf(m, m2);
+    float a = m == -INFINITY ? 0.0f : __fmul_rn(s, ce_exp<T>(__fsub_rn(m, mx)));
+    float b = m2 == -INFINITY ? 0.0f : __fmul_rn(s2, ce_exp<T>(__fsub_rn(m2, mx)));
+    m = mx;
+    s = __fadd_rn(a, b);
 }
 
-__device__ __forceinline__ float block_max(float v, float *red) {
-    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, n_warps = blockDim.x / 32;
-    v = warp_max(v);
-    __syncthreads();
-    if (lane == 0) red[warp] = v;
-    __syncthreads();
-    return warp_max(lane < n_warps ? red[lane] : -INFINITY);
+template <typename T> __device__ __forceinline__ void ce_warp_merge(float &m, float &s) {
+    for (int o = 16; o > 0; o >>= 1) {
+        float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
+        ce_merge<T>(m, s, m2, s2);
+    }
 }
 
-// ---- kernels -------------------------------------------------------------------------------------
+// The log-sum-exp of x[0..V), by the whole block; every thread returns the same bits. red: 2 x 32
+// floats of shared memory. Contains __syncthreads: every thread's reads of x precede the return.
+template <typename T, int VEC> __device__ float ce_row_lse(const T *x, int V, float *red) {
+    __syncthreads();  // red is free: a previous row's readers are done with it
+    float m = -INFINITY, s = 0.0f;
+    for (int v0 = threadIdx.x * VEC; v0 < V; v0 += CE_THREADS * VEC) {  // a vector past V is all padding
+        float xv[VEC];
+        load_vec<T, VEC>(xv, x + v0);
+#pragma unroll
+        for (int j = 0; j < VEC; j++) {
+            if (v0 + j >= V) break;
+            float xj = xv[j];
+            if (xj > m) {
+                s = __fadd_rn(__fmul_rn(s, ce_exp<T>(__fsub_rn(m, xj))), 1.0f);
+                m = xj;
+            } else {
+                s = __fadd_rn(s, ce_exp<T>(__fsub_rn(xj, m)));
+            }
+        }
+    }
+    ce_warp_merge<T>(m, s);
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    if (lane == 0) {
+        red[warp] = m;
+        red[32 + warp] = s;
+    }
+    __syncthreads();
+    m = lane < CE_THREADS / 32 ? red[lane] : -INFINITY;
+    s = lane < CE_THREADS / 32 ? red[32 + lane] : 0.0f;
+    ce_warp_merge<T>(m, s);
+    return __fadd_rn(m, logf(s));
+}
 
-// lse (N), row_loss (N): one block per row of logits (N,Vp).
-template <typename T>
+// A row's loss: lse - x[target], or 0 for an ignored row.
+__device__ __forceinline__ double ce_row_loss(float lse, int target, float x_target) {
+    return target >= 0 ? (double)__fsub_rn(lse, x_target) : 0.0;
+}
+
+// x (Vp) becomes the row's gradient, by the whole block (see the top comment).
+template <typename T, int VEC>
+__device__ __forceinline__ void ce_grad_row(T *x, float lse, int target, int V, int Vp, float dloss) {
+    float scale = target >= 0 ? dloss : 0.0f;
+    for (int v0 = threadIdx.x * VEC; v0 < Vp; v0 += CE_THREADS * VEC) {
+        float xv[VEC];
+        load_vec_cs<T, VEC>(xv, x + v0);  // the row's last read and its only write: evict first
+#pragma unroll
+        for (int j = 0; j < VEC; j++) {
+            int v = v0 + j;
+            float g = 0.0f;
+            if (v < V) {
+                g = __fmul_rn(ce_exp<T>(__fsub_rn(xv[j], lse)), scale);
+                if (v == target) g = __fsub_rn(g, dloss);
+            }
+            xv[j] = g;
+        }
+        store_vec_cs<T, VEC>(x + v0, xv);
+    }
+}
+
+// ---- kernels: one block per row of logits (N, Vp) ------------------------------------------------------
+
+template <typename T, int VEC>
 __global__ void __launch_bounds__(CE_THREADS)
     crossentropy_forward_kernel(float *lse, double *row_loss, const T *logits, const int *targets, int V, int Vp) {
-    __shared__ float red[CE_THREADS / 32];
+    __shared__ float red[64];
     size_t n = blockIdx.x;
     const T *x = logits + n * (size_t)Vp;
-    float mx = -INFINITY;
-    for (int v = threadIdx.x; v < V; v += blockDim.x) {
-        float xv = to_f32(x[v]);
-        mx = xv > mx ? xv : mx;
-    }
-    mx = block_max(mx, red);
-    float sum = 0.0f;
-    for (int v = threadIdx.x; v < V; v += blockDim.x) sum = __fadd_rn(sum, vexpf_dev(__fsub_rn(to_f32(x[v]), mx)));
-    sum = block_sum(sum, red);
+    float l = ce_row_lse<T, VEC>(x, V, red);
     if (threadIdx.x == 0) {
-        float l = __fadd_rn(mx, logf(sum));
-        lse[n] = l;
         int target = targets[n];
-        row_loss[n] = target >= 0 ? (double)__fsub_rn(l, to_f32(x[target])) : 0.0;
+        lse[n] = l;
+        row_loss[n] = ce_row_loss(l, target, target >= 0 ? to_f32(x[target]) : 0.0f);
+    }
+}
+
+template <typename T, int VEC>
+__global__ void __launch_bounds__(CE_THREADS)
+    crossentropy_backward_kernel(T *logits, const float *lse, const int *targets, int V, int Vp, float dloss) {
+    size_t n = blockIdx.x;
+    ce_grad_row<T, VEC>(logits + n * (size_t)Vp, lse[n], targets[n], V, Vp, dloss);
+}
+
+// Rows n = blockIdx.x, + gridDim.x, ...: a grid of CE_FUSED_BLOCKS_PER_SM blocks per SM keeps the rows
+// in flight (each read twice) within L2 (2 x 132 rows of 100 KB on an H100 for GPT-2's bf16 logits).
+template <typename T, int VEC>
+__global__ void __launch_bounds__(CE_THREADS) crossentropy_fused_kernel(float *lse, double *row_loss, T *logits,
+                                                                        const int *targets, int N, int V, int Vp,
+                                                                        float dloss) {
+    __shared__ float red[64];
+    for (int n = blockIdx.x; n < N; n += gridDim.x) {
+        T *x = logits + (size_t)n * Vp;
+        int target = targets[n];
+        float x_target = threadIdx.x == 0 && target >= 0 ? to_f32(x[target]) : 0.0f;  // before any thread writes
+        float l = ce_row_lse<T, VEC>(x, V, red);
+        if (threadIdx.x == 0) {
+            lse[n] = l;
+            row_loss[n] = ce_row_loss(l, target, x_target);
+        }
+        ce_grad_row<T, VEC>(x, l, target, V, Vp, dloss);
     }
 }
 
@@ -87,36 +186,17 @@ __global__ void __launch_bounds__(CE_SUM_THREADS) loss_sum_kernel(double *total,
     if (threadIdx.x == 0) *total = s[0];
 }
 
-// logits (N,Vp) become (softmax - onehot) * dloss; padded columns and ignored rows 0. One block per row.
-template <typename T>
-__global__ void crossentropy_backward_kernel(T *logits, const float *lse, const int *targets, int V, int Vp,
-                                             float dloss) {
-    size_t n = blockIdx.x;
-    T *x = logits + n * (size_t)Vp;
-    int target = targets[n];
-    float scale = target >= 0 ? dloss : 0.0f, l = lse[n];
-    for (int v = threadIdx.x; v < Vp; v += blockDim.x) {
-        float g = 0.0f;
-        if (v < V) {
-            g = __fmul_rn(vexpf_dev(__fsub_rn(to_f32(x[v]), l)), scale);
-            if (v == target) g = __fsub_rn(g, dloss);
-        }
-        x[v] = from_f32<T>(g);
-    }
-}
-
 // ---- entry points --------------------------------------------------------------------------------
 
-template <typename floatX>
-double cuda_crossentropy_forward(float *lse, const sl_act *logits, const int *targets, int N, int V, int Vp) {
-    if (N <= 0) return 0.0;
-    double *row_loss = (double *)sl_cuda_scratch_get(&crossentropy_buf, sizeof(double) * ((size_t)N + 1), "crossentropy scratch");
-    if (!row_loss) return NAN;
+// The vector width for rows of Vp elements at logits: 16 bytes when every row starts 16-byte aligned.
+template <typename T> static bool ce_vectors(const void *logits, int Vp) {
+    return Vp % (int)(16 / sizeof(T)) == 0 && sl_aligned16(logits);
+}
+
+// Sums the N row losses queued before it and waits for the total (NaN when something failed).
+static double ce_total(double *row_loss, int N) {
     double *total = row_loss + N;
     cudaStream_t s = sl_cuda_stream();
-    crossentropy_forward_kernel<floatX><<<(unsigned int)N, CE_THREADS, 0, s>>>(lse, row_loss, as_storage<floatX>(logits),
-                                                                              targets, V, Vp);
-    CUDA_LAUNCH_CHECK();
     loss_sum_kernel<<<1, CE_SUM_THREADS, 0, s>>>(total, row_loss, N);
     CUDA_LAUNCH_CHECK();
     double host_total = NAN;  // stays NaN if the copy fails (the error is recorded)
@@ -125,14 +205,59 @@ double cuda_crossentropy_forward(float *lse, const sl_act *logits, const int *ta
     return host_total;
 }
 
+static double *ce_row_losses(int N) {
+    return (double *)sl_cuda_scratch_get(&crossentropy_buf, sizeof(double) * ((size_t)N + 1), "crossentropy scratch");
+}
+
+template <typename floatX>
+double cuda_crossentropy_forward(float *lse, const sl_act *logits, const int *targets, int N, int V, int Vp) {
+    if (N <= 0) return 0.0;
+    double *row_loss = ce_row_losses(N);
+    if (!row_loss) return NAN;
+    const floatX *x = as_storage<floatX>(logits);
+    cudaStream_t s = sl_cuda_stream();
+    if (ce_vectors<floatX>(x, Vp))
+        crossentropy_forward_kernel<floatX, 16 / sizeof(floatX)><<<(unsigned int)N, CE_THREADS, 0, s>>>(
+            lse, row_loss, x, targets, V, Vp);
+    else
+        crossentropy_forward_kernel<floatX, 1><<<(unsigned int)N, CE_THREADS, 0, s>>>(lse, row_loss, x, targets, V, Vp);
+    CUDA_LAUNCH_CHECK();
+    return ce_total(row_loss, N);
+}
+
 template <typename floatX>
 void cuda_crossentropy_backward(sl_act *logits, const float *lse, const int *targets, int N, int V, int Vp,
                                 float dloss) {
     if (N <= 0 || Vp <= 0) return;
-    crossentropy_backward_kernel<floatX><<<(unsigned int)N, CE_THREADS, 0, sl_cuda_stream()>>>(
-        as_storage<floatX>(logits), lse, targets, V, Vp, dloss);
+    floatX *x = as_storage<floatX>(logits);
+    cudaStream_t s = sl_cuda_stream();
+    if (ce_vectors<floatX>(x, Vp))
+        crossentropy_backward_kernel<floatX, 16 / sizeof(floatX)><<<(unsigned int)N, CE_THREADS, 0, s>>>(
+            x, lse, targets, V, Vp, dloss);
+    else
+        crossentropy_backward_kernel<floatX, 1><<<(unsigned int)N, CE_THREADS, 0, s>>>(x, lse, targets, V, Vp, dloss);
     CUDA_LAUNCH_CHECK();
+}
+
+template <typename floatX>
+double cuda_crossentropy_fused(float *lse, sl_act *logits, const int *targets, int N, int V, int Vp, float dloss) {
+    if (N <= 0) return 0.0;
+    double *row_loss = ce_row_losses(N);
+    if (!row_loss) return NAN;
+    floatX *x = as_storage<floatX>(logits);
+    cudaStream_t s = sl_cuda_stream();
+    const cudaDeviceProp *p = sl_cuda_device_props();
+    int blocks = CE_FUSED_BLOCKS_PER_SM * (p ? p->multiProcessorCount : 132);
+    unsigned int grid = (unsigned int)(N < blocks ? N : blocks);
+    if (ce_vectors<floatX>(x, Vp))
+        crossentropy_fused_kernel<floatX, 16 / sizeof(floatX)><<<grid, CE_THREADS, 0, s>>>(lse, row_loss, x, targets, N,
+                                                                                          V, Vp, dloss);
+    else
+        crossentropy_fused_kernel<floatX, 1><<<grid, CE_THREADS, 0, s>>>(lse, row_loss, x, targets, N, V, Vp, dloss);
+    CUDA_LAUNCH_CHECK();
+    return ce_total(row_loss, N);
 }
 
 SL_CUDA_STORAGE_INSTANCES(cuda_crossentropy_forward)
 SL_CUDA_STORAGE_INSTANCES(cuda_crossentropy_backward)
+SL_CUDA_STORAGE_INSTANCES(cuda_crossentropy_fused)

@@ -10,6 +10,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stddef.h>
+#include <stdint.h>
 
 extern "C" {
 #include "ops/cuda/cuda_ops.h"
@@ -90,6 +91,46 @@ template <typename T> __device__ __forceinline__ T from_f32(float x);
 template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
 template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
 template <> __device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
+
+// VEC elements of storage type T moved as one access (16 bytes: VEC = 16 / sizeof(T)), widened to /
+// rounded from fp32. The pointer must be aligned to the vector (sl_aligned16 for 16 bytes).
+template <typename T, int VEC> struct alignas(sizeof(T) * VEC) sl_vec {
+    T v[VEC];
+};
+template <typename T, int VEC> __device__ __forceinline__ void load_vec(float *f, const T *p) {
+    sl_vec<T, VEC> a = *reinterpret_cast<const sl_vec<T, VEC> *>(p);
+#pragma unroll
+    for (int j = 0; j < VEC; j++) f[j] = to_f32(a.v[j]);
+}
+template <typename T, int VEC> __device__ __forceinline__ void store_vec(T *p, const float *f) {
+    sl_vec<T, VEC> a;
+#pragma unroll
+    for (int j = 0; j < VEC; j++) a.v[j] = from_f32<T>(f[j]);
+    *reinterpret_cast<sl_vec<T, VEC> *>(p) = a;
+}
+// The same for data seen for the last time: 16-byte vectors with the evict-first cache hint (ld / st
+// .cs), so a streaming pass does not push data still to be re-read out of L2; narrower ones plain.
+template <typename T, int VEC> __device__ __forceinline__ void load_vec_cs(float *f, const T *p) {
+    if constexpr (sizeof(sl_vec<T, VEC>) == 16) {
+        sl_vec<T, VEC> a;
+        *reinterpret_cast<int4 *>(&a) = __ldcs(reinterpret_cast<const int4 *>(p));
+#pragma unroll
+        for (int j = 0; j < VEC; j++) f[j] = to_f32(a.v[j]);
+    } else {
+        load_vec<T, VEC>(f, p);
+    }
+}
+template <typename T, int VEC> __device__ __forceinline__ void store_vec_cs(T *p, const float *f) {
+    if constexpr (sizeof(sl_vec<T, VEC>) == 16) {
+        sl_vec<T, VEC> a;
+#pragma unroll
+        for (int j = 0; j < VEC; j++) a.v[j] = from_f32<T>(f[j]);
+        __stcs(reinterpret_cast<int4 *>(p), *reinterpret_cast<const int4 *>(&a));
+    } else {
+        store_vec<T, VEC>(p, f);
+    }
+}
+static inline bool sl_aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
 // Warp-level sum / max (all 32 lanes take part).
 __device__ __forceinline__ float warp_sum(float v) {
