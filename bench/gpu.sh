@@ -14,8 +14,8 @@
 #   5. each model once more at shardlm's micro-batch with SHARDLM_ATTENTION=simt (bf16 attention on
 #      the CUDA cores), for the table comparing the attention kernels (GPU_SIMT=0: not run);
 #   6. each model once more at shardlm's micro-batch with SHARDLM_FUSED_KERNELS=0 (the norm backward
-#      and cross-entropy as the earlier separate kernels), for the before / after table of the fused
-#      kernels (GPU_SPLIT=0: not run);
+#      and cross-entropy as the earlier separate kernels, the MLP's GELU gradient outside the GEMM
+#      epilogue), for the before / after table of the fused kernels (GPU_SPLIT=0: not run);
 #   7. renders the "GPU" section of bench/RESULTS.md (bench/gpu_render.py) after every model, so a
 #      run cut short still leaves its finished rows.
 # Every stage has a timeout and the whole run a budget (GPU_BUDGET_S, default 540 s); a stage that
@@ -259,11 +259,11 @@ for model in ${GPU_MODELS:-gpt2 gpt2-medium}; do
     publish
 done
 # the fused kernels: each model again at shardlm's micro-batch with SHARDLM_FUSED_KERNELS=0 (the norm
-# backward and the cross-entropy as separate kernels), for the before / after table
+# backward, the cross-entropy and the MLP's GELU gradient as separate kernels), for the before / after table
 for model in ${GPU_MODELS:-gpt2 gpt2-medium}; do
     bs=${BS[$model]:-}
     [[ "${GPU_SPLIT:-1}" == 1 && -n "$bs" ]] || continue
-    say "== $model: separate norm-backward and cross-entropy kernels (SHARDLM_FUSED_KERNELS=0), micro-batch $bs"
+    say "== $model: separate norm-backward, cross-entropy and GELU-gradient kernels (SHARDLM_FUSED_KERNELS=0), micro-batch $bs"
     SHARDLM_FUSED_KERNELS=0 shardlm_run "shardlm-split:$model" 180 "$bs"
     publish
 done

@@ -189,18 +189,22 @@ def render_fused(w, runs, split):
     if not pairs:
         return
     ops = ("layernorm_backward", "rmsnorm_backward", "crossentropy_fused", "crossentropy_forward",
-           "crossentropy_backward")
+           "crossentropy_backward", "matmul_backward_gelu", "matmul_gelu_backward")
     shown = [k for k in ops if any(k in r.get("breakdown", {}) for p in pairs for r in p)]
     w("### Fused kernels against the separate ones (bf16, profiled step)\n")
     w("The norm backward (src/ops/cuda/norm_backward.cu) and the fused classifier (crossentropy_fused, "
       "src/ops/cuda/crossentropy.cu) against `SHARDLM_FUSED_KERNELS=0` (the earlier separate kernels, and "
-      "crossentropy_forward + crossentropy_backward). Same model, micro-batch and step count; ms per step.\n")
-    w("| model | micro-batch | kernels | ms/step | tok/s | " + " | ".join(shown) + " |")
-    w("|---|---|---|---|---|" + "---|" * len(shown))
+      "crossentropy_forward + crossentropy_backward), and GPT-2's MLP backward with the GELU gradient in the "
+      "c_proj dinp GEMM's DGELU epilogue (matmul_backward_gelu, then a plain matmul_backward for c_fc) against "
+      "the GELU gradient in c_fc's bias-gradient pass (matmul_backward, then matmul_gelu_backward): compare the "
+      "`all matmul ops` column. Same model, micro-batch and step count; ms per step.\n")
+    w("| model | micro-batch | kernels | ms/step | tok/s | " + " | ".join(shown) + " | all matmul ops |")
+    w("|---|---|---|---|---|" + "---|" * (len(shown) + 1))
     for d, s in pairs:
         for r, what in ((d, "fused"), (s, "separate")):
             b = r.get("breakdown", {})
             cells = ["%.2f" % b[k] if k in b else "" for k in shown]
+            cells.append("%.2f" % sum(v for k, v in b.items() if k.startswith("matmul")))
             w(f"| {NAMES.get(r['model'], r['model'])} | {r['B']} | {what} | {r['ms_per_step']:.1f} | "
               f"{r['tokens_per_s']:.0f} | " + " | ".join(cells) + " |")
     w("")

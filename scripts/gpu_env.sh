@@ -2,7 +2,7 @@
 # scripts/gpu_env.sh: sourced (not run) by bench/gpu.sh, tests/gpu/suite.sh and tests/gpu/run.sh to
 # build and run on a GPU machine that may lack the libraries shardlm builds against.
 #
-# gpu_env_setup LOG: when the machine lacks OpenBLAS (openmp) / cJSON / PCRE2 / Open MPI headers or
+# gpu_env_setup LOG: when the machine lacks OpenBLAS (openmp) / cJSON / PCRE2 / Open MPI / oneDNN headers or
 # libraries and GPU_DEPS_DIR (default build/gpu-deps, made by bench/gpu_deps.sh) holds .deb files, unpacks
 # them under /tmp/shardlm-deps/root and links into /tmp/shardlm-deps/shim only the libraries that
 # ldconfig does not know; then points CPATH, LIBRARY_PATH, LD_LIBRARY_PATH, BLAS_INC / BLAS_DIR and the
@@ -14,9 +14,9 @@
 
 gpu_deps_present() {
     [[ -f "${BLAS_INC:-/usr/include/x86_64-linux-gnu/openblas-openmp}/cblas.h" ]] && command -v mpicc >/dev/null &&
-        printf '#include <cjson/cJSON.h>\n#define PCRE2_CODE_UNIT_WIDTH 8\n#include <pcre2.h>\n' |
+        printf '#include <cjson/cJSON.h>\n#define PCRE2_CODE_UNIT_WIDTH 8\n#include <pcre2.h>\n#include <dnnl.h>\n' |
             ${CC:-gcc} -E -x c - >/dev/null 2>&1 &&
-        ldconfig -p | grep -q 'libcjson.so ' && ldconfig -p | grep -q 'libpcre2-8.so '
+        ldconfig -p | grep -q 'libcjson.so ' && ldconfig -p | grep -q 'libpcre2-8.so ' && ldconfig -p | grep -q 'libdnnl.so '
 }
 
 gpu_use_carried_deps() {  # gpu_use_carried_deps LOG
@@ -54,7 +54,7 @@ gpu_env_setup() {  # gpu_env_setup LOG
     local rc=0
     GPU_ENV_MSG="build dependencies present"
     if [[ -z "${GPU_ENV_DONE:-}" ]] && ! gpu_deps_present && ! gpu_use_carried_deps "$1"; then
-        GPU_ENV_MSG="missing build dependencies (OpenBLAS-openmp / cJSON / PCRE2 / Open MPI headers or libraries) and"
+        GPU_ENV_MSG="missing build dependencies (OpenBLAS-openmp / cJSON / PCRE2 / Open MPI / oneDNN headers or libraries) and"
         GPU_ENV_MSG+=" no carried .debs in ${GPU_DEPS_DIR:-build/gpu-deps} (make them with bench/gpu_deps.sh, carry that folder)"
         rc=1
     fi

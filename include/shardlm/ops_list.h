@@ -73,6 +73,16 @@
       SL_INOUT(dout, SL_N2(N, OC)) SL_IN(pre, SL_N2(N, OC)) SL_IN(inp, SL_N2(N, IC))                        \
       SL_IN(weight, SL_N2(OC, IC)) SL_OUT(dinp, SL_N2(N, IC)),                                              \
       SL_GEMM_FLOPS(1, 1, dinp != NULL), COMPOSED)                                                                        \
+    /* The backward of a linear whose input was gelu(pre) (GPT-2's MLP down-projection): dinp (N,IC) =     \
+       (dout @ weight) * gelu'(pre), the gradient of pre (skipped if dinp NULL); dweight, dbias as in       \
+       matmul_backward. Equal to matmul_backward then gelu_backward on dinp in place. */                    \
+    X(void, matmul_backward_gelu,                                                                           \
+      (sl_act *dinp, float *dweight, float *dbias, const sl_act *dout, const sl_act *inp,                   \
+       const sl_act *weight, const sl_act *pre, int N, int IC, int OC),                                     \
+      (dinp, dweight, dbias, dout, inp, weight, pre, N, IC, OC),                                            \
+      SL_IN(dout, SL_N2(N, OC)) SL_IN(inp, SL_N2(N, IC)) SL_IN(weight, SL_N2(OC, IC))                       \
+      SL_IN(pre, SL_N2(N, IC)) SL_OUT(dinp, SL_N2(N, IC)),                                                  \
+      SL_GEMM_FLOPS(1, 2, dinp != NULL), COMPOSED)                                                          \
     /* out (N,C) = (inp - mean) * rstd * w + b; saves mean, rstd (N). */                                    \
     X(void, layernorm_forward,                                                                              \
       (sl_act *out, float *mean, float *rstd, const sl_act *inp, const sl_act *w, const sl_act *b, int N,  \

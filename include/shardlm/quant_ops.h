@@ -5,7 +5,8 @@
 // address up and, when it names a quantised linear, multiplies with tiles dequantised from it.
 //
 //   matmul_forward / matmul_gelu_forward: out = inp @ dequant(W)^T (+ bias), GELU after for the fused op;
-//   matmul_backward / matmul_gelu_backward: dinp = dout @ dequant(W), dbias += colsum(dout); the
+//   matmul_backward / matmul_gelu_backward / matmul_backward_gelu: dinp = dout @ dequant(W) (times
+//     gelu'(pre) for the last), dbias += colsum(dout); the
 //     quantised base is frozen, so dweight is left untouched (QLoRA trains adapters only).
 //
 // The registry is one per process (the ops table has no context argument): install it before the

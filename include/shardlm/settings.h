@@ -19,6 +19,7 @@ typedef struct {
     int gelu_epilogue;         // SHARDLM_GELU_EPILOGUE=0: GPT-2's GELU outside the cuBLASLt epilogue (default 1)
     int attention_tensor_cores;// SHARDLM_ATTENTION=simt: bf16 attention on the CUDA-core kernels (default tc)
     int fused_kernels;         // SHARDLM_FUSED_KERNELS=0: the GPU's norm backward and loss as the earlier separate kernels (default 1)
+    int gemm_autotune;         // SHARDLM_GEMM_AUTOTUNE=1: time cuBLASLt's candidate algorithms once per GEMM shape (default 0)
     int bf16_storage;          // SHARDLM_BF16_STORAGE=0: bf16 runs (GPU and CPU) keep fp32 activations (default 1)
     int emulate_bf16_storage;  // SHARDLM_EMULATE_BF16_STORAGE=1: the CPU emulates bf16 storage (tests; default 0)
     int cpu_bf16;              // SHARDLM_CPU_BF16=0: bf16 on the CPU as if it had no bf16 instructions (default 1)

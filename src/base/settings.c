@@ -17,7 +17,8 @@ static const struct { const char *name, *meaning; } variables[] = {
     {"SHARDLM_TF32", "1: fp32 GEMMs on the GPU may use TF32 tensor cores (default 0: exact fp32)"},
     {"SHARDLM_GELU_EPILOGUE", "0: GPT-2's GELU as its own kernel instead of cuBLASLt's epilogue (default 1)"},
     {"SHARDLM_ATTENTION", "simt: bf16 attention on the CUDA-core kernels instead of tensor cores (default tc)"},
-    {"SHARDLM_FUSED_KERNELS", "0: the GPU's norm backward and cross-entropy as the earlier separate kernels (A/B timing; default 1)"},
+    {"SHARDLM_FUSED_KERNELS", "0: the GPU's norm backward, cross-entropy and GELU gradient as the earlier separate kernels (A/B timing; default 1)"},
+    {"SHARDLM_GEMM_AUTOTUNE", "1: each GPU GEMM shape times cuBLASLt's candidate algorithms once and keeps the fastest (default 0: the heuristic's first, the same in every run)"},
     {"SHARDLM_BF16_STORAGE", "0: --precision bf16 keeps fp32 activations, on the GPU and the CPU (default 1: bf16 storage)"},
     {"SHARDLM_EMULATE_BF16_STORAGE", "1: the CPU backend emulates the GPU's bf16 storage (tests; default 0)"},
     {"SHARDLM_CPU_BF16", "0: bf16 on the CPU acts as on a CPU without bf16 instructions (emulation; default 1)"},
@@ -87,6 +88,7 @@ int sl_settings_load(void) {
     read_switch("SHARDLM_GELU_EPILOGUE", &s.gelu_epilogue);
     read_word("SHARDLM_ATTENTION", attention, attention_v, 2, &s.attention_tensor_cores, "tc or simt");
     read_switch("SHARDLM_FUSED_KERNELS", &s.fused_kernels);
+    read_switch("SHARDLM_GEMM_AUTOTUNE", &s.gemm_autotune);
     read_switch("SHARDLM_BF16_STORAGE", &s.bf16_storage);
     read_switch("SHARDLM_EMULATE_BF16_STORAGE", &s.emulate_bf16_storage);
     read_switch("SHARDLM_CPU_BF16", &s.cpu_bf16);

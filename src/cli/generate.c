@@ -1,5 +1,7 @@
 // generate.c: `shardlm generate`: loads a checkpoint or Hugging Face directory and samples text with
-// temperature, top-k and top-p through the KV cache, streaming tokens as they are produced.
+// temperature, top-k and top-p through the KV cache, streaming tokens as they are produced. With
+// --device cuda the model, its KV cache and every activation live on the GPU (the model's cached
+// forward is backend-independent); each new token copies one row of logits back for the sampler.
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "shardlm/error.h"
@@ -37,6 +39,10 @@ static void usage(FILE *f) {
         "  --seed S              (default 0)\n"
         "  --stop-at-eot         stop when <|endoftext|> is sampled\n"
         "  --threads N           CPU threads\n"
+        "  --device D            cpu | cuda | cuda:N (default cpu). cuda: the weights, the KV cache and the\n"
+        "                        activations stay on the GPU (cuda: GPU 0 of CUDA_VISIBLE_DEVICES); each new\n"
+        "                        token copies back one row of logits for the sampler. --dtype bf16 there\n"
+        "                        uses bf16 activations (the cuda-bf16 table); --quantize is CPU-only\n"
         "  --quantize TYPE       nf4 | fp4 | int8: quantise the linear weights on load as bitsandbytes does\n"
         "                        (nf4 with double-quantised scales); a bitsandbytes 4-bit / 8-bit directory\n"
         "                        (quantization_config in its config.json) is read quantised without it\n"
@@ -135,9 +141,18 @@ static int load_model(sl_model *m, sl_quant_base *qb, const sl_model_source *src
                       const sl_quant_config *want) {
     int quantised = sl_quant_base_wanted(src, want, NULL);
     if (quantised < 0) return -1;
+    if (quantised && ops->on_device)
+        return sl_errorf("%s: quantised linears run only on the CPU (sl_ops_cpu_quant); use --device cpu, or a "
+                         "full-precision model without --quantize on %s", src->weights_dir, ops->name);
     if (!quantised) {
         if (sl_model_create(m, &src->cfg, ops)) return -1;
-        if (!sl_hf_load(src->weights_dir, &m->layout, m->params)) return 0;
+        // read into host memory; a GPU model's parameters are then uploaded once
+        size_t bytes = m->layout.total * sizeof(float);
+        float *host = ops->on_device ? sl_malloc(bytes, "weights (host staging)") : m->params;
+        int rc = host ? sl_hf_load(src->weights_dir, &m->layout, host) : -1;
+        if (!rc && host != m->params) ops->upload(m->params, host, bytes);
+        if (host != m->params) free(host);
+        if (!rc) return 0;
         sl_model_free(m);
         return -1;
     }
@@ -154,7 +169,7 @@ static int load_model(sl_model *m, sl_quant_base *qb, const sl_model_source *src
 
 int cmd_generate(int argc, char **argv) {
     char model_spec[4096] = "runs/demo", tok_dir[4096] = "", prompt[65536] = "", logits_out[4096] = "";
-    char prompt_id_list[65536] = "", dtype[32] = "fp32", adapter[4096] = "";
+    char prompt_id_list[65536] = "", dtype[32] = "fp32", adapter[4096] = "", device[64] = "cpu";
     int max_new = 128, threads = 0, seed = 0, stop_eot = 0, have_prompt = 0, no_verify = 0;
     sl_sampler_config sc = {0.8f, 40, 0.95f};
     sl_quant_config want;
@@ -173,6 +188,7 @@ int cmd_generate(int argc, char **argv) {
         if (sl_arg_float(&a, "--top-p", 0, 1, SL_OPEN_LO, &sc.top_p)) continue;
         if (sl_arg_int(&a, "--seed", 0, SL_NO_MAX, &seed)) continue;
         if (sl_arg_int(&a, "--threads", 0, SL_NO_MAX, &threads)) continue;
+        if (sl_arg_str(&a, "--device", device, sizeof device)) continue;
         if (sl_arg_switch(&a, "--stop-at-eot")) { stop_eot = 1; continue; }
         if (sl_arg_switch(&a, "--no-verify")) { no_verify = 1; continue; }
         if (sl_arg_str(&a, "--logits-out", logits_out, sizeof logits_out)) continue;
@@ -194,6 +210,12 @@ int cmd_generate(int argc, char **argv) {
         return 2;
     }
     sl_ops_cpu_set_threads(threads);
+    // cuda: the GPU is initialised here; cpu stays sl_ops_cpu (the bf16 table is chosen below)
+    const sl_ops *device_ops = strcmp(device, "cpu") ? sl_ops_for_device(device, 0) : &sl_ops_cpu;
+    if (!device_ops) {
+        fprintf(stderr, "error: %s\n", sl_error());
+        return 2;
+    }
     sl_model_source src;
     sl_model m;
     sl_lora lora;
@@ -205,7 +227,7 @@ int cmd_generate(int argc, char **argv) {
     if (from_ids && have_prompt) { fprintf(stderr, "error: give --prompt or --prompt-ids, not both\n"); return 2; }
     if (sl_model_source_resolve(&src, model_spec)) goto done;
     if (!src.has_weights) { sl_errorf("%s: generation needs trained weights (a checkpoint or HF directory)", model_spec); goto done; }
-    const sl_ops *ops = sl_ops_for_precision(&sl_ops_cpu, precision);
+    const sl_ops *ops = sl_ops_for_precision(device_ops, precision);
     if (!no_verify && sl_manifest_verify_weights_dir(src.weights_dir)) goto done;
     // the weights (quantised ones through sl_ops_cpu_quant), then their bf16 copy (made by
     // sl_model_attach_lora when an adapter is attached); then only what the forward reads is kept

@@ -604,17 +604,27 @@ int sl_model_backward(sl_model *m, float grad_scale) {
         HOOK(m, SL_PARAMS_GET, unit, next);
         HOOK(m, SL_GRADS_GET, unit, next);
         // MLP: dresid is d(resid3) and flows unchanged into d(resid2) through the residual
-        ops->matmul_backward(m->dB, GB(m, k->mlp_proj_w), G_OPT(m, k->mlp_proj_b), m->dresid, a->fch_act,
-                             W(m, k->mlp_proj_w), N, F, C);
-        if (m->lora) sl_lora_backward(m->lora, l, SL_LINEAR_MLP_DOWN, a->fch_act, m->dresid, m->dB, N, C);
-        if (c->arch == SL_ARCH_GPT2) {  // dB (the GELU output's gradient) becomes the pre-GELU gradient
-            ops->matmul_gelu_backward(m->dln, GB(m, k->fc_w), G_OPT(m, k->fc_b), m->dB, a->fch, a->ln2, W(m, k->fc_w),
-                                      N, C, F);
-            if (m->lora) sl_lora_backward(m->lora, l, SL_LINEAR_MLP_UP, a->ln2, m->dB, m->dln, N, F);
+        if (c->arch == SL_ARCH_GPT2 && !m->lora && sl_settings_get()->fused_kernels) {
+            // The down-projection's input gradient comes out as the pre-GELU gradient (on the GPU the
+            // GELU gradient is that GEMM's epilogue), then the up-projection's plain backward. Not with
+            // adapters: one on the down-projection adds to dB before the GELU gradient is taken.
+            ops->matmul_backward_gelu(m->dB, GB(m, k->mlp_proj_w), G_OPT(m, k->mlp_proj_b), m->dresid, a->fch_act,
+                                      W(m, k->mlp_proj_w), a->fch, N, F, C);
+            ops->matmul_backward(m->dln, GB(m, k->fc_w), G_OPT(m, k->fc_b), m->dB, a->ln2, W(m, k->fc_w), N, C, F);
         } else {
-            ops->swiglu_backward(m->dA, a->fch, m->dB, N, F);
-            ops->matmul_backward(m->dln, GB(m, k->fc_w), G_OPT(m, k->fc_b), m->dA, a->ln2, W(m, k->fc_w), N, C, FC);
-            if (m->lora) sl_lora_backward(m->lora, l, SL_LINEAR_MLP_UP, a->ln2, m->dA, m->dln, N, FC);
+            ops->matmul_backward(m->dB, GB(m, k->mlp_proj_w), G_OPT(m, k->mlp_proj_b), m->dresid, a->fch_act,
+                                 W(m, k->mlp_proj_w), N, F, C);
+            if (m->lora) sl_lora_backward(m->lora, l, SL_LINEAR_MLP_DOWN, a->fch_act, m->dresid, m->dB, N, C);
+            if (c->arch == SL_ARCH_GPT2) {  // dB (the GELU output's gradient) becomes the pre-GELU gradient
+                ops->matmul_gelu_backward(m->dln, GB(m, k->fc_w), G_OPT(m, k->fc_b), m->dB, a->fch, a->ln2,
+                                          W(m, k->fc_w), N, C, F);
+                if (m->lora) sl_lora_backward(m->lora, l, SL_LINEAR_MLP_UP, a->ln2, m->dB, m->dln, N, F);
+            } else {
+                ops->swiglu_backward(m->dA, a->fch, m->dB, N, F);
+                ops->matmul_backward(m->dln, GB(m, k->fc_w), G_OPT(m, k->fc_b), m->dA, a->ln2, W(m, k->fc_w), N, C,
+                                     FC);
+                if (m->lora) sl_lora_backward(m->lora, l, SL_LINEAR_MLP_UP, a->ln2, m->dA, m->dln, N, FC);
+            }
         }
         norm_backward(m, m->dresid, m->dln, a->resid2, k->ln2_w, k->ln2_b, a->ln2_mean, a->ln2_rstd, N);
         // attention

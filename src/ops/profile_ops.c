@@ -66,8 +66,9 @@ static void record_shape(int backward, int N, int IC, int OC, int with_dinp, int
         if (g_n_shapes == MAX_SHAPES) return;
         g_n_shapes++;
         g_shape_keys[i] = k;
-        snprintf(g_shape_names[i], SHAPE_NAME_LEN, "%s%s N=%d IC=%d OC=%d%s", gelu ? "matmul_gelu" : "matmul",
-                 backward ? "_backward" : "_forward", N, IC, OC,
+        // gelu: 0 a plain matmul, 1 matmul_gelu_*, 2 matmul_backward_gelu (the GELU gradient of its dinp)
+        snprintf(g_shape_names[i], SHAPE_NAME_LEN, "%s%s N=%d IC=%d OC=%d%s", gelu == 1 ? "matmul_gelu" : "matmul",
+                 backward ? (gelu == 2 ? "_backward_gelu" : "_backward") : "_forward", N, IC, OC,
                  backward && !with_dinp ? " (no dinp)" : "");
         memset(&g_shapes[i], 0, sizeof g_shapes[i]);
         g_shapes[i].name = g_shape_names[i];

@@ -13,7 +13,7 @@
 #     sl_ops_for_device gives the CPU table for "cpu", names the value and the
 #     choices for a bad one, rejects "cuda:x", and (on a machine without a GPU) fails "cuda" with
 #     "no usable CUDA GPU";
-#   - tests/gpu/test_ops_cuda.c and test_model_cuda.c compile and link against the library (they run
+#   - tests/gpu/test_ops_cuda.c, test_model_cuda.c and test_generate_cuda.c compile and link against the library (they run
 #     only on a GPU);
 #   - `shardlm report` says the ops cuda backend is built in.
 # Without nvcc it prints SKIP lines. Prints PASS/FAIL lines for tests/run.sh. Skips silently (exit 0)
@@ -126,6 +126,8 @@ check cuda_table_filled_and_device_names "$tmp/table" $gpu_arg
 check cuda_gpu_test_links ${CC:-gcc} $flags tests/gpu/test_ops_cuda.c "$lib" -o "$tmp/test_ops_cuda" $libs
 # shellcheck disable=SC2086
 check cuda_gpu_model_test_links ${CC:-gcc} $flags tests/gpu/test_model_cuda.c "$lib" -o "$tmp/test_model_cuda" $libs
+# shellcheck disable=SC2086
+check cuda_gpu_generate_test_links ${CC:-gcc} $flags tests/gpu/test_generate_cuda.c "$lib" -o "$tmp/test_generate_cuda" $libs
 
 # 4. The report.
 "$BIN" report >"$tmp/report.txt" 2>&1

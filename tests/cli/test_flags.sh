@@ -63,6 +63,7 @@ refused generate_top_k_negative "error: flag --top-k expects an integer >= 0, go
 refused generate_max_new_tokens_zero "error: flag --max-new-tokens expects an integer >= 1, got '0'" "${G[@]}" --max-new-tokens 0
 refused generate_dtype_unknown "error: --dtype: expected fp32 (float32) or bf16 (bfloat16), got 'fp16'" "${G[@]}" --dtype fp16
 refused generate_seed_negative "error: flag --seed expects an integer >= 0, got '-2'" "${G[@]}" --seed -2
+refused generate_device_unknown "error: --device 'tpu' is not a device: expected cpu, cuda or cuda:N (N = GPU index)" "${G[@]}" --device tpu
 
 # the JSON path refuses the same settings
 json_refused() {  # json_refused NAME JSON EXPECTED-SUBSTRING

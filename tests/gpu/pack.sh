@@ -2,8 +2,8 @@
 # tests/gpu/pack.sh: run HERE (the machine with ../shared and a package archive) before a device-tool call
 # that runs tests/gpu/suite.sh: copies the training text (sotu) and the GPT-2 tokenizer (gpt2) from
 # SHARDLM_DATA (default ../shared/data) into build/gpu-data/, and fetches the library .debs into
-# build/gpu-deps/ (bench/gpu_deps.sh) when that folder holds none. build/ is git-ignored: name both folders
-# in the call's `carry` (about 13 + 17 MB). Prints their sizes.
+# build/gpu-deps/ (bench/gpu_deps.sh) when that folder lacks them (oneDNN's .deb is the newest). build/
+# is git-ignored: name both folders in the call's `carry` (about 13 + 24 MB). Prints their sizes.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 src=${SHARDLM_DATA:-../shared/data}
@@ -13,5 +13,5 @@ done
 rm -rf build/gpu-data
 mkdir -p build/gpu-data
 cp -r "$src/sotu" "$src/gpt2" build/gpu-data/
-ls build/gpu-deps/*.deb >/dev/null 2>&1 || bash bench/gpu_deps.sh build/gpu-deps >/dev/null
+ls build/gpu-deps/libdnnl2_*.deb >/dev/null 2>&1 || bash bench/gpu_deps.sh build/gpu-deps >/dev/null
 du -sh build/gpu-data build/gpu-deps

@@ -17,7 +17,8 @@
 #      backward wrote it, moves the loss by > 1e-2 within two steps) and one GPU within 2e-4 (the
 #      CPU tests' tolerance for a different world size); a 2-GPU ZeRO-3 run resumed from its step-4
 #      checkpoint reaches byte-identical step-8 weights.
-# `run.sh build` only compiles the test programs (test_ops_cuda, test_model_cuda, test_comm_nccl) into
+# `run.sh build` only compiles the test programs (test_ops_cuda, test_model_cuda, test_generate_cuda,
+# test_comm_nccl) into
 # $SHARDLM_BUILD/gpu_tests/, which the runs reuse while newer than the library and their source.
 # Output goes to stdout as it comes (tee). SHARDLM_GPU_SUITE_DRY=1 counts one GPU without nvidia-smi (a dry
 # run of the scripting on a machine without one). Ends with one "N passed, N failed" over all; exits
@@ -40,7 +41,7 @@ gpu_env_setup "$tmp/deps.log" || echo "note: $GPU_ENV_MSG"
 BLAS_DIR=${BLAS_DIR:-/usr/lib/x86_64-linux-gnu/openblas-openmp}
 BLAS_INC=${BLAS_INC:-/usr/include/x86_64-linux-gnu/openblas-openmp}
 base_flags="-std=c17 -Wall -Wextra -Werror -D_GNU_SOURCE -fopenmp -g -O2 -Iinclude -Isrc -I$BLAS_INC $MPI_CFLAGS"
-base_libs="-L$BLAS_DIR -Wl,-rpath,$BLAS_DIR -lopenblas -lcjson -lpcre2-8 $MPI_LIBS"
+base_libs="-L$BLAS_DIR -Wl,-rpath,$BLAS_DIR -lopenblas -ldnnl -lcjson -lpcre2-8 $MPI_LIBS"
 tdir="$bdir/gpu_tests"
 passed=0; failed=0
 
@@ -65,8 +66,9 @@ build_all() {
   if has_cuda; then
     build_prog test_ops_cuda && echo "PASS test_ops_cuda_compiles" && passed=$((passed + 1))
     build_prog test_model_cuda && echo "PASS test_model_cuda_compiles" && passed=$((passed + 1))
+    build_prog test_generate_cuda && echo "PASS test_generate_cuda_compiles" && passed=$((passed + 1))
   else
-    echo "SKIP test_ops_cuda, test_model_cuda: $lib was built without the CUDA ops backend"
+    echo "SKIP test_ops_cuda, test_model_cuda, test_generate_cuda: $lib was built without the CUDA ops backend"
   fi
   if has_nccl; then
     build_prog test_comm_nccl && echo "PASS test_comm_nccl_compiles" && passed=$((passed + 1))

@@ -8,6 +8,11 @@
 #      (1e-4) against the CPU fp32 path; 5 AdamW steps agree with the CPU (1e-4) and two GPU runs
 #      are bit-identical. bf16 activation storage (cuda-bf16) against the CPU's emulation of it: loss
 #      1e-2, logits and gradients 5e-2, the arena about half, 5 steps bit-identical run to run.
+#      tests/gpu/test_generate_cuda.c: decoding on the GPU (KV cache in device memory, the CUDA decode
+#      kernel) against the CPU: prefill and every step's logits within 2e-5, greedy tokens equal
+#      (outside near-ties), sl_generate's greedy tokens equal, bit-identical run to run; bf16
+#      storage against the CPU's emulation within 5e-2. In `train`: `shardlm generate --device cuda`
+#      on the step-20 checkpoint prints the CPU's greedy text.
 #   3. 300 training steps of gpt2-demo on the GPU (fp32; bf16 with bf16 activation storage and with
 #      fp32 storage, SHARDLM_BF16_STORAGE=0) against the CPU fp32 curve: every
 #      step's loss within 2e-2 relative (fp32) / 5e-2 (bf16); why: the backends sum in different
@@ -122,14 +127,17 @@ if [ "$part" = ops ] || [ "$part" = all ]; then
   grep -E '^(PASS|FAIL|SKIP)' "$logdir/ops_and_nccl.txt" | tee -a "$summary"
   count "$logdir/ops_and_nccl.txt" ops_and_nccl
 
-  # 2. the model
-  if [ -x "$B/gpu_tests/test_model_cuda" ]; then
-    t 120 "$logdir/model.txt" "$B/gpu_tests/test_model_cuda" cuda:0
-    grep -E '^(PASS|FAIL|SKIP)' "$logdir/model.txt" | tee -a "$summary"
-    count "$logdir/model.txt" model
-  else
-    fail test_model_cuda_built "$(grep -A20 test_model_cuda "$logdir/build_tests.txt" | head -20)"
-  fi
+  # 2. the model (test_model_cuda), and decoding with the KV cache on the GPU (test_generate_cuda)
+  for what in model generate; do
+    prog="$B/gpu_tests/test_${what}_cuda"
+    if [ -x "$prog" ]; then
+      t 120 "$logdir/$what.txt" "$prog" cuda:0
+      grep -E '^(PASS|FAIL|SKIP)' "$logdir/$what.txt" | tee -a "$summary"
+      count "$logdir/$what.txt" "$what"
+    else
+      fail "test_${what}_cuda_built" "$(grep -A20 "test_${what}_cuda" "$logdir/build_tests.txt" | head -20)"
+    fi
+  done
 fi
 [ "$part" = train ] || [ "$part" = all ] || exit 0
 
@@ -184,6 +192,18 @@ t 120 "$logdir/resume_b.log" "$BIN" "${common[@]}" --steps 20 --device cuda --pr
 cmp -s "$tmp/r1/step_00000020/model.safetensors" "$tmp/r2/step_00000020/model.safetensors" &&
   cmp -s "$tmp/r1/step_00000020/optim_00000_of_00001.safetensors" "$tmp/r2/step_00000020/optim_00000_of_00001.safetensors" &&
   pass gpu_resume_is_bit_identical || fail gpu_resume_is_bit_identical
+
+# 5b. generate --device cuda (weights, KV cache and activations on the GPU) against --device cpu on
+# that checkpoint: the same greedy text (fp32; a near-tie of two logits could part them, which
+# test_generate_cuda counts separately)
+gen=(generate --model "$tmp/r1" --prompt-ids 464,3290,318 --max-new-tokens 32 --temperature 0)
+t 60 "$logdir/generate_cpu.txt" "$BIN" "${gen[@]}" --device cpu 2>"$logdir/generate_cpu.err" ||
+  fail generate_cpu_runs "$(tail -3 "$logdir/generate_cpu.err")"
+t 60 "$logdir/generate_gpu.txt" "$BIN" "${gen[@]}" --device cuda 2>"$logdir/generate_gpu.err" ||
+  fail generate_gpu_runs "$(tail -3 "$logdir/generate_gpu.err")"
+grep -q 'cuda ops' "$logdir/generate_gpu.err" && [ -s "$logdir/generate_gpu.txt" ] &&
+  cmp -s "$logdir/generate_cpu.txt" "$logdir/generate_gpu.txt" && pass generate_device_cuda_greedy_equals_cpu ||
+  fail generate_device_cuda_greedy_equals_cpu "cpu: $(head -c 300 "$logdir/generate_cpu.txt") | gpu: $(head -c 300 "$logdir/generate_gpu.txt") $(tail -2 "$logdir/generate_gpu.err")"
 
 # 6. compute-sanitizer
 CS=$(command -v compute-sanitizer 2>/dev/null || echo "$CUDA_HOME/bin/compute-sanitizer")

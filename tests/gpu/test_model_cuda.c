@@ -19,22 +19,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int passed, failed;
-static void report(int ok, const char *name, const char *fmt, double v) {
-    printf("%s %s (", ok ? "PASS" : "FAIL", name);
-    printf(fmt, v);
-    printf(")\n");
-    ok ? passed++ : failed++;
-}
+#include "gpu_check.h"
 
-static double rel_diff(const float *a, const float *b, size_t n) {
-    double w = 0, mx = 0;
-    for (size_t i = 0; i < n; i++) {
-        w = fmax(w, fabs((double)a[i] - b[i]));
-        mx = fmax(mx, fabs((double)b[i]));
-    }
-    return mx > 0 ? w / mx : w;
-}
 
 static float *download(const sl_model *m, const float *p, size_t n) {
     float *h = malloc(n * sizeof(float));
@@ -275,12 +261,8 @@ static void check_bf16_storage(const char *preset, int n_head, const sl_ops *gpu
 }
 
 int main(int argc, char **argv) {
-    setvbuf(stdout, NULL, _IOLBF, 0);   // line-buffered: a crash keeps the lines printed so far
-    const sl_ops *gpu = sl_ops_for_device(argc > 1 ? argv[1] : "cuda:0", 0);
-    if (!gpu) {
-        printf("FAIL cuda_backend_available: %s\n0 passed, 1 failed\n", sl_error());
-        return 1;
-    }
+    const sl_ops *gpu = gpu_open(argc, argv);
+    if (!gpu) return 1;
     check_preset("gpt2-tiny", gpu);
     check_preset("llama-tiny", gpu);
     check_bf16_compute("gpt2-tiny", gpu);
@@ -290,9 +272,5 @@ int main(int argc, char **argv) {
     check_bf16_storage("llama-tiny", 0, gpu_bf16);
     check_bf16_storage("gpt2-tiny", 2, gpu_bf16);
     check_bf16_storage("llama-tiny", 2, gpu_bf16);
-    int sync = gpu->synchronize();
-    report(sync == 0, "no_cuda_errors_recorded", "exact", 0);
-    if (sync) printf("  %s\n", sl_error());
-    printf("%d passed, %d failed\n", passed, failed);
-    return failed ? 1 : 0;
+    return gpu_finish(gpu);
 }

@@ -301,6 +301,13 @@ static double op_matmul_gelu_bwd(const sl_ops *o, void **p, const args *a) {
     o->set_precision(SL_PRECISION_FP32);
     return 0;
 }
+static double op_matmul_bwd_gelu(const sl_ops *o, void **p, const args *a) {
+    o->set_precision(a->precision);
+    o->matmul_backward_gelu(at_off(p[0], a), at_off(p[1], a), at_off(p[2], a), at_off(p[3], a), at_off(p[4], a),
+                            at_off(p[5], a), at_off(p[6], a), a->N, a->IC, a->OC);
+    o->set_precision(SL_PRECISION_FP32);
+    return 0;
+}
 // Fused residual + norm; a->off == 1 runs it in place (resid = a, as the model calls it: p[0] holds a).
 static double op_residual_layernorm_fwd(const sl_ops *o, void **p, const args *a) {
     o->residual_layernorm_forward(p[0], p[1], p[2], p[3], a->off ? p[0] : p[4], p[5], p[6], p[7], a->N, a->C, a->eps);
@@ -462,6 +469,25 @@ static void test_matmul_gelu(const char *tag, int N, int IC, int OC, int with_bi
     free(inp); free(w); free(bias); free(out); free(pre); free(dout); free(dinp); free(dw); free(db);
 }
 
+// matmul_backward_gelu (GPT-2's c_proj backward, dinp = d(pre)): IC % 8 == 0 with aligned dinp and pre
+// takes the DGELU epilogue, otherwise the dinp GEMM then the GELU-gradient kernel. pre is the
+// up-projection's pre-activation (N, IC); inp = gelu(pre) as the CPU computes it (what the model saves).
+static void test_matmul_backward_gelu(const char *tag, int N, int IC, int OC, int with_bias, int off) {
+    char name[128];
+    args a = {.N = N, .IC = IC, .OC = OC, .off = off, .precision = SL_PRECISION_FP32};
+    size_t nin = (size_t)N * IC + off, nw = (size_t)OC * IC + off, nout = (size_t)N * OC + off, nb = (size_t)OC + off;
+    float *pre = frand(nin, 1.5f), *inp = frand(nin, 1.0f), *w = frand(nw, 0.05f), *dout = frand(nout, 1.0f);
+    float *dinp = frand(nin, 1.0f), *dw = frand(nw, 1.0f), *db = with_bias ? frand(nb, 1.0f) : NULL;
+    sl_ops_cpu.gelu_forward((sl_act *)inp, (const sl_act *)pre, nin);
+    for (int no_dinp = 0; no_dinp < 2; no_dinp++) {  // with dinp, then the parameter gradients alone
+        snprintf(name, sizeof name, "matmul_backward_gelu_%s%s", no_dinp ? "no_dinp_" : "", tag);
+        RUN(name, op_matmul_bwd_gelu, &a, CMP_REL, REL_TOL, {"dinp", no_dinp ? NULL : dinp, no_dinp ? 0 : F(nin), OUT},
+            {"dweight", dw, F(nw), INOUT}, {"dbias", db, with_bias ? F(nb) : 0, INOUT}, {"dout", dout, F(nout), IN},
+            {"inp", inp, F(nin), IN}, {"weight", w, F(nw), IN}, {"pre", pre, F(nin), IN});
+    }
+    free(pre); free(inp); free(w); free(dout); free(dinp); free(dw); free(db);
+}
+
 // x[i] rounded to the 16-bit format of `precision` (the engine's rounding of what the GEMMs read).
 static void round_host(float *x, size_t n, int precision) {
     if (x) sl_ops_cpu.round_to(x, n, precision);
@@ -488,6 +514,11 @@ static void test_matmul_16bit(const char *tag, int precision, int N, int IC, int
     snprintf(name, sizeof name, "matmul_gelu_forward_%s_compute_%s", pname, tag);
     RUN(name, op_matmul_gelu_fwd, &a, CMP_REL, BF16_TOL, {"out", out, F(nout), OUT}, {"pre", pre, F(nout), OUT},
         {"inp", inp, F(nin), IN}, {"weight", w, F(nw), IN}, {"bias", bias, F(OC), IN});
+    // the DGELU GEMM with this shape read as a c_proj: dinp (N, IC) = d(pre) for pre = inp
+    snprintf(name, sizeof name, "matmul_backward_gelu_%s_compute_%s", pname, tag);
+    RUN(name, op_matmul_bwd_gelu, &a, CMP_REL, BF16_TOL, {"dinp", dinp, F(nin), OUT}, {"dweight", dw, F(nw), INOUT},
+        {"dbias", db, F(OC), INOUT}, {"dout", dout, F(nout), IN}, {"inp", inp, F(nin), IN}, {"weight", w, F(nw), IN},
+        {"pre", inp, F(nin), IN});
     free(inp); free(w); free(bias); free(out); free(pre); free(dout); free(dinp); free(dw); free(db);
 }
 
@@ -769,6 +800,12 @@ static void test_bf16_matmul(const char *tag, int N, int IC, int OC) {
         {"dinp", dinp, H(nin), BOUT}, {"dweight", dw, F(nw), INOUT}, {"dbias", db, F(OC), INOUT},
         {"dout", dout, H(nout), BINOUT}, {"pre", pre, H(nout), BIN}, {"inp", inp, H(nin), BIN},
         {"weight", w, H(nw), BIN});
+    // matmul_backward_gelu (the shape read as a c_proj, pre = inp): DGELU rounds d(pre) once, the
+    // emulation (and the fallback where IC % 8 != 0) twice: within a bf16 step of each other
+    RUN(bname("matmul_backward_gelu", tag), op_matmul_bwd_gelu, &a, CMP_REL, BF16_STORAGE_TOL,
+        {"dinp", dinp, H(nin), BOUT}, {"dweight", dw, F(nw), INOUT}, {"dbias", db, F(OC), INOUT},
+        {"dout", dout, H(nout), BIN}, {"inp", inp, H(nin), BIN}, {"weight", w, H(nw), BIN},
+        {"pre", inp, H(nin), BIN});
     free(inp); free(w); free(bias); free(out); free(pre); free(dout); free(dinp); free(dw); free(db);
 }
 
@@ -1215,6 +1252,22 @@ int main(int argc, char **argv) {
         test_matmul_gelu("one_row", 1, 64, 96, 1, 0);
         test_matmul_gelu("gpt2_fc", 1024, 768, 3072, 1, 0);
         test_matmul_gelu("gpt2_fc_nobias", 1024, 768, 3072, 0, 0);
+        test_matmul_backward_gelu("small_unfused", 37, 23, 19, 1, 0);  // IC % 8 != 0: GEMM, then the GELU kernel
+        test_matmul_backward_gelu("small", 37, 24, 19, 1, 0);          // the DGELU epilogue
+        test_matmul_backward_gelu("small_nobias", 37, 24, 19, 0, 0);
+        test_matmul_backward_gelu("unaligned", 37, 24, 19, 1, 1);      // 4-byte aligned: the fallback
+        test_matmul_backward_gelu("one_row", 1, 96, 64, 1, 0);
+        test_matmul_backward_gelu("gpt2_proj", 1024, 3072, 768, 1, 0);
+        set_switch("SHARDLM_GELU_EPILOGUE", "0");
+        test_matmul_backward_gelu("gpt2_proj_switched_off", 1024, 3072, 768, 1, 0);
+        set_switch("SHARDLM_GELU_EPILOGUE", NULL);
+        // SHARDLM_GEMM_AUTOTUNE=1: the timed choice, against the CPU and bit-identical on its second
+        // call (the first call tunes; dweight and dbias accumulate, so the trials must leave no trace)
+        set_switch("SHARDLM_GEMM_AUTOTUNE", "1");
+        test_matmul("gpt2_proj_autotune", 1024, 3072, 768, 1, 0);
+        test_matmul_gelu("gpt2_fc_autotune", 1024, 768, 3072, 1, 0);
+        test_matmul_backward_gelu("gpt2_proj_autotune", 1024, 3072, 768, 1, 0);
+        set_switch("SHARDLM_GEMM_AUTOTUNE", NULL);
     }
 
     if (group("matmul_16bit")) {

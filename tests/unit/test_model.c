@@ -9,6 +9,7 @@
 
 #include "shardlm/engine.h"
 #include "shardlm/error.h"
+#include "shardlm/settings.h"
 #include "shardlm/hf_weights.h"
 #include "shardlm/model.h"
 #include "shardlm/precision.h"
@@ -200,6 +201,13 @@ static void unfused_matmul_gelu_backward(sl_act *dinp, float *dw, float *db, sl_
     memcpy(dout, dpre, sizeof(float) * (size_t)N * OC);
     free(dpre);
 }
+static void unfused_matmul_backward_gelu(sl_act *dinp, float *dw, float *db, const sl_act *dout, const sl_act *inp,
+                                         const sl_act *w, const sl_act *pre, int N, int IC, int OC) {
+    float *dact = malloc(sizeof(float) * (size_t)N * IC);
+    sl_ops_cpu.matmul_backward(dinp ? ACT(dact) : NULL, dw, db, dout, inp, w, N, IC, OC);
+    if (dinp) sl_ops_cpu.gelu_backward(dinp, pre, ACT(dact), (size_t)N * IC);
+    free(dact);
+}
 static void unfused_residual_layernorm(sl_act *resid, sl_act *out, float *mean, float *rstd, const sl_act *a,
                                        const sl_act *b, const sl_act *w, const sl_act *bias, int N, int C, float eps) {
     sl_ops_cpu.residual_forward(resid, a, b, (size_t)N * C);
@@ -230,6 +238,7 @@ TEST(fused_ops_change_no_bit_of_the_model) {
     sl_ops unfused = sl_ops_cpu;
     unfused.matmul_gelu_forward = unfused_matmul_gelu_forward;
     unfused.matmul_gelu_backward = unfused_matmul_gelu_backward;
+    unfused.matmul_backward_gelu = unfused_matmul_backward_gelu;
     unfused.residual_layernorm_forward = unfused_residual_layernorm;
     unfused.residual_rmsnorm_forward = unfused_residual_rmsnorm;
     const char *presets[2] = {"gpt2-tiny", "llama-tiny"};
@@ -248,6 +257,27 @@ TEST(fused_ops_change_no_bit_of_the_model) {
         sl_model_free(&a);
         sl_model_free(&b);
     }
+}
+
+// GPT-2's MLP backward: matmul_backward_gelu then matmul_backward (default), or matmul_backward then
+// matmul_gelu_backward (SHARDLM_FUSED_KERNELS=0): the same gradients, bit for bit, on the CPU.
+TEST(gpt2_mlp_backward_paths_give_the_same_bits) {
+    sl_model_config cfg;
+    sl_model a, b;
+    model_pair("gpt2-tiny", &sl_ops_cpu, 5, &cfg, &a, &b);
+    int B = 2, T = 16, in[32], tg[32];
+    for (int i = 0; i < 32; i++) { in[i] = (i * 31 + 5) % cfg.vocab_size; tg[i] = (i * 43 + 1) % cfg.vocab_size; }
+    float la = 0, lb = 0;
+    CHECK(sl_model_forward(&a, in, tg, B, T, &la) == 0 && sl_model_forward(&b, in, tg, B, T, &lb) == 0);
+    CHECK(sl_model_backward(&a, 1.0f) == 0);
+    setenv("SHARDLM_FUSED_KERNELS", "0", 1);
+    CHECK(sl_settings_load() == 0);
+    CHECK(sl_model_backward(&b, 1.0f) == 0);
+    unsetenv("SHARDLM_FUSED_KERNELS");
+    CHECK(sl_settings_load() == 0);
+    CHECK_MSG(!memcmp(a.grads, b.grads, sizeof(float) * a.layout.total), "the two MLP backward paths differ");
+    sl_model_free(&a);
+    sl_model_free(&b);
 }
 
 // The fused classifier (sl_model_expect_backward): the loss and dlogits in forward through

@@ -9,6 +9,7 @@
 #include "shardlm/ops.h"
 #include "shardlm/rope.h"
 #include "shardlm/ops_profile.h"
+#include "shardlm/quant_ops.h"
 #include "shardlm/precision.h"
 #include "shardlm/rng.h"
 
@@ -471,6 +472,46 @@ TEST(matmul_gelu_equals_matmul_then_gelu_bit_for_bit) {
     const sl_op_stat *st = sl_ops_profile_ops(&n);
     for (int i = 0; i < n; i++) found += !strcmp(st[i].name, "matmul_gelu_forward") && st[i].flops > 0;
     CHECK_MSG(found == 1, "the profile table did not count matmul_gelu_forward's FLOPs");
+}
+
+// matmul_backward_gelu: the c_proj backward whose input was gelu(pre); dinp is d(pre).
+static void check_matmul_backward_gelu(const sl_ops *ops, int N, int IC, int OC, int with_bias, int with_dinp) {
+    size_t ni = (size_t)N * IC, nw = (size_t)OC * IC, no = (size_t)N * OC;
+    float *pre = frand_f(ni, 2), *inp = fzeros(ni), *w = frand_f(nw, 0.05), *dout = frand_f(no, 1);
+    cpu_gelu_forward(ACT(inp), ACT(pre), ni);
+    // separate: matmul_backward, then gelu_backward over dinp
+    float *dinp0 = fzeros(ni), *dw0 = frand_f(nw, 1), *db0 = with_bias ? frand_f(OC, 1) : NULL;
+    float *dw1 = fcopy(dw0, nw), *db1 = with_bias ? fcopy(db0, OC) : NULL, *dinp1 = frand_f(ni, 1);
+    cpu_matmul_backward(with_dinp ? ACT(dinp0) : NULL, dw0, db0, ACT(dout), ACT(inp), ACT(w), N, IC, OC);
+    if (with_dinp) cpu_gelu_backward(ACT(dinp0), ACT(pre), ACT(dinp0), ni);
+    ops->matmul_backward_gelu(with_dinp ? ACT(dinp1) : NULL, dw1, db1, ACT(dout), ACT(inp), ACT(w), ACT(pre), N, IC,
+                              OC);
+    if (with_dinp) CHECK_MSG(same_bits(dinp1, dinp0, ni), "%s dinp N=%d IC=%d OC=%d", ops->name, N, IC, OC);
+    CHECK_MSG(same_bits(dw1, dw0, nw), "%s dweight N=%d IC=%d OC=%d", ops->name, N, IC, OC);
+    if (with_bias) CHECK_MSG(same_bits(db1, db0, OC), "%s dbias N=%d IC=%d OC=%d", ops->name, N, IC, OC);
+    // d(pre) against the double-precision chain rule on a few elements
+    for (size_t i = 0; with_dinp && i < ni; i += ni / 7 + 1) {
+        size_t n = i / IC, c = i % IC;
+        double g = 0.0;
+        for (int o = 0; o < OC; o++) g += (double)dout[n * OC + o] * w[(size_t)o * IC + c];
+        double x = pre[i], u = 0.7978845608028654 * (x + 0.044715 * x * x * x), th = tanh(u);
+        double d = 0.5 * (1 + th) + 0.5 * x * (1 - th * th) * 0.7978845608028654 * (1 + 3 * 0.044715 * x * x);
+        CHECK_MSG(fabs(dinp1[i] - g * d) <= 1e-4 * (1 + fabs(g * d)), "dinp[%zu] %g, expected %g", i, dinp1[i], g * d);
+    }
+    free(pre); free(inp); free(w); free(dout); free(dinp0); free(dw0); free(db0); free(dw1); free(db1); free(dinp1);
+}
+
+TEST(matmul_backward_gelu_equals_matmul_backward_then_gelu_backward) {
+    const sl_ops *tables[] = {&sl_ops_cpu, sl_ops_profile_wrap(&sl_ops_cpu), &sl_ops_cpu_quant};
+    for (int k = 0; k < 3; k++) {
+        check_matmul_backward_gelu(tables[k], 7, 13, 11, 1, 1);    // odd shapes
+        check_matmul_backward_gelu(tables[k], 7, 13, 11, 0, 0);
+        check_matmul_backward_gelu(tables[k], 64, 3072, 768, 1, 1);  // GPT-2 124M's c_proj (threads in play)
+    }
+    int n = 0, found = 0;
+    const sl_op_stat *sh = sl_ops_profile_matmul_shapes(&n);
+    for (int i = 0; i < n; i++) found += !strcmp(sh[i].name, "matmul_backward_gelu N=64 IC=3072 OC=768");
+    CHECK_MSG(found == 1, "the profile table did not name matmul_backward_gelu's shape");
 }
 
 static void check_residual_norm(int rms, int N, int C, int in_place) {

@@ -60,3 +60,9 @@ void cpu_matmul_gelu_backward(sl_act *dinp, float *dweight, float *dbias, sl_act
     cpu_gelu_backward(dout, pre, dout, (size_t)N * OC);  // in place: dout becomes d(pre)
     cpu_matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, IC, OC);
 }
+
+void cpu_matmul_backward_gelu(sl_act *dinp, float *dweight, float *dbias, const sl_act *dout, const sl_act *inp,
+                              const sl_act *weight, const sl_act *pre, int N, int IC, int OC) {
+    cpu_matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, IC, OC);
+    if (dinp) cpu_gelu_backward(dinp, pre, dinp, (size_t)N * IC);  // in place: dinp becomes d(pre)
+}

@@ -142,6 +142,15 @@ static void composed_matmul_gelu_backward(sl_act *dinp, float *dweight, float *d
     emul_matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, IC, OC);
 }
 
+// dinp is stored (rounded), then its GELU gradient is stored over it: two roundings, as the GPU's
+// unfused path (its DGELU epilogue rounds once, within one bf16 step of this).
+static void composed_matmul_backward_gelu(sl_act *dinp, float *dweight, float *dbias, const sl_act *dout,
+                                          const sl_act *inp, const sl_act *weight, const sl_act *pre, int N, int IC,
+                                          int OC) {
+    emul_matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, IC, OC);
+    if (dinp) emul_gelu_backward(dinp, pre, dinp, sz(N, IC));
+}
+
 // The fused residual norms: resid is stored (rounded) first and the norm reads it back as stored,
 // as the GPU's kernels do and as residual_forward followed by the norm's forward would.
 static void composed_residual_layernorm_forward(sl_act *resid, sl_act *out, float *mean, float *rstd, const sl_act *a,

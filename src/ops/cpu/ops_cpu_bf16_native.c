@@ -148,6 +148,14 @@ static void composed_matmul_gelu_backward(sl_act *dinp, float *dweight, float *d
     cpu_bf16_matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, IC, OC);
 }
 
+// dinp stored (rounded), then its GELU gradient stored over it, as the emulation does.
+static void composed_matmul_backward_gelu(sl_act *dinp, float *dweight, float *dbias, const sl_act *dout,
+                                          const sl_act *inp, const sl_act *weight, const sl_act *pre, int N, int IC,
+                                          int OC) {
+    cpu_bf16_matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, IC, OC);
+    if (dinp) staged_gelu_backward(dinp, pre, dinp, (size_t)N * IC);
+}
+
 // The fused residual norms: resid stored (rounded) first, the norm reads it back as stored.
 static void composed_residual_layernorm_forward(sl_act *resid, sl_act *out, float *mean, float *rstd, const sl_act *a,
                                                 const sl_act *b, const sl_act *w, const sl_act *bias, int N, int C,

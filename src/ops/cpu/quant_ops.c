@@ -74,8 +74,14 @@ static void q_matmul_gelu_backward(sl_act *dinp, float *dweight, float *dbias, s
     q_matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, IC, OC);
 }
 
+static void q_matmul_backward_gelu(sl_act *dinp, float *dweight, float *dbias, const sl_act *dout, const sl_act *inp,
+                                   const sl_act *weight, const sl_act *pre, int N, int IC, int OC) {
+    q_matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, IC, OC);
+    if (dinp) cpu_gelu_backward(dinp, pre, dinp, (size_t)N * IC);
+}
+
 #pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Woverride-init"  // the four linear entries replace the CPU ones
+#pragma GCC diagnostic ignored "-Woverride-init"  // the five linear entries replace the CPU ones
 const sl_ops sl_ops_cpu_quant = {
     .name = "cpu-quant",
     SL_OPS(SL_CPU_OP_ENTRY)
@@ -83,6 +89,7 @@ const sl_ops sl_ops_cpu_quant = {
     .matmul_backward = q_matmul_backward,
     .matmul_gelu_forward = q_matmul_gelu_forward,
     .matmul_gelu_backward = q_matmul_gelu_backward,
+    .matmul_backward_gelu = q_matmul_backward_gelu,
     .act_bf16 = 0,
     .sliding_window = 1,
     .synchronize = cpu_synchronize,

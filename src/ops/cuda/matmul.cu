@@ -22,6 +22,8 @@ extern "C" {
 
 #define SL_MATMUL_WORKSPACE_BYTES ((size_t)32 << 20)
 #define SL_MATMUL_CACHE_SIZE 128
+#define SL_MATMUL_TUNE_CANDIDATES 8   // heuristic results timed per plan under SHARDLM_GEMM_AUTOTUNE=1
+#define SL_MATMUL_TUNE_MARGIN 0.98f   // a later candidate must be 2% faster to replace an earlier one
 
 // ---- cuBLASLt, loaded at run time ----------------------------------------------------------------
 
@@ -45,7 +47,10 @@ static cublasLtHandle_t lt_handle;
 static void *workspace;              // SL_MATMUL_WORKSPACE_BYTES of device memory
 static cublasComputeType_t fp32_compute = CUBLAS_COMPUTE_32F;  // fp32 runs (TF32 with SHARDLM_TF32=1)
 static int run_precision = SL_PRECISION_FP32;                   // set_precision's last value
-static int gelu_epilogue = 1;                                   // 0: SHARDLM_GELU_EPILOGUE=0 at init
+// SHARDLM_GELU_EPILOGUE and SHARDLM_GEMM_AUTOTUNE are read per call (settings.h: loaded once), so a
+// test that reloads the settings can take both paths in one process.
+static int gelu_epilogue(void) { return sl_settings_get()->gelu_epilogue; }
+static int autotune(void) { return sl_settings_get()->gemm_autotune; }
 
 static const char *lt_status_string(cublasStatus_t s) {
     const char *msg = lt.cublasLtGetStatusString ? lt.cublasLtGetStatusString(s) : NULL;
@@ -90,7 +95,6 @@ int sl_cuda_matmul_init(void) {
                          version % 100, CUBLAS_VER_MAJOR, CUBLAS_VER_MAJOR);
 
     fp32_compute = sl_settings_get()->tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-    gelu_epilogue = sl_settings_get()->gelu_epilogue;
 
     cublasStatus_t st = lt.cublasLtCreate(&lt_handle);
     if (st != CUBLAS_STATUS_SUCCESS) {
@@ -120,10 +124,10 @@ static cublasComputeType_t compute_type(void) {
 
 // ---- one GEMM: descriptors and algorithm cached per shape --------------------------------------
 
-typedef enum { GEMM_FORWARD = 0, GEMM_DINP = 1, GEMM_DWEIGHT = 2, GEMM_FORWARD_GELU = 3 } gemm_kind;
+typedef enum { GEMM_FORWARD = 0, GEMM_DINP = 1, GEMM_DWEIGHT = 2, GEMM_FORWARD_GELU = 3, GEMM_DINP_DGELU = 4 } gemm_kind;
 
 // Everything that decides the descriptors and the algorithm. Compared with memcmp: always memset first.
-// epilogue: a cublasLtEpilogue_t (DEFAULT, BIAS, GELU_AUX, GELU_AUX_BIAS); aux_ld only with GELU_AUX*.
+// epilogue: a cublasLtEpilogue_t (DEFAULT, BIAS, GELU_AUX, GELU_AUX_BIAS, DGELU); aux_ld only with an aux.
 typedef struct {
     int kind, transa, transb, epilogue;
     uint64_t m, n, k;
@@ -132,6 +136,7 @@ typedef struct {
     uint32_t align_bias, align_aux;         // likewise for the epilogue's vectors (0: none)
     int compute;
     int ab_type, d_type;                    // cudaDataType_t of A and B, and of C = D (and bias, aux)
+    int tune;                               // SHARDLM_GEMM_AUTOTUNE: candidates kept and timed
 } gemm_key;
 
 typedef struct {
@@ -141,6 +146,9 @@ typedef struct {
     cublasLtMatrixLayout_t a, b, c;
     cublasLtMatmulAlgo_t algo;
     int has_algo;  // 0: the heuristic found none (the call records an error)
+    // the heuristic's usable results, best first (1 without autotune); tuned: timed (plan_tune)
+    int n_candidates, tuned;
+    cublasLtMatmulAlgo_t candidates[SL_MATMUL_TUNE_CANDIDATES];
 } gemm_plan;
 
 static gemm_plan plans[SL_MATMUL_CACHE_SIZE];
@@ -203,18 +211,20 @@ static int plan_build(gemm_plan *p, const gemm_key *key, const void *bias, void 
              LT_CHECK(lt.cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
                                                               &key->align_c, sizeof key->align_c));
     if (!rc) {
-        cublasLtMatmulHeuristicResult_t result;
-        memset(&result, 0, sizeof result);
+        cublasLtMatmulHeuristicResult_t results[SL_MATMUL_TUNE_CANDIDATES];
+        memset(results, 0, sizeof results);
         int found = 0;
-        cublasStatus_t st = lt.cublasLtMatmulAlgoGetHeuristic(lt_handle, p->desc, p->a, p->b, p->c, p->c, pref, 1,
-                                                              &result, &found);
+        cublasStatus_t st = lt.cublasLtMatmulAlgoGetHeuristic(lt_handle, p->desc, p->a, p->b, p->c, p->c, pref,
+                                                              key->tune ? SL_MATMUL_TUNE_CANDIDATES : 1, results, &found);
         // NOT_SUPPORTED means "no algorithm for this configuration": the caller decides what to do.
         // So does any refusal of a GELU epilogue (an unsupported combination with the compute type,
         // say): its caller has the unfused path.
         int gelu = key->epilogue == CUBLASLT_EPILOGUE_GELU_AUX ||
-                   key->epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
-        if (st == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS) {
-            p->algo = result.algo;
+                   key->epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS || key->epilogue == CUBLASLT_EPILOGUE_DGELU;
+        for (int i = 0; st == CUBLAS_STATUS_SUCCESS && i < found && i < SL_MATMUL_TUNE_CANDIDATES; i++)
+            if (results[i].state == CUBLAS_STATUS_SUCCESS) p->candidates[p->n_candidates++] = results[i].algo;
+        if (p->n_candidates > 0) {
+            p->algo = p->candidates[0];
             p->has_algo = 1;
         } else if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED && !gelu) {
             rc = LT_CHECK(st);
@@ -241,17 +251,71 @@ static gemm_plan *plan_get(const gemm_key *key, const void *bias, void *aux) {
     return plan_build(slot, key, bias, aux) ? NULL : slot;
 }
 
+// SHARDLM_GEMM_AUTOTUNE=1: on a plan's first use, times each of its candidate algorithms once on
+// the call's own operands (after one untimed run of the first: clocks and caches) and keeps the
+// fastest; a later candidate must beat the best so far by SL_MATMUL_TUNE_MARGIN, so near-ties keep
+// the heuristic's order. The trials write D (and a GELU_AUX's aux) before the real call overwrites
+// them; a GEMM that accumulates (beta != 0) has D (d_bytes) saved first and restored after, and
+// keeps the heuristic's choice when that copy cannot be allocated. Blocks the host once per plan.
+// The choice holds for the plan's life (the run, unless evicted from the cache) but may differ from
+// run to run: timings are not reproducible.
+static void plan_tune(gemm_plan *p, const void *A, const void *B, void *D, float beta, size_t d_bytes) {
+    p->tuned = 1;
+    if (p->n_candidates < 2) return;
+    cudaStream_t s = sl_cuda_stream();
+    void *saved = NULL;
+    if (beta != 0.0f) {
+        if (cudaMallocAsync(&saved, d_bytes, s) != cudaSuccess) {
+            cudaGetLastError();  // not enough memory for the copy: keep the heuristic's choice
+            return;
+        }
+        CUDA_CHECK(cudaMemcpyAsync(saved, D, d_bytes, cudaMemcpyDeviceToDevice, s));
+    }
+    cudaEvent_t start = NULL, stop = NULL;
+    if (cudaEventCreate(&start) == cudaSuccess && cudaEventCreate(&stop) == cudaSuccess) {
+        const float alpha = 1.0f;
+        int best = -1;
+        float best_ms = 0.0f;
+        lt.cublasLtMatmul(lt_handle, p->desc, &alpha, A, p->a, B, p->b, &beta, D, p->c, D, p->c, &p->candidates[0],
+                          workspace, SL_MATMUL_WORKSPACE_BYTES, s);
+        for (int i = 0; i < p->n_candidates; i++) {
+            cudaEventRecord(start, s);
+            cublasStatus_t st = lt.cublasLtMatmul(lt_handle, p->desc, &alpha, A, p->a, B, p->b, &beta, D, p->c, D,
+                                                  p->c, &p->candidates[i], workspace, SL_MATMUL_WORKSPACE_BYTES, s);
+            cudaEventRecord(stop, s);
+            float ms = 0.0f;
+            if (cudaEventSynchronize(stop) != cudaSuccess || cudaEventElapsedTime(&ms, start, stop) != cudaSuccess)
+                break;  // a CUDA error: left for the real call (and cuda_synchronize) to report
+            if (st == CUBLAS_STATUS_SUCCESS && (best < 0 || ms < best_ms * SL_MATMUL_TUNE_MARGIN)) {
+                best = i;
+                best_ms = ms;
+            }
+        }
+        if (best >= 0) p->algo = p->candidates[best];
+    }
+    cudaGetLastError();  // a failed candidate's launch error is not the run's
+    if (start) cudaEventDestroy(start);
+    if (stop) cudaEventDestroy(stop);
+    if (saved) {
+        CUDA_CHECK(cudaMemcpyAsync(D, saved, d_bytes, cudaMemcpyDeviceToDevice, s));
+        CUDA_CHECK(cudaFreeAsync(saved, s));
+    }
+}
+
 static const char *kind_name(int kind) {
     switch (kind) {
     case GEMM_FORWARD: return "matmul_forward";
     case GEMM_DINP: return "matmul_backward (dinp)";
     case GEMM_DWEIGHT: return "matmul_backward (dweight)";
+    case GEMM_DINP_DGELU: return "matmul_backward_gelu (dinp)";
     default: return "matmul_gelu_forward";
     }
 }
 
 // D (m x n, ld ldc) = op(A) @ op(B) + beta * D, column-major, with an epilogue: + bias over D's rows
-// when bias != NULL; with aux != NULL, aux (m x n, ld ldc) = that result and D = gelu(it) (GELU_AUX).
+// when bias != NULL; with aux != NULL, aux (m x n, ld ldc) = that result and D = gelu(it) (GELU_AUX),
+// except for kind GEMM_DINP_DGELU, where aux is an input (the pre-activation, laid out like D) and
+// D = the product * gelu'(aux) (DGELU; no bias).
 // A and B hold ab_type elements, D (and bias, aux) d_type: CUDA_R_32F, or CUDA_R_16BF for bf16
 // storage (then computed in CUBLAS_COMPUTE_32F on the tensor cores whatever the precision says).
 // Returns 1 when no algorithm exists with the epilogue asked for (nothing was queued; the caller does
@@ -268,8 +332,9 @@ static int gemm(int kind, int transa, int transb, int m, int n, int k, const voi
     key.kind = kind;
     key.transa = transa;
     key.transb = transb;
-    key.epilogue = aux ? (bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX)
-                       : (bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT);
+    if (kind == GEMM_DINP_DGELU) key.epilogue = CUBLASLT_EPILOGUE_DGELU;
+    else key.epilogue = aux ? (bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX)
+                            : (bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT);
     key.aux_ld = aux ? ldc : 0;
     key.m = (uint64_t)m;
     key.n = (uint64_t)n;
@@ -285,6 +350,7 @@ static int gemm(int kind, int transa, int transb, int m, int n, int k, const voi
     key.ab_type = (int)ab_type;
     key.d_type = (int)d_type;
     key.compute = ab_type == CUDA_R_32F ? (int)compute_type() : (int)CUBLAS_COMPUTE_32F;
+    key.tune = autotune();
     gemm_plan *p = plan_get(&key, bias, aux);
     if (!p) return -1;
     if (!p->has_algo && ab_type == CUDA_R_32F && key.compute != (int)fp32_compute) {
@@ -305,6 +371,10 @@ static int gemm(int kind, int transa, int transb, int m, int n, int k, const voi
     if (aux && LT_CHECK(lt.cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux,
                                                           sizeof aux)))
         return -1;
+    if (key.tune && !p->tuned) {
+        size_t elem = d_type == CUDA_R_32F ? sizeof(float) : sizeof(__nv_bfloat16);
+        plan_tune(p, A, B, D, beta, elem * ((size_t)ldc * (size_t)(n - 1) + (size_t)m));
+    }
     const float alpha = 1.0f;
     return LT_CHECK(lt.cublasLtMatmul(lt_handle, p->desc, &alpha, A, p->a, B, p->b, &beta, D, p->c, D, p->c,
                                       &p->algo, workspace, SL_MATMUL_WORKSPACE_BYTES, sl_cuda_stream()));
@@ -460,7 +530,7 @@ template <typename floatX>
 void cuda_matmul_gelu_forward(sl_act *out, sl_act *pre, const sl_act *inp, const sl_act *weight, const sl_act *bias,
                               int N, int IC, int OC) {
     if (N <= 0 || OC <= 0) return;
-    int fused = gelu_epilogue && IC > 0 && OC % GELU_AUX_LD_MULTIPLE == 0 &&
+    int fused = gelu_epilogue() && IC > 0 && OC % GELU_AUX_LD_MULTIPLE == 0 &&
                 pointer_alignment(out) >= GELU_EPILOGUE_MIN_ALIGN && pointer_alignment(pre) >= GELU_EPILOGUE_MIN_ALIGN &&
                 (!bias || pointer_alignment(bias) >= BIAS_EPILOGUE_MIN_ALIGN);
     if (fused) {
@@ -489,7 +559,38 @@ void cuda_matmul_gelu_backward(sl_act *dinp, float *dweight, float *dbias, sl_ac
     cuda_matmul_backward<floatX>(dinp, dweight, NULL, dout, inp, weight, N, IC, OC);
 }
 
+// The c_proj backward of GPT-2's MLP: dinp = (dout @ weight) * gelu'(pre), the GELU gradient applied
+// by the dinp GEMM's DGELU epilogue (pre, written by matmul_gelu_forward in D's layout: row-major
+// (N, IC) = column-major IC x N, leading dimension IC, the aux layout the epilogue reads), then the
+// dweight GEMM and dbias as in matmul_backward. Unfused (SHARDLM_GELU_EPILOGUE=0, IC not a multiple
+// of 8, dinp or pre below 16-byte alignment, no algorithm with the epilogue): the dinp GEMM, then the
+// GELU-gradient kernel in place (one rounding more with bf16 storage).
+template <typename floatX>
+void cuda_matmul_backward_gelu(sl_act *dinp_, float *dweight, float *dbias, const sl_act *dout_, const sl_act *inp,
+                               const sl_act *weight_, const sl_act *pre_, int N, int IC, int OC) {
+    floatX *dinp = as_storage<floatX>(dinp_);
+    const floatX *pre = as_storage<floatX>(pre_);
+    if (dinp && N > 0 && IC > 0 && OC > 0) {
+        int fused = gelu_epilogue() && IC % GELU_AUX_LD_MULTIPLE == 0 &&
+                    pointer_alignment(dinp) >= GELU_EPILOGUE_MIN_ALIGN &&
+                    pointer_alignment(pre) >= GELU_EPILOGUE_MIN_ALIGN;
+        const cudaDataType_t t = storage_type<floatX>();
+        // dinp^T (IC,N) = weight^T (col-major IC x OC) @ dout^T (col-major OC x N), times gelu'(pre^T)
+        int rc = fused ? gemm(GEMM_DINP_DGELU, 0, 0, IC, N, OC, as_storage<floatX>(weight_), IC,
+                              as_storage<floatX>(dout_), OC, dinp, IC, 0.0f, NULL, (void *)pre, t, t)
+                       : 1;
+        if (rc == 1) {
+            cuda_matmul_backward<floatX>(dinp_, NULL, NULL, dout_, inp, weight_, N, IC, OC);
+            cuda_gelu_backward<floatX>(dinp_, pre_, dinp_, (size_t)N * IC);
+        }
+    } else if (dinp) {
+        cuda_matmul_backward<floatX>(dinp_, NULL, NULL, dout_, inp, weight_, N, IC, OC);  // zeros when OC == 0
+    }
+    cuda_matmul_backward<floatX>(NULL, dweight, dbias, dout_, inp, weight_, N, IC, OC);
+}
+
 SL_CUDA_STORAGE_INSTANCES(cuda_matmul_forward)
 SL_CUDA_STORAGE_INSTANCES(cuda_matmul_backward)
 SL_CUDA_STORAGE_INSTANCES(cuda_matmul_gelu_forward)
 SL_CUDA_STORAGE_INSTANCES(cuda_matmul_gelu_backward)
+SL_CUDA_STORAGE_INSTANCES(cuda_matmul_backward_gelu)
