@@ -377,6 +377,7 @@ static int run(sl_train_config *c, sl_comm *world) {
     if (src.has_weights && !c->no_verify && sl_manifest_verify_weights_dir(src.weights_dir)) goto done;
     // QLoRA: --quantize, or a bitsandbytes directory as the model (its quantisation then runs)
     int quantised = sl_quant_base_wanted(&src, &c->quant, &c->quant);
+    if (quantised > 0) sl_train_config_quant_compute(c);
     if (quantised < 0 || (quantised && sl_train_config_check_quant(c))) goto done;
     if (quantised) {
         if (sl_quant_base_create(&qbase, &model, &src, &c->quant, ops, c->seed)) goto done;
