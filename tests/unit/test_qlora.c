@@ -166,25 +166,43 @@ static size_t snapshot(const sl_quant_base *qb, unsigned char **out) {
     return at;
 }
 
+// The base as it is before training: its codes and scales, and its full-precision tensors.
+typedef struct {
+    unsigned char *codes;
+    size_t n_codes;
+    float *params;
+} base_bits;
+
+static void base_bits_take(base_bits *b, const fixture *fx) {
+    b->n_codes = snapshot(&fx->qb, &b->codes);
+    size_t nb = fx->model.layout.total * sizeof(float);
+    b->params = malloc(nb);
+    memcpy(b->params, fx->model.params, nb);
+}
+
+// Checks the base still has every bit of b, and frees b.
+static void base_bits_check(base_bits *b, const fixture *fx, const char *name) {
+    unsigned char *after;
+    CHECK(snapshot(&fx->qb, &after) == b->n_codes);
+    CHECK_MSG(memcmp(b->codes, after, b->n_codes) == 0, "%s: a base code or scale changed", name);
+    CHECK_MSG(memcmp(b->params, fx->model.params, fx->model.layout.total * sizeof(float)) == 0,
+              "%s: a full-precision base tensor changed", name);
+    free(after);
+    free(b->codes);
+    free(b->params);
+}
+
 // 10 AdamW steps on the adapters (as torch.optim.AdamW over PEFT's trainable parameters).
 static void check_adamw_track(const char *base, const char *name, int double_quant) {
     fixture fx;
     if (load_fixture(&fx, base, name, double_quant)) { CHECK(0); free_fixture(&fx); return; }
     float *want = fixture_tensor(&fx.expected, "adamw_losses", NULL);
-    size_t nb = fx.model.layout.total * sizeof(float);
-    float *fp_before = malloc(nb);
-    memcpy(fp_before, fx.model.params, nb);
-    unsigned char *codes_before, *codes_after;
-    size_t nc = snapshot(&fx.qb, &codes_before);
+    base_bits before;
+    base_bits_take(&before, &fx);
     double worst = fixture_adamw_track(&fx.model, fx.lora.params, fx.lora.grads, fx.lora.total, fx.inputs, fx.targets,
                                        fx.B, fx.T, want, 10, name);
     CHECK_MSG(worst < 1e-4, "%s adamw loss curve deviates by %.3g relative", name, worst);
-    CHECK(snapshot(&fx.qb, &codes_after) == nc);
-    CHECK_MSG(memcmp(codes_before, codes_after, nc) == 0, "%s: a base code or scale changed", name);
-    CHECK_MSG(memcmp(fp_before, fx.model.params, nb) == 0, "%s: a full-precision base tensor changed", name);
-    free(codes_before);
-    free(codes_after);
-    free(fp_before);
+    base_bits_check(&before, &fx, name);
     free(want);
     free_fixture(&fx);
 }
@@ -300,11 +318,8 @@ static void check_bf16_adamw(const char *base, const char *name) {
     snprintf(path, sizeof path, "tests/fixtures/qlora/%s/expected_bf16.safetensors", name);
     if (sl_st_open(&bf, path)) { fprintf(stderr, "  %s\n", sl_error()); CHECK(0); free_fixture(&fx); return; }
     float *want = fixture_tensor(&bf, "adamw_losses", NULL), *want32 = fixture_tensor(&fx.expected, "adamw_losses", NULL);
-    size_t nb = fx.model.layout.total * sizeof(float);
-    float *fp_before = malloc(nb);
-    memcpy(fp_before, fx.model.params, nb);
-    unsigned char *codes_before, *codes_after;
-    size_t nc = snapshot(&fx.qb, &codes_before);
+    base_bits before;
+    base_bits_take(&before, &fx);
     float *adapters = malloc(fx.lora.total * sizeof(float));
     memcpy(adapters, fx.lora.params, fx.lora.total * sizeof(float));
     double worst = fixture_adamw_track(&fx.model, fx.lora.params, fx.lora.grads, fx.lora.total, fx.inputs, fx.targets,
@@ -317,12 +332,7 @@ static void check_bf16_adamw(const char *base, const char *name) {
                                          fx.targets, fx.B, fx.T, want32, 10, name);
     CHECK_MSG(worst32 < BF16_LOSS_TOL, "%s bf16 adamw curve %.3g from fp32 QLoRA's", name, worst32);
     printf("  %s bf16 10 AdamW steps: worst %.2e from PEFT + bnb bf16, %.2e from fp32 QLoRA\n", name, worst, worst32);
-    CHECK(snapshot(&fx.qb, &codes_after) == nc);
-    CHECK_MSG(memcmp(codes_before, codes_after, nc) == 0, "%s: a base code or scale changed", name);
-    CHECK_MSG(memcmp(fp_before, fx.model.params, nb) == 0, "%s: a full-precision base tensor changed", name);
-    free(codes_before);
-    free(codes_after);
-    free(fp_before);
+    base_bits_check(&before, &fx, name);
     free(adapters);
     free(want);
     free(want32);

@@ -99,21 +99,21 @@ QUANT_BF16_ENTRIES(emulated, sl_ops_cpu_bf16, 0)
 static sl_ops native_table, emulated_table;
 static pthread_once_t tables_once = PTHREAD_ONCE_INIT;
 
+// t = base with the four linear entries of `tag` (QUANT_BF16_ENTRIES) and the synchronize above.
+#define MAKE_TABLE(t, base, table_name, tag)         \
+    do {                                             \
+        t = base;                                    \
+        t.name = table_name;                         \
+        t.matmul_forward = tag##_forward;            \
+        t.matmul_backward = tag##_backward;          \
+        t.matmul_gelu_forward = tag##_gelu_forward;  \
+        t.matmul_gelu_backward = tag##_gelu_backward; \
+        t.synchronize = synchronize_##tag;           \
+    } while (0)
+
 static void build_tables(void) {
-    native_table = sl_ops_cpu_bf16_native;
-    native_table.name = "cpu-bf16-onednn+quant";
-    native_table.matmul_forward = native_forward;
-    native_table.matmul_backward = native_backward;
-    native_table.matmul_gelu_forward = native_gelu_forward;
-    native_table.matmul_gelu_backward = native_gelu_backward;
-    native_table.synchronize = synchronize_native;
-    emulated_table = sl_ops_cpu_bf16;
-    emulated_table.name = "cpu-bf16+quant";
-    emulated_table.matmul_forward = emulated_forward;
-    emulated_table.matmul_backward = emulated_backward;
-    emulated_table.matmul_gelu_forward = emulated_gelu_forward;
-    emulated_table.matmul_gelu_backward = emulated_gelu_backward;
-    emulated_table.synchronize = synchronize_emulated;
+    MAKE_TABLE(native_table, sl_ops_cpu_bf16_native, "cpu-bf16-onednn+quant", native);
+    MAKE_TABLE(emulated_table, sl_ops_cpu_bf16, "cpu-bf16+quant", emulated);
 }
 
 const sl_ops *sl_quant_ops_for(const sl_ops *base) {
