@@ -91,7 +91,8 @@ int sl_train_config_set_optimizer(sl_train_config *c, const char *name);
 int sl_train_config_set_precision(sl_train_config *c, const char *name);
 int sl_train_config_set_lr_schedule(sl_train_config *c, const char *kind);
 int sl_train_config_set_quantize(sl_train_config *c, const char *type);
-// What a quantised base (c->quant) trains with: LoRA adapters (QLoRA), ZeRO stage 0, fp32 or bf16 (its
+// What a quantised base (c->quant) trains with: LoRA adapters (QLoRA; any ZeRO stage, which shards the
+// adapters alone), fp32 or bf16 (its
 // bnb_4bit_compute_dtype: "float32" under fp32, "bfloat16" under bf16), the CPU; -1 with a message
 // naming the setting otherwise (sl_train_config_resolve calls it; so does train when the model
 // directory itself turns out to be a bitsandbytes one).

@@ -1,8 +1,8 @@
 // quant_base.c: a model built with only its quantised base weights (see quant_base.h).
 // Invariant: while qb->installed, the ops' registry holds one entry per block linear of the model,
 // keyed by its placeholder's address in m->params (in m->weights_bf16 under bf16 storage); neither
-// buffer moves while installed (the
-// engine over adapters does not reallocate it; ZeRO, which would, is refused with a quantised base).
+// buffer moves while installed: a quantised base trains only under adapters, and the engine, DDP and
+// ZeRO 1-3 then work on the adapters' buffer, leaving the base's whole on every rank.
 #include "shardlm/quant_base.h"
 #include "shardlm/error.h"
 #include "shardlm/hf_weights.h"

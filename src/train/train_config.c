@@ -226,10 +226,6 @@ int sl_train_config_check_quant(const sl_train_config *c) {
         return sl_errorf("%s base weights (--quantize / quantization_config) are frozen: they train only under LoRA "
                          "adapters (QLoRA: add --lora-r R or a \"lora\" block); full fine-tuning needs the "
                          "full-precision weights", q);
-    if (c->zero_stage > 0)
-        return sl_errorf("zero_optimization.stage %d with a quantised (%s) base is not supported: the frozen base's "
-                         "codes are not sharded; train the adapters with plain data parallelism (stage 0)",
-                         c->zero_stage, q);
     if (c->precision.precision == SL_PRECISION_FP16)
         return sl_errorf("--precision fp16 with a quantised (%s) base is not supported: the quantised linears compute "
                          "in float32 or bfloat16 (bnb_4bit_compute_dtype); use --precision bf16 or fp32", q);

@@ -10,7 +10,7 @@
 #   * --precision bf16 (bnb_4bit_compute_dtype bfloat16): 4 steps == 2 + resume + 2 bit for bit, the
 #     memory line equals the formula, config words equal flags, the emulation runs where the CPU has no
 #     bf16 instructions (simulated with SHARDLM_CPU_BF16=0) and follows the oneDNN run within 1e-2;
-#   * bad input (no adapters, ZeRO, fp16, compute dtype bfloat16 without bf16 training, a GPU device, NF4
+#   * bad input (no adapters, fp16, compute dtype bfloat16 without bf16 training, a GPU device, NF4
 #     on a partial block, resuming QLoRA adapters on a full-precision base) is refused by name.
 # Prints PASS/FAIL lines for tests/run.sh (lib.sh); skips (exit 0) when "$SHARDLM_BIN" is not built.
 . "$(dirname "$0")/lib.sh" qlora
@@ -154,8 +154,6 @@ bad() {  # bad NAME EXPECTED-MESSAGE ARGS...
 }
 base=(train --model gpt2-tiny --data "$tmp/data" --seq-len 32 --steps 1 --quantize nf4)
 bad qlora_without_adapters_refused 'are frozen: they train only under LoRA adapters' "${base[@]}"
-bad qlora_with_zero_refused 'zero_optimization.stage 2 with a quantised (nf4) base is not supported' \
-  "${base[@]}" --lora-r 4 --zero-stage 2
 bad qlora_with_fp16_refused '--precision fp16 with a quantised (nf4) base is not supported' \
   "${base[@]}" --lora-r 4 --precision fp16
 printf '{"quantization_config": {"load_in_4bit": true, "bnb_4bit_quant_type": "nf4", "bnb_4bit_compute_dtype": "bfloat16"}}\n' \
