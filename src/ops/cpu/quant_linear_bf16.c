@@ -17,9 +17,17 @@
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
+// Weight rows per bf16 tile: the fp32 path's count rounded down to a multiple of 64 (at least 64, or
+// the whole part when smaller), so that most tiles share one shape that oneDNN's bf16 kernels block
+// evenly (a 341-row tile of a 768-wide weight ran at a fraction of their speed).
+static int64_t tile_rows(const sl_qlinear *l) {
+    int64_t tr = sl_qlinear_tile_rows(l);
+    return tr >= 128 ? tr / 64 * 64 : tr;
+}
+
 // Floats of the tile product buffer: (N, rows of a tile) for the forward, (N, IC) for the input gradient.
 static size_t acc_floats(const sl_qlinear *l, int N) {
-    return (size_t)N * (size_t)max64(min64(sl_qlinear_tile_rows(l), l->out_features), l->in_features);
+    return (size_t)N * (size_t)max64(min64(tile_rows(l), l->out_features), l->in_features);
 }
 
 size_t sl_qlinear_bf16_work_floats(const sl_qlinear *l, int N, int native) {
@@ -29,20 +37,24 @@ size_t sl_qlinear_bf16_work_floats(const sl_qlinear *l, int N, int native) {
 
 // Rows [r0, r0 + nr) of q as bf16 values: l->scratch_bf16 (native) or l->scratch rounded in place; the
 // pointer the GEMM reads.
+// Each row dequantised and rounded by the thread that owns it: one parallel region per tile.
 static const void *bf16_tile(const sl_qlinear *l, const sl_qtensor *q, int64_t r0, int64_t nr, int native) {
-    size_t n = (size_t)nr * (size_t)l->in_features;
-    sl_qlinear_dequant_rows(q, r0, nr, l->scratch);
-    if (!native) {
-        sl_round_to_bf16_array(l->scratch, n);
-        return l->scratch;
+    const size_t ic = (size_t)l->in_features;
+#pragma omp parallel for schedule(static) if ((size_t)nr * ic >= SL_PAR_MIN_WORK)
+    for (int64_t r = 0; r < nr; r++) {
+        float *row = l->scratch + (size_t)r * ic;
+        sl_dequantize_range(q, (size_t)(r0 + r) * ic, ic, row);
+        if (native)
+            for (size_t i = 0; i < ic; i++) l->scratch_bf16[(size_t)r * ic + i] = sl_bf16_round(row[i]);
+        else
+            for (size_t i = 0; i < ic; i++) row[i] = sl_bf16_widen(sl_bf16_round(row[i]));
     }
-    sl_f32_to_bf16_array(l->scratch, l->scratch_bf16, n);
-    return l->scratch_bf16;
+    return native ? (const void *)l->scratch_bf16 : (const void *)l->scratch;
 }
 
 int sl_qlinear_forward_bf16(const sl_qlinear *l, void *out, int out_f32, const sl_bf16 *inp, const sl_bf16 *bias,
                             int N, float *work, int native) {
-    const int64_t tr = sl_qlinear_tile_rows(l), OC = l->out_features, IC = l->in_features;
+    const int64_t tr = tile_rows(l), OC = l->out_features, IC = l->in_features;
     float *acc = work, *inp32 = work + acc_floats(l, N);
     if (!native) sl_bf16_to_f32_array(inp, inp32, (size_t)N * (size_t)IC);
     int64_t o = 0;   // the first output feature of the current part
@@ -62,11 +74,13 @@ int sl_qlinear_forward_bf16(const sl_qlinear *l, void *out, int out_f32, const s
             for (int n = 0; n < N; n++) {
                 const float *a = acc + (size_t)n * (size_t)nr;
                 size_t at = (size_t)n * (size_t)OC + (size_t)c0;
-                for (int r = 0; r < nr; r++) {
-                    float v = bias ? a[r] + sl_bf16_to_f32(bias[c0 + r]) : a[r];
-                    if (out_f32) ((float *)out)[at + (size_t)r] = v;
-                    else ((sl_bf16 *)out)[at + (size_t)r] = sl_f32_to_bf16(v);
-                }
+                float *o32 = (float *)out + at;
+                sl_bf16 *o16 = (sl_bf16 *)out + at;
+                const sl_bf16 *b = bias ? bias + c0 : NULL;
+                if (out_f32)
+                    for (int r = 0; r < nr; r++) o32[r] = b ? a[r] + sl_bf16_widen(b[r]) : a[r];
+                else
+                    for (int r = 0; r < nr; r++) o16[r] = sl_bf16_round(b ? a[r] + sl_bf16_widen(b[r]) : a[r]);
             }
         }
         o += q->rows;
@@ -76,7 +90,7 @@ int sl_qlinear_forward_bf16(const sl_qlinear *l, void *out, int out_f32, const s
 
 int sl_qlinear_backward_input_bf16(const sl_qlinear *l, sl_bf16 *dinp, const sl_bf16 *dout, int N, float *work,
                                    int native) {
-    const int64_t tr = sl_qlinear_tile_rows(l), OC = l->out_features, IC = l->in_features;
+    const int64_t tr = tile_rows(l), OC = l->out_features, IC = l->in_features;
     float *acc = work, *dout32 = work + acc_floats(l, N);
     if (!native) sl_bf16_to_f32_array(dout, dout32, (size_t)N * (size_t)OC);
     int64_t o = 0;
