@@ -88,6 +88,13 @@ expect qlora_bf16_without_bf16_instructions_runs_the_emulation bash -c "
 "$BIN" train --model llama-tiny --data "$tmp/data" --seq-len 32 --batch-size 2 --threads 2 --steps 3 --eval-interval 0 \
   --sample-tokens 4 --quantize int8 --lora-r 4 --lora-targets all-linear --save-dir "$tmp/int8" >"$tmp/int8.out" 2>&1
 expect qlora_int8_base_trains grep -q "base frozen int8 linears" "$tmp/int8.out"
+for q in int8 fp4; do   # the other bases take the same bf16 path
+  "$BIN" train --model llama-tiny --data "$tmp/data" --seq-len 32 --batch-size 2 --threads 2 --steps 2 --eval-interval 0 \
+    --sample-tokens 0 --quantize $q --precision bf16 --lora-r 4 --lora-targets all-linear --save-dir "$tmp/$q-bf16" \
+    >"$tmp/$q-bf16.out" 2>&1
+  expect "qlora_${q}_base_trains_in_bf16" bash -c "grep -q 'base frozen $q linears' '$tmp/$q-bf16.out' &&
+    grep -q 'ops cpu-bf16.*+quant' '$tmp/$q-bf16.out' && [ \$(grep -c '\"loss\"' '$tmp/$q-bf16/metrics.jsonl') -eq 2 ]"
+done
 cat >"$tmp/q.json" <<'JSON'
 {"quantization_config": {"load_in_4bit": true, "bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": true,
                          "bnb_4bit_compute_dtype": "float32"},
