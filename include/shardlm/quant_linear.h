@@ -25,7 +25,7 @@ typedef struct {
     int64_t out_features, in_features;            // OC (sum of the parts' rows), IC
     size_t tile_floats;   // the dequantisation buffer's size in floats (0: SL_QLINEAR_TILE_FLOATS)
     float *scratch;       // optional caller-owned buffer of sl_qlinear_tile_floats(l) floats (else malloc'd per call)
-    sl_bf16 *scratch_bf16;   // the bf16 tile of the bf16 functions below (native), sl_qlinear_tile_floats(l) values
+    sl_bf16 *scratch_bf16;   // the bf16 tile of the bf16 functions below (native), sl_qlinear_bf16_tile_values(l)
 } sl_qlinear;
 
 // 256 Ki floats (1 MiB): big enough that each GEMM call is efficient, small enough to stay in cache.
@@ -53,11 +53,16 @@ void sl_qlinear_dequant_rows(const sl_qtensor *q, int64_t r0, int64_t nr, float 
 // Activations are bf16 storage (ops.h act_bf16). Each tile is dequantised to fp32 (the values above)
 // and rounded to bf16 (nearest even: bitsandbytes' dequantised weight .to(torch.bfloat16)); the products
 // of bf16 operands accumulate in fp32 and an output is rounded once. native = 1 multiplies with
-// oneDNN's bf16 matmul (cpu_gemm_bf16; needs l->scratch and l->scratch_bf16); native = 0 with the
+// oneDNN's bf16 matmul (cpu_gemm_bf16; needs l->scratch_bf16); native = 0 with the
 // same operands widened to fp32 through cpu_sgemm (the bf16 emulation's arithmetic, for a CPU without
 // bf16 instructions; needs l->scratch). work: sl_qlinear_bf16_work_floats(l, N, native) floats. 0, or
 // -1 with a message naming the shape (a failing oneDNN call).
 size_t sl_qlinear_bf16_work_floats(const sl_qlinear *l, int N, int native);
+
+// 1 Mi values (2 MiB; tile_floats, when set, instead): the native path's bf16 tile, whole weight rows
+// (a multiple of 64 where it holds 128 or more); sl_qlinear_bf16_tile_values gives one linear's.
+#define SL_QLINEAR_BF16_TILE_VALUES ((size_t)1 << 20)
+size_t sl_qlinear_bf16_tile_values(const sl_qlinear *l);
 
 // out (N, OC) = inp (N, IC) @ bf16(W)^T (+ bias (OC), added in fp32), out bf16 (rounded once) or, with
 // out_f32, fp32.

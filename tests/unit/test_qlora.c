@@ -368,7 +368,7 @@ TEST(bf16_tiles_equal_one_tile) {
         for (int k = 0; k < 2; k++) {
             sl_qlinear *l = ls[k];
             l->scratch = malloc(sl_qlinear_tile_floats(l) * sizeof(float));
-            l->scratch_bf16 = malloc(sl_qlinear_tile_floats(l) * sizeof(sl_bf16));
+            l->scratch_bf16 = malloc(sl_qlinear_bf16_tile_values(l) * sizeof(sl_bf16));
             float *work = malloc(sl_qlinear_bf16_work_floats(l, N, native) * sizeof(float));
             sl_bf16 *x = malloc(sizeof(sl_bf16) * N * (OC > IC ? OC : IC)), *din = malloc(sizeof(sl_bf16) * N * IC);
             for (int i = 0; i < N * (OC > IC ? OC : IC); i++) x[i] = sl_f32_to_bf16(0.05f * (float)((i * 37) % 23 - 11));

@@ -1,9 +1,8 @@
 // quant_linear_bf16.c: the quantised linear in bf16 compute (bitsandbytes' bnb_4bit_compute_dtype
 // bfloat16), forward and input gradient, a tile of weight rows at a time (see quant_linear.h).
 //
-// A tile is dequantised into the fp32 scratch (sl_dequantize_range's values, exactly) and rounded to
-// bf16 there; the native path multiplies the bf16 tile with oneDNN (bf16 operands, fp32 accumulation),
-// the portable path multiplies the same values held in floats with cpu_sgemm (a product of two bf16
+// A tile's values are sl_dequantize_range's (exactly) rounded to bf16; the native path multiplies the
+// bf16 tile with oneDNN (bf16 operands, fp32 accumulation), the portable path multiplies the same values held in floats with cpu_sgemm (a product of two bf16
 // values is exact in fp32, so both compute the same sum, in another order). A tile's product lands in
 // an fp32 buffer: the forward adds the bias there and rounds each output once into its columns of out;
 // the input gradient sums the tiles there and rounds once at the end. The whole dequantised matrix
@@ -17,45 +16,63 @@
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
-// Weight rows per bf16 tile: the fp32 path's count rounded down to a multiple of 64 (at least 64, or
-// the whole part when smaller), so that most tiles share one shape that oneDNN's bf16 kernels block
-// evenly (a 341-row tile of a 768-wide weight ran at a fraction of their speed).
-static int64_t tile_rows(const sl_qlinear *l) {
-    int64_t tr = sl_qlinear_tile_rows(l);
+// Weight rows per tile, rounded down to a multiple of 64 (at least 64, or the whole part when smaller)
+// so that most tiles share one shape that oneDNN's bf16 kernels block evenly (a 341-row tile of a
+// 768-wide weight ran at a fraction of their speed). The native path's tile is its own bf16 buffer of
+// SL_QLINEAR_BF16_TILE_VALUES (each row dequantised through a small stack chunk, no fp32 tile): fewer,
+// larger tiles mean fewer parallel regions, which is what costs on a machine whose cores are shared;
+// the portable path's is the fp32 scratch (sl_qlinear_tile_floats).
+static int64_t tile_rows_for(const sl_qlinear *l, int native) {
+    size_t cap = l->tile_floats ? l->tile_floats : SL_QLINEAR_BF16_TILE_VALUES;   // tile_floats: a test's size
+    int64_t tr = native ? (int64_t)(cap / (size_t)l->in_features) : sl_qlinear_tile_rows(l);
+    if (tr < 1) tr = 1;
     return tr >= 128 ? tr / 64 * 64 : tr;
 }
 
+size_t sl_qlinear_bf16_tile_values(const sl_qlinear *l) {
+    return (size_t)tile_rows_for(l, 1) * (size_t)l->in_features;
+}
+
 // Floats of the tile product buffer: (N, rows of a tile) for the forward, (N, IC) for the input gradient.
-static size_t acc_floats(const sl_qlinear *l, int N) {
-    return (size_t)N * (size_t)max64(min64(tile_rows(l), l->out_features), l->in_features);
+static size_t acc_floats(const sl_qlinear *l, int N, int native) {
+    return (size_t)N * (size_t)max64(min64(tile_rows_for(l, native), l->out_features), l->in_features);
 }
 
 size_t sl_qlinear_bf16_work_floats(const sl_qlinear *l, int N, int native) {
     // the portable path also widens its bf16 input (inp or dout) into fp32 once
-    return acc_floats(l, N) + (native ? 0 : (size_t)N * (size_t)max64(l->in_features, l->out_features));
+    return acc_floats(l, N, native) + (native ? 0 : (size_t)N * (size_t)max64(l->in_features, l->out_features));
 }
 
-// Rows [r0, r0 + nr) of q as bf16 values: l->scratch_bf16 (native) or l->scratch rounded in place; the
-// pointer the GEMM reads.
-// Each row dequantised and rounded by the thread that owns it: one parallel region per tile.
+// Rows [r0, r0 + nr) of q as bf16 values, each row dequantised and rounded by the thread that owns it
+// (one parallel region per tile): into l->scratch_bf16 through a stack chunk (native), or into
+// l->scratch rounded in place; the pointer the GEMM reads.
+#define CHUNK 256
 static const void *bf16_tile(const sl_qlinear *l, const sl_qtensor *q, int64_t r0, int64_t nr, int native) {
     const size_t ic = (size_t)l->in_features;
 #pragma omp parallel for schedule(static) if ((size_t)nr * ic >= SL_PAR_MIN_WORK)
     for (int64_t r = 0; r < nr; r++) {
-        float *row = l->scratch + (size_t)r * ic;
-        sl_dequantize_range(q, (size_t)(r0 + r) * ic, ic, row);
-        if (native)
-            for (size_t i = 0; i < ic; i++) l->scratch_bf16[(size_t)r * ic + i] = sl_bf16_round(row[i]);
-        else
+        const size_t first = (size_t)(r0 + r) * ic;
+        if (native) {
+            float chunk[CHUNK];
+            sl_bf16 *row = l->scratch_bf16 + (size_t)r * ic;
+            for (size_t c = 0; c < ic; c += CHUNK) {
+                size_t n = ic - c < CHUNK ? ic - c : CHUNK;
+                sl_dequantize_range(q, first + c, n, chunk);
+                for (size_t i = 0; i < n; i++) row[c + i] = sl_bf16_round(chunk[i]);
+            }
+        } else {
+            float *row = l->scratch + (size_t)r * ic;
+            sl_dequantize_range(q, first, ic, row);
             for (size_t i = 0; i < ic; i++) row[i] = sl_bf16_widen(sl_bf16_round(row[i]));
+        }
     }
     return native ? (const void *)l->scratch_bf16 : (const void *)l->scratch;
 }
 
 int sl_qlinear_forward_bf16(const sl_qlinear *l, void *out, int out_f32, const sl_bf16 *inp, const sl_bf16 *bias,
                             int N, float *work, int native) {
-    const int64_t tr = tile_rows(l), OC = l->out_features, IC = l->in_features;
-    float *acc = work, *inp32 = work + acc_floats(l, N);
+    const int64_t tr = tile_rows_for(l, native), OC = l->out_features, IC = l->in_features;
+    float *acc = work, *inp32 = work + acc_floats(l, N, native);
     if (!native) sl_bf16_to_f32_array(inp, inp32, (size_t)N * (size_t)IC);
     int64_t o = 0;   // the first output feature of the current part
     for (int p = 0; p < l->n_parts; p++) {
@@ -90,8 +107,8 @@ int sl_qlinear_forward_bf16(const sl_qlinear *l, void *out, int out_f32, const s
 
 int sl_qlinear_backward_input_bf16(const sl_qlinear *l, sl_bf16 *dinp, const sl_bf16 *dout, int N, float *work,
                                    int native) {
-    const int64_t tr = tile_rows(l), OC = l->out_features, IC = l->in_features;
-    float *acc = work, *dout32 = work + acc_floats(l, N);
+    const int64_t tr = tile_rows_for(l, native), OC = l->out_features, IC = l->in_features;
+    float *acc = work, *dout32 = work + acc_floats(l, N, native);
     if (!native) sl_bf16_to_f32_array(dout, dout32, (size_t)N * (size_t)OC);
     int64_t o = 0;
     int first = 1;

@@ -22,12 +22,15 @@ int sl_quant_ops_install(const sl_quant_ops_entry *entries, int n) {
     scratch_bf16 = NULL;
     n_registry = 0;
     if (n <= 0) return 0;
-    size_t most = 1;
-    for (int i = 0; i < n; i++)
+    size_t most = 1, most_bf16 = 1;
+    for (int i = 0; i < n; i++) {
         if (sl_qlinear_tile_floats(&entries[i].lin) > most) most = sl_qlinear_tile_floats(&entries[i].lin);
+        if (sl_qlinear_bf16_tile_values(&entries[i].lin) > most_bf16)
+            most_bf16 = sl_qlinear_bf16_tile_values(&entries[i].lin);
+    }
     registry = sl_malloc((size_t)n * sizeof *registry, "quantised linear registry");
     scratch = sl_malloc(most * sizeof(float), "quantised linear tile");
-    scratch_bf16 = sl_malloc(most * sizeof(sl_bf16), "quantised linear bf16 tile");
+    scratch_bf16 = sl_malloc(most_bf16 * sizeof(sl_bf16), "quantised linear bf16 tile");
     if (!registry || !scratch || !scratch_bf16) {
         sl_quant_ops_install(NULL, 0);
         return -1;
