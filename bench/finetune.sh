@@ -22,8 +22,9 @@
 #      PyTorch's forward and loss under torch.autocast("cpu", torch.bfloat16) (fp32 parameters and AdamW;
 #      bitsandbytes' compute dtype bfloat16 for QLoRA);
 #   4. renders the medians over rounds, the ratios and the targets (bench/finetune_render.py).
-# A shardlm row that train refuses (QLoRA before train accepts --quantize with LoRA) is recorded with
-# train's error message and shown as not available; nothing is assumed about which rows work.
+# A shardlm row that train refuses is recorded with train's error message and shown as not available;
+# nothing is assumed about which rows work (QLoRA bf16 runs since train accepts --precision bf16 with
+# --quantize: bitsandbytes' compute dtype bfloat16).
 #
 #   bash bench/finetune.sh                          # everything (see bench/README.md for how long)
 #   FT_ROUNDS=1 FT_WARMUP=1 FT_STEPS=1 FT_MODELS=gpt2 bash bench/finetune.sh   # a short trial

@@ -15,8 +15,9 @@
 //     linear weights quantised one at a time.
 // Peak resident memory is therefore the quantised model plus one full-precision tensor.
 //
-// Limits: the CPU fp32 table only (the quantised linears are a CPU module): a GPU device, bf16
-// activation storage or a 16-bit training precision is refused by the caller's checks and here.
+// Tables: the CPU's fp32 table (bitsandbytes' compute dtype float32) or its bf16-storage tables
+// (cpu-bf16-onednn, the emulation cpu-bf16: compute dtype bfloat16), quant_ops.h sl_quant_ops_for; a
+// GPU table is refused here, fp16 training by the caller's checks.
 // The ops' registry is one per process (quant_ops.h): one quantised base at a time.
 #ifndef SHARDLM_QUANT_BASE_H
 #define SHARDLM_QUANT_BASE_H
@@ -37,9 +38,9 @@ typedef struct {
 // runs (the directory's own, which decides, or want). -1 on a config.json that cannot be read.
 int sl_quant_base_wanted(const sl_model_source *src, const sl_quant_config *want, sl_quant_config *resolved);
 
-// Creates m (sl_model_create_quantised on `ops`, which must be the CPU fp32 table) with its weights
-// from src (above; seed for a model without weights), the quantised linears installed and m->ops set
-// to sl_ops_cpu_quant. want: the quantisation (a bitsandbytes directory: NONE or the file's type).
+// Creates m (sl_model_create_quantised on `ops`: sl_ops_cpu, sl_ops_cpu_bf16_native or sl_ops_cpu_bf16)
+// with its weights from src (above; seed for a model without weights), the quantised linears installed
+// and m->ops set to sl_quant_ops_for(ops). want: the quantisation (a bitsandbytes directory: NONE or the file's type).
 // On failure nothing is left allocated or installed.
 int sl_quant_base_create(sl_quant_base *qb, sl_model *m, const sl_model_source *src, const sl_quant_config *want,
                          const sl_ops *ops, uint64_t seed);

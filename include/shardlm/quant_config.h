@@ -4,8 +4,8 @@
 //
 // Honoured: load_in_4bit, load_in_8bit (not both), bnb_4bit_quant_type ("nf4" / "fp4"; transformers'
 // default "fp4"), bnb_4bit_use_double_quant (default false), bnb_4bit_compute_dtype (the dtype the
-// dequantised tiles are multiplied in: "float32" only on the CPU; "bfloat16" / "float16" are refused by
-// name), quant_method ("bitsandbytes"). Accepted at their defaults only: bnb_4bit_quant_storage
+// dequantised tiles are multiplied in: "float32", or "bfloat16" for bf16 training, which sets it;
+// "float16" is refused by name), quant_method ("bitsandbytes"). Accepted at their defaults only: bnb_4bit_quant_storage
 // ("uint8"), llm_int8_skip_modules (null or empty), llm_int8_has_fp16_weight (false),
 // llm_int8_enable_fp32_cpu_offload (false). Ignored: llm_int8_threshold (the outlier split of
 // LLM.int8()'s int8 x int8 product: shardlm multiplies dequantised weights in fp32 instead) and

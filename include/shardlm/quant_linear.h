@@ -14,6 +14,7 @@
 #ifndef SHARDLM_QUANT_LINEAR_H
 #define SHARDLM_QUANT_LINEAR_H
 
+#include "shardlm/precision.h"
 #include "shardlm/quant.h"
 
 #define SL_QLINEAR_MAX_PARTS 4
@@ -24,6 +25,7 @@ typedef struct {
     int64_t out_features, in_features;            // OC (sum of the parts' rows), IC
     size_t tile_floats;   // the dequantisation buffer's size in floats (0: SL_QLINEAR_TILE_FLOATS)
     float *scratch;       // optional caller-owned buffer of sl_qlinear_tile_floats(l) floats (else malloc'd per call)
+    sl_bf16 *scratch_bf16;   // the bf16 tile of the bf16 functions below (native), sl_qlinear_bf16_tile_values(l)
 } sl_qlinear;
 
 // 256 Ki floats (1 MiB): big enough that each GEMM call is efficient, small enough to stay in cache.
@@ -41,5 +43,34 @@ int sl_qlinear_forward(const sl_qlinear *l, float *out, const float *inp, const 
 
 // dinp (N, IC) = dout (N, OC) @ W, overwritten (accumulate != 0: added to dinp instead).
 int sl_qlinear_backward_input(const sl_qlinear *l, float *dinp, const float *dout, int N, int accumulate);
+
+// Weight rows per tile, and rows [r0, r0 + nr) of q dequantised into tile (nr x IC floats, the rows
+// split over the threads): the pieces quant_linear_bf16.c shares.
+int64_t sl_qlinear_tile_rows(const sl_qlinear *l);
+void sl_qlinear_dequant_rows(const sl_qtensor *q, int64_t r0, int64_t nr, float *tile);
+
+// ---- bf16 compute: bitsandbytes' bnb_4bit_compute_dtype=torch.bfloat16 (quant_linear_bf16.c) ----
+// Activations are bf16 storage (ops.h act_bf16). Each tile is dequantised to fp32 (the values above)
+// and rounded to bf16 (nearest even: bitsandbytes' dequantised weight .to(torch.bfloat16)); the products
+// of bf16 operands accumulate in fp32 and an output is rounded once. native = 1 multiplies with
+// oneDNN's bf16 matmul (cpu_gemm_bf16; needs l->scratch_bf16); native = 0 with the
+// same operands widened to fp32 through cpu_sgemm (the bf16 emulation's arithmetic, for a CPU without
+// bf16 instructions; needs l->scratch). work: sl_qlinear_bf16_work_floats(l, N, native) floats. 0, or
+// -1 with a message naming the shape (a failing oneDNN call).
+size_t sl_qlinear_bf16_work_floats(const sl_qlinear *l, int N, int native);
+
+// 1 Mi values (2 MiB; tile_floats, when set, instead): the native path's bf16 tile, whole weight rows
+// (a multiple of 64 where it holds 128 or more); sl_qlinear_bf16_tile_values gives one linear's.
+#define SL_QLINEAR_BF16_TILE_VALUES ((size_t)1 << 20)
+size_t sl_qlinear_bf16_tile_values(const sl_qlinear *l);
+
+// out (N, OC) = inp (N, IC) @ bf16(W)^T (+ bias (OC), added in fp32), out bf16 (rounded once) or, with
+// out_f32, fp32.
+int sl_qlinear_forward_bf16(const sl_qlinear *l, void *out, int out_f32, const sl_bf16 *inp, const sl_bf16 *bias,
+                            int N, float *work, int native);
+
+// dinp (N, IC) = dout (N, OC) @ bf16(W), summed in fp32 over the tiles and rounded once, overwritten.
+int sl_qlinear_backward_input_bf16(const sl_qlinear *l, sl_bf16 *dinp, const sl_bf16 *dout, int N, float *work,
+                                   int native);
 
 #endif

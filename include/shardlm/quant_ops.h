@@ -11,6 +11,13 @@
 //
 // The registry is one per process (the ops table has no context argument): install it before the
 // model's first forward, clear it before its entries' weights are freed.
+//
+// bf16 (quant_ops_bf16.c): sl_quant_ops_for(base) is the table for a model on `base`: sl_ops_cpu_quant
+// for sl_ops_cpu; for the bf16-storage tables (cpu-bf16-onednn, and the emulation cpu-bf16 where the
+// CPU lacks bf16 instructions) a copy of that table whose linears on registered weights compute as
+// bitsandbytes' bnb_4bit_compute_dtype=torch.bfloat16 does (quant_linear.h's bf16 functions: oneDNN's
+// bf16 matmul, or the emulation's fp32 GEMM on the same bf16 values); NULL for any other table. The
+// model passes its bf16 weight shadow's addresses to those tables, so their entries are keyed by them.
 #ifndef SHARDLM_QUANT_OPS_H
 #define SHARDLM_QUANT_OPS_H
 
@@ -27,5 +34,11 @@ extern const sl_ops sl_ops_cpu_quant;
 // Takes a copy of entries[0..n) and allocates one tile buffer they share (the model calls its linears one
 // at a time), so the ops never allocate (-1 when out of memory). n = 0 clears the registry.
 int sl_quant_ops_install(const sl_quant_ops_entry *entries, int n);
+
+// The registered linear whose weight address is `weight` (NULL: not quantised); a registered weight used
+// with another shape than its own aborts (a model / registry mismatch is a bug, not bad input).
+const sl_qlinear *sl_quant_ops_lookup(const sl_act *weight, int IC, int OC);
+
+const sl_ops *sl_quant_ops_for(const sl_ops *base);
 
 #endif

@@ -91,10 +91,15 @@ int sl_train_config_set_optimizer(sl_train_config *c, const char *name);
 int sl_train_config_set_precision(sl_train_config *c, const char *name);
 int sl_train_config_set_lr_schedule(sl_train_config *c, const char *kind);
 int sl_train_config_set_quantize(sl_train_config *c, const char *type);
-// What a quantised base (c->quant) trains with: LoRA adapters (QLoRA), ZeRO stage 0, fp32, the CPU;
-// -1 with a message naming the setting otherwise (sl_train_config_resolve calls it; so does train
-// when the model directory itself turns out to be a bitsandbytes one).
+// What a quantised base (c->quant) trains with: LoRA adapters (QLoRA; any ZeRO stage, which shards the
+// adapters alone), fp32 or bf16 (its
+// bnb_4bit_compute_dtype: "float32" under fp32, "bfloat16" under bf16), the CPU; -1 with a message
+// naming the setting otherwise (sl_train_config_resolve calls it; so does train when the model
+// directory itself turns out to be a bitsandbytes one).
 int sl_train_config_check_quant(const sl_train_config *c);
+// bf16 training computes the quantised linears in bf16: sets c->quant.compute_dtype to bfloat16 then
+// (as torch.autocast does to bitsandbytes' float32 compute); called before sl_train_config_check_quant.
+void sl_train_config_quant_compute(sl_train_config *c);
 
 // Resolves the batch rule and the schedule once flags have been applied; errors say what is impossible.
 // `given` flags mark which of train_batch_size / micro / accum the user set (bit 0, 1, 2).

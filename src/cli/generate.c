@@ -135,8 +135,8 @@ static int parse_ids(const char *list, int vocab, int *ids, int cap, int *n) {
 }
 
 // The model and its weights: a quantised base (quant_base.h: only codes and block statistics for the
-// linears, computed through sl_ops_cpu_quant) when the directory is a bitsandbytes model or --quantize
-// asks for one, else the full-precision model.
+// linears, computed through sl_ops_cpu_quant, or on bf16 tiles with --dtype bf16) when the directory is
+// a bitsandbytes model or --quantize asks for one, else the full-precision model.
 static int load_model(sl_model *m, sl_quant_base *qb, const sl_model_source *src, const sl_ops *ops,
                       const sl_quant_config *want) {
     int quantised = sl_quant_base_wanted(src, want, NULL);
@@ -156,9 +156,6 @@ static int load_model(sl_model *m, sl_quant_base *qb, const sl_model_source *src
         sl_model_free(m);
         return -1;
     }
-    if (ops->act_bf16)
-        return sl_errorf("%s: quantised linears compute in fp32 on dequantised tiles; --dtype bf16 cannot be combined "
-                         "with them (use --dtype fp32)", src->weights_dir);
     if (sl_quant_base_create(qb, m, src, want, ops, 0)) return -1;
     char desc[96];
     fprintf(stderr, "quantised linears: %s, %.2f MB (%.2f MB in fp32); full-precision tensors %.2f MB\n",

@@ -82,7 +82,8 @@ static void usage(FILE *f) {
         "                          16-bit parameters and gradients; fp16 with dynamic loss scaling)\n"
         "  --quantize TYPE         nf4 | fp4 | int8: hold the frozen base quantised as bitsandbytes does (nf4 with\n"
         "                          double-quantised scales; transformers' quantization_config in the JSON config\n"
-        "                          says the same) and train LoRA adapters on it (QLoRA; needs --lora-* flags)\n"
+        "                          says the same) and train LoRA adapters on it (QLoRA; needs --lora-* flags;\n"
+        "                          with --precision bf16 the tiles compute in bf16: compute dtype bfloat16)\n"
         "  --device D              cpu | cuda | cuda:N (default cpu; cuda uses GPU LOCAL_RANK)\n"
         "  --comm-backend B        auto | self | mpi | nccl (default auto: mpi when started as several ranks,\n"
         "                          else self); nccl (GPU memory, one GPU per local rank) is required by\n"
@@ -377,6 +378,7 @@ static int run(sl_train_config *c, sl_comm *world) {
     if (src.has_weights && !c->no_verify && sl_manifest_verify_weights_dir(src.weights_dir)) goto done;
     // QLoRA: --quantize, or a bitsandbytes directory as the model (its quantisation then runs)
     int quantised = sl_quant_base_wanted(&src, &c->quant, &c->quant);
+    if (quantised > 0) sl_train_config_quant_compute(c);
     if (quantised < 0 || (quantised && sl_train_config_check_quant(c))) goto done;
     if (quantised) {
         if (sl_quant_base_create(&qbase, &model, &src, &c->quant, ops, c->seed)) goto done;

@@ -60,18 +60,22 @@ static void adapter_formula(const char *formula, char *out, size_t cap) {
     out[i] = '\0';
 }
 
-// The quantised base's line: the formula of memory_estimate.h (4P + Q for the base) from the config alone.
-static void print_quant_base(const sl_engine *e, const sl_quant_base *qb, double adapters_part) {
+// The quantised base's line: the formula of memory_estimate.h (4P + Q for the base) from the config alone,
+// plus the adapters' part: (4 + 4 + K)A at stage 0, the stage's ZeRO formula over A (`formula`) above it.
+static void print_quant_base(const sl_engine *e, const sl_quant_base *qb, const sl_memory_estimate *lo,
+                             int zero_stage, const char *formula) {
     sl_memory_quant_base est;
-    char desc[96];
+    char desc[96], adapters[160];
     if (sl_memory_quant_base_for(&e->model->cfg, &qb->qm.qc, &est)) {
         fprintf(stderr, "warning: no memory estimate: %s\n", sl_error());
         return;
     }
-    printf("  formula 4P + Q + (4 + 4 + K)A with P=%.0f (full-precision floats) Q=%.0f (%s over n=%.0f weights): "
-           "%.0f bytes; in fp32 the n weights would take %.0f bytes (%.1fx Q)\n",
+    if (zero_stage == 0) snprintf(adapters, sizeof adapters, "(4 + 4 + K)A with");
+    else snprintf(adapters, sizeof adapters, "%s with A=%.0f S=%.0f W=%.0f K=%g,", formula, lo->P, lo->S, lo->W, lo->K);
+    printf("  formula 4P + Q + %s P=%.0f (full-precision floats) Q=%.0f (%s over n=%.0f weights): "
+           "%.0f bytes; in fp32 the n weights would take %.0f bytes (%.1fx Q)\n", adapters,
            est.P, est.quantised, sl_quant_config_describe(&qb->qm.qc, desc, sizeof desc), est.quantised_numel,
-           est.full_precision + est.quantised + adapters_part, 4.0 * est.quantised_numel,
+           est.full_precision + est.quantised + lo->adapters + lo->grads + lo->optim, 4.0 * est.quantised_numel,
            est.quantised > 0 ? 4.0 * est.quantised_numel / est.quantised : 0.0);
 }
 
@@ -98,7 +102,7 @@ void train_lora_print_memory(const sl_engine *e, const sl_train_config *c, const
            qb ? "QLoRA" : "LoRA", lo->cfg.r, lo->n_adapters, lo->cfg.all_linear ? "all-linear" : lo->cfg.target_modules,
            setup.zero_stage, setup.world_size, base, (double)lo->total, mem.adapters / 1e6, mem.grads / 1e6,
            mem.optim / 1e6, total / 1e6, total);
-    if (qb) print_quant_base(e, qb, est.adapters + est.grads + est.optim);
+    if (qb) print_quant_base(e, qb, &est, setup.zero_stage, formula);
     else
         printf("  formula 4P + %s with P=%.0f A=%.0f S=%.0f W=%.0f K=%g: %.0f bytes; full fine-tuning would hold %.0f "
                "bytes\n",

@@ -1,7 +1,8 @@
 // quant_base.c: a model built with only its quantised base weights (see quant_base.h).
 // Invariant: while qb->installed, the ops' registry holds one entry per block linear of the model,
-// keyed by its placeholder's address in m->params; m->params never moves while installed (the
-// engine over adapters does not reallocate it; ZeRO, which would, is refused with a quantised base).
+// keyed by its placeholder's address in m->params (in m->weights_bf16 under bf16 storage); neither
+// buffer moves while installed: a quantised base trains only under adapters, and the engine, DDP and
+// ZeRO 1-3 then work on the adapters' buffer, leaving the base's whole on every rank.
 #include "shardlm/quant_base.h"
 #include "shardlm/error.h"
 #include "shardlm/hf_weights.h"
@@ -82,25 +83,31 @@ static int load_quantised(sl_quant_base *qb, sl_model *m, const sl_model_source 
     return sl_hf_load_each(src->weights_dir, L, m->params, quantise_arriving, &ctx);
 }
 
-static int install(sl_quant_base *qb, sl_model *m) {
+// The registry keyed by the addresses the model hands its linears: its placeholders in m->params, or
+// under bf16 storage their twins in the bf16 weight shadow (model.c's W()).
+static int install(sl_quant_base *qb, sl_model *m, const sl_ops *quant_ops) {
     sl_quant_ops_entry *e = sl_malloc(sizeof *e * 4 * (size_t)m->cfg.n_layer, "quantised linears");
-    int n = 0, rc = !e || sl_quant_model_linears(&qb->qm, &m->layout, m->params, e, &n) || sl_quant_ops_install(e, n);
+    int n = 0, rc = !e || sl_quant_model_linears(&qb->qm, &m->layout, m->params, e, &n);
+    for (int i = 0; !rc && m->weights_bf16 && i < n; i++)
+        e[i].weight = m->weights_bf16 + ((const float *)e[i].weight - m->params);
+    rc = rc || sl_quant_ops_install(e, n);
     free(e);
     if (rc) return -1;
     qb->installed = 1;
-    m->ops = &sl_ops_cpu_quant;
+    m->ops = quant_ops;
     return 0;
 }
 
 int sl_quant_base_create(sl_quant_base *qb, sl_model *m, const sl_model_source *src, const sl_quant_config *want,
                          const sl_ops *ops, uint64_t seed) {
     memset(qb, 0, sizeof *qb);
-    if (ops != &sl_ops_cpu)
-        return sl_errorf("a quantised base (%s) computes with the CPU's fp32 ops only (bitsandbytes' compute dtype "
-                         "float32 on dequantised tiles); the %s ops table cannot run it (use --device cpu, fp32)",
-                         sl_quant_name(want->type), ops->name);
+    const sl_ops *quant_ops = sl_quant_ops_for(ops);
+    if (!quant_ops)
+        return sl_errorf("a quantised base (%s) computes with the CPU's ops only (fp32, or bf16 storage: "
+                         "bitsandbytes' compute dtype float32 or bfloat16 on dequantised tiles); the %s ops table "
+                         "cannot run it (use --device cpu)", sl_quant_name(want->type), ops->name);
     if (sl_model_create_quantised(m, &src->cfg, ops)) return -1;
-    if (load_quantised(qb, m, src, want, seed) || install(qb, m)) {
+    if (load_quantised(qb, m, src, want, seed) || install(qb, m, quant_ops)) {
         sl_model_free(m);
         sl_quant_base_free(qb);
         return -1;

@@ -49,9 +49,9 @@ int sl_quant_config_parse(const cJSON *o, sl_quant_config *qc, const char *w) {
         return sl_errorf("%s: bnb_4bit_quant_storage \"%s\" is not supported (expected \"uint8\")", w, storage);
     if (sl_quant_dtype_parse(cdt, &qc->compute_dtype))
         return sl_error_context("%s: bnb_4bit_compute_dtype", w);
-    if (qc->compute_dtype != SL_QDT_F32)
-        return sl_errorf("%s: bnb_4bit_compute_dtype \"%s\": the CPU multiplies dequantised weights in float32 "
-                         "(expected \"float32\")", w, cdt);
+    if (qc->compute_dtype == SL_QDT_F16)
+        return sl_errorf("%s: bnb_4bit_compute_dtype \"%s\": the CPU multiplies dequantised weights in float32 or "
+                         "bfloat16 (expected \"float32\" or \"bfloat16\")", w, cdt);
     if (require_default_bool(o, "llm_int8_has_fp16_weight", "shardlm keeps only the int8 weight", w) ||
         require_default_bool(o, "llm_int8_enable_fp32_cpu_offload", "shardlm quantises every linear", w))
         return -1;

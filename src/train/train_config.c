@@ -226,18 +226,21 @@ int sl_train_config_check_quant(const sl_train_config *c) {
         return sl_errorf("%s base weights (--quantize / quantization_config) are frozen: they train only under LoRA "
                          "adapters (QLoRA: add --lora-r R or a \"lora\" block); full fine-tuning needs the "
                          "full-precision weights", q);
-    if (c->zero_stage > 0)
-        return sl_errorf("zero_optimization.stage %d with a quantised (%s) base is not supported: the frozen base's "
-                         "codes are not sharded; train the adapters with plain data parallelism (stage 0)",
-                         c->zero_stage, q);
-    if (c->precision.precision != SL_PRECISION_FP32)
-        return sl_errorf("--precision %s with a quantised (%s) base is not supported: the CPU multiplies dequantised "
-                         "tiles in float32 (bnb_4bit_compute_dtype \"float32\"); use --precision fp32",
-                         sl_precision_name(c->precision.precision), q);
+    if (c->precision.precision == SL_PRECISION_FP16)
+        return sl_errorf("--precision fp16 with a quantised (%s) base is not supported: the quantised linears compute "
+                         "in float32 or bfloat16 (bnb_4bit_compute_dtype); use --precision bf16 or fp32", q);
+    if (c->quant.compute_dtype == SL_QDT_BF16 && c->precision.precision != SL_PRECISION_BF16)
+        return sl_errorf("bnb_4bit_compute_dtype \"bfloat16\" with a quantised (%s) base computes in bf16: it needs "
+                         "--precision bf16 (or \"bf16\": {\"enabled\": true}); for fp32 training give \"float32\"", q);
     if (strncmp(c->device, "cpu", 3) != 0)
         return sl_errorf("--device %s with a quantised (%s) base is not supported: the quantised linears are a CPU "
                          "module (no CUDA kernels yet); use --device cpu", c->device, q);
     return 0;
+}
+
+void sl_train_config_quant_compute(sl_train_config *c) {
+    if (c->quant.type != SL_QUANT_NONE && c->precision.precision == SL_PRECISION_BF16)
+        c->quant.compute_dtype = SL_QDT_BF16;
 }
 
 int sl_train_config_resolve(sl_train_config *c, int given) {
@@ -282,6 +285,7 @@ int sl_train_config_resolve(sl_train_config *c, int given) {
         return sl_errorf("eval_interval, save_interval, sample_tokens and steps_per_print must be >= 0");
     if (!(c->gradient_clipping >= 0)) return sl_errorf("gradient_clipping must be >= 0 (got %g)", c->gradient_clipping);
     if (c->lora_enabled && sl_lora_config_check(&c->lora, "lora")) return -1;
+    sl_train_config_quant_compute(c);
     if (sl_train_config_check_quant(c)) return -1;   // QLoRA: a frozen quantised base under trained adapters
     if (resolve_schedule(c)) return -1;
     if (!c->metrics[0]) snprintf(c->metrics, sizeof c->metrics, "%.900s/metrics.jsonl", c->save_dir);

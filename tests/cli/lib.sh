@@ -3,7 +3,9 @@
 # DATA, ../shared/data as an absolute path; a temporary directory $tmp (shardlm_test_NAME_*) removed on
 # exit; pass / fail lines for tests/run.sh; expect, a pass / fail line from a command's status (its
 # output into $log); cut_run, a run's checkpoint directory cut back to one step to resume from; and
-# prepare_tiny_data, which tokenizes ten speeches with a new 512-token BPE into $tmp/data (a second or so).
+# prepare_tiny_data, which tokenizes ten speeches with a new 512-token BPE into $tmp/data (a second or so);
+# same, a pass / fail line for files being byte-identical; joined_state, a checkpoint's AdamW shards
+# joined in rank order as one digest per tensor (to compare ZeRO stages with stage 0).
 set -u
 BIN=${SHARDLM_BIN:-build/shardlm}
 [ -x "$BIN" ] || exit 0
@@ -28,4 +30,28 @@ prepare_tiny_data() {  # returns non-zero when ../shared/data/sotu is missing
   [ -d "$DATA/sotu" ] || return 1
   mkdir -p "$tmp/corpus" && cp "$DATA"/sotu/179*.txt "$tmp/corpus/" &&
     "$BIN" prepare --input "$tmp/corpus" --output "$tmp/data" --train-tokenizer 512 >"$tmp/prepare.log" 2>&1
+}
+same() {  # same NAME FILE...: all files exist and are byte-identical
+  local name=$1 first=$2; shift 2
+  for f in "$first" "$@"; do [ -f "$f" ] || { fail "$name" "missing $f"; return; }; done
+  for f in "$@"; do cmp -s "$first" "$f" || { fail "$name" "$f differs from $first"; return; }; done
+  pass "$name"
+}
+# joined_state DIR: the AdamW state of a checkpoint, its shards' exp_avg and exp_avg_sq bytes joined in
+# rank order (safetensors read with the standard library), as one hex digest per tensor
+joined_state() {
+  python3 - "$1" <<'PY'
+import glob, hashlib, json, struct, sys
+parts = {}
+for path in sorted(glob.glob(sys.argv[1] + "/optim_*.safetensors")):
+    raw = open(path, "rb").read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + n])
+    for name, t in header.items():
+        if name == "__metadata__": continue
+        b, e = t["data_offsets"]
+        parts.setdefault(name, []).append(raw[8 + n + b:8 + n + e])
+for name in sorted(parts):
+    print(name, hashlib.sha256(b"".join(parts[name])).hexdigest())
+PY
 }

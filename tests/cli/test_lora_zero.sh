@@ -19,31 +19,6 @@ log="$tmp/log"
 root=(); [ "$(id -u)" -eq 0 ] && root=(--allow-run-as-root)
 run() { local n=$1; shift; if [ "$n" -eq 1 ]; then timeout 300 "$@"; else timeout 300 mpirun "${root[@]}" --oversubscribe -np "$n" "$@"; fi; }
 losses() { grep '"loss"' "$1/metrics.jsonl" | sed 's/.*"loss":\([0-9.e+-]*\).*/\1/'; }
-same() {  # same NAME FILE...: all files exist and are byte-identical
-  local name=$1 first=$2; shift 2
-  for f in "$first" "$@"; do [ -f "$f" ] || { fail "$name" "missing $f"; return; }; done
-  for f in "$@"; do cmp -s "$first" "$f" || { fail "$name" "$f differs from $first"; return; }; done
-  pass "$name"
-}
-# joined_state DIR: the AdamW state of a checkpoint, its shards' exp_avg and exp_avg_sq bytes joined in
-# rank order (safetensors read with the standard library), as one hex digest per tensor
-joined_state() {
-  python3 - "$1" <<'PY'
-import glob, hashlib, json, struct, sys
-parts = {}
-for path in sorted(glob.glob(sys.argv[1] + "/optim_*.safetensors")):
-    raw = open(path, "rb").read()
-    n = struct.unpack("<Q", raw[:8])[0]
-    header = json.loads(raw[8:8 + n])
-    for name, t in header.items():
-        if name == "__metadata__": continue
-        b, e = t["data_offsets"]
-        parts.setdefault(name, []).append(raw[8 + n + b:8 + n + e])
-for name in sorted(parts):
-    print(name, hashlib.sha256(b"".join(parts[name])).hexdigest())
-PY
-}
-
 prepare_tiny_data || { echo "SKIP lora_zero: no ../shared/data/sotu"; exit 0; }
 base=(train --data "$tmp/data" --seq-len 32 --seed 3 --lr 1e-2 --no-shuffle --eval-interval 0 --sample-tokens 0
       --log-interval 1 --threads 1 --lora-r 4)

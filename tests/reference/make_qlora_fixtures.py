@@ -19,10 +19,17 @@ rows, docs/quantization.md). For each case this writes, under tests/fixtures/qlo
     adamw_losses                     10 AdamW steps (lr 1e-2, betas 0.9/0.95, eps 1e-8, weight decay 0.1)
                                      of PEFT + bitsandbytes on the adapters, float32
 The script checks that bnb.* and the float64 values agree (the bound it prints) before writing.
-Run: python3 tests/reference/make_qlora_fixtures.py   (torch, transformers, peft, bitsandbytes 0.50)
+
+bf16 compute (the cases of BF16_CASES), into tests/fixtures/qlora/<case>/expected_bf16.safetensors: the
+same adapters and batch (read back from the case's committed files), the model loaded with
+bnb_4bit_compute_dtype=torch.bfloat16 and run as bench/torch_finetune.py runs --precision bf16:
+forward and loss under torch.autocast("cpu", torch.bfloat16), fp32 adapters, gradients and AdamW:
+    logits, loss, grad.<PEFT name>, adamw_losses   PEFT + bitsandbytes in bf16 (logits as float32)
+Run: python3 tests/reference/make_qlora_fixtures.py [--bf16]   (torch, transformers, peft, bitsandbytes
+0.50; --bf16 writes only the bf16 files, from the committed adapters)
 """
-import copy
 import os
+import sys
 
 os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
 
@@ -126,6 +133,57 @@ def run(case, base, dq, kw):
           f"bnb vs float64 worst relative {worst:.2e}, adamw {losses[0]:.4f} .. {losses[-1]:.4f}")
 
 
+BF16_CASES = ["gpt2-nf4-dq", "llama-nf4-dq"]
+
+
+def run_bf16(case, base, dq, kw):
+    out_dir = os.path.join(OUT, case)
+    qc = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=dq,
+                            bnb_4bit_compute_dtype=torch.bfloat16)
+    qmodel = AutoModelForCausalLM.from_pretrained(os.path.join(BASES, base), quantization_config=qc,
+                                                  device_map="cpu", attn_implementation="eager")
+    V = qmodel.config.vocab_size
+    peft_model = get_peft_model(qmodel, lora_config(kw))
+    peft_model.train()
+    saved = load_file(os.path.join(out_dir, "adapter_model.safetensors"))
+    with torch.no_grad():
+        for name, p in peft_model.named_parameters():
+            if "lora_" in name:
+                p.copy_(saved[name.replace(".default", "")])
+    batch = load_file(os.path.join(out_dir, "expected.safetensors"))
+    inputs, targets = batch["input_ids"].long(), batch["targets"].long()
+    targets[targets < 0] = -100
+
+    def autocast_loss(model, inputs, targets, V):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return loss_of(model, inputs, targets, V)
+
+    expected = {}
+    logits, loss = autocast_loss(peft_model, inputs, targets, V)
+    loss.backward()
+    expected["logits"] = logits.detach().float().contiguous()
+    expected["loss"] = loss.detach().float().reshape(1)
+    for name, p in peft_model.named_parameters():
+        if p.requires_grad:
+            assert p.dtype == torch.float32
+            expected["grad." + name.replace(".default", "")] = p.grad.detach().float().contiguous()
+    peft_model.zero_grad()
+    import make_lora_fixtures
+    plain = make_lora_fixtures.loss_of
+    make_lora_fixtures.loss_of = autocast_loss   # adamw_losses' forward under autocast too
+    try:
+        losses = adamw_losses(peft_model, [p for _, p in peft_model.named_parameters() if p.requires_grad], inputs,
+                              targets, V)
+    finally:
+        make_lora_fixtures.loss_of = plain
+    expected["adamw_losses"] = torch.tensor(losses, dtype=torch.float32)
+    save_file(expected, os.path.join(out_dir, "expected_bf16.safetensors"))
+    print(f"{case} bf16: loss {loss.item():.6f}, adamw {losses[0]:.4f} .. {losses[-1]:.4f}")
+
+
 if __name__ == "__main__":
     for case, (base, dq, kw) in CASES.items():
-        run(case, base, dq, kw)
+        if "--bf16" not in sys.argv[1:]:
+            run(case, base, dq, kw)
+        if case in BF16_CASES:
+            run_bf16(case, base, dq, kw)

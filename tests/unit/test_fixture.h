@@ -68,7 +68,8 @@ static inline int fixture_expected(const char *dir, sl_st_file *f, int **inputs,
 
 // Trains the adapters (params / grads, `total` floats) of m for `steps` AdamW steps as the reference
 // scripts' torch.optim.AdamW (lr 1e-2, betas 0.9/0.95, eps 1e-8, weight decay 0.1 on every adapter
-// tensor) on one batch, and returns the largest relative distance of a step's loss from want[step]
+// tensor) on one batch (the model's 16-bit copies refreshed after each step), and returns the largest
+// relative distance of a step's loss from want[step]
 // (INFINITY when a step fails). Prints the first and last step's losses.
 static inline double fixture_adamw_track(sl_model *m, float *params, float *grads, size_t total, const int *inputs,
                                          const int *targets, int B, int T, const float *want, int steps,
@@ -86,7 +87,7 @@ static inline double fixture_adamw_track(sl_model *m, float *params, float *grad
         float loss;
         sl_model_zero_grad(m);
         if (sl_model_forward(m, inputs, targets, B, T, &loss) || sl_model_backward(m, 1.0f) ||
-            sl_optim_step(&oc, oc.lr, s + 1, params, grads, state, NULL, 0, total)) {
+            sl_optim_step(&oc, oc.lr, s + 1, params, grads, state, NULL, 0, total) || sl_model_params_changed(m)) {
             fprintf(stderr, "  %s\n", sl_error());
             worst = INFINITY;
             break;

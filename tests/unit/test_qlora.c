@@ -18,6 +18,8 @@
 #include "shardlm/optim.h"
 #include "shardlm/peft_adapter.h"
 #include "shardlm/quant_base.h"
+#include "shardlm/quant_config.h"
+#include "shardlm/quant_ops.h"
 #include "shardlm/safetensors.h"
 
 #define REL_TOL 1e-5
@@ -31,7 +33,7 @@ typedef struct {
     int B, T;
 } fixture;
 
-static int load_fixture(fixture *fx, const char *base, const char *name, int double_quant) {
+static int load_fixture_on(fixture *fx, const char *base, const char *name, int double_quant, const sl_ops *ops) {
     char dir[256];
     memset(fx, 0, sizeof *fx);
     snprintf(dir, sizeof dir, "tests/fixtures/quant/%s", base);
@@ -39,13 +41,17 @@ static int load_fixture(fixture *fx, const char *base, const char *name, int dou
     sl_quant_config qc;
     CHECK(sl_quant_config_from_flag("nf4", &qc) == 0);
     qc.double_quant = double_quant;
-    if (sl_model_source_resolve(&src, dir) || sl_quant_base_create(&fx->qb, &fx->model, &src, &qc, &sl_ops_cpu, 0)) {
+    if (sl_model_source_resolve(&src, dir) || sl_quant_base_create(&fx->qb, &fx->model, &src, &qc, ops, 0)) {
         fprintf(stderr, "  %s\n", sl_error());
         return -1;
     }
     snprintf(dir, sizeof dir, "tests/fixtures/qlora/%s", name);
     if (fixture_attach_adapter(dir, &src.cfg, &fx->model, &fx->lora)) return -1;
     return fixture_expected(dir, &fx->expected, &fx->inputs, &fx->targets, &fx->B, &fx->T);
+}
+
+static int load_fixture(fixture *fx, const char *base, const char *name, int double_quant) {
+    return load_fixture_on(fx, base, name, double_quant, &sl_ops_cpu);
 }
 
 static void free_fixture(fixture *fx) {
@@ -160,25 +166,43 @@ static size_t snapshot(const sl_quant_base *qb, unsigned char **out) {
     return at;
 }
 
+// The base as it is before training: its codes and scales, and its full-precision tensors.
+typedef struct {
+    unsigned char *codes;
+    size_t n_codes;
+    float *params;
+} base_bits;
+
+static void base_bits_take(base_bits *b, const fixture *fx) {
+    b->n_codes = snapshot(&fx->qb, &b->codes);
+    size_t nb = fx->model.layout.total * sizeof(float);
+    b->params = malloc(nb);
+    memcpy(b->params, fx->model.params, nb);
+}
+
+// Checks the base still has every bit of b, and frees b.
+static void base_bits_check(base_bits *b, const fixture *fx, const char *name) {
+    unsigned char *after;
+    CHECK(snapshot(&fx->qb, &after) == b->n_codes);
+    CHECK_MSG(memcmp(b->codes, after, b->n_codes) == 0, "%s: a base code or scale changed", name);
+    CHECK_MSG(memcmp(b->params, fx->model.params, fx->model.layout.total * sizeof(float)) == 0,
+              "%s: a full-precision base tensor changed", name);
+    free(after);
+    free(b->codes);
+    free(b->params);
+}
+
 // 10 AdamW steps on the adapters (as torch.optim.AdamW over PEFT's trainable parameters).
 static void check_adamw_track(const char *base, const char *name, int double_quant) {
     fixture fx;
     if (load_fixture(&fx, base, name, double_quant)) { CHECK(0); free_fixture(&fx); return; }
     float *want = fixture_tensor(&fx.expected, "adamw_losses", NULL);
-    size_t nb = fx.model.layout.total * sizeof(float);
-    float *fp_before = malloc(nb);
-    memcpy(fp_before, fx.model.params, nb);
-    unsigned char *codes_before, *codes_after;
-    size_t nc = snapshot(&fx.qb, &codes_before);
+    base_bits before;
+    base_bits_take(&before, &fx);
     double worst = fixture_adamw_track(&fx.model, fx.lora.params, fx.lora.grads, fx.lora.total, fx.inputs, fx.targets,
                                        fx.B, fx.T, want, 10, name);
     CHECK_MSG(worst < 1e-4, "%s adamw loss curve deviates by %.3g relative", name, worst);
-    CHECK(snapshot(&fx.qb, &codes_after) == nc);
-    CHECK_MSG(memcmp(codes_before, codes_after, nc) == 0, "%s: a base code or scale changed", name);
-    CHECK_MSG(memcmp(fp_before, fx.model.params, nb) == 0, "%s: a full-precision base tensor changed", name);
-    free(codes_before);
-    free(codes_after);
-    free(fp_before);
+    base_bits_check(&before, &fx, name);
     free(want);
     free_fixture(&fx);
 }
@@ -207,6 +231,194 @@ TEST(nf4_on_a_partial_block_refused) {
     CHECK(qb.qm.q == NULL && !qb.installed);
 }
 
+// ---- bf16 compute (bnb_4bit_compute_dtype=torch.bfloat16) ----------------------------------------------
+// Against PEFT + bitsandbytes with compute dtype bfloat16 under torch.autocast("cpu", torch.bfloat16)
+// (expected_bf16.safetensors). Both sides round activations and weights to bf16 at different points
+// (torch rounds every op's output, shardlm stores its activations in bf16 and stages the other ops in
+// fp32), so the bounds are the bf16 LoRA tests' (test_lora.c bf16_storage_tracks_fp32_with_adapters):
+// loss within 2e-2 relative, adapter gradients within 5e-2 in relative L2; logits within 5e-2 of the
+// largest. The 10 AdamW steps track PEFT + bitsandbytes' bf16 losses, and the fp32 QLoRA losses
+// (expected.safetensors), within 2e-2 relative. Run on the table bf16 training picks here (oneDNN's on a
+// CPU with bf16 instructions) and on the emulation (the fallback elsewhere).
+#define BF16_LOSS_TOL 2e-2
+#define BF16_GRAD_L2_TOL 5e-2
+#define BF16_LOGITS_TOL 5e-2
+
+static double rel_l2(const sl_st_file *f, const char *name, const float *got, size_t n) {
+    size_t wn = 0;
+    float *want = fixture_tensor(f, name, &wn);
+    if (!want || wn != n) { free(want); return INFINITY; }
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        num += ((double)got[i] - want[i]) * ((double)got[i] - want[i]);
+        den += (double)want[i] * want[i];
+    }
+    free(want);
+    return sqrt(num / fmax(den, 1e-60));
+}
+
+static void check_bf16_against_peft(const char *base, const char *name, const sl_ops *table) {
+    fixture fx;
+    if (load_fixture_on(&fx, base, name, 1, table)) { CHECK(0); free_fixture(&fx); return; }
+    sl_model *m = &fx.model;
+    CHECK(m->ops->act_bf16 == 1 && m->grads == NULL);
+    sl_st_file bf;
+    char path[256];
+    snprintf(path, sizeof path, "tests/fixtures/qlora/%s/expected_bf16.safetensors", name);
+    if (sl_st_open(&bf, path)) { fprintf(stderr, "  %s\n", sl_error()); CHECK(0); free_fixture(&fx); return; }
+    float loss;
+    CHECK(sl_model_forward(m, fx.inputs, fx.targets, fx.B, fx.T, &loss) == 0);
+    size_t n = (size_t)fx.B * fx.T * (size_t)m->cfg.vocab_size;
+    float *logits = malloc(n * sizeof(float)), *want_loss = fixture_tensor(&bf, "loss", NULL);
+    CHECK(sl_model_logits(m, 0, fx.B * fx.T, logits) == 0);
+    double rel = rel_error(&bf, "logits", logits, n), rel64 = rel_error(&fx.expected, "logits", logits, n);
+    CHECK_MSG(rel < BF16_LOGITS_TOL, "%s bf16 logits %.3g from PEFT + bitsandbytes bf16", name, rel);
+    CHECK_MSG(fabs(loss - want_loss[0]) <= BF16_LOSS_TOL * fabs(want_loss[0]), "%s bf16 loss %.6f, PEFT %.6f", name,
+              loss, want_loss[0]);
+    sl_model_zero_grad(m);
+    CHECK(sl_model_backward(m, 1.0f) == 0);
+    double worst = 0, worst64 = 0;
+    for (int i = 0; i < fx.lora.n_tensors; i++) {
+        const sl_tensor_info *t = &fx.lora.tensors[i];
+        char g[200];
+        snprintf(g, sizeof g, "grad.%s", t->name);
+        worst = fmax(worst, rel_l2(&bf, g, fx.lora.grads + t->offset, t->numel));
+        worst64 = fmax(worst64, rel_l2(&fx.expected, g, fx.lora.grads + t->offset, t->numel));
+    }
+    CHECK_MSG(worst < BF16_GRAD_L2_TOL, "%s bf16 adapter gradients rel L2 %.3g from PEFT bf16", name, worst);
+    float *loss64 = fixture_tensor(&fx.expected, "loss", NULL);
+    printf("  %s on %s: logits %.2e of the largest from PEFT + bnb bf16 (%.2e from float64); loss %.6f vs %.6f "
+           "(float64 %.6f); worst adapter gradient rel L2 %.2e (%.2e from float64)\n", name, m->ops->name, rel, rel64,
+           loss, want_loss[0], loss64 ? loss64[0] : NAN, worst, worst64);
+    free(loss64);
+    free(logits);
+    free(want_loss);
+    sl_st_close(&bf);
+    free_fixture(&fx);
+}
+
+static const sl_ops *bf16_table(void) { return sl_ops_for_precision(&sl_ops_cpu, SL_PRECISION_BF16); }
+
+TEST(gpt2_qlora_bf16_matches_peft_bnb_bf16) { check_bf16_against_peft("gpt2_fp32", "gpt2-nf4-dq", bf16_table()); }
+TEST(llama_qlora_bf16_matches_peft_bnb_bf16) { check_bf16_against_peft("llama_fp32", "llama-nf4-dq", bf16_table()); }
+TEST(gpt2_qlora_bf16_emulation_matches_peft_bnb_bf16) {
+    check_bf16_against_peft("gpt2_fp32", "gpt2-nf4-dq", &sl_ops_cpu_bf16);
+}
+TEST(llama_qlora_bf16_emulation_matches_peft_bnb_bf16) {
+    check_bf16_against_peft("llama_fp32", "llama-nf4-dq", &sl_ops_cpu_bf16);
+}
+
+// 10 AdamW steps in bf16: PEFT + bitsandbytes' bf16 curve and the fp32 QLoRA curve, each within 2e-2;
+// the base's codes, scales and full-precision tensors keep every bit.
+static void check_bf16_adamw(const char *base, const char *name) {
+    fixture fx;
+    if (load_fixture_on(&fx, base, name, 1, bf16_table())) { CHECK(0); free_fixture(&fx); return; }
+    sl_st_file bf;
+    char path[256];
+    snprintf(path, sizeof path, "tests/fixtures/qlora/%s/expected_bf16.safetensors", name);
+    if (sl_st_open(&bf, path)) { fprintf(stderr, "  %s\n", sl_error()); CHECK(0); free_fixture(&fx); return; }
+    float *want = fixture_tensor(&bf, "adamw_losses", NULL), *want32 = fixture_tensor(&fx.expected, "adamw_losses", NULL);
+    base_bits before;
+    base_bits_take(&before, &fx);
+    float *adapters = malloc(fx.lora.total * sizeof(float));
+    memcpy(adapters, fx.lora.params, fx.lora.total * sizeof(float));
+    double worst = fixture_adamw_track(&fx.model, fx.lora.params, fx.lora.grads, fx.lora.total, fx.inputs, fx.targets,
+                                       fx.B, fx.T, want, 10, name);
+    CHECK_MSG(worst < BF16_LOSS_TOL, "%s bf16 adamw curve %.3g from PEFT + bitsandbytes bf16", name, worst);
+    // the same steps again from the same adapters against the fp32 QLoRA curve
+    memcpy(fx.lora.params, adapters, fx.lora.total * sizeof(float));
+    CHECK(sl_model_params_changed(&fx.model) == 0);
+    double worst32 = fixture_adamw_track(&fx.model, fx.lora.params, fx.lora.grads, fx.lora.total, fx.inputs,
+                                         fx.targets, fx.B, fx.T, want32, 10, name);
+    CHECK_MSG(worst32 < BF16_LOSS_TOL, "%s bf16 adamw curve %.3g from fp32 QLoRA's", name, worst32);
+    printf("  %s bf16 10 AdamW steps: worst %.2e from PEFT + bnb bf16, %.2e from fp32 QLoRA\n", name, worst, worst32);
+    base_bits_check(&before, &fx, name);
+    free(adapters);
+    free(want);
+    free(want32);
+    sl_st_close(&bf);
+    free_fixture(&fx);
+}
+
+TEST(gpt2_qlora_bf16_adamw_tracks_peft_bnb_and_fp32) { check_bf16_adamw("gpt2_fp32", "gpt2-nf4-dq"); }
+TEST(llama_qlora_bf16_adamw_tracks_peft_bnb_and_fp32) { check_bf16_adamw("llama_fp32", "llama-nf4-dq"); }
+
+// A tile of rows at a time (5 rows: q|k|v's parts cut mid-tile) equals one tile over the whole weight in
+// bf16 compute, on both GEMM paths, within fp32 rounding of the sums (1e-6 of the largest output, 1e-5 of
+// the largest input gradient, which sums over the tiles).
+TEST(bf16_tiles_equal_one_tile) {
+    sl_model_source src;
+    CHECK(sl_model_source_resolve(&src, "tests/fixtures/quant/llama_fp32") == 0);
+    sl_quant_config qc;
+    CHECK(sl_quant_config_from_flag("nf4", &qc) == 0);
+    sl_model m;
+    sl_quant_base qb;
+    CHECK(sl_quant_base_create(&qb, &m, &src, &qc, &sl_ops_cpu, 0) == 0);
+    sl_quant_ops_entry e[64];
+    int ne = 0;
+    CHECK(sl_quant_model_linears(&qb.qm, &m.layout, m.params, e, &ne) == 0);
+    sl_qlinear whole = e[0].lin, tiled = e[0].lin;   // q|k|v: three parts
+    whole.tile_floats = (size_t)whole.out_features * (size_t)whole.in_features;
+    tiled.tile_floats = 5 * (size_t)tiled.in_features;   // 5 rows a tile: parts cut mid-tile
+    const int N = 7, IC = (int)whole.in_features, OC = (int)whole.out_features;
+    for (int native = 0; native <= 1; native++) {
+        if (native && bf16_table() != &sl_ops_cpu_bf16_native) continue;
+        sl_qlinear *ls[2] = {&whole, &tiled};
+        float *out32[2], *din32[2];
+        for (int k = 0; k < 2; k++) {
+            sl_qlinear *l = ls[k];
+            l->scratch = malloc(sl_qlinear_tile_floats(l) * sizeof(float));
+            l->scratch_bf16 = malloc(sl_qlinear_bf16_tile_values(l) * sizeof(sl_bf16));
+            float *work = malloc(sl_qlinear_bf16_work_floats(l, N, native) * sizeof(float));
+            sl_bf16 *x = malloc(sizeof(sl_bf16) * N * (OC > IC ? OC : IC)), *din = malloc(sizeof(sl_bf16) * N * IC);
+            for (int i = 0; i < N * (OC > IC ? OC : IC); i++) x[i] = sl_f32_to_bf16(0.05f * (float)((i * 37) % 23 - 11));
+            out32[k] = malloc(sizeof(float) * N * OC);
+            din32[k] = malloc(sizeof(float) * N * IC);
+            CHECK(sl_qlinear_forward_bf16(l, out32[k], 1, x, NULL, N, work, native) == 0);
+            CHECK(sl_qlinear_backward_input_bf16(l, din, x, N, work, native) == 0);
+            sl_bf16_to_f32_array(din, din32[k], (size_t)N * IC);
+            free(l->scratch);
+            free(l->scratch_bf16);
+            free(work);
+            free(x);
+            free(din);
+        }
+        double dmax = 0, dref = 0;
+        for (int i = 0; i < N * IC; i++) {
+            dmax = fmax(dmax, fabs(din32[0][i] - din32[1][i]));
+            dref = fmax(dref, fabs(din32[0][i]));
+        }
+        double omax = 0, oref = 0;
+        for (int i = 0; i < N * OC; i++) {
+            omax = fmax(omax, fabs(out32[0][i] - out32[1][i]));
+            oref = fmax(oref, fabs(out32[0][i]));
+        }
+        CHECK_MSG(omax <= 1e-6 * oref && dmax <= 1e-5 * dref, "%s: forward %.3g, dinp %.3g (of %.3g)",
+                  native ? "oneDNN" : "portable", omax, dmax, dref);
+        printf("  bf16 tiles (%s): forward max diff %.2e, dinp %.2e of %.2e\n", native ? "oneDNN" : "portable", omax,
+               dmax, dref);
+        for (int k = 0; k < 2; k++) { free(out32[k]); free(din32[k]); }
+    }
+    sl_model_free(&m);
+    sl_quant_base_free(&qb);
+}
+
+// bnb_4bit_compute_dtype: "bfloat16" is read (bf16 training computes in it), "float16" refused by name.
+TEST(compute_dtype_words) {
+    const char *words[2] = {"bfloat16", "float16"};
+    for (int i = 0; i < 2; i++) {
+        char js[160];
+        snprintf(js, sizeof js, "{\"load_in_4bit\": true, \"bnb_4bit_quant_type\": \"nf4\", \"bnb_4bit_compute_dtype\": \"%s\"}",
+                 words[i]);
+        cJSON *o = cJSON_Parse(js);
+        sl_quant_config qc;
+        int rc = sl_quant_config_parse(o, &qc, "cfg.json: quantization_config");
+        if (i == 0) CHECK_MSG(rc == 0 && qc.compute_dtype == SL_QDT_BF16 && qc.type == SL_QUANT_NF4, "%s", sl_error());
+        else CHECK_MSG(rc != 0 && strstr(sl_error(), "bnb_4bit_compute_dtype \"float16\""), "message: %s", sl_error());
+        cJSON_Delete(o);
+    }
+}
+
 TEST(quantised_base_refuses_other_tables) {
     sl_model_source src;
     CHECK(sl_model_source_resolve(&src, "tests/fixtures/quant/llama_fp32") == 0);
@@ -214,8 +426,8 @@ TEST(quantised_base_refuses_other_tables) {
     CHECK(sl_quant_config_from_flag("int8", &qc) == 0);
     sl_model m;
     sl_quant_base qb;
-    CHECK(sl_quant_base_create(&qb, &m, &src, &qc, &sl_ops_cpu_bf16, 0) != 0);
-    CHECK_MSG(strstr(sl_error(), "CPU's fp32 ops only") != NULL, "message: %s", sl_error());
+    CHECK(sl_quant_base_create(&qb, &m, &src, &qc, &sl_ops_cpu_quant, 0) != 0);
+    CHECK_MSG(strstr(sl_error(), "the cpu-quant ops table cannot run it") != NULL, "message: %s", sl_error());
 }
 
 TEST_MAIN()

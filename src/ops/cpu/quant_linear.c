@@ -25,13 +25,13 @@ int sl_qlinear_init(sl_qlinear *l, int n, const sl_qtensor *const *parts, const 
 }
 
 // Rows per tile: as many whole rows as fit the buffer (at least one).
-static int64_t tile_rows(const sl_qlinear *l) {
+int64_t sl_qlinear_tile_rows(const sl_qlinear *l) {
     size_t cap = l->tile_floats ? l->tile_floats : SL_QLINEAR_TILE_FLOATS;
     int64_t r = (int64_t)(cap / (size_t)l->in_features);
     return r < 1 ? 1 : r;
 }
 
-size_t sl_qlinear_tile_floats(const sl_qlinear *l) { return (size_t)tile_rows(l) * (size_t)l->in_features; }
+size_t sl_qlinear_tile_floats(const sl_qlinear *l) { return (size_t)sl_qlinear_tile_rows(l) * (size_t)l->in_features; }
 
 // The tile buffer: the caller's scratch, or a new one (freed by release_tile).
 static float *get_tile(const sl_qlinear *l) {
@@ -40,14 +40,14 @@ static float *get_tile(const sl_qlinear *l) {
 static void release_tile(const sl_qlinear *l, float *tile) { if (tile != l->scratch) free(tile); }
 
 // Dequantises rows [r0, r0 + nr) of q into tile (nr x IC), rows split over the threads.
-static void dequant_rows(const sl_qtensor *q, int64_t r0, int64_t nr, float *tile) {
+void sl_qlinear_dequant_rows(const sl_qtensor *q, int64_t r0, int64_t nr, float *tile) {
     const size_t ic = (size_t)q->cols;
 #pragma omp parallel for schedule(static) if ((size_t)nr * ic >= SL_PAR_MIN_WORK)
     for (int64_t r = 0; r < nr; r++) sl_dequantize_range(q, (size_t)(r0 + r) * ic, ic, tile + (size_t)r * ic);
 }
 
 int sl_qlinear_forward(const sl_qlinear *l, float *out, const float *inp, const float *bias, int N) {
-    const int64_t tr = tile_rows(l);
+    const int64_t tr = sl_qlinear_tile_rows(l);
     float *tile = get_tile(l);
     if (!tile) return -1;
     const int64_t OC = l->out_features, IC = l->in_features;
@@ -61,7 +61,7 @@ int sl_qlinear_forward(const sl_qlinear *l, float *out, const float *inp, const 
         const sl_qtensor *q = l->part[p];
         for (int64_t r0 = 0; r0 < q->rows; r0 += tr) {
             int64_t nr = q->rows - r0 < tr ? q->rows - r0 : tr;
-            dequant_rows(q, r0, nr, tile);
+            sl_qlinear_dequant_rows(q, r0, nr, tile);
             // out[:, o + r0 : o + r0 + nr] (N, nr) = inp (N, IC) @ tile^T
             cpu_sgemm(0, 1, N, (int)nr, (int)IC, 1.0f, inp, (int)IC, tile, (int)IC, beta, out + o + r0, (int)OC);
         }
@@ -72,7 +72,7 @@ int sl_qlinear_forward(const sl_qlinear *l, float *out, const float *inp, const 
 }
 
 int sl_qlinear_backward_input(const sl_qlinear *l, float *dinp, const float *dout, int N, int accumulate) {
-    const int64_t tr = tile_rows(l);
+    const int64_t tr = sl_qlinear_tile_rows(l);
     float *tile = get_tile(l);
     if (!tile) return -1;
     const int64_t OC = l->out_features, IC = l->in_features;
@@ -82,7 +82,7 @@ int sl_qlinear_backward_input(const sl_qlinear *l, float *dinp, const float *dou
         const sl_qtensor *q = l->part[p];
         for (int64_t r0 = 0; r0 < q->rows; r0 += tr) {
             int64_t nr = q->rows - r0 < tr ? q->rows - r0 : tr;
-            dequant_rows(q, r0, nr, tile);
+            sl_qlinear_dequant_rows(q, r0, nr, tile);
             // dinp (N, IC) (+)= dout[:, o + r0 : o + r0 + nr] (N, nr) @ tile (nr, IC)
             cpu_sgemm(0, 0, N, (int)IC, (int)nr, 1.0f, dout + o + r0, (int)OC, tile, (int)IC, beta, dinp, (int)IC);
             beta = 1.0f;
