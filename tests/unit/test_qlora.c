@@ -343,20 +343,29 @@ static void check_bf16_adamw(const char *base, const char *name) {
 TEST(gpt2_qlora_bf16_adamw_tracks_peft_bnb_and_fp32) { check_bf16_adamw("gpt2_fp32", "gpt2-nf4-dq"); }
 TEST(llama_qlora_bf16_adamw_tracks_peft_bnb_and_fp32) { check_bf16_adamw("llama_fp32", "llama-nf4-dq"); }
 
+// An NF4 base of tests/fixtures/quant/NAME on the fp32 CPU table, not installed; its linears' registry
+// entries (at most 64), keyed by the fp32 parameter addresses, into e. Returns how many.
+static int nf4_base_linears(const char *name, sl_model *m, sl_quant_base *qb, sl_quant_ops_entry *e) {
+    char dir[160];
+    snprintf(dir, sizeof dir, "tests/fixtures/quant/%s", name);
+    sl_model_source src;
+    CHECK(sl_model_source_resolve(&src, dir) == 0);
+    sl_quant_config qc;
+    CHECK(sl_quant_config_from_flag("nf4", &qc) == 0);
+    CHECK(sl_quant_base_create(qb, m, &src, &qc, &sl_ops_cpu, 0) == 0);
+    int ne = 0;
+    CHECK(sl_quant_model_linears(&qb->qm, &m->layout, m->params, e, &ne) == 0);
+    return ne;
+}
+
 // A tile of rows at a time (5 rows: q|k|v's parts cut mid-tile) equals one tile over the whole weight in
 // bf16 compute, on both GEMM paths, within fp32 rounding of the sums (1e-6 of the largest output, 1e-5 of
 // the largest input gradient, which sums over the tiles).
 TEST(bf16_tiles_equal_one_tile) {
-    sl_model_source src;
-    CHECK(sl_model_source_resolve(&src, "tests/fixtures/quant/llama_fp32") == 0);
-    sl_quant_config qc;
-    CHECK(sl_quant_config_from_flag("nf4", &qc) == 0);
     sl_model m;
     sl_quant_base qb;
-    CHECK(sl_quant_base_create(&qb, &m, &src, &qc, &sl_ops_cpu, 0) == 0);
     sl_quant_ops_entry e[64];
-    int ne = 0;
-    CHECK(sl_quant_model_linears(&qb.qm, &m.layout, m.params, e, &ne) == 0);
+    CHECK(nf4_base_linears("llama_fp32", &m, &qb, e) > 0);
     sl_qlinear whole = e[0].lin, tiled = e[0].lin;   // q|k|v: three parts
     whole.tile_floats = (size_t)whole.out_features * (size_t)whole.in_features;
     tiled.tile_floats = 5 * (size_t)tiled.in_features;   // 5 rows a tile: parts cut mid-tile
@@ -399,6 +408,51 @@ TEST(bf16_tiles_equal_one_tile) {
                dmax, dref);
         for (int k = 0; k < 2; k++) { free(out32[k]); free(din32[k]); }
     }
+    sl_model_free(&m);
+    sl_quant_base_free(&qb);
+}
+
+// matmul_backward_gelu on a registered quantised weight (GPT-2's c_proj) gives the bits of matmul_backward
+// then gelu_backward on every quantised table: the bf16 tables are copies of tables whose own entry would
+// read the registry's key as a bf16 weight. The entries are keyed by fp32 parameter addresses here; the
+// tables only look a registered weight up, never read it.
+TEST(quantised_tables_backward_gelu_is_backward_then_gelu) {
+    sl_model m;
+    sl_quant_base qb;
+    sl_quant_ops_entry e[64];
+    int ne = nf4_base_linears("gpt2_fp32", &m, &qb, e);
+    const sl_quant_ops_entry *down = NULL;  // the first linear whose input is wider than its output
+    for (int i = 0; i < ne && !down; i++)
+        if (e[i].lin.in_features > e[i].lin.out_features) down = &e[i];
+    CHECK(down != NULL && sl_quant_ops_install(e, ne) == 0);
+    const sl_ops *tables[3] = {&sl_ops_cpu_quant, sl_quant_ops_for(&sl_ops_cpu_bf16), sl_quant_ops_for(bf16_table())};
+    const int N = 5, IC = (int)down->lin.in_features, OC = (int)down->lin.out_features;
+    for (int k = 0; k < 3 && down; k++) {
+        const sl_ops *t = tables[k];
+        const size_t es = t->act_bf16 ? sizeof(sl_bf16) : sizeof(float);
+        char *dout = malloc(es * N * OC), *inp = malloc(es * N * IC), *pre = malloc(es * N * IC);
+        char *d1 = malloc(es * N * IC), *d2 = malloc(es * N * IC);
+        float db1[64] = {0}, db2[64] = {0};
+        float *db_1 = OC <= 64 ? db1 : NULL, *db_2 = OC <= 64 ? db2 : NULL;
+        for (int i = 0; i < N * (OC > IC ? OC : IC); i++) {
+            float v = 0.03f * (float)((i * 29) % 31 - 15);
+            if (i < N * OC) { if (t->act_bf16) ((sl_bf16 *)dout)[i] = sl_f32_to_bf16(v); else ((float *)dout)[i] = v; }
+            if (i < N * IC) {
+                float u = 0.05f * (float)((i * 13) % 17 - 8);
+                if (t->act_bf16) { ((sl_bf16 *)inp)[i] = sl_f32_to_bf16(u); ((sl_bf16 *)pre)[i] = sl_f32_to_bf16(v); }
+                else { ((float *)inp)[i] = u; ((float *)pre)[i] = v; }
+            }
+        }
+        const sl_act *w = (const sl_act *)down->weight;
+        t->matmul_backward_gelu((sl_act *)d1, NULL, db_1, (const sl_act *)dout, (const sl_act *)inp, w, (const sl_act *)pre,
+                                N, IC, OC);
+        t->matmul_backward((sl_act *)d2, NULL, db_2, (const sl_act *)dout, (const sl_act *)inp, w, N, IC, OC);
+        t->gelu_backward((sl_act *)d2, (const sl_act *)pre, (const sl_act *)d2, (size_t)N * IC);
+        CHECK(t->synchronize() == 0);
+        CHECK_MSG(memcmp(d1, d2, es * N * IC) == 0 && memcmp(db1, db2, sizeof db1) == 0, "%s: bits differ", t->name);
+        free(dout); free(inp); free(pre); free(d1); free(d2);
+    }
+    sl_quant_ops_install(NULL, 0);
     sl_model_free(&m);
     sl_quant_base_free(&qb);
 }

@@ -2,7 +2,7 @@
 // bf16 compute, and sl_quant_ops_for, which names the quantised table of a base table (quant_ops.h).
 //
 // Each table is a copy of its base (cpu-bf16-onednn, or the emulation cpu-bf16), made once, with the
-// four linear entries replaced: a weight the registry knows goes through quant_linear.h's bf16
+// five linear entries replaced: a weight the registry knows goes through quant_linear.h's bf16
 // functions (native: oneDNN for cpu-bf16-onednn; the fp32 GEMM on bf16 values for the emulation), any
 // other through the base's own entry. As the base tables do: matmul_gelu_forward computes pre in fp32,
 // stores it rounded and applies GELU to the fp32 value; matmul_gelu_backward is the base's
@@ -68,6 +68,18 @@ static void gelu_backward(const sl_ops *base, int native, sl_act *dinp, float *d
     backward(base, native, dinp, dweight, dbias, dout, inp, weight, N, IC, OC);
 }
 
+// dinp = dout @ W, then its GELU gradient in place (the order matmul_backward_gelu states).
+static void backward_gelu(const sl_ops *base, int native, sl_act *dinp, float *dweight, float *dbias,
+                          const sl_act *dout, const sl_act *inp, const sl_act *weight, const sl_act *pre, int N,
+                          int IC, int OC) {
+    if (!sl_quant_ops_lookup(weight, IC, OC)) {
+        base->matmul_backward_gelu(dinp, dweight, dbias, dout, inp, weight, pre, N, IC, OC);
+        return;
+    }
+    backward(base, native, dinp, dweight, dbias, dout, inp, weight, N, IC, OC);
+    if (dinp) base->gelu_backward(dinp, pre, dinp, (size_t)N * (size_t)IC);
+}
+
 // Both tables' failures: the base's own, then the quantised linears' (cpu-bf16-onednn's record).
 static int synchronize_native(void) { return sl_ops_cpu_bf16_native.synchronize(); }
 static int synchronize_emulated(void) {
@@ -92,6 +104,11 @@ static int synchronize_emulated(void) {
     static void tag##_gelu_backward(sl_act *dinp, float *dweight, float *dbias, sl_act *dout, const sl_act *pre,   \
                                     const sl_act *inp, const sl_act *weight, int N, int IC, int OC) {              \
         gelu_backward(&BASE, NATIVE, dinp, dweight, dbias, dout, pre, inp, weight, N, IC, OC);                     \
+    }                                                                                                              \
+    static void tag##_backward_gelu(sl_act *dinp, float *dweight, float *dbias, const sl_act *dout,                \
+                                    const sl_act *inp, const sl_act *weight, const sl_act *pre, int N, int IC,     \
+                                    int OC) {                                                                      \
+        backward_gelu(&BASE, NATIVE, dinp, dweight, dbias, dout, inp, weight, pre, N, IC, OC);                     \
     }
 QUANT_BF16_ENTRIES(native, sl_ops_cpu_bf16_native, 1)
 QUANT_BF16_ENTRIES(emulated, sl_ops_cpu_bf16, 0)
@@ -99,7 +116,7 @@ QUANT_BF16_ENTRIES(emulated, sl_ops_cpu_bf16, 0)
 static sl_ops native_table, emulated_table;
 static pthread_once_t tables_once = PTHREAD_ONCE_INIT;
 
-// t = base with the four linear entries of `tag` (QUANT_BF16_ENTRIES) and the synchronize above.
+// t = base with the five linear entries of `tag` (QUANT_BF16_ENTRIES) and the synchronize above.
 #define MAKE_TABLE(t, base, table_name, tag)         \
     do {                                             \
         t = base;                                    \
@@ -108,6 +125,7 @@ static pthread_once_t tables_once = PTHREAD_ONCE_INIT;
         t.matmul_backward = tag##_backward;          \
         t.matmul_gelu_forward = tag##_gelu_forward;  \
         t.matmul_gelu_backward = tag##_gelu_backward; \
+        t.matmul_backward_gelu = tag##_backward_gelu; \
         t.synchronize = synchronize_##tag;           \
     } while (0)
 
