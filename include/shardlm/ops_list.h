@@ -136,6 +136,27 @@
       (out, inp, scale, N, W, ld, col0),                                                                    \
       SL_IN(inp, SL_N2(N, ld)) SL_OUT(out, SL_N2(N, W)),                                                    \
       SL_FLOPS(0), STAGED)                                                                                  \
+    /* One LoRA adapter (A (r,in), B (out,r)) on a slice of a linear's output: u (N,r) = x (N,in) @ A^T,   \
+       y (N,ld)[:, col0:col0+out] += scale * (u @ B^T). delta (N,out) is scratch a backend may use (the    \
+       composed ones hold u @ B^T there); the CPU's runs both GEMMs straight into u and y. */              \
+    X(void, lora_forward,                                                                                   \
+      (sl_act *y, sl_act *u, sl_act *delta, const sl_act *x, const sl_act *A, const sl_act *B, float scale, \
+       int N, int in, int r, int out, int ld, int col0),                                                    \
+      (y, u, delta, x, A, B, scale, N, in, r, out, ld, col0),                                               \
+      SL_IN(x, SL_N2(N, in)) SL_IN(A, SL_N2(r, in)) SL_IN(B, SL_N2(out, r)) SL_OUT(u, SL_N2(N, r))          \
+      SL_INOUT(y, SL_N2(N, ld)),                                                                            \
+      SL_FLOPS(2.0 * N * r * ((double)in + out)), COMPOSED)                                                 \
+    /* Its backward, g = scale * dy (N,ld)[:, col0:col0+out]: dB (out,r) += g^T @ u; du (N,r) = g @ B;     \
+       dA (r,in) += du^T @ x; dx (N,in) += du @ A (skipped if dx NULL). delta (N,out) and dh (N,in) are    \
+       scratch a backend may use. */                                                                        \
+    X(void, lora_backward,                                                                                  \
+      (sl_act *dx, float *dA, float *dB, sl_act *du, sl_act *delta, sl_act *dh, const sl_act *dy,          \
+       const sl_act *x, const sl_act *u, const sl_act *A, const sl_act *B, float scale, int N, int in,     \
+       int r, int out, int ld, int col0),                                                                   \
+      (dx, dA, dB, du, delta, dh, dy, x, u, A, B, scale, N, in, r, out, ld, col0),                          \
+      SL_IN(dy, SL_N2(N, ld)) SL_IN(x, SL_N2(N, in)) SL_IN(u, SL_N2(N, r)) SL_IN(A, SL_N2(r, in))         \
+      SL_IN(B, SL_N2(out, r)) SL_OUT(du, SL_N2(N, r)) SL_INOUT(dx, SL_N2(N, in)),                           \
+      SL_FLOPS(2.0 * N * r * (2.0 * out + in + (dx ? in : 0))), COMPOSED)                                   \
     /* Inverted dropout with probability p: out (n) = inp * keep / (1 - p), keep[i] = sl_dropout_keep(     \
        seed, i, p), a pure function of (seed, i) (ops.h); out may be inp. */                                \
     X(void, dropout_forward, (sl_act *out, const sl_act *inp, size_t n, float p, uint64_t seed),            \
