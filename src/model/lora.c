@@ -1,6 +1,6 @@
 // lora.c: LoRA adapters (lora.h): which linears a PEFT target list adapts, the adapters' flat
 // layer-major buffer and its offsets table (PEFT names), PEFT's initialisation, and the adapters'
-// forward and backward, composed from the ops table (two GEMMs, a column-slice add, dropout).
+// forward and backward through the ops table (lora_forward / lora_backward, dropout).
 // Invariants: tensors are in buffer order without gaps, block l's adapters (A then B of each
 // module, modules in the model's order) lie in unit 1 + l; the activations planned for N rows hold
 // each adapter's A output (and dropped input) from its forward until the backward.
