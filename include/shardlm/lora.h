@@ -131,7 +131,8 @@ int sl_lora_first_on(const sl_lora *lora, int layer, sl_linear_kind linear);
 // y (N, ld) += scale * B(A(dropout(x))) in each of block `layer`'s adapters on `linear`; x (N, in).
 void sl_lora_forward(sl_lora *lora, int layer, sl_linear_kind linear, const sl_act *x, sl_act *y, int N, int ld);
 // Backward of sl_lora_forward with dy (N, ld) the GEMM output's gradient: grads of A and B
-// accumulate; dx (N, in), the input's gradient from the base GEMM, gets the adapters' part added.
+// accumulate; dx (N, in), the input's gradient from the base GEMM, gets the adapters' part added
+// (dx NULL: not wanted, the lowest block's input).
 void sl_lora_backward(sl_lora *lora, int layer, sl_linear_kind linear, const sl_act *x, const sl_act *dy, sl_act *dx,
                       int N, int ld);
 

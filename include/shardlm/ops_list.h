@@ -12,8 +12,9 @@
 //                      place or accumulated into; p may be NULL where the op allows it;
 //   flops              what the profiler counts for one call: SL_FLOPS(expr) ("useful" work as
 //                      training FLOP counters count it; 0: not counted), or SL_GEMM_FLOPS(backward,
-//                      gelu, with_dinp) for a GEMM over (N, IC, OC): 2*N*IC*OC, twice that for a
-//                      backward computing dinp, and the call is also totalled under its shape;
+//                      gelu, with_dinp, with_dweight) for a GEMM over (N, IC, OC): 2*N*IC*OC for a
+//                      forward, that for each of dinp and dweight a backward computes (a frozen
+//                      weight under LoRA has none), and the call is also totalled under its shape;
 //   emulation          how the bf16-storage emulation (sl_ops_cpu_bf16) runs it: STAGED widens
 //                      the storage arguments to fp32, calls the CPU op and rounds the written ones
 //                      back; COMPOSED is written by hand in ops_cpu_bf16.c (a fused op whose
@@ -45,7 +46,7 @@
       (out, inp, weight, bias, N, IC, OC),                                                                  \
       SL_IN(inp, SL_N2(N, IC)) SL_IN(weight, SL_N2(OC, IC)) SL_IN(bias, (size_t)OC)                         \
       SL_OUT(out, SL_N2(N, OC)),                                                                            \
-      SL_GEMM_FLOPS(0, 0, 1), STAGED)                                                                          \
+      SL_GEMM_FLOPS(0, 0, 1, 0), STAGED)                                                                          \
     /* dinp (N,IC) = dout @ weight (skipped if dinp NULL); dweight += dout^T @ inp (skipped if NULL:       \
        a frozen weight); dbias += colsum(dout) (dbias may be NULL). */                                                        \
     X(void, matmul_backward,                                                                                \
@@ -54,7 +55,7 @@
       (dinp, dweight, dbias, dout, inp, weight, N, IC, OC),                                                 \
       SL_IN(dout, SL_N2(N, OC)) SL_IN(inp, SL_N2(N, IC)) SL_IN(weight, SL_N2(OC, IC))                       \
       SL_OUT(dinp, SL_N2(N, IC)),                                                                           \
-      SL_GEMM_FLOPS(1, 0, dinp != NULL), STAGED)                                                                          \
+      SL_GEMM_FLOPS(1, 0, dinp != NULL, dweight != NULL), STAGED)                                                                          \
     /* GPT-2's MLP up-projection fused with its tanh GELU: pre (N,OC) = inp @ weight^T + bias,              \
        out = gelu(pre); pre is saved for backward. Equal to matmul_forward then gelu_forward. */            \
     X(void, matmul_gelu_forward,                                                                            \
@@ -63,7 +64,7 @@
       (out, pre, inp, weight, bias, N, IC, OC),                                                             \
       SL_IN(inp, SL_N2(N, IC)) SL_IN(weight, SL_N2(OC, IC)) SL_IN(bias, (size_t)OC)                         \
       SL_OUT(out, SL_N2(N, OC)) SL_OUT(pre, SL_N2(N, OC)),                                                  \
-      SL_GEMM_FLOPS(0, 1, 1), STAGED)                                                                          \
+      SL_GEMM_FLOPS(0, 1, 1, 0), STAGED)                                                                          \
     /* dout (N,OC) is OVERWRITTEN with the pre-GELU gradient dout * gelu'(pre), then exactly                \
        matmul_backward with it. Equal to gelu_backward then matmul_backward. */                             \
     X(void, matmul_gelu_backward,                                                                           \
@@ -72,7 +73,7 @@
       (dinp, dweight, dbias, dout, pre, inp, weight, N, IC, OC),                                            \
       SL_INOUT(dout, SL_N2(N, OC)) SL_IN(pre, SL_N2(N, OC)) SL_IN(inp, SL_N2(N, IC))                        \
       SL_IN(weight, SL_N2(OC, IC)) SL_OUT(dinp, SL_N2(N, IC)),                                              \
-      SL_GEMM_FLOPS(1, 1, dinp != NULL), COMPOSED)                                                                        \
+      SL_GEMM_FLOPS(1, 1, dinp != NULL, dweight != NULL), COMPOSED)                                                                        \
     /* The backward of a linear whose input was gelu(pre) (GPT-2's MLP down-projection): dinp (N,IC) =     \
        (dout @ weight) * gelu'(pre), the gradient of pre (skipped if dinp NULL); dweight, dbias as in       \
        matmul_backward. Equal to matmul_backward then gelu_backward on dinp in place. */                    \
@@ -82,7 +83,7 @@
       (dinp, dweight, dbias, dout, inp, weight, pre, N, IC, OC),                                            \
       SL_IN(dout, SL_N2(N, OC)) SL_IN(inp, SL_N2(N, IC)) SL_IN(weight, SL_N2(OC, IC))                       \
       SL_IN(pre, SL_N2(N, IC)) SL_OUT(dinp, SL_N2(N, IC)),                                                  \
-      SL_GEMM_FLOPS(1, 2, dinp != NULL), COMPOSED)                                                          \
+      SL_GEMM_FLOPS(1, 2, dinp != NULL, dweight != NULL), COMPOSED)                                                          \
     /* out (N,C) = (inp - mean) * rstd * w + b; saves mean, rstd (N). */                                    \
     X(void, layernorm_forward,                                                                              \
       (sl_act *out, float *mean, float *rstd, const sl_act *inp, const sl_act *w, const sl_act *b, int N,  \
@@ -146,6 +147,27 @@
       (out, inp, scale, N, W, ld, col0),                                                                    \
       SL_IN(inp, SL_N2(N, ld)) SL_OUT(out, SL_N2(N, W)),                                                    \
       SL_FLOPS(0), STAGED)                                                                                  \
+    /* One LoRA adapter (A (r,in), B (out,r)) on a slice of a linear's output: u (N,r) = x (N,in) @ A^T,   \
+       y (N,ld)[:, col0:col0+out] += scale * (u @ B^T). delta (N,out) is scratch a backend may use (the    \
+       composed ones hold u @ B^T there); the CPU's runs both GEMMs straight into u and y. */              \
+    X(void, lora_forward,                                                                                   \
+      (sl_act *y, sl_act *u, sl_act *delta, const sl_act *x, const sl_act *A, const sl_act *B, float scale, \
+       int N, int in, int r, int out, int ld, int col0),                                                    \
+      (y, u, delta, x, A, B, scale, N, in, r, out, ld, col0),                                               \
+      SL_IN(x, SL_N2(N, in)) SL_IN(A, SL_N2(r, in)) SL_IN(B, SL_N2(out, r)) SL_OUT(u, SL_N2(N, r))          \
+      SL_INOUT(y, SL_N2(N, ld)),                                                                            \
+      SL_FLOPS(2.0 * N * r * ((double)in + out)), COMPOSED)                                                 \
+    /* Its backward, g = scale * dy (N,ld)[:, col0:col0+out]: dB (out,r) += g^T @ u; du (N,r) = g @ B;     \
+       dA (r,in) += du^T @ x; dx (N,in) += du @ A (skipped if dx NULL). delta (N,out) and dh (N,in) are    \
+       scratch a backend may use. */                                                                        \
+    X(void, lora_backward,                                                                                  \
+      (sl_act *dx, float *dA, float *dB, sl_act *du, sl_act *delta, sl_act *dh, const sl_act *dy,          \
+       const sl_act *x, const sl_act *u, const sl_act *A, const sl_act *B, float scale, int N, int in,     \
+       int r, int out, int ld, int col0),                                                                   \
+      (dx, dA, dB, du, delta, dh, dy, x, u, A, B, scale, N, in, r, out, ld, col0),                          \
+      SL_IN(dy, SL_N2(N, ld)) SL_IN(x, SL_N2(N, in)) SL_IN(u, SL_N2(N, r)) SL_IN(A, SL_N2(r, in))         \
+      SL_IN(B, SL_N2(out, r)) SL_OUT(du, SL_N2(N, r)) SL_INOUT(dx, SL_N2(N, in)),                           \
+      SL_FLOPS(2.0 * N * r * (2.0 * out + in + (dx ? in : 0))), COMPOSED)                                   \
     /* Inverted dropout with probability p: out (n) = inp * keep / (1 - p), keep[i] = sl_dropout_keep(     \
        seed, i, p), a pure function of (seed, i) (ops.h); out may be inp. */                                \
     X(void, dropout_forward, (sl_act *out, const sl_act *inp, size_t n, float p, uint64_t seed),            \

@@ -1,6 +1,6 @@
 // lora.c: LoRA adapters (lora.h): which linears a PEFT target list adapts, the adapters' flat
 // layer-major buffer and its offsets table (PEFT names), PEFT's initialisation, and the adapters'
-// forward and backward, composed from the ops table (two GEMMs, a column-slice add, dropout).
+// forward and backward through the ops table (lora_forward / lora_backward, dropout).
 // Invariants: tensors are in buffer order without gaps, block l's adapters (A then B of each
 // module, modules in the model's order) lie in unit 1 + l; the activations planned for N rows hold
 // each adapter's A output (and dropped input) from its forward until the backward.
@@ -376,9 +376,8 @@ void sl_lora_forward(sl_lora *lo, int layer, sl_linear_kind linear, const sl_act
             ops->dropout_forward(lo->xd[a], x, (size_t)N * ad->in_features, lo->cfg.lora_dropout, dropout_seed(lo, a));
             h = lo->xd[a];
         }
-        ops->matmul_forward(lo->u[a], h, weight(lo, ad->lora_A), NULL, N, ad->in_features, r);
-        ops->matmul_forward(lo->delta, lo->u[a], weight(lo, ad->lora_B), NULL, N, r, ad->out_features);
-        ops->add_columns(y, lo->delta, lo->scale, N, ad->out_features, ld, ad->col0);
+        ops->lora_forward(y, lo->u[a], lo->delta, h, weight(lo, ad->lora_A), weight(lo, ad->lora_B), lo->scale, N,
+                          ad->in_features, r, ad->out_features, ld, ad->col0);
     }
 }
 
@@ -391,12 +390,15 @@ void sl_lora_backward(sl_lora *lo, int layer, sl_linear_kind linear, const sl_ac
         if (ad->linear != linear) continue;
         size_t n_in = (size_t)N * ad->in_features;
         const sl_act *h = dropping(lo) ? lo->xd[a] : x;
-        float *gA = grad(lo, ad->lora_A), *gB = grad(lo, ad->lora_B);
-        // d(delta) = scale * dy's columns; dB += d(delta)^T u, du = d(delta) B; dA += du^T h, dh = du A
-        ops->take_columns(lo->delta, dy, lo->scale, N, ad->out_features, ld, ad->col0);
-        ops->matmul_backward(lo->du, gB, NULL, lo->delta, lo->u[a], weight(lo, ad->lora_B), N, r, ad->out_features);
-        ops->matmul_backward(lo->dh, gA, NULL, lo->du, h, weight(lo, ad->lora_A), N, ad->in_features, r);
-        if (dropping(lo)) ops->dropout_backward(lo->dh, lo->dh, n_in, lo->cfg.lora_dropout, dropout_seed(lo, a));
+        const sl_act *A = weight(lo, ad->lora_A);
+        // dB += g^T u, du = g B with g = scale * dy's columns; dA += du^T h; dx += du A (through the
+        // dropout mask when dropping, so then dh = du A is formed apart first)
+        ops->lora_backward(dropping(lo) ? NULL : dx, grad(lo, ad->lora_A), grad(lo, ad->lora_B), lo->du, lo->delta,
+                           lo->dh, dy, h, lo->u[a], A, weight(lo, ad->lora_B), lo->scale, N, ad->in_features, r,
+                           ad->out_features, ld, ad->col0);
+        if (!dropping(lo) || !dx) continue;
+        ops->matmul_backward(lo->dh, NULL, NULL, lo->du, h, A, N, ad->in_features, r);
+        ops->dropout_backward(lo->dh, lo->dh, n_in, lo->cfg.lora_dropout, dropout_seed(lo, a));
         ops->residual_forward(dx, dx, lo->dh, n_in);
     }
 }

@@ -633,10 +633,12 @@ int sl_model_backward(sl_model *m, float grad_scale) {
         if (m->lora) sl_lora_backward(m->lora, l, SL_LINEAR_ATTN_OUT, a->att, m->dresid, m->dB, N, C);
         ops->attention_backward(m->dA, m->dB, a->qkv, a->att, a->lse, B, T, NH, NKV, HD, c->sliding_window);
         if (c->arch == SL_ARCH_LLAMA) ops->rope_backward(m->dA, m->rope_cos, m->rope_sin, B, T, NH, NKV, HD);
-        ops->matmul_backward(m->dln, GB(m, k->qkv_w), G_OPT(m, k->qkv_b), m->dA, a->ln1, W(m, k->qkv_w), N, C, QKV);
-        if (m->lora) sl_lora_backward(m->lora, l, SL_LINEAR_QKV, a->ln1, m->dA, m->dln, N, QKV);
-        if (!m->lora || l > lowest)  // nothing below the lowest adapter needs the residual's gradient
-            norm_backward(m, m->dresid, m->dln, resid_in, k->ln1_w, k->ln1_b, a->ln1_mean, a->ln1_rstd, N);
+        // nothing below the lowest adapter needs the residual's gradient, so neither its ln1's
+        sl_act *dln1 = !m->lora || l > lowest ? m->dln : NULL;
+        if (dln1)  // (under LoRA the base has no gradient, so without dln1 nothing is left to compute)
+            ops->matmul_backward(dln1, GB(m, k->qkv_w), G_OPT(m, k->qkv_b), m->dA, a->ln1, W(m, k->qkv_w), N, C, QKV);
+        if (m->lora) sl_lora_backward(m->lora, l, SL_LINEAR_QKV, a->ln1, m->dA, dln1, N, QKV);
+        if (dln1) norm_backward(m, m->dresid, m->dln, resid_in, k->ln1_w, k->ln1_b, a->ln1_mean, a->ln1_rstd, N);
         HOOK(m, SL_PARAMS_PUT, unit, next);
         HOOK(m, SL_GRADS_PUT, unit, next);
     }

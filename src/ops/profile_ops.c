@@ -24,7 +24,7 @@ static sl_op_stat g_ops[MAX_OPS];
 static int g_n_ops;
 
 typedef struct {
-    int backward, N, IC, OC, with_dinp, gelu;
+    int backward, N, IC, OC, parts, gelu;
 } shape_key;
 static sl_op_stat g_shapes[MAX_SHAPES];
 static shape_key g_shape_keys[MAX_SHAPES];
@@ -56,9 +56,9 @@ static void record(const char *name, double seconds, double flops) {
     s->flops += flops;
 }
 
-static void record_shape(int backward, int N, int IC, int OC, int with_dinp, int gelu, double seconds,
-                         double flops) {
-    shape_key k = {backward, N, IC, OC, with_dinp, gelu};
+// parts: a backward's products, 1 dinp + 2 dweight.
+static void record_shape(int backward, int N, int IC, int OC, int parts, int gelu, double seconds, double flops) {
+    shape_key k = {backward, N, IC, OC, parts, gelu};
     int i = 0;
     for (; i < g_n_shapes; i++)
         if (memcmp(&g_shape_keys[i], &k, sizeof k) == 0) break;
@@ -69,7 +69,7 @@ static void record_shape(int backward, int N, int IC, int OC, int with_dinp, int
         // gelu: 0 a plain matmul, 1 matmul_gelu_*, 2 matmul_backward_gelu (the GELU gradient of its dinp)
         snprintf(g_shape_names[i], SHAPE_NAME_LEN, "%s%s N=%d IC=%d OC=%d%s", gelu == 1 ? "matmul_gelu" : "matmul",
                  backward ? (gelu == 2 ? "_backward_gelu" : "_backward") : "_forward", N, IC, OC,
-                 backward && !with_dinp ? " (no dinp)" : "");
+                 !backward || parts == 3 ? "" : parts == 2 ? " (no dinp)" : parts == 1 ? " (no dweight)" : " (nothing)");
         memset(&g_shapes[i], 0, sizeof g_shapes[i]);
         g_shapes[i].name = g_shape_names[i];
     }
@@ -90,11 +90,11 @@ static double tick(void) {
 
 // What the list's flops column does after a call that took dt seconds.
 #define SL_FLOPS(expr) record(op, dt, (expr));
-#define SL_GEMM_FLOPS(backward, gelu, with_dinp)                                              \
+#define SL_GEMM_FLOPS(backward, gelu, with_dinp, with_dweight)                                \
     {                                                                                         \
-        double fl = 2.0 * N * (double)IC * OC * ((backward) && (with_dinp) ? 2 : 1);          \
+        double fl = 2.0 * N * (double)IC * OC * ((backward) ? (with_dinp) + (with_dweight) : 1); \
         record(op, dt, fl);                                                                   \
-        record_shape(backward, N, IC, OC, with_dinp, gelu, dt, fl);                           \
+        record_shape(backward, N, IC, OC, (with_dinp) + 2 * (with_dweight), gelu, dt, fl);    \
     }
 #define CALL_void(name, args) g_inner->name args;
 #define CALL_double(name, args) double result = g_inner->name args;

@@ -72,8 +72,8 @@ static const sl_op_stat *stat_of(const char *name) {
     return NULL;
 }
 
-// GEMM FLOPs: 2*N*IC*OC forward, twice that for a backward with dinp, once without; each call also
-// totalled under its shape.
+// GEMM FLOPs: 2*N*IC*OC forward, and a backward that for each of dinp and dweight it computes (a
+// frozen weight under LoRA: dinp alone); each call also totalled under its shape.
 TEST(profiler_counts_the_lists_flops) {
     enum { N = 3, IC = 4, OC = 5 };
     float x[N * IC] = {0}, w[OC * IC] = {0}, y[N * OC] = {0}, dx[N * IC], dw[OC * IC] = {0};
@@ -81,12 +81,14 @@ TEST(profiler_counts_the_lists_flops) {
     p->matmul_forward(ACT(y), ACT(x), ACT(w), NULL, N, IC, OC);
     p->matmul_backward(ACT(dx), dw, NULL, ACT(y), ACT(x), ACT(w), N, IC, OC);
     p->matmul_backward(NULL, dw, NULL, ACT(y), ACT(x), ACT(w), N, IC, OC);
+    p->matmul_backward(ACT(dx), NULL, NULL, ACT(y), ACT(x), ACT(w), N, IC, OC);
     const sl_op_stat *f = stat_of("matmul_forward"), *b = stat_of("matmul_backward");
     CHECK(f && f->calls == 1 && f->flops == 2.0 * N * IC * OC);
-    CHECK(b && b->calls == 2 && b->flops == 2.0 * N * IC * OC * 3);
+    CHECK(b && b->calls == 3 && b->flops == 2.0 * N * IC * OC * 4);
     int n_shapes;
-    sl_ops_profile_matmul_shapes(&n_shapes);
-    CHECK(n_shapes == 3);  // forward, backward with dinp, backward without
+    const sl_op_stat *shapes = sl_ops_profile_matmul_shapes(&n_shapes);
+    CHECK(n_shapes == 4);  // forward, backward with both, without dinp, without dweight
+    CHECK(n_shapes == 4 && strstr(shapes[3].name, "(no dweight)") && shapes[3].flops == 2.0 * N * IC * OC);
     float out[2 * 2], lse[2], qkv[2 * 3 * 2] = {0};  // B=1, T=2, NH=NKV=1, HD=2
     p->attention_forward(ACT(out), lse, ACT(qkv), 1, 2, 1, 1, 2, 0);
     const sl_op_stat *a = stat_of("attention_forward");

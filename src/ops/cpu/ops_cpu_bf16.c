@@ -8,6 +8,7 @@
 // Memory functions and optimizer passes are the CPU's. Slow (two conversions and a heap buffer per
 // tensor per op): it exists so that CI runs the model's bf16 storage plumbing without a GPU.
 #include "ops/cpu/cpu_ops.h"
+#include "ops/lora_compose.h"
 #include "shardlm/precision.h"
 
 #include "shardlm/error.h"
@@ -165,6 +166,9 @@ static void composed_residual_rmsnorm_forward(sl_act *resid, sl_act *out, float 
     emul_residual_forward(resid, a, b, sz(N, C));
     emul_rmsnorm_forward(out, rstd, resid, w, N, C, eps);
 }
+
+// LoRA's ops as the ops they are made of (lora_compose.h), each intermediate stored rounded.
+SL_LORA_COMPOSED_OPS(sl_ops_cpu_bf16)
 
 #define PICK_STAGED(name) emul_##name
 #define PICK_COMPOSED(name) composed_##name

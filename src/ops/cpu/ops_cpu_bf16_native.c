@@ -11,6 +11,7 @@
 // which reads its rows of the bf16 tables directly. Memory functions and optimizer passes are the CPU's. The ops are called from one thread at
 // a time (the model's), as the scratch buffers and the failure record assume.
 #include "ops/cpu/cpu_bf16.h"
+#include "ops/lora_compose.h"
 #include "shardlm/cpu_features.h"
 #include "shardlm/error.h"
 #include "shardlm/settings.h"
@@ -169,6 +170,10 @@ static void composed_residual_rmsnorm_forward(sl_act *resid, sl_act *out, float 
     cpu_bf16_residual_forward(resid, a, b, (size_t)N * C);
     staged_rmsnorm_forward(out, rstd, resid, w, N, C, eps);
 }
+
+// LoRA's ops as the ops they are made of (lora_compose.h), each intermediate stored rounded,
+// through this table's oneDNN GEMMs and in-place column ops.
+SL_LORA_COMPOSED_OPS(sl_ops_cpu_bf16_native)
 
 // Cross-entropy a block of rows at a time (its rows are independent), so the scratch holds about 2M
 // logits (8 MB) instead of all N * Vp of them (206 MB for GPT-2 at B*T = 1024). The forward's total

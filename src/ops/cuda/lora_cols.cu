@@ -64,7 +64,30 @@ void cuda_dropout_backward(sl_act *dinp, const sl_act *dout, size_t n, float p, 
     launch_dropout<floatX>(dinp, dout, n, p, seed);
 }
 
+// LoRA's ops composed from the GEMMs of matmul.cu and the column kernels above (as the CPU's bf16
+// tables compose them, src/ops/lora_compose.h): u @ B^T, the scaled gradient slice and du @ A pass
+// through the scratch delta / dh.
+template <typename floatX>
+void cuda_lora_forward(sl_act *y, sl_act *u, sl_act *delta, const sl_act *x, const sl_act *A, const sl_act *B,
+                       float scale, int N, int in, int r, int out, int ld, int col0) {
+    cuda_matmul_forward<floatX>(u, x, A, NULL, N, in, r);
+    cuda_matmul_forward<floatX>(delta, u, B, NULL, N, r, out);
+    launch_columns<floatX>(y, delta, scale, N, out, ld, col0, 1);
+}
+
+template <typename floatX>
+void cuda_lora_backward(sl_act *dx, float *dA, float *dB, sl_act *du, sl_act *delta, sl_act *dh, const sl_act *dy,
+                        const sl_act *x, const sl_act *u, const sl_act *A, const sl_act *B, float scale, int N, int in,
+                        int r, int out, int ld, int col0) {
+    launch_columns<floatX>(delta, dy, scale, N, out, ld, col0, 0);
+    cuda_matmul_backward<floatX>(du, dB, NULL, delta, u, B, N, r, out);
+    cuda_matmul_backward<floatX>(dx ? dh : NULL, dA, NULL, du, x, A, N, in, r);
+    if (dx) cuda_residual_forward<floatX>(dx, dx, dh, (size_t)N * (size_t)in);
+}
+
 SL_CUDA_STORAGE_INSTANCES(cuda_add_columns)
 SL_CUDA_STORAGE_INSTANCES(cuda_take_columns)
 SL_CUDA_STORAGE_INSTANCES(cuda_dropout_forward)
 SL_CUDA_STORAGE_INSTANCES(cuda_dropout_backward)
+SL_CUDA_STORAGE_INSTANCES(cuda_lora_forward)
+SL_CUDA_STORAGE_INSTANCES(cuda_lora_backward)
