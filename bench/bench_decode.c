@@ -26,6 +26,7 @@
 #include "shardlm/ops_profile.h"
 #include "shardlm/precision.h"
 #include "shardlm/rng.h"
+#include "shardlm/sampler.h"
 
 #include <omp.h>
 #include <stdio.h>
@@ -59,13 +60,6 @@ static double read_bandwidth(size_t bytes) {
     return sink == -1 ? 0 : best;
 }
 
-static int argmax(const float *x, int n) {
-    int best = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[best]) best = i;
-    return best;
-}
-
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
@@ -86,7 +80,7 @@ static int run_once(sl_model *m, sl_kv_cache *kv, const int *ids, int prompt, in
     if (sl_model_forward_cached(m, kv, ids, prompt, &logits) || m->ops->synchronize()) return -1;
     double t1 = now_seconds();
     for (int i = 0; i < tokens; i++)
-        if (sl_kv_cache_forward(kv, argmax(logits, m->cfg.vocab_size), &logits)) return -1;
+        if (sl_kv_cache_forward(kv, sl_argmax(logits, m->cfg.vocab_size), &logits)) return -1;
     if (m->ops->synchronize()) return -1;
     *t_prefill = t1 - t0;
     *t_decode = now_seconds() - t1;
@@ -169,7 +163,7 @@ int main(int argc, char **argv) {
         rc = sl_model_forward_cached(&m, &kv, ids, prompt, &logits);
         sl_ops_profile_reset();
         double t0 = now_seconds();
-        for (int i = 0; i < tokens && rc == 0; i++) rc = sl_kv_cache_forward(&kv, argmax(logits, m.cfg.vocab_size), &logits);
+        for (int i = 0; i < tokens && rc == 0; i++) rc = sl_kv_cache_forward(&kv, sl_argmax(logits, m.cfg.vocab_size), &logits);
         double t = now_seconds() - t0;
         if (rc == 0) {
             fprintf(stderr, "decode steps (%d tokens at positions %d..%d), ms per token:\n", tokens, prompt,
