@@ -6,7 +6,7 @@
 // decoded token reads (every weight once: the layout's bytes in the activation storage the table
 // uses), the achieved read rate (bytes x decode tok/s), and, next to it, this machine's read
 // bandwidth measured in the same run (the best of several passes summing a 1 GiB buffer with all
-// threads). Prints one JSON line.
+// threads), and the kernel's transparent huge page mode ("thp"). Prints one JSON line.
 //
 // --precision bf16 runs the table a bf16 run gets (sl_ops_for_precision: cpu-bf16-onednn where the CPU
 // has bf16 instructions): weights and activations in bf16, so a decoded token reads half the bytes.
@@ -26,6 +26,7 @@
 #include "shardlm/ops_profile.h"
 #include "shardlm/precision.h"
 #include "shardlm/rng.h"
+#include "shardlm/sampler.h"
 
 #include <omp.h>
 #include <stdio.h>
@@ -59,11 +60,19 @@ static double read_bandwidth(size_t bytes) {
     return sink == -1 ? 0 : best;
 }
 
-static int argmax(const float *x, int n) {
-    int best = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[best]) best = i;
-    return best;
+// The kernel's transparent huge page mode (the bracketed word of /sys/kernel/mm/transparent_hugepage/
+// enabled: always, madvise or never; "unknown" where it cannot be read): with "never" the weights sit on
+// 4 KiB pages and decode reads them markedly slower (ops_cpu.c's cpu_alloc asks for huge pages).
+static void thp_mode(char *out, size_t cap) {
+    snprintf(out, cap, "unknown");
+    FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+    char line[128];
+    if (!f) return;
+    if (fgets(line, sizeof line, f)) {
+        char *a = strchr(line, '['), *b = a ? strchr(a, ']') : NULL;
+        if (a && b && b - a - 1 > 0 && (size_t)(b - a - 1) < cap) snprintf(out, cap, "%.*s", (int)(b - a - 1), a + 1);
+    }
+    fclose(f);
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -86,7 +95,7 @@ static int run_once(sl_model *m, sl_kv_cache *kv, const int *ids, int prompt, in
     if (sl_model_forward_cached(m, kv, ids, prompt, &logits) || m->ops->synchronize()) return -1;
     double t1 = now_seconds();
     for (int i = 0; i < tokens; i++)
-        if (sl_kv_cache_forward(kv, argmax(logits, m->cfg.vocab_size), &logits)) return -1;
+        if (sl_kv_cache_forward(kv, sl_argmax(logits, m->cfg.vocab_size), &logits)) return -1;
     if (m->ops->synchronize()) return -1;
     *t_prefill = t1 - t0;
     *t_decode = now_seconds() - t1;
@@ -169,7 +178,7 @@ int main(int argc, char **argv) {
         rc = sl_model_forward_cached(&m, &kv, ids, prompt, &logits);
         sl_ops_profile_reset();
         double t0 = now_seconds();
-        for (int i = 0; i < tokens && rc == 0; i++) rc = sl_kv_cache_forward(&kv, argmax(logits, m.cfg.vocab_size), &logits);
+        for (int i = 0; i < tokens && rc == 0; i++) rc = sl_kv_cache_forward(&kv, sl_argmax(logits, m.cfg.vocab_size), &logits);
         double t = now_seconds() - t0;
         if (rc == 0) {
             fprintf(stderr, "decode steps (%d tokens at positions %d..%d), ms per token:\n", tokens, prompt,
@@ -193,14 +202,15 @@ int main(int argc, char **argv) {
     double weight_bytes = ((double)L->total - unread) * (double)(ops->act_bf16 ? 2 : 4);
     double prefill = median(prefill_tps, repeats), decode = median(decode_tps, repeats);
     double bw = ops->on_device ? 0 : read_bandwidth((size_t)1 << 30);
-    char isa[256];
+    char isa[256], thp[32];
     sl_cpu_features_describe(isa, sizeof isa);
+    thp_mode(thp, sizeof thp);
     printf("{\"impl\":\"shardlm-decode\",\"model\":\"%s\",\"device\":\"%s\",\"precision\":\"%s\",\"ops\":\"%s\","
            "\"threads\":%d,\"prompt\":%d,\"tokens\":%d,\"repeats\":%d,\"prefill_tok_s\":%.1f,\"decode_tok_s\":%.2f,"
            "\"runs\":[%s],\"weight_bytes\":%.0f,\"unread_params\":%.0f,\"decode_read_gb_s\":%.2f,\"machine_read_gb_s\":%.2f,"
-           "\"cpu_isa\":\"%s\",\"gemm\":\"%s\"%s}\n",
+           "\"cpu_isa\":\"%s\",\"thp\":\"%s\",\"gemm\":\"%s\"%s}\n",
            preset, device, precision, ops->name, omp_get_max_threads(), prompt, tokens, repeats, prefill, decode, runs,
-           weight_bytes, unread, weight_bytes * decode / 1e9, bw, isa, ops->on_device ? "device" : sl_cpu_gemm_description(),
+           weight_bytes, unread, weight_bytes * decode / 1e9, bw, isa, thp, ops->on_device ? "device" : sl_cpu_gemm_description(),
            breakdown);
     free(ids);
     sl_kv_cache_free(&kv);

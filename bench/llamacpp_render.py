@@ -121,6 +121,11 @@ def render(meta, end, llama, shard):
         f"{meta.get('gen', '?')} decoded tokens after it (llama-bench `-p {meta.get('prompt')} -n 0` for "
         f"prefill, `-p 0 -n {meta.get('gen')} -d {meta.get('prompt')}` for decode at the same depth); "
         f"{meta.get('rounds', '?')} rounds, each side back to back in every round; medians of every run.")
+    # the kernel's transparent huge page mode bench_decode saw (older result files lack it)
+    thp = next((r["thp"] for rows in shard.values() for rs in rows.values() for r in rs if r.get("thp")), None)
+    if thp:
+        out[-1] += (f" Transparent huge pages: `{thp}` (shardlm's weights are on huge pages unless it is "
+                    "`never`; llama.cpp maps the GGUF file).")
     out.append("")
     # the 1-minute averages, which include the benchmark's own threads: above them (+ 0.5) something
     # else was running

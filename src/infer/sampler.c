@@ -7,6 +7,7 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 typedef struct { float logit; int id; } candidate;
 
@@ -18,12 +19,30 @@ static int compare_desc(const void *pa, const void *pb) {
     return ranks_above(a, b) ? -1 : ranks_above(b, a) ? 1 : 0;
 }
 
+// 16 floats (GCC's vector extension, lowered to whatever the build's -march offers).
+typedef float v16f __attribute__((vector_size(64)));
+typedef int v16i __attribute__((vector_size(64)));
+
+// The first index of the largest value, NaNs never chosen (a NaN at 0 gives 0), as the plain scan
+// `logits[i] > logits[best]` gives it, in two vectorised passes (a greedy decode step runs it over the
+// whole vocabulary: 40 us for 50257 logits in the scan on the AMD EPYC, a token takes ~8 ms): the
+// maximum in 16 lanes (the same value in any order, since a NaN never wins a comparison), then the
+// first index holding it (== finds -0.0 for +0.0 as the scan's > does not pass over it).
 int sl_argmax(const float *logits, int n) {
     if (n <= 0) return -1;
-    int best = 0;
-    for (int i = 1; i < n; i++)
-        if (logits[i] > logits[best]) best = i;
-    return best;
+    float mx = logits[0];
+    v16f m = mx - (v16f){0}, x;  // every lane starts at logits[0] (a NaN there stays: the scan keeps 0)
+    int i = 1;
+    for (; i + 16 <= n; i += 16) {
+        memcpy(&x, logits + i, sizeof x);
+        v16i gt = x > m;
+        m = (v16f)(((v16i)x & gt) | ((v16i)m & ~gt));
+    }
+    for (int l = 0; l < 16; l++) mx = m[l] > mx ? m[l] : mx;
+    for (; i < n; i++) mx = logits[i] > mx ? logits[i] : mx;
+    for (i = 0; i < n; i++)
+        if (logits[i] == mx) return i;
+    return 0;  // logits[0] is NaN
 }
 
 // Min-heap on rank (the root is the worst of the k kept so far).

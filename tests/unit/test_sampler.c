@@ -21,6 +21,32 @@ TEST(greedy_is_argmax) {
     CHECK(sl_argmax(l, 0) == -1);
 }
 
+// The plain scan sl_argmax's vector passes must equal: the first index of the largest value, NaNs
+// never chosen unless at index 0.
+static int scan_argmax(const float *l, int n) {
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (l[i] > l[best]) best = i;
+    return best;
+}
+
+TEST(argmax_equals_the_scan) {
+    float l[100];
+    sl_rng r = sl_rng_make(7, 0, 0, SL_RNG_TEST);
+    for (int trial = 0; trial < 2000; trial++) {
+        int n = 1 + trial % 100;
+        for (int i = 0; i < n; i++) {
+            int kind = (int)sl_rng_below(&r, 10);  // a few values only, so ties, zeros and NaNs meet
+            l[i] = kind == 0 ? NAN : kind == 1 ? 0.0f : kind == 2 ? -0.0f : kind == 3 ? -INFINITY
+                 : kind == 4 ? INFINITY : (float)sl_rng_below(&r, 4) - 2.0f;
+        }
+        if (trial % 7 == 0) l[0] = NAN;
+        int got = sl_argmax(l, n), want = scan_argmax(l, n);
+        CHECK(got == want);
+        if (got != want) break;
+    }
+}
+
 TEST(top_k_one_is_argmax) {
     float l[5] = {0.3f, -2.0f, 1.7f, 1.6f, 0.0f};
     sl_rng r = sl_rng_make(2, 0, 0, SL_RNG_TEST);

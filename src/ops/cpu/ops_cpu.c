@@ -9,11 +9,32 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 // Host memory: the CPU backend's "device" is the host, so transfers are plain copies.
 // Buffers start on a 64-byte line (calloc's 16-byte alignment put every weight row of a GEMV across
 // line boundaries, ~10% of the read rate measured on the AMD EPYC); zeroed by calloc, so pages never
 // written stay unmapped. The offset from calloc's pointer sits in the byte below the returned one.
+// Buffers of HUGE_MIN bytes or more (weights, their bf16 shadow, activations, the KV cache) ask the
+// kernel for transparent huge pages over the 2 MiB-aligned part of them (madvise MADV_HUGEPAGE: a
+// no-op where THP is "never", needed where it is "madvise", Debian's default). Decode streams every
+// weight once per token, and with 4 KiB pages it pays a TLB miss every 4 KiB and its hardware
+// prefetchers stop at each page's end: GEMVs over GPT-2 124M's bf16 weights read at 28.8 -> 33.1 GB/s
+// with 2 threads and 20 -> 31 GB/s with 1 (AMD EPYC, interleaved in one process). The pages are
+// taken when first written, so an untouched buffer still costs nothing.
+#define HUGE_PAGE ((uintptr_t)2 << 20)
+#define HUGE_MIN ((size_t)4 << 20)
+static void advise_huge_pages(unsigned char *p, size_t bytes) {
+#ifdef MADV_HUGEPAGE
+    if (bytes < HUGE_MIN) return;
+    uintptr_t a = ((uintptr_t)p + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1), b = ((uintptr_t)p + bytes) & ~(HUGE_PAGE - 1);
+    if (b > a) (void)madvise((void *)a, b - a, MADV_HUGEPAGE);  // advice only: a refusal changes no result
+#else
+    (void)p;
+    (void)bytes;
+#endif
+}
+
 void *cpu_alloc(size_t bytes, const char *what) {
     if (bytes > SIZE_MAX - 64) {
         sl_errorf("out of memory allocating %zu bytes for %s", bytes, what);
@@ -23,6 +44,7 @@ void *cpu_alloc(size_t bytes, const char *what) {
     if (!raw) return NULL;
     unsigned char *p = raw + 64 - ((uintptr_t)raw & 63);
     p[-1] = (unsigned char)(p - raw);
+    advise_huge_pages(p, bytes);
     return p;
 }
 void cpu_dealloc(void *p) {
