@@ -15,6 +15,8 @@
 #                            data-parallel runs match as "dist:model:T:tag" (tag: base, ddp, ddp-small,
 #                            ddp-nooverlap, zero1, zero2, zero3, zero3-noprefetch; e.g. 'dist:gpt2-demo:*')
 #   BENCH_TORCH=0            skip PyTorch;  BENCH_SHARDLM=0  skip shardlm
+#   BENCH_BASELINE=0         skip the fp32 baseline rows (SHARDLM_GEMM=openblas: OpenBLAS on the kernels it
+#                            picks itself, issue 12's starting point; 1+1 steps, 0+1 at T=1024)
 #   BENCH_TORCH_COMPILE=1    also run torch.compile rows for gpt2-demo (skipped by default)
 #   BENCH_STEPS / BENCH_WARMUP / BENCH_PROFILE_STEPS   override the timed / warmup / profiled steps of
 #                            every configuration; per-size defaults below (BENCH_STEPS_DEMO, ..._256, ..._1024)
@@ -77,6 +79,8 @@ with open(src) as f:
         if r.get("impl") == "meta":
             meta = r
             continue
+        if r.get("baseline"):  # the same build on OpenBLAS's own kernel choice (issue 12's starting point)
+            r["impl"] = "shardlm-baseline"
         if r.get("impl") == "shardlm-gemm":
             gemm_rate[(r["threads"], r["precision"])] = r
             continue
@@ -140,6 +144,21 @@ if bf:
         if s32: parts.append(f"{r['tokens_per_s'] / s32['tokens_per_s']:.2f}x shardlm fp32")
         if pbf: parts.append(f"**{r['tokens_per_s'] / pbf['tokens_per_s']:.2f}x PyTorch bf16 autocast** (target 1.5x)")
         w(f"- {k[1]} B={k[2]} T={k[3]} threads={k[4]}: shardlm bf16 ({r.get('ops', '?')}) " + ", ".join(parts))
+base = [(k, r) for k, r in rows.items() if k[0] == "shardlm-baseline"]
+if base:
+    core = next((r.get("openblas_core") for k, r in base if r.get("openblas_core")), "?")
+    w("\nfp32 against the starting point of issue 12 (the same build run with `SHARDLM_GEMM=openblas`: OpenBLAS on "
+      f"the kernels it picks for this CPU by itself, here **{core}**, as every fp32 GEMM ran before the library "
+      "choice existed; everything else is today's code, so the ratio understates the gain over the code of that "
+      "day). The baseline is slow and its margin wide, so it runs fewer steps:\n")
+    w("| model | B | T | threads | baseline ms/step | baseline tok/s | shardlm tok/s | ratio | steps (warmup+timed) | other load |")
+    w("|---|---|---|---|---|---|---|---|---|---|")
+    for k, r in sorted(base, key=lambda kr: (kr[0][1] != "gpt2-demo", kr[0][3], kr[0][2], kr[0][4])):
+        s = rows.get(("shardlm",) + k[1:])
+        ratio = f"**{s['tokens_per_s'] / r['tokens_per_s']:.2f}x** (target 1.7x)" if s else "n/a"
+        load = "%.2f" % r.get("other_load", 0) + (" *" if r.get("other_load", 0) > 0.2 else "")
+        w(f"| {k[1]} | {k[2]} | {k[3]} | {k[4]} | {r['ms_per_step']:.1f} | {r['tokens_per_s']:.1f} | "
+          f"{s['tokens_per_s'] if s else 0:.1f} | {ratio} | {r['warmup']}+{r['steps']} | {load} |")
 comp = [r for k, r in rows.items() if k[0] == "pytorch-compile"]
 if comp:
     w("\ntorch.compile (inductor) rows:\n")
@@ -458,6 +477,14 @@ for cfg in "${CONFIGS[@]}"; do
         if [[ "${BENCH_SHARDLM:-1}" == 1 ]]; then
             record "$(load1)" env OMP_NUM_THREADS="$th" "./$BUILD/bench_train" --model "$model" --batch "$B" --seq "$T" \
                 --threads "$th" --steps "$steps" --warmup "$warmup" --profile-steps "$psteps" --precision "$pr" --report
+        fi
+        if [[ "${BENCH_SHARDLM:-1}" == 1 && "${BENCH_BASELINE:-1}" == 1 && "$pr" == fp32 ]]; then
+            # issue 12's starting point: OpenBLAS on its own kernel choice; one warmup and one timed step
+            # (none of warmup at T >= 1024, where a baseline step takes minutes on a CPU OpenBLAS misreads)
+            bw=1; (( T >= 1024 )) && bw=0
+            EXTRA=',"baseline":"openblas"' record "$(load1)" env OMP_NUM_THREADS="$th" SHARDLM_GEMM=openblas \
+                "./$BUILD/bench_train" --model "$model" --batch "$B" --seq "$T" --threads "$th" --steps 1 --warmup "$bw" \
+                --profile-steps 0 --precision fp32 --report
         fi
         if [[ "${BENCH_TORCH:-1}" == 1 ]]; then
             record "$(load1)" env OMP_NUM_THREADS="$th" MKL_NUM_THREADS="$th" "$PY" bench/torch_train.py --model "$model" \
