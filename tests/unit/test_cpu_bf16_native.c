@@ -10,7 +10,8 @@
 //     gradients within (K + 2) 2^-23 (sum |a b| + |start|); the bias gradient bit for bit (the CPU's
 //     order); every GEMM deterministic;
 //   * every other op: the emulation's bits (both stage the same fp32 CPU op, or, for attention_decode,
-//     the native table computes what it computes on the bf16 cache read in place);
+//     the native table computes what it computes on the bf16 cache read in place); attention with
+//     SHARDLM_ATTENTION=simt (by default it runs on oneDNN's bf16 matmuls: test_attention_bf16.c);
 //   * a failing oneDNN call: reported by synchronize() naming the op and its shape, later ops skipped;
 //   * gpt2-tiny and llama-tiny: loss, logits and gradients near the emulation's (bounds measured, with
 //     margin, in the comments at check_model) and near fp32; bit-identical run to run.
@@ -216,6 +217,8 @@ TEST(other_ops_give_the_emulations_bits) {
     CHECK(!memcmp(q1, q2, nq * 2));
     sl_bf16 *a1 = calloc(no, 2), *a2 = calloc(no, 2), *d1 = calloc(nq, 2), *d2 = calloc(nq, 2);
     sl_bf16 *dout = bf16_values(no, 22, 0.5f);
+    setenv("SHARDLM_ATTENTION", "simt", 1);  // the staged attention (default: oneDNN's, test_attention_bf16.c)
+    CHECK(sl_settings_load() == 0);
     nat->attention_forward(ACT((void *)a1), lse1, ACT((void *)q1), B, T, NH, NKV, HD, 0);
     emu->attention_forward(ACT((void *)a2), lse2, ACT((void *)q2), B, T, NH, NKV, HD, 0);
     CHECK(!memcmp(a1, a2, no * 2) && !memcmp(lse1, lse2, (size_t)B * NH * T * 4));
@@ -224,6 +227,8 @@ TEST(other_ops_give_the_emulations_bits) {
     emu->attention_backward(ACT((void *)d2), ACT((void *)dout), ACT((void *)q2), ACT((void *)a2), lse2, B, T, NH, NKV,
                             HD, 0);
     CHECK(!memcmp(d1, d2, nq * 2));
+    unsetenv("SHARDLM_ATTENTION");
+    CHECK(sl_settings_load() == 0);
     // one query against a KV cache long enough to run in parallel (read in place, not staged)
     int n_ctx = 1500;
     size_t nkv = (size_t)n_ctx * NKV * HD;

@@ -42,6 +42,13 @@ void cpu_bf16_matmul_gelu_forward(sl_act *out, sl_act *pre, const sl_act *inp, c
 void cpu_bf16_attention_decode(sl_act *out, const sl_act *q, const sl_act *k_cache, const sl_act *v_cache,
                                int n_ctx, int NH, int NKV, int HD);
 
+// attention_bf16.c: attention_forward / attention_backward on bf16 storage with every product a oneDNN
+// bf16 matmul (P and dS rounded to bf16 before their products); their contracts as ops.h states them.
+void cpu_bf16_attention_forward(sl_act *out, float *lse, const sl_act *qkv, int B, int T, int NH, int NKV, int HD,
+                                int window);
+void cpu_bf16_attention_backward(sl_act *dqkv, const sl_act *dout, const sl_act *qkv, const sl_act *out,
+                                 const float *lse, int B, int T, int NH, int NKV, int HD, int window);
+
 // elementwise_bf16.c: residual_forward, add_columns and take_columns on bf16 storage in place, with the
 // staged ops' bits (their contracts as ops.h states them).
 void cpu_bf16_residual_forward(sl_act *out, const sl_act *a, const sl_act *b, size_t n);
@@ -54,7 +61,7 @@ void cpu_bf16_record_failure(void);
 int cpu_bf16_failed(void);
 // fp32 scratch buffer number slot (0 .. CPU_BF16_SLOTS-1) of at least n floats, kept and grown across
 // calls (its contents are not kept); NULL with the failure recorded when the heap is out.
-#define CPU_BF16_SLOTS 8
+#define CPU_BF16_SLOTS 12
 float *cpu_bf16_scratch(int slot, size_t n);
 
 #endif

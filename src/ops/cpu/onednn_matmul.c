@@ -18,7 +18,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#define CACHE_SIZE 48
+#define CACHE_SIZE 192  // the model's linears (~25 shapes) plus attention's (~5 per query block length)
 
 typedef struct {
     int ta, tb, M, N, K, lda, ldb, bias, c_f32, accumulate, threads;

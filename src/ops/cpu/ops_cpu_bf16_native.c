@@ -171,6 +171,21 @@ static void composed_residual_rmsnorm_forward(sl_act *resid, sl_act *out, float 
     staged_rmsnorm_forward(out, rstd, resid, w, N, C, eps);
 }
 
+// Attention on oneDNN's bf16 matmuls (attention_bf16.c), or with SHARDLM_ATTENTION=simt staged as the
+// emulation stages it (its bits).
+static void matrix_attention_forward(sl_act *out, float *lse, const sl_act *qkv, int B, int T, int NH, int NKV, int HD,
+                                     int window) {
+    if (sl_settings_get()->attention_tensor_cores) cpu_bf16_attention_forward(out, lse, qkv, B, T, NH, NKV, HD, window);
+    else staged_attention_forward(out, lse, qkv, B, T, NH, NKV, HD, window);
+}
+
+static void matrix_attention_backward(sl_act *dqkv, const sl_act *dout, const sl_act *qkv, const sl_act *out,
+                                      const float *lse, int B, int T, int NH, int NKV, int HD, int window) {
+    if (sl_settings_get()->attention_tensor_cores)
+        cpu_bf16_attention_backward(dqkv, dout, qkv, out, lse, B, T, NH, NKV, HD, window);
+    else staged_attention_backward(dqkv, dout, qkv, out, lse, B, T, NH, NKV, HD, window);
+}
+
 // LoRA's ops as the ops they are made of (lora_compose.h), each intermediate stored rounded,
 // through this table's oneDNN GEMMs and in-place column ops.
 SL_LORA_COMPOSED_OPS(sl_ops_cpu_bf16_native)
@@ -229,6 +244,8 @@ const sl_ops sl_ops_cpu_bf16_native = {
     .matmul_forward = cpu_bf16_matmul_forward,
     .matmul_backward = cpu_bf16_matmul_backward,
     .matmul_gelu_forward = cpu_bf16_matmul_gelu_forward,
+    .attention_forward = matrix_attention_forward,
+    .attention_backward = matrix_attention_backward,
     .attention_decode = cpu_bf16_attention_decode,
     .residual_forward = cpu_bf16_residual_forward,
     .add_columns = cpu_bf16_add_columns,

@@ -1,0 +1,101 @@
+// test_attention_bf16.c: the bf16 table's attention on oneDNN's bf16 matmuls (src/ops/cpu/attention_bf16.c)
+// against the fp32 CPU attention on the same values widened, at T = 1 (one key), 7, 33, 200 and 300 (one
+// and several query blocks of 128, the last one partial), head sizes 16 to 80, multi-head and grouped-query
+// (NH 4 / NKV 2, NH 3 / NKV 1) and a sliding window. Only P and dS (and the stored results) are rounded to
+// bf16, every product sums in fp32: the output within 1e-2 of its largest element, the log-sum-exp within
+// 1e-4, each of dq, dk and dv within 3e-2 of its largest; the same bits run to run, and the table's
+// entries run these kernels by default and the staged fp32 attention with SHARDLM_ATTENTION=simt.
+#include "test.h"
+
+#include "ops/cpu/cpu_bf16.h"
+#include "shardlm/rng.h"
+#include "shardlm/settings.h"
+
+static sl_bf16 *bf16_values(size_t n, uint64_t seed, float scale) {
+    sl_bf16 *x = malloc(n * sizeof(sl_bf16));
+    sl_rng r = sl_rng_make(seed, 0, 0, SL_RNG_TEST);
+    for (size_t i = 0; i < n; i++) x[i] = sl_f32_to_bf16(scale * (float)sl_rng_normal(&r));
+    return x;
+}
+
+static float *widened(const sl_bf16 *x, size_t n) {
+    float *y = malloc(n * sizeof(float));
+    sl_bf16_to_f32_array(x, y, n);
+    return y;
+}
+
+// max |a - b| over max |b| of n values read every `stride` elements in runs of `run` (one head's columns)
+static double rel_max(const float *a, const float *b, size_t rows, size_t stride, size_t col0, size_t run) {
+    double d = 0, m = 0;
+    for (size_t r = 0; r < rows; r++)
+        for (size_t c = col0; c < col0 + run; c++) {
+            d = fmax(d, fabs((double)a[r * stride + c] - b[r * stride + c]));
+            m = fmax(m, fabs((double)b[r * stride + c]));
+        }
+    return m > 0 ? d / m : d;
+}
+
+static void check(int B, int T, int NH, int NKV, int HD, int window) {
+    int W = (NH + 2 * NKV) * HD, os = NH * HD;
+    size_t nq = (size_t)B * T * W, no = (size_t)B * T * os, nl = (size_t)B * NH * T;
+    sl_bf16 *qkv = bf16_values(nq, 1 + (uint64_t)T, 1.5f), *dout = bf16_values(no, 2 + (uint64_t)T, 0.5f);
+    sl_bf16 *out = calloc(no, 2), *out2 = calloc(no, 2), *dqkv = calloc(nq, 2), *dqkv2 = calloc(nq, 2);
+    float *lse = malloc(nl * 4), *lse2 = malloc(nl * 4), *rlse = malloc(nl * 4);
+    float *rqkv = widened(qkv, nq), *rdout = widened(dout, no), *rout = calloc(no, 4), *rd = calloc(nq, 4);
+    cpu_bf16_attention_forward(ACT((void *)out), lse, ACT((void *)qkv), B, T, NH, NKV, HD, window);
+    cpu_bf16_attention_backward(ACT((void *)dqkv), ACT((void *)dout), ACT((void *)qkv), ACT((void *)out), lse, B, T, NH,
+                                NKV, HD, window);
+    CHECK(!cpu_bf16_failed());
+    sl_ops_cpu.attention_forward(ACT(rout), rlse, ACT(rqkv), B, T, NH, NKV, HD, window);
+    sl_ops_cpu.attention_backward(ACT(rd), ACT(rdout), ACT(rqkv), ACT(rout), rlse, B, T, NH, NKV, HD, window);
+    float *o = widened(out, no), *d = widened(dqkv, nq);
+    double eo = rel_max(o, rout, (size_t)B * T, os, 0, os), el = 0;
+    for (size_t i = 0; i < nl; i++) el = fmax(el, fabs((double)lse[i] - rlse[i]));
+    double eq = rel_max(d, rd, (size_t)B * T, W, 0, os), ek = rel_max(d, rd, (size_t)B * T, W, os, (size_t)NKV * HD),
+           ev = rel_max(d, rd, (size_t)B * T, W, os + (size_t)NKV * HD, (size_t)NKV * HD);
+    printf("  B %d T %d NH %d NKV %d HD %d window %d: out %.2e lse %.2e dq %.2e dk %.2e dv %.2e\n", B, T, NH, NKV, HD,
+           window, eo, el, eq, ek, ev);
+    CHECK_MSG(eo < 1e-2 && el < 1e-4, "T %d HD %d: out %.3g lse %.3g", T, HD, eo, el);
+    CHECK_MSG(eq < 3e-2 && ek < 3e-2 && ev < 3e-2, "T %d HD %d: dq %.3g dk %.3g dv %.3g", T, HD, eq, ek, ev);
+    // run to run, and through the table's entries (the default setting picks these kernels)
+    sl_ops_cpu_bf16_native.attention_forward(ACT((void *)out2), lse2, ACT((void *)qkv), B, T, NH, NKV, HD, window);
+    sl_ops_cpu_bf16_native.attention_backward(ACT((void *)dqkv2), ACT((void *)dout), ACT((void *)qkv),
+                                              ACT((void *)out2), lse2, B, T, NH, NKV, HD, window);
+    CHECK(!memcmp(out, out2, no * 2) && !memcmp(lse, lse2, nl * 4) && !memcmp(dqkv, dqkv2, nq * 2));
+    CHECK(sl_ops_cpu_bf16_native.synchronize() == 0);
+    free(qkv); free(dout); free(out); free(out2); free(dqkv); free(dqkv2); free(lse); free(lse2); free(rlse);
+    free(rqkv); free(rdout); free(rout); free(rd); free(o); free(d);
+}
+
+TEST(one_and_few_positions) {
+    check(2, 1, 4, 2, 16, 0);
+    check(2, 7, 4, 4, 16, 0);
+    check(1, 33, 3, 1, 64, 0);
+}
+
+TEST(several_query_blocks_grouped_query) {
+    check(2, 200, 4, 2, 64, 0);
+    check(1, 300, 2, 1, 80, 0);
+}
+
+TEST(sliding_window_across_blocks) {
+    check(1, 300, 2, 2, 32, 50);
+    check(2, 150, 4, 2, 16, 129);
+}
+
+TEST(simt_setting_keeps_the_staged_attention) {
+    int B = 1, T = 20, NH = 2, NKV = 1, HD = 16, W = (NH + 2 * NKV) * HD;
+    size_t nq = (size_t)B * T * W, no = (size_t)B * T * NH * HD;
+    sl_bf16 *qkv = bf16_values(nq, 7, 1.0f), *a = calloc(no, 2), *b = calloc(no, 2);
+    float lse_a[40], lse_b[40];
+    setenv("SHARDLM_ATTENTION", "simt", 1);
+    CHECK(sl_settings_load() == 0);
+    sl_ops_cpu_bf16_native.attention_forward(ACT((void *)a), lse_a, ACT((void *)qkv), B, T, NH, NKV, HD, 0);
+    sl_ops_cpu_bf16.attention_forward(ACT((void *)b), lse_b, ACT((void *)qkv), B, T, NH, NKV, HD, 0);
+    CHECK(!memcmp(a, b, no * 2) && !memcmp(lse_a, lse_b, sizeof lse_a));
+    unsetenv("SHARDLM_ATTENTION");
+    CHECK(sl_settings_load() == 0);
+    free(qkv); free(a); free(b);
+}
+
+TEST_MAIN()
