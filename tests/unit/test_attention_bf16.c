@@ -3,9 +3,12 @@
 // and several query blocks of 128, the last one partial), head sizes 16 to 80, multi-head and grouped-query
 // (NH 4 / NKV 2, NH 3 / NKV 1) and a sliding window. Only P and dS (and the stored results) are rounded to
 // bf16, every product sums in fp32: the output within 1e-2 of its largest element, the log-sum-exp within
-// 1e-4, each of dq, dk and dv within 3e-2 of its largest; the same bits run to run, and the table's
-// entries run these kernels by default and the staged fp32 attention with SHARDLM_ATTENTION=simt.
+// 1e-4, each of dq, dk and dv within 3e-2 of its largest; the same bits run to run and on 1 thread as on
+// all of them, and the table's entries run these kernels by default and the staged fp32 attention with
+// SHARDLM_ATTENTION=simt.
 #include "test.h"
+
+#include <omp.h>
 
 #include "ops/cpu/cpu_bf16.h"
 #include "shardlm/rng.h"
@@ -62,6 +65,17 @@ static void check(int B, int T, int NH, int NKV, int HD, int window) {
     sl_ops_cpu_bf16_native.attention_backward(ACT((void *)dqkv2), ACT((void *)dout), ACT((void *)qkv),
                                               ACT((void *)out2), lse2, B, T, NH, NKV, HD, window);
     CHECK(!memcmp(out, out2, no * 2) && !memcmp(lse, lse2, nl * 4) && !memcmp(dqkv, dqkv2, nq * 2));
+    // and on one thread: each (batch, head) is one thread's, every product on that thread alone
+    int threads = omp_get_max_threads();
+    omp_set_num_threads(1);
+    memset(out2, 0, no * 2);
+    memset(dqkv2, 0, nq * 2);
+    cpu_bf16_attention_forward(ACT((void *)out2), lse2, ACT((void *)qkv), B, T, NH, NKV, HD, window);
+    cpu_bf16_attention_backward(ACT((void *)dqkv2), ACT((void *)dout), ACT((void *)qkv), ACT((void *)out2), lse2, B, T,
+                                NH, NKV, HD, window);
+    omp_set_num_threads(threads);
+    CHECK_MSG(!memcmp(out, out2, no * 2) && !memcmp(lse, lse2, nl * 4) && !memcmp(dqkv, dqkv2, nq * 2),
+              "T %d: 1 thread against %d", T, threads);
     CHECK(sl_ops_cpu_bf16_native.synchronize() == 0);
     free(qkv); free(dout); free(out); free(out2); free(dqkv); free(dqkv2); free(lse); free(lse2); free(rlse);
     free(rqkv); free(rdout); free(rout); free(rd); free(o); free(d);

@@ -15,6 +15,10 @@
 // op and the shape (a failing oneDNN call).
 int cpu_gemm_bf16(const char *op, int ta, int tb, int M, int N, int K, const sl_bf16 *A, int lda, const sl_bf16 *B,
                   int ldb, const sl_bf16 *bias, void *C, int c_f32, int accumulate);
+// The same product on the calling thread alone, for the threads of an OpenMP parallel region to run
+// theirs at once (per-thread primitives and stream, no lock): the same bits for any thread count.
+int cpu_gemm_bf16_serial(const char *op, int ta, int tb, int M, int N, int K, const sl_bf16 *A, int lda,
+                         const sl_bf16 *B, int ldb, const sl_bf16 *bias, void *C, int c_f32, int accumulate);
 // The name of the kernel oneDNN picks for a bf16 linear layer on this CPU ("brg:avx512_core_bf16", or
 // "ref:any" where it has no bf16 code for it) into impl; 0, or -1 with a message.
 int cpu_gemm_bf16_kernel(char *impl, size_t cap);

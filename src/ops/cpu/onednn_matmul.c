@@ -5,7 +5,9 @@
 // keyed by everything that shapes them (transposes, M, N, K, leading dimensions, bias, C's type,
 // accumulation, and the thread count, which oneDNN plans its blocking for), each with its memory
 // objects, whose data pointers are set per call. One engine and one in-order stream per process; a
-// mutex covers lookup and execution (an entry's memory objects are shared). Invariant: the result of
+// mutex covers lookup and execution (an entry's memory objects are shared). cpu_gemm_bf16_serial, for
+// products run by many threads of a parallel region at once, keeps a cache and a stream per thread
+// instead (no lock; oneDNN runs a primitive on the calling thread alone inside a parallel region). Invariant: the result of
 // a call depends only on its key and its data (oneDNN's CPU matmul gives the same bits run to run for
 // a given primitive and thread count; tests/unit/test_cpu_bf16_native.c checks it).
 #include "ops/cpu/cpu_bf16.h"
@@ -32,8 +34,21 @@ typedef struct {
     char impl[64];               // oneDNN's implementation name, e.g. "brg:avx512_core_bf16"
 } gemm_entry;
 
-static gemm_entry cache[CACHE_SIZE];
-static unsigned long use_clock;
+// A cache of entries, least recently used out.
+typedef struct {
+    gemm_entry *entries;
+    int size;
+    unsigned long clock;
+} gemm_cache;
+
+static gemm_entry shared_entries[CACHE_SIZE];
+static gemm_cache shared = {shared_entries, CACHE_SIZE, 0};
+// cpu_gemm_bf16_serial's: each thread its own entries (primitives planned for one thread) and stream,
+// so the threads of a parallel region run their products at once, without the lock
+#define THREAD_CACHE_SIZE 32
+static _Thread_local gemm_entry thread_entries[THREAD_CACHE_SIZE];
+static _Thread_local gemm_cache thread_cache = {NULL, THREAD_CACHE_SIZE, 0};
+static _Thread_local dnnl_stream_t thread_stream;
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static dnnl_engine_t engine;
 static dnnl_stream_t stream;
@@ -116,24 +131,24 @@ static int reuse_first(const gemm_entry *e, const gemm_entry *than) {
 }
 
 // The cached entry of k, created (in a free or the least recently used slot) when missing; NULL on failure.
-static gemm_entry *entry_for(const gemm_key *k, dnnl_status_t *s, const char **failed) {
-    gemm_entry *victim = &cache[0];
-    for (int i = 0; i < CACHE_SIZE; i++) {
-        gemm_entry *e = &cache[i];
+static gemm_entry *entry_for(gemm_cache *cache, const gemm_key *k, dnnl_status_t *s, const char **failed) {
+    gemm_entry *victim = &cache->entries[0];
+    for (int i = 0; i < cache->size; i++) {
+        gemm_entry *e = &cache->entries[i];
         if (e->prim && !memcmp(&e->key, k, sizeof *k)) {
-            e->last_use = ++use_clock;
+            e->last_use = ++cache->clock;
             return e;
         }
         if (reuse_first(e, victim)) victim = e;
     }
     entry_free(victim);
     if ((*s = entry_create(victim, k, failed)) != dnnl_success) return NULL;
-    victim->last_use = ++use_clock;
+    victim->last_use = ++cache->clock;
     return victim;
 }
 
-static dnnl_status_t execute(gemm_entry *e, const void *A, const void *B, const void *bias, void *C,
-                             const char **failed) {
+static dnnl_status_t execute(gemm_entry *e, dnnl_stream_t stream, const void *A, const void *B, const void *bias,
+                             void *C, const char **failed) {
     dnnl_status_t s;
     dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, e->a}, {DNNL_ARG_WEIGHTS, e->b}, {DNNL_ARG_DST, e->c},
                                {DNNL_ARG_BIAS, e->bias}};
@@ -158,11 +173,17 @@ static int gemm(const char *op, const gemm_key *k, const void *A, const void *B,
     pthread_once(&engine_once, engine_init);
     dnnl_status_t s = engine_status;
     const char *failed = "dnnl_engine_create / dnnl_stream_create";
-    if (s == dnnl_success) {
+    if (s == dnnl_success && k->threads == 0) {  // serial: this thread's cache and stream
+        if (!thread_cache.entries) thread_cache.entries = thread_entries;
+        if (!thread_stream && (s = dnnl_stream_create(&thread_stream, engine, dnnl_stream_default_flags)) != dnnl_success)
+            failed = "dnnl_stream_create";
+        gemm_entry *e = s == dnnl_success ? entry_for(&thread_cache, k, &s, &failed) : NULL;
+        if (e && A) s = execute(e, thread_stream, A, B, bias, C, &failed);
+    } else if (s == dnnl_success) {
         pthread_mutex_lock(&lock);
-        gemm_entry *e = entry_for(k, &s, &failed);
+        gemm_entry *e = entry_for(&shared, k, &s, &failed);
         if (e && impl) snprintf(impl, impl_cap, "%s", e->impl);
-        if (e && A) s = execute(e, A, B, bias, C, &failed);
+        if (e && A) s = execute(e, stream, A, B, bias, C, &failed);
         pthread_mutex_unlock(&lock);
     }
     if (s == dnnl_success) return 0;
@@ -180,9 +201,10 @@ static void empty_sum(int M, int N, const sl_bf16 *bias, void *C, int c_f32, int
     }
 }
 
-int cpu_gemm_bf16(const char *op, int ta, int tb, int M, int N, int K, const sl_bf16 *A, int lda, const sl_bf16 *B,
-                  int ldb, const sl_bf16 *bias, void *C, int c_f32, int accumulate) {
-    gemm_key k = {ta != 0, tb != 0, M, N, K, lda, ldb, bias != NULL, c_f32 != 0, accumulate != 0, omp_get_max_threads()};
+// threads 0: the serial products of cpu_gemm_bf16_serial
+static int gemm_checked(const char *op, int ta, int tb, int M, int N, int K, const sl_bf16 *A, int lda,
+                        const sl_bf16 *B, int ldb, const sl_bf16 *bias, void *C, int c_f32, int accumulate, int threads) {
+    gemm_key k = {ta != 0, tb != 0, M, N, K, lda, ldb, bias != NULL, c_f32 != 0, accumulate != 0, threads};
     char shape[160];
     if (M < 0 || N < 0 || K < 0) {
         describe(&k, shape, sizeof shape);
@@ -194,6 +216,16 @@ int cpu_gemm_bf16(const char *op, int ta, int tb, int M, int N, int K, const sl_
         return 0;
     }
     return gemm(op, &k, A, B, bias, C, NULL, 0);
+}
+
+int cpu_gemm_bf16(const char *op, int ta, int tb, int M, int N, int K, const sl_bf16 *A, int lda, const sl_bf16 *B,
+                  int ldb, const sl_bf16 *bias, void *C, int c_f32, int accumulate) {
+    return gemm_checked(op, ta, tb, M, N, K, A, lda, B, ldb, bias, C, c_f32, accumulate, omp_get_max_threads());
+}
+
+int cpu_gemm_bf16_serial(const char *op, int ta, int tb, int M, int N, int K, const sl_bf16 *A, int lda,
+                         const sl_bf16 *B, int ldb, const sl_bf16 *bias, void *C, int c_f32, int accumulate) {
+    return gemm_checked(op, ta, tb, M, N, K, A, lda, B, ldb, bias, C, c_f32, accumulate, 0);
 }
 
 int cpu_gemm_bf16_kernel(char *impl, size_t cap) {
