@@ -30,9 +30,6 @@
 #define MAX_THREADS 256
 #define N_BUFFERS 12
 
-static inline sl_bf16 *bf16_of(sl_act *p) { return (sl_bf16 *)(void *)p; }
-static inline const sl_bf16 *cbf16_of(const sl_act *p) { return (const sl_bf16 *)(const void *)p; }
-
 // ---- per-thread scratch and failures ---------------------------------------------------------------
 
 // Each thread's buffers, kept and grown across calls (the table's ops run one at a time).

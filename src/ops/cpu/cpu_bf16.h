@@ -8,6 +8,10 @@
 #include "ops/cpu/cpu_ops.h"
 #include "shardlm/precision.h"
 
+// bf16 storage as the sl_bf16 values it holds.
+static inline sl_bf16 *bf16_of(sl_act *p) { return (sl_bf16 *)(void *)p; }
+static inline const sl_bf16 *cbf16_of(const sl_act *p) { return (const sl_bf16 *)(const void *)p; }
+
 // onednn_matmul.c: C (M,N) = op(A) (M,K) @ op(B) (K,N) (+ bias (N)), row-major as cpu_sgemm (op(X) = X^T
 // when its flag is set; ldc = N), A and B bf16, fp32 accumulation; C is bf16 (c_f32 = 0: rounded to
 // nearest even once) or fp32 (c_f32 = 1), accumulated into with accumulate = 1 (fp32 C only: C += ...).

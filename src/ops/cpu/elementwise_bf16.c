@@ -8,9 +8,6 @@
 // rewrote them with their own bits). No reductions: the same bits for any thread count.
 #include "ops/cpu/cpu_bf16.h"
 
-static inline sl_bf16 *bf16_of(sl_act *p) { return (sl_bf16 *)(void *)p; }
-static inline const sl_bf16 *cbf16_of(const sl_act *p) { return (const sl_bf16 *)(const void *)p; }
-
 void cpu_bf16_residual_forward(sl_act *out_, const sl_act *a_, const sl_act *b_, size_t n) {
     if (cpu_bf16_failed()) return;
     sl_bf16 *out = bf16_of(out_);
