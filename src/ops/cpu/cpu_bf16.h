@@ -69,7 +69,7 @@ void cpu_bf16_record_failure(void);
 int cpu_bf16_failed(void);
 // fp32 scratch buffer number slot (0 .. CPU_BF16_SLOTS-1) of at least n floats, kept and grown across
 // calls (its contents are not kept); NULL with the failure recorded when the heap is out.
-#define CPU_BF16_SLOTS 12
+#define CPU_BF16_SLOTS 8
 float *cpu_bf16_scratch(int slot, size_t n);
 
 #endif
