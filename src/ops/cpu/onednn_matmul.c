@@ -7,9 +7,9 @@
 // objects, whose data pointers are set per call. One engine and one in-order stream per process; a
 // mutex covers lookup and execution (an entry's memory objects are shared). cpu_gemm_bf16_serial, for
 // products run by many threads of a parallel region at once, keeps a cache and a stream per thread
-// instead (no lock; oneDNN runs a primitive on the calling thread alone inside a parallel region). Invariant: the result of
-// a call depends only on its key and its data (oneDNN's CPU matmul gives the same bits run to run for
-// a given primitive and thread count; tests/unit/test_cpu_bf16_native.c checks it).
+// instead (no lock; oneDNN runs a primitive on the calling thread alone inside a parallel region).
+// Invariant: the result of a call depends only on its key and its data (oneDNN's CPU matmul gives the
+// same bits run to run for a given primitive and thread count; tests/unit/test_cpu_bf16_native.c checks it).
 #include "ops/cpu/cpu_bf16.h"
 #include "shardlm/error.h"
 
@@ -34,20 +34,14 @@ typedef struct {
     char impl[64];               // oneDNN's implementation name, e.g. "brg:avx512_core_bf16"
 } gemm_entry;
 
-// A cache of entries, least recently used out.
-typedef struct {
-    gemm_entry *entries;
-    int size;
-    unsigned long clock;
-} gemm_cache;
-
-static gemm_entry shared_entries[CACHE_SIZE];
-static gemm_cache shared = {shared_entries, CACHE_SIZE, 0};
-// cpu_gemm_bf16_serial's: each thread its own entries (primitives planned for one thread) and stream,
-// so the threads of a parallel region run their products at once, without the lock
+// Two caches, each its entries and use clock (least recently used out): the shared one, under the
+// lock, and cpu_gemm_bf16_serial's, one per thread (primitives planned for one thread) with the
+// thread's own stream, so the threads of a parallel region run their products at once
+static gemm_entry cache[CACHE_SIZE];
+static unsigned long use_clock;
 #define THREAD_CACHE_SIZE 32
-static _Thread_local gemm_entry thread_entries[THREAD_CACHE_SIZE];
-static _Thread_local gemm_cache thread_cache = {NULL, THREAD_CACHE_SIZE, 0};
+static _Thread_local gemm_entry thread_cache[THREAD_CACHE_SIZE];
+static _Thread_local unsigned long thread_clock;
 static _Thread_local dnnl_stream_t thread_stream;
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static dnnl_engine_t engine;
@@ -131,19 +125,20 @@ static int reuse_first(const gemm_entry *e, const gemm_entry *than) {
 }
 
 // The cached entry of k, created (in a free or the least recently used slot) when missing; NULL on failure.
-static gemm_entry *entry_for(gemm_cache *cache, const gemm_key *k, dnnl_status_t *s, const char **failed) {
-    gemm_entry *victim = &cache->entries[0];
-    for (int i = 0; i < cache->size; i++) {
-        gemm_entry *e = &cache->entries[i];
+static gemm_entry *entry_for(gemm_entry *entries, int size, unsigned long *clock, const gemm_key *k,
+                             dnnl_status_t *s, const char **failed) {
+    gemm_entry *victim = &entries[0];
+    for (int i = 0; i < size; i++) {
+        gemm_entry *e = &entries[i];
         if (e->prim && !memcmp(&e->key, k, sizeof *k)) {
-            e->last_use = ++cache->clock;
+            e->last_use = ++*clock;
             return e;
         }
         if (reuse_first(e, victim)) victim = e;
     }
     entry_free(victim);
     if ((*s = entry_create(victim, k, failed)) != dnnl_success) return NULL;
-    victim->last_use = ++cache->clock;
+    victim->last_use = ++*clock;
     return victim;
 }
 
@@ -174,14 +169,14 @@ static int gemm(const char *op, const gemm_key *k, const void *A, const void *B,
     dnnl_status_t s = engine_status;
     const char *failed = "dnnl_engine_create / dnnl_stream_create";
     if (s == dnnl_success && k->threads == 0) {  // serial: this thread's cache and stream
-        if (!thread_cache.entries) thread_cache.entries = thread_entries;
         if (!thread_stream && (s = dnnl_stream_create(&thread_stream, engine, dnnl_stream_default_flags)) != dnnl_success)
             failed = "dnnl_stream_create";
-        gemm_entry *e = s == dnnl_success ? entry_for(&thread_cache, k, &s, &failed) : NULL;
+        gemm_entry *e = s == dnnl_success ? entry_for(thread_cache, THREAD_CACHE_SIZE, &thread_clock, k, &s, &failed)
+                                          : NULL;
         if (e && A) s = execute(e, thread_stream, A, B, bias, C, &failed);
     } else if (s == dnnl_success) {
         pthread_mutex_lock(&lock);
-        gemm_entry *e = entry_for(&shared, k, &s, &failed);
+        gemm_entry *e = entry_for(cache, CACHE_SIZE, &use_clock, k, &s, &failed);
         if (e && impl) snprintf(impl, impl_cap, "%s", e->impl);
         if (e && A) s = execute(e, stream, A, B, bias, C, &failed);
         pthread_mutex_unlock(&lock);
