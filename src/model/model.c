@@ -528,6 +528,9 @@ int sl_model_forward_cached(sl_model *m, sl_kv_cache *kv, const int *tokens, int
     } else {
         m->ops->download(kv->logits, m->logits, Vp * sizeof(float));
     }
+    // an op that failed on the way (a device call, CPU scratch it could not allocate) is reported here,
+    // never returned as logits
+    if (m->ops->synchronize()) return sl_error_context("forward of %d tokens at position %d", T, kv->pos - T);
     *logits = kv->logits;
     return 0;
 }

@@ -6,6 +6,7 @@
 
 #include "ops/cpu/cpu_ops.h"
 #include "ops/ref/ref_ops.h"
+#include "shardlm/error.h"
 #include "shardlm/ops.h"
 #include "shardlm/rope.h"
 #include "shardlm/ops_profile.h"
@@ -572,4 +573,20 @@ int main(void) {
         failed += test_failed_checks != 0;
     }
     return failed ? 1 : 0;
+}
+
+// An fp32 op that cannot finish (no memory for its scratch) records its failure; the synchronize() of
+// every CPU table reports it once, naming the op, as a failed device call is reported.
+TEST(a_recorded_cpu_failure_is_reported_once_by_every_cpu_table) {
+    const sl_ops *tables[] = {&sl_ops_cpu, &sl_ops_cpu_bf16, &sl_ops_cpu_bf16_native, &sl_ops_cpu_quant};
+    for (size_t t = 0; t < sizeof tables / sizeof tables[0]; t++) {
+        CHECK(tables[t]->synchronize() == 0);
+        sl_errorf("out of memory for a thread's attention scratch (head dim %d)", 64);
+        cpu_record_failure("attention_forward");
+        sl_errorf("a later failure");
+        cpu_record_failure("attention_backward");  // the first one is what is reported
+        CHECK_MSG(tables[t]->synchronize() == -1, "table %s", tables[t]->name);
+        CHECK_MSG(strstr(sl_error(), "attention_forward: out of memory") != NULL, "%s", sl_error());
+        CHECK(tables[t]->synchronize() == 0);  // reported once
+    }
 }

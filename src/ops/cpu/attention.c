@@ -9,6 +9,7 @@
 // tiles that lie before every query of a block's window.
 #include "ops/cpu/cpu_ops.h"
 #include "ops/cpu/vec_math.h"
+#include "shardlm/error.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -27,7 +28,7 @@ typedef struct {
 static int scratch_alloc(att_scratch *w, int HD) {
     size_t tile = (size_t)ATT_TILE * ATT_TILE;
     float *p = malloc(sizeof(float) * (2 * tile + (size_t)ATT_TILE * HD + 3 * ATT_TILE));
-    if (!p) return -1;
+    if (!p) return sl_errorf("out of memory for a thread's attention scratch (head dim %d)", HD);
     w->s = p;
     w->dp = p + tile;
     w->acc = p + 2 * tile;
@@ -107,6 +108,9 @@ void cpu_attention_forward(sl_act *out_, float *lse, const sl_act *qkv_, int B, 
     {
         att_scratch w = {0};
         int ok = scratch_alloc(&w, HD) == 0;
+        if (!ok)
+#pragma omp critical(attention_failure)
+            cpu_record_failure("attention_forward");  // synchronize() reports it; the output is not written
 #pragma omp for collapse(3) schedule(dynamic, 1)
         for (int b = 0; b < B; b++)
             for (int h = 0; h < NH; h++)
@@ -135,6 +139,9 @@ void cpu_attention_backward(sl_act *dqkv_, const sl_act *dout_, const sl_act *qk
     {
         att_scratch w = {0};
         int ok = scratch_alloc(&w, HD) == 0;
+        if (!ok)
+#pragma omp critical(attention_failure)
+            cpu_record_failure("attention_backward");
 #pragma omp for collapse(2) schedule(static)
         for (int b = 0; b < B; b++)
             for (int g = 0; g < NKV; g++) {

@@ -12,6 +12,7 @@
 // loaded machine, interleaved runs; the rest is the cache's reads).
 #include "ops/cpu/cpu_bf16.h"
 #include "ops/cpu/vec_math.h"
+#include "shardlm/error.h"
 
 #ifdef __AVX512F__
 #include <immintrin.h>
@@ -156,7 +157,11 @@ __attribute__((always_inline)) static inline void decode_head(float *o, float *p
 // the storage type inside its loops.
 #define DECODE_HEADS(out, q, k_cache, v_cache, n_ctx, NH, NKV, HD, BF16)                                   \
     _Pragma("omp parallel if((size_t)(n_ctx) * (NH) * (HD) >= SL_PAR_MIN_WORK)") {                        \
-        float *p_ = malloc(sizeof(float) * ((size_t)(n_ctx) + 16));                                               \
+        float *p_ = malloc(sizeof(float) * ((size_t)(n_ctx) + 16));                                         \
+        if (!p_) _Pragma("omp critical(attention_failure)") {                                               \
+                sl_errorf("out of memory for %d attention scores", (int)(n_ctx));                           \
+                cpu_record_failure("attention_decode");                                                     \
+            }                                                                                               \
         _Pragma("omp for schedule(static)") for (int h = 0; h < (NH); h++) if (p_) {                        \
             float *o_ = (out) + (size_t)h * (HD);                                                           \
             if ((HD) == 64) decode_head(o_, p_, q, k_cache, v_cache, h, n_ctx, NH, NKV, 64, BF16);           \

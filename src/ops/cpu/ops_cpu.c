@@ -7,6 +7,7 @@
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -52,7 +53,22 @@ void cpu_dealloc(void *p) {
 }
 void cpu_memzero(void *p, size_t bytes) { if (bytes) memset(p, 0, bytes); }
 void cpu_copy(void *dst, const void *src, size_t bytes) { if (bytes && dst != src) memmove(dst, src, bytes); }
-int cpu_synchronize(void) { return 0; }
+// The first failure since the last synchronize() (cpu_ops.h cpu_record_failure).
+static int g_failed;
+static char g_failure[384];
+
+void cpu_record_failure(const char *op) {
+    if (!g_failed) snprintf(g_failure, sizeof g_failure, "%s: %s", op, sl_error());
+    g_failed = 1;
+}
+
+int cpu_failed(void) { return g_failed; }
+
+int cpu_synchronize(void) {
+    if (!g_failed) return 0;
+    g_failed = 0;
+    return sl_errorf("%s", g_failure);
+}
 void *cpu_stream(void) { return NULL; }
 size_t cpu_peak_bytes(void) { return 0; }
 void cpu_reset_peak_bytes(void) {}

@@ -24,6 +24,7 @@ static int g_failed;
 static char g_failure[160];
 
 static int bf16_synchronize(void) {
+    if (cpu_synchronize()) return -1;  // a failure of the fp32 ops it stages through
     if (!g_failed) return 0;
     g_failed = 0;
     return sl_errorf("%s", g_failure);
