@@ -357,6 +357,38 @@ TEST(in_place_elementwise_ops_give_the_emulations_bits) {
     }
 }
 
+// GELU and SwiGLU with their gradients read and write bf16 in place (elementwise_bf16.c): the staged
+// emulation's bits, special values included, below and above the parallel threshold, and with the
+// gradient written over the output gradient (the fused GEMM's backward does that).
+TEST(activations_give_the_emulations_bits) {
+    for (int big = 0; big < 2; big++) {
+        int N = big ? 301 : 7, I = 96;
+        size_t n = (size_t)N * I, n2 = 2 * n;
+        sl_bf16 *x = bf16_values(n2, 60 + big, 4.0f), *d = bf16_values(n2, 62 + big, 2.0f);
+        special_values(x, n2);
+        special_values(d + 3, n2 - 3);
+        sl_bf16 *o1 = calloc(n2, 2), *o2 = calloc(n2, 2);
+        nat->gelu_forward(ACT((void *)o1), ACT((void *)x), n2);
+        emu->gelu_forward(ACT((void *)o2), ACT((void *)x), n2);
+        CHECK_MSG(!memcmp(o1, o2, n2 * 2), "gelu_forward, n %zu", n2);
+        nat->gelu_backward(ACT((void *)o1), ACT((void *)x), ACT((void *)d), n2);
+        emu->gelu_backward(ACT((void *)o2), ACT((void *)x), ACT((void *)d), n2);
+        CHECK_MSG(!memcmp(o1, o2, n2 * 2), "gelu_backward, n %zu", n2);
+        sl_bf16 *d1 = bf16_copy(d, n2), *d2 = bf16_copy(d, n2);  // in place: dinp == dout
+        nat->gelu_backward(ACT((void *)d1), ACT((void *)x), ACT((void *)d1), n2);
+        emu->gelu_backward(ACT((void *)d2), ACT((void *)x), ACT((void *)d2), n2);
+        CHECK_MSG(!memcmp(d1, d2, n2 * 2) && !memcmp(d1, o1, n2 * 2), "gelu_backward in place, n %zu", n2);
+        nat->swiglu_forward(ACT((void *)o1), ACT((void *)x), N, I);
+        emu->swiglu_forward(ACT((void *)o2), ACT((void *)x), N, I);
+        CHECK_MSG(!memcmp(o1, o2, n * 2), "swiglu_forward, N %d", N);
+        nat->swiglu_backward(ACT((void *)o1), ACT((void *)x), ACT((void *)d), N, I);
+        emu->swiglu_backward(ACT((void *)o2), ACT((void *)x), ACT((void *)d), N, I);
+        CHECK_MSG(!memcmp(o1, o2, n2 * 2), "swiglu_backward, N %d", N);
+        CHECK(nat->synchronize() == 0);
+        free(x); free(d); free(o1); free(o2); free(d1); free(d2);
+    }
+}
+
 TEST(a_failing_gemm_is_reported_by_synchronize) {
     sl_bf16 x[8] = {0}, wt[8] = {0}, out[8] = {0}, o2[8];
     CHECK(nat->synchronize() == 0);

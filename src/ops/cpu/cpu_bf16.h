@@ -57,11 +57,15 @@ void cpu_bf16_attention_forward(sl_act *out, float *lse, const sl_act *qkv, int 
 void cpu_bf16_attention_backward(sl_act *dqkv, const sl_act *dout, const sl_act *qkv, const sl_act *out,
                                  const float *lse, int B, int T, int NH, int NKV, int HD, int window);
 
-// elementwise_bf16.c: residual_forward, add_columns and take_columns on bf16 storage in place, with the
+// elementwise_bf16.c: residual_forward, GELU, SwiGLU, add_columns and take_columns on bf16 storage in place, with the
 // staged ops' bits (their contracts as ops.h states them).
 void cpu_bf16_residual_forward(sl_act *out, const sl_act *a, const sl_act *b, size_t n);
 void cpu_bf16_add_columns(sl_act *out, const sl_act *inp, float scale, int N, int W, int ld, int col0);
 void cpu_bf16_take_columns(sl_act *out, const sl_act *inp, float scale, int N, int W, int ld, int col0);
+void cpu_bf16_gelu_forward(sl_act *out, const sl_act *inp, size_t n);
+void cpu_bf16_gelu_backward(sl_act *dinp, const sl_act *inp, const sl_act *dout, size_t n);
+void cpu_bf16_swiglu_forward(sl_act *out, const sl_act *inp, int N, int I);
+void cpu_bf16_swiglu_backward(sl_act *dinp, const sl_act *inp, const sl_act *dout, int N, int I);
 
 // ops_cpu_bf16_native.c: an op that fails (oneDNN, or no memory for scratch) records sl_error()'s
 // message; later ops do nothing until synchronize() reports the first failure and clears it.

@@ -51,16 +51,11 @@ void cpu_residual_forward(sl_act *out_, const sl_act *a_, const sl_act *b_, size
     for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
 }
 
-#define GELU_K 0.7978845608028654f  // sqrt(2/pi)
-
 void cpu_gelu_forward(sl_act *out_, const sl_act *inp_, size_t n) {
     float *out = cpu_f32(out_);
     const float *inp = cpu_f32(inp_);
 #pragma omp parallel for simd schedule(static) if(n >= SL_PAR_MIN_WORK)
-    for (size_t i = 0; i < n; i++) {
-        float x = inp[i];
-        out[i] = 0.5f * x * (1.0f + vtanhf(GELU_K * (x + 0.044715f * x * x * x)));
-    }
+    for (size_t i = 0; i < n; i++) out[i] = gelu_value(inp[i]);
 }
 
 void cpu_gelu_backward(sl_act *dinp_, const sl_act *inp_, const sl_act *dout_, size_t n) {
@@ -68,11 +63,7 @@ void cpu_gelu_backward(sl_act *dinp_, const sl_act *inp_, const sl_act *dout_, s
     const float *inp = cpu_f32(inp_);
     const float *dout = cpu_f32(dout_);
 #pragma omp parallel for simd schedule(static) if(n >= SL_PAR_MIN_WORK)
-    for (size_t i = 0; i < n; i++) {
-        float x = inp[i], th = vtanhf(GELU_K * (x + 0.044715f * x * x * x));
-        float du = GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
-        dinp[i] = dout[i] * (0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * du);
-    }
+    for (size_t i = 0; i < n; i++) dinp[i] = gelu_grad(inp[i], dout[i]);
 }
 
 void cpu_swiglu_forward(sl_act *out_, const sl_act *inp_, int N, int I) {
@@ -83,7 +74,7 @@ void cpu_swiglu_forward(sl_act *out_, const sl_act *inp_, int N, int I) {
         const float *g = inp + (size_t)n * 2 * I, *u = g + I;
         float *o = out + (size_t)n * I;
 #pragma omp simd
-        for (int i = 0; i < I; i++) o[i] = g[i] / (1.0f + vexpf(-g[i])) * u[i];
+        for (int i = 0; i < I; i++) o[i] = swiglu_value(g[i], u[i]);
     }
 }
 
@@ -96,11 +87,7 @@ void cpu_swiglu_backward(sl_act *dinp_, const sl_act *inp_, const sl_act *dout_,
         const float *g = inp + (size_t)n * 2 * I, *u = g + I, *d = dout + (size_t)n * I;
         float *dg = dinp + (size_t)n * 2 * I, *du = dg + I;
 #pragma omp simd
-        for (int i = 0; i < I; i++) {
-            float s = 1.0f / (1.0f + vexpf(-g[i]));
-            dg[i] = d[i] * u[i] * s * (1.0f + g[i] * (1.0f - s));
-            du[i] = d[i] * g[i] * s;
-        }
+        for (int i = 0; i < I; i++) swiglu_grad(g[i], u[i], d[i], &dg[i], &du[i]);
     }
 }
 

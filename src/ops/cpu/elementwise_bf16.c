@@ -1,12 +1,15 @@
 // elementwise_bf16.c: the elementwise ops of cpu-bf16-onednn that read and write bf16 storage in place
-// instead of being staged (ops_cpu_bf16_native.c): residual_forward, and LoRA's add_columns /
-// take_columns. Staging widens every argument whole into fp32 scratch, runs the CPU op and rounds what
-// it wrote back: for add_columns that is the whole fused q|k|v or gate|up output (N x ld) to touch one
-// adapter's W columns, three or two times per block. These widen each element as they read it, compute
+// instead of being staged (ops_cpu_bf16_native.c): residual_forward, GELU and SwiGLU with their
+// gradients, and LoRA's add_columns / take_columns. Staging widens every argument whole into fp32
+// scratch, runs the CPU op and rounds what it wrote back: for GELU's backward at GPT-2's MLP width that
+// is five passes over fp32 copies of the activations where one over the bf16 ones does; for add_columns
+// it is the whole fused q|k|v or gate|up output (N x ld) to touch one adapter's W columns, three or two
+// times per block. These widen each element as they read it, compute
 // the CPU op's fp32 expression in its order (-ffp-contract=off: no fused multiply-add) and round once
 // to nearest even, so they give the staged op's bits; untouched columns are not rewritten (staging
 // rewrote them with their own bits). No reductions: the same bits for any thread count.
 #include "ops/cpu/cpu_bf16.h"
+#include "ops/cpu/vec_math.h"
 
 void cpu_bf16_residual_forward(sl_act *out_, const sl_act *a_, const sl_act *b_, size_t n) {
     if (cpu_bf16_failed()) return;
@@ -39,5 +42,54 @@ void cpu_bf16_take_columns(sl_act *out_, const sl_act *inp_, float scale, int N,
         const sl_bf16 *x = inp + (size_t)n * ld + col0;
 #pragma omp simd
         for (int j = 0; j < W; j++) o[j] = sl_bf16_round(scale * sl_bf16_widen(x[j]));
+    }
+}
+
+void cpu_bf16_gelu_forward(sl_act *out_, const sl_act *inp_, size_t n) {
+    if (cpu_bf16_failed()) return;
+    sl_bf16 *out = bf16_of(out_);
+    const sl_bf16 *inp = cbf16_of(inp_);
+#pragma omp parallel for simd schedule(static) if(n >= SL_PAR_MIN_WORK)
+    for (size_t i = 0; i < n; i++) out[i] = sl_bf16_round(gelu_value(sl_bf16_widen(inp[i])));
+}
+
+// dinp may be dout (the fused GEMM's backward overwrites its output gradient): each element is read
+// before it is written.
+void cpu_bf16_gelu_backward(sl_act *dinp_, const sl_act *inp_, const sl_act *dout_, size_t n) {
+    if (cpu_bf16_failed()) return;
+    sl_bf16 *dinp = bf16_of(dinp_);
+    const sl_bf16 *inp = cbf16_of(inp_), *dout = cbf16_of(dout_);
+#pragma omp parallel for simd schedule(static) if(n >= SL_PAR_MIN_WORK)
+    for (size_t i = 0; i < n; i++) dinp[i] = sl_bf16_round(gelu_grad(sl_bf16_widen(inp[i]), sl_bf16_widen(dout[i])));
+}
+
+void cpu_bf16_swiglu_forward(sl_act *out_, const sl_act *inp_, int N, int I) {
+    if (cpu_bf16_failed()) return;
+    sl_bf16 *out = bf16_of(out_);
+    const sl_bf16 *inp = cbf16_of(inp_);
+#pragma omp parallel for schedule(static) if((size_t)N * I >= SL_PAR_MIN_WORK)
+    for (int n = 0; n < N; n++) {
+        const sl_bf16 *g = inp + (size_t)n * 2 * I, *u = g + I;
+        sl_bf16 *o = out + (size_t)n * I;
+#pragma omp simd
+        for (int i = 0; i < I; i++) o[i] = sl_bf16_round(swiglu_value(sl_bf16_widen(g[i]), sl_bf16_widen(u[i])));
+    }
+}
+
+void cpu_bf16_swiglu_backward(sl_act *dinp_, const sl_act *inp_, const sl_act *dout_, int N, int I) {
+    if (cpu_bf16_failed()) return;
+    sl_bf16 *dinp = bf16_of(dinp_);
+    const sl_bf16 *inp = cbf16_of(inp_), *dout = cbf16_of(dout_);
+#pragma omp parallel for schedule(static) if((size_t)N * I >= SL_PAR_MIN_WORK)
+    for (int n = 0; n < N; n++) {
+        const sl_bf16 *g = inp + (size_t)n * 2 * I, *u = g + I, *d = dout + (size_t)n * I;
+        sl_bf16 *dg = dinp + (size_t)n * 2 * I, *du = dg + I;
+#pragma omp simd
+        for (int i = 0; i < I; i++) {
+            float a, b;
+            swiglu_grad(sl_bf16_widen(g[i]), sl_bf16_widen(u[i]), sl_bf16_widen(d[i]), &a, &b);
+            dg[i] = sl_bf16_round(a);
+            du[i] = sl_bf16_round(b);
+        }
     }
 }

@@ -6,6 +6,7 @@
 // fp32 scratch, stores it rounded and applies the CPU's GELU to the fp32 value, as the emulation does.
 // The backward of the fused GEMM + GELU is composed in ops_cpu_bf16_native.c.
 #include "ops/cpu/cpu_bf16.h"
+#include "ops/cpu/vec_math.h"
 
 #include <string.h>
 
@@ -71,7 +72,10 @@ void cpu_bf16_matmul_gelu_forward(sl_act *out, sl_act *pre, const sl_act *inp, c
         cpu_bf16_record_failure();
         return;
     }
-    sl_f32_to_bf16_array(pre32, (sl_bf16 *)(void *)pre, n);
-    cpu_gelu_forward(cpu_act(pre32), cpu_act(pre32), n);  // in place
-    sl_f32_to_bf16_array(pre32, (sl_bf16 *)(void *)out, n);
+    sl_bf16 *pre16 = (sl_bf16 *)(void *)pre, *out16 = (sl_bf16 *)(void *)out;
+#pragma omp parallel for simd schedule(static) if(n >= SL_PAR_MIN_WORK)
+    for (size_t i = 0; i < n; i++) {  // one pass over the fp32 scratch for both outputs
+        pre16[i] = sl_bf16_round(pre32[i]);
+        out16[i] = sl_bf16_round(gelu_value(pre32[i]));
+    }
 }

@@ -146,7 +146,7 @@ static void composed_encoder_forward(sl_act *out_, const int *inp, const sl_act 
 // then read it as stored, as the emulation and the GPU do.
 static void composed_matmul_gelu_backward(sl_act *dinp, float *dweight, float *dbias, sl_act *dout, const sl_act *pre,
                                           const sl_act *inp, const sl_act *weight, int N, int IC, int OC) {
-    staged_gelu_backward(dout, pre, dout, (size_t)N * OC);
+    cpu_bf16_gelu_backward(dout, pre, dout, (size_t)N * OC);
     cpu_bf16_matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, IC, OC);
 }
 
@@ -155,7 +155,7 @@ static void composed_matmul_backward_gelu(sl_act *dinp, float *dweight, float *d
                                           const sl_act *inp, const sl_act *weight, const sl_act *pre, int N, int IC,
                                           int OC) {
     cpu_bf16_matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, IC, OC);
-    if (dinp) staged_gelu_backward(dinp, pre, dinp, (size_t)N * IC);
+    if (dinp) cpu_bf16_gelu_backward(dinp, pre, dinp, (size_t)N * IC);
 }
 
 // The fused residual norms: resid stored (rounded) first, the norm reads it back as stored.
@@ -249,6 +249,10 @@ const sl_ops sl_ops_cpu_bf16_native = {
     .attention_backward = matrix_attention_backward,
     .attention_decode = cpu_bf16_attention_decode,
     .residual_forward = cpu_bf16_residual_forward,
+    .gelu_forward = cpu_bf16_gelu_forward,
+    .gelu_backward = cpu_bf16_gelu_backward,
+    .swiglu_forward = cpu_bf16_swiglu_forward,
+    .swiglu_backward = cpu_bf16_swiglu_backward,
     .add_columns = cpu_bf16_add_columns,
     .take_columns = cpu_bf16_take_columns,
     .crossentropy_forward = blocked_crossentropy_forward,

@@ -30,4 +30,28 @@ static inline float vtanhf(float u) {
     return 1.0f - 2.0f / (e + 1.0f);
 }
 
+// The activations, one element at a time, as every CPU table computes them: the fp32 ops and the bf16
+// ops that read bf16 storage in place share these, so both give the same bits (-ffp-contract=off).
+#define SL_GELU_K 0.7978845608028654f  // sqrt(2/pi)
+
+// GELU, tanh approximation (GPT-2's "gelu_new").
+static inline float gelu_value(float x) {
+    return 0.5f * x * (1.0f + vtanhf(SL_GELU_K * (x + 0.044715f * x * x * x)));
+}
+
+// dout * gelu'(x).
+static inline float gelu_grad(float x, float dout) {
+    float th = vtanhf(SL_GELU_K * (x + 0.044715f * x * x * x));
+    float du = SL_GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
+    return dout * (0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * du);
+}
+
+// SwiGLU: silu(g) * u; its gradients d * u * silu'(g) (into *dg) and d * silu(g) (into *du).
+static inline float swiglu_value(float g, float u) { return g / (1.0f + vexpf(-g)) * u; }
+static inline void swiglu_grad(float g, float u, float d, float *dg, float *du) {
+    float s = 1.0f / (1.0f + vexpf(-g));
+    *dg = d * u * s * (1.0f + g * (1.0f - s));
+    *du = d * g * s;
+}
+
 #endif
