@@ -389,6 +389,49 @@ TEST(activations_give_the_emulations_bits) {
     }
 }
 
+// The norms and RoPE are staged a block of rows at a time (about 64K floats an argument): over several
+// blocks, a partial last one, and RoPE from a later position, the bits are still the emulation's (the
+// weight gradients' column sums add the rows in the same order).
+TEST(row_blocked_ops_give_the_emulations_bits) {
+    int N = 3001, C = 48;  // 1365 rows a block: three blocks, the last partial
+    size_t nc = (size_t)N * C;
+    sl_bf16 *x = bf16_values(nc, 70, 2.0f), *g = bf16_values(nc, 71, 0.5f), *w = bf16_values(C, 72, 1.0f);
+    sl_bf16 *b = bf16_values(C, 73, 0.3f), *o1 = calloc(nc, 2), *o2 = calloc(nc, 2);
+    sl_bf16 *d1 = bf16_values(nc, 74, 0.25f), *d2 = bf16_copy(d1, nc);
+    float *m1 = malloc(N * 4), *m2 = malloc(N * 4), *r1 = malloc(N * 4), *r2 = malloc(N * 4);
+    float *dw1 = calloc(C, 4), *dw2 = calloc(C, 4), *db1 = calloc(C, 4), *db2 = calloc(C, 4);
+    nat->layernorm_forward(ACT((void *)o1), m1, r1, ACT((void *)x), ACT((void *)w), ACT((void *)b), N, C, 1e-5f);
+    emu->layernorm_forward(ACT((void *)o2), m2, r2, ACT((void *)x), ACT((void *)w), ACT((void *)b), N, C, 1e-5f);
+    CHECK(!memcmp(o1, o2, nc * 2) && !memcmp(m1, m2, N * 4) && !memcmp(r1, r2, N * 4));
+    nat->layernorm_backward(ACT((void *)d1), dw1, db1, ACT((void *)g), ACT((void *)x), ACT((void *)w), m1, r1, N, C);
+    emu->layernorm_backward(ACT((void *)d2), dw2, db2, ACT((void *)g), ACT((void *)x), ACT((void *)w), m2, r2, N, C);
+    CHECK(!memcmp(d1, d2, nc * 2) && !memcmp(dw1, dw2, C * 4) && !memcmp(db1, db2, C * 4));
+    nat->layernorm_backward(ACT((void *)d1), NULL, NULL, ACT((void *)g), ACT((void *)x), ACT((void *)w), m1, r1, N, C);
+    emu->layernorm_backward(ACT((void *)d2), NULL, NULL, ACT((void *)g), ACT((void *)x), ACT((void *)w), m2, r2, N, C);
+    CHECK_MSG(!memcmp(d1, d2, nc * 2), "layernorm_backward with frozen weights");
+    nat->rmsnorm_forward(ACT((void *)o1), r1, ACT((void *)x), ACT((void *)w), N, C, 1e-6f);
+    emu->rmsnorm_forward(ACT((void *)o2), r2, ACT((void *)x), ACT((void *)w), N, C, 1e-6f);
+    CHECK(!memcmp(o1, o2, nc * 2) && !memcmp(r1, r2, N * 4));
+    nat->rmsnorm_backward(ACT((void *)d1), dw1, ACT((void *)g), ACT((void *)x), ACT((void *)w), r1, N, C);
+    emu->rmsnorm_backward(ACT((void *)d2), dw2, ACT((void *)g), ACT((void *)x), ACT((void *)w), r2, N, C);
+    CHECK(!memcmp(d1, d2, nc * 2) && !memcmp(dw1, dw2, C * 4));
+    // RoPE: W = 64 per row, 1024 rows a block; two sequences of 1500 positions from position 7
+    int B = 2, T = 1500, NH = 2, NKV = 1, HD = 16, pos0 = 7, half = HD / 2;
+    size_t nq = (size_t)B * T * (NH + 2 * NKV) * HD;
+    float *cos = malloc((size_t)(T + pos0) * half * 4), *sin = malloc((size_t)(T + pos0) * half * 4);
+    sl_rope_tables(cos, sin, T + pos0, HD, 10000.0f);
+    sl_bf16 *q1 = bf16_values(nq, 75, 1.0f), *q2 = bf16_copy(q1, nq);
+    nat->rope_forward(ACT((void *)q1), cos, sin, B, T, NH, NKV, HD, pos0);
+    emu->rope_forward(ACT((void *)q2), cos, sin, B, T, NH, NKV, HD, pos0);
+    CHECK_MSG(!memcmp(q1, q2, nq * 2), "rope_forward");
+    nat->rope_backward(ACT((void *)q1), cos, sin, B, T, NH, NKV, HD);
+    emu->rope_backward(ACT((void *)q2), cos, sin, B, T, NH, NKV, HD);
+    CHECK_MSG(!memcmp(q1, q2, nq * 2), "rope_backward");
+    CHECK(nat->synchronize() == 0);
+    free(x); free(g); free(w); free(b); free(o1); free(o2); free(d1); free(d2); free(m1); free(m2); free(r1);
+    free(r2); free(dw1); free(dw2); free(db1); free(db2); free(cos); free(sin); free(q1); free(q2);
+}
+
 TEST(a_failing_gemm_is_reported_by_synchronize) {
     sl_bf16 x[8] = {0}, wt[8] = {0}, out[8] = {0}, o2[8];
     CHECK(nat->synchronize() == 0);

@@ -158,18 +158,80 @@ static void composed_matmul_backward_gelu(sl_act *dinp, float *dweight, float *d
     if (dinp) cpu_bf16_gelu_backward(dinp, pre, dinp, (size_t)N * IC);
 }
 
+// ---- row-blocked staging ----------------------------------------------------------------------------
+
+// The norms and RoPE work row by row, so they are staged a block of rows at a time: the block's rows
+// widened into scratch that stays in cache (about 64K floats an argument) instead of whole tensors
+// streamed through memory three times. Each row gets the fp32 op's own code on the same values, and
+// the weight gradients' column sums still add the rows in order (norm.c), so the bits are the
+// emulation's (tests: other_ops_give_the_emulations_bits).
+static int rows_per_norm_block(int C) { return C >= 65536 ? 1 : 65536 / C; }
+#define ROWS(p, r0, C) ((p) ? sl_act_at((p), (size_t)(r0) * (size_t)(C), sizeof(sl_bf16)) : NULL)
+#define FOR_ROW_BLOCKS(N, C)                                                                          \
+    for (int r0 = 0, rows = rows_per_norm_block(C), n = (N) < rows ? (N) : rows; r0 < (N) && !g_failed; \
+         r0 += rows, n = (N) - r0 < rows ? (N) - r0 : rows)
+
+static void blocked_layernorm_forward(sl_act *out, float *mean, float *rstd, const sl_act *inp, const sl_act *w,
+                                      const sl_act *b, int N, int C, float eps) {
+    FOR_ROW_BLOCKS(N, C)
+    staged_layernorm_forward(ROWS(out, r0, C), mean + r0, rstd + r0, ROWS(inp, r0, C), w, b, n, C, eps);
+}
+
+static void blocked_layernorm_backward(sl_act *dinp, float *dw, float *db, const sl_act *dout, const sl_act *inp,
+                                       const sl_act *w, const float *mean, const float *rstd, int N, int C) {
+    FOR_ROW_BLOCKS(N, C)
+    staged_layernorm_backward(ROWS(dinp, r0, C), dw, db, ROWS(dout, r0, C), ROWS(inp, r0, C), w, mean + r0, rstd + r0,
+                              n, C);
+}
+
+static void blocked_rmsnorm_forward(sl_act *out, float *rstd, const sl_act *inp, const sl_act *w, int N, int C,
+                                    float eps) {
+    FOR_ROW_BLOCKS(N, C)
+    staged_rmsnorm_forward(ROWS(out, r0, C), rstd + r0, ROWS(inp, r0, C), w, n, C, eps);
+}
+
+static void blocked_rmsnorm_backward(sl_act *dinp, float *dw, const sl_act *dout, const sl_act *inp, const sl_act *w,
+                                     const float *rstd, int N, int C) {
+    FOR_ROW_BLOCKS(N, C)
+    staged_rmsnorm_backward(ROWS(dinp, r0, C), dw, ROWS(dout, r0, C), ROWS(inp, r0, C), w, rstd + r0, n, C);
+}
+
+// RoPE a block of one sequence's rows at a time: its positions start at the block's, so the angle
+// tables are read from there (B = 1, the tables offset by the block's first position).
+static void blocked_rope(sl_act *qkv, const float *cos, const float *sin, int B, int T, int NH, int NKV, int HD,
+                         int pos0, int backward) {
+    int W = (NH + 2 * NKV) * HD, half = HD / 2;
+    for (int b = 0; b < B && !g_failed; b++)
+        FOR_ROW_BLOCKS(T, W) {
+            sl_act *block = ROWS(qkv, (size_t)b * T + r0, W);
+            const float *c = cos + (size_t)(pos0 + r0) * half, *s = sin + (size_t)(pos0 + r0) * half;
+            if (backward) staged_rope_backward(block, c, s, 1, n, NH, NKV, HD);
+            else staged_rope_forward(block, c, s, 1, n, NH, NKV, HD, 0);
+        }
+}
+
+static void blocked_rope_forward(sl_act *qkv, const float *cos, const float *sin, int B, int T, int NH, int NKV, int HD,
+                                 int pos0) {
+    blocked_rope(qkv, cos, sin, B, T, NH, NKV, HD, pos0, 0);
+}
+
+static void blocked_rope_backward(sl_act *dqkv, const float *cos, const float *sin, int B, int T, int NH, int NKV,
+                                  int HD) {
+    blocked_rope(dqkv, cos, sin, B, T, NH, NKV, HD, 0, 1);
+}
+
 // The fused residual norms: resid stored (rounded) first, the norm reads it back as stored.
 static void composed_residual_layernorm_forward(sl_act *resid, sl_act *out, float *mean, float *rstd, const sl_act *a,
                                                 const sl_act *b, const sl_act *w, const sl_act *bias, int N, int C,
                                                 float eps) {
     cpu_bf16_residual_forward(resid, a, b, (size_t)N * C);
-    staged_layernorm_forward(out, mean, rstd, resid, w, bias, N, C, eps);
+    blocked_layernorm_forward(out, mean, rstd, resid, w, bias, N, C, eps);
 }
 
 static void composed_residual_rmsnorm_forward(sl_act *resid, sl_act *out, float *rstd, const sl_act *a,
                                               const sl_act *b, const sl_act *w, int N, int C, float eps) {
     cpu_bf16_residual_forward(resid, a, b, (size_t)N * C);
-    staged_rmsnorm_forward(out, rstd, resid, w, N, C, eps);
+    blocked_rmsnorm_forward(out, rstd, resid, w, N, C, eps);
 }
 
 // Attention on oneDNN's bf16 matmuls (attention_bf16.c), or with SHARDLM_ATTENTION=simt staged as the
@@ -253,6 +315,12 @@ const sl_ops sl_ops_cpu_bf16_native = {
     .gelu_backward = cpu_bf16_gelu_backward,
     .swiglu_forward = cpu_bf16_swiglu_forward,
     .swiglu_backward = cpu_bf16_swiglu_backward,
+    .layernorm_forward = blocked_layernorm_forward,
+    .layernorm_backward = blocked_layernorm_backward,
+    .rmsnorm_forward = blocked_rmsnorm_forward,
+    .rmsnorm_backward = blocked_rmsnorm_backward,
+    .rope_forward = blocked_rope_forward,
+    .rope_backward = blocked_rope_backward,
     .add_columns = cpu_bf16_add_columns,
     .take_columns = cpu_bf16_take_columns,
     .crossentropy_forward = blocked_crossentropy_forward,
