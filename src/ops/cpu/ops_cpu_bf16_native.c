@@ -164,7 +164,7 @@ static void composed_matmul_backward_gelu(sl_act *dinp, float *dweight, float *d
 // widened into scratch that stays in cache (about 64K floats an argument) instead of whole tensors
 // streamed through memory three times. Each row gets the fp32 op's own code on the same values, and
 // the weight gradients' column sums still add the rows in order (norm.c), so the bits are the
-// emulation's (tests: other_ops_give_the_emulations_bits).
+// emulation's (test: row_blocked_ops_give_the_emulations_bits).
 static int rows_per_norm_block(int C) { return C >= 65536 ? 1 : 65536 / C; }
 #define ROWS(p, r0, C) ((p) ? sl_act_at((p), (size_t)(r0) * (size_t)(C), sizeof(sl_bf16)) : NULL)
 #define FOR_ROW_BLOCKS(N, C)                                                                          \
