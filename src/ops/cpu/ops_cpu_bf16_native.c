@@ -138,7 +138,8 @@ static void composed_encoder_forward(sl_act *out_, const int *inp, const sl_act 
             continue;
         }
         const sl_bf16 *p = wpe + (size_t)(n % T) * C;
-        for (int c = 0; c < C; c++) o[c] = sl_f32_to_bf16(sl_bf16_to_f32(e[c]) + sl_bf16_to_f32(p[c]));
+#pragma omp simd
+        for (int c = 0; c < C; c++) o[c] = sl_bf16_round(sl_bf16_widen(e[c]) + sl_bf16_widen(p[c]));
     }
 }
 
