@@ -73,7 +73,6 @@ void cpu_gemv_f32(float *y, const float *W, const float *x, const float *bias, i
 // message with the op's name; later ops run on, and every CPU table's synchronize() reports the first
 // failure and clears it (as a failed GPU call is reported; the engine checks it every step).
 void cpu_record_failure(const char *op);
-int cpu_failed(void);
 
 // Splits [0, n) into the calling thread's contiguous share inside an omp parallel region.
 void cpu_thread_range(size_t n, size_t *begin, size_t *end);

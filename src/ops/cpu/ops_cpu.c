@@ -62,8 +62,6 @@ void cpu_record_failure(const char *op) {
     g_failed = 1;
 }
 
-int cpu_failed(void) { return g_failed; }
-
 int cpu_synchronize(void) {
     if (!g_failed) return 0;
     g_failed = 0;
