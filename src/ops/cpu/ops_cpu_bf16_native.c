@@ -24,23 +24,9 @@ static const sl_ops *const cpu = &sl_ops_cpu;
 
 // ---- failures and scratch ------------------------------------------------------------------------
 
-// The first failure since the last synchronize(), which reports it (as a failed GPU call is reported).
-static int g_failed;
-static char g_failure[320];
-
-void cpu_bf16_record_failure(void) {
-    if (!g_failed) snprintf(g_failure, sizeof g_failure, "cpu-bf16-onednn: %s", sl_error());
-    g_failed = 1;
-}
-
-int cpu_bf16_failed(void) { return g_failed; }
-
-static int native_synchronize(void) {
-    if (cpu_synchronize()) return -1;  // a failure of an fp32 op it stages through
-    if (!g_failed) return 0;
-    g_failed = 0;
-    return sl_errorf("%s", g_failure);
-}
+// Failures go to the CPU tables' one record (cpu_ops.h), named as this table's.
+void cpu_bf16_record_failure(void) { cpu_record_failure("cpu-bf16-onednn"); }
+int cpu_bf16_failed(void) { return cpu_failed(); }
 
 static struct {
     float *p;
@@ -78,10 +64,10 @@ typedef struct {
 // The fp32 stand-in for storage p (n elements), widened from it when the op reads it; NULL for NULL (an
 // optional argument) or after a failure.
 static sl_act *stage(staging *st, const sl_act *p, size_t n, int read, int write) {
-    if (!p || g_failed) return NULL;
+    if (!p || cpu_failed()) return NULL;
     float *f = st->n < CPU_BF16_SLOTS ? cpu_bf16_scratch(st->n, n) : NULL;
     if (!f) {
-        if (!g_failed) sl_errorf("an op with more than %d storage arguments", CPU_BF16_SLOTS);
+        if (!cpu_failed()) sl_errorf("an op with more than %d storage arguments", CPU_BF16_SLOTS);
         cpu_bf16_record_failure();
         return NULL;
     }
@@ -95,7 +81,7 @@ static sl_act *stage(staging *st, const sl_act *p, size_t n, int read, int write
 
 // After the call: what the op wrote rounded back into its storage.
 static void unstage(const staging *st) {
-    for (int i = 0; i < st->n && !g_failed; i++)
+    for (int i = 0; i < st->n && !cpu_failed(); i++)
         if (st->arg[i].write) sl_f32_to_bf16_array(st->arg[i].f32, (sl_bf16 *)(void *)st->arg[i].storage, st->arg[i].n);
 }
 
@@ -103,10 +89,10 @@ static void unstage(const staging *st) {
 #define SL_OUT(p, n) p = stage(&st, p, n, 0, 1);
 #define SL_INOUT(p, n) p = stage(&st, p, n, 1, 1);
 #define CALL_void(name, args) \
-    if (!g_failed) cpu->name args; \
+    if (!cpu_failed()) cpu->name args; \
     unstage(&st);
 #define CALL_double(name, args)                       \
-    double result = g_failed ? 0.0 : cpu->name args; \
+    double result = cpu_failed() ? 0.0 : cpu->name args; \
     unstage(&st);                                     \
     return result;
 // staged_<op> for every STAGED op of the list (the table's oneDNN GEMMs and blocked cross-entropy,
@@ -126,7 +112,7 @@ SL_OPS(WRAP)
 // out (B,T,C) = wte[inp] (+ wpe[t]) from the bf16 tables: the sum in fp32, rounded once; a copy without wpe.
 static void composed_encoder_forward(sl_act *out_, const int *inp, const sl_act *wte_, const sl_act *wpe_, int B,
                                      int T, int C) {
-    if (g_failed) return;
+    if (cpu_failed()) return;
     sl_bf16 *out = (sl_bf16 *)(void *)out_;
     const sl_bf16 *wte = (const sl_bf16 *)(const void *)wte_, *wpe = (const sl_bf16 *)(const void *)wpe_;
 #pragma omp parallel for schedule(static) if((size_t)B * T * C >= SL_PAR_MIN_WORK)
@@ -169,7 +155,7 @@ static void composed_matmul_backward_gelu(sl_act *dinp, float *dweight, float *d
 static int rows_per_norm_block(int C) { return C >= 65536 ? 1 : 65536 / C; }
 #define ROWS(p, r0, C) ((p) ? sl_act_at((p), (size_t)(r0) * (size_t)(C), sizeof(sl_bf16)) : NULL)
 #define FOR_ROW_BLOCKS(N, C)                                                                          \
-    for (int r0 = 0, rows = rows_per_norm_block(C), n = (N) < rows ? (N) : rows; r0 < (N) && !g_failed; \
+    for (int r0 = 0, rows = rows_per_norm_block(C), n = (N) < rows ? (N) : rows; r0 < (N) && !cpu_failed(); \
          r0 += rows, n = (N) - r0 < rows ? (N) - r0 : rows)
 
 static void blocked_layernorm_forward(sl_act *out, float *mean, float *rstd, const sl_act *inp, const sl_act *w,
@@ -202,7 +188,7 @@ static void blocked_rmsnorm_backward(sl_act *dinp, float *dw, const sl_act *dout
 static void blocked_rope(sl_act *qkv, const float *cos, const float *sin, int B, int T, int NH, int NKV, int HD,
                          int pos0, int backward) {
     int W = (NH + 2 * NKV) * HD, half = HD / 2;
-    for (int b = 0; b < B && !g_failed; b++)
+    for (int b = 0; b < B && !cpu_failed(); b++)
         FOR_ROW_BLOCKS(T, W) {
             sl_act *block = ROWS(qkv, (size_t)b * T + r0, W);
             const float *c = cos + (size_t)(pos0 + r0) * half, *s = sin + (size_t)(pos0 + r0) * half;
@@ -264,18 +250,18 @@ static int rows_per_block(int Vp) { return Vp >= (1 << 19) ? 1 : (1 << 19) / Vp;
 static double blocked_crossentropy_forward(float *lse, const sl_act *logits, const int *targets, int N, int V,
                                            int Vp) {
     const sl_bf16 *x = (const sl_bf16 *)(const void *)logits;
-    for (int r0 = 0, rows = rows_per_block(Vp); r0 < N && !g_failed; r0 += rows)
+    for (int r0 = 0, rows = rows_per_block(Vp); r0 < N && !cpu_failed(); r0 += rows)
         staged_crossentropy_forward(lse + r0, sl_act_at(logits, (size_t)r0 * Vp, sizeof(sl_bf16)), targets + r0,
                                     N - r0 < rows ? N - r0 : rows, V, Vp);
     double total = 0.0;
-    for (int n = 0; n < N && !g_failed; n++)
+    for (int n = 0; n < N && !cpu_failed(); n++)
         if (targets[n] >= 0) total += (double)(lse[n] - sl_bf16_to_f32(x[(size_t)n * Vp + targets[n]]));
-    return g_failed ? 0.0 : total;
+    return cpu_failed() ? 0.0 : total;
 }
 
 static void blocked_crossentropy_backward(sl_act *logits, const float *lse, const int *targets, int N, int V, int Vp,
                                           float dloss) {
-    for (int r0 = 0, rows = rows_per_block(Vp); r0 < N && !g_failed; r0 += rows)
+    for (int r0 = 0, rows = rows_per_block(Vp); r0 < N && !cpu_failed(); r0 += rows)
         staged_crossentropy_backward(sl_act_at(logits, (size_t)r0 * Vp, sizeof(sl_bf16)), lse + r0, targets + r0,
                                      N - r0 < rows ? N - r0 : rows, V, Vp, dloss);
 }
@@ -286,15 +272,15 @@ static double blocked_crossentropy_fused(float *lse, sl_act *logits, const int *
                                          float dloss) {
     const sl_bf16 *x = (const sl_bf16 *)(const void *)logits;
     double total = 0.0;
-    for (int r0 = 0, rows = rows_per_block(Vp); r0 < N && !g_failed; r0 += rows) {
+    for (int r0 = 0, rows = rows_per_block(Vp); r0 < N && !cpu_failed(); r0 += rows) {
         int n_rows = N - r0 < rows ? N - r0 : rows;
         sl_act *block = sl_act_at(logits, (size_t)r0 * Vp, sizeof(sl_bf16));
         staged_crossentropy_forward(lse + r0, block, targets + r0, n_rows, V, Vp);
-        for (int n = r0; n < r0 + n_rows && !g_failed; n++)
+        for (int n = r0; n < r0 + n_rows && !cpu_failed(); n++)
             if (targets[n] >= 0) total += (double)(lse[n] - sl_bf16_to_f32(x[(size_t)n * Vp + targets[n]]));
         staged_crossentropy_backward(block, lse + r0, targets + r0, n_rows, V, Vp, dloss);
     }
-    return g_failed ? 0.0 : total;
+    return cpu_failed() ? 0.0 : total;
 }
 
 #define PICK_STAGED(name) staged_##name
@@ -330,7 +316,7 @@ const sl_ops sl_ops_cpu_bf16_native = {
     .crossentropy_fused = blocked_crossentropy_fused,
     .act_bf16 = 1,
     .sliding_window = 1,
-    .synchronize = native_synchronize,
+    .synchronize = cpu_synchronize,
     SL_CPU_HOST_FNS,  // memory functions and optimizer passes are the CPU's
 };
 #pragma GCC diagnostic pop
