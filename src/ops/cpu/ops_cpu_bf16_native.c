@@ -152,34 +152,37 @@ static void composed_matmul_backward_gelu(sl_act *dinp, float *dweight, float *d
 // streamed through memory three times. Each row gets the fp32 op's own code on the same values, and
 // the weight gradients' column sums still add the rows in order (norm.c), so the bits are the
 // emulation's (test: row_blocked_ops_give_the_emulations_bits).
-static int rows_per_norm_block(int C) { return C >= 65536 ? 1 : 65536 / C; }
+// Cross-entropy (below) is staged the same way in larger blocks.
+#define NORM_BLOCK_FLOATS 65536
+static int rows_per_block(int width, int floats) { return width >= floats ? 1 : floats / width; }
 #define ROWS(p, r0, C) ((p) ? sl_act_at((p), (size_t)(r0) * (size_t)(C), sizeof(sl_bf16)) : NULL)
-#define FOR_ROW_BLOCKS(N, C)                                                                          \
-    for (int r0 = 0, rows = rows_per_norm_block(C), n = (N) < rows ? (N) : rows; r0 < (N) && !cpu_failed(); \
-         r0 += rows, n = (N) - r0 < rows ? (N) - r0 : rows)
+// The blocks [r0, r0 + n) of N rows of `width` elements, about `floats` elements each, until a failure.
+#define FOR_ROW_BLOCKS(N, width, floats)                                              \
+    for (int r0 = 0, rows = rows_per_block(width, floats), n = (N) < rows ? (N) : rows; \
+         r0 < (N) && !cpu_failed(); r0 += rows, n = (N) - r0 < rows ? (N) - r0 : rows)
 
 static void blocked_layernorm_forward(sl_act *out, float *mean, float *rstd, const sl_act *inp, const sl_act *w,
                                       const sl_act *b, int N, int C, float eps) {
-    FOR_ROW_BLOCKS(N, C)
+    FOR_ROW_BLOCKS(N, C, NORM_BLOCK_FLOATS)
     staged_layernorm_forward(ROWS(out, r0, C), mean + r0, rstd + r0, ROWS(inp, r0, C), w, b, n, C, eps);
 }
 
 static void blocked_layernorm_backward(sl_act *dinp, float *dw, float *db, const sl_act *dout, const sl_act *inp,
                                        const sl_act *w, const float *mean, const float *rstd, int N, int C) {
-    FOR_ROW_BLOCKS(N, C)
+    FOR_ROW_BLOCKS(N, C, NORM_BLOCK_FLOATS)
     staged_layernorm_backward(ROWS(dinp, r0, C), dw, db, ROWS(dout, r0, C), ROWS(inp, r0, C), w, mean + r0, rstd + r0,
                               n, C);
 }
 
 static void blocked_rmsnorm_forward(sl_act *out, float *rstd, const sl_act *inp, const sl_act *w, int N, int C,
                                     float eps) {
-    FOR_ROW_BLOCKS(N, C)
+    FOR_ROW_BLOCKS(N, C, NORM_BLOCK_FLOATS)
     staged_rmsnorm_forward(ROWS(out, r0, C), rstd + r0, ROWS(inp, r0, C), w, n, C, eps);
 }
 
 static void blocked_rmsnorm_backward(sl_act *dinp, float *dw, const sl_act *dout, const sl_act *inp, const sl_act *w,
                                      const float *rstd, int N, int C) {
-    FOR_ROW_BLOCKS(N, C)
+    FOR_ROW_BLOCKS(N, C, NORM_BLOCK_FLOATS)
     staged_rmsnorm_backward(ROWS(dinp, r0, C), dw, ROWS(dout, r0, C), ROWS(inp, r0, C), w, rstd + r0, n, C);
 }
 
@@ -188,8 +191,8 @@ static void blocked_rmsnorm_backward(sl_act *dinp, float *dw, const sl_act *dout
 static void blocked_rope(sl_act *qkv, const float *cos, const float *sin, int B, int T, int NH, int NKV, int HD,
                          int pos0, int backward) {
     int W = (NH + 2 * NKV) * HD, half = HD / 2;
-    for (int b = 0; b < B && !cpu_failed(); b++)
-        FOR_ROW_BLOCKS(T, W) {
+    for (int b = 0; b < B; b++)
+        FOR_ROW_BLOCKS(T, W, NORM_BLOCK_FLOATS) {
             sl_act *block = ROWS(qkv, (size_t)b * T + r0, W);
             const float *c = cos + (size_t)(pos0 + r0) * half, *s = sin + (size_t)(pos0 + r0) * half;
             if (backward) staged_rope_backward(block, c, s, 1, n, NH, NKV, HD);
@@ -245,14 +248,13 @@ SL_LORA_COMPOSED_OPS(sl_ops_cpu_bf16_native)
 // blocks of 2M logits were 5-20% slower (AMX Xeon, 1 and 2 threads). The forward's total
 // is cpu_crossentropy_forward's own sum, each counted row's lse minus its target's logit added
 // serially in double over all rows, so both ops give the emulation's bits.
-static int rows_per_block(int Vp) { return Vp >= (1 << 19) ? 1 : (1 << 19) / Vp; }
+#define CE_BLOCK_FLOATS (1 << 19)
 
 static double blocked_crossentropy_forward(float *lse, const sl_act *logits, const int *targets, int N, int V,
                                            int Vp) {
     const sl_bf16 *x = (const sl_bf16 *)(const void *)logits;
-    for (int r0 = 0, rows = rows_per_block(Vp); r0 < N && !cpu_failed(); r0 += rows)
-        staged_crossentropy_forward(lse + r0, sl_act_at(logits, (size_t)r0 * Vp, sizeof(sl_bf16)), targets + r0,
-                                    N - r0 < rows ? N - r0 : rows, V, Vp);
+    FOR_ROW_BLOCKS(N, Vp, CE_BLOCK_FLOATS)
+    staged_crossentropy_forward(lse + r0, ROWS(logits, r0, Vp), targets + r0, n, V, Vp);
     double total = 0.0;
     for (int n = 0; n < N && !cpu_failed(); n++)
         if (targets[n] >= 0) total += (double)(lse[n] - sl_bf16_to_f32(x[(size_t)n * Vp + targets[n]]));
@@ -261,9 +263,8 @@ static double blocked_crossentropy_forward(float *lse, const sl_act *logits, con
 
 static void blocked_crossentropy_backward(sl_act *logits, const float *lse, const int *targets, int N, int V, int Vp,
                                           float dloss) {
-    for (int r0 = 0, rows = rows_per_block(Vp); r0 < N && !cpu_failed(); r0 += rows)
-        staged_crossentropy_backward(sl_act_at(logits, (size_t)r0 * Vp, sizeof(sl_bf16)), lse + r0, targets + r0,
-                                     N - r0 < rows ? N - r0 : rows, V, Vp, dloss);
+    FOR_ROW_BLOCKS(N, Vp, CE_BLOCK_FLOATS)
+    staged_crossentropy_backward(ROWS(logits, r0, Vp), lse + r0, targets + r0, n, V, Vp, dloss);
 }
 
 // Both in one call, a block of rows at a time: each block's forward, its rows' loss terms (added in
@@ -272,13 +273,12 @@ static double blocked_crossentropy_fused(float *lse, sl_act *logits, const int *
                                          float dloss) {
     const sl_bf16 *x = (const sl_bf16 *)(const void *)logits;
     double total = 0.0;
-    for (int r0 = 0, rows = rows_per_block(Vp); r0 < N && !cpu_failed(); r0 += rows) {
-        int n_rows = N - r0 < rows ? N - r0 : rows;
-        sl_act *block = sl_act_at(logits, (size_t)r0 * Vp, sizeof(sl_bf16));
-        staged_crossentropy_forward(lse + r0, block, targets + r0, n_rows, V, Vp);
-        for (int n = r0; n < r0 + n_rows && !cpu_failed(); n++)
-            if (targets[n] >= 0) total += (double)(lse[n] - sl_bf16_to_f32(x[(size_t)n * Vp + targets[n]]));
-        staged_crossentropy_backward(block, lse + r0, targets + r0, n_rows, V, Vp, dloss);
+    FOR_ROW_BLOCKS(N, Vp, CE_BLOCK_FLOATS) {
+        sl_act *block = ROWS(logits, r0, Vp);
+        staged_crossentropy_forward(lse + r0, block, targets + r0, n, V, Vp);
+        for (int i = r0; i < r0 + n && !cpu_failed(); i++)
+            if (targets[i] >= 0) total += (double)(lse[i] - sl_bf16_to_f32(x[(size_t)i * Vp + targets[i]]));
+        staged_crossentropy_backward(block, lse + r0, targets + r0, n, V, Vp, dloss);
     }
     return cpu_failed() ? 0.0 : total;
 }
