@@ -69,13 +69,10 @@ void cpu_gemm_onednn(int ta, int tb, int M, int N, int K, float alpha, const flo
 // with N = 1), memory-bound; a fixed summation order, the same bits for any thread count.
 void cpu_gemv_f32(float *y, const float *W, const float *x, const float *bias, int OC, int IC);
 
-// The CPU tables' one failure record. An op that fails (no memory for scratch, a failing library call)
-// records sl_error()'s message under `what` (the op, or the table); only the first is kept. The bf16
-// tables' ops do nothing while cpu_failed(); every CPU table's synchronize() is cpu_synchronize(),
-// which reports the first failure and clears it (as a failed GPU call is reported; the engine checks
-// it every step).
-void cpu_record_failure(const char *what);
-int cpu_failed(void);
+// An op of a CPU table that fails (no memory for scratch, a failing library call) records sl_error()'s
+// message with the op's name; later ops run on, and every CPU table's synchronize() reports the first
+// failure and clears it (as a failed GPU call is reported; the engine checks it every step).
+void cpu_record_failure(const char *op);
 
 // Splits [0, n) into the calling thread's contiguous share inside an omp parallel region.
 void cpu_thread_range(size_t n, size_t *begin, size_t *end);

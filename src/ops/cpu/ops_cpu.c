@@ -53,7 +53,7 @@ void cpu_dealloc(void *p) {
 }
 void cpu_memzero(void *p, size_t bytes) { if (bytes) memset(p, 0, bytes); }
 void cpu_copy(void *dst, const void *src, size_t bytes) { if (bytes && dst != src) memmove(dst, src, bytes); }
-// The first failure since the last synchronize() of any CPU table (cpu_ops.h cpu_record_failure).
+// The first failure since the last synchronize() (cpu_ops.h cpu_record_failure).
 static int g_failed;
 static char g_failure[384];
 
@@ -61,8 +61,6 @@ void cpu_record_failure(const char *op) {
     if (!g_failed) snprintf(g_failure, sizeof g_failure, "%s: %s", op, sl_error());
     g_failed = 1;
 }
-
-int cpu_failed(void) { return g_failed; }
 
 int cpu_synchronize(void) {
     if (!g_failed) return 0;

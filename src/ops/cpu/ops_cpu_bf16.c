@@ -13,20 +13,29 @@
 
 #include "shardlm/error.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 
 static const sl_ops *const cpu = &sl_ops_cpu;
 
 // A temporary that could not be allocated: the op does nothing more, and the first failure is
-// recorded in the CPU tables' one record (cpu_ops.h), reported by synchronize() (as a failed GPU call
-// is), which the engine checks every step.
+// reported by synchronize() (as a failed GPU call is), which the engine checks every step.
+static int g_failed;
+static char g_failure[160];
+
+static int bf16_synchronize(void) {
+    if (cpu_synchronize()) return -1;  // a failure of the fp32 ops it stages through
+    if (!g_failed) return 0;
+    g_failed = 0;
+    return sl_errorf("%s", g_failure);
+}
 
 // An fp32 temporary of n elements; NULL (failure recorded) when the heap is out.
 static float *scratch(size_t n) {
     float *f = malloc((n ? n : 1) * sizeof(float));
-    if (!f) {
-        sl_errorf("out of memory for a %zu-float temporary", n);
-        cpu_record_failure("cpu-bf16");
+    if (!f && !g_failed) {
+        g_failed = 1;
+        snprintf(g_failure, sizeof g_failure, "cpu-bf16: out of memory for a %zu-float temporary", n);
     }
     return f;
 }
@@ -41,7 +50,7 @@ static float *widen(const sl_act *storage, size_t n) {
 
 // The fp32 temporary f rounded into bf16 storage (n elements; none for NULL storage), then freed.
 static void narrow(sl_act *storage, float *f, size_t n) {
-    if (storage && f && !cpu_failed()) sl_f32_to_bf16_array(f, (sl_bf16 *)(void *)storage, n);
+    if (storage && f && !g_failed) sl_f32_to_bf16_array(f, (sl_bf16 *)(void *)storage, n);
     free(f);
 }
 
@@ -65,8 +74,9 @@ typedef struct {
 static sl_act *stage(staging *st, const sl_act *p, size_t n, int read, int write) {
     if (!p) return NULL;
     if (st->n == (int)(sizeof st->arg / sizeof st->arg[0])) {
-        sl_errorf("an op with more than %d storage arguments", st->n);
-        cpu_record_failure("cpu-bf16");
+        if (!g_failed) snprintf(g_failure, sizeof g_failure, "cpu-bf16: an op with more than %d storage arguments",
+                                st->n);
+        g_failed = 1;
         return NULL;
     }
     float *t = read ? widen(p, n) : scratch(n);
@@ -87,10 +97,10 @@ static void unstage(staging *st) {
 #define SL_OUT(p, n) p = stage(&st, p, n, 0, 1);
 #define SL_INOUT(p, n) p = stage(&st, p, n, 1, 1);
 #define CALL_void(name, args)        \
-    if (!cpu_failed()) cpu->name args; \
+    if (!g_failed) cpu->name args; \
     unstage(&st);
 #define CALL_double(name, args)                       \
-    double result = cpu_failed() ? 0.0 : cpu->name args; \
+    double result = g_failed ? 0.0 : cpu->name args; \
     unstage(&st);                                     \
     return result;
 // emul_<op> for every STAGED op of the list; nothing for the COMPOSED ones.
@@ -115,11 +125,11 @@ static void composed_encoder_forward(sl_act *out, const int *inp, const sl_act *
     size_t N = sz(B, T), n = sz(B * T, C);
     float *rows = scratch(n), *o = scratch(n), *pe = widen(wpe, sz(T, C));
     int *ids = (int *)(void *)scratch(N);
-    for (size_t r = 0; !cpu_failed() && r < N; r++) {
+    for (size_t r = 0; !g_failed && r < N; r++) {
         ids[r] = (int)r;
         sl_bf16_to_f32_array((const sl_bf16 *)(const void *)wte + (size_t)inp[r] * C, rows + r * C, (size_t)C);
     }
-    if (!cpu_failed()) cpu->encoder_forward(cpu_act(o), ids, cpu_act(rows), cpu_act(pe), B, T, C);
+    if (!g_failed) cpu->encoder_forward(cpu_act(o), ids, cpu_act(rows), cpu_act(pe), B, T, C);
     narrow(out, o, n);
     free(rows);
     free(pe);
@@ -170,6 +180,6 @@ const sl_ops sl_ops_cpu_bf16 = {
     SL_OPS(ENTRY)
     .act_bf16 = 1,
     .sliding_window = 1,
-    .synchronize = cpu_synchronize,
+    .synchronize = bf16_synchronize,
     SL_CPU_HOST_FNS,  // memory functions and optimizer passes are the CPU's
 };

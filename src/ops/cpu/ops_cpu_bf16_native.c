@@ -24,9 +24,23 @@ static const sl_ops *const cpu = &sl_ops_cpu;
 
 // ---- failures and scratch ------------------------------------------------------------------------
 
-// Failures go to the CPU tables' one record (cpu_ops.h), named as this table's.
-void cpu_bf16_record_failure(void) { cpu_record_failure("cpu-bf16-onednn"); }
-int cpu_bf16_failed(void) { return cpu_failed(); }
+// The first failure since the last synchronize(), which reports it (as a failed GPU call is reported).
+static int g_failed;
+static char g_failure[320];
+
+void cpu_bf16_record_failure(void) {
+    if (!g_failed) snprintf(g_failure, sizeof g_failure, "cpu-bf16-onednn: %s", sl_error());
+    g_failed = 1;
+}
+
+int cpu_bf16_failed(void) { return g_failed; }
+
+static int native_synchronize(void) {
+    if (cpu_synchronize()) return -1;  // a failure of an fp32 op it stages through
+    if (!g_failed) return 0;
+    g_failed = 0;
+    return sl_errorf("%s", g_failure);
+}
 
 static struct {
     float *p;
@@ -64,10 +78,10 @@ typedef struct {
 // The fp32 stand-in for storage p (n elements), widened from it when the op reads it; NULL for NULL (an
 // optional argument) or after a failure.
 static sl_act *stage(staging *st, const sl_act *p, size_t n, int read, int write) {
-    if (!p || cpu_failed()) return NULL;
+    if (!p || g_failed) return NULL;
     float *f = st->n < CPU_BF16_SLOTS ? cpu_bf16_scratch(st->n, n) : NULL;
     if (!f) {
-        if (!cpu_failed()) sl_errorf("an op with more than %d storage arguments", CPU_BF16_SLOTS);
+        if (!g_failed) sl_errorf("an op with more than %d storage arguments", CPU_BF16_SLOTS);
         cpu_bf16_record_failure();
         return NULL;
     }
@@ -81,7 +95,7 @@ static sl_act *stage(staging *st, const sl_act *p, size_t n, int read, int write
 
 // After the call: what the op wrote rounded back into its storage.
 static void unstage(const staging *st) {
-    for (int i = 0; i < st->n && !cpu_failed(); i++)
+    for (int i = 0; i < st->n && !g_failed; i++)
         if (st->arg[i].write) sl_f32_to_bf16_array(st->arg[i].f32, (sl_bf16 *)(void *)st->arg[i].storage, st->arg[i].n);
 }
 
@@ -89,10 +103,10 @@ static void unstage(const staging *st) {
 #define SL_OUT(p, n) p = stage(&st, p, n, 0, 1);
 #define SL_INOUT(p, n) p = stage(&st, p, n, 1, 1);
 #define CALL_void(name, args) \
-    if (!cpu_failed()) cpu->name args; \
+    if (!g_failed) cpu->name args; \
     unstage(&st);
 #define CALL_double(name, args)                       \
-    double result = cpu_failed() ? 0.0 : cpu->name args; \
+    double result = g_failed ? 0.0 : cpu->name args; \
     unstage(&st);                                     \
     return result;
 // staged_<op> for every STAGED op of the list (the table's oneDNN GEMMs and blocked cross-entropy,
@@ -112,7 +126,7 @@ SL_OPS(WRAP)
 // out (B,T,C) = wte[inp] (+ wpe[t]) from the bf16 tables: the sum in fp32, rounded once; a copy without wpe.
 static void composed_encoder_forward(sl_act *out_, const int *inp, const sl_act *wte_, const sl_act *wpe_, int B,
                                      int T, int C) {
-    if (cpu_failed()) return;
+    if (g_failed) return;
     sl_bf16 *out = (sl_bf16 *)(void *)out_;
     const sl_bf16 *wte = (const sl_bf16 *)(const void *)wte_, *wpe = (const sl_bf16 *)(const void *)wpe_;
 #pragma omp parallel for schedule(static) if((size_t)B * T * C >= SL_PAR_MIN_WORK)
@@ -159,7 +173,7 @@ static int rows_per_block(int width, int floats) { return width >= floats ? 1 : 
 // The blocks [r0, r0 + n) of N rows of `width` elements, about `floats` elements each, until a failure.
 #define FOR_ROW_BLOCKS(N, width, floats)                                              \
     for (int r0 = 0, rows = rows_per_block(width, floats), n = (N) < rows ? (N) : rows; \
-         r0 < (N) && !cpu_failed(); r0 += rows, n = (N) - r0 < rows ? (N) - r0 : rows)
+         r0 < (N) && !g_failed; r0 += rows, n = (N) - r0 < rows ? (N) - r0 : rows)
 
 static void blocked_layernorm_forward(sl_act *out, float *mean, float *rstd, const sl_act *inp, const sl_act *w,
                                       const sl_act *b, int N, int C, float eps) {
@@ -256,9 +270,9 @@ static double blocked_crossentropy_forward(float *lse, const sl_act *logits, con
     FOR_ROW_BLOCKS(N, Vp, CE_BLOCK_FLOATS)
     staged_crossentropy_forward(lse + r0, ROWS(logits, r0, Vp), targets + r0, n, V, Vp);
     double total = 0.0;
-    for (int n = 0; n < N && !cpu_failed(); n++)
+    for (int n = 0; n < N && !g_failed; n++)
         if (targets[n] >= 0) total += (double)(lse[n] - sl_bf16_to_f32(x[(size_t)n * Vp + targets[n]]));
-    return cpu_failed() ? 0.0 : total;
+    return g_failed ? 0.0 : total;
 }
 
 static void blocked_crossentropy_backward(sl_act *logits, const float *lse, const int *targets, int N, int V, int Vp,
@@ -276,11 +290,11 @@ static double blocked_crossentropy_fused(float *lse, sl_act *logits, const int *
     FOR_ROW_BLOCKS(N, Vp, CE_BLOCK_FLOATS) {
         sl_act *block = ROWS(logits, r0, Vp);
         staged_crossentropy_forward(lse + r0, block, targets + r0, n, V, Vp);
-        for (int i = r0; i < r0 + n && !cpu_failed(); i++)
+        for (int i = r0; i < r0 + n && !g_failed; i++)
             if (targets[i] >= 0) total += (double)(lse[i] - sl_bf16_to_f32(x[(size_t)i * Vp + targets[i]]));
         staged_crossentropy_backward(block, lse + r0, targets + r0, n, V, Vp, dloss);
     }
-    return cpu_failed() ? 0.0 : total;
+    return g_failed ? 0.0 : total;
 }
 
 #define PICK_STAGED(name) staged_##name
@@ -316,7 +330,7 @@ const sl_ops sl_ops_cpu_bf16_native = {
     .crossentropy_fused = blocked_crossentropy_fused,
     .act_bf16 = 1,
     .sliding_window = 1,
-    .synchronize = cpu_synchronize,
+    .synchronize = native_synchronize,
     SL_CPU_HOST_FNS,  // memory functions and optimizer passes are the CPU's
 };
 #pragma GCC diagnostic pop

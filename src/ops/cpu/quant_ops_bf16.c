@@ -80,6 +80,13 @@ static void backward_gelu(const sl_ops *base, int native, sl_act *dinp, float *d
     if (dinp) base->gelu_backward(dinp, pre, dinp, (size_t)N * (size_t)IC);
 }
 
+// Both tables' failures: the base's own, then the quantised linears' (cpu-bf16-onednn's record).
+static int synchronize_native(void) { return sl_ops_cpu_bf16_native.synchronize(); }
+static int synchronize_emulated(void) {
+    int a = sl_ops_cpu_bf16.synchronize(), b = sl_ops_cpu_bf16_native.synchronize();
+    return a || b ? -1 : 0;
+}
+
 // The entries of one table: its base and native flag fixed.
 #define QUANT_BF16_ENTRIES(tag, BASE, NATIVE)                                                                       \
     static void tag##_forward(sl_act *out, const sl_act *inp, const sl_act *weight, const sl_act *bias, int N,     \
@@ -109,8 +116,7 @@ QUANT_BF16_ENTRIES(emulated, sl_ops_cpu_bf16, 0)
 static sl_ops native_table, emulated_table;
 static pthread_once_t tables_once = PTHREAD_ONCE_INIT;
 
-// t = base with the five linear entries of `tag` (QUANT_BF16_ENTRIES); failures of either go to the
-// CPU tables' one record, which base's synchronize() reports.
+// t = base with the five linear entries of `tag` (QUANT_BF16_ENTRIES) and the synchronize above.
 #define MAKE_TABLE(t, base, table_name, tag)         \
     do {                                             \
         t = base;                                    \
@@ -120,6 +126,7 @@ static pthread_once_t tables_once = PTHREAD_ONCE_INIT;
         t.matmul_gelu_forward = tag##_gelu_forward;  \
         t.matmul_gelu_backward = tag##_gelu_backward; \
         t.matmul_backward_gelu = tag##_backward_gelu; \
+        t.synchronize = synchronize_##tag;           \
     } while (0)
 
 static void build_tables(void) {
