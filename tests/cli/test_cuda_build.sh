@@ -15,7 +15,10 @@
 #     "no usable CUDA GPU";
 #   - tests/gpu/test_ops_cuda.c, test_model_cuda.c and test_generate_cuda.c compile and link against the library (they run
 #     only on a GPU);
-#   - `shardlm report` says the ops cuda backend is built in.
+#   - `shardlm report` says the ops cuda backend is built in;
+#   - (main build only) tests/gpu/session.sh, the one-call GPU session, runs through every stage in
+#     its dry mode (SHARDLM_GPU_SUITE_DRY=1: no GPU; the benchmark's CPU dry run) and leaves its
+#     summary, logs and the benchmark's files in $OUT.
 # Without nvcc it prints SKIP lines. Prints PASS/FAIL lines for tests/run.sh. Skips silently (exit 0)
 # while "$SHARDLM_BIN" is not an executable.
 set -u
@@ -133,5 +136,25 @@ check cuda_gpu_generate_test_links ${CC:-gcc} $flags tests/gpu/test_generate_cud
 "$BIN" report >"$tmp/report.txt" 2>&1
 check cuda_report_built_in grep -Eq '^  ops cuda +built in \(' "$tmp/report.txt"
 check cuda_report_cublaslt_row grep -Eq '^  cuBLASLt +([0-9]+\.[0-9]+\.[0-9]+ |not available: )' "$tmp/report.txt"
+
+# 5. The GPU session script, dry (the main build only: its build step runs make on $bdir).
+session_dry() {
+  mkdir -p "$tmp/out"
+  SHARDLM_GPU_SUITE_DRY=1 SHARDLM_GPU_BUILD="$bdir" SESSION_TORCH=0 SESSION_BUDGET_S=300 OUT="$tmp/out" \
+    bash tests/gpu/session.sh
+  local f s="$tmp/out/session_summary.txt"
+  for f in session_summary.txt session_logs.tgz gpu_results.jsonl gpu_section.md gpu_bench.log RESULTS.md; do
+    [ -s "$tmp/out/$f" ] || { echo "session.sh left no $f in \$OUT"; return 1; }
+  done
+  for f in '^PASS build$' '^-- op group norm: ' '^-- test_model_cuda: ' '^-- bench/gpu.sh ' \
+           '^gpu.sh .* finished in ' '^-- op group attention: ' '^[0-9]+ passed, [0-9]+ failed '; do
+    grep -Eq "$f" "$s" || { echo "session summary lacks /$f/:"; cat "$s"; return 1; }
+  done
+}
+if [ "$bdir" = build ]; then
+  check cuda_session_script_dry_run session_dry
+else
+  echo "SKIP cuda_session_script_dry_run: $bdir is not the main build"
+fi
 
 [ $failures -eq 0 ]

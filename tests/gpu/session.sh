@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# tests/gpu/session.sh: a GPU session's checks and measurements in ONE device-tool call. A session is
+# lent 15 minutes of device time, the machine's start (a minute or two) included, and one command may
+# run 10 minutes: so one call of this script (SESSION_BUDGET_S, default 540 s), then give the machine
+# back. The full suite (tests/gpu/suite.sh, three parts) and the full benchmark (bench/gpu.sh) do not
+# fit one session; this runs what matters most first, each stage under `timeout`, and skips (noted in
+# the summary) what the budget no longer holds:
+#   1. build: tests/gpu/suite.sh build (the library, `shardlm report`, the GPU test programs);
+#   2. the op groups holding kernels not yet run on a GPU (SESSION_GROUPS, default "norm crossentropy
+#      matmul_gelu bf16"), each its own test_ops_cuda process as in tests/gpu/run.sh;
+#   3. test_model_cuda (the model's loss and gradients against the CPU) and test_generate_cuda;
+#   4. bench/gpu.sh for GPT-2 124M: shardlm with its per-op profile, PyTorch eager and torch.compile
+#      (SESSION_TORCH=0: not), and the SHARDLM_FUSED_KERNELS=0 rows (the fused kernels before / after,
+#      same card, same call). On the 2026-11-24 H100 these stages took about 2 minutes together
+#      (the build 51 s, shardlm 17 s, eager 19 s, torch.compile 63 s);
+#   5. with time left, the other op groups (attention first).
+# Outputs in $OUT (8 files at most come back): session_summary.txt (PASS / FAIL / SKIP / TIMEOUT lines,
+# each stage's seconds, "N passed, N failed"), session_logs.tgz (every log), and bench/gpu.sh's
+# gpu_results.jsonl, gpu_section.md, gpu_bench.log, RESULTS.md. Carry ["build/gpu-deps"] (made here by
+# tests/gpu/pack.sh); the data are not needed. SESSION_BENCH_S (default 240) is the benchmark's share.
+# SHARDLM_GPU_SUITE_DRY=1 runs the scripting without a GPU: the op programs SKIP, and the benchmark is
+# bench/gpu.sh's own dry run (GPU_DEVICE=cpu, gpt2-tiny), written under the log directory.
+set -u
+cd "$(dirname "$0")/../.." || exit 1
+BUDGET=${SESSION_BUDGET_S:-540}
+BENCH_S=${SESSION_BENCH_S:-240}
+GROUPS_FIRST=${SESSION_GROUPS:-norm crossentropy matmul_gelu bf16}
+B=${SHARDLM_GPU_BUILD:-build/gpu}
+T=$B/gpu_tests
+logdir=$(mktemp -d /tmp/shardlm_gpu_session_XXXXXX)
+summary=$logdir/session_summary.txt
+passed=0 failed=0
+note() { echo "$*" | tee -a "$summary"; }
+# shellcheck disable=SC2317  # run by the EXIT trap
+finish() {
+  note "$passed passed, $failed failed (${SECONDS}s of ${BUDGET}s)"
+  if [ -n "${OUT:-}" ]; then
+    cp "$summary" "$OUT/session_summary.txt"
+    tar -czf "$OUT/session_logs.tgz" -C "$logdir" . && rm -rf "$logdir"
+  else
+    echo "logs: $logdir"
+  fi
+}
+trap finish EXIT
+# left NEED: whether the budget still holds NEED seconds (else a TIMEOUT line naming the stage)
+left() { [ $((BUDGET - SECONDS)) -ge "$1" ] || { note "TIMEOUT $2: not run, ${SECONDS}s of ${BUDGET}s used"; return 1; }; }
+tally() {  # adds a log's PASS / FAIL lines to the summary and the totals
+  grep -E '^(PASS|FAIL|SKIP|TIMEOUT)' "$1" >>"$summary"
+  passed=$((passed + $(grep -c '^PASS ' "$1"))); failed=$((failed + $(grep -c '^FAIL ' "$1")))
+}
+# group NAME: one op group in its own process (a CUDA error is sticky in the backend)
+group() {
+  local g=$1 start=$SECONDS rc
+  left 30 "ops_$g" || return
+  timeout -k 10 120 "$T/test_ops_cuda" cuda:0 "$g" >"$logdir/ops_$g.txt" 2>&1; rc=$?
+  tally "$logdir/ops_$g.txt"
+  if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then note "FAIL ops_${g}_timed_out_after_120s"; failed=$((failed + 1))
+  elif [ $rc -ne 0 ] && ! grep -q '^FAIL ' "$logdir/ops_$g.txt"; then note "FAIL ops_${g}_exit_status_$rc"; failed=$((failed + 1)); fi
+  note "-- op group $g: $((SECONDS - start))s"
+}
+
+# 1. build
+start=$SECONDS
+SUITE_BUDGET_S=300 OUT="" bash tests/gpu/suite.sh build >"$logdir/build.txt" 2>&1
+tally "$logdir/build.txt"
+note "-- build: $((SECONDS - start))s"
+[ -x "$T/test_ops_cuda" ] || { note "FAIL session: $T/test_ops_cuda was not built (build.txt)"; failed=$((failed + 1)); exit 1; }
+
+# 2. the new kernels' op groups
+for g in $GROUPS_FIRST; do group "$g"; done
+
+# 3. the model and decoding
+for what in model generate; do
+  left 60 "$what" || continue
+  start=$SECONDS
+  timeout -k 10 120 "$T/test_${what}_cuda" cuda:0 >"$logdir/$what.txt" 2>&1
+  tally "$logdir/$what.txt"
+  note "-- test_${what}_cuda: $((SECONDS - start))s"
+done
+
+# 4. the benchmark: GPT-2 124M, fused kernels and the separate ones
+if left 120 bench; then
+  start=$SECONDS
+  room=$((BUDGET - SECONDS - 20)); [ "$room" -gt "$BENCH_S" ] && room=$BENCH_S
+  dry=(); [ "${SHARDLM_GPU_SUITE_DRY:-0}" = 1 ] &&  # bench/gpu.sh's own dry run, out of the tree
+    dry=(GPU_DEVICE=cpu GPU_MODELS=gpt2-tiny GPU_SEQ=64 GPU_MAX_BATCH=8 GPU_GEMM_SIZE=256 GPU_TORCH=0
+         GPU_OUT_DIR="$logdir/bench")
+  env GPU_MODELS=gpt2 GPU_TORCH="${SESSION_TORCH:-1}" GPU_SIMT=0 GPU_LIKE=0 GPU_SPLIT=1 GPU_BUILD="$B" GPU_BUDGET_S="$room" "${dry[@]}" \
+    timeout -k 10 $((room + 15)) bash bench/gpu.sh >"$logdir/bench.txt" 2>&1
+  note "-- bench/gpu.sh (gpt2; fused and separate kernels): $((SECONDS - start))s, exit $?"
+  grep -E '^gpu.sh .*(==|SKIPPED|done in|finished)' "$logdir/bench.txt" >>"$summary"
+fi
+
+# 5. the other op groups, attention first
+for g in attention $("$T/test_ops_cuda" cuda:0 list 2>/dev/null); do
+  case " $GROUPS_FIRST " in *" $g "*) continue ;; esac
+  [ -e "$logdir/ops_$g.txt" ] && continue
+  group "$g"
+done
+exit $((failed > 0))
