@@ -6,6 +6,7 @@
 #include "shardlm/settings.h"
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/attention_tc.cuh"
+#include "ops/cuda/attention_tc_call.cuh"
 
 #include <math.h>
 #include <mma.h>
@@ -371,50 +372,21 @@ void launch_backward(bf16 *dqkv, const bf16 *dout, const bf16 *qkv, const float 
 // problem): settings.h.
 bool tc_enabled() { return sl_settings_get()->attention_tensor_cores != 0; }
 
-bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
-
-bool head_dim_ok(int HD) { return HD == 16 || HD == 32 || HD == 64 || HD == 80 || HD == 96 || HD == 128; }
-
-#define TC_DISPATCH(hd, FN, ...)                  \
-    do {                                          \
-        switch (hd) {                             \
-        case 16: FN<16>(__VA_ARGS__); break;      \
-        case 32: FN<32>(__VA_ARGS__); break;      \
-        case 64: FN<64>(__VA_ARGS__); break;      \
-        case 80: FN<80>(__VA_ARGS__); break;      \
-        case 96: FN<96>(__VA_ARGS__); break;      \
-        default: FN<128>(__VA_ARGS__); break;     \
-        }                                         \
-    } while (0)
-
-// The shared memory a block of these kernels needs at head_dim D (forward, or the larger of the two
-// backward kernels) fits what the GPU allows a block (H100 227 KiB, A100 163 KiB; sm_86/89 99 KiB:
-// HD 96-128 do not fit there and take the SIMT kernels instead).
-template <int D> void smem_fits_into(bool *fits, bool backward) {
-    const size_t need = backward ? (Smem<D>::dkdv > Smem<D>::dq ? Smem<D>::dkdv : Smem<D>::dq) : Smem<D>::forward;
-    const cudaDeviceProp *p = sl_cuda_device_props();
-    *fits = !p || need <= p->sharedMemPerBlockOptin;  // before backend init: the launch reports it
-}
-bool smem_fits(int HD, bool backward) {
-    bool fits = true;
-    TC_DISPATCH(HD, smem_fits_into, &fits, backward);
-    return fits;
-}
-
 }  // namespace
 
 bool attention_tc_forward(bf16 *out, float *lse, const bf16 *qkv, int B, int T, int NH, int NKV, int HD, float scale) {
-    if (!tc_enabled() || !head_dim_ok(HD) || !smem_fits(HD, false) || !aligned16(out) || !aligned16(qkv))
+    if (!tc_enabled() || !att_tc_head_dim(HD) || !att_tc_smem_fits<Smem>(HD, false) || !att_tc_aligned16(out) ||
+        !att_tc_aligned16(qkv))
         return false;
-    TC_DISPATCH(HD, launch_forward, out, lse, qkv, B, T, NH, NKV, scale);
+    ATT_TC_DISPATCH(HD, launch_forward, out, lse, qkv, B, T, NH, NKV, scale);
     return true;
 }
 
 bool attention_tc_backward(bf16 *dqkv, const bf16 *dout, const bf16 *qkv, const float *lse, const float *delta, int B,
                            int T, int NH, int NKV, int HD, float scale) {
-    if (!tc_enabled() || !head_dim_ok(HD) || !smem_fits(HD, true) || !aligned16(dqkv) || !aligned16(dout) ||
-        !aligned16(qkv))
+    if (!tc_enabled() || !att_tc_head_dim(HD) || !att_tc_smem_fits<Smem>(HD, true) || !att_tc_aligned16(dqkv) ||
+        !att_tc_aligned16(dout) || !att_tc_aligned16(qkv))
         return false;
-    TC_DISPATCH(HD, launch_backward, dqkv, dout, qkv, lse, delta, B, T, NH, NKV, scale);
+    ATT_TC_DISPATCH(HD, launch_backward, dqkv, dout, qkv, lse, delta, B, T, NH, NKV, scale);
     return true;
 }
