@@ -49,7 +49,8 @@ def render(rows):
     sgemm = {(r["precision"], r.get("storage", "fp32")): r for r in rows if r["impl"] == "shardlm-gemm"}
     simt = [r for r in rows if r.get("tag", "").startswith("shardlm-simt:")]
     split = [r for r in rows if r.get("tag", "").startswith("shardlm-split:")]
-    runs = [r for r in rows if r["impl"] in LABEL and r not in simt and r not in split]
+    mma = [r for r in rows if r.get("tag", "").startswith("shardlm-mma:")]
+    runs = [r for r in rows if r["impl"] in LABEL and r not in simt and r not in split and r not in mma]
     skips = [r for r in rows if r["impl"] == "gpu-skip"]
     out = []
     w = out.append
@@ -160,7 +161,7 @@ def render(rows):
         w(f"- {NAMES.get(m, m)}: " + "; ".join(parts) + ".")
     w("")
     render_profiles(w, [r for r in runs if r["impl"] == "shardlm" and "breakdown" in r], rate)
-    render_attention(w, runs, simt)
+    render_attention(w, runs, simt, mma)
     render_fused(w, runs, split)
     render_torch_profiles(w, [r for r in runs if "profile_categories_ms" in r])
     if skips:
@@ -210,18 +211,25 @@ def render_fused(w, runs, split):
     w("")
 
 
-def render_attention(w, runs, simt):
-    """bf16 attention on the tensor cores (the default) against the CUDA-core kernels, same model and B."""
-    pairs = default_pairs(runs, simt)
+def render_attention(w, runs, simt, mma):
+    """bf16 attention on the tensor cores (the default) against the CUDA-core kernels and the mma.sync
+    ones, same model and B."""
+    pairs = sorted(default_pairs(runs, simt) + default_pairs(runs, mma), key=lambda p: runs.index(p[0]))
     if not pairs:
         return
-    w("### Attention: tensor cores against CUDA cores (bf16, profiled step)\n")
-    w("shardlm's bf16 attention runs on the tensor cores (src/ops/cuda/attention_tc.cu); `SHARDLM_ATTENTION=simt` "
-      "keeps it on the fp32 CUDA-core kernels (src/ops/cuda/attention.cu). Same model, micro-batch and step count.\n")
+    w("### Attention: the kernels side by side (bf16, profiled step)\n")
+    w("shardlm's bf16 attention runs on the tensor cores through WMMA (src/ops/cuda/attention_tc.cu, the default); "
+      "`SHARDLM_ATTENTION=simt` keeps it on the fp32 CUDA-core kernels (src/ops/cuda/attention.cu), "
+      "`SHARDLM_ATTENTION=mma` runs the mma.sync kernels with every fragment in registers "
+      "(src/ops/cuda/attention_mma.cu). Same model, micro-batch and step count.\n")
     w("| model | micro-batch | kernels | ms/step | tok/s | attention forward ms | attention backward ms |")
     w("|---|---|---|---|---|---|---|")
+    seen = set()
     for tc, s in pairs:
-        for r, what in ((tc, "tensor cores"), (s, "CUDA cores (simt)")):
+        variant = "mma.sync, registers (mma)" if s.get("tag", "").startswith("shardlm-mma:") else "CUDA cores (simt)"
+        shown = [(s, variant)] if id(tc) in seen else [(tc, "tensor cores (WMMA)"), (s, variant)]
+        seen.add(id(tc))
+        for r, what in shown:
             b = r.get("breakdown", {})
             fwd, bwd = b.get("attention_forward"), b.get("attention_backward")
             cell = lambda v: "%.2f" % v if v is not None else "n/a"

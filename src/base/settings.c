@@ -16,7 +16,7 @@ static int loaded;
 static const struct { const char *name, *meaning; } variables[] = {
     {"SHARDLM_TF32", "1: fp32 GEMMs on the GPU may use TF32 tensor cores (default 0: exact fp32)"},
     {"SHARDLM_GELU_EPILOGUE", "0: GPT-2's GELU as its own kernel instead of cuBLASLt's epilogue (default 1)"},
-    {"SHARDLM_ATTENTION", "simt: bf16 attention on the CUDA-core kernels instead of tensor cores, and on the CPU staged fp32 instead of oneDNN bf16 matmuls (default tc)"},
+    {"SHARDLM_ATTENTION", "simt: bf16 attention on the CUDA-core kernels instead of tensor cores, and on the CPU staged fp32 instead of oneDNN bf16 matmuls; mma: on the GPU the register-resident mma.sync kernels (not yet run on a GPU; default tc)"},
     {"SHARDLM_FUSED_KERNELS", "0: the GPU's norm backward, cross-entropy and GELU gradient as the earlier separate kernels (A/B timing; default 1)"},
     {"SHARDLM_GEMM_AUTOTUNE", "1: each GPU GEMM shape times cuBLASLt's candidate algorithms once and keeps the fastest (default 0: the heuristic's first, the same in every run)"},
     {"SHARDLM_BF16_STORAGE", "0: --precision bf16 keeps fp32 activations, on the GPU and the CPU (default 1: bf16 storage)"},
@@ -80,13 +80,13 @@ static void read_int(const char *name, int lo, int hi, int *out) {
 }
 
 int sl_settings_load(void) {
-    static const char *const attention[] = {"tc", "simt"}, *const levels[] = {"debug", "info", "warn", "error"};
-    static const int attention_v[] = {1, 0}, levels_v[] = {0, 1, 2, 3};
+    static const char *const attention[] = {"tc", "simt", "mma"}, *const levels[] = {"debug", "info", "warn", "error"};
+    static const int attention_v[] = {1, 0, 2}, levels_v[] = {0, 1, 2, 3};
     sl_settings s = DEFAULTS;
     first_error[0] = '\0';
     read_switch("SHARDLM_TF32", &s.tf32);
     read_switch("SHARDLM_GELU_EPILOGUE", &s.gelu_epilogue);
-    read_word("SHARDLM_ATTENTION", attention, attention_v, 2, &s.attention_tensor_cores, "tc or simt");
+    read_word("SHARDLM_ATTENTION", attention, attention_v, 3, &s.attention_tensor_cores, "tc, simt or mma");
     read_switch("SHARDLM_FUSED_KERNELS", &s.fused_kernels);
     read_switch("SHARDLM_GEMM_AUTOTUNE", &s.gemm_autotune);
     read_switch("SHARDLM_BF16_STORAGE", &s.bf16_storage);

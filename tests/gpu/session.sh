@@ -7,11 +7,12 @@
 # the summary) what the budget no longer holds:
 #   1. build: tests/gpu/suite.sh build (the library, `shardlm report`, the GPU test programs);
 #   2. the op groups holding kernels not yet run on a GPU (SESSION_GROUPS, default "norm crossentropy
-#      matmul_gelu bf16"), each its own test_ops_cuda process as in tests/gpu/run.sh;
+#      matmul_gelu bf16 attention_mma"), each its own test_ops_cuda process as in tests/gpu/run.sh;
 #   3. test_model_cuda (the model's loss and gradients against the CPU) and test_generate_cuda;
 #   4. bench/gpu.sh for GPT-2 124M: shardlm with its per-op profile, PyTorch eager and torch.compile
-#      (SESSION_TORCH=0: not), and the SHARDLM_FUSED_KERNELS=0 rows (the fused kernels before / after,
-#      same card, same call). On the 2026-11-24 H100 these stages took about 2 minutes together
+#      (SESSION_TORCH=0: not), the SHARDLM_ATTENTION=mma rows (attention_mma.cu against the default
+#      WMMA kernels) and the SHARDLM_FUSED_KERNELS=0 rows (the fused kernels before / after), same card,
+#      same call. On the 2026-11-24 H100 these stages took about 2 minutes together
 #      (the build 51 s, shardlm 17 s, eager 19 s, torch.compile 63 s);
 #   5. with time left, the other op groups (attention first).
 # Outputs in $OUT (8 files at most come back): session_summary.txt (PASS / FAIL / SKIP / TIMEOUT lines,
@@ -24,7 +25,7 @@ set -u
 cd "$(dirname "$0")/../.." || exit 1
 BUDGET=${SESSION_BUDGET_S:-540}
 BENCH_S=${SESSION_BENCH_S:-240}
-GROUPS_FIRST=${SESSION_GROUPS:-norm crossentropy matmul_gelu bf16}
+GROUPS_FIRST=${SESSION_GROUPS:-norm crossentropy matmul_gelu bf16 attention_mma}
 B=${SHARDLM_GPU_BUILD:-build/gpu}
 T=$B/gpu_tests
 logdir=$(mktemp -d /tmp/shardlm_gpu_session_XXXXXX)

@@ -46,6 +46,7 @@
 #include "shardlm/rope.h"
 #include "shardlm/optim.h"
 #include "shardlm/settings.h"
+#include "ops/cuda/cuda_ops.h"
 
 // A host fp32 array handed to the CPU table as activation storage (fp32 there).
 #define ACT(p)                                                   \
@@ -1180,10 +1181,28 @@ static const struct { const char *tag; int N, V, Vp; } CE_SHAPES[] = {
 };
 #define N_CE_SHAPES ((int)(sizeof CE_SHAPES / sizeof CE_SHAPES[0]))
 
+// Attention shapes of the bf16 groups: head_dim 16..128 in the steps the tensor-core kernels take
+// (attention_tc.cu, attention_mma.cu), T across tile edges (1, 64, 65, 77, 130, 200, 1024), MHA and GQA;
+// head_dim 40 (the SIMT kernels, whatever SHARDLM_ATTENTION says).
+static const struct { const char *tag; int B, T, NH, NKV, HD; } ATT_SHAPES[] = {
+    {"gqa_T77", 2, 77, 4, 2, 64},      {"gpt2_T1024", 1, 1024, 12, 12, 64},
+    {"hd16_T1", 2, 1, 4, 1, 16},       {"hd32_T130", 1, 130, 4, 2, 32},
+    {"hd80_T65", 2, 65, 2, 2, 80},     {"hd96_T64", 1, 64, 4, 4, 96},
+    {"hd128_T200", 1, 200, 8, 2, 128}, {"hd40_T77", 1, 77, 4, 2, 40},
+};
+#define N_ATT_SHAPES ((int)(sizeof ATT_SHAPES / sizeof ATT_SHAPES[0]))
+
+static void test_bf16_attention_shape(const char *prefix, int i) {
+    char tag[64];
+    snprintf(tag, sizeof tag, "%s%s", prefix, ATT_SHAPES[i].tag);
+    test_bf16_attention(tag, ATT_SHAPES[i].B, ATT_SHAPES[i].T, ATT_SHAPES[i].NH, ATT_SHAPES[i].NKV, ATT_SHAPES[i].HD);
+}
+
 // The op groups, each runnable alone (argv[2]): a CUDA error is sticky in the backend, so one failing op
 // would fail every later case of its process; tests/gpu/run.sh runs each group as its own process.
 static const char *const GROUPS[] = {"basics", "encoder", "matmul", "matmul_gelu", "matmul_16bit", "norm", "elementwise",
-                                     "rope", "attention", "decode", "crossentropy", "optimizer", "bf16"};
+                                     "rope", "attention", "decode", "crossentropy", "optimizer", "bf16",
+                                     "attention_mma"};
 static const char *only;   // the group to run; NULL: all
 static int group(const char *name) { return !only || !strcmp(only, name); }
 
@@ -1355,30 +1374,44 @@ int main(int argc, char **argv) {
             test_bf16_elementwise("small", 1001, 37, 100);
             test_bf16_elementwise("gpt2", (size_t)1024 * 3072 + 3, 1024, 2048);
             test_bf16_rope("small", 2, 37, 4, 2, 64, 5);
-            // head_dim 16..128 in steps the tensor-core kernels take (attention_tc.cu), T across tile
-            // edges, MHA and GQA; head_dim 40 (the SIMT kernels); then shapes 0 and 6 (gqa_T77, hd128_T200)
-            // with SHARDLM_ATTENTION=simt, which keeps the SIMT kernels' bf16 instances covered
-            static const struct { const char *tag; int B, T, NH, NKV, HD; } shapes[] = {
-                {"gqa_T77", 2, 77, 4, 2, 64},      {"gpt2_T1024", 1, 1024, 12, 12, 64},
-                {"hd16_T1", 2, 1, 4, 1, 16},       {"hd32_T130", 1, 130, 4, 2, 32},
-                {"hd80_T65", 2, 65, 2, 2, 80},     {"hd96_T64", 1, 64, 4, 4, 96},
-                {"hd128_T200", 1, 200, 8, 2, 128}, {"hd40_T77", 1, 77, 4, 2, 40},
-            };
-            const int n_shapes = (int)(sizeof shapes / sizeof shapes[0]);
-            for (int i = 0; i < n_shapes; i++)
-                test_bf16_attention(shapes[i].tag, shapes[i].B, shapes[i].T, shapes[i].NH, shapes[i].NKV, shapes[i].HD);
+            // every ATT_SHAPES entry on the default (tensor-core) kernels; then shapes 0 and 6 (gqa_T77,
+            // hd128_T200) with SHARDLM_ATTENTION=simt, which keeps the SIMT kernels' bf16 instances covered
+            for (int i = 0; i < N_ATT_SHAPES; i++) test_bf16_attention_shape("", i);
             set_switch("SHARDLM_ATTENTION", "simt");
-            for (int i = 0; i < n_shapes; i += n_shapes - 2) {
-                char tag[64];
-                snprintf(tag, sizeof tag, "simt_%s", shapes[i].tag);
-                test_bf16_attention(tag, shapes[i].B, shapes[i].T, shapes[i].NH, shapes[i].NKV, shapes[i].HD);
-            }
+            for (int i = 0; i < N_ATT_SHAPES; i += N_ATT_SHAPES - 2) test_bf16_attention_shape("simt_", i);
             set_switch("SHARDLM_ATTENTION", NULL);
             test_bf16_encoder("small", 2, 37, 40, 97);
             for (int i = 0; i < N_CE_SHAPES; i++) {
                 test_bf16_crossentropy(CE_SHAPES[i].tag, CE_SHAPES[i].N, CE_SHAPES[i].V, CE_SHAPES[i].Vp);
                 test_crossentropy_fusion_exact(CE_SHAPES[i].tag, CE_SHAPES[i].N, CE_SHAPES[i].V, CE_SHAPES[i].Vp);
             }
+        }
+        gpu = fp32_gpu;
+        cpu = &sl_ops_cpu;
+    }
+
+    if (group("attention_mma")) {
+        // The register-resident mma.sync kernels (attention_mma.cu, SHARDLM_ATTENTION=mma, opt-in) on
+        // every shape of the bf16 group, against the CPU's bf16 emulation; a group of their own, so a
+        // fault in them cannot hide the bf16 group's results.
+        const sl_ops *fp32_gpu = gpu;
+        gpu = sl_ops_for_precision(gpu, SL_PRECISION_BF16);
+        cpu = &sl_ops_cpu_bf16;
+        if (!gpu->act_bf16) {
+            fail("bf16_storage_table", "sl_ops_for_precision(bf16) gave %s, not a bf16-storage table", gpu->name);
+        } else {
+            set_switch("SHARDLM_ATTENTION", "mma");
+            for (int i = 0; i < N_ATT_SHAPES; i++) {
+                const unsigned long before = cuda_attention_mma_launches();
+                test_bf16_attention_shape("mma_", i);
+                // head_dim 40 is not theirs (the SIMT kernels run it); every other shape must have run them
+                const int theirs = ATT_SHAPES[i].HD != 40;
+                const unsigned long ran = cuda_attention_mma_launches() - before;
+                if (theirs == (ran > 0)) pass(bname("attention_mma_ran", ATT_SHAPES[i].tag), 0.0);
+                else fail(bname("attention_mma_ran", ATT_SHAPES[i].tag), "%lu mma.sync launches (expected %s)", ran,
+                          theirs ? "some" : "none");
+            }
+            set_switch("SHARDLM_ATTENTION", NULL);
         }
         gpu = fp32_gpu;
         cpu = &sl_ops_cpu;

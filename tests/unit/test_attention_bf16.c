@@ -11,6 +11,7 @@
 #include <omp.h>
 
 #include "ops/cpu/cpu_bf16.h"
+#include "shardlm/error.h"
 #include "shardlm/rng.h"
 #include "shardlm/settings.h"
 
@@ -110,6 +111,24 @@ TEST(simt_setting_keeps_the_staged_attention) {
     unsetenv("SHARDLM_ATTENTION");
     CHECK(sl_settings_load() == 0);
     free(qkv); free(a); free(b);
+}
+
+// SHARDLM_ATTENTION takes tc (the default), simt and mma (the GPU's mma.sync kernels; on the CPU the
+// oneDNN kernels as with tc); anything else is refused with a message naming the variable and the choices.
+TEST(attention_setting_words) {
+    static const struct { const char *word; int value; } words[] = {{"tc", 1}, {"simt", 0}, {"mma", 2}};
+    for (int i = 0; i < 3; i++) {
+        setenv("SHARDLM_ATTENTION", words[i].word, 1);
+        CHECK(sl_settings_load() == 0);
+        CHECK_MSG(sl_settings_get()->attention_tensor_cores == words[i].value, "%s gave %d", words[i].word,
+                  sl_settings_get()->attention_tensor_cores);
+    }
+    setenv("SHARDLM_ATTENTION", "flash", 1);
+    CHECK(sl_settings_load() != 0);
+    CHECK_MSG(strstr(sl_error(), "SHARDLM_ATTENTION") && strstr(sl_error(), "tc, simt or mma"), "message: %s", sl_error());
+    unsetenv("SHARDLM_ATTENTION");
+    CHECK(sl_settings_load() == 0);
+    CHECK(sl_settings_get()->attention_tensor_cores == 1);
 }
 
 TEST_MAIN()

@@ -3,6 +3,7 @@
 // bf16 storage at the tensor-core head dims goes to attention_tc.cu. Tiling, kernels, invariants and
 // limits: docs/gpu.md, "Attention (attention.cu)".
 #include "ops/cuda/cuda_common.cuh"
+#include "ops/cuda/attention_mma.cuh"
 #include "ops/cuda/attention_tc.cuh"
 
 #include <math.h>
@@ -484,7 +485,8 @@ void cuda_attention_forward(sl_act *out, float *lse, const sl_act *qkv, int B, i
         return;
     const float scale = 1.0f / sqrtf((float)HD);
     if constexpr (std::is_same<floatX, __nv_bfloat16>::value) {
-        if (attention_tc_forward(as_storage<floatX>(out), lse, as_storage<floatX>(qkv), B, T, NH, NKV, HD, scale))
+        if (attention_mma_forward(as_storage<floatX>(out), lse, as_storage<floatX>(qkv), B, T, NH, NKV, HD, scale) ||
+            attention_tc_forward(as_storage<floatX>(out), lse, as_storage<floatX>(qkv), B, T, NH, NKV, HD, scale))
             return;
     }
     ATT_DISPATCH(floatX, HD, launch_forward, as_storage<floatX>(out), lse, as_storage<floatX>(qkv), B, T, NH, NKV, HD,
@@ -507,7 +509,9 @@ void cuda_attention_backward(sl_act *dqkv, const sl_act *dout, const sl_act *qkv
         delta, as_storage<floatX>(dout), as_storage<floatX>(out), T, NH, HD, rows);
     CUDA_LAUNCH_CHECK();
     if constexpr (std::is_same<floatX, __nv_bfloat16>::value) {
-        if (attention_tc_backward(as_storage<floatX>(dqkv), as_storage<floatX>(dout), as_storage<floatX>(qkv), lse,
+        if (attention_mma_backward(as_storage<floatX>(dqkv), as_storage<floatX>(dout), as_storage<floatX>(qkv), lse,
+                                   delta, B, T, NH, NKV, HD, scale) ||
+            attention_tc_backward(as_storage<floatX>(dqkv), as_storage<floatX>(dout), as_storage<floatX>(qkv), lse,
                                   delta, B, T, NH, NKV, HD, scale))
             return;
     }

@@ -40,4 +40,8 @@ void *cuda_stream_handle(void);
 size_t cuda_peak_bytes(void);
 void cuda_reset_peak_bytes(void);
 
+// attention_mma.cu: the mma.sync attention launches queued so far (forward and backward calls), which
+// the GPU op tests read to know that SHARDLM_ATTENTION=mma ran those kernels and not a fallback
+unsigned long cuda_attention_mma_launches(void);
+
 #endif

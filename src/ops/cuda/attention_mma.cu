@@ -1,0 +1,552 @@
+// attention_mma.cu: causal flash attention for bf16 activation storage with every tile product a PTX
+// mma.sync.m16n8k16 (bf16 operands, fp32 accumulation) whose fragments stay in registers: the
+// scores, the probabilities (an accumulator's layout is the next product's A-operand layout), the
+// running output and its per-row rescale, and the gradients dK, dV, dQ. attention_tc.cu's WMMA kernels
+// pass each product through fp32 tiles in shared memory instead (WMMA's fragment layout is
+// unspecified). Deterministic: fixed loop and xor-shuffle orders, each output written by one thread.
+// Opt-in (SHARDLM_ATTENTION=mma) until a GPU run has measured it; docs/gpu.md, "Attention with the
+// fragments in registers (attention_mma.cu)", has the design and the numerics.
+//
+// Fragment layouts of mma.m16n8k16 (PTX ISA), lane = 4 * gq + tq: A (16 x 16, row-major) a0 = (gq, 2tq
+// .. 2tq+1), a1 = (gq + 8, same), a2 = (gq, 2tq+8 ..), a3 = (gq + 8, 2tq+8 ..); B (16 x 8) b0 = (k 2tq ..
+// 2tq+1, n gq), b1 = (k 2tq+8 .., n gq); C (16 x 8) c0, c1 = (gq, 2tq .. 2tq+1), c2, c3 = (gq + 8, same).
+// A B operand whose two k-consecutive elements are adjacent in memory (K or Q rows for a product
+// with a transposed tile) is one 4-byte shared load; one whose k runs down a tile's rows (V, dO, Q, K
+// as the right factor of P V, P^T dO, dS^T Q, dS K) comes from ldmatrix.trans.
+#include "shardlm/settings.h"
+#include "ops/cuda/cuda_common.cuh"
+#include "ops/cuda/attention_mma.cuh"
+#include "ops/cuda/attention_tc_call.cuh"
+extern "C" {
+#include "ops/cuda/cuda_ops.h"  // cuda_attention_mma_launches
+}
+
+#include <math.h>
+#include <stdint.h>
+
+// bf16 mma.sync, ldmatrix and cp.async need sm_80 or newer (the Makefile builds sm_90 and its PTX).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#error "attention_mma.cu needs sm_80 or newer (bf16 mma.sync, ldmatrix, cp.async)"
+#endif
+
+namespace {
+
+typedef __nv_bfloat16 bf16;
+constexpr int TILE = 64;             // queries or keys per tile
+constexpr int WARPS = 4;             // warp w owns rows 16w .. 16w+15 of the block's tile
+constexpr int THREADS = WARPS * 32;
+constexpr int NT = TILE / 8;         // 8-wide column blocks across a tile (n-tiles of a score product)
+constexpr int KT = TILE / 16;        // 16-deep steps across a tile (k-steps of a product over a tile)
+constexpr unsigned FULL = 0xffffffffu;
+
+template <int D> struct Geom {
+    static constexpr int DS = D + 8;  // row stride (elements) of a bf16 (64, D) shared tile: rows 16-byte
+                                      // aligned, 4-byte and ldmatrix reads free of bank conflicts
+    static constexpr int KD = D / 16; // k-steps over the head dim
+    static constexpr int ND = D / 8;  // n-tiles over the head dim (even for every D taken)
+    static constexpr size_t tile = sizeof(bf16) * TILE * DS;
+    static constexpr size_t forward = 5 * tile;                          // Q; K, V twice (double-buffered)
+    static constexpr size_t dkdv = 6 * tile + 4 * sizeof(float) * TILE;  // K, V; Q, dO, lse, delta twice
+    static constexpr size_t dq = 6 * tile;                               // Q, dO; K, V twice
+};
+
+__device__ __forceinline__ uint32_t smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+// n bytes (16 or 4) from global src to shared dst, asynchronously (cp.async); zero-filled when !ok,
+// and src is then not read.
+__device__ __forceinline__ void cp_async16(void *dst, const void *src, bool ok) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(ok ? 16 : 0)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async4(void *dst, const void *src, bool ok) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(ok ? 4 : 0)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+// Waits until at most N committed groups of this thread are still in flight.
+template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+// c (16 x 8, fp32) += a (16 x 16, bf16) b (16 x 8, bf16)
+__device__ __forceinline__ void mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Four transposed 8x8 bf16 matrices from shared memory; lane L gives the address of row L % 8 of
+// matrix L / 8. With rows r0 + (L & 15) and columns c0 + (L >> 4) * 8 of a row-major tile, r[0], r[1]
+// are the B fragment (b0, b1) of the 16 x 8 block (k = rows r0.., n = columns c0..c0+7) and r[2], r[3]
+// that of columns c0+8..c0+15.
+__device__ __forceinline__ void ldsm_t4(uint32_t r[4], const bf16 *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p))
+                 : "memory");
+}
+
+__device__ __forceinline__ uint32_t lds32(const bf16 *p) { return *reinterpret_cast<const uint32_t *>(p); }
+
+// Two floats rounded to bf16 (nearest even), lo in the low half: the layout of a fragment register.
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+
+// The A fragment (16 x 16) at rows r0, r0 + 8 and columns c .. of a row-major bf16 tile with row stride
+// ds, where p = tile + r0 * ds + c + 2 * tq.
+__device__ __forceinline__ void load_a(uint32_t a[4], const bf16 *p, int ds) {
+    a[0] = lds32(p);
+    a[1] = lds32(p + 8 * ds);
+    a[2] = lds32(p + 8);
+    a[3] = lds32(p + 8 * ds + 8);
+}
+
+// dst (64, D; row stride D + 8) <- rows 0..63 of the global matrix at src (row r at src + r*ld),
+// asynchronously; rows at or past n_rows (>= 1) zero-filled.
+template <int D> __device__ __forceinline__ void load_tile(bf16 *dst, const bf16 *src, size_t ld, int n_rows) {
+    constexpr int CH = D / 8;  // 16-byte chunks a row
+#pragma unroll 4
+    for (int i = threadIdx.x; i < TILE * CH; i += THREADS) {
+        const int r = i / CH, c = (i - r * CH) * 8;
+        const bool ok = r < n_rows;
+        cp_async16(dst + r * Geom<D>::DS + c, ok ? src + (size_t)r * ld + c : src, ok);
+    }
+}
+
+// dst (64 floats) <- src[0..63], asynchronously; entries at or past n (>= 1) zero-filled.
+__device__ __forceinline__ void load_stats(float *dst, const float *src, int n) {
+    for (int i = threadIdx.x; i < TILE; i += THREADS) cp_async4(dst + i, i < n ? src + i : src, i < n);
+}
+
+// The four C-fragment values of an 8-column block, rounded to bf16, as the two registers an A fragment
+// takes from it (frag[0..1] for an even block, frag[2..3] for an odd one): see the file comment.
+__device__ __forceinline__ void to_a(uint32_t a[4], int odd, const float v[4]) {
+    a[2 * odd] = pack_bf16(v[0], v[1]);
+    a[2 * odd + 1] = pack_bf16(v[2], v[3]);
+}
+
+// acc (16 x D as ND fragments) += a (the 16 x 16 A fragment of one k-step) times rows r0 .. r0+15 of a
+// row-major (64, D) shared tile: the B fragments from ldmatrix.trans, two 8-column blocks per load.
+template <int D> __device__ __forceinline__ void mma_tile_rows(float (*acc)[4], const uint32_t a[4], const bf16 *tile,
+                                                               int r0) {
+    const int lane = threadIdx.x % 32;
+    const bf16 *p = tile + (r0 + (lane & 15)) * Geom<D>::DS + (lane >> 4) * 8;
+#pragma unroll
+    for (int nd = 0; nd < Geom<D>::ND; nd += 2) {
+        uint32_t b[4];
+        ldsm_t4(b, p + nd * 8);
+        mma(acc[nd], a, b[0], b[1]);
+        mma(acc[nd + 1], a, b[2], b[3]);
+    }
+}
+
+// The K and V tiles of key tile j (kv head g of batch row base) into buffer j % 2 of KV (K, V at tiles
+// 2 (j % 2) and 2 (j % 2) + 1), asynchronously.
+template <int D>
+__device__ __forceinline__ void load_kv(bf16 *KV, const bf16 *base, int j, size_t W, int T, int NH, int NKV, int g) {
+    bf16 *dst = KV + (size_t)(2 * (j & 1)) * TILE * Geom<D>::DS;
+    const bf16 *src = base + (size_t)j * TILE * W;
+    load_tile<D>(dst, src + (size_t)(NH + g) * D, W, T - j * TILE);
+    load_tile<D>(dst + TILE * Geom<D>::DS, src + (size_t)(NH + NKV + g) * D, W, T - j * TILE);
+}
+
+// ---- forward ----------------------------------------------------------------------------------
+
+// One block per (b, h, query tile), longest tiles first. Q's fragments are loaded once into registers;
+// K and V tiles are double-buffered (the next one loads while this one is used).
+template <int D>
+__global__ void __launch_bounds__(THREADS) mma_forward_kernel(bf16 *out, float *lse, const bf16 *qkv, int B, int T,
+                                                              int NH, int NKV, float scale, int n_qt) {
+    typedef Geom<D> G;
+    extern __shared__ __align__(16) unsigned char smem[];
+    bf16 *Qs = reinterpret_cast<bf16 *>(smem), *KV = Qs + TILE * G::DS;  // buffer i: K, V at tiles 2i, 2i+1 of KV
+
+    const unsigned BH = (unsigned)B * (unsigned)NH;
+    const int bh = (int)(blockIdx.x % BH), qt = n_qt - 1 - (int)(blockIdx.x / BH);
+    const int b = bh / NH, h = bh % NH, g = h / (NH / NKV), q0 = qt * TILE;
+    const size_t W = (size_t)(NH + 2 * NKV) * D;
+    const bf16 *base = qkv + (size_t)b * T * W;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gq = lane / 4, tq = lane % 4;
+    const int r0 = warp * 16 + gq;        // this lane's rows of the tile: r0 and r0 + 8
+    const int qa = q0 + r0, qb = qa + 8;  // their query positions
+
+    load_tile<D>(Qs, base + (size_t)q0 * W + (size_t)h * D, W, T - q0);
+    load_kv<D>(KV, base, 0, W, T, NH, NKV, g);
+    cp_commit();
+
+    uint32_t qf[G::KD][4];
+    float o[G::ND][4];
+#pragma unroll
+    for (int nd = 0; nd < G::ND; nd++) o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.0f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+
+    for (int j = 0; j <= qt; j++) {  // key tiles up to the diagonal
+        if (j < qt) {
+            load_kv<D>(KV, base, j + 1, W, T, NH, NKV, g);
+            cp_commit();
+            cp_wait<1>();
+        } else {
+            cp_wait<0>();
+        }
+        __syncthreads();  // tile j (and Q) landed for every thread
+        if (j == 0) {
+#pragma unroll
+            for (int kk = 0; kk < G::KD; kk++) load_a(qf[kk], Qs + r0 * G::DS + kk * 16 + 2 * tq, G::DS);
+        }
+        const bf16 *Ks = KV + (size_t)(2 * (j & 1)) * TILE * G::DS, *Vs = Ks + TILE * G::DS;
+        const int k0 = j * TILE;
+        const bool diag = j == qt;
+        // S = Q K^T over the 8-key blocks holding a key one of this warp's rows sees
+        const int nt_end = diag ? 2 * (warp + 1) : NT;
+        float s[NT][4];
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+            if (nt < nt_end) {
+                const bf16 *kp = Ks + (nt * 8 + gq) * G::DS + 2 * tq;
+#pragma unroll
+                for (int kk = 0; kk < G::KD; kk++) mma(s[nt], qf[kk], lds32(kp + kk * 16), lds32(kp + kk * 16 + 8));
+            }
+        }
+        // scale, causal mask, the rows' maxima over their 4 lanes
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int key = k0 + nt * 8 + 2 * tq + (e & 1);
+                const float v = nt < nt_end && key <= (e < 2 ? qa : qb) ? s[nt][e] * scale : -INFINITY;
+                s[nt][e] = v;
+                mx[e >> 1] = fmaxf(mx[e >> 1], v);
+            }
+        float mu[2], corr[2];
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            mx[i] = fmaxf(mx[i], __shfl_xor_sync(FULL, mx[i], 1));
+            mx[i] = fmaxf(mx[i], __shfl_xor_sync(FULL, mx[i], 2));
+            const float m_new = fmaxf(m[i], mx[i]);   // finite: every row sees its tile's first key
+            mu[i] = m_new == -INFINITY ? 0.0f : m_new;
+            corr[i] = expf(m[i] - mu[i]);             // 0 on the first tile
+            m[i] = m_new;
+        }
+        // P = exp(S - m), summed unrounded, rounded to bf16 straight into A fragments
+        uint32_t pf[KT][4];
+        float rs[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            float p[4];
+#pragma unroll
+            for (int e = 0; e < 4; e++) p[e] = expf(s[nt][e] - mu[e >> 1]);
+            rs[0] += p[0] + p[1];
+            rs[1] += p[2] + p[3];
+            to_a(pf[nt / 2], nt % 2, p);
+        }
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            rs[i] += __shfl_xor_sync(FULL, rs[i], 1);
+            rs[i] += __shfl_xor_sync(FULL, rs[i], 2);
+            l[i] = l[i] * corr[i] + rs[i];
+        }
+#pragma unroll
+        for (int nd = 0; nd < G::ND; nd++) {
+            o[nd][0] *= corr[0];
+            o[nd][1] *= corr[0];
+            o[nd][2] *= corr[1];
+            o[nd][3] *= corr[1];
+        }
+        // O += P V over the 16-key steps holding a key this warp sees
+        const int kt_end = diag ? warp + 1 : KT;
+#pragma unroll
+        for (int kk = 0; kk < KT; kk++)
+            if (kk < kt_end) mma_tile_rows<D>(o, pf[kk], Vs, kk * 16);
+        __syncthreads();  // every warp is done with this buffer before tile j + 2 is loaded into it
+    }
+    if (tq == 0) {
+        if (qa < T) lse[(size_t)bh * T + qa] = m[0] + logf(l[0]);
+        if (qb < T) lse[(size_t)bh * T + qb] = m[1] + logf(l[1]);
+    }
+    const size_t WO = (size_t)NH * D;
+    bf16 *dst = out + (size_t)b * T * WO + (size_t)h * D + 2 * tq;
+#pragma unroll
+    for (int nd = 0; nd < G::ND; nd++) {
+        if (qa < T) *reinterpret_cast<uint32_t *>(dst + qa * WO + nd * 8) = pack_bf16(o[nd][0] / l[0], o[nd][1] / l[0]);
+        if (qb < T) *reinterpret_cast<uint32_t *>(dst + qb * WO + nd * 8) = pack_bf16(o[nd][2] / l[1], o[nd][3] / l[1]);
+    }
+}
+
+// ---- backward ---------------------------------------------------------------------------------
+
+// dK, dV: one block per (b, kv head g, key tile), key tile 0 (the most work) first; warp w owns keys
+// 16w.. of the tile. For every query head of g's group and every query tile from the diagonal on
+// (double-buffered with its dO, lse and delta): S^T = K Q^T and dP^T = V dO^T, P^T = exp(S^T scale -
+// lse), dS^T = P^T (dP^T - delta) scale, dV += P^T dO, dK += dS^T Q. A query tile goes in two halves
+// of 32 queries, which keeps the live fragments within the register file at D = 128.
+template <int D>
+__global__ void __launch_bounds__(THREADS) mma_dkdv_kernel(bf16 *dqkv, const bf16 *dout, const bf16 *qkv,
+                                                           const float *lse, const float *delta, int B, int T, int NH,
+                                                           int NKV, float scale, int n_t) {
+    typedef Geom<D> G;
+    extern __shared__ __align__(16) unsigned char smem[];
+    bf16 *Ks = reinterpret_cast<bf16 *>(smem), *Vs = Ks + TILE * G::DS;
+    bf16 *QO = Vs + TILE * G::DS;                                          // buffer i: Q, dO at tiles 2i, 2i+1
+    float *stats = reinterpret_cast<float *>(QO + 4 * TILE * G::DS);      // buffer i: lse, delta at 2i, 2i+1
+
+    const unsigned BG = (unsigned)B * (unsigned)NKV;
+    const int bg = (int)(blockIdx.x % BG), kt = (int)(blockIdx.x / BG);
+    const int b = bg / NKV, g = bg % NKV, k0 = kt * TILE, group = NH / NKV;
+    const size_t W = (size_t)(NH + 2 * NKV) * D, WO = (size_t)NH * D;
+    const bf16 *base = qkv + (size_t)b * T * W;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gq = lane / 4, tq = lane % 4;
+    const int r0 = warp * 16 + gq;        // this lane's key rows: r0 and r0 + 8
+    const int ka = k0 + r0, kb = ka + 8;
+    const int n_q = n_t - kt;             // query tiles per head, from the diagonal on
+    const int n_iter = group * n_q;
+
+    auto load_q = [&](int it) {
+        const int h = g * group + it / n_q, q0 = (kt + it % n_q) * TILE;
+        bf16 *dst = QO + (size_t)(2 * (it & 1)) * TILE * G::DS;
+        load_tile<D>(dst, base + (size_t)q0 * W + (size_t)h * D, W, T - q0);
+        load_tile<D>(dst + TILE * G::DS, dout + ((size_t)b * T + q0) * WO + (size_t)h * D, WO, T - q0);
+        float *st = stats + 2 * (it & 1) * TILE;
+        const size_t row = ((size_t)b * NH + h) * T + q0;
+        load_stats(st, lse + row, T - q0);
+        load_stats(st + TILE, delta + row, T - q0);
+    };
+    load_tile<D>(Ks, base + (size_t)k0 * W + (size_t)(NH + g) * D, W, T - k0);
+    load_tile<D>(Vs, base + (size_t)k0 * W + (size_t)(NH + NKV + g) * D, W, T - k0);
+    load_q(0);
+    cp_commit();
+
+    float dk[G::ND][4], dv[G::ND][4];
+#pragma unroll
+    for (int nd = 0; nd < G::ND; nd++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) dk[nd][e] = dv[nd][e] = 0.0f;
+
+    for (int it = 0; it < n_iter; it++) {
+        if (it + 1 < n_iter) {
+            load_q(it + 1);
+            cp_commit();
+            cp_wait<1>();
+        } else {
+            cp_wait<0>();
+        }
+        __syncthreads();
+        const int q0 = (kt + it % n_q) * TILE;
+        const bf16 *Qs = QO + (size_t)(2 * (it & 1)) * TILE * G::DS, *dOs = Qs + TILE * G::DS;
+        const float *lse_s = stats + 2 * (it & 1) * TILE, *delta_s = lse_s + TILE;
+        // on the diagonal, queries before this warp's first key are masked for all its rows
+        const int nt_begin = q0 == k0 ? 2 * warp : 0;
+#pragma unroll
+        for (int half = 0; half < 2; half++) {  // queries 32*half .. 32*half+31: n-tiles 4*half ..
+            if (4 * half + 3 < nt_begin) continue;
+            float s[4][4], dp[4][4];
+#pragma unroll
+            for (int n = 0; n < 4; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) s[n][e] = dp[n][e] = 0.0f;
+#pragma unroll
+            for (int kk = 0; kk < G::KD; kk++) {
+                uint32_t kf[4], vf[4];
+                load_a(kf, Ks + r0 * G::DS + kk * 16 + 2 * tq, G::DS);
+                load_a(vf, Vs + r0 * G::DS + kk * 16 + 2 * tq, G::DS);
+#pragma unroll
+                for (int n = 0; n < 4; n++) {
+                    const int nt = 4 * half + n;
+                    if (nt < nt_begin) continue;
+                    const bf16 *qp = Qs + (nt * 8 + gq) * G::DS + kk * 16 + 2 * tq;
+                    const bf16 *op = dOs + (nt * 8 + gq) * G::DS + kk * 16 + 2 * tq;
+                    mma(s[n], kf, lds32(qp), lds32(qp + 8));
+                    mma(dp[n], vf, lds32(op), lds32(op + 8));
+                }
+            }
+            uint32_t pf[2][4], dsf[2][4];  // A fragments over this half's two 16-query steps
+#pragma unroll
+            for (int n = 0; n < 4; n++) {
+                const int nt = 4 * half + n;
+                float p[4], ds[4];
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int c = nt * 8 + 2 * tq + (e & 1), qq = q0 + c;
+                    p[e] = ds[e] = 0.0f;
+                    if (nt >= nt_begin && qq >= (e < 2 ? ka : kb) && qq < T) {  // causal: key at or before query
+                        p[e] = expf(s[n][e] * scale - lse_s[c]);
+                        ds[e] = p[e] * (dp[n][e] - delta_s[c]) * scale;
+                    }
+                }
+                to_a(pf[n / 2], n % 2, p);
+                to_a(dsf[n / 2], n % 2, ds);
+            }
+#pragma unroll
+            for (int kq = 0; kq < 2; kq++) {
+                if (2 * (2 * half + kq) + 1 < nt_begin) continue;  // the whole 16-query step masked
+                mma_tile_rows<D>(dv, pf[kq], dOs, (2 * half + kq) * 16);
+                mma_tile_rows<D>(dk, dsf[kq], Qs, (2 * half + kq) * 16);
+            }
+        }
+        __syncthreads();  // every warp is done with this buffer before iteration it + 2 loads into it
+    }
+    bf16 *dst = dqkv + (size_t)b * T * W + (size_t)(NH + g) * D + 2 * tq;  // dK; dV at + NKV * D
+#pragma unroll
+    for (int nd = 0; nd < G::ND; nd++) {
+        if (ka < T) {
+            *reinterpret_cast<uint32_t *>(dst + ka * W + nd * 8) = pack_bf16(dk[nd][0], dk[nd][1]);
+            *reinterpret_cast<uint32_t *>(dst + ka * W + (size_t)NKV * D + nd * 8) = pack_bf16(dv[nd][0], dv[nd][1]);
+        }
+        if (kb < T) {
+            *reinterpret_cast<uint32_t *>(dst + kb * W + nd * 8) = pack_bf16(dk[nd][2], dk[nd][3]);
+            *reinterpret_cast<uint32_t *>(dst + kb * W + (size_t)NKV * D + nd * 8) = pack_bf16(dv[nd][2], dv[nd][3]);
+        }
+    }
+}
+
+// dQ: one block per (b, h, query tile), longest first; K and V tiles double-buffered up to the
+// diagonal: S = Q K^T and dP = dO V^T again, dS = P (dP - delta) scale, dQ += dS K.
+template <int D>
+__global__ void __launch_bounds__(THREADS) mma_dq_kernel(bf16 *dqkv, const bf16 *dout, const bf16 *qkv,
+                                                         const float *lse, const float *delta, int B, int T, int NH,
+                                                         int NKV, float scale, int n_qt) {
+    typedef Geom<D> G;
+    extern __shared__ __align__(16) unsigned char smem[];
+    bf16 *Qs = reinterpret_cast<bf16 *>(smem), *dOs = Qs + TILE * G::DS, *KV = dOs + TILE * G::DS;
+
+    const unsigned BH = (unsigned)B * (unsigned)NH;
+    const int bh = (int)(blockIdx.x % BH), qt = n_qt - 1 - (int)(blockIdx.x / BH);
+    const int b = bh / NH, h = bh % NH, g = h / (NH / NKV), q0 = qt * TILE;
+    const size_t W = (size_t)(NH + 2 * NKV) * D, WO = (size_t)NH * D;
+    const bf16 *base = qkv + (size_t)b * T * W;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gq = lane / 4, tq = lane % 4;
+    const int r0 = warp * 16 + gq;
+    const int qa = q0 + r0, qb = qa + 8;
+    const float lse_a = qa < T ? lse[(size_t)bh * T + qa] : 0.0f, lse_b = qb < T ? lse[(size_t)bh * T + qb] : 0.0f;
+    const float dl_a = qa < T ? delta[(size_t)bh * T + qa] : 0.0f, dl_b = qb < T ? delta[(size_t)bh * T + qb] : 0.0f;
+
+    load_tile<D>(Qs, base + (size_t)q0 * W + (size_t)h * D, W, T - q0);
+    load_tile<D>(dOs, dout + ((size_t)b * T + q0) * WO + (size_t)h * D, WO, T - q0);
+    load_kv<D>(KV, base, 0, W, T, NH, NKV, g);
+    cp_commit();
+
+    float dq[G::ND][4];
+#pragma unroll
+    for (int nd = 0; nd < G::ND; nd++) dq[nd][0] = dq[nd][1] = dq[nd][2] = dq[nd][3] = 0.0f;
+
+    for (int j = 0; j <= qt; j++) {
+        if (j < qt) {
+            load_kv<D>(KV, base, j + 1, W, T, NH, NKV, g);
+            cp_commit();
+            cp_wait<1>();
+        } else {
+            cp_wait<0>();
+        }
+        __syncthreads();
+        const bf16 *Ks = KV + (size_t)(2 * (j & 1)) * TILE * G::DS, *Vs = Ks + TILE * G::DS;
+        const int k0 = j * TILE;
+        const bool diag = j == qt;
+        const int nt_end = diag ? 2 * (warp + 1) : NT;
+        float s[NT][4], dp[NT][4];
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[nt][e] = dp[nt][e] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < G::KD; kk++) {
+            uint32_t qf[4], of[4];
+            load_a(qf, Qs + r0 * G::DS + kk * 16 + 2 * tq, G::DS);
+            load_a(of, dOs + r0 * G::DS + kk * 16 + 2 * tq, G::DS);
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                if (nt >= nt_end) continue;
+                const bf16 *kp = Ks + (nt * 8 + gq) * G::DS + kk * 16 + 2 * tq;
+                const bf16 *vp = Vs + (nt * 8 + gq) * G::DS + kk * 16 + 2 * tq;
+                mma(s[nt], qf, lds32(kp), lds32(kp + 8));
+                mma(dp[nt], of, lds32(vp), lds32(vp + 8));
+            }
+        }
+        uint32_t dsf[KT][4];
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            float ds[4];
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int key = k0 + nt * 8 + 2 * tq + (e & 1), q = e < 2 ? qa : qb;
+                ds[e] = 0.0f;
+                if (nt < nt_end && key <= q && q < T) {
+                    const float p = expf(s[nt][e] * scale - (e < 2 ? lse_a : lse_b));
+                    ds[e] = p * (dp[nt][e] - (e < 2 ? dl_a : dl_b)) * scale;
+                }
+            }
+            to_a(dsf[nt / 2], nt % 2, ds);
+        }
+        const int kt_end = diag ? warp + 1 : KT;
+#pragma unroll
+        for (int kk = 0; kk < KT; kk++)
+            if (kk < kt_end) mma_tile_rows<D>(dq, dsf[kk], Ks, kk * 16);
+        __syncthreads();
+    }
+    bf16 *dst = dqkv + (size_t)b * T * W + (size_t)h * D + 2 * tq;
+#pragma unroll
+    for (int nd = 0; nd < G::ND; nd++) {
+        if (qa < T) *reinterpret_cast<uint32_t *>(dst + qa * W + nd * 8) = pack_bf16(dq[nd][0], dq[nd][1]);
+        if (qb < T) *reinterpret_cast<uint32_t *>(dst + qb * W + nd * 8) = pack_bf16(dq[nd][2], dq[nd][3]);
+    }
+}
+
+// ---- host side --------------------------------------------------------------------------------
+
+unsigned long launches;  // calls whose kernels were queued (cuda_attention_mma_launches); one host thread
+
+// The launches: a grid or shared-memory limit is recorded as the op's failure (nothing queued, not counted).
+template <int D>
+void launch_forward(bf16 *out, float *lse, const bf16 *qkv, int B, int T, int NH, int NKV, float scale) {
+    const int n_qt = (T + TILE - 1) / TILE;
+    const size_t blocks = (size_t)n_qt * B * NH;
+    auto kernel = mma_forward_kernel<D>;
+    if (!sl_cuda_grid_ok(blocks, "cuda_attention_forward") || !sl_cuda_allow_smem(kernel, Geom<D>::forward)) return;
+    kernel<<<(unsigned)blocks, THREADS, Geom<D>::forward, sl_cuda_stream()>>>(out, lse, qkv, B, T, NH, NKV, scale, n_qt);
+    CUDA_LAUNCH_CHECK();
+    launches++;
+}
+
+template <int D>
+void launch_backward(bf16 *dqkv, const bf16 *dout, const bf16 *qkv, const float *lse, const float *delta, int B,
+                     int T, int NH, int NKV, float scale) {
+    const int n_t = (T + TILE - 1) / TILE;
+    const size_t kv_blocks = (size_t)n_t * B * NKV, q_blocks = (size_t)n_t * B * NH;
+    auto dkdv = mma_dkdv_kernel<D>;
+    auto dq = mma_dq_kernel<D>;
+    if (!sl_cuda_grid_ok(q_blocks, "cuda_attention_backward") || !sl_cuda_allow_smem(dkdv, Geom<D>::dkdv) ||
+        !sl_cuda_allow_smem(dq, Geom<D>::dq))
+        return;
+    dkdv<<<(unsigned)kv_blocks, THREADS, Geom<D>::dkdv, sl_cuda_stream()>>>(dqkv, dout, qkv, lse, delta, B, T, NH, NKV,
+                                                                            scale, n_t);
+    CUDA_LAUNCH_CHECK();
+    dq<<<(unsigned)q_blocks, THREADS, Geom<D>::dq, sl_cuda_stream()>>>(dqkv, dout, qkv, lse, delta, B, T, NH, NKV,
+                                                                       scale, n_t);
+    CUDA_LAUNCH_CHECK();
+    launches++;
+}
+
+// SHARDLM_ATTENTION=mma (settings.h: attention_tensor_cores 2) picks these kernels.
+bool mma_enabled() { return sl_settings_get()->attention_tensor_cores == 2; }
+
+}  // namespace
+
+extern "C" unsigned long cuda_attention_mma_launches(void) { return launches; }
+
+bool attention_mma_forward(bf16 *out, float *lse, const bf16 *qkv, int B, int T, int NH, int NKV, int HD,
+                           float scale) {
+    if (!mma_enabled() || !att_tc_head_dim(HD) || !att_tc_smem_fits<Geom>(HD, false) || !att_tc_aligned16(out) ||
+        !att_tc_aligned16(qkv))
+        return false;
+    ATT_TC_DISPATCH(HD, launch_forward, out, lse, qkv, B, T, NH, NKV, scale);
+    return true;
+}
+
+bool attention_mma_backward(bf16 *dqkv, const bf16 *dout, const bf16 *qkv, const float *lse, const float *delta,
+                            int B, int T, int NH, int NKV, int HD, float scale) {
+    if (!mma_enabled() || !att_tc_head_dim(HD) || !att_tc_smem_fits<Geom>(HD, true) || !att_tc_aligned16(dqkv) ||
+        !att_tc_aligned16(dout) || !att_tc_aligned16(qkv))
+        return false;
+    ATT_TC_DISPATCH(HD, launch_backward, dqkv, dout, qkv, lse, delta, B, T, NH, NKV, scale);
+    return true;
+}
