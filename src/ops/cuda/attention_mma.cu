@@ -4,6 +4,8 @@
 // running output and its per-row rescale, and the gradients dK, dV, dQ. attention_tc.cu's WMMA kernels
 // pass each product through fp32 tiles in shared memory instead (WMMA's fragment layout is
 // unspecified). Deterministic: fixed loop and xor-shuffle orders, each output written by one thread.
+// Exponentials are exp2f of log2(e)-scaled scores (one FFMA and MUFU.EX2 each, flash-attention's way;
+// within fp32 rounding of expf, far below the bf16 rounding of P).
 // Opt-in (SHARDLM_ATTENTION=mma) until a GPU run has measured it; docs/gpu.md, "Attention with the
 // fragments in registers (attention_mma.cu)", has the design and the numerics.
 //
@@ -38,6 +40,8 @@ constexpr int THREADS = WARPS * 32;
 constexpr int NT = TILE / 8;         // 8-wide column blocks across a tile (n-tiles of a score product)
 constexpr int KT = TILE / 16;        // 16-deep steps across a tile (k-steps of a product over a tile)
 constexpr unsigned FULL = 0xffffffffu;
+constexpr float LOG2E = 1.4426950408889634f;  // exponentials as exp2f of log2-scaled scores (one FFMA + MUFU.EX2)
+constexpr float LN2 = 0.6931471805599453f;
 
 template <int D> struct Geom {
     static constexpr int DS = D + 8;  // row stride (elements) of a bf16 (64, D) shared tile: rows 16-byte
@@ -169,6 +173,7 @@ __global__ void __launch_bounds__(THREADS) mma_forward_kernel(bf16 *out, float *
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gq = lane / 4, tq = lane % 4;
     const int r0 = warp * 16 + gq;        // this lane's rows of the tile: r0 and r0 + 8
     const int qa = q0 + r0, qb = qa + 8;  // their query positions
+    const float scale2 = scale * LOG2E;
 
     load_tile<D>(Qs, base + (size_t)q0 * W + (size_t)h * D, W, T - q0);
     load_kv<D>(KV, base, 0, W, T, NH, NKV, g);
@@ -208,14 +213,15 @@ __global__ void __launch_bounds__(THREADS) mma_forward_kernel(bf16 *out, float *
                 for (int kk = 0; kk < G::KD; kk++) mma(s[nt], qf[kk], lds32(kp + kk * 16), lds32(kp + kk * 16 + 8));
             }
         }
-        // scale, causal mask, the rows' maxima over their 4 lanes
+        // scale (in log2 units: m and the scores are log2(e) times the natural ones), causal mask, the
+        // rows' maxima over their 4 lanes
         float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
         for (int nt = 0; nt < NT; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int key = k0 + nt * 8 + 2 * tq + (e & 1);
-                const float v = nt < nt_end && key <= (e < 2 ? qa : qb) ? s[nt][e] * scale : -INFINITY;
+                const float v = nt < nt_end && key <= (e < 2 ? qa : qb) ? s[nt][e] * scale2 : -INFINITY;
                 s[nt][e] = v;
                 mx[e >> 1] = fmaxf(mx[e >> 1], v);
             }
@@ -226,17 +232,17 @@ __global__ void __launch_bounds__(THREADS) mma_forward_kernel(bf16 *out, float *
             mx[i] = fmaxf(mx[i], __shfl_xor_sync(FULL, mx[i], 2));
             const float m_new = fmaxf(m[i], mx[i]);   // finite: every row sees its tile's first key
             mu[i] = m_new == -INFINITY ? 0.0f : m_new;
-            corr[i] = expf(m[i] - mu[i]);             // 0 on the first tile
+            corr[i] = exp2f(m[i] - mu[i]);            // 0 on the first tile
             m[i] = m_new;
         }
-        // P = exp(S - m), summed unrounded, rounded to bf16 straight into A fragments
+        // P = exp(S - m) = exp2(S2 - m2), summed unrounded, rounded to bf16 straight into A fragments
         uint32_t pf[KT][4];
         float rs[2] = {0.0f, 0.0f};
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
             float p[4];
 #pragma unroll
-            for (int e = 0; e < 4; e++) p[e] = expf(s[nt][e] - mu[e >> 1]);
+            for (int e = 0; e < 4; e++) p[e] = exp2f(s[nt][e] - mu[e >> 1]);
             rs[0] += p[0] + p[1];
             rs[1] += p[2] + p[3];
             to_a(pf[nt / 2], nt % 2, p);
@@ -261,16 +267,17 @@ __global__ void __launch_bounds__(THREADS) mma_forward_kernel(bf16 *out, float *
             if (kk < kt_end) mma_tile_rows<D>(o, pf[kk], Vs, kk * 16);
         __syncthreads();  // every warp is done with this buffer before tile j + 2 is loaded into it
     }
-    if (tq == 0) {
-        if (qa < T) lse[(size_t)bh * T + qa] = m[0] + logf(l[0]);
-        if (qb < T) lse[(size_t)bh * T + qb] = m[1] + logf(l[1]);
+    if (tq == 0) {  // natural log-sum-exp: m2 ln 2 + ln l
+        if (qa < T) lse[(size_t)bh * T + qa] = m[0] * LN2 + logf(l[0]);
+        if (qb < T) lse[(size_t)bh * T + qb] = m[1] * LN2 + logf(l[1]);
     }
     const size_t WO = (size_t)NH * D;
     bf16 *dst = out + (size_t)b * T * WO + (size_t)h * D + 2 * tq;
+    const float inv_a = 1.0f / l[0], inv_b = 1.0f / l[1];
 #pragma unroll
     for (int nd = 0; nd < G::ND; nd++) {
-        if (qa < T) *reinterpret_cast<uint32_t *>(dst + qa * WO + nd * 8) = pack_bf16(o[nd][0] / l[0], o[nd][1] / l[0]);
-        if (qb < T) *reinterpret_cast<uint32_t *>(dst + qb * WO + nd * 8) = pack_bf16(o[nd][2] / l[1], o[nd][3] / l[1]);
+        if (qa < T) *reinterpret_cast<uint32_t *>(dst + qa * WO + nd * 8) = pack_bf16(o[nd][0] * inv_a, o[nd][1] * inv_a);
+        if (qb < T) *reinterpret_cast<uint32_t *>(dst + qb * WO + nd * 8) = pack_bf16(o[nd][2] * inv_b, o[nd][3] * inv_b);
     }
 }
 
@@ -299,6 +306,7 @@ __global__ void __launch_bounds__(THREADS) mma_dkdv_kernel(bf16 *dqkv, const bf1
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gq = lane / 4, tq = lane % 4;
     const int r0 = warp * 16 + gq;        // this lane's key rows: r0 and r0 + 8
     const int ka = k0 + r0, kb = ka + 8;
+    const float scale2 = scale * LOG2E;
     const int n_q = n_t - kt;             // query tiles per head, from the diagonal on
     const int n_iter = group * n_q;
 
@@ -370,7 +378,7 @@ __global__ void __launch_bounds__(THREADS) mma_dkdv_kernel(bf16 *dqkv, const bf1
                     const int c = nt * 8 + 2 * tq + (e & 1), qq = q0 + c;
                     p[e] = ds[e] = 0.0f;
                     if (nt >= nt_begin && qq >= (e < 2 ? ka : kb) && qq < T) {  // causal: key at or before query
-                        p[e] = expf(s[n][e] * scale - lse_s[c]);
+                        p[e] = exp2f(s[n][e] * scale2 - lse_s[c] * LOG2E);
                         ds[e] = p[e] * (dp[n][e] - delta_s[c]) * scale;
                     }
                 }
@@ -418,7 +426,9 @@ __global__ void __launch_bounds__(THREADS) mma_dq_kernel(bf16 *dqkv, const bf16 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gq = lane / 4, tq = lane % 4;
     const int r0 = warp * 16 + gq;
     const int qa = q0 + r0, qb = qa + 8;
-    const float lse_a = qa < T ? lse[(size_t)bh * T + qa] : 0.0f, lse_b = qb < T ? lse[(size_t)bh * T + qb] : 0.0f;
+    const float scale2 = scale * LOG2E;  // scores and lse in log2 units: p = exp2(s scale log2 e - lse log2 e)
+    const float lse_a = qa < T ? lse[(size_t)bh * T + qa] * LOG2E : 0.0f;
+    const float lse_b = qb < T ? lse[(size_t)bh * T + qb] * LOG2E : 0.0f;
     const float dl_a = qa < T ? delta[(size_t)bh * T + qa] : 0.0f, dl_b = qb < T ? delta[(size_t)bh * T + qb] : 0.0f;
 
     load_tile<D>(Qs, base + (size_t)q0 * W + (size_t)h * D, W, T - q0);
@@ -471,7 +481,7 @@ __global__ void __launch_bounds__(THREADS) mma_dq_kernel(bf16 *dqkv, const bf16 
                 const int key = k0 + nt * 8 + 2 * tq + (e & 1), q = e < 2 ? qa : qb;
                 ds[e] = 0.0f;
                 if (nt < nt_end && key <= q && q < T) {
-                    const float p = expf(s[nt][e] * scale - (e < 2 ? lse_a : lse_b));
+                    const float p = exp2f(s[nt][e] * scale2 - (e < 2 ? lse_a : lse_b));
                     ds[e] = p * (dp[nt][e] - (e < 2 ? dl_a : dl_b)) * scale;
                 }
             }
