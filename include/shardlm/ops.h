@@ -224,7 +224,9 @@ const sl_ops *sl_ops_for_precision(const sl_ops *ops, int precision);
 int sl_ops_cuda_built(void);
 
 // Thread count for the CPU backend (OpenMP and OpenBLAS); <= 0 keeps OMP_NUM_THREADS / the default.
-void sl_ops_cpu_set_threads(int n);
+// -1 (error set, nothing changed) when an address-space limit leaves no room for OpenBLAS's GEMM
+// buffers at n threads, where OpenBLAS would retry forever (address_space.h); else 0.
+int sl_ops_cpu_set_threads(int n);
 int sl_ops_cpu_threads(void);
 
 #endif

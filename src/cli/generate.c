@@ -206,7 +206,10 @@ int cmd_generate(int argc, char **argv) {
         fprintf(stderr, "error: %s\n", sl_error());
         return 2;
     }
-    sl_ops_cpu_set_threads(threads);
+    if (sl_ops_cpu_set_threads(threads)) {
+        fprintf(stderr, "error: --threads: %s\n", sl_error());
+        return 1;
+    }
     // cuda: the GPU is initialised here; cpu stays sl_ops_cpu (the bf16 table is chosen below)
     const sl_ops *device_ops = strcmp(device, "cpu") ? sl_ops_for_device(device, 0) : &sl_ops_cpu;
     if (!device_ops) {

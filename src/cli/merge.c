@@ -115,7 +115,10 @@ int cmd_merge(int argc, char **argv) {
         fprintf(stderr, "error: merge needs --model BASE, --adapter DIR and --output OUT\n");
         return 2;
     }
-    sl_ops_cpu_set_threads(threads);
+    if (sl_ops_cpu_set_threads(threads)) {
+        fprintf(stderr, "error: --threads: %s\n", sl_error());
+        return 1;
+    }
     if (merge(base, adapter, out, dtype, no_verify)) {
         fprintf(stderr, "error: %s\n", sl_error());
         return 1;

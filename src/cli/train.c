@@ -583,10 +583,8 @@ int cmd_train(int argc, char **argv) {
     }
     // under `shardlm launch`: a background heartbeat so the launcher can tell a hung rank from a slow one
     if (rc == 0 && sl_heartbeat_start() != 0) fprintf(stderr, "warning: no heartbeat for the launcher: %s\n", sl_error());
-    if (rc == 0) {
-        sl_ops_cpu_set_threads(c.threads);
-        rc = run(&c, world);
-    }
+    if (rc == 0) rc = sl_ops_cpu_set_threads(c.threads);
+    if (rc == 0) rc = run(&c, world);
     if (rc) {
         const char *msg = sl_error();
         if (msg[0] && world && sl_comm_size(world) > 1) fprintf(stderr, "error: [rank %d] %s\n", sl_comm_rank(world), msg);

@@ -1,5 +1,6 @@
 // ops_cpu.c: the CPU ops table and thread control (OpenMP and OpenBLAS share one count).
 #include "ops/cpu/cpu_ops.h"
+#include "shardlm/address_space.h"
 #include "shardlm/error.h"
 #include "shardlm/precision.h"
 
@@ -90,10 +91,19 @@ const sl_ops sl_ops_cpu = {
     SL_CPU_HOST_FNS,
 };
 
-void sl_ops_cpu_set_threads(int n) {
-    if (n <= 0) return;
+int sl_ops_cpu_set_threads(int n) {
+    if (n <= 0) return 0;
+    // the buffers of the threads so far are mapped already (checked before start-up: src/cli/preinit.c)
+    const int now = omp_get_max_threads();
+    long limit, more = sl_openblas_need_mib(n) - sl_openblas_need_mib(now) + SL_ADDRESS_HEADROOM_MIB;
+    if (n > now && !sl_address_space_fits(more, &limit))
+        return sl_errorf("%d threads under an address-space limit of %ld MiB (ulimit -v / RLIMIT_AS): OpenBLAS maps "
+                         "a %d MiB GEMM buffer per thread (%ld MiB more than for %d threads, with headroom) and "
+                         "retries forever when the limit refuses one; use fewer threads or raise the limit",
+                         n, limit, SL_OPENBLAS_BUFFER_MIB, more, now);
     omp_set_num_threads(n);
     openblas_set_num_threads(n);
+    return 0;
 }
 
 int sl_ops_cpu_threads(void) { return omp_get_max_threads(); }
