@@ -143,11 +143,11 @@ session_dry() {
   SHARDLM_GPU_SUITE_DRY=1 SHARDLM_GPU_BUILD="$bdir" SESSION_TORCH=0 SESSION_BUDGET_S=300 OUT="$tmp/out" \
     bash tests/gpu/session.sh
   local f s="$tmp/out/session_summary.txt"
-  for f in session_summary.txt session_logs.tgz gpu_results.jsonl gpu_section.md gpu_bench.log RESULTS.md; do
+  for f in session_summary.txt session_logs.tgz decode.jsonl gpu_results.jsonl gpu_section.md gpu_bench.log RESULTS.md; do
     [ -s "$tmp/out/$f" ] || { echo "session.sh left no $f in \$OUT"; return 1; }
   done
   for f in '^PASS build$' '^-- op group norm: ' '^-- test_model_cuda: ' '^-- bench/gpu.sh ' \
-           '^gpu.sh .* finished in ' '^-- op group attention: ' '^[0-9]+ passed, [0-9]+ failed '; do
+           '^gpu.sh .* finished in ' '^-- bench_decode ' '^-- op group attention: ' '^[0-9]+ passed, [0-9]+ failed '; do
     grep -Eq "$f" "$s" || { echo "session summary lacks /$f/:"; cat "$s"; return 1; }
   done
 }

@@ -14,10 +14,12 @@
 #      WMMA kernels) and the SHARDLM_FUSED_KERNELS=0 rows (the fused kernels before / after), same card,
 #      same call. On the 2026-11-24 H100 these stages took about 2 minutes together
 #      (the build 51 s, shardlm 17 s, eager 19 s, torch.compile 63 s);
+#   4b. bench_decode on the GPU (`generate --device cuda`'s path): GPT-2 124M prefill and decode tok/s,
+#      fp32 and bf16, into decode.jsonl;
 #   5. with time left, the other op groups (attention first).
 # Outputs in $OUT (8 files at most come back): session_summary.txt (PASS / FAIL / SKIP / TIMEOUT lines,
-# each stage's seconds, "N passed, N failed"), session_logs.tgz (every log), and bench/gpu.sh's
-# gpu_results.jsonl, gpu_section.md, gpu_bench.log, RESULTS.md. Carry ["build/gpu-deps"] (made here by
+# each stage's seconds, "N passed, N failed"), session_logs.tgz (every log), decode.jsonl and
+# bench/gpu.sh's gpu_results.jsonl, gpu_section.md, gpu_bench.log, RESULTS.md. Carry ["build/gpu-deps"] (made here by
 # tests/gpu/pack.sh); the data are not needed. SESSION_BENCH_S (default 240) is the benchmark's share.
 # SHARDLM_GPU_SUITE_DRY=1 runs the scripting without a GPU: the op programs SKIP, and the benchmark is
 # bench/gpu.sh's own dry run (GPU_DEVICE=cpu, gpt2-tiny), written under the log directory.
@@ -90,6 +92,22 @@ if left 120 bench; then
     timeout -k 10 $((room + 15)) bash bench/gpu.sh >"$logdir/bench.txt" 2>&1
   note "-- bench/gpu.sh (gpt2; fused and separate kernels): $((SECONDS - start))s, exit $?"
   grep -E '^gpu.sh .*(==|SKIPPED|done in|finished)' "$logdir/bench.txt" >>"$summary"
+fi
+
+# 4b. generation on the GPU (issue 14 item 6): prefill and decode tok/s of GPT-2 124M, fp32 and bf16
+if left 60 decode; then
+  start=$SECONDS
+  dec=(--model gpt2 --device cuda --prompt 128 --tokens 256 --repeats 3)
+  [ "${SHARDLM_GPU_SUITE_DRY:-0}" = 1 ] && dec=(--model gpt2-tiny --device cpu --prompt 16 --tokens 8 --repeats 1)
+  for p in fp32 bf16; do
+    if timeout -k 10 90 "$B/bench_decode" "${dec[@]}" --precision "$p" >>"$logdir/decode.jsonl" 2>>"$logdir/decode.txt"; then
+      note "PASS decode_$p"; passed=$((passed + 1))
+    else
+      note "FAIL decode_$p: bench_decode exit $? (decode.txt)"; failed=$((failed + 1))
+    fi
+  done
+  [ -n "${OUT:-}" ] && [ -s "$logdir/decode.jsonl" ] && cp "$logdir/decode.jsonl" "$OUT/decode.jsonl"
+  note "-- bench_decode (gpt2, fp32 and bf16): $((SECONDS - start))s"
 fi
 
 # 5. the other op groups, attention first
