@@ -4,8 +4,9 @@
 // running output and its per-row rescale, and the gradients dK, dV, dQ. attention_tc.cu's WMMA kernels
 // pass each product through fp32 tiles in shared memory instead (WMMA's fragment layout is
 // unspecified). Deterministic: fixed loop and xor-shuffle orders, each output written by one thread.
-// Exponentials are exp2f of log2(e)-scaled scores (one FFMA and MUFU.EX2 each, flash-attention's way;
-// within fp32 rounding of expf, far below the bf16 rounding of P).
+// Exponentials are exp2f of log2(e)-scaled scores (an ex2.approx each after a subtraction or a fused
+// multiply-add, flash-attention's way, instead of expf's range reduction; within fp32 rounding of
+// expf, far below the bf16 rounding of P).
 // Opt-in (SHARDLM_ATTENTION=mma) until a GPU run has measured it; docs/gpu.md, "Attention with the
 // fragments in registers (attention_mma.cu)", has the design and the numerics.
 //
@@ -40,7 +41,7 @@ constexpr int THREADS = WARPS * 32;
 constexpr int NT = TILE / 8;         // 8-wide column blocks across a tile (n-tiles of a score product)
 constexpr int KT = TILE / 16;        // 16-deep steps across a tile (k-steps of a product over a tile)
 constexpr unsigned FULL = 0xffffffffu;
-constexpr float LOG2E = 1.4426950408889634f;  // exponentials as exp2f of log2-scaled scores (one FFMA + MUFU.EX2)
+constexpr float LOG2E = 1.4426950408889634f;  // exponentials as exp2f of log2-scaled scores
 constexpr float LN2 = 0.6931471805599453f;
 
 template <int D> struct Geom {
