@@ -8,7 +8,7 @@
 #include <string.h>
 
 #define DEFAULTS                                                                                      \
-    {.gelu_epilogue = 1, .attention_tensor_cores = 1, .fused_kernels = 1, .bf16_storage = 1, .cpu_bf16 = 1, .log_level = 1,   \
+    {.gelu_epilogue = 1, .attention = SL_ATTENTION_TC, .fused_kernels = 1, .bf16_storage = 1, .cpu_bf16 = 1, .log_level = 1,   \
      .heartbeat_interval_ms = 1000, .terminal = 1}
 static sl_settings settings = DEFAULTS;
 static int loaded;
@@ -81,12 +81,12 @@ static void read_int(const char *name, int lo, int hi, int *out) {
 
 int sl_settings_load(void) {
     static const char *const attention[] = {"tc", "simt", "mma"}, *const levels[] = {"debug", "info", "warn", "error"};
-    static const int attention_v[] = {1, 0, 2}, levels_v[] = {0, 1, 2, 3};
+    static const int attention_v[] = {SL_ATTENTION_TC, SL_ATTENTION_SIMT, SL_ATTENTION_MMA}, levels_v[] = {0, 1, 2, 3};
     sl_settings s = DEFAULTS;
     first_error[0] = '\0';
     read_switch("SHARDLM_TF32", &s.tf32);
     read_switch("SHARDLM_GELU_EPILOGUE", &s.gelu_epilogue);
-    read_word("SHARDLM_ATTENTION", attention, attention_v, 3, &s.attention_tensor_cores, "tc, simt or mma");
+    read_word("SHARDLM_ATTENTION", attention, attention_v, 3, &s.attention, "tc, simt or mma");
     read_switch("SHARDLM_FUSED_KERNELS", &s.fused_kernels);
     read_switch("SHARDLM_GEMM_AUTOTUNE", &s.gemm_autotune);
     read_switch("SHARDLM_BF16_STORAGE", &s.bf16_storage);

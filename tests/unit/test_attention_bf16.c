@@ -120,15 +120,15 @@ TEST(attention_setting_words) {
     for (int i = 0; i < 3; i++) {
         setenv("SHARDLM_ATTENTION", words[i].word, 1);
         CHECK(sl_settings_load() == 0);
-        CHECK_MSG(sl_settings_get()->attention_tensor_cores == words[i].value, "%s gave %d", words[i].word,
-                  sl_settings_get()->attention_tensor_cores);
+        CHECK_MSG(sl_settings_get()->attention == words[i].value, "%s gave %d", words[i].word,
+                  sl_settings_get()->attention);
     }
     setenv("SHARDLM_ATTENTION", "flash", 1);
     CHECK(sl_settings_load() != 0);
     CHECK_MSG(strstr(sl_error(), "SHARDLM_ATTENTION") && strstr(sl_error(), "tc, simt or mma"), "message: %s", sl_error());
     unsetenv("SHARDLM_ATTENTION");
     CHECK(sl_settings_load() == 0);
-    CHECK(sl_settings_get()->attention_tensor_cores == 1);
+    CHECK(sl_settings_get()->attention == 1);
 }
 
 TEST_MAIN()

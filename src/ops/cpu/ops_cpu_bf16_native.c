@@ -242,13 +242,14 @@ static void composed_residual_rmsnorm_forward(sl_act *resid, sl_act *out, float 
 // emulation stages it (its bits).
 static void matrix_attention_forward(sl_act *out, float *lse, const sl_act *qkv, int B, int T, int NH, int NKV, int HD,
                                      int window) {
-    if (sl_settings_get()->attention_tensor_cores) cpu_bf16_attention_forward(out, lse, qkv, B, T, NH, NKV, HD, window);
+    if (sl_settings_get()->attention != SL_ATTENTION_SIMT)
+        cpu_bf16_attention_forward(out, lse, qkv, B, T, NH, NKV, HD, window);
     else staged_attention_forward(out, lse, qkv, B, T, NH, NKV, HD, window);
 }
 
 static void matrix_attention_backward(sl_act *dqkv, const sl_act *dout, const sl_act *qkv, const sl_act *out,
                                       const float *lse, int B, int T, int NH, int NKV, int HD, int window) {
-    if (sl_settings_get()->attention_tensor_cores)
+    if (sl_settings_get()->attention != SL_ATTENTION_SIMT)
         cpu_bf16_attention_backward(dqkv, dout, qkv, out, lse, B, T, NH, NKV, HD, window);
     else staged_attention_backward(dqkv, dout, qkv, out, lse, B, T, NH, NKV, HD, window);
 }

@@ -537,8 +537,8 @@ void launch_backward(bf16 *dqkv, const bf16 *dout, const bf16 *qkv, const float 
     launches++;
 }
 
-// SHARDLM_ATTENTION=mma (settings.h: attention_tensor_cores 2) picks these kernels.
-bool mma_enabled() { return sl_settings_get()->attention_tensor_cores == 2; }
+// SHARDLM_ATTENTION=mma picks these kernels.
+bool mma_enabled() { return sl_settings_get()->attention == SL_ATTENTION_MMA; }
 
 }  // namespace
 

@@ -370,7 +370,7 @@ void launch_backward(bf16 *dqkv, const bf16 *dout, const bf16 *qkv, const float 
 
 // SHARDLM_ATTENTION=simt keeps bf16 attention on the SIMT kernels (a comparison, or a way around a
 // problem): settings.h.
-bool tc_enabled() { return sl_settings_get()->attention_tensor_cores != 0; }
+bool tc_enabled() { return sl_settings_get()->attention != SL_ATTENTION_SIMT; }
 
 }  // namespace
 
