@@ -145,6 +145,34 @@ template <int D> __device__ __forceinline__ void mma_tile_rows(float (*acc)[4], 
     }
 }
 
+// Two score products sharing their k loop over the head dim, for the 8-row blocks nt = nt0 + n (n < N)
+// of the B tiles with lo <= nt < hi (the other blocks stay 0): s[n] = A1's rows r0, r0 + 8 times B1's
+// rows 8 nt .. 8 nt + 7 transposed, and t[n] the same for A2 and B2 (S = Q K^T with dP = dO V^T, or
+// their transposes S^T = K Q^T with dP^T = V dO^T).
+template <int D, int N>
+__device__ __forceinline__ void two_scores(float (*s)[4], float (*t)[4], const bf16 *a1, const bf16 *a2,
+                                           const bf16 *b1, const bf16 *b2, int r0, int nt0, int lo, int hi) {
+    const int lane = threadIdx.x % 32, gq = lane / 4, tq = lane % 4;
+#pragma unroll
+    for (int n = 0; n < N; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) s[n][e] = t[n][e] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < Geom<D>::KD; kk++) {
+        uint32_t f1[4], f2[4];
+        load_a(f1, a1 + r0 * Geom<D>::DS + kk * 16 + 2 * tq, Geom<D>::DS);
+        load_a(f2, a2 + r0 * Geom<D>::DS + kk * 16 + 2 * tq, Geom<D>::DS);
+#pragma unroll
+        for (int n = 0; n < N; n++) {
+            const int nt = nt0 + n;
+            if (nt < lo || nt >= hi) continue;
+            const int off = (nt * 8 + gq) * Geom<D>::DS + kk * 16 + 2 * tq;
+            mma(s[n], f1, lds32(b1 + off), lds32(b1 + off + 8));
+            mma(t[n], f2, lds32(b2 + off), lds32(b2 + off + 8));
+        }
+    }
+}
+
 // The K and V tiles of key tile j (kv head g of batch row base) into buffer j % 2 of KV (K, V at tiles
 // 2 (j % 2) and 2 (j % 2) + 1), asynchronously.
 template <int D>
@@ -349,26 +377,8 @@ __global__ void __launch_bounds__(THREADS) mma_dkdv_kernel(bf16 *dqkv, const bf1
 #pragma unroll
         for (int half = 0; half < 2; half++) {  // queries 32*half .. 32*half+31: n-tiles 4*half ..
             if (4 * half + 3 < nt_begin) continue;
-            float s[4][4], dp[4][4];
-#pragma unroll
-            for (int n = 0; n < 4; n++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) s[n][e] = dp[n][e] = 0.0f;
-#pragma unroll
-            for (int kk = 0; kk < G::KD; kk++) {
-                uint32_t kf[4], vf[4];
-                load_a(kf, Ks + r0 * G::DS + kk * 16 + 2 * tq, G::DS);
-                load_a(vf, Vs + r0 * G::DS + kk * 16 + 2 * tq, G::DS);
-#pragma unroll
-                for (int n = 0; n < 4; n++) {
-                    const int nt = 4 * half + n;
-                    if (nt < nt_begin) continue;
-                    const bf16 *qp = Qs + (nt * 8 + gq) * G::DS + kk * 16 + 2 * tq;
-                    const bf16 *op = dOs + (nt * 8 + gq) * G::DS + kk * 16 + 2 * tq;
-                    mma(s[n], kf, lds32(qp), lds32(qp + 8));
-                    mma(dp[n], vf, lds32(op), lds32(op + 8));
-                }
-            }
+            float s[4][4], dp[4][4];  // S^T = K Q^T, dP^T = V dO^T
+            two_scores<D, 4>(s, dp, Ks, Vs, Qs, dOs, r0, 4 * half, nt_begin, NT);
             uint32_t pf[2][4], dsf[2][4];  // A fragments over this half's two 16-query steps
 #pragma unroll
             for (int n = 0; n < 4; n++) {
@@ -454,25 +464,8 @@ __global__ void __launch_bounds__(THREADS) mma_dq_kernel(bf16 *dqkv, const bf16 
         const int k0 = j * TILE;
         const bool diag = j == qt;
         const int nt_end = diag ? 2 * (warp + 1) : NT;
-        float s[NT][4], dp[NT][4];
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) s[nt][e] = dp[nt][e] = 0.0f;
-#pragma unroll
-        for (int kk = 0; kk < G::KD; kk++) {
-            uint32_t qf[4], of[4];
-            load_a(qf, Qs + r0 * G::DS + kk * 16 + 2 * tq, G::DS);
-            load_a(of, dOs + r0 * G::DS + kk * 16 + 2 * tq, G::DS);
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-                if (nt >= nt_end) continue;
-                const bf16 *kp = Ks + (nt * 8 + gq) * G::DS + kk * 16 + 2 * tq;
-                const bf16 *vp = Vs + (nt * 8 + gq) * G::DS + kk * 16 + 2 * tq;
-                mma(s[nt], qf, lds32(kp), lds32(kp + 8));
-                mma(dp[nt], of, lds32(vp), lds32(vp + 8));
-            }
-        }
+        float s[NT][4], dp[NT][4];  // S = Q K^T, dP = dO V^T
+        two_scores<D, NT>(s, dp, Qs, dOs, Ks, Vs, r0, 0, 0, nt_end);
         uint32_t dsf[KT][4];
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
