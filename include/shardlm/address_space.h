@@ -7,8 +7,6 @@
 #ifndef SHARDLM_ADDRESS_SPACE_H
 #define SHARDLM_ADDRESS_SPACE_H
 
-#include <stddef.h>
-
 #define SL_OPENBLAS_BUFFER_MIB 130  // one buffer (128 MiB on x86-64) and its alignment slack
 #define SL_ADDRESS_HEADROOM_MIB 64  // thread stacks and libraries loaded later
 

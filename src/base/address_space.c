@@ -1,6 +1,7 @@
 // address_space.c: see address_space.h.
 #include "shardlm/address_space.h"
 
+#include <stddef.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 

@@ -95,7 +95,7 @@ int sl_ops_cpu_set_threads(int n) {
     if (n <= 0) return 0;
     // the buffers of the threads so far are mapped already (checked before start-up: src/cli/preinit.c)
     const int now = omp_get_max_threads();
-    long limit, more = sl_openblas_need_mib(n) - sl_openblas_need_mib(now) + SL_ADDRESS_HEADROOM_MIB;
+    long limit, more = (long)(n - now) * SL_OPENBLAS_BUFFER_MIB + SL_ADDRESS_HEADROOM_MIB;
     if (n > now && !sl_address_space_fits(more, &limit))
         return sl_errorf("%d threads under an address-space limit of %ld MiB (ulimit -v / RLIMIT_AS): OpenBLAS maps "
                          "a %d MiB GEMM buffer per thread (%ld MiB more than for %d threads, with headroom) and "
