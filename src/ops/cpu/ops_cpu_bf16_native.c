@@ -265,14 +265,21 @@ SL_LORA_COMPOSED_OPS(sl_ops_cpu_bf16_native)
 // serially in double over all rows, so both ops give the emulation's bits.
 #define CE_BLOCK_FLOATS (1 << 19)
 
+// Adds to *total, in row order, the loss term of each counted row of [r0, r0 + n): its lse minus its
+// target's logit as stored.
+static void add_loss_terms(double *total, const float *lse, const sl_act *logits, const int *targets, int r0, int n,
+                           int Vp) {
+    const sl_bf16 *x = (const sl_bf16 *)(const void *)logits;
+    for (int i = r0; i < r0 + n && !g_failed; i++)
+        if (targets[i] >= 0) *total += (double)(lse[i] - sl_bf16_to_f32(x[(size_t)i * Vp + targets[i]]));
+}
+
 static double blocked_crossentropy_forward(float *lse, const sl_act *logits, const int *targets, int N, int V,
                                            int Vp) {
-    const sl_bf16 *x = (const sl_bf16 *)(const void *)logits;
     FOR_ROW_BLOCKS(N, Vp, CE_BLOCK_FLOATS)
     staged_crossentropy_forward(lse + r0, ROWS(logits, r0, Vp), targets + r0, n, V, Vp);
     double total = 0.0;
-    for (int n = 0; n < N && !g_failed; n++)
-        if (targets[n] >= 0) total += (double)(lse[n] - sl_bf16_to_f32(x[(size_t)n * Vp + targets[n]]));
+    add_loss_terms(&total, lse, logits, targets, 0, N, Vp);
     return g_failed ? 0.0 : total;
 }
 
@@ -286,13 +293,11 @@ static void blocked_crossentropy_backward(sl_act *logits, const float *lse, cons
 // row order as blocked_crossentropy_forward adds them, so the same total), then its backward.
 static double blocked_crossentropy_fused(float *lse, sl_act *logits, const int *targets, int N, int V, int Vp,
                                          float dloss) {
-    const sl_bf16 *x = (const sl_bf16 *)(const void *)logits;
     double total = 0.0;
     FOR_ROW_BLOCKS(N, Vp, CE_BLOCK_FLOATS) {
         sl_act *block = ROWS(logits, r0, Vp);
         staged_crossentropy_forward(lse + r0, block, targets + r0, n, V, Vp);
-        for (int i = r0; i < r0 + n && !g_failed; i++)
-            if (targets[i] >= 0) total += (double)(lse[i] - sl_bf16_to_f32(x[(size_t)i * Vp + targets[i]]));
+        add_loss_terms(&total, lse, logits, targets, r0, n, Vp);
         staged_crossentropy_backward(block, lse + r0, targets + r0, n, V, Vp, dloss);
     }
     return g_failed ? 0.0 : total;
