@@ -57,6 +57,9 @@
 #include "shardlm/rng.h"
 
 #define REL_TOL 1e-5
+// cuBLASLt's DGELU epilogue (matmul_backward_gelu, fp32) evaluates GELU's derivative with its own tanh:
+// on an H100 (2026-11-27) 1.1e-5 from the CPU at GPT-2's c_proj shape, the fp32 GEMM alone 1.8e-6.
+#define DGELU_TOL 3e-5
 #define BF16_TOL 1e-2
 #define SUMSQ_TOL 1e-9
 #define BF16_STORAGE_TOL 2e-2   // the "bf16" group (see the top comment)
@@ -482,7 +485,7 @@ static void test_matmul_backward_gelu(const char *tag, int N, int IC, int OC, in
     sl_ops_cpu.gelu_forward((sl_act *)inp, (const sl_act *)pre, nin);
     for (int no_dinp = 0; no_dinp < 2; no_dinp++) {  // with dinp, then the parameter gradients alone
         snprintf(name, sizeof name, "matmul_backward_gelu_%s%s", no_dinp ? "no_dinp_" : "", tag);
-        RUN(name, op_matmul_bwd_gelu, &a, CMP_REL, REL_TOL, {"dinp", no_dinp ? NULL : dinp, no_dinp ? 0 : F(nin), OUT},
+        RUN(name, op_matmul_bwd_gelu, &a, CMP_REL, DGELU_TOL, {"dinp", no_dinp ? NULL : dinp, no_dinp ? 0 : F(nin), OUT},
             {"dweight", dw, F(nw), INOUT}, {"dbias", db, with_bias ? F(nb) : 0, INOUT}, {"dout", dout, F(nout), IN},
             {"inp", inp, F(nin), IN}, {"weight", w, F(nw), IN}, {"pre", pre, F(nin), IN});
     }
