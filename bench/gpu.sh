@@ -12,8 +12,9 @@
 #      GPU_MAX_BATCH down by halves); then, for each model, each side again at the largest micro-batch
 #      both fit, when that differs (the like-for-like rows; these go first when the budget runs out);
 #   5. each model once more at shardlm's micro-batch with SHARDLM_ATTENTION=simt (bf16 attention on
-#      the CUDA cores) and with SHARDLM_ATTENTION=mma (the register-resident mma.sync kernels of
-#      attention_mma.cu), for the table comparing the attention kernels (GPU_SIMT=0 / GPU_MMA=0: not run);
+#      the CUDA cores) and with SHARDLM_ATTENTION=tc (the WMMA kernels of attention_tc.cu, against the
+#      default mma.sync kernels of attention_mma.cu), for the table comparing the attention kernels
+#      (GPU_SIMT=0 / GPU_WMMA=0: not run);
 #   6. each model once more at shardlm's micro-batch with SHARDLM_FUSED_KERNELS=0 (the norm backward
 #      and cross-entropy as the earlier separate kernels, the MLP's GELU gradient outside the GEMM
 #      epilogue), for the before / after table of the fused kernels (GPU_SPLIT=0: not run);
@@ -39,7 +40,7 @@
 #   (GPU_SHARDLM_MAX_BATCH / GPU_TORCH_MAX_BATCH: one side's first try)  GPU_GEMM_SIZE=8192
 #   GPU_STEPS=6  GPU_WARMUP=2  GPU_TORCH=1 (0: shardlm only)  GPU_COMPILE=1 (0: no torch.compile rows)
 #   GPU_LIKE=1 (0: no like-for-like rows)  GPU_SIMT=1 (0: no CUDA-core attention rows)
-#   GPU_MMA=1 (0: no mma.sync attention rows)
+#   GPU_WMMA=1 (0: no WMMA attention rows)
 #   GPU_SPLIT=1 (0: no separate-kernel rows)  GPU_BUILD=build/gpu  GPU_COMMIT (when git is not there)
 #   PYTHON=python3
 #   GPU_DEVICE=cuda; GPU_DEVICE=cpu is a dry run of this script's logic on a machine without a GPU (with
@@ -262,9 +263,9 @@ for model in ${GPU_MODELS:-gpt2 gpt2-medium}; do
 done
 for model in ${GPU_MODELS:-gpt2 gpt2-medium}; do
     bs=${BS[$model]:-}
-    [[ "${GPU_MMA:-1}" == 1 && -n "$bs" ]] || continue
-    say "== $model: attention fragments in registers (SHARDLM_ATTENTION=mma), micro-batch $bs"
-    SHARDLM_ATTENTION=mma shardlm_run "shardlm-mma:$model" 180 "$bs"
+    [[ "${GPU_WMMA:-1}" == 1 && -n "$bs" ]] || continue
+    say "== $model: attention on WMMA tensor-core tiles (SHARDLM_ATTENTION=tc), micro-batch $bs"
+    SHARDLM_ATTENTION=tc shardlm_run "shardlm-wmma:$model" 180 "$bs"
     publish
 done
 # the fused kernels: each model again at shardlm's micro-batch with SHARDLM_FUSED_KERNELS=0 (the norm

@@ -47,10 +47,10 @@ def render(rows):
     tgemm = {r["dtype"]: r for r in rows if r["impl"] == "torch-gemm"}
     # keyed by precision and buffer type; lines from before bench_gemm had --storage measured fp32 buffers
     sgemm = {(r["precision"], r.get("storage", "fp32")): r for r in rows if r["impl"] == "shardlm-gemm"}
-    simt = [r for r in rows if r.get("tag", "").startswith("shardlm-simt:")]
     split = [r for r in rows if r.get("tag", "").startswith("shardlm-split:")]
-    mma = [r for r in rows if r.get("tag", "").startswith("shardlm-mma:")]
-    runs = [r for r in rows if r["impl"] in LABEL and r not in simt and r not in split and r not in mma]
+    # the attention kernels' rows: SHARDLM_ATTENTION=simt, and whichever tensor-core kernels were not the default
+    att = [r for r in rows if r.get("tag", "").startswith(("shardlm-simt:", "shardlm-mma:", "shardlm-wmma:"))]
+    runs = [r for r in rows if r["impl"] in LABEL and r not in att and r not in split]
     skips = [r for r in rows if r["impl"] == "gpu-skip"]
     out = []
     w = out.append
@@ -161,7 +161,7 @@ def render(rows):
         w(f"- {NAMES.get(m, m)}: " + "; ".join(parts) + ".")
     w("")
     render_profiles(w, [r for r in runs if r["impl"] == "shardlm" and "breakdown" in r], rate)
-    render_attention(w, runs, simt, mma)
+    render_attention(w, runs, att)
     render_fused(w, runs, split)
     render_torch_profiles(w, [r for r in runs if "profile_categories_ms" in r])
     if skips:
@@ -211,28 +211,41 @@ def render_fused(w, runs, split):
     w("")
 
 
-def render_attention(w, runs, simt, mma):
-    """bf16 attention on the tensor cores (the default) against the CUDA-core kernels and the mma.sync
-    ones, same model and B."""
-    pairs = sorted(default_pairs(runs, simt) + default_pairs(runs, mma), key=lambda p: runs.index(p[0]))
+ATTENTION_KERNELS = {"mma": "mma.sync, registers (mma)", "tc": "tensor cores, WMMA (tc)", "simt": "CUDA cores (simt)"}
+
+
+def attention_of(r):
+    """The SHARDLM_ATTENTION a shardlm row ran: its own field, else its tag; rows from before bench_train
+    recorded it ran the then default, tc."""
+    if "attention" in r:
+        return r["attention"]
+    tag = r.get("tag", "")
+    return next((k for p, k in (("shardlm-simt:", "simt"), ("shardlm-mma:", "mma"), ("shardlm-wmma:", "tc"))
+                 if tag.startswith(p)), "tc")
+
+
+def render_attention(w, runs, att):
+    """bf16 attention on the default kernels against the others, same model and B."""
+    pairs = sorted(default_pairs(runs, att), key=lambda p: runs.index(p[0]))
     if not pairs:
         return
     w("### Attention: the kernels side by side (bf16, profiled step)\n")
-    w("shardlm's bf16 attention runs on the tensor cores through WMMA (src/ops/cuda/attention_tc.cu, the default); "
-      "`SHARDLM_ATTENTION=simt` keeps it on the fp32 CUDA-core kernels (src/ops/cuda/attention.cu), "
-      "`SHARDLM_ATTENTION=mma` runs the mma.sync kernels with every fragment in registers "
-      "(src/ops/cuda/attention_mma.cu). Same model, micro-batch and step count.\n")
+    w("`SHARDLM_ATTENTION` picks shardlm's bf16 attention on the GPU: `mma` (the default since 2026-11-27) the "
+      "mma.sync kernels with every fragment in registers (src/ops/cuda/attention_mma.cu), `tc` the WMMA "
+      "tensor-core kernels (src/ops/cuda/attention_tc.cu; the default before), `simt` the fp32 CUDA-core kernels "
+      "(src/ops/cuda/attention.cu). The first row of each model is the run's default. Same model, micro-batch and "
+      "step count.\n")
     w("| model | micro-batch | kernels | ms/step | tok/s | attention forward ms | attention backward ms |")
     w("|---|---|---|---|---|---|---|")
     seen = set()
-    for tc, s in pairs:
-        variant = "mma.sync, registers (mma)" if s.get("tag", "").startswith("shardlm-mma:") else "CUDA cores (simt)"
-        shown = [(s, variant)] if id(tc) in seen else [(tc, "tensor cores (WMMA)"), (s, variant)]
-        seen.add(id(tc))
-        for r, what in shown:
+    for d, s in pairs:
+        shown = [s] if id(d) in seen else [d, s]
+        seen.add(id(d))
+        for r in shown:
             b = r.get("breakdown", {})
             fwd, bwd = b.get("attention_forward"), b.get("attention_backward")
             cell = lambda v: "%.2f" % v if v is not None else "n/a"
+            what = ATTENTION_KERNELS.get(attention_of(r), attention_of(r))
             w(f"| {NAMES.get(r['model'], r['model'])} | {r['B']} | {what} | {r['ms_per_step']:.1f} | "
               f"{r['tokens_per_s']:.0f} | {cell(fwd)} | {cell(bwd)} |")
     w("")

@@ -14,14 +14,14 @@ extern "C" {
 // SHARDLM_GEMM's values (sl_settings.cpu_gemm).
 enum { SL_GEMM_AUTO, SL_GEMM_OPENBLAS, SL_GEMM_ONEDNN };
 // SHARDLM_ATTENTION's values (sl_settings.attention): simt (the GPU's CUDA-core kernels; on the CPU the
-// staged fp32 attention), tc (the default: WMMA tensor-core kernels; oneDNN on the CPU), mma (the GPU's
-// mma.sync kernels of attention_mma.cu; on the CPU as tc).
+// staged fp32 attention), tc (the GPU's WMMA tensor-core kernels of attention_tc.cu; oneDNN on the CPU),
+// mma (the default: the GPU's mma.sync kernels of attention_mma.cu; on the CPU as tc).
 enum { SL_ATTENTION_SIMT, SL_ATTENTION_TC, SL_ATTENTION_MMA };
 
 typedef struct {
     int tf32;                  // SHARDLM_TF32=1: fp32 GEMMs on the GPU may use TF32 tensor cores (default 0)
     int gelu_epilogue;         // SHARDLM_GELU_EPILOGUE=0: GPT-2's GELU outside the cuBLASLt epilogue (default 1)
-    int attention;             // SHARDLM_ATTENTION=tc|simt|mma: the bf16 attention kernels (SL_ATTENTION_*; default tc)
+    int attention;             // SHARDLM_ATTENTION=tc|simt|mma: the bf16 attention kernels (SL_ATTENTION_*; default mma)
     int fused_kernels;         // SHARDLM_FUSED_KERNELS=0: the GPU's norm backward and loss as the earlier separate kernels (default 1)
     int gemm_autotune;         // SHARDLM_GEMM_AUTOTUNE=1: time cuBLASLt's candidate algorithms once per GEMM shape (default 0)
     int bf16_storage;          // SHARDLM_BF16_STORAGE=0: bf16 runs (GPU and CPU) keep fp32 activations (default 1)
@@ -41,6 +41,8 @@ typedef struct {
 // (Re)reads every variable; -1 with a message naming the first malformed one (a malformed variable
 // keeps its default, the others are read). `shardlm` calls it once at start; tests after setenv.
 int sl_settings_load(void);
+// SHARDLM_ATTENTION's word for an SL_ATTENTION_* value ("mma", "tc", "simt"; "?" for another).
+const char *sl_attention_name(int attention);
 
 // The settings (loaded on first use; a malformed variable then leaves its default and is reported by
 // sl_settings_load / shardlm report).

@@ -8,7 +8,7 @@
 #include <string.h>
 
 #define DEFAULTS                                                                                      \
-    {.gelu_epilogue = 1, .attention = SL_ATTENTION_TC, .fused_kernels = 1, .bf16_storage = 1, .cpu_bf16 = 1, .log_level = 1,   \
+    {.gelu_epilogue = 1, .attention = SL_ATTENTION_MMA, .fused_kernels = 1, .bf16_storage = 1, .cpu_bf16 = 1, .log_level = 1,   \
      .heartbeat_interval_ms = 1000, .terminal = 1}
 static sl_settings settings = DEFAULTS;
 static int loaded;
@@ -16,7 +16,7 @@ static int loaded;
 static const struct { const char *name, *meaning; } variables[] = {
     {"SHARDLM_TF32", "1: fp32 GEMMs on the GPU may use TF32 tensor cores (default 0: exact fp32)"},
     {"SHARDLM_GELU_EPILOGUE", "0: GPT-2's GELU as its own kernel instead of cuBLASLt's epilogue (default 1)"},
-    {"SHARDLM_ATTENTION", "simt: bf16 attention on the CUDA-core kernels instead of tensor cores, and on the CPU staged fp32 instead of oneDNN bf16 matmuls; mma: on the GPU the register-resident mma.sync kernels (not yet run on a GPU; default tc)"},
+    {"SHARDLM_ATTENTION", "mma (default): on the GPU the mma.sync tensor-core kernels with fragments in registers; tc: the WMMA tensor-core kernels; simt: the CUDA-core kernels; on the CPU simt is the staged fp32 attention, tc and mma oneDNN bf16 matmuls"},
     {"SHARDLM_FUSED_KERNELS", "0: the GPU's norm backward, cross-entropy and GELU gradient as the earlier separate kernels (A/B timing; default 1)"},
     {"SHARDLM_GEMM_AUTOTUNE", "1: each GPU GEMM shape times cuBLASLt's candidate algorithms once and keeps the fastest (default 0: the heuristic's first, the same in every run)"},
     {"SHARDLM_BF16_STORAGE", "0: --precision bf16 keeps fp32 activations, on the GPU and the CPU (default 1: bf16 storage)"},
@@ -79,14 +79,22 @@ static void read_int(const char *name, int lo, int hi, int *out) {
     else *out = (int)n;
 }
 
+// SHARDLM_ATTENTION's words, at their SL_ATTENTION_* values.
+static const char *const attention_words[] = {[SL_ATTENTION_SIMT] = "simt", [SL_ATTENTION_TC] = "tc",
+                                              [SL_ATTENTION_MMA] = "mma"};
+
+const char *sl_attention_name(int attention) {
+    return attention >= 0 && attention < 3 ? attention_words[attention] : "?";
+}
+
 int sl_settings_load(void) {
-    static const char *const attention[] = {"tc", "simt", "mma"}, *const levels[] = {"debug", "info", "warn", "error"};
-    static const int attention_v[] = {SL_ATTENTION_TC, SL_ATTENTION_SIMT, SL_ATTENTION_MMA}, levels_v[] = {0, 1, 2, 3};
+    static const char *const levels[] = {"debug", "info", "warn", "error"};
+    static const int attention_v[] = {SL_ATTENTION_SIMT, SL_ATTENTION_TC, SL_ATTENTION_MMA}, levels_v[] = {0, 1, 2, 3};
     sl_settings s = DEFAULTS;
     first_error[0] = '\0';
     read_switch("SHARDLM_TF32", &s.tf32);
     read_switch("SHARDLM_GELU_EPILOGUE", &s.gelu_epilogue);
-    read_word("SHARDLM_ATTENTION", attention, attention_v, 3, &s.attention, "tc, simt or mma");
+    read_word("SHARDLM_ATTENTION", attention_words, attention_v, 3, &s.attention, "tc, simt or mma");
     read_switch("SHARDLM_FUSED_KERNELS", &s.fused_kernels);
     read_switch("SHARDLM_GEMM_AUTOTUNE", &s.gemm_autotune);
     read_switch("SHARDLM_BF16_STORAGE", &s.bf16_storage);

@@ -8,9 +8,10 @@
 // CUBLAS_COMPUTE_32F_FAST_16BF) against the CPU's fp32 forward on the same weights: the loss within
 // 2e-2 and the logits within 5e-2 relative (bf16 keeps 8 significant bits of every activation a GEMM reads).
 // Then bf16 activation storage (sl_ops_cuda_bf16) against the CPU's emulation of it (check_bf16_storage),
-// for the presets (head_dim 8: SIMT attention) and with 2 heads (head_dim 16: tensor-core attention);
-// last (a fault there cannot hide the others), the 2-head cases again with SHARDLM_ATTENTION=mma (the
-// mma.sync kernels of attention_mma.cu).
+// for the presets (head_dim 8: SIMT attention) and with 2 heads (head_dim 16: tensor-core attention,
+// by default the mma.sync kernels of attention_mma.cu, checked to have run by their launch counter);
+// last (a fault there cannot hide the others), the 2-head cases again with SHARDLM_ATTENTION=tc (the
+// WMMA kernels of attention_tc.cu).
 // Usage: test_model_cuda [DEVICE]   (default cuda:0). Prints PASS/FAIL lines, "N passed, N failed".
 #include "shardlm/engine.h"
 #include "shardlm/error.h"
@@ -23,6 +24,7 @@
 #include <string.h>
 
 #include "gpu_check.h"
+#include "ops/cuda/cuda_ops.h"  // cuda_attention_mma_launches
 
 
 static float *download(const sl_model *m, const float *p, size_t n) {
@@ -279,15 +281,20 @@ int main(int argc, char **argv) {
     const sl_ops *gpu_bf16 = sl_ops_for_precision(gpu, SL_PRECISION_BF16);
     check_bf16_storage("gpt2-tiny", 0, gpu_bf16, "");
     check_bf16_storage("llama-tiny", 0, gpu_bf16, "");
+    const unsigned long mma_before = cuda_attention_mma_launches();
     check_bf16_storage("gpt2-tiny", 2, gpu_bf16, "");
     check_bf16_storage("llama-tiny", 2, gpu_bf16, "");
-    setenv("SHARDLM_ATTENTION", "mma", 1);
+    const unsigned long mma_ran = cuda_attention_mma_launches() - mma_before;
+    report(mma_ran > 0, "head_dim16_bf16_storage_ran_attention_mma", "launches %.0f", (double)mma_ran);
+    setenv("SHARDLM_ATTENTION", "tc", 1);
     if (sl_settings_load()) {
-        printf("FAIL settings_reload_mma: %s\n", sl_error());
+        printf("FAIL settings_reload_tc: %s\n", sl_error());
         failed++;
     } else {
-        check_bf16_storage("gpt2-tiny", 2, gpu_bf16, "_mma");
-        check_bf16_storage("llama-tiny", 2, gpu_bf16, "_mma");
+        check_bf16_storage("gpt2-tiny", 2, gpu_bf16, "_wmma");
+        check_bf16_storage("llama-tiny", 2, gpu_bf16, "_wmma");
+        report(cuda_attention_mma_launches() == mma_before + mma_ran, "wmma_cases_ran_no_attention_mma",
+               "launches %.0f", (double)(cuda_attention_mma_launches() - mma_before - mma_ran));
     }
     unsetenv("SHARDLM_ATTENTION");
     return gpu_finish(gpu);

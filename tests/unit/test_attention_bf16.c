@@ -113,10 +113,10 @@ TEST(simt_setting_keeps_the_staged_attention) {
     free(qkv); free(a); free(b);
 }
 
-// SHARDLM_ATTENTION takes tc (the default), simt and mma (the GPU's mma.sync kernels; on the CPU the
-// oneDNN kernels as with tc); anything else is refused with a message naming the variable and the choices.
+// SHARDLM_ATTENTION takes mma (the default: the GPU's mma.sync kernels; on the CPU the oneDNN kernels as
+// with tc), tc and simt; anything else is refused with a message naming the variable and the choices.
 TEST(attention_setting_words) {
-    static const struct { const char *word; int value; } words[] = {{"tc", 1}, {"simt", 0}, {"mma", 2}};
+    static const struct { const char *word; int value; } words[] = {{"tc", SL_ATTENTION_TC}, {"simt", SL_ATTENTION_SIMT}, {"mma", SL_ATTENTION_MMA}};
     for (int i = 0; i < 3; i++) {
         setenv("SHARDLM_ATTENTION", words[i].word, 1);
         CHECK(sl_settings_load() == 0);
@@ -128,7 +128,7 @@ TEST(attention_setting_words) {
     CHECK_MSG(strstr(sl_error(), "SHARDLM_ATTENTION") && strstr(sl_error(), "tc, simt or mma"), "message: %s", sl_error());
     unsetenv("SHARDLM_ATTENTION");
     CHECK(sl_settings_load() == 0);
-    CHECK(sl_settings_get()->attention == 1);
+    CHECK(sl_settings_get()->attention == SL_ATTENTION_MMA);
 }
 
 TEST_MAIN()

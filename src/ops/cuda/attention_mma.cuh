@@ -1,8 +1,8 @@
 // attention_mma.cuh: causal flash attention with the running output, the scores and the probabilities
 // in registers (flash-attention-2's structure: PTX mma.sync m16n8k16 on bf16, fp32 accumulation), for
-// bf16 activation storage (attention_mma.cu). Opt-in while it has not run on a GPU:
-// SHARDLM_ATTENTION=mma. attention.cu's bf16 entry points try these first, then attention_tc.cu's
-// WMMA kernels, then the SIMT ones.
+// bf16 activation storage (attention_mma.cu). The default (SHARDLM_ATTENTION=mma; tc picks the WMMA
+// kernels, simt the CUDA-core ones). attention.cu's bf16 entry points try these first, then
+// attention_tc.cu's WMMA kernels, then the SIMT ones.
 #ifndef SHARDLM_ATTENTION_MMA_CUH
 #define SHARDLM_ATTENTION_MMA_CUH
 
