@@ -198,7 +198,7 @@ static void check_bf16_compute(const char *preset, const sl_ops *gpu) {
 // bf16's, not fp32's. Also the arena is about half the fp32 one, and 5 AdamW steps through the
 // engine on the GPU are bit-identical run to run. n_head > 0 replaces the preset's head count (and
 // scales n_kv_head with it): the tiny presets' head_dim 8 runs the SIMT attention kernels, 2 heads
-// (head_dim 16) the tensor-core ones (attention_tc.cu).
+// (head_dim 16) the tensor-core ones (attention_mma.cu by default).
 // tag: appended to the preset's name in the test names ("" or "_mma").
 static void check_bf16_storage(const char *preset, int n_head, const sl_ops *gpu_bf16, const char *tag) {
     sl_model_config cfg;

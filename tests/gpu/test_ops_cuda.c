@@ -1377,9 +1377,12 @@ int main(int argc, char **argv) {
             test_bf16_elementwise("small", 1001, 37, 100);
             test_bf16_elementwise("gpt2", (size_t)1024 * 3072 + 3, 1024, 2048);
             test_bf16_rope("small", 2, 37, 4, 2, 64, 5);
-            // every ATT_SHAPES entry on the default (tensor-core) kernels; then shapes 0 and 6 (gqa_T77,
-            // hd128_T200) with SHARDLM_ATTENTION=simt, which keeps the SIMT kernels' bf16 instances covered
+            // every ATT_SHAPES entry on the default kernels (attention_mma.cu) and on the WMMA ones
+            // (SHARDLM_ATTENTION=tc); then shapes 0 and 6 (gqa_T77, hd128_T200) with
+            // SHARDLM_ATTENTION=simt, which keeps the SIMT kernels' bf16 instances covered
             for (int i = 0; i < N_ATT_SHAPES; i++) test_bf16_attention_shape("", i);
+            set_switch("SHARDLM_ATTENTION", "tc");
+            for (int i = 0; i < N_ATT_SHAPES; i++) test_bf16_attention_shape("tc_", i);
             set_switch("SHARDLM_ATTENTION", "simt");
             for (int i = 0; i < N_ATT_SHAPES; i += N_ATT_SHAPES - 2) test_bf16_attention_shape("simt_", i);
             set_switch("SHARDLM_ATTENTION", NULL);
@@ -1394,9 +1397,10 @@ int main(int argc, char **argv) {
     }
 
     if (group("attention_mma")) {
-        // The register-resident mma.sync kernels (attention_mma.cu, SHARDLM_ATTENTION=mma, opt-in) on
-        // every shape of the bf16 group, against the CPU's bf16 emulation; a group of their own, so a
-        // fault in them cannot hide the bf16 group's results.
+        // The register-resident mma.sync kernels (attention_mma.cu, SHARDLM_ATTENTION=mma, the default)
+        // on every shape of the bf16 group, against the CPU's bf16 emulation, with their launch counter
+        // (the bf16 group runs them too, as the default); a group of their own, so a fault in them
+        // cannot hide the bf16 group's results.
         const sl_ops *fp32_gpu = gpu;
         gpu = sl_ops_for_precision(gpu, SL_PRECISION_BF16);
         cpu = &sl_ops_cpu_bf16;
