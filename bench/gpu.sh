@@ -252,31 +252,24 @@ for model in ${GPU_MODELS:-gpt2 gpt2-medium}; do
     fi
     publish
 done
-# the attention kernels: each model again at shardlm's micro-batch with SHARDLM_ATTENTION=simt (bf16
-# attention on the CUDA-core kernels instead of the tensor-core ones), for the comparison table
-for model in ${GPU_MODELS:-gpt2 gpt2-medium}; do
-    bs=${BS[$model]:-}
-    [[ "${GPU_SIMT:-1}" == 1 && -n "$bs" ]] || continue
-    say "== $model: attention on the CUDA cores (SHARDLM_ATTENTION=simt), micro-batch $bs"
-    SHARDLM_ATTENTION=simt shardlm_run "shardlm-simt:$model" 180 "$bs"
-    publish
-done
-for model in ${GPU_MODELS:-gpt2 gpt2-medium}; do
-    bs=${BS[$model]:-}
-    [[ "${GPU_WMMA:-1}" == 1 && -n "$bs" ]] || continue
-    say "== $model: attention on WMMA tensor-core tiles (SHARDLM_ATTENTION=tc), micro-batch $bs"
-    SHARDLM_ATTENTION=tc shardlm_run "shardlm-wmma:$model" 180 "$bs"
-    publish
-done
-# the fused kernels: each model again at shardlm's micro-batch with SHARDLM_FUSED_KERNELS=0 (the norm
-# backward, the cross-entropy and the MLP's GELU gradient as separate kernels), for the before / after table
-for model in ${GPU_MODELS:-gpt2 gpt2-medium}; do
-    bs=${BS[$model]:-}
-    [[ "${GPU_SPLIT:-1}" == 1 && -n "$bs" ]] || continue
-    say "== $model: separate norm-backward, cross-entropy and GELU-gradient kernels (SHARDLM_FUSED_KERNELS=0), micro-batch $bs"
-    SHARDLM_FUSED_KERNELS=0 shardlm_run "shardlm-split:$model" 180 "$bs"
-    publish
-done
+# variant_rows FLAG TAG SETTING WHAT: each model again at shardlm's micro-batch with the environment
+# setting SETTING (NAME=VALUE), tagged TAG:model, for the comparison tables; FLAG=0 leaves them out
+variant_rows() {
+    local flag=$1 tag=$2 setting=$3 what=$4 model bs
+    for model in ${GPU_MODELS:-gpt2 gpt2-medium}; do
+        bs=${BS[$model]:-}
+        [[ "${!flag:-1}" == 1 && -n "$bs" ]] || continue
+        say "== $model: $what ($setting), micro-batch $bs"
+        (export "${setting?}"; shardlm_run "$tag:$model" 180 "$bs")
+        publish
+    done
+}
+# the attention kernels: bf16 attention on the CUDA-core kernels and on the WMMA tensor-core ones
+variant_rows GPU_SIMT shardlm-simt SHARDLM_ATTENTION=simt "attention on the CUDA cores"
+variant_rows GPU_WMMA shardlm-wmma SHARDLM_ATTENTION=tc "attention on WMMA tensor-core tiles"
+# the fused kernels: the norm backward, the cross-entropy and the MLP's GELU gradient as separate
+# kernels, for the before / after table
+variant_rows GPU_SPLIT shardlm-split SHARDLM_FUSED_KERNELS=0 "separate norm-backward, cross-entropy and GELU-gradient kernels"
 say "finished in ${SECONDS}s"
 publish
 tail -40 "$OUT_DIR/gpu_section.md" 2>/dev/null

@@ -49,7 +49,7 @@ def render(rows):
     sgemm = {(r["precision"], r.get("storage", "fp32")): r for r in rows if r["impl"] == "shardlm-gemm"}
     split = [r for r in rows if r.get("tag", "").startswith("shardlm-split:")]
     # the attention kernels' rows: SHARDLM_ATTENTION=simt, and whichever tensor-core kernels were not the default
-    att = [r for r in rows if r.get("tag", "").startswith(("shardlm-simt:", "shardlm-mma:", "shardlm-wmma:"))]
+    att = [r for r in rows if r.get("tag", "").startswith(tuple(p for p, _ in TAG_KERNELS))]
     runs = [r for r in rows if r["impl"] in LABEL and r not in att and r not in split]
     skips = [r for r in rows if r["impl"] == "gpu-skip"]
     out = []
@@ -212,16 +212,15 @@ def render_fused(w, runs, split):
 
 
 ATTENTION_KERNELS = {"mma": "mma.sync, registers (mma)", "tc": "tensor cores, WMMA (tc)", "simt": "CUDA cores (simt)"}
+TAG_KERNELS = (("shardlm-simt:", "simt"), ("shardlm-mma:", "mma"), ("shardlm-wmma:", "tc"))
 
 
 def attention_of(r):
-    """The SHARDLM_ATTENTION a shardlm row ran: its own field, else its tag; rows from before bench_train
-    recorded it ran the then default, tc."""
+    """The SHARDLM_ATTENTION a shardlm row ran: its own field, else its tag; rows with neither ran the then
+    default, tc."""
     if "attention" in r:
         return r["attention"]
-    tag = r.get("tag", "")
-    return next((k for p, k in (("shardlm-simt:", "simt"), ("shardlm-mma:", "mma"), ("shardlm-wmma:", "tc"))
-                 if tag.startswith(p)), "tc")
+    return next((k for p, k in TAG_KERNELS if r.get("tag", "").startswith(p)), "tc")
 
 
 def render_attention(w, runs, att):
