@@ -326,6 +326,10 @@ TEST(attention_sliding_window_multi_tile_matches_reference) {
     check_attention(1, 150, 2, 2, 8, 70, 0);
     check_attention(1, 150, 2, 1, 8, 64, 0);
     check_attention(1, 40, 2, 1, 8, 40, 0);
+    // T < 512: 64-query blocks against 256-key tiles (att_ktile), whole and with windows across them
+    check_attention(1, 300, 2, 1, 8, 0, 0);
+    check_attention(1, 300, 2, 2, 8, 70, 0);
+    check_attention(1, 450, 2, 1, 8, 256, 0);
     // T >= 512: tiles of 128 (att_tile), a window across them and one of exactly a tile
     check_attention(1, 600, 2, 1, 8, 200, 0);
     check_attention(1, 530, 2, 2, 8, 128, 0);

@@ -1,10 +1,11 @@
 // attention.c: causal attention on the CPU, flash-attention style with GEMM tiles. For each
-// (batch, head) the queries are cut into blocks of `tile` rows and the keys into tiles of `tile`
-// (att_tile: 64, or 128 for long sequences); a block meets each key tile at or before it through
-// small sgemm calls (OpenBLAS runs them single-threaded inside our parallel region), with an online
-// softmax between tiles. At most one tile x tile block of scores exists per thread. Forward stores the log-sum-exp of each
-// row; backward recomputes the probabilities from it. Forward is parallel over (batch, head);
-// backward over (batch, kv-head group), because every query head of a group writes the same dk/dv.
+// (batch, head) the queries are cut into blocks of `tile` rows and the keys into tiles of `ktile`
+// (att_tile x att_ktile: 64 x 256 below T = 512, 128 x 128 from there); a block meets each key tile
+// at or before it through small sgemm calls (single-threaded inside our parallel region), with an
+// online softmax between tiles. At most one tile x ktile block of scores exists per thread. Forward
+// stores the log-sum-exp of each row; backward recomputes the probabilities from it. Forward is
+// parallel over (batch, head); backward over (batch, kv-head group), because every query head of a
+// group writes the same dk/dv.
 // A sliding window (window > 0) also masks keys at or before query - window and skips whole key
 // tiles that lie before every query of a block's window.
 #include "ops/cpu/cpu_ops.h"
@@ -15,24 +16,29 @@
 #include <stdlib.h>
 #include <string.h>
 
-// Tile edge: 64 up to T = 511, 128 from T = 512 (fewer, larger sgemm calls: 10-15% faster at T = 1024,
-// the same at T = 256, on an AMX Xeon with 2 threads; 256 was no better than 128).
+// Tile edges (queries x keys): 64 x 256 up to T = 511, where a query block then meets every key
+// before it in one or two score products (against 64 x 64: forward 10-20% and backward 5-10% faster
+// at T = 256 and 384); 128 x 128 from T = 512 (10-15% faster than 64 x 64 at T = 1024; 64 x 256,
+// 64 x 512, 128 x 256 and 128 x 512 were no better there). Measured on an AMX Xeon with 2 threads.
 static int att_tile(int T) { return T >= 512 ? 128 : 64; }
+static int att_ktile(int T) { return T >= 512 ? 128 : 256; }
 
 // Per-thread scratch: scores / probabilities and their gradient for one tile, plus the block's
 // accumulators. Allocated once per parallel region.
 typedef struct {
-    int tile;             // the tile edge (att_tile), and the row stride of s and dp
-    float *s, *dp;        // (tile, tile)
+    int tile;             // the query tile edge (att_tile)
+    int ktile;            // the key tile edge (att_ktile), and the row stride of s and dp
+    float *s, *dp;        // (tile, ktile)
     float *acc;           // (tile, HD) output accumulator
     float *m, *l, *d;     // (tile) running max, running sum, rowsum(dO * O)
 } att_scratch;
 
-static int scratch_alloc(att_scratch *w, int HD, int edge) {
-    size_t tile = (size_t)edge * edge;
+static int scratch_alloc(att_scratch *w, int HD, int edge, int kedge) {
+    size_t tile = (size_t)edge * kedge;
     float *p = malloc(sizeof(float) * (2 * tile + (size_t)edge * HD + 3 * (size_t)edge));
     if (!p) return sl_errorf("out of memory for a thread's attention scratch (head dim %d)", HD);
     w->tile = edge;
+    w->ktile = kedge;
     w->s = p;
     w->dp = p + tile;
     w->acc = p + 2 * tile;
@@ -69,12 +75,12 @@ static void forward_block(att_scratch *w, float *out, float *lse, const float *q
                           size_t W, size_t out_stride, int q0, int qn, int HD, float scale, int window) {
     for (int i = 0; i < qn; i++) { w->m[i] = -INFINITY; w->l[i] = 0.0f; }
     memset(w->acc, 0, sizeof(float) * (size_t)qn * HD);
-    const int edge = w->tile;
-    for (int k0 = first_key_tile(q0, window, edge); k0 < q0 + qn; k0 += edge) {
-        int kn = q0 + qn - k0 < edge ? q0 + qn - k0 : edge;
-        tile_scores(w->s, edge, q, k + (size_t)k0 * W, W, q0, qn, k0, kn, HD, scale, window);
+    const int kedge = w->ktile;
+    for (int k0 = first_key_tile(q0, window, kedge); k0 < q0 + qn; k0 += kedge) {
+        int kn = q0 + qn - k0 < kedge ? q0 + qn - k0 : kedge;
+        tile_scores(w->s, kedge, q, k + (size_t)k0 * W, W, q0, qn, k0, kn, HD, scale, window);
         for (int i = 0; i < qn; i++) {
-            float *row = w->s + (size_t)i * edge, mx = w->m[i];
+            float *row = w->s + (size_t)i * kedge, mx = w->m[i];
 #pragma omp simd reduction(max : mx)
             for (int j = 0; j < kn; j++) mx = row[j] > mx ? row[j] : mx;
             if (mx == -INFINITY) {  // every key of this tile is outside the row's window: nothing to add
@@ -91,7 +97,7 @@ static void forward_block(att_scratch *w, float *out, float *lse, const float *q
             for (int c = 0; c < HD; c++) a[c] *= corr;
         }
         // acc (qn, HD) += p (qn, kn) @ v (kn, HD)
-        cpu_sgemm(0, 0, qn, HD, kn, 1.0f, w->s, edge, v + (size_t)k0 * W,
+        cpu_sgemm(0, 0, qn, HD, kn, 1.0f, w->s, kedge, v + (size_t)k0 * W,
                     (int)W, 1.0f, w->acc, HD);
     }
     for (int i = 0; i < qn; i++) {
@@ -112,7 +118,7 @@ void cpu_attention_forward(sl_act *out_, float *lse, const sl_act *qkv_, int B, 
 #pragma omp parallel if((size_t)B * NH * T * T * HD >= 2 * SL_PAR_MIN_WORK)
     {
         att_scratch w = {0};
-        int ok = scratch_alloc(&w, HD, edge) == 0;
+        int ok = scratch_alloc(&w, HD, edge, att_ktile(T)) == 0;
         if (!ok)
 #pragma omp critical(attention_failure)
             cpu_record_failure("attention_forward");  // synchronize() reports it; the output is not written
@@ -143,7 +149,8 @@ void cpu_attention_backward(sl_act *dqkv_, const sl_act *dout_, const sl_act *qk
 #pragma omp parallel if((size_t)B * NH * T * T * HD >= 2 * SL_PAR_MIN_WORK)
     {
         att_scratch w = {0};
-        int ok = scratch_alloc(&w, HD, edge) == 0;
+        const int kedge = att_ktile(T);
+        int ok = scratch_alloc(&w, HD, edge, kedge) == 0;
         if (!ok)
 #pragma omp critical(attention_failure)
             cpu_record_failure("attention_backward");
@@ -176,14 +183,14 @@ void cpu_attention_backward(sl_act *dqkv_, const sl_act *dout_, const sl_act *qk
                             for (int c = 0; c < HD; c++) s += x[c] * y[c];
                             w.d[i] = s;
                         }
-                        for (int k0 = first_key_tile(q0, window, edge); k0 < q0 + qn; k0 += edge) {
-                            int kn = q0 + qn - k0 < edge ? q0 + qn - k0 : edge;
-                            tile_scores(w.s, edge, q, k + (size_t)k0 * W, W, q0, qn, k0, kn, HD, scale, window);
+                        for (int k0 = first_key_tile(q0, window, kedge); k0 < q0 + qn; k0 += kedge) {
+                            int kn = q0 + qn - k0 < kedge ? q0 + qn - k0 : kedge;
+                            tile_scores(w.s, kedge, q, k + (size_t)k0 * W, W, q0, qn, k0, kn, HD, scale, window);
                             // dp (qn, kn) = dO (qn, HD) @ v^T
                             cpu_sgemm(0, 1, qn, kn, HD, 1.0f, dO, (int)os,
-                                        v + (size_t)k0 * W, (int)W, 0.0f, w.dp, edge);
+                                        v + (size_t)k0 * W, (int)W, 0.0f, w.dp, kedge);
                             for (int i = 0; i < qn; i++) {
-                                float *p = w.s + (size_t)i * edge, *ds = w.dp + (size_t)i * edge;
+                                float *p = w.s + (size_t)i * kedge, *ds = w.dp + (size_t)i * kedge;
                                 float li = row_lse[i], di = w.d[i];
 #pragma omp simd
                                 for (int j = 0; j < kn; j++) {
@@ -192,11 +199,11 @@ void cpu_attention_backward(sl_act *dqkv_, const sl_act *dout_, const sl_act *qk
                                 }
                             }
                             // dq += ds @ k ; dk += ds^T @ q ; dv += p^T @ dO
-                            cpu_sgemm(0, 0, qn, HD, kn, 1.0f, w.dp, edge,
+                            cpu_sgemm(0, 0, qn, HD, kn, 1.0f, w.dp, kedge,
                                         k + (size_t)k0 * W, (int)W, 1.0f, dq, (int)W);
-                            cpu_sgemm(1, 0, kn, HD, qn, 1.0f, w.dp, edge, q,
+                            cpu_sgemm(1, 0, kn, HD, qn, 1.0f, w.dp, kedge, q,
                                         (int)W, 1.0f, dk + (size_t)k0 * W, (int)W);
-                            cpu_sgemm(1, 0, kn, HD, qn, 1.0f, w.s, edge, dO,
+                            cpu_sgemm(1, 0, kn, HD, qn, 1.0f, w.s, kedge, dO,
                                         (int)os, 1.0f, dv + (size_t)k0 * W, (int)W);
                         }
                     }
