@@ -16,9 +16,12 @@
 #      (the build 51 s, shardlm 17 s, eager 19 s, torch.compile 63 s);
 #   4b. bench_decode on the GPU (`generate --device cuda`'s path): GPT-2 124M prefill and decode tok/s,
 #      fp32 and bf16, into decode.jsonl;
+#   4c. Nsight Compute (SESSION_NCU=0: not) on one bf16 GPT-2 124M step (B=8): one launch each of the
+#      attention forward, dK/dV and dQ kernels (speed of light, occupancy, memory workload), into
+#      ncu.csv: where the attention kernels' time goes (docs/gpu.md, "Next GPU session");
 #   5. with time left, the other op groups (attention first).
-# Outputs in $OUT (8 files at most come back): session_summary.txt (PASS / FAIL / SKIP / TIMEOUT lines,
-# each stage's seconds, "N passed, N failed"), session_logs.tgz (every log), decode.jsonl and
+# Outputs in $OUT: session_summary.txt (PASS / FAIL / SKIP / TIMEOUT lines, each stage's seconds,
+# "N passed, N failed"), session_logs.tgz (every log), decode.jsonl, ncu.csv and
 # bench/gpu.sh's gpu_results.jsonl, gpu_section.md, gpu_bench.log, RESULTS.md. Carry ["build/gpu-deps"] (made here by
 # tests/gpu/pack.sh); the data are not needed. SESSION_BENCH_S (default 240) is the benchmark's share.
 # SHARDLM_GPU_SUITE_DRY=1 runs the scripting without a GPU: the op programs SKIP, and the benchmark is
@@ -108,6 +111,24 @@ if left 60 decode; then
   done
   [ -n "${OUT:-}" ] && [ -s "$logdir/decode.jsonl" ] && cp "$logdir/decode.jsonl" "$OUT/decode.jsonl"
   note "-- bench_decode (gpt2, fp32 and bf16): $((SECONDS - start))s"
+fi
+
+# 4c. Nsight Compute on the attention kernels of one training step: a kernel a run (each ncu run replays
+# its one kernel for every section's counters); without counter access (ERR_NVGPUCTRPERM) it notes a SKIP
+if [ "${SESSION_NCU:-1}" = 1 ] && [ "${SHARDLM_GPU_SUITE_DRY:-0}" != 1 ] && left 100 ncu; then
+  start=$SECONDS
+  ncu=$(command -v ncu || echo "${CUDA_HOME:-/usr/local/cuda}/bin/ncu")
+  for k in mma_forward_kernel mma_dkdv_kernel mma_dq_kernel; do
+    timeout -k 10 60 "$ncu" --kernel-name "regex:$k" --launch-count 1 --section SpeedOfLight --section Occupancy \
+      --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --csv --page details \
+      "$B/bench_train" --model gpt2 --device cuda --precision bf16 --seq 1024 --batch 8 --steps 1 --warmup 0 \
+      >>"$logdir/ncu.csv" 2>>"$logdir/ncu.txt"
+    rc=$?
+    if [ $rc -eq 0 ] && grep -q "$k" "$logdir/ncu.csv"; then note "PASS ncu_$k"; passed=$((passed + 1))
+    else note "SKIP ncu_$k: exit $rc (ncu.txt: $(grep -m1 -oE 'ERR_[A-Z_]+|error[^.]*' "$logdir/ncu.txt"))"; fi
+  done
+  [ -n "${OUT:-}" ] && [ -s "$logdir/ncu.csv" ] && cp "$logdir/ncu.csv" "$OUT/ncu.csv"
+  note "-- ncu (attention kernels): $((SECONDS - start))s"
 fi
 
 # 5. the other op groups, attention first
