@@ -17,7 +17,8 @@
 #      (GPU_SIMT=0 / GPU_WMMA=0: not run);
 #   6. each model once more at shardlm's micro-batch with SHARDLM_FUSED_KERNELS=0 (the norm backward
 #      and cross-entropy as the earlier separate kernels, the MLP's GELU gradient outside the GEMM
-#      epilogue), for the before / after table of the fused kernels (GPU_SPLIT=0: not run);
+#      epilogue), for the before / after table of the fused kernels (GPU_SPLIT=0: not run), and with
+#      SHARDLM_GEMM_AUTOTUNE=1 (each GEMM shape's algorithms timed once; GPU_AUTOTUNE=0: not run);
 #   7. renders the "GPU" section of bench/RESULTS.md (bench/gpu_render.py) after every model, so a
 #      run cut short still leaves its finished rows.
 # Every stage has a timeout and the whole run a budget (GPU_BUDGET_S, default 540 s); a stage that
@@ -41,7 +42,7 @@
 #   GPU_STEPS=6  GPU_WARMUP=2  GPU_TORCH=1 (0: shardlm only)  GPU_COMPILE=1 (0: no torch.compile rows)
 #   GPU_LIKE=1 (0: no like-for-like rows)  GPU_SIMT=1 (0: no CUDA-core attention rows)
 #   GPU_WMMA=1 (0: no WMMA attention rows)
-#   GPU_SPLIT=1 (0: no separate-kernel rows)  GPU_BUILD=build/gpu  GPU_COMMIT (when git is not there)
+#   GPU_SPLIT=1 (0: no separate-kernel rows)  GPU_AUTOTUNE=1 (0: no autotuned-GEMM rows)  GPU_BUILD=build/gpu  GPU_COMMIT (when git is not there)
 #   PYTHON=python3
 #   GPU_DEVICE=cuda; GPU_DEVICE=cpu is a dry run of this script's logic on a machine without a GPU (with
 #   GPU_MODELS=gpt2-tiny GPU_SEQ=64 GPU_MAX_BATCH=8 GPU_OUT_DIR=/tmp/somewhere: it measures nothing useful)
@@ -270,6 +271,8 @@ variant_rows GPU_WMMA shardlm-wmma SHARDLM_ATTENTION=tc "attention on WMMA tenso
 # the fused kernels: the norm backward, the cross-entropy and the MLP's GELU gradient as separate
 # kernels, for the before / after table
 variant_rows GPU_SPLIT shardlm-split SHARDLM_FUSED_KERNELS=0 "separate norm-backward, cross-entropy and GELU-gradient kernels"
+# the GEMMs: each shape's cuBLASLt algorithms timed once against the heuristic's first
+variant_rows GPU_AUTOTUNE shardlm-autotune SHARDLM_GEMM_AUTOTUNE=1 "GEMM algorithms timed per shape"
 say "finished in ${SECONDS}s"
 publish
 tail -40 "$OUT_DIR/gpu_section.md" 2>/dev/null

@@ -48,9 +48,10 @@ def render(rows):
     # keyed by precision and buffer type; lines from before bench_gemm had --storage measured fp32 buffers
     sgemm = {(r["precision"], r.get("storage", "fp32")): r for r in rows if r["impl"] == "shardlm-gemm"}
     split = [r for r in rows if r.get("tag", "").startswith("shardlm-split:")]
+    tuned = [r for r in rows if r.get("tag", "").startswith("shardlm-autotune:")]
     # the attention kernels' rows: SHARDLM_ATTENTION=simt, and whichever tensor-core kernels were not the default
     att = [r for r in rows if r.get("tag", "").startswith(tuple(p for p, _ in TAG_KERNELS))]
-    runs = [r for r in rows if r["impl"] in LABEL and r not in att and r not in split]
+    runs = [r for r in rows if r["impl"] in LABEL and r not in att and r not in split and r not in tuned]
     skips = [r for r in rows if r["impl"] == "gpu-skip"]
     out = []
     w = out.append
@@ -163,6 +164,7 @@ def render(rows):
     render_profiles(w, [r for r in runs if r["impl"] == "shardlm" and "breakdown" in r], rate)
     render_attention(w, runs, att)
     render_fused(w, runs, split)
+    render_autotune(w, runs, tuned, rate)
     render_torch_profiles(w, [r for r in runs if "profile_categories_ms" in r])
     if skips:
         w("### Not measured\n")
@@ -294,6 +296,31 @@ def render_profiles(w, prof, rate):
             tf = s["gflops"] / 1e3
             w(f"| {s['shape']} | {s['calls']:.0f} | {s['ms']:.2f} | {tf:.1f} | "
               f"{'%.0f%%' % (100 * tf / rate) if rate else 'n/a'} |")
+        w("")
+
+
+def render_autotune(w, runs, tuned, rate):
+    """cuBLASLt's heuristic choice (the default) against each GEMM shape's algorithms timed once
+    (SHARDLM_GEMM_AUTOTUNE=1), same model and B: the step and every GEMM shape of the profiled step."""
+    pairs = default_pairs(runs, tuned)
+    if not pairs:
+        return
+    w("### GEMM algorithms: cuBLASLt's heuristic against autotuning (bf16, profiled step)\n")
+    w("`SHARDLM_GEMM_AUTOTUNE=1` times cuBLASLt's candidate algorithms for each GEMM shape once (in the warmup "
+      "steps) and keeps the fastest; the default takes the heuristic's first, the same in every run (docs/gpu.md, "
+      "GEMMs). Same model, micro-batch and step count; ms per step.\n")
+    for d, t in pairs:
+        gd = sum(v for k, v in d.get("breakdown", {}).items() if k.startswith("matmul"))
+        gt = sum(v for k, v in t.get("breakdown", {}).items() if k.startswith("matmul"))
+        w(f"{NAMES.get(d['model'], d['model'])} B={d['B']}: {d['ms_per_step']:.1f} ms/step with the heuristic, "
+          f"{t['ms_per_step']:.1f} autotuned; all GEMMs {gd:.2f} against {gt:.2f} ms.\n")
+        tuned_ms = {s["shape"]: s for s in t.get("matmul_shapes", [])}
+        w("| GEMM | calls/step | heuristic ms | autotuned ms | autotuned % of rate |")
+        w("|---|---|---|---|---|")
+        for s in sorted(d.get("matmul_shapes", []), key=lambda s: -s["ms"]):
+            u = tuned_ms.get(s["shape"])
+            pct = "%.0f%%" % (100 * u["gflops"] / 1e3 / rate) if u and rate else "n/a"
+            w(f"| {s['shape']} | {s['calls']:.0f} | {s['ms']:.2f} | {'%.2f' % u['ms'] if u else 'n/a'} | {pct} |")
         w("")
 
 

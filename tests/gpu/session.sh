@@ -11,9 +11,9 @@
 #   3. test_model_cuda (the model's loss and gradients against the CPU) and test_generate_cuda;
 #   4. bench/gpu.sh for GPT-2 124M: shardlm with its per-op profile, PyTorch eager and torch.compile
 #      (SESSION_TORCH=0: not), the SHARDLM_ATTENTION=tc rows (the WMMA kernels against the default
-#      mma.sync kernels of attention_mma.cu) and the SHARDLM_FUSED_KERNELS=0 rows (the fused kernels before / after), same card,
-#      same call. On the 2026-11-24 H100 these stages took about 2 minutes together
-#      (the build 51 s, shardlm 17 s, eager 19 s, torch.compile 63 s);
+#      mma.sync kernels of attention_mma.cu), the SHARDLM_FUSED_KERNELS=0 rows (the fused kernels before /
+#      after) and the SHARDLM_GEMM_AUTOTUNE=1 rows (cuBLASLt's algorithms timed per shape), same card,
+#      same call. On the 2026-11-27 H100 the build took 46 s and this stage about 130 s;
 #   4b. bench_decode on the GPU (`generate --device cuda`'s path): GPT-2 124M prefill and decode tok/s,
 #      fp32 and bf16, into decode.jsonl;
 #   4c. Nsight Compute (SESSION_NCU=0: not) on one bf16 GPT-2 124M step (B=8): one launch each of the
