@@ -47,7 +47,9 @@ def render(rows):
     tgemm = {r["dtype"]: r for r in rows if r["impl"] == "torch-gemm"}
     # keyed by precision and buffer type; lines from before bench_gemm had --storage measured fp32 buffers
     sgemm = {(r["precision"], r.get("storage", "fp32")): r for r in rows if r["impl"] == "shardlm-gemm"}
-    split = [r for r in rows if r.get("tag", "").startswith("shardlm-split:")]
+    # the fused kernels' rows: the separate kernels (SHARDLM_FUSED_KERNELS=0), the classifier's rows in
+    # shared memory (SHARDLM_CE_ROW_SMEM=1)
+    split = [r for r in rows if r.get("tag", "").startswith(("shardlm-split:", "shardlm-cesmem:"))]
     tuned = [r for r in rows if r.get("tag", "").startswith("shardlm-autotune:")]
     # the attention kernels' rows: SHARDLM_ATTENTION=simt, and whichever tensor-core kernels were not the default
     att = [r for r in rows if r.get("tag", "").startswith(tuple(p for p, _ in TAG_KERNELS))]
@@ -187,8 +189,9 @@ def default_pairs(runs, variants):
 
 
 def render_fused(w, runs, split):
-    """The fused norm backward and classifier (the default) against the separate kernels, same model and B."""
-    pairs = default_pairs(runs, split)
+    """The fused norm backward and classifier (the default) against the separate kernels, and against the
+    classifier with its rows in shared memory, same model and B."""
+    pairs = sorted(default_pairs(runs, split), key=lambda p: runs.index(p[0]))
     if not pairs:
         return
     ops = ("layernorm_backward", "rmsnorm_backward", "crossentropy_fused", "crossentropy_forward",
@@ -200,11 +203,17 @@ def render_fused(w, runs, split):
       "crossentropy_forward + crossentropy_backward), and GPT-2's MLP backward with the GELU gradient in the "
       "c_proj dinp GEMM's DGELU epilogue (matmul_backward_gelu, then a plain matmul_backward for c_fc) against "
       "the GELU gradient in c_fc's bias-gradient pass (matmul_backward, then matmul_gelu_backward): compare the "
-      "`all matmul ops` column. Same model, micro-batch and step count; ms per step.\n")
+      "`all matmul ops` column; `fused, rows in shared memory` is `SHARDLM_CE_ROW_SMEM=1` (the classifier reads "
+      "each row from memory once into shared memory, instead of once plus once from L2). Same model, micro-batch "
+      "and step count; ms per step.\n")
     w("| model | micro-batch | kernels | ms/step | tok/s | " + " | ".join(shown) + " | all matmul ops |")
     w("|---|---|---|---|---|" + "---|" * (len(shown) + 1))
+    seen = set()
     for d, s in pairs:
-        for r, what in ((d, "fused"), (s, "separate")):
+        what_s = "fused, rows in shared memory" if s.get("tag", "").startswith("shardlm-cesmem:") else "separate"
+        shown_rows = [(s, what_s)] if id(d) in seen else [(d, "fused"), (s, what_s)]
+        seen.add(id(d))
+        for r, what in shown_rows:
             b = r.get("breakdown", {})
             cells = ["%.2f" % b[k] if k in b else "" for k in shown]
             cells.append("%.2f" % sum(v for k, v in b.items() if k.startswith("matmul")))

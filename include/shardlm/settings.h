@@ -22,6 +22,7 @@ typedef struct {
     int tf32;                  // SHARDLM_TF32=1: fp32 GEMMs on the GPU may use TF32 tensor cores (default 0)
     int gelu_epilogue;         // SHARDLM_GELU_EPILOGUE=0: GPT-2's GELU outside the cuBLASLt epilogue (default 1)
     int attention;             // SHARDLM_ATTENTION=tc|simt|mma: the bf16 attention kernels (SL_ATTENTION_*; default mma)
+    int ce_row_smem;           // SHARDLM_CE_ROW_SMEM=1: the GPU's fused classifier holds each row in shared memory (default 0)
     int fused_kernels;         // SHARDLM_FUSED_KERNELS=0: the GPU's norm backward and loss as the earlier separate kernels (default 1)
     int gemm_autotune;         // SHARDLM_GEMM_AUTOTUNE=1: time cuBLASLt's candidate algorithms once per GEMM shape (default 0)
     int bf16_storage;          // SHARDLM_BF16_STORAGE=0: bf16 runs (GPU and CPU) keep fp32 activations (default 1)

@@ -1201,6 +1201,27 @@ static void test_bf16_attention_shape(const char *prefix, int i) {
     test_bf16_attention(tag, ATT_SHAPES[i].B, ATT_SHAPES[i].T, ATT_SHAPES[i].NH, ATT_SHAPES[i].NKV, ATT_SHAPES[i].HD);
 }
 
+// Every CE_SHAPES entry through check (against the CPU) and test_crossentropy_fusion_exact, with the
+// fused classifier as the model runs it, then with each row in shared memory (SHARDLM_CE_ROW_SMEM=1),
+// whose kernel must then have run for every vector shape (all but odd_vp97; twice each at least).
+static void crossentropy_cases(void (*check)(const char *tag, int N, int V, int Vp)) {
+    const unsigned long before = cuda_crossentropy_smem_launches();
+    for (int smem = 0; smem < 2; smem++) {
+        set_switch("SHARDLM_CE_ROW_SMEM", smem ? "1" : NULL);
+        for (int i = 0; i < N_CE_SHAPES; i++) {
+            char tag[64];
+            snprintf(tag, sizeof tag, "%s%s", smem ? "smem_" : "", CE_SHAPES[i].tag);
+            check(tag, CE_SHAPES[i].N, CE_SHAPES[i].V, CE_SHAPES[i].Vp);
+            test_crossentropy_fusion_exact(tag, CE_SHAPES[i].N, CE_SHAPES[i].V, CE_SHAPES[i].Vp);
+        }
+    }
+    set_switch("SHARDLM_CE_ROW_SMEM", NULL);
+    const unsigned long ran = cuda_crossentropy_smem_launches() - before;
+    const char *name = gpu->act_bf16 ? "crossentropy_smem_kernel_ran_bf16_storage" : "crossentropy_smem_kernel_ran";
+    if (ran >= 2 * (N_CE_SHAPES - 1)) pass(name, 0.0);
+    else fail(name, "%lu launches of the shared-memory row kernel, expected %d or more", ran, 2 * (N_CE_SHAPES - 1));
+}
+
 // The op groups, each runnable alone (argv[2]): a CUDA error is sticky in the backend, so one failing op
 // would fail every later case of its process; tests/gpu/run.sh runs each group as its own process.
 static const char *const GROUPS[] = {"basics", "encoder", "matmul", "matmul_gelu", "matmul_16bit", "norm", "elementwise",
@@ -1339,12 +1360,7 @@ int main(int argc, char **argv) {
         test_decode("gpt2_ctx1024", 1024, 12, 12, 64);
     }
 
-    if (group("crossentropy")) {
-        for (int i = 0; i < N_CE_SHAPES; i++) {
-            test_crossentropy(CE_SHAPES[i].tag, CE_SHAPES[i].N, CE_SHAPES[i].V, CE_SHAPES[i].Vp);
-            test_crossentropy_fusion_exact(CE_SHAPES[i].tag, CE_SHAPES[i].N, CE_SHAPES[i].V, CE_SHAPES[i].Vp);
-        }
-    }
+    if (group("crossentropy")) crossentropy_cases(test_crossentropy);
 
     if (group("optimizer")) {
         test_flat_passes("small", 1001);
@@ -1387,10 +1403,7 @@ int main(int argc, char **argv) {
             for (int i = 0; i < N_ATT_SHAPES; i += N_ATT_SHAPES - 2) test_bf16_attention_shape("simt_", i);
             set_switch("SHARDLM_ATTENTION", NULL);
             test_bf16_encoder("small", 2, 37, 40, 97);
-            for (int i = 0; i < N_CE_SHAPES; i++) {
-                test_bf16_crossentropy(CE_SHAPES[i].tag, CE_SHAPES[i].N, CE_SHAPES[i].V, CE_SHAPES[i].Vp);
-                test_crossentropy_fusion_exact(CE_SHAPES[i].tag, CE_SHAPES[i].N, CE_SHAPES[i].V, CE_SHAPES[i].Vp);
-            }
+            crossentropy_cases(test_bf16_crossentropy);
         }
         gpu = fp32_gpu;
         cpu = &sl_ops_cpu;

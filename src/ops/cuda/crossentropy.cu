@@ -34,6 +34,7 @@
 // logits once, backward reads and writes them once, fused reads them once from memory (plus the
 // L2 re-read) and writes them once; two exponentials a logit (ce_exp).
 #include "ops/cuda/cuda_common.cuh"
+#include "shardlm/settings.h"
 
 #include <math.h>
 
@@ -42,6 +43,9 @@
 #define CE_FUSED_BLOCKS_PER_SM 2  // the fused kernel's grid: rows in flight (see crossentropy_fused_kernel)
 
 static sl_cuda_scratch crossentropy_buf;  // grow-only scratch (cuda_common.cuh)
+static unsigned long smem_launches;       // cuda_crossentropy_smem_launches; one host thread
+
+extern "C" unsigned long cuda_crossentropy_smem_launches(void) { return smem_launches; }
 
 // ---- row statistics ---------------------------------------------------------------------------------
 
@@ -108,13 +112,15 @@ __device__ __forceinline__ double ce_row_loss(float lse, int target, float x_tar
     return target >= 0 ? (double)__fsub_rn(lse, x_target) : 0.0;
 }
 
-// x (Vp) becomes the row's gradient, by the whole block (see the top comment).
-template <typename T, int VEC>
-__device__ __forceinline__ void ce_grad_row(T *x, float lse, int target, int V, int Vp, float dloss) {
+// dst (Vp) becomes the gradient of the row src holds (dst itself, or its copy in shared memory:
+// SRC_SHARED), by the whole block (see the top comment).
+template <typename T, int VEC, bool SRC_SHARED = false>
+__device__ __forceinline__ void ce_grad_row(T *dst, const T *src, float lse, int target, int V, int Vp, float dloss) {
     float scale = target >= 0 ? dloss : 0.0f;
     for (int v0 = threadIdx.x * VEC; v0 < Vp; v0 += CE_THREADS * VEC) {
         float xv[VEC];
-        load_vec_cs<T, VEC>(xv, x + v0);  // the row's last read and its only write: evict first
+        if constexpr (SRC_SHARED) load_vec<T, VEC>(xv, src + v0);
+        else load_vec_cs<T, VEC>(xv, src + v0);  // the row's last read and its only write: evict first
 #pragma unroll
         for (int j = 0; j < VEC; j++) {
             int v = v0 + j;
@@ -125,7 +131,7 @@ __device__ __forceinline__ void ce_grad_row(T *x, float lse, int target, int V, 
             }
             xv[j] = g;
         }
-        store_vec_cs<T, VEC>(x + v0, xv);
+        store_vec_cs<T, VEC>(dst + v0, xv);
     }
 }
 
@@ -149,7 +155,7 @@ template <typename T, int VEC>
 __global__ void __launch_bounds__(CE_THREADS)
     crossentropy_backward_kernel(T *logits, const float *lse, const int *targets, int V, int Vp, float dloss) {
     size_t n = blockIdx.x;
-    ce_grad_row<T, VEC>(logits + n * (size_t)Vp, lse[n], targets[n], V, Vp, dloss);
+    ce_grad_row<T, VEC>(logits + n * (size_t)Vp, logits + n * (size_t)Vp, lse[n], targets[n], V, Vp, dloss);
 }
 
 // Rows n = blockIdx.x, + gridDim.x, ...: a grid of CE_FUSED_BLOCKS_PER_SM blocks per SM keeps the rows
@@ -168,7 +174,40 @@ __global__ void __launch_bounds__(CE_THREADS) crossentropy_fused_kernel(float *l
             lse[n] = l;
             row_loss[n] = ce_row_loss(l, target, x_target);
         }
-        ce_grad_row<T, VEC>(x, l, target, V, Vp, dloss);
+        ce_grad_row<T, VEC>(x, x, l, target, V, Vp, dloss);
+    }
+}
+
+// The fused classifier with each row copied into shared memory first (SHARDLM_CE_ROW_SMEM=1, where a
+// row of Vp elements fits; 16-byte vectors only): the statistics and the gradient read the copy, so
+// the row comes from memory once and never through L2 again; cp.async keeps every thread's 16-byte
+// copies in flight at once. The same device functions on the same values as crossentropy_fused_kernel:
+// the same bits. Rows n = blockIdx.x, + gridDim.x, ... (as many blocks as fit an SM, times the SMs).
+template <typename T, int VEC>
+__global__ void __launch_bounds__(CE_THREADS) crossentropy_fused_smem_kernel(float *lse, double *row_loss, T *logits,
+                                                                             const int *targets, int N, int V, int Vp,
+                                                                             float dloss) {
+    __shared__ float red[64];
+    extern __shared__ __align__(16) unsigned char row_smem[];
+    T *row = reinterpret_cast<T *>(row_smem);
+    const int chunks = Vp / VEC;  // 16-byte chunks of a row
+    for (int n = blockIdx.x; n < N; n += gridDim.x) {
+        T *x = logits + (size_t)n * Vp;
+        __syncthreads();  // every thread is done reading the previous row's copy
+        for (int c = threadIdx.x; c < chunks; c += CE_THREADS) {
+            const uint32_t dst = (uint32_t)__cvta_generic_to_shared(row + (size_t)c * VEC);
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(x + (size_t)c * VEC) : "memory");
+        }
+        asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
+        __syncthreads();  // the copy landed for every thread
+        int target = targets[n];
+        float x_target = threadIdx.x == 0 && target >= 0 ? to_f32(row[target]) : 0.0f;
+        float l = ce_row_lse<T, VEC>(row, V, red);
+        if (threadIdx.x == 0) {
+            lse[n] = l;
+            row_loss[n] = ce_row_loss(l, target, x_target);
+        }
+        ce_grad_row<T, VEC, true>(x, row, l, target, V, Vp, dloss);
     }
 }
 
@@ -247,7 +286,23 @@ double cuda_crossentropy_fused(float *lse, sl_act *logits, const int *targets, i
     floatX *x = as_storage<floatX>(logits);
     cudaStream_t s = sl_cuda_stream();
     const cudaDeviceProp *p = sl_cuda_device_props();
-    int blocks = CE_FUSED_BLOCKS_PER_SM * (p ? p->multiProcessorCount : 132);
+    const int sms = p ? p->multiProcessorCount : 132;
+    const size_t row_bytes = (size_t)Vp * sizeof(floatX);
+    // SHARDLM_CE_ROW_SMEM=1: rows in shared memory where one fits a block (beside red) and vectors apply
+    if (sl_settings_get()->ce_row_smem && ce_vectors<floatX>(x, Vp) && p &&
+        row_bytes + 1024 <= p->sharedMemPerBlockOptin) {
+        auto kernel = crossentropy_fused_smem_kernel<floatX, 16 / sizeof(floatX)>;
+        if (!sl_cuda_allow_smem(kernel, row_bytes)) return NAN;
+        int per_sm = 0;
+        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, CE_THREADS, row_bytes));
+        const int blocks = (per_sm > 0 ? per_sm : 1) * sms;
+        kernel<<<(unsigned int)(N < blocks ? N : blocks), CE_THREADS, row_bytes, s>>>(lse, row_loss, x, targets, N, V,
+                                                                                       Vp, dloss);
+        CUDA_LAUNCH_CHECK();
+        smem_launches++;
+        return ce_total(row_loss, N);
+    }
+    int blocks = CE_FUSED_BLOCKS_PER_SM * sms;
     unsigned int grid = (unsigned int)(N < blocks ? N : blocks);
     if (ce_vectors<floatX>(x, Vp))
         crossentropy_fused_kernel<floatX, 16 / sizeof(floatX)><<<grid, CE_THREADS, 0, s>>>(lse, row_loss, x, targets, N,

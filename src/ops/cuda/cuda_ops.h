@@ -43,5 +43,7 @@ void cuda_reset_peak_bytes(void);
 // attention_mma.cu: the mma.sync attention launches queued so far (forward and backward calls), which
 // the GPU op tests read to know that SHARDLM_ATTENTION=mma ran those kernels and not a fallback
 unsigned long cuda_attention_mma_launches(void);
+// Calls of crossentropy_fused that ran the shared-memory row kernel (SHARDLM_CE_ROW_SMEM=1), for tests.
+unsigned long cuda_crossentropy_smem_launches(void);
 
 #endif
