@@ -1178,9 +1178,10 @@ static const struct { const char *tag; int N, C; } NORM_SHAPES[] = {
 #define N_NORM_SHAPES ((int)(sizeof NORM_SHAPES / sizeof NORM_SHAPES[0]))
 
 // Cross-entropy shapes: Vp a multiple of 8 (16-byte vectors, V inside a vector) and not (97: single
-// elements), one row, GPT-2's padded vocabulary.
+// elements), one row, GPT-2's padded vocabulary, more rows than a grid.
 static const struct { const char *tag; int N, V, Vp; } CE_SHAPES[] = {
     {"small", 37, 100, 128}, {"odd_vp97", 5, 97, 97}, {"one_row_gpt2", 1, 50257, 50304}, {"gpt2", 64, 50257, 50304},
+    {"rows1100", 1100, 100, 128},  // more rows than the fused kernels' grids: each block walks several
 };
 #define N_CE_SHAPES ((int)(sizeof CE_SHAPES / sizeof CE_SHAPES[0]))
 
@@ -1202,24 +1203,30 @@ static void test_bf16_attention_shape(const char *prefix, int i) {
 }
 
 // Every CE_SHAPES entry through check (against the CPU) and test_crossentropy_fusion_exact, with the
-// fused classifier as the model runs it, then with each row in shared memory (SHARDLM_CE_ROW_SMEM=1),
-// whose kernel must then have run for every vector shape (all but odd_vp97; twice each at least).
+// fused classifier as the model runs it, then with each row in shared memory (SHARDLM_CE_ROW_SMEM=1).
+// That kernel must run exactly where it applies: 3 launches a shape (check runs the fused op twice,
+// the exact test once) when Vp is a multiple of the 16-byte vector and the row fits this GPU's shared
+// memory (cuda_crossentropy_smem_fits), none otherwise (odd_vp97).
 static void crossentropy_cases(void (*check)(const char *tag, int N, int V, int Vp)) {
-    const unsigned long before = cuda_crossentropy_smem_launches();
     for (int smem = 0; smem < 2; smem++) {
         set_switch("SHARDLM_CE_ROW_SMEM", smem ? "1" : NULL);
         for (int i = 0; i < N_CE_SHAPES; i++) {
             char tag[64];
             snprintf(tag, sizeof tag, "%s%s", smem ? "smem_" : "", CE_SHAPES[i].tag);
+            const unsigned long before = cuda_crossentropy_smem_launches();
             check(tag, CE_SHAPES[i].N, CE_SHAPES[i].V, CE_SHAPES[i].Vp);
             test_crossentropy_fusion_exact(tag, CE_SHAPES[i].N, CE_SHAPES[i].V, CE_SHAPES[i].Vp);
+            const unsigned long ran = cuda_crossentropy_smem_launches() - before;
+            const int Vp = CE_SHAPES[i].Vp, bf16 = gpu->act_bf16 != 0;
+            const unsigned long want =
+                smem && Vp % (bf16 ? 8 : 4) == 0 && cuda_crossentropy_smem_fits(Vp, bf16) ? 3 : 0;
+            char name[128];
+            snprintf(name, sizeof name, "crossentropy_smem_launches_%s%s", bf16 ? "bf16_storage_" : "", tag);
+            if (ran == want) pass(name, 0.0);
+            else fail(name, "%lu launches of the shared-memory row kernel, expected %lu", ran, want);
         }
     }
     set_switch("SHARDLM_CE_ROW_SMEM", NULL);
-    const unsigned long ran = cuda_crossentropy_smem_launches() - before;
-    const char *name = gpu->act_bf16 ? "crossentropy_smem_kernel_ran_bf16_storage" : "crossentropy_smem_kernel_ran";
-    if (ran >= 2 * (N_CE_SHAPES - 1)) pass(name, 0.0);
-    else fail(name, "%lu launches of the shared-memory row kernel, expected %d or more", ran, 2 * (N_CE_SHAPES - 1));
 }
 
 // The op groups, each runnable alone (argv[2]): a CUDA error is sticky in the backend, so one failing op

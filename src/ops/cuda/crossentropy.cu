@@ -232,6 +232,15 @@ template <typename T> static bool ce_vectors(const void *logits, int Vp) {
     return Vp % (int)(16 / sizeof(T)) == 0 && sl_aligned16(logits);
 }
 
+// Whether a row of Vp elements of elem bytes fits one block's shared memory beside the kernel's static
+// red array (64 floats), on this GPU.
+static bool ce_row_fits(int Vp, size_t elem) {
+    const cudaDeviceProp *p = sl_cuda_device_props();
+    return p && (size_t)Vp * elem + 64 * sizeof(float) <= p->sharedMemPerBlockOptin;
+}
+
+extern "C" int cuda_crossentropy_smem_fits(int Vp, int bf16) { return ce_row_fits(Vp, bf16 ? 2 : 4); }
+
 // Sums the N row losses queued before it and waits for the total (NaN when something failed).
 static double ce_total(double *row_loss, int N) {
     double *total = row_loss + N;
@@ -288,11 +297,16 @@ double cuda_crossentropy_fused(float *lse, sl_act *logits, const int *targets, i
     const cudaDeviceProp *p = sl_cuda_device_props();
     const int sms = p ? p->multiProcessorCount : 132;
     const size_t row_bytes = (size_t)Vp * sizeof(floatX);
-    // SHARDLM_CE_ROW_SMEM=1: rows in shared memory where one fits a block (beside red) and vectors apply
-    if (sl_settings_get()->ce_row_smem && ce_vectors<floatX>(x, Vp) && p &&
-        row_bytes + 1024 <= p->sharedMemPerBlockOptin) {
+    // SHARDLM_CE_ROW_SMEM=1: rows in shared memory where one fits a block and vectors apply
+    if (sl_settings_get()->ce_row_smem && ce_vectors<floatX>(x, Vp) && ce_row_fits(Vp, sizeof(floatX))) {
         auto kernel = crossentropy_fused_smem_kernel<floatX, 16 / sizeof(floatX)>;
-        if (!sl_cuda_allow_smem(kernel, row_bytes)) return NAN;
+        // set even below 48 KiB: the static red array counts against the default limit too
+        cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)row_bytes);
+        if (err != cudaSuccess) {
+            sl_cuda_record_failure("CUDA error: %s allowing %zu bytes of shared memory for a row of logits",
+                                   cudaGetErrorString(err), row_bytes);
+            return NAN;
+        }
         int per_sm = 0;
         CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, CE_THREADS, row_bytes));
         const int blocks = (per_sm > 0 ? per_sm : 1) * sms;

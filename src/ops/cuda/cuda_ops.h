@@ -45,5 +45,7 @@ void cuda_reset_peak_bytes(void);
 unsigned long cuda_attention_mma_launches(void);
 // Calls of crossentropy_fused that ran the shared-memory row kernel (SHARDLM_CE_ROW_SMEM=1), for tests.
 unsigned long cuda_crossentropy_smem_launches(void);
+// Whether a row of Vp logits (bf16, else fp32) fits that kernel's shared memory on this GPU.
+int cuda_crossentropy_smem_fits(int Vp, int bf16);
 
 #endif
