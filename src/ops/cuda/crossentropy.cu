@@ -300,13 +300,7 @@ double cuda_crossentropy_fused(float *lse, sl_act *logits, const int *targets, i
     // SHARDLM_CE_ROW_SMEM=1: rows in shared memory where one fits a block and vectors apply
     if (sl_settings_get()->ce_row_smem && ce_vectors<floatX>(x, Vp) && ce_row_fits(Vp, sizeof(floatX))) {
         auto kernel = crossentropy_fused_smem_kernel<floatX, 16 / sizeof(floatX)>;
-        // set even below 48 KiB: the static red array counts against the default limit too
-        cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)row_bytes);
-        if (err != cudaSuccess) {
-            sl_cuda_record_failure("CUDA error: %s allowing %zu bytes of shared memory for a row of logits",
-                                   cudaGetErrorString(err), row_bytes);
-            return NAN;
-        }
+        if (!sl_cuda_allow_smem(kernel, row_bytes)) return NAN;
         int per_sm = 0;
         CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, CE_THREADS, row_bytes));
         const int blocks = (per_sm > 0 ? per_sm : 1) * sms;

@@ -59,10 +59,14 @@ static inline unsigned int ew_grid(size_t n) {
 #define GRID_STRIDE(i, n) \
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
 
-// A kernel's dynamic shared memory above the 48 KiB default must be opted into; set on every launch
-// (cheap, and right whichever device is current). false (failure recorded) when the GPU allows less.
+// A kernel's shared memory above the 48 KiB default (its dynamic `bytes` plus its static arrays) must be
+// opted into; set on every launch (cheap, and right whichever device is current). false (failure
+// recorded) when the GPU allows less.
 template <typename Kernel> bool sl_cuda_allow_smem(Kernel kernel, size_t bytes) {
-    if (bytes <= 48 * 1024) return true;
+    cudaFuncAttributes fa;
+    if (bytes == 0 || (bytes <= 48 * 1024 && cudaFuncGetAttributes(&fa, kernel) == cudaSuccess &&
+                       bytes + fa.sharedSizeBytes <= 48 * 1024))
+        return true;
     cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
     if (err != cudaSuccess) {
         sl_cuda_record_failure("CUDA error: %s setting %zu bytes of shared memory (this GPU allows less) at %s:%d",
