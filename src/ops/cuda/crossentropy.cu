@@ -40,6 +40,7 @@
 
 #define CE_THREADS 512
 #define CE_SUM_THREADS 1024
+#define CE_RED 64  // floats of a row kernel's static red array: the warps' (m, s) pairs (ce_row_lse)
 #define CE_FUSED_BLOCKS_PER_SM 2  // the fused kernel's grid: rows in flight (see crossentropy_fused_kernel)
 
 static sl_cuda_scratch crossentropy_buf;  // grow-only scratch (cuda_common.cuh)
@@ -74,8 +75,8 @@ template <typename T> __device__ __forceinline__ void ce_warp_merge(float &m, fl
     }
 }
 
-// The log-sum-exp of x[0..V), by the whole block; every thread returns the same bits. red: 2 x 32
-// floats of shared memory. Contains __syncthreads: every thread's reads of x precede the return.
+// The log-sum-exp of x[0..V), by the whole block; every thread returns the same bits. red: CE_RED
+// (2 x 32) floats of shared memory. Contains __syncthreads: every thread's reads of x precede the return.
 template <typename T, int VEC> __device__ float ce_row_lse(const T *x, int V, float *red) {
     __syncthreads();  // red is free: a previous row's readers are done with it
     float m = -INFINITY, s = 0.0f;
@@ -140,7 +141,7 @@ __device__ __forceinline__ void ce_grad_row(T *dst, const T *src, float lse, int
 template <typename T, int VEC>
 __global__ void __launch_bounds__(CE_THREADS)
     crossentropy_forward_kernel(float *lse, double *row_loss, const T *logits, const int *targets, int V, int Vp) {
-    __shared__ float red[64];
+    __shared__ float red[CE_RED];
     size_t n = blockIdx.x;
     const T *x = logits + n * (size_t)Vp;
     float l = ce_row_lse<T, VEC>(x, V, red);
@@ -164,7 +165,7 @@ template <typename T, int VEC>
 __global__ void __launch_bounds__(CE_THREADS) crossentropy_fused_kernel(float *lse, double *row_loss, T *logits,
                                                                         const int *targets, int N, int V, int Vp,
                                                                         float dloss) {
-    __shared__ float red[64];
+    __shared__ float red[CE_RED];
     for (int n = blockIdx.x; n < N; n += gridDim.x) {
         T *x = logits + (size_t)n * Vp;
         int target = targets[n];
@@ -187,7 +188,7 @@ template <typename T, int VEC>
 __global__ void __launch_bounds__(CE_THREADS) crossentropy_fused_smem_kernel(float *lse, double *row_loss, T *logits,
                                                                              const int *targets, int N, int V, int Vp,
                                                                              float dloss) {
-    __shared__ float red[64];
+    __shared__ float red[CE_RED];
     extern __shared__ __align__(16) unsigned char row_smem[];
     T *row = reinterpret_cast<T *>(row_smem);
     const int chunks = Vp / VEC;  // 16-byte chunks of a row
@@ -232,14 +233,15 @@ template <typename T> static bool ce_vectors(const void *logits, int Vp) {
     return Vp % (int)(16 / sizeof(T)) == 0 && sl_aligned16(logits);
 }
 
-// Whether a row of Vp elements of elem bytes fits one block's shared memory beside the kernel's static
-// red array (64 floats), on this GPU.
-static bool ce_row_fits(int Vp, size_t elem) {
+// Whether the shared-memory row kernel takes rows of Vp elements of elem bytes: 16-byte vectors, and a
+// row fits one block's shared memory beside its static red array, on this GPU (the logits' 16-byte
+// alignment is checked apart, by ce_vectors).
+static bool ce_row_kernel_takes(int Vp, size_t elem) {
     const cudaDeviceProp *p = sl_cuda_device_props();
-    return p && (size_t)Vp * elem + 64 * sizeof(float) <= p->sharedMemPerBlockOptin;
+    return Vp % (int)(16 / elem) == 0 && p && (size_t)Vp * elem + CE_RED * sizeof(float) <= p->sharedMemPerBlockOptin;
 }
 
-extern "C" int cuda_crossentropy_smem_fits(int Vp, int bf16) { return ce_row_fits(Vp, bf16 ? 2 : 4); }
+extern "C" int cuda_crossentropy_smem_takes(int Vp, int bf16) { return ce_row_kernel_takes(Vp, bf16 ? 2 : 4); }
 
 // Sums the N row losses queued before it and waits for the total (NaN when something failed).
 static double ce_total(double *row_loss, int N) {
@@ -297,8 +299,8 @@ double cuda_crossentropy_fused(float *lse, sl_act *logits, const int *targets, i
     const cudaDeviceProp *p = sl_cuda_device_props();
     const int sms = p ? p->multiProcessorCount : 132;
     const size_t row_bytes = (size_t)Vp * sizeof(floatX);
-    // SHARDLM_CE_ROW_SMEM=1: rows in shared memory where one fits a block and vectors apply
-    if (sl_settings_get()->ce_row_smem && ce_vectors<floatX>(x, Vp) && ce_row_fits(Vp, sizeof(floatX))) {
+    // SHARDLM_CE_ROW_SMEM=1: rows in shared memory where that kernel takes them
+    if (sl_settings_get()->ce_row_smem && ce_vectors<floatX>(x, Vp) && ce_row_kernel_takes(Vp, sizeof(floatX))) {
         auto kernel = crossentropy_fused_smem_kernel<floatX, 16 / sizeof(floatX)>;
         if (!sl_cuda_allow_smem(kernel, row_bytes)) return NAN;
         int per_sm = 0;

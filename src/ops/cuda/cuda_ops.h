@@ -45,7 +45,8 @@ void cuda_reset_peak_bytes(void);
 unsigned long cuda_attention_mma_launches(void);
 // Calls of crossentropy_fused that ran the shared-memory row kernel (SHARDLM_CE_ROW_SMEM=1), for tests.
 unsigned long cuda_crossentropy_smem_launches(void);
-// Whether a row of Vp logits (bf16, else fp32) fits that kernel's shared memory on this GPU.
-int cuda_crossentropy_smem_fits(int Vp, int bf16);
+// Whether that kernel takes rows of Vp logits (bf16, else fp32) on this GPU: 16-byte vectors, and a row
+// fits its shared memory (16-byte aligned logits assumed).
+int cuda_crossentropy_smem_takes(int Vp, int bf16);
 
 #endif
