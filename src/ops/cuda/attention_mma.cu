@@ -72,6 +72,21 @@ __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_grou
 // Waits until at most N committed groups of this thread are still in flight.
 template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
+// One step of a double-buffered loop: with more to come, queues `load_next` (the next buffer's cp.async
+// copies, a statement) and waits for all but that group, else waits for everything: either way this
+// thread's copies into the current buffer have landed (a barrier still has to follow). A macro, not a
+// function taking a lambda: the kernels' code stays as it was measured (a lambda changed the SASS).
+#define PIPELINE_STEP(more, load_next) \
+    do {                               \
+        if (more) {                    \
+            load_next;                 \
+            cp_commit();               \
+            cp_wait<1>();              \
+        } else {                       \
+            cp_wait<0>();              \
+        }                              \
+    } while (0)
+
 // c (16 x 8, fp32) += a (16 x 16, bf16) b (16 x 8, bf16)
 __device__ __forceinline__ void mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
     asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
@@ -216,13 +231,7 @@ __global__ void __launch_bounds__(THREADS) mma_forward_kernel(bf16 *out, float *
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 
     for (int j = 0; j <= qt; j++) {  // key tiles up to the diagonal
-        if (j < qt) {
-            load_kv<D>(KV, base, j + 1, W, T, NH, NKV, g);
-            cp_commit();
-            cp_wait<1>();
-        } else {
-            cp_wait<0>();
-        }
+        PIPELINE_STEP(j < qt, load_kv<D>(KV, base, j + 1, W, T, NH, NKV, g));
         __syncthreads();  // tile j (and Q) landed for every thread
         if (j == 0) {
 #pragma unroll
@@ -362,13 +371,7 @@ __global__ void __launch_bounds__(THREADS) mma_dkdv_kernel(bf16 *dqkv, const bf1
         for (int e = 0; e < 4; e++) dk[nd][e] = dv[nd][e] = 0.0f;
 
     for (int it = 0; it < n_iter; it++) {
-        if (it + 1 < n_iter) {
-            load_q(it + 1);
-            cp_commit();
-            cp_wait<1>();
-        } else {
-            cp_wait<0>();
-        }
+        PIPELINE_STEP(it + 1 < n_iter, load_q(it + 1));
         __syncthreads();
         const int q0 = (kt + it % n_q) * TILE;
         const bf16 *Qs = QO + (size_t)(2 * (it & 1)) * TILE * G::DS, *dOs = Qs + TILE * G::DS;
@@ -453,13 +456,7 @@ __global__ void __launch_bounds__(THREADS) mma_dq_kernel(bf16 *dqkv, const bf16 
     for (int nd = 0; nd < G::ND; nd++) dq[nd][0] = dq[nd][1] = dq[nd][2] = dq[nd][3] = 0.0f;
 
     for (int j = 0; j <= qt; j++) {
-        if (j < qt) {
-            load_kv<D>(KV, base, j + 1, W, T, NH, NKV, g);
-            cp_commit();
-            cp_wait<1>();
-        } else {
-            cp_wait<0>();
-        }
+        PIPELINE_STEP(j < qt, load_kv<D>(KV, base, j + 1, W, T, NH, NKV, g));
         __syncthreads();
         const bf16 *Ks = KV + (size_t)(2 * (j & 1)) * TILE * G::DS, *Vs = Ks + TILE * G::DS;
         const int k0 = j * TILE;
