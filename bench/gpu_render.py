@@ -188,15 +188,27 @@ def default_pairs(runs, variants):
     return pairs
 
 
+def default_then_variants(runs, variants):
+    """Each model's default run once, followed by its variant runs (same model and B), in run order:
+    (row, its default run or None for the default itself)."""
+    out, seen = [], set()
+    for d, s in sorted(default_pairs(runs, variants), key=lambda p: runs.index(p[0])):
+        if id(d) not in seen:
+            seen.add(id(d))
+            out.append((d, None))
+        out.append((s, d))
+    return out
+
+
 def render_fused(w, runs, split):
     """The fused norm backward and classifier (the default) against the separate kernels, and against the
     classifier with its rows in shared memory, same model and B."""
-    pairs = sorted(default_pairs(runs, split), key=lambda p: runs.index(p[0]))
-    if not pairs:
+    rows = default_then_variants(runs, split)
+    if not rows:
         return
     ops = ("layernorm_backward", "rmsnorm_backward", "crossentropy_fused", "crossentropy_forward",
            "crossentropy_backward", "matmul_backward_gelu", "matmul_gelu_backward")
-    shown = [k for k in ops if any(k in r.get("breakdown", {}) for p in pairs for r in p)]
+    shown = [k for k in ops if any(k in r.get("breakdown", {}) for r, _ in rows)]
     w("### Fused kernels against the separate ones (bf16, profiled step)\n")
     w("The norm backward (src/ops/cuda/norm_backward.cu) and the fused classifier (crossentropy_fused, "
       "src/ops/cuda/crossentropy.cu) against `SHARDLM_FUSED_KERNELS=0` (the earlier separate kernels, and "
@@ -208,17 +220,14 @@ def render_fused(w, runs, split):
       "and step count; ms per step.\n")
     w("| model | micro-batch | kernels | ms/step | tok/s | " + " | ".join(shown) + " | all matmul ops |")
     w("|---|---|---|---|---|" + "---|" * (len(shown) + 1))
-    seen = set()
-    for d, s in pairs:
-        what_s = "fused, rows in shared memory" if s.get("tag", "").startswith("shardlm-cesmem:") else "separate"
-        shown_rows = [(s, what_s)] if id(d) in seen else [(d, "fused"), (s, what_s)]
-        seen.add(id(d))
-        for r, what in shown_rows:
-            b = r.get("breakdown", {})
-            cells = ["%.2f" % b[k] if k in b else "" for k in shown]
-            cells.append("%.2f" % sum(v for k, v in b.items() if k.startswith("matmul")))
-            w(f"| {NAMES.get(r['model'], r['model'])} | {r['B']} | {what} | {r['ms_per_step']:.1f} | "
-              f"{r['tokens_per_s']:.0f} | " + " | ".join(cells) + " |")
+    for r, default in rows:
+        what = ("fused" if default is None else "fused, rows in shared memory"
+                if r.get("tag", "").startswith("shardlm-cesmem:") else "separate")
+        b = r.get("breakdown", {})
+        cells = ["%.2f" % b[k] if k in b else "" for k in shown]
+        cells.append("%.2f" % sum(v for k, v in b.items() if k.startswith("matmul")))
+        w(f"| {NAMES.get(r['model'], r['model'])} | {r['B']} | {what} | {r['ms_per_step']:.1f} | "
+          f"{r['tokens_per_s']:.0f} | " + " | ".join(cells) + " |")
     w("")
 
 
@@ -236,8 +245,8 @@ def attention_of(r):
 
 def render_attention(w, runs, att):
     """bf16 attention on the default kernels against the others, same model and B."""
-    pairs = sorted(default_pairs(runs, att), key=lambda p: runs.index(p[0]))
-    if not pairs:
+    rows = default_then_variants(runs, att)
+    if not rows:
         return
     w("### Attention: the kernels side by side (bf16, profiled step)\n")
     w("`SHARDLM_ATTENTION` picks shardlm's bf16 attention on the GPU: `mma` (the default since 2026-11-27) the "
@@ -247,17 +256,13 @@ def render_attention(w, runs, att):
       "step count.\n")
     w("| model | micro-batch | kernels | ms/step | tok/s | attention forward ms | attention backward ms |")
     w("|---|---|---|---|---|---|---|")
-    seen = set()
-    for d, s in pairs:
-        shown = [s] if id(d) in seen else [d, s]
-        seen.add(id(d))
-        for r in shown:
-            b = r.get("breakdown", {})
-            fwd, bwd = b.get("attention_forward"), b.get("attention_backward")
-            cell = lambda v: "%.2f" % v if v is not None else "n/a"
-            what = ATTENTION_KERNELS.get(attention_of(r), attention_of(r))
-            w(f"| {NAMES.get(r['model'], r['model'])} | {r['B']} | {what} | {r['ms_per_step']:.1f} | "
-              f"{r['tokens_per_s']:.0f} | {cell(fwd)} | {cell(bwd)} |")
+    for r, _ in rows:
+        b = r.get("breakdown", {})
+        fwd, bwd = b.get("attention_forward"), b.get("attention_backward")
+        cell = lambda v: "%.2f" % v if v is not None else "n/a"
+        what = ATTENTION_KERNELS.get(attention_of(r), attention_of(r))
+        w(f"| {NAMES.get(r['model'], r['model'])} | {r['B']} | {what} | {r['ms_per_step']:.1f} | "
+          f"{r['tokens_per_s']:.0f} | {cell(fwd)} | {cell(bwd)} |")
     w("")
 
 
