@@ -17,11 +17,18 @@ enum { SL_GEMM_AUTO, SL_GEMM_OPENBLAS, SL_GEMM_ONEDNN };
 // staged fp32 attention), tc (the GPU's WMMA tensor-core kernels of attention_tc.cu; oneDNN on the CPU),
 // mma (the default: the GPU's mma.sync kernels of attention_mma.cu; on the CPU as tc).
 enum { SL_ATTENTION_SIMT, SL_ATTENTION_TC, SL_ATTENTION_MMA };
+// SHARDLM_ATTENTION_GRID's values (sl_settings.attention_grid): the order in which the mma.sync attention
+// kernels hand out their (head, tile) blocks. tiles (the default): every head's longest tile first, then
+// every head's next; heads: one head's tiles after another, longest first, so the blocks running at
+// once share their K/V (dK/dV: Q/dO) tiles through L2. Each block computes the same either way: the
+// same bits.
+enum { SL_ATTENTION_GRID_TILES, SL_ATTENTION_GRID_HEADS };
 
 typedef struct {
     int tf32;                  // SHARDLM_TF32=1: fp32 GEMMs on the GPU may use TF32 tensor cores (default 0)
     int gelu_epilogue;         // SHARDLM_GELU_EPILOGUE=0: GPT-2's GELU outside the cuBLASLt epilogue (default 1)
     int attention;             // SHARDLM_ATTENTION=tc|simt|mma: the bf16 attention kernels (SL_ATTENTION_*; default mma)
+    int attention_grid;        // SHARDLM_ATTENTION_GRID=tiles|heads: the mma.sync attention's block order (default tiles)
     int ce_row_smem;           // SHARDLM_CE_ROW_SMEM=1: the GPU's fused classifier holds each row in shared memory (default 0)
     int fused_kernels;         // SHARDLM_FUSED_KERNELS=0: the GPU's norm backward and loss as the earlier separate kernels (default 1)
     int gemm_autotune;         // SHARDLM_GEMM_AUTOTUNE=1: time cuBLASLt's candidate algorithms once per GEMM shape (default 0)

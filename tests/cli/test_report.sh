@@ -62,6 +62,13 @@ check report_ompi_rank grep -Eq '^  rank / world size +1 / 4$' "$tmp/ompi.txt"
 clean_env SHARDLM_RANK=x SHARDLM_WORLD_SIZE=2 "$BIN" report >"$tmp/bad.txt" 2>&1; rc=$?
 check report_bad_env_exits_0 test $rc -eq 0
 check report_bad_env_named grep -Eq '^  launcher +not available: .*SHARDLM_RANK' "$tmp/bad.txt"
+# a malformed run-time switch (settings.h) is named by report, and stops a run
+clean_env SHARDLM_ATTENTION_GRID=diagonal "$BIN" report >"$tmp/badgrid.txt" 2>&1; rc=$?
+check report_bad_setting_exits_0 test $rc -eq 0
+check report_bad_setting_named grep -q 'SHARDLM_ATTENTION_GRID="diagonal": expected tiles or heads' "$tmp/badgrid.txt"
+clean_env SHARDLM_ATTENTION_GRID=diagonal "$BIN" train --steps 1 >"$tmp/badgrid_train.txt" 2>&1; rc=$?
+check bad_setting_stops_train test $rc -ne 0
+check bad_setting_stops_train_named grep -q 'SHARDLM_ATTENTION_GRID="diagonal"' "$tmp/badgrid_train.txt"
 
 # 4. Flags: --help exits 0, an unknown flag exits 2 with a message.
 "$BIN" report --help >"$tmp/help.txt" 2>&1; rc=$?

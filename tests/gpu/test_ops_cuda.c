@@ -1202,6 +1202,62 @@ static void test_bf16_attention_shape(const char *prefix, int i) {
     test_bf16_attention(tag, ATT_SHAPES[i].B, ATT_SHAPES[i].T, ATT_SHAPES[i].NH, ATT_SHAPES[i].NKV, ATT_SHAPES[i].HD);
 }
 
+// The mma.sync attention's two block orders (SHARDLM_ATTENTION_GRID=tiles, the default, and heads) hand
+// the same blocks out in another order, each computing what it did: out, lse and dqkv bit-identical
+// between them, and each order's forward and backward ran on those kernels (the launch counter).
+static void test_attention_grid_exact(const char *tag, int B, int T, int NH, int NKV, int HD) {
+    const char *name = bname("attention_grid_heads_equals_tiles_bits", tag);
+    size_t N = (size_t)B * T, nqkv = N * (NH + 2 * NKV) * HD, nout = N * NH * HD, nlse = (size_t)B * NH * T;
+    void *hqkv = brand(nqkv, 1.0f), *hdout = brand(nout, 1.0f);
+    sl_act *qkv = gpu->alloc(H(nqkv), "qkv"), *dout = gpu->alloc(H(nout), "dout"), *out[2], *dqkv[2];
+    float *lse[2];
+    void *got_out[2], *got_dqkv[2], *got_lse[2];
+    int ok = qkv && dout;
+    for (int k = 0; k < 2; k++) {
+        out[k] = gpu->alloc(H(nout), "out");
+        dqkv[k] = gpu->alloc(H(nqkv), "dqkv");
+        lse[k] = gpu->alloc(F(nlse), "lse");
+        got_out[k] = xmalloc(H(nout));
+        got_dqkv[k] = xmalloc(H(nqkv));
+        got_lse[k] = xmalloc(F(nlse));
+        ok = ok && out[k] && dqkv[k] && lse[k];
+    }
+    unsigned long ran[2] = {0, 0};
+    if (!ok) {
+        fail(name, "alloc: %s", sl_error());
+    } else {
+        gpu->upload(qkv, hqkv, H(nqkv));
+        gpu->upload(dout, hdout, H(nout));
+        for (int k = 0; k < 2; k++) {
+            set_switch("SHARDLM_ATTENTION_GRID", k ? "heads" : "tiles");
+            const unsigned long before = cuda_attention_mma_launches();
+            gpu->attention_forward(out[k], lse[k], qkv, B, T, NH, NKV, HD, 0);
+            gpu->attention_backward(dqkv[k], dout, qkv, out[k], lse[k], B, T, NH, NKV, HD, 0);
+            ran[k] = cuda_attention_mma_launches() - before;
+            gpu->download(got_out[k], out[k], H(nout));
+            gpu->download(got_dqkv[k], dqkv[k], H(nqkv));
+            gpu->download(got_lse[k], lse[k], F(nlse));
+        }
+        set_switch("SHARDLM_ATTENTION_GRID", NULL);
+        if (gpu->synchronize()) fail(name, "%s", sl_error());
+        else if (ran[0] != 2 || ran[1] != 2)
+            fail(name, "%lu and %lu mma.sync launches (tiles, heads), expected 2 each", ran[0], ran[1]);
+        else if (memcmp(got_out[0], got_out[1], H(nout))) fail(name, "out differs");
+        else if (memcmp(got_lse[0], got_lse[1], F(nlse))) fail(name, "lse differs");
+        else if (memcmp(got_dqkv[0], got_dqkv[1], H(nqkv))) fail(name, "dqkv differs");
+        else pass(name, 0.0);
+    }
+    for (int k = 0; k < 2; k++) {
+        gpu->dealloc(out[k]);
+        gpu->dealloc(dqkv[k]);
+        gpu->dealloc(lse[k]);
+        free(got_out[k]); free(got_dqkv[k]); free(got_lse[k]);
+    }
+    gpu->dealloc(qkv);
+    gpu->dealloc(dout);
+    free(hqkv); free(hdout);
+}
+
 // Every CE_SHAPES entry through check (against the CPU) and test_crossentropy_fusion_exact, with the
 // fused classifier as the model runs it, then with each row in shared memory (SHARDLM_CE_ROW_SMEM=1).
 // That kernel must run exactly where it applies: 3 launches a shape (check runs the fused op twice,
@@ -1436,6 +1492,10 @@ int main(int argc, char **argv) {
                 if (theirs == (ran > 0)) pass(bname("attention_mma_ran", ATT_SHAPES[i].tag), 0.0);
                 else fail(bname("attention_mma_ran", ATT_SHAPES[i].tag), "%lu mma.sync launches (expected %s)", ran,
                           theirs ? "some" : "none");
+                // and their other block order (SHARDLM_ATTENTION_GRID=heads) against this one
+                if (theirs)
+                    test_attention_grid_exact(ATT_SHAPES[i].tag, ATT_SHAPES[i].B, ATT_SHAPES[i].T, ATT_SHAPES[i].NH,
+                                              ATT_SHAPES[i].NKV, ATT_SHAPES[i].HD);
             }
             set_switch("SHARDLM_ATTENTION", NULL);
         }
