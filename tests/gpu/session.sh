@@ -11,14 +11,16 @@
 #   3. test_model_cuda (the model's loss and gradients against the CPU) and test_generate_cuda;
 #   4. bench/gpu.sh for GPT-2 124M: shardlm with its per-op profile, PyTorch eager and torch.compile
 #      (SESSION_TORCH=0: not), the SHARDLM_ATTENTION=tc rows (the WMMA kernels against the default
-#      mma.sync kernels of attention_mma.cu), the SHARDLM_FUSED_KERNELS=0 rows (the fused kernels before /
+#      mma.sync kernels of attention_mma.cu), the SHARDLM_ATTENTION_GRID=heads rows (those kernels'
+#      blocks a head at a time), the SHARDLM_FUSED_KERNELS=0 rows (the fused kernels before /
 #      after) and the SHARDLM_GEMM_AUTOTUNE=1 rows (cuBLASLt's algorithms timed per shape), same card,
 #      same call. On the 2026-11-27 H100 the build took 46 s and this stage about 130 s;
 #   4b. bench_decode on the GPU (`generate --device cuda`'s path): GPT-2 124M prefill and decode tok/s,
 #      fp32 and bf16, into decode.jsonl;
-#   4c. Nsight Compute (SESSION_NCU=0: not) on one bf16 GPT-2 124M step (B=8): one launch each of the
-#      attention forward, dK/dV and dQ kernels (speed of light, occupancy, memory workload), into
-#      ncu.csv: where the attention kernels' time goes (docs/gpu.md, "Next GPU session");
+#   4c. Nsight Compute (SESSION_NCU=0: not) on one bf16 GPT-2 124M step (B=64): one launch each of the
+#      attention forward, dK/dV and dQ kernels (speed of light, occupancy, memory workload), in both
+#      block orders (SHARDLM_ATTENTION_GRID=tiles, heads), into ncu.csv: where the attention kernels'
+#      time goes (docs/gpu.md, "Next GPU session");
 #   5. with time left, the other op groups (attention first).
 # Outputs in $OUT: session_summary.txt (PASS / FAIL / SKIP / TIMEOUT lines, each stage's seconds,
 # "N passed, N failed"), session_logs.tgz (every log), decode.jsonl, ncu.csv and
@@ -114,21 +116,28 @@ if left 60 decode; then
 fi
 
 # 4c. Nsight Compute on the attention kernels of one training step: a kernel a run (each ncu run replays
-# its one kernel for every section's counters); without counter access (ERR_NVGPUCTRPERM) it notes a SKIP
+# its one kernel for every section's counters), in both block orders (SHARDLM_ATTENTION_GRID: the
+# instances' template arguments <D, false> / <D, true> tell their rows apart in ncu.csv); at the
+# benchmark's micro-batch 64, where a head's K / V tiles no longer stay in L2 between its blocks in
+# the default order. Without counter access (ERR_NVGPUCTRPERM) it notes a SKIP.
 if [ "${SESSION_NCU:-1}" = 1 ] && [ "${SHARDLM_GPU_SUITE_DRY:-0}" != 1 ] && left 100 ncu; then
   start=$SECONDS
   ncu=$(command -v ncu || echo "${CUDA_HOME:-/usr/local/cuda}/bin/ncu")
-  for k in mma_forward_kernel mma_dkdv_kernel mma_dq_kernel; do
-    timeout -k 10 60 "$ncu" --kernel-name "regex:$k" --launch-count 1 --section SpeedOfLight --section Occupancy \
-      --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --csv --page details \
-      "$B/bench_train" --model gpt2 --device cuda --precision bf16 --seq 1024 --batch 8 --steps 1 --warmup 0 \
-      >>"$logdir/ncu.csv" 2>>"$logdir/ncu.txt"
-    rc=$?
-    if [ $rc -eq 0 ] && grep -q "$k" "$logdir/ncu.csv"; then note "PASS ncu_$k"; passed=$((passed + 1))
-    else note "SKIP ncu_$k: exit $rc (ncu.txt: $(grep -m1 -oE 'ERR_[A-Z_]+|error[^.]*' "$logdir/ncu.txt"))"; fi
+  for grid in tiles heads; do
+    for k in mma_forward_kernel mma_dkdv_kernel mma_dq_kernel; do
+      left 40 "ncu_${grid}_$k" || break 2
+      SHARDLM_ATTENTION_GRID=$grid timeout -k 10 60 "$ncu" --kernel-name "regex:$k" --launch-count 1 \
+        --section SpeedOfLight --section Occupancy --section MemoryWorkloadAnalysis \
+        --section ComputeWorkloadAnalysis --csv --page details \
+        "$B/bench_train" --model gpt2 --device cuda --precision bf16 --seq 1024 --batch 64 --steps 1 --warmup 0 \
+        >>"$logdir/ncu.csv" 2>>"$logdir/ncu.txt"
+      rc=$?
+      if [ $rc -eq 0 ] && grep -q "$k" "$logdir/ncu.csv"; then note "PASS ncu_${grid}_$k"; passed=$((passed + 1))
+      else note "SKIP ncu_${grid}_$k: exit $rc (ncu.txt: $(grep -m1 -oE 'ERR_[A-Z_]+|error[^.]*' "$logdir/ncu.txt"))"; fi
+    done
   done
   [ -n "${OUT:-}" ] && [ -s "$logdir/ncu.csv" ] && cp "$logdir/ncu.csv" "$OUT/ncu.csv"
-  note "-- ncu (attention kernels): $((SECONDS - start))s"
+  note "-- ncu (attention kernels, both block orders): $((SECONDS - start))s"
 fi
 
 # 5. the other op groups, attention first
