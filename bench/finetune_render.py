@@ -56,6 +56,19 @@ def unavailable(impl, mode, failed, message=True):
 PRECISION_TITLES = {"fp32": "fp32", "bf16": "bf16 (shardlm `--precision bf16`; PyTorch `torch.autocast(\"cpu\", torch.bfloat16)`)"}
 
 
+def paired(runs, arch, precision, mode):
+    """The tok/s ratio of each round's pair (the two sides ran back to back, so a slow drift of the machine
+    moves both), as a clause; empty with fewer than two such rounds."""
+    side = {impl: {r["round"]: r for r in runs.get((arch, precision, impl, mode), [])
+                   if r.get("status") == "ok" and "round" in r} for impl in ("shardlm", "pytorch")}
+    rounds = sorted(set(side["shardlm"]) & set(side["pytorch"]))
+    if len(rounds) < 2:
+        return ""
+    rs = [ratio(side["shardlm"][k]["tokens_per_s"], side["pytorch"][k]["tokens_per_s"]) for k in rounds]
+    return (f"; round by round {', '.join(f'{x:.2f}' for x in rs)}x (median {statistics.median(rs):.2f}x, "
+            f"range {min(rs):.2f}-{max(rs):.2f}x)")
+
+
 def render_model(arch, precision, runs, meta):
     out = [f"### {TITLES.get(arch, arch)}, {PRECISION_TITLES.get(precision, precision)}", ""]
     # the parameter count of the fp32 model (a 4-bit model's count holds two weights per byte as one)
@@ -119,7 +132,7 @@ def render_model(arch, precision, runs, meta):
             if s["disturbed"] or p["disturbed"]:  # speed on a busy machine is no verdict; memory does not move
                 verdict = "not judged: a row was disturbed (other load above 0.2)"
             speed = f"shardlm **{tr:.2f}x** {theirs} tok/s" + (
-                f" (target >= {speed_target}x: {verdict})" if speed_target else "")
+                f" (target >= {speed_target}x: {verdict})" if speed_target else "") + paired(runs, arch, precision, mode)
             out.append(f"- {label}: {speed}; peak RSS **{mr:.2f}x** {theirs} ({gb(s['peak_rss_bytes'])} against "
                        f"{gb(p['peak_rss_bytes'])}; target {mem_target[0]}: {'met' if mem_target[1](mr) else 'NOT met'})"
                        + (f"; while training {tmr:.2f}x" if tmr is not None else "") + ".")
