@@ -14,7 +14,7 @@
 #   5. each model once more at shardlm's micro-batch with SHARDLM_ATTENTION=simt (bf16 attention on
 #      the CUDA cores) and with SHARDLM_ATTENTION=tc (the WMMA kernels of attention_tc.cu, against the
 #      default mma.sync kernels of attention_mma.cu), and with SHARDLM_ATTENTION_GRID=heads (those
-#      kernels' blocks a head at a time), for the table comparing the attention kernels
+#      kernels' blocks in chunks of heads), for the table comparing the attention kernels
 #      (GPU_SIMT=0 / GPU_WMMA=0 / GPU_ATT_GRID=0: not run);
 #   6. each model once more at shardlm's micro-batch with SHARDLM_FUSED_KERNELS=0 (the norm backward
 #      and cross-entropy as the earlier separate kernels, the MLP's GELU gradient outside the GEMM
@@ -271,7 +271,7 @@ variant_rows() {
 # the attention kernels: bf16 attention on the CUDA-core kernels and on the WMMA tensor-core ones
 variant_rows GPU_SIMT shardlm-simt SHARDLM_ATTENTION=simt "attention on the CUDA cores"
 variant_rows GPU_WMMA shardlm-wmma SHARDLM_ATTENTION=tc "attention on WMMA tensor-core tiles"
-variant_rows GPU_ATT_GRID shardlm-attgrid SHARDLM_ATTENTION_GRID=heads "mma.sync attention blocks a head at a time"
+variant_rows GPU_ATT_GRID shardlm-attgrid SHARDLM_ATTENTION_GRID=heads "mma.sync attention blocks in chunks of heads"
 # the fused kernels: the norm backward, the cross-entropy and the MLP's GELU gradient as separate
 # kernels, for the before / after table
 variant_rows GPU_SPLIT shardlm-split SHARDLM_FUSED_KERNELS=0 "separate norm-backward, cross-entropy and GELU-gradient kernels"

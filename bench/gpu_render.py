@@ -252,8 +252,8 @@ def render_attention(w, runs, att):
     w("`SHARDLM_ATTENTION` picks shardlm's bf16 attention on the GPU: `mma` (the default since 2026-11-27) the "
       "mma.sync kernels with every fragment in registers (src/ops/cuda/attention_mma.cu), `tc` the WMMA "
       "tensor-core kernels (src/ops/cuda/attention_tc.cu; the default before), `simt` the fp32 CUDA-core kernels "
-      "(src/ops/cuda/attention.cu); `SHARDLM_ATTENTION_GRID=heads` runs the mma.sync kernels' blocks a head at a "
-      "time (each head's tiles together, so the blocks in flight share K and V through L2) instead of every head's "
+      "(src/ops/cuda/attention.cu); `SHARDLM_ATTENTION_GRID=heads` runs the mma.sync kernels' blocks in chunks of "
+      "heads (a chunk's tiles together, so the blocks in flight share K and V through L2) instead of every head's "
       "longest tile first (the same bits). The first row of each model is the run's default. Same model, "
       "micro-batch and step count.\n")
     w("| model | micro-batch | kernels | ms/step | tok/s | attention forward ms | attention backward ms |")
@@ -264,7 +264,7 @@ def render_attention(w, runs, att):
         cell = lambda v: "%.2f" % v if v is not None else "n/a"
         what = ATTENTION_KERNELS.get(attention_of(r), attention_of(r))
         if attention_of(r) == "mma":  # the mma.sync kernels' block order (SHARDLM_ATTENTION_GRID)
-            what += ", blocks a head at a time" if r.get("attention_grid") == "heads" else ", longest tiles first"
+            what += ", blocks in chunks of heads" if r.get("attention_grid") == "heads" else ", longest tiles first"
         w(f"| {NAMES.get(r['model'], r['model'])} | {r['B']} | {what} | {r['ms_per_step']:.1f} | "
           f"{r['tokens_per_s']:.0f} | {cell(fwd)} | {cell(bwd)} |")
     w("")

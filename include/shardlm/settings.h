@@ -19,9 +19,9 @@ enum { SL_GEMM_AUTO, SL_GEMM_OPENBLAS, SL_GEMM_ONEDNN };
 enum { SL_ATTENTION_SIMT, SL_ATTENTION_TC, SL_ATTENTION_MMA };
 // SHARDLM_ATTENTION_GRID's values (sl_settings.attention_grid): the order in which the mma.sync attention
 // kernels hand out their (head, tile) blocks. tiles (the default): every head's longest tile first, then
-// every head's next; heads: one head's tiles after another, longest first, so the blocks running at
-// once share their K/V (dK/dV: Q/dO) tiles through L2. Each block computes the same either way: the
-// same bits.
+// every head's next; heads: chunks of heads one after another (src/ops/cuda/attention_grid.h), so the
+// blocks running at once share their K/V (dK/dV: Q/dO) tiles through L2. Each block computes the same
+// either way: the same bits.
 enum { SL_ATTENTION_GRID_TILES, SL_ATTENTION_GRID_HEADS };
 
 typedef struct {

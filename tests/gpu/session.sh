@@ -12,7 +12,7 @@
 #   4. bench/gpu.sh for GPT-2 124M: shardlm with its per-op profile, PyTorch eager and torch.compile
 #      (SESSION_TORCH=0: not), the SHARDLM_ATTENTION=tc rows (the WMMA kernels against the default
 #      mma.sync kernels of attention_mma.cu), the SHARDLM_ATTENTION_GRID=heads rows (those kernels'
-#      blocks a head at a time), the SHARDLM_FUSED_KERNELS=0 rows (the fused kernels before /
+#      blocks in chunks of heads), the SHARDLM_FUSED_KERNELS=0 rows (the fused kernels before /
 #      after) and the SHARDLM_GEMM_AUTOTUNE=1 rows (cuBLASLt's algorithms timed per shape), same card,
 #      same call. On the 2026-11-27 H100 the build took 46 s and this stage about 130 s;
 #   4b. bench_decode on the GPU (`generate --device cuda`'s path): GPT-2 124M prefill and decode tok/s,

@@ -19,6 +19,7 @@
 // as the right factor of P V, P^T dO, dS^T Q, dS K) comes from ldmatrix.trans.
 #include "shardlm/settings.h"
 #include "ops/cuda/cuda_common.cuh"
+#include "ops/cuda/attention_grid.h"
 #include "ops/cuda/attention_mma.cuh"
 #include "ops/cuda/attention_tc_call.cuh"
 extern "C" {
@@ -204,29 +205,31 @@ __device__ __forceinline__ void load_kv(bf16 *KV, const bf16 *base, int j, size_
 // HEADS false (SHARDLM_ATTENTION_GRID=tiles, the default): rank-major, every unit's rank 0 first: the
 // grid ends on short blocks, but the blocks in flight at once each belong to another unit and stream
 // its K / V (Q / dO) tiles from memory, tiles that a later block of the same unit reads again.
-// HEADS true (heads): unit-major, one unit's blocks after another, still ending on short ones: the
-// blocks in flight cover a few units, whose tiles the later blocks find in L2. A template parameter,
-// so the default kernels compile as they did before the choice existed.
-template <bool HEADS> __device__ __forceinline__ int block_unit(unsigned units, int n_t) {
-    return HEADS ? (int)(blockIdx.x / (unsigned)n_t) : (int)(blockIdx.x % units);
+// HEADS true (heads): attention_grid.h's chunks of `chunk` units, so the blocks in flight cover about
+// one chunk, whose tiles stay in L2. A template parameter, so the default kernels compile as they did
+// before the choice existed.
+template <bool HEADS> __device__ __forceinline__ int block_unit(unsigned units, int n_t, unsigned chunk) {
+    return HEADS ? (int)sl_grid_unit(blockIdx.x, units, (unsigned)n_t, chunk) : (int)(blockIdx.x % units);
 }
-template <bool HEADS> __device__ __forceinline__ int block_rank(unsigned units, int n_t) {
-    return HEADS ? (int)(blockIdx.x % (unsigned)n_t) : (int)(blockIdx.x / units);
+template <bool HEADS> __device__ __forceinline__ int block_rank(unsigned units, int n_t, unsigned chunk) {
+    return HEADS ? (int)sl_grid_rank(blockIdx.x, units, (unsigned)n_t, chunk) : (int)(blockIdx.x / units);
 }
 
 // ---- forward ----------------------------------------------------------------------------------
 
-// One block per (b, h, query tile), longest tiles first (in the order of block_unit / block_rank). Q's fragments are loaded once into registers;
-// K and V tiles are double-buffered (the next one loads while this one is used).
+// One block per (b, h, query tile), longest tiles first (in block_unit / block_rank's order). Q's
+// fragments are loaded once into registers; K and V tiles are double-buffered (the next one loads
+// while this one is used).
 template <int D, bool HEADS>
 __global__ void __launch_bounds__(THREADS) mma_forward_kernel(bf16 *out, float *lse, const bf16 *qkv, int B, int T,
-                                                              int NH, int NKV, float scale, int n_qt) {
+                                                              int NH, int NKV, float scale, int n_qt,
+                                                              unsigned chunk) {
     typedef Geom<D> G;
     extern __shared__ __align__(16) unsigned char smem[];
     bf16 *Qs = reinterpret_cast<bf16 *>(smem), *KV = Qs + TILE * G::DS;  // buffer i: K, V at tiles 2i, 2i+1 of KV
 
     const unsigned BH = (unsigned)B * (unsigned)NH;
-    const int bh = block_unit<HEADS>(BH, n_qt), qt = n_qt - 1 - block_rank<HEADS>(BH, n_qt);
+    const int bh = block_unit<HEADS>(BH, n_qt, chunk), qt = n_qt - 1 - block_rank<HEADS>(BH, n_qt, chunk);
     const int b = bh / NH, h = bh % NH, g = h / (NH / NKV), q0 = qt * TILE;
     const size_t W = (size_t)(NH + 2 * NKV) * D;
     const bf16 *base = qkv + (size_t)b * T * W;
@@ -337,15 +340,16 @@ __global__ void __launch_bounds__(THREADS) mma_forward_kernel(bf16 *out, float *
 
 // ---- backward ---------------------------------------------------------------------------------
 
-// dK, dV: one block per (b, kv head g, key tile), key tile 0 (the most work) first (block_unit, block_rank); warp w owns keys
-// 16w.. of the tile. For every query head of g's group and every query tile from the diagonal on
-// (double-buffered with its dO, lse and delta): S^T = K Q^T and dP^T = V dO^T, P^T = exp(S^T scale -
-// lse), dS^T = P^T (dP^T - delta) scale, dV += P^T dO, dK += dS^T Q. A query tile goes in two halves
-// of 32 queries, which keeps the live fragments within the register file at D = 128.
+// dK, dV: one block per (b, kv head g, key tile), key tile 0 (the most work) first (in block_unit /
+// block_rank's order); warp w owns keys 16w.. of the tile. For every query head of g's group and every
+// query tile from the diagonal on (double-buffered with its dO, lse and delta): S^T = K Q^T and dP^T =
+// V dO^T, P^T = exp(S^T scale - lse), dS^T = P^T (dP^T - delta) scale, dV += P^T dO, dK += dS^T Q. A
+// query tile goes in two halves of 32 queries, which keeps the live fragments within the register file
+// at D = 128.
 template <int D, bool HEADS>
 __global__ void __launch_bounds__(THREADS) mma_dkdv_kernel(bf16 *dqkv, const bf16 *dout, const bf16 *qkv,
                                                            const float *lse, const float *delta, int B, int T, int NH,
-                                                           int NKV, float scale, int n_t) {
+                                                           int NKV, float scale, int n_t, unsigned chunk) {
     typedef Geom<D> G;
     extern __shared__ __align__(16) unsigned char smem[];
     bf16 *Ks = reinterpret_cast<bf16 *>(smem), *Vs = Ks + TILE * G::DS;
@@ -353,7 +357,7 @@ __global__ void __launch_bounds__(THREADS) mma_dkdv_kernel(bf16 *dqkv, const bf1
     float *stats = reinterpret_cast<float *>(QO + 4 * TILE * G::DS);      // buffer i: lse, delta at 2i, 2i+1
 
     const unsigned BG = (unsigned)B * (unsigned)NKV;
-    const int bg = block_unit<HEADS>(BG, n_t), kt = block_rank<HEADS>(BG, n_t);
+    const int bg = block_unit<HEADS>(BG, n_t, chunk), kt = block_rank<HEADS>(BG, n_t, chunk);
     const int b = bg / NKV, g = bg % NKV, k0 = kt * TILE, group = NH / NKV;
     const size_t W = (size_t)(NH + 2 * NKV) * D, WO = (size_t)NH * D;
     const bf16 *base = qkv + (size_t)b * T * W;
@@ -438,18 +442,19 @@ __global__ void __launch_bounds__(THREADS) mma_dkdv_kernel(bf16 *dqkv, const bf1
     }
 }
 
-// dQ: one block per (b, h, query tile), longest first (block_unit, block_rank); K and V tiles double-buffered up to the
-// diagonal: S = Q K^T and dP = dO V^T again, dS = P (dP - delta) scale, dQ += dS K.
+// dQ: one block per (b, h, query tile), longest first (in block_unit / block_rank's order); K and V
+// tiles double-buffered up to the diagonal: S = Q K^T and dP = dO V^T again, dS = P (dP - delta) scale,
+// dQ += dS K.
 template <int D, bool HEADS>
 __global__ void __launch_bounds__(THREADS) mma_dq_kernel(bf16 *dqkv, const bf16 *dout, const bf16 *qkv,
                                                          const float *lse, const float *delta, int B, int T, int NH,
-                                                         int NKV, float scale, int n_qt) {
+                                                         int NKV, float scale, int n_qt, unsigned chunk) {
     typedef Geom<D> G;
     extern __shared__ __align__(16) unsigned char smem[];
     bf16 *Qs = reinterpret_cast<bf16 *>(smem), *dOs = Qs + TILE * G::DS, *KV = dOs + TILE * G::DS;
 
     const unsigned BH = (unsigned)B * (unsigned)NH;
-    const int bh = block_unit<HEADS>(BH, n_qt), qt = n_qt - 1 - block_rank<HEADS>(BH, n_qt);
+    const int bh = block_unit<HEADS>(BH, n_qt, chunk), qt = n_qt - 1 - block_rank<HEADS>(BH, n_qt, chunk);
     const int b = bh / NH, h = bh % NH, g = h / (NH / NKV), q0 = qt * TILE;
     const size_t W = (size_t)(NH + 2 * NKV) * D, WO = (size_t)NH * D;
     const bf16 *base = qkv + (size_t)b * T * W;
@@ -512,6 +517,12 @@ __global__ void __launch_bounds__(THREADS) mma_dq_kernel(bf16 *dqkv, const bf16 
 
 unsigned long launches;  // calls whose kernels were queued (cuda_attention_mma_launches); one host thread
 
+// attention_grid.h's chunk for `units` units whose blocks each re-read T rows of row_bytes (K and V
+// rows for the forward and dQ, the group's Q and dO rows and statistics for dK / dV); 1 when unused.
+template <bool HEADS> unsigned grid_chunk(size_t units, int T, size_t row_bytes) {
+    return HEADS ? sl_grid_chunk((size_t)T * row_bytes, (unsigned)units) : 1u;
+}
+
 // The launches: a grid or shared-memory limit is recorded as the op's failure (nothing queued, not counted).
 template <int D, bool HEADS>
 void launch_forward_in(bf16 *out, float *lse, const bf16 *qkv, int B, int T, int NH, int NKV, float scale) {
@@ -519,14 +530,16 @@ void launch_forward_in(bf16 *out, float *lse, const bf16 *qkv, int B, int T, int
     const size_t blocks = (size_t)n_qt * B * NH;
     auto kernel = mma_forward_kernel<D, HEADS>;
     if (!sl_cuda_grid_ok(blocks, "cuda_attention_forward") || !sl_cuda_allow_smem(kernel, Geom<D>::forward)) return;
-    kernel<<<(unsigned)blocks, THREADS, Geom<D>::forward, sl_cuda_stream()>>>(out, lse, qkv, B, T, NH, NKV, scale, n_qt);
+    const unsigned chunk = grid_chunk<HEADS>((size_t)B * NH, T, 2 * D * sizeof(bf16));
+    kernel<<<(unsigned)blocks, THREADS, Geom<D>::forward, sl_cuda_stream()>>>(out, lse, qkv, B, T, NH, NKV, scale, n_qt,
+                                                                              chunk);
     CUDA_LAUNCH_CHECK();
     launches++;
 }
 
 template <int D, bool HEADS>
 void launch_backward_in(bf16 *dqkv, const bf16 *dout, const bf16 *qkv, const float *lse, const float *delta, int B,
-                     int T, int NH, int NKV, float scale) {
+                        int T, int NH, int NKV, float scale) {
     const int n_t = (T + TILE - 1) / TILE;
     const size_t kv_blocks = (size_t)n_t * B * NKV, q_blocks = (size_t)n_t * B * NH;
     auto dkdv = mma_dkdv_kernel<D, HEADS>;
@@ -534,18 +547,22 @@ void launch_backward_in(bf16 *dqkv, const bf16 *dout, const bf16 *qkv, const flo
     if (!sl_cuda_grid_ok(q_blocks, "cuda_attention_backward") || !sl_cuda_allow_smem(dkdv, Geom<D>::dkdv) ||
         !sl_cuda_allow_smem(dq, Geom<D>::dq))
         return;
+    const size_t group = (size_t)(NH / NKV);
+    const unsigned kv_chunk = grid_chunk<HEADS>((size_t)B * NKV, T, group * (2 * D * sizeof(bf16) + 2 * sizeof(float)));
+    const unsigned q_chunk = grid_chunk<HEADS>((size_t)B * NH, T, 2 * D * sizeof(bf16));
     dkdv<<<(unsigned)kv_blocks, THREADS, Geom<D>::dkdv, sl_cuda_stream()>>>(dqkv, dout, qkv, lse, delta, B, T, NH, NKV,
-                                                                            scale, n_t);
+                                                                            scale, n_t, kv_chunk);
     CUDA_LAUNCH_CHECK();
     dq<<<(unsigned)q_blocks, THREADS, Geom<D>::dq, sl_cuda_stream()>>>(dqkv, dout, qkv, lse, delta, B, T, NH, NKV,
-                                                                       scale, n_t);
+                                                                       scale, n_t, q_chunk);
     CUDA_LAUNCH_CHECK();
     launches++;
 }
 
 // SHARDLM_ATTENTION_GRID (block_unit, block_rank) picks the instances.
 bool by_head() { return sl_settings_get()->attention_grid == SL_ATTENTION_GRID_HEADS; }
-template <int D> void launch_forward(bf16 *out, float *lse, const bf16 *qkv, int B, int T, int NH, int NKV, float scale) {
+template <int D>
+void launch_forward(bf16 *out, float *lse, const bf16 *qkv, int B, int T, int NH, int NKV, float scale) {
     if (by_head()) launch_forward_in<D, true>(out, lse, qkv, B, T, NH, NKV, scale);
     else launch_forward_in<D, false>(out, lse, qkv, B, T, NH, NKV, scale);
 }

@@ -1,0 +1,45 @@
+// attention_grid.h: the block order of the mma.sync attention kernels (attention_mma.cu) under
+// SHARDLM_ATTENTION_GRID=heads, in plain C so that tests/unit/test_attention_grid.c checks it on the CPU.
+// A kernel's grid is units * n_t blocks: a unit is a head (b, h) for the forward and dQ kernels, a kv
+// head (b, g) for dK / dV; its n_t blocks are its tiles, ranked 0 (the most work) to n_t - 1.
+// The units go in chunks of `chunk`, one chunk's blocks after another; inside a chunk every unit's
+// rank 0 first, then every unit's rank 1, and so on (the last chunk holds what is left). So the blocks
+// in flight at once cover about one chunk, whose K / V (Q / dO) tiles stay in L2 while its blocks read
+// them again, and the grid, like each chunk, ends on its shortest blocks. sl_grid_chunk sizes a chunk
+// to fit a share of L2. Both functions are a bijection from 0 .. units * n_t - 1 onto (unit, rank).
+#ifndef SHARDLM_ATTENTION_GRID_H
+#define SHARDLM_ATTENTION_GRID_H
+
+#include <stddef.h>
+
+#ifdef __CUDACC__
+#define SL_GRID_FN static __host__ __device__ __forceinline__
+#else
+#define SL_GRID_FN static inline
+#endif
+
+// Block x's unit and rank (x < units * n_t, chunk >= 1).
+SL_GRID_FN unsigned sl_grid_unit(unsigned x, unsigned units, unsigned n_t, unsigned chunk) {
+    const unsigned per = chunk * n_t, c = x / per, first = c * chunk;
+    const unsigned width = units - first < chunk ? units - first : chunk;
+    return first + (x - c * per) % width;
+}
+SL_GRID_FN unsigned sl_grid_rank(unsigned x, unsigned units, unsigned n_t, unsigned chunk) {
+    const unsigned per = chunk * n_t, c = x / per, first = c * chunk;
+    const unsigned width = units - first < chunk ? units - first : chunk;
+    return (x - c * per) / width;
+}
+
+// The L2 share a chunk's tiles may take: 8 MiB, a sixth of an H100's 50 MB; the blocks in flight span
+// about two chunks.
+#define SL_GRID_L2_SHARE ((size_t)8 << 20)
+
+// Units a chunk: as many as SL_GRID_L2_SHARE holds at unit_bytes each (the tiles a unit's blocks read),
+// at least 1 and at most units.
+SL_GRID_FN unsigned sl_grid_chunk(size_t unit_bytes, unsigned units) {
+    size_t c = unit_bytes ? SL_GRID_L2_SHARE / unit_bytes : units;
+    if (c < 1) c = 1;
+    return c < units ? (unsigned)c : units;
+}
+
+#endif
