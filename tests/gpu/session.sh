@@ -126,13 +126,15 @@ if [ "${SESSION_NCU:-1}" = 1 ] && [ "${SHARDLM_GPU_SUITE_DRY:-0}" != 1 ] && left
   for grid in tiles heads; do
     for k in mma_forward_kernel mma_dkdv_kernel mma_dq_kernel; do
       left 40 "ncu_${grid}_$k" || break 2
+      rows=$(grep -c "$k" "$logdir/ncu.csv" 2>/dev/null)
       SHARDLM_ATTENTION_GRID=$grid timeout -k 10 60 "$ncu" --kernel-name "regex:$k" --launch-count 1 \
         --section SpeedOfLight --section Occupancy --section MemoryWorkloadAnalysis \
         --section ComputeWorkloadAnalysis --csv --page details \
         "$B/bench_train" --model gpt2 --device cuda --precision bf16 --seq 1024 --batch 64 --steps 1 --warmup 0 \
         >>"$logdir/ncu.csv" 2>>"$logdir/ncu.txt"
       rc=$?
-      if [ $rc -eq 0 ] && grep -q "$k" "$logdir/ncu.csv"; then note "PASS ncu_${grid}_$k"; passed=$((passed + 1))
+      if [ $rc -eq 0 ] && [ "$(grep -c "$k" "$logdir/ncu.csv")" -gt "${rows:-0}" ]; then
+        note "PASS ncu_${grid}_$k"; passed=$((passed + 1))
       else note "SKIP ncu_${grid}_$k: exit $rc (ncu.txt: $(grep -m1 -oE 'ERR_[A-Z_]+|error[^.]*' "$logdir/ncu.txt"))"; fi
     done
   done

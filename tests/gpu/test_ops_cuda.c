@@ -46,6 +46,7 @@
 #include "shardlm/rope.h"
 #include "shardlm/optim.h"
 #include "shardlm/settings.h"
+#include "ops/cuda/attention_grid.h"
 #include "ops/cuda/cuda_ops.h"
 
 // A host fp32 array handed to the CPU table as activation storage (fp32 there).
@@ -1202,11 +1203,27 @@ static void test_bf16_attention_shape(const char *prefix, int i) {
     test_bf16_attention(tag, ATT_SHAPES[i].B, ATT_SHAPES[i].T, ATT_SHAPES[i].NH, ATT_SHAPES[i].NKV, ATT_SHAPES[i].HD);
 }
 
+// Shapes for the block orders: GPT-2's heads at B = 3 (36 heads in chunks of 32 for the forward and dQ,
+// 31 for dK / dV) and GQA at head_dim 128 (32 heads in chunks of 16; 8 kv heads in chunks of 3).
+static const struct { const char *tag; int B, T, NH, NKV, HD; } GRID_SHAPES[] = {
+    {"gpt2_B3_T1024", 3, 1024, 12, 12, 64},
+    {"gqa_hd128_T1024", 2, 1024, 16, 4, 128},
+};
+#define N_GRID_SHAPES ((int)(sizeof GRID_SHAPES / sizeof GRID_SHAPES[0]))
+
 // The mma.sync attention's two block orders (SHARDLM_ATTENTION_GRID=tiles, the default, and heads) hand
 // the same blocks out in another order, each computing what it did: out, lse and dqkv bit-identical
-// between them, and each order's forward and backward ran on those kernels (the launch counter).
+// between them, and each order's forward and backward ran on those kernels (the launch counter). The
+// shape must span more than one chunk of attention_grid.h (the units and bytes attention_mma.cu's
+// launches give sl_grid_chunk), or the heads order is the default's permutation and proves nothing.
 static void test_attention_grid_exact(const char *tag, int B, int T, int NH, int NKV, int HD) {
     const char *name = bname("attention_grid_heads_equals_tiles_bits", tag);
+    const unsigned q_units = (unsigned)(B * NH), kv_units = (unsigned)(B * NKV), group = (unsigned)(NH / NKV);
+    if (sl_grid_chunk((size_t)T * 2 * HD * sizeof(sl_bf16), q_units) >= q_units ||
+        sl_grid_chunk((size_t)T * group * (2 * HD * sizeof(sl_bf16) + 2 * sizeof(float)), kv_units) >= kv_units) {
+        fail(name, "the shape fits one chunk of heads: both orders would be the same");
+        return;
+    }
     size_t N = (size_t)B * T, nqkv = N * (NH + 2 * NKV) * HD, nout = N * NH * HD, nlse = (size_t)B * NH * T;
     void *hqkv = brand(nqkv, 1.0f), *hdout = brand(nout, 1.0f);
     sl_act *qkv = gpu->alloc(H(nqkv), "qkv"), *dout = gpu->alloc(H(nout), "dout"), *out[2], *dqkv[2];
@@ -1492,11 +1509,13 @@ int main(int argc, char **argv) {
                 if (theirs == (ran > 0)) pass(bname("attention_mma_ran", ATT_SHAPES[i].tag), 0.0);
                 else fail(bname("attention_mma_ran", ATT_SHAPES[i].tag), "%lu mma.sync launches (expected %s)", ran,
                           theirs ? "some" : "none");
-                // and their other block order (SHARDLM_ATTENTION_GRID=heads) against this one
-                if (theirs)
-                    test_attention_grid_exact(ATT_SHAPES[i].tag, ATT_SHAPES[i].B, ATT_SHAPES[i].T, ATT_SHAPES[i].NH,
-                                              ATT_SHAPES[i].NKV, ATT_SHAPES[i].HD);
             }
+            // their other block order (SHARDLM_ATTENTION_GRID=heads) against the default, on shapes with more
+            // heads than attention_grid.h's chunk takes, a partial last chunk included (with fewer, the two
+            // orders are the same permutation)
+            for (int i = 0; i < N_GRID_SHAPES; i++)
+                test_attention_grid_exact(GRID_SHAPES[i].tag, GRID_SHAPES[i].B, GRID_SHAPES[i].T, GRID_SHAPES[i].NH,
+                                          GRID_SHAPES[i].NKV, GRID_SHAPES[i].HD);
             set_switch("SHARDLM_ATTENTION", NULL);
         }
         gpu = fp32_gpu;

@@ -76,6 +76,15 @@ TEST(chunk_sizes) {
     CHECK(sl_grid_chunk((size_t)1 << 30, 768) == 1);  // a unit larger than the share: one at a time
     CHECK(sl_grid_chunk(64, 5) == 5);                 // never more than the units
     CHECK(sl_grid_chunk(0, 7) == 7);
+    CHECK(sl_grid_chunk(64, 0) == 1);                 // never 0 (a divisor in the kernels)
+}
+
+TEST(a_chunk_larger_than_the_units_is_the_default_order) {
+    // one chunk holding every unit: rank-major, every unit's rank 0 first (SHARDLM_ATTENTION_GRID=tiles)
+    for (unsigned x = 0; x < 5 * 7; x++) {
+        CHECK(sl_grid_unit(x, 5, 7, 9) == x % 5);
+        CHECK(sl_grid_rank(x, 5, 7, 9) == x / 5);
+    }
 }
 
 TEST_MAIN()

@@ -31,15 +31,16 @@ SL_GRID_FN unsigned sl_grid_rank(unsigned x, unsigned units, unsigned n_t, unsig
 }
 
 // The L2 share a chunk's tiles may take: 8 MiB, a sixth of an H100's 50 MB; the blocks in flight span
-// about two chunks.
+// about one chunk, two across a chunk's end (16 MiB). A fixed share, not the GPU's L2 size: on a part
+// with a small L2 (3-6 MB on some sm_80+ parts) the heads order would still overflow it.
 #define SL_GRID_L2_SHARE ((size_t)8 << 20)
 
 // Units a chunk: as many as SL_GRID_L2_SHARE holds at unit_bytes each (the tiles a unit's blocks read),
-// at least 1 and at most units.
+// at most units, and at least 1 (units 0 included).
 SL_GRID_FN unsigned sl_grid_chunk(size_t unit_bytes, unsigned units) {
     size_t c = unit_bytes ? SL_GRID_L2_SHARE / unit_bytes : units;
-    if (c < 1) c = 1;
-    return c < units ? (unsigned)c : units;
+    if (c > units) c = units;
+    return c < 1 ? 1u : (unsigned)c;
 }
 
 #endif
