@@ -1214,13 +1214,12 @@ static const struct { const char *tag; int B, T, NH, NKV, HD; } GRID_SHAPES[] = 
 // The mma.sync attention's two block orders (SHARDLM_ATTENTION_GRID=tiles, the default, and heads) hand
 // the same blocks out in another order, each computing what it did: out, lse and dqkv bit-identical
 // between them, and each order's forward and backward ran on those kernels (the launch counter). The
-// shape must span more than one chunk of attention_grid.h (the units and bytes attention_mma.cu's
-// launches give sl_grid_chunk), or the heads order is the default's permutation and proves nothing.
+// shape must span more than one chunk of attention_grid.h (sl_grid_chunk_q / _kv, what attention_mma.cu's
+// launches use), or the heads order is the default's permutation and proves nothing.
 static void test_attention_grid_exact(const char *tag, int B, int T, int NH, int NKV, int HD) {
     const char *name = bname("attention_grid_heads_equals_tiles_bits", tag);
-    const unsigned q_units = (unsigned)(B * NH), kv_units = (unsigned)(B * NKV), group = (unsigned)(NH / NKV);
-    if (sl_grid_chunk((size_t)T * 2 * HD * sizeof(sl_bf16), q_units) >= q_units ||
-        sl_grid_chunk((size_t)T * group * (2 * HD * sizeof(sl_bf16) + 2 * sizeof(float)), kv_units) >= kv_units) {
+    if (sl_grid_chunk_q(B, T, NH, HD) >= (unsigned)(B * NH) ||
+        sl_grid_chunk_kv(B, T, NH, NKV, HD) >= (unsigned)(B * NKV)) {
         fail(name, "the shape fits one chunk of heads: both orders would be the same");
         return;
     }

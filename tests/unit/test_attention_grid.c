@@ -73,6 +73,9 @@ TEST(chunk_sizes) {
     CHECK(sl_grid_chunk((size_t)1024 * 2 * 64 * 2, 64 * 12) == 32);
     // dK / dV's unit (one kv head of a group of 1): Q and dO rows plus lse and delta, 264 KiB: 31
     CHECK(sl_grid_chunk((size_t)1024 * (2 * 64 * 2 + 2 * 4), 64 * 12) == 31);
+    CHECK(sl_grid_chunk_q(64, 1024, 12, 64) == 32);           // the same through the kernels' helpers
+    CHECK(sl_grid_chunk_kv(64, 1024, 12, 12, 64) == 31);
+    CHECK(sl_grid_chunk_kv(2, 1024, 16, 4, 128) == 3);        // GQA: a kv head re-reads 4 heads' Q and dO
     CHECK(sl_grid_chunk((size_t)1 << 30, 768) == 1);  // a unit larger than the share: one at a time
     CHECK(sl_grid_chunk(64, 5) == 5);                 // never more than the units
     CHECK(sl_grid_chunk(0, 7) == 7);

@@ -43,4 +43,14 @@ SL_GRID_FN unsigned sl_grid_chunk(size_t unit_bytes, unsigned units) {
     return c < 1 ? 1u : (unsigned)c;
 }
 
+// The chunks of attention_mma.cu's kernels (bf16 rows, 2 bytes an element; head_dim D): the forward and
+// dQ over B * NH heads, each re-reading T rows of K and V; dK / dV over B * NKV kv heads, each
+// re-reading T rows of its group's Q and dO and their lse and delta (fp32).
+SL_GRID_FN unsigned sl_grid_chunk_q(int B, int T, int NH, int D) {
+    return sl_grid_chunk((size_t)T * 2 * D * 2, (unsigned)B * (unsigned)NH);
+}
+SL_GRID_FN unsigned sl_grid_chunk_kv(int B, int T, int NH, int NKV, int D) {
+    return sl_grid_chunk((size_t)T * (size_t)(NH / NKV) * (2 * (size_t)D * 2 + 2 * 4), (unsigned)B * (unsigned)NKV);
+}
+
 #endif

@@ -517,12 +517,6 @@ __global__ void __launch_bounds__(THREADS) mma_dq_kernel(bf16 *dqkv, const bf16 
 
 unsigned long launches;  // calls whose kernels were queued (cuda_attention_mma_launches); one host thread
 
-// attention_grid.h's chunk for `units` units whose blocks each re-read T rows of row_bytes (K and V
-// rows for the forward and dQ, the group's Q and dO rows and statistics for dK / dV); 1 when unused.
-template <bool HEADS> unsigned grid_chunk(size_t units, int T, size_t row_bytes) {
-    return HEADS ? sl_grid_chunk((size_t)T * row_bytes, (unsigned)units) : 1u;
-}
-
 // The launches: a grid or shared-memory limit is recorded as the op's failure (nothing queued, not counted).
 template <int D, bool HEADS>
 void launch_forward_in(bf16 *out, float *lse, const bf16 *qkv, int B, int T, int NH, int NKV, float scale) {
@@ -530,7 +524,7 @@ void launch_forward_in(bf16 *out, float *lse, const bf16 *qkv, int B, int T, int
     const size_t blocks = (size_t)n_qt * B * NH;
     auto kernel = mma_forward_kernel<D, HEADS>;
     if (!sl_cuda_grid_ok(blocks, "cuda_attention_forward") || !sl_cuda_allow_smem(kernel, Geom<D>::forward)) return;
-    const unsigned chunk = grid_chunk<HEADS>((size_t)B * NH, T, 2 * D * sizeof(bf16));
+    const unsigned chunk = HEADS ? sl_grid_chunk_q(B, T, NH, D) : 1u;  // attention_grid.h; unused by tiles
     kernel<<<(unsigned)blocks, THREADS, Geom<D>::forward, sl_cuda_stream()>>>(out, lse, qkv, B, T, NH, NKV, scale, n_qt,
                                                                               chunk);
     CUDA_LAUNCH_CHECK();
@@ -547,9 +541,8 @@ void launch_backward_in(bf16 *dqkv, const bf16 *dout, const bf16 *qkv, const flo
     if (!sl_cuda_grid_ok(q_blocks, "cuda_attention_backward") || !sl_cuda_allow_smem(dkdv, Geom<D>::dkdv) ||
         !sl_cuda_allow_smem(dq, Geom<D>::dq))
         return;
-    const size_t group = (size_t)(NH / NKV);
-    const unsigned kv_chunk = grid_chunk<HEADS>((size_t)B * NKV, T, group * (2 * D * sizeof(bf16) + 2 * sizeof(float)));
-    const unsigned q_chunk = grid_chunk<HEADS>((size_t)B * NH, T, 2 * D * sizeof(bf16));
+    const unsigned kv_chunk = HEADS ? sl_grid_chunk_kv(B, T, NH, NKV, D) : 1u;  // attention_grid.h
+    const unsigned q_chunk = HEADS ? sl_grid_chunk_q(B, T, NH, D) : 1u;
     dkdv<<<(unsigned)kv_blocks, THREADS, Geom<D>::dkdv, sl_cuda_stream()>>>(dqkv, dout, qkv, lse, delta, B, T, NH, NKV,
                                                                             scale, n_t, kv_chunk);
     CUDA_LAUNCH_CHECK();
