@@ -51,6 +51,8 @@ typedef struct {
 int sl_settings_load(void);
 // SHARDLM_ATTENTION's word for an SL_ATTENTION_* value ("mma", "tc", "simt"; "?" for another).
 const char *sl_attention_name(int attention);
+// SHARDLM_ATTENTION_GRID's word for an SL_ATTENTION_GRID_* value ("tiles", "heads"; "?" for another).
+const char *sl_attention_grid_name(int grid);
 
 // The settings (loaded on first use; a malformed variable then leaves its default and is reported by
 // sl_settings_load / shardlm report).

@@ -89,6 +89,11 @@ const char *sl_attention_name(int attention) {
     return attention >= 0 && attention < 3 ? attention_words[attention] : "?";
 }
 
+// SHARDLM_ATTENTION_GRID's words, at their SL_ATTENTION_GRID_* values.
+static const char *const grid_words[] = {[SL_ATTENTION_GRID_TILES] = "tiles", [SL_ATTENTION_GRID_HEADS] = "heads"};
+
+const char *sl_attention_grid_name(int grid) { return grid >= 0 && grid < 2 ? grid_words[grid] : "?"; }
+
 int sl_settings_load(void) {
     static const char *const levels[] = {"debug", "info", "warn", "error"};
     static const int attention_v[] = {SL_ATTENTION_SIMT, SL_ATTENTION_TC, SL_ATTENTION_MMA}, levels_v[] = {0, 1, 2, 3};
@@ -97,9 +102,8 @@ int sl_settings_load(void) {
     read_switch("SHARDLM_TF32", &s.tf32);
     read_switch("SHARDLM_GELU_EPILOGUE", &s.gelu_epilogue);
     read_word("SHARDLM_ATTENTION", attention_words, attention_v, 3, &s.attention, "tc, simt or mma");
-    static const char *const grid[] = {"tiles", "heads"};
     static const int grid_v[] = {SL_ATTENTION_GRID_TILES, SL_ATTENTION_GRID_HEADS};
-    read_word("SHARDLM_ATTENTION_GRID", grid, grid_v, 2, &s.attention_grid, "tiles or heads");
+    read_word("SHARDLM_ATTENTION_GRID", grid_words, grid_v, 2, &s.attention_grid, "tiles or heads");
     read_switch("SHARDLM_CE_ROW_SMEM", &s.ce_row_smem);
     read_switch("SHARDLM_FUSED_KERNELS", &s.fused_kernels);
     read_switch("SHARDLM_GEMM_AUTOTUNE", &s.gemm_autotune);
