@@ -1205,22 +1205,32 @@ static void test_bf16_attention_shape(const char *prefix, int i) {
 
 // Shapes for the block orders: GPT-2's heads at B = 3 (36 heads in chunks of 32 for the forward and dQ,
 // 31 for dK / dV) and GQA at head_dim 128 (32 heads in chunks of 16; 8 kv heads in chunks of 3).
+// B is the least batch; a GPU whose L2 takes more heads a chunk gets a larger one (grid_spans_chunks).
 static const struct { const char *tag; int B, T, NH, NKV, HD; } GRID_SHAPES[] = {
-    {"gpt2_B3_T1024", 3, 1024, 12, 12, 64},
+    {"gpt2_T1024", 3, 1024, 12, 12, 64},
     {"gqa_hd128_T1024", 2, 1024, 16, 4, 128},
 };
 #define N_GRID_SHAPES ((int)(sizeof GRID_SHAPES / sizeof GRID_SHAPES[0]))
 
+// Whether both backward kernels' and the forward's heads span more than one chunk of attention_grid.h
+// (sl_grid_chunk_q / _kv at this GPU's share, as attention_mma.cu's launches size them).
+static int grid_spans_chunks(int B, int T, int NH, int NKV, int HD, size_t share) {
+    return sl_grid_chunk_q(B, T, NH, NKV, HD, share) < (unsigned)(B * NH) &&
+           sl_grid_chunk_kv(B, T, NH, NKV, HD, share) < (unsigned)(B * NKV);
+}
+
 // The mma.sync attention's two block orders (SHARDLM_ATTENTION_GRID=tiles, the default, and heads) hand
 // the same blocks out in another order, each computing what it did: out, lse and dqkv bit-identical
 // between them, and each order's forward and backward ran on those kernels (the launch counter). The
-// shape must span more than one chunk of attention_grid.h (sl_grid_chunk_q / _kv, what attention_mma.cu's
-// launches use), or the heads order is the default's permutation and proves nothing.
+// heads must span more than one chunk, or the heads order is the default's permutation and proves
+// nothing: B grows from the table's until they do (at most 64).
 static void test_attention_grid_exact(const char *tag, int B, int T, int NH, int NKV, int HD) {
     const char *name = bname("attention_grid_heads_equals_tiles_bits", tag);
-    if (sl_grid_chunk_q(B, T, NH, HD) >= (unsigned)(B * NH) ||
-        sl_grid_chunk_kv(B, T, NH, NKV, HD) >= (unsigned)(B * NKV)) {
-        fail(name, "the shape fits one chunk of heads: both orders would be the same");
+    const size_t share = cuda_attention_grid_share();
+    while (B < 64 && !grid_spans_chunks(B, T, NH, NKV, HD, share)) B++;
+    if (!grid_spans_chunks(B, T, NH, NKV, HD, share)) {
+        fail(name, "B = 64 still fits one chunk of heads (L2 share %zu bytes): both orders would be the same",
+             share);
         return;
     }
     size_t N = (size_t)B * T, nqkv = N * (NH + 2 * NKV) * HD, nout = N * NH * HD, nlse = (size_t)B * NH * T;
@@ -1509,9 +1519,9 @@ int main(int argc, char **argv) {
                 else fail(bname("attention_mma_ran", ATT_SHAPES[i].tag), "%lu mma.sync launches (expected %s)", ran,
                           theirs ? "some" : "none");
             }
-            // their other block order (SHARDLM_ATTENTION_GRID=heads) against the default, on shapes with more
-            // heads than attention_grid.h's chunk takes, a partial last chunk included (with fewer, the two
-            // orders are the same permutation)
+            // their other block order (SHARDLM_ATTENTION_GRID=heads) against the default, on shapes whose
+            // heads span more than one of attention_grid.h's chunks on this GPU (with fewer, the two orders
+            // are the same permutation)
             for (int i = 0; i < N_GRID_SHAPES; i++)
                 test_attention_grid_exact(GRID_SHAPES[i].tag, GRID_SHAPES[i].B, GRID_SHAPES[i].T, GRID_SHAPES[i].NH,
                                           GRID_SHAPES[i].NKV, GRID_SHAPES[i].HD);

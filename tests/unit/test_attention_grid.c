@@ -69,17 +69,44 @@ TEST(a_last_partial_chunk_holds_the_rest) {
 }
 
 TEST(chunk_sizes) {
+    const size_t share = (size_t)8 << 20;
     // GPT-2 124M, T = 1024, head_dim 64, B = 64: K and V rows 256 bytes, 256 KiB a head: 32 heads a chunk
-    CHECK(sl_grid_chunk((size_t)1024 * 2 * 64 * 2, 64 * 12) == 32);
+    CHECK(sl_grid_chunk((size_t)1024 * 2 * 64 * 2, 64 * 12, share) == 32);
     // dK / dV's unit (one kv head of a group of 1): Q and dO rows plus lse and delta, 264 KiB: 31
-    CHECK(sl_grid_chunk((size_t)1024 * (2 * 64 * 2 + 2 * 4), 64 * 12) == 31);
-    CHECK(sl_grid_chunk_q(64, 1024, 12, 64) == 32);           // the same through the kernels' helpers
-    CHECK(sl_grid_chunk_kv(64, 1024, 12, 12, 64) == 31);
-    CHECK(sl_grid_chunk_kv(2, 1024, 16, 4, 128) == 3);        // GQA: a kv head re-reads 4 heads' Q and dO
-    CHECK(sl_grid_chunk((size_t)1 << 30, 768) == 1);  // a unit larger than the share: one at a time
-    CHECK(sl_grid_chunk(64, 5) == 5);                 // never more than the units
-    CHECK(sl_grid_chunk(0, 7) == 7);
-    CHECK(sl_grid_chunk(64, 0) == 1);                 // never 0 (a divisor in the kernels)
+    CHECK(sl_grid_chunk((size_t)1024 * (2 * 64 * 2 + 2 * 4), 64 * 12, share) == 31);
+    CHECK(sl_grid_chunk_q(64, 1024, 12, 12, 64, share) == 32);  // the same through the kernels' helpers
+    CHECK(sl_grid_chunk_kv(64, 1024, 12, 12, 64, share) == 31);
+    CHECK(sl_grid_chunk_kv(2, 1024, 16, 4, 128, share) == 3);   // GQA: a kv head re-reads 4 heads' Q and dO
+    CHECK(sl_grid_chunk((size_t)1 << 30, 768, share) == 1);  // a unit larger than the share: one at a time
+    CHECK(sl_grid_chunk(64, 5, share) == 5);                 // never more than the units
+    CHECK(sl_grid_chunk(0, 7, share) == 7);
+    CHECK(sl_grid_chunk(64, 0, share) == 1);                 // never 0 (a divisor in the kernels)
+}
+
+TEST(gqa_chunks_hold_whole_groups_sized_by_kv_heads) {
+    const size_t share = (size_t)8 << 20;
+    // 16 query heads on 4 kv heads, head_dim 128, T = 1024: a kv head's K and V are 512 KiB, so 16 kv heads
+    // fit the share, and the forward / dQ chunk is their 64 query heads (4 groups of 4 per batch row)
+    CHECK(sl_grid_chunk_q(32, 1024, 16, 4, 128, share) == 64);
+    // every chunk but a last one is a whole number of groups, also when one kv head exceeds the share
+    for (int nkv = 1; nkv <= 16; nkv *= 2)
+        for (int T = 64; T <= 65536; T *= 4) {
+            const unsigned c = sl_grid_chunk_q(3, T, 16, nkv, 128, share);
+            CHECK_MSG(c % (unsigned)(16 / nkv) == 0 && c >= 1 && c <= 3u * 16u, "nkv %d T %d: chunk %u", nkv, T, c);
+        }
+    // a group larger than the share still takes one whole group
+    CHECK(sl_grid_chunk_q(2, 65536, 32, 4, 128, share) == 8);
+    // no more than every head
+    CHECK(sl_grid_chunk_q(1, 64, 16, 4, 64, share) == 16);
+}
+
+TEST(l2_share_is_a_sixth_of_the_gpus_l2) {
+    CHECK(sl_grid_l2_share((size_t)50 << 20) == ((size_t)50 << 20) / 6);  // H100: 50 MiB
+    CHECK(sl_grid_l2_share((size_t)6 << 20) == (size_t)1 << 20);          // a small L2: 1 MiB
+    CHECK(sl_grid_l2_share((size_t)3 << 20) == (size_t)1 << 20);          // never below 1 MiB
+    CHECK(sl_grid_l2_share(0) == (size_t)8 << 20);                        // unknown: 8 MiB
+    // GPT-2 124M's forward chunk on an H100: 33 heads of 256 KiB (8.3 MiB)
+    CHECK(sl_grid_chunk_q(64, 1024, 12, 12, 64, sl_grid_l2_share((size_t)50 << 20)) == 33);
 }
 
 TEST(a_chunk_larger_than_the_units_is_the_default_order) {

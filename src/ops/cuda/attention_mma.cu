@@ -517,6 +517,25 @@ __global__ void __launch_bounds__(THREADS) mma_dq_kernel(bf16 *dqkv, const bf16 
 
 unsigned long launches;  // calls whose kernels were queued (cuda_attention_mma_launches); one host thread
 
+// attention_grid.h's L2 share on the current device (its cudaDevAttrL2CacheSize, read once a device;
+// the 8 MiB default where it cannot be read).
+size_t grid_share() {
+    static size_t share[64];
+    int dev = 0, l2 = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
+        (void)cudaGetLastError();  // not a launch failure: the default share instead
+        return sl_grid_l2_share(0);
+    }
+    if (!share[dev]) {
+        if (cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev) != cudaSuccess || l2 < 0) {
+            (void)cudaGetLastError();
+            l2 = 0;
+        }
+        share[dev] = sl_grid_l2_share((size_t)l2);
+    }
+    return share[dev];
+}
+
 // The launches: a grid or shared-memory limit is recorded as the op's failure (nothing queued, not counted).
 template <int D, bool HEADS>
 void launch_forward_in(bf16 *out, float *lse, const bf16 *qkv, int B, int T, int NH, int NKV, float scale) {
@@ -524,7 +543,7 @@ void launch_forward_in(bf16 *out, float *lse, const bf16 *qkv, int B, int T, int
     const size_t blocks = (size_t)n_qt * B * NH;
     auto kernel = mma_forward_kernel<D, HEADS>;
     if (!sl_cuda_grid_ok(blocks, "cuda_attention_forward") || !sl_cuda_allow_smem(kernel, Geom<D>::forward)) return;
-    const unsigned chunk = HEADS ? sl_grid_chunk_q(B, T, NH, D) : 1u;  // attention_grid.h; unused by tiles
+    const unsigned chunk = HEADS ? sl_grid_chunk_q(B, T, NH, NKV, D, grid_share()) : 1u;  // unused by tiles
     kernel<<<(unsigned)blocks, THREADS, Geom<D>::forward, sl_cuda_stream()>>>(out, lse, qkv, B, T, NH, NKV, scale, n_qt,
                                                                               chunk);
     CUDA_LAUNCH_CHECK();
@@ -541,8 +560,8 @@ void launch_backward_in(bf16 *dqkv, const bf16 *dout, const bf16 *qkv, const flo
     if (!sl_cuda_grid_ok(q_blocks, "cuda_attention_backward") || !sl_cuda_allow_smem(dkdv, Geom<D>::dkdv) ||
         !sl_cuda_allow_smem(dq, Geom<D>::dq))
         return;
-    const unsigned kv_chunk = HEADS ? sl_grid_chunk_kv(B, T, NH, NKV, D) : 1u;  // attention_grid.h
-    const unsigned q_chunk = HEADS ? sl_grid_chunk_q(B, T, NH, D) : 1u;
+    const unsigned kv_chunk = HEADS ? sl_grid_chunk_kv(B, T, NH, NKV, D, grid_share()) : 1u;  // attention_grid.h
+    const unsigned q_chunk = HEADS ? sl_grid_chunk_q(B, T, NH, NKV, D, grid_share()) : 1u;
     dkdv<<<(unsigned)kv_blocks, THREADS, Geom<D>::dkdv, sl_cuda_stream()>>>(dqkv, dout, qkv, lse, delta, B, T, NH, NKV,
                                                                             scale, n_t, kv_chunk);
     CUDA_LAUNCH_CHECK();
@@ -572,6 +591,7 @@ bool mma_enabled() { return sl_settings_get()->attention == SL_ATTENTION_MMA; }
 }  // namespace
 
 extern "C" unsigned long cuda_attention_mma_launches(void) { return launches; }
+extern "C" size_t cuda_attention_grid_share(void) { return grid_share(); }
 
 bool attention_mma_forward(bf16 *out, float *lse, const bf16 *qkv, int B, int T, int NH, int NKV, int HD,
                            float scale) {

@@ -43,6 +43,9 @@ void cuda_reset_peak_bytes(void);
 // attention_mma.cu: the mma.sync attention launches queued so far (forward and backward calls), which
 // the GPU op tests read to know that SHARDLM_ATTENTION=mma ran those kernels and not a fallback
 unsigned long cuda_attention_mma_launches(void);
+// The L2 share its SHARDLM_ATTENTION_GRID=heads launches size their chunks of heads to on the current
+// device (attention_grid.h sl_grid_l2_share of the device's L2), for the tests to size theirs alike.
+size_t cuda_attention_grid_share(void);
 // Calls of crossentropy_fused that ran the shared-memory row kernel (SHARDLM_CE_ROW_SMEM=1), for tests.
 unsigned long cuda_crossentropy_smem_launches(void);
 // Whether that kernel takes rows of Vp logits (bf16, else fp32) on this GPU: 16-byte vectors, and a row
