@@ -11,14 +11,19 @@
 // for the presets (head_dim 8: SIMT attention) and with 2 heads (head_dim 16: tensor-core attention,
 // by default the mma.sync kernels of attention_mma.cu, checked to have run by their launch counter);
 // last (a fault there cannot hide the others), the 2-head cases again with SHARDLM_ATTENTION=tc (the
-// WMMA kernels of attention_tc.cu).
+// WMMA kernels of attention_tc.cu). Then LoRA (check_lora): a model with adapters on every linear
+// trained on the GPU against the same on the CPU, fp32 and bf16 storage.
 // Usage: test_model_cuda [DEVICE]   (default cuda:0). Prints PASS/FAIL lines, "N passed, N failed".
 #include "shardlm/engine.h"
 #include "shardlm/error.h"
+#include "shardlm/fileio.h"
+#include "shardlm/lora.h"
+#include "shardlm/peft_adapter.h"
 #include "shardlm/precision.h"
 #include "shardlm/settings.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,16 +48,22 @@ static float *logits_of(const sl_model *m, int rows) {
     return h;
 }
 
+// The engine of the training checks: AdamW at a constant lr, weight decay 0.1, clipping at 1.
+static sl_engine_config adamw_config(int B, double lr) {
+    sl_engine_config ec = {.micro_batch = B, .grad_accum_steps = 1, .gradient_clipping = 1.0f};
+    sl_optim_defaults(&ec.optim);
+    ec.optim.lr = lr;
+    ec.optim.weight_decay = 0.1;
+    sl_schedule_constant(&ec.schedule, ec.optim.lr);
+    sl_loss_scaler_defaults(&ec.precision);
+    return ec;
+}
+
 // 5 AdamW steps through the engine; returns the final weights on the host.
 static float *train5(const sl_model_config *cfg, const sl_ops *ops, const int *in, const int *tg, int B, int T) {
     sl_model m;
     if (sl_model_create(&m, cfg, ops) || sl_model_init_weights(&m, 5)) return NULL;
-    sl_engine_config ec = {.micro_batch = B, .grad_accum_steps = 1, .gradient_clipping = 1.0f};
-    sl_optim_defaults(&ec.optim);
-    ec.optim.lr = 1e-3;
-    ec.optim.weight_decay = 0.1;
-    sl_schedule_constant(&ec.schedule, ec.optim.lr);
-    sl_loss_scaler_defaults(&ec.precision);
+    sl_engine_config ec = adamw_config(B, 1e-3);
     sl_engine e;
     if (sl_engine_init(&e, &m, &ec)) return NULL;
     for (int s = 0; s < 5; s++)
@@ -271,6 +282,176 @@ static void check_bf16_storage(const char *preset, int n_head, const sl_ops *gpu
     free(tg);
 }
 
+// ---- LoRA ------------------------------------------------------------------------------------------
+
+// A model of cfg on ops with adapters on every linear (r 4, alpha 16, dropout 0.1 while training) and
+// B nonzero (PEFT's B = 0 would leave every A gradient 0): the same weights on every backend.
+static int lora_model(sl_model *m, sl_lora *lo, const sl_model_config *cfg, const sl_ops *ops) {
+    sl_lora_config lc;
+    sl_lora_config_defaults(&lc);
+    lc.r = 4;
+    lc.lora_alpha = 16;
+    lc.lora_dropout = 0.1f;
+    memset(m, 0, sizeof *m);
+    memset(lo, 0, sizeof *lo);
+    if (sl_lora_config_set_targets(&lc, "all-linear", "test") || sl_model_create(m, cfg, ops)) return -1;
+    if (sl_model_init_weights(m, 5) || sl_lora_create(lo, cfg, &lc, ops) || sl_lora_alloc_grads(lo) ||
+        sl_lora_init_weights(lo, 6))
+        return -1;
+    float *p = malloc(lo->total * sizeof(float));
+    if (!p) return sl_errorf("out of memory");
+    ops->download(p, lo->params, lo->total * sizeof(float));
+    for (size_t i = 0; i < lo->total; i++) p[i] += 0.02f * (float)((int)((i * 7919) % 11) - 5);
+    ops->upload(lo->params, p, lo->total * sizeof(float));
+    free(p);
+    if (sl_model_attach_lora(m, lo) || sl_model_params_changed(m)) return -1;
+    lo->training = 1;
+    lo->dropout_seed = 42;
+    return 0;
+}
+
+// The largest per-tensor relative difference of adapter gradients `got` from `ref`'s (both host), and where.
+static double worst_adapter(const sl_lora *lo, const float *got, const float *ref, const char **where) {
+    double worst = 0;
+    *where = "";
+    for (int t = 0; got && ref && t < lo->n_tensors; t++) {
+        double r = rel_diff(got + lo->tensors[t].offset, ref + lo->tensors[t].offset, lo->tensors[t].numel);
+        if (r > worst) { worst = r; *where = lo->tensors[t].name; }
+    }
+    return worst;
+}
+
+// 5 AdamW steps of the adapters on ops (a batch a step, dropout keyed by the step); the adapters after
+// them on the host. base_same: whether the frozen base ended bit-identical to its initial weights.
+// save_root non-NULL: the engine also saves step 5 there (a PEFT adapter directory, save_root/final).
+static float *lora_train5(const sl_model_config *cfg, const sl_ops *ops, const int *in, const int *tg, int B, int T,
+                          int *base_same, const char *save_root) {
+    sl_model m;
+    sl_lora lo;
+    sl_engine e;
+    float *w = NULL, *base0 = NULL, *base1 = NULL;
+    int engine = 0;
+    *base_same = 0;
+    sl_engine_config ec = adamw_config(B, 1e-2);
+    if (lora_model(&m, &lo, cfg, ops)) goto done;
+    base0 = download(&m, m.params, m.layout.total);
+    if (sl_engine_init(&e, &m, &ec)) goto done;
+    engine = 1;
+    for (int s = 0; s < 5; s++) {
+        lo.dropout_seed = 1000 + (uint64_t)s;
+        if (sl_engine_forward_backward(&e, in, tg, B, T, NULL) || sl_engine_step(&e)) goto done;
+    }
+    if (save_root && sl_engine_save(&e, save_root, "final", NULL)) goto done;
+    base1 = download(&m, m.params, m.layout.total);
+    *base_same = base0 && base1 && !memcmp(base0, base1, m.layout.total * sizeof(float));
+    w = malloc(lo.total * sizeof(float));
+    if (w) ops->download(w, lo.params, lo.total * sizeof(float));
+done:
+    if (!w) printf("  lora training on %s: %s\n", ops->name, sl_error());
+    if (engine) sl_engine_free(&e);
+    sl_model_free(&m);
+    sl_lora_free(&lo);
+    free(base0);
+    free(base1);
+    return w;
+}
+
+// Adapters on every linear of `preset`, on `dev` against `ref` (the CPU's fp32 table for the GPU's
+// fp32 one; the CPU's bf16 emulation for bf16 storage): one forward + backward with dropout: the loss
+// within tol_loss, the logits within tol_logits and every adapter gradient within tol_grad (relative
+// to each tensor's largest); then 5 AdamW steps through the engine: with tol_trained > 0 the adapters
+// within it of ref's (not under bf16: AdamW's first steps move every weight by about lr whatever its
+// gradient's size, so an element whose bf16 gradient lands on the other side of 0 moves the other
+// way), the frozen base bit-identical to its initial weights, two runs on dev bit-identical, and the
+// checkpoint dev's engine saved (a PEFT directory) reads back on the CPU as exactly dev's adapters.
+static void check_lora(const char *preset, const sl_ops *dev, const sl_ops *ref, const char *tag, double tol_loss,
+                       double tol_logits, double tol_grad, double tol_trained) {
+    sl_model_config cfg;
+    char name[192];
+    if (sl_config_preset(&cfg, preset)) { report(0, preset, "exact", 0); return; }
+    int B, T, *in, *tg;
+    make_batch(&cfg, 23, 5, 47, 3, 11, 6, &B, &T, &in, &tg);
+    sl_model c, g;
+    sl_lora lc, lg;
+    if (lora_model(&c, &lc, &cfg, ref) || lora_model(&g, &lg, &cfg, dev)) {
+        printf("FAIL %s_lora%s_setup: %s\n", preset, tag, sl_error());
+        failed++;
+        free(in);
+        free(tg);
+        return;
+    }
+    float loss_c = 0, loss_g = 0;
+    int ok = !sl_model_forward(&c, in, tg, B, T, &loss_c) && !sl_model_forward(&g, in, tg, B, T, &loss_g);
+    size_t nlog = (size_t)B * T * cfg.vocab_size;
+    float *glog = ok ? logits_of(&g, B * T) : NULL, *clog = ok ? logits_of(&c, B * T) : NULL;
+    ok = ok && glog && clog;
+    snprintf(name, sizeof name, "%s_lora%s_loss_matches_cpu", preset, tag);
+    report(ok && fabs(loss_g - loss_c) <= tol_loss * fabs(loss_c), name, "rel err %.2e",
+           fabs(loss_g - loss_c) / fabs(loss_c));
+    snprintf(name, sizeof name, "%s_lora%s_logits_match_cpu", preset, tag);
+    report(ok && rel_diff(glog, clog, nlog) <= tol_logits, name, "max rel err %.2e", ok ? rel_diff(glog, clog, nlog) : -1);
+    ok = ok && !sl_model_backward(&c, 1.0f) && !sl_model_backward(&g, 1.0f);
+    float *gg = ok ? malloc(lg.total * sizeof(float)) : NULL, *cg = ok ? malloc(lc.total * sizeof(float)) : NULL;
+    if (gg && cg) {
+        dev->download(gg, lg.grads, lg.total * sizeof(float));
+        ref->download(cg, lc.grads, lc.total * sizeof(float));
+    }
+    const char *where;
+    double worst = gg && cg ? worst_adapter(&lc, gg, cg, &where) : -1;
+    snprintf(name, sizeof name, "%s_lora%s_adapter_gradients_match_cpu(worst %s)", preset, tag, gg && cg ? where : "");
+    report(gg && cg && worst <= tol_grad, name, "max rel err %.2e", worst);
+    // every tensor got a gradient: a B or A left at 0 would pass the comparison without testing it
+    int all = gg != NULL;
+    for (int t = 0; all && t < lg.n_tensors; t++) {
+        double mx = 0;
+        for (size_t i = 0; i < lg.tensors[t].numel; i++) mx = fmax(mx, fabs((double)gg[lg.tensors[t].offset + i]));
+        all = mx > 0;
+    }
+    snprintf(name, sizeof name, "%s_lora%s_every_adapter_has_a_gradient", preset, tag);
+    report(all, name, "exact", 0);
+    size_t n_adapter = lg.total;
+    free(gg);
+    free(cg);
+    free(glog);
+    free(clog);
+    sl_model_free(&c);
+    sl_model_free(&g);
+    sl_lora_free(&lc);
+    sl_lora_free(&lg);
+
+    char root[] = "/tmp/shardlm_gpu_lora_XXXXXX";
+    int have_root = mkdtemp(root) != NULL;
+    int same_c = 0, same_1 = 0, same_2 = 0;
+    float *wc = lora_train5(&cfg, ref, in, tg, B, T, &same_c, NULL);
+    float *w1 = lora_train5(&cfg, dev, in, tg, B, T, &same_1, have_root ? root : NULL);
+    float *w2 = lora_train5(&cfg, dev, in, tg, B, T, &same_2, NULL);
+    if (tol_trained > 0) {
+        snprintf(name, sizeof name, "%s_lora%s_5_adamw_steps_match_cpu", preset, tag);
+        report(wc && w1 && rel_diff(w1, wc, n_adapter) <= tol_trained, name, "max rel err %.2e",
+               wc && w1 ? rel_diff(w1, wc, n_adapter) : -1);
+    }
+    snprintf(name, sizeof name, "%s_lora%s_base_weights_unchanged", preset, tag);
+    report(w1 && same_1 && same_c, name, "exact", 0);
+    snprintf(name, sizeof name, "%s_lora%s_gpu_training_is_deterministic", preset, tag);
+    report(w1 && w2 && !memcmp(w1, w2, n_adapter * sizeof(float)), name, "exact", 0);
+    // the saved adapters, read back on the CPU, are the GPU's own
+    char dir[sizeof root + 16];
+    snprintf(dir, sizeof dir, "%s/final", root);
+    sl_lora back;
+    memset(&back, 0, sizeof back);
+    int loaded = have_root && w1 && !sl_peft_load(dir, &cfg, &sl_ops_cpu, &back);
+    if (have_root && w1 && !loaded) printf("  %s\n", sl_error());
+    snprintf(name, sizeof name, "%s_lora%s_saved_adapters_read_back_exactly", preset, tag);
+    report(loaded && back.total == n_adapter && !memcmp(back.params, w1, n_adapter * sizeof(float)), name, "exact", 0);
+    if (loaded) sl_lora_free(&back);
+    if (have_root) sl_remove_tree(root);
+    free(wc);
+    free(w1);
+    free(w2);
+    free(in);
+    free(tg);
+}
+
 int main(int argc, char **argv) {
     const sl_ops *gpu = gpu_open(argc, argv);
     if (!gpu) return 1;
@@ -297,5 +478,15 @@ int main(int argc, char **argv) {
                "launches %.0f", (double)(cuda_attention_mma_launches() - mma_before - mma_ran));
     }
     unsetenv("SHARDLM_ATTENTION");
+    if (sl_settings_load()) {
+        printf("FAIL settings_reload_default: %s\n", sl_error());
+        failed++;
+    }
+    // fp32: the bounds of check_preset; bf16 storage: check_bf16_storage's for the loss and logits, and
+    // 1e-1 for the adapter gradients, whose A side passes through two more bf16-rounded products (u, du)
+    check_lora("gpt2-tiny", gpu, &sl_ops_cpu, "", 1e-5, 1e-5, 1e-4, 1e-4);
+    check_lora("llama-tiny", gpu, &sl_ops_cpu, "", 1e-5, 1e-5, 1e-4, 1e-4);
+    check_lora("gpt2-tiny", gpu_bf16, &sl_ops_cpu_bf16, "_bf16_storage", 1e-2, 5e-2, 1e-1, 0);
+    check_lora("llama-tiny", gpu_bf16, &sl_ops_cpu_bf16, "_bf16_storage", 1e-2, 5e-2, 1e-1, 0);
     return gpu_finish(gpu);
 }
