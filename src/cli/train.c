@@ -536,16 +536,24 @@ static int run(sl_train_config *c, sl_comm *world) {
         if (c->sample_tokens > sl_config_context(&model.cfg) - 1) gc.max_new_tokens = sl_config_context(&model.cfg) - 1;
         printf("sample (%d tokens, temperature 1.0, top-k 40):\n---\n", gc.max_new_tokens);
         // token-by-token decoding runs on the CPU in fp32: a GPU model (or one with bf16 activation
-        // storage) hands its weights to a host copy
+        // storage) hands its weights, and its adapters, to a host copy; a quantised base (CPU only)
+        // decodes on its own tables, as generate --quantize does
         lora.training = 0;
         sl_model host_model, *sm = &model;
-        if (model.ops->on_device || model.ops->act_bf16) {
+        sl_lora host_lora;
+        memset(&host_lora, 0, sizeof host_lora);
+        if ((model.ops->on_device || model.ops->act_bf16) && !quantised) {
             if (sl_model_create(&host_model, &model.cfg, &sl_ops_cpu)) goto done;
             model.ops->download(host_model.params, model.params, model.layout.total * sizeof(float));
+            if (c->lora_enabled && train_lora_host_copy(&host_lora, &lora, &host_model)) {
+                sl_model_free(&host_model);
+                goto done;
+            }
             sm = &host_model;
         }
         int grc = sl_generate(sm, tok, &prompt, 1, &gc, NULL, NULL, stdout);
         if (sm != &model) sl_model_free(&host_model);
+        sl_lora_free(&host_lora);
         if (grc) goto done;
         printf("\n---\n");
     }

@@ -34,8 +34,6 @@ int train_lora_flag(sl_args *a, sl_train_config *c) {
 
 int train_lora_attach(sl_lora *lora, sl_model *model, sl_train_config *c) {
     if (!c->lora_enabled) return 0;
-    if (c->sample_tokens > 0 && (model->ops->on_device || model->ops->act_bf16))
-        return sl_errorf("the sample after a LoRA run decodes on the CPU in fp32 only: pass --sample-tokens 0");
     int rc = c->adapter[0] ? sl_peft_load(c->adapter, &model->cfg, model->ops, lora)
                            : sl_lora_create(lora, &model->cfg, &c->lora, model->ops);
     if (rc) return -1;
@@ -45,6 +43,17 @@ int train_lora_attach(sl_lora *lora, sl_model *model, sl_train_config *c) {
     }
     snprintf(lora->base_model, sizeof lora->base_model, "%s", c->model);
     c->lora = lora->cfg;  // what runs (an adapter's settings, PEFT's default targets) is what the config says
+    return 0;
+}
+
+int train_lora_host_copy(sl_lora *host_lora, const sl_lora *lora, sl_model *host) {
+    memset(host_lora, 0, sizeof *host_lora);
+    if (sl_lora_create(host_lora, &lora->model_cfg, &lora->cfg, &sl_ops_cpu)) return -1;
+    lora->ops->download(host_lora->params, lora->params, lora->total * sizeof(float));
+    if (sl_model_attach_lora(host, host_lora)) {
+        sl_lora_free(host_lora);
+        return -1;
+    }
     return 0;
 }
 

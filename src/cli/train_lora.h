@@ -28,6 +28,11 @@ int train_lora_flag(sl_args *a, sl_train_config *c);
 // otherwise. -1 with the error.
 int train_lora_attach(sl_lora *lora, sl_model *model, sl_train_config *c);
 
+// For the sample of a run whose model is copied to the host (a GPU model, bf16 activation storage):
+// host_lora, a CPU fp32 copy of the trained adapters (lora's settings and current weights), attached
+// to host (the model's host copy). -1 with the error (host_lora then freed).
+int train_lora_host_copy(sl_lora *host_lora, const sl_lora *lora, sl_model *host);
+
 // The dropout masks of micro-batch k of step `step` on `rank`: a pure function of them and the seed,
 // so a resumed run draws the same masks.
 uint64_t train_lora_dropout_seed(uint64_t seed, int rank, int64_t step, int k);

@@ -107,6 +107,19 @@ assert d(a16, a32) < 0.02 * top, 'bf16 with the adapter is far from fp32'
 # continuing from an adapter directory (--adapter) starts where that run ended
 "$BIN" train --model "$tmp/base" --adapter "$a" "${common[@]}" --steps 2 --lr 1e-4 --save-dir "$tmp/cont" >>"$log" 2>&1
 expect train_continues_from_an_adapter test -f "$tmp/cont/step_00000002/adapter_model.safetensors"
+# the sample after a LoRA run decodes with the trained adapters, also when the run trained in bf16 (the
+# sample then decodes on an fp32 host copy of the model, which gets the adapters too): at lr 0 the
+# adapters stay $a's, so the bf16 run's sample is the fp32 run's, and not the base's alone
+sample_of() { awk '/^sample \(/ { getline; getline; print; exit }' "$1"; }
+for prec in fp32 bf16 base; do
+  with=(--adapter "$a" --precision "$prec"); [ $prec = base ] && with=()
+  "$BIN" train --model "$tmp/base" "${with[@]}" --data "$tmp/data" --seq-len 32 --batch-size 2 --threads 2 --seed 7 \
+    --steps 1 --lr 0 --eval-interval 0 --sample-tokens 16 --no-save >"$tmp/sample_$prec.out" 2>&1 ||
+    echo "  (exit $? for $prec; $tmp/sample_$prec.out)" >>"$log"
+done
+s32=$(sample_of "$tmp/sample_fp32.out"); s16=$(sample_of "$tmp/sample_bf16.out"); s0=$(sample_of "$tmp/sample_base.out")
+if [ -n "$s32" ] && [ "$s16" = "$s32" ] && [ "$s0" != "$s32" ]; then pass lora_bf16_run_samples_with_its_adapters
+else fail lora_bf16_run_samples_with_its_adapters "fp32 '$s32', bf16 '$s16', base '$s0'"; fi
 
 # merge: a full model in the base's dtype whose logits (no adapter) are the adapted model's
 "$BIN" merge --model "$tmp/base" --adapter "$a" --output "$tmp/merged" >>"$log" 2>&1
