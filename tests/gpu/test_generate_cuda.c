@@ -11,6 +11,9 @@
 //     was a tie. Two GPU runs give the same bits (a cache reset in between).
 //   - bf16 activation storage (cuda-bf16) against the CPU's emulation of it: teacher-forced logits
 //     within 5e-2 (test_model_cuda's bound for bf16-storage logits) at every step.
+//   - LoRA (gpu_check.h's test adapters on every linear, attached as `generate --adapter` attaches
+//     them): fp32 and bf16 storage, the same bounds; the adapters must move the CPU's logits (else
+//     the comparison would not see a GPU that ignores them).
 // Usage: test_generate_cuda [DEVICE]   (default cuda:0). Prints PASS/FAIL lines, "N passed, N failed".
 #include "shardlm/error.h"
 #include "shardlm/generate.h"
@@ -46,10 +49,12 @@ static int argmax(const float *x, int n, double *gap) {
     return best;
 }
 
-// A model of `preset` on ops with weights from seed 13 (bf16 copies made where the table stores bf16).
-static int make_model(sl_model *m, const sl_model_config *cfg, const sl_ops *ops) {
+// A model of `preset` on ops with weights from seed 13 (bf16 copies made where the table stores bf16);
+// lo non-NULL: with the test adapters attached first (lo owned by the caller).
+static int make_model(sl_model *m, const sl_model_config *cfg, const sl_ops *ops, sl_lora *lo) {
     if (sl_model_create(m, cfg, ops)) return -1;
-    if (sl_model_init_weights(m, 13) || sl_model_params_changed(m) || sl_model_for_inference(m)) {
+    if (sl_model_init_weights(m, 13) || (lo && attach_test_lora(m, lo, 0.0f)) || sl_model_params_changed(m) ||
+        sl_model_for_inference(m)) {
         sl_model_free(m);
         return -1;
     }
@@ -118,8 +123,11 @@ static void check_fp32(const char *preset, const sl_ops *gpu) {
     sl_model_config cfg;
     char name[160];
     sl_model c, g;
-    if (sl_config_preset(&cfg, preset) || make_model(&c, &cfg, &sl_ops_cpu)) { report(0, preset, "setup", 0); return; }
-    if (make_model(&g, &cfg, gpu)) {
+    if (sl_config_preset(&cfg, preset) || make_model(&c, &cfg, &sl_ops_cpu, NULL)) {
+        report(0, preset, "setup", 0);
+        return;
+    }
+    if (make_model(&g, &cfg, gpu, NULL)) {
         printf("FAIL %s_gpu_model: %s\n", preset, sl_error());
         failed++;
         sl_model_free(&c);
@@ -149,11 +157,11 @@ static void check_bf16_storage(const char *preset, const sl_ops *gpu_bf16) {
     sl_model_config cfg;
     char name[160];
     sl_model c, g;
-    if (sl_config_preset(&cfg, preset) || make_model(&c, &cfg, &sl_ops_cpu_bf16)) {
+    if (sl_config_preset(&cfg, preset) || make_model(&c, &cfg, &sl_ops_cpu_bf16, NULL)) {
         report(0, preset, "setup", 0);
         return;
     }
-    if (make_model(&g, &cfg, gpu_bf16)) {
+    if (make_model(&g, &cfg, gpu_bf16, NULL)) {
         printf("FAIL %s_bf16_gpu_model: %s\n", preset, sl_error());
         failed++;
         sl_model_free(&c);
@@ -168,6 +176,53 @@ static void check_bf16_storage(const char *preset, const sl_ops *gpu_bf16) {
     sl_model_free(&g);
 }
 
+// Decoding with adapters: `ref` (the CPU's fp32 table, or its bf16 emulation) and `dev` (the GPU's
+// table) with the same test adapters, teacher-forced: logits within tol at every step (and greedy
+// tokens equal outside ties in fp32); the CPU's logits with the adapters at least 1e-3 away from the
+// same model's without them.
+static void check_lora(const char *preset, const sl_ops *dev, const sl_ops *ref, const char *tag, double tol) {
+    sl_model_config cfg;
+    char name[160];
+    sl_model c, g, b;
+    sl_lora lc, lg;
+    memset(&lc, 0, sizeof lc);
+    memset(&lg, 0, sizeof lg);
+    if (sl_config_preset(&cfg, preset) || make_model(&c, &cfg, ref, &lc)) {
+        printf("FAIL %s_lora%s_setup: %s\n", preset, tag, sl_error());
+        failed++;
+        sl_lora_free(&lc);
+        return;
+    }
+    if (make_model(&g, &cfg, dev, &lg)) {
+        printf("FAIL %s_lora%s_gpu_model: %s\n", preset, tag, sl_error());
+        failed++;
+        sl_model_free(&c);
+        sl_lora_free(&lc);
+        sl_lora_free(&lg);
+        return;
+    }
+    int prompt[N_PROMPT], tokens[N_NEW], base_tokens[N_NEW], mism, ties, base_mism, base_ties, ok, base_ok = 0;
+    for (int i = 0; i < N_PROMPT; i++) prompt[i] = (i * 43 + 7) % cfg.vocab_size;
+    double worst = decode_pair(&c, &g, prompt, tol, &mism, &ties, tokens, &ok);
+    snprintf(name, sizeof name, "%s_lora%s_decode_logits_match_cpu", preset, tag);
+    report(ok && worst <= tol, name, "max rel err %.2e over the prefill and every step", worst);
+    if (tol < 1e-3) {
+        snprintf(name, sizeof name, "%s_lora%s_decode_greedy_tokens_match_cpu", preset, tag);
+        report(ok && mism == 0, name, "%.0f steps differ outside ties", mism);
+    }
+    double moved = 0;
+    if (!make_model(&b, &cfg, ref, NULL)) {
+        moved = decode_pair(&b, &c, prompt, tol, &base_mism, &base_ties, base_tokens, &base_ok);
+        sl_model_free(&b);
+    }
+    snprintf(name, sizeof name, "%s_lora%s_adapters_move_the_logits", preset, tag);
+    report(base_ok && moved >= 1e-3, name, "max rel change %.2e", moved);
+    sl_model_free(&c);
+    sl_model_free(&g);
+    sl_lora_free(&lc);
+    sl_lora_free(&lg);
+}
+
 int main(int argc, char **argv) {
     const sl_ops *gpu = gpu_open(argc, argv);
     if (!gpu) return 1;
@@ -176,5 +231,9 @@ int main(int argc, char **argv) {
     const sl_ops *gpu_bf16 = sl_ops_for_precision(gpu, SL_PRECISION_BF16);
     check_bf16_storage("gpt2-tiny", gpu_bf16);
     check_bf16_storage("llama-tiny", gpu_bf16);
+    check_lora("gpt2-tiny", gpu, &sl_ops_cpu, "", FP32_TOL);
+    check_lora("llama-tiny", gpu, &sl_ops_cpu, "", FP32_TOL);
+    check_lora("gpt2-tiny", gpu_bf16, &sl_ops_cpu_bf16, "_bf16_storage", BF16_TOL);
+    check_lora("llama-tiny", gpu_bf16, &sl_ops_cpu_bf16, "_bf16_storage", BF16_TOL);
     return gpu_finish(gpu);
 }

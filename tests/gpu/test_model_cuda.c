@@ -17,7 +17,6 @@
 #include "shardlm/engine.h"
 #include "shardlm/error.h"
 #include "shardlm/fileio.h"
-#include "shardlm/lora.h"
 #include "shardlm/peft_adapter.h"
 #include "shardlm/precision.h"
 #include "shardlm/settings.h"
@@ -284,27 +283,14 @@ static void check_bf16_storage(const char *preset, int n_head, const sl_ops *gpu
 
 // ---- LoRA ------------------------------------------------------------------------------------------
 
-// A model of cfg on ops with adapters on every linear (r 4, alpha 16, dropout 0.1 while training) and
-// B nonzero (PEFT's B = 0 would leave every A gradient 0): the same weights on every backend.
+// A model of cfg on ops with gpu_check.h's test adapters (dropout 0.1, on while training) and their
+// gradient buffer.
 static int lora_model(sl_model *m, sl_lora *lo, const sl_model_config *cfg, const sl_ops *ops) {
-    sl_lora_config lc;
-    sl_lora_config_defaults(&lc);
-    lc.r = 4;
-    lc.lora_alpha = 16;
-    lc.lora_dropout = 0.1f;
     memset(m, 0, sizeof *m);
     memset(lo, 0, sizeof *lo);
-    if (sl_lora_config_set_targets(&lc, "all-linear", "test") || sl_model_create(m, cfg, ops)) return -1;
-    if (sl_model_init_weights(m, 5) || sl_lora_create(lo, cfg, &lc, ops) || sl_lora_alloc_grads(lo) ||
-        sl_lora_init_weights(lo, 6))
+    if (sl_model_create(m, cfg, ops) || sl_model_init_weights(m, 5) || attach_test_lora(m, lo, 0.1f) ||
+        sl_lora_alloc_grads(lo) || sl_model_params_changed(m))
         return -1;
-    float *p = malloc(lo->total * sizeof(float));
-    if (!p) return sl_errorf("out of memory");
-    ops->download(p, lo->params, lo->total * sizeof(float));
-    for (size_t i = 0; i < lo->total; i++) p[i] += 0.02f * (float)((int)((i * 7919) % 11) - 5);
-    ops->upload(lo->params, p, lo->total * sizeof(float));
-    free(p);
-    if (sl_model_attach_lora(m, lo) || sl_model_params_changed(m)) return -1;
     lo->training = 1;
     lo->dropout_seed = 42;
     return 0;
