@@ -146,7 +146,7 @@ session_dry() {
   for f in session_summary.txt session_logs.tgz decode.jsonl gpu_results.jsonl gpu_section.md gpu_bench.log RESULTS.md; do
     [ -s "$tmp/out/$f" ] || { echo "session.sh left no $f in \$OUT"; return 1; }
   done
-  for f in '^PASS build$' '^-- op group norm: ' '^-- test_model_cuda: ' '^-- bench/gpu.sh ' \
+  for f in '^PASS build$' '^-- op group norm: ' '^-- test_model_cuda: ' '^PASS lora_cli_train_bf16$' '^-- bench/gpu.sh ' \
            '^gpu.sh .* finished in ' '^-- bench_decode ' '^-- op group attention: ' '^[0-9]+ passed, [0-9]+ failed '; do
     grep -Eq "$f" "$s" || { echo "session summary lacks /$f/:"; cat "$s"; return 1; }
   done

@@ -8,7 +8,8 @@
 #   1. build: tests/gpu/suite.sh build (the library, `shardlm report`, the GPU test programs);
 #   2. the op groups holding kernels not yet run on a GPU (SESSION_GROUPS, default "norm crossentropy
 #      matmul_gelu bf16 attention_mma"), each its own test_ops_cuda process as in tests/gpu/run.sh;
-#   3. test_model_cuda (the model's loss and gradients against the CPU) and test_generate_cuda;
+#   3. test_model_cuda (the model's loss and gradients against the CPU, LoRA too) and test_generate_cuda;
+#   3b. `shardlm train --device cuda` with LoRA adapters, fp32 and bf16 (the CLI's path, a corpus made here);
 #   4. bench/gpu.sh for GPT-2 124M: shardlm with its per-op profile, PyTorch eager and torch.compile
 #      (SESSION_TORCH=0: not), the SHARDLM_ATTENTION=tc rows (the WMMA kernels against the default
 #      mma.sync kernels of attention_mma.cu), the SHARDLM_ATTENTION_GRID=heads rows (those kernels'
@@ -85,6 +86,34 @@ for what in model generate; do
   tally "$logdir/$what.txt"
   note "-- test_${what}_cuda: $((SECONDS - start))s"
 done
+
+# 3b. LoRA through `shardlm train --device cuda` (the CLI's path: the engine over the GPU's adapters,
+# their checkpoint downloaded into a PEFT directory, the sample decoded on an fp32 host copy with the
+# adapters), fp32 and bf16, on gpt2-tiny and a small corpus made here (no data is carried)
+if left 40 lora_cli; then
+  start=$SECONDS
+  dev=cuda; [ "${SHARDLM_GPU_SUITE_DRY:-0}" = 1 ] && dev=cpu
+  ldir=$logdir/lora_cli
+  mkdir -p "$ldir/corpus"
+  for i in $(seq 1 400); do echo "Line $i of a small corpus: the adapters learn what the frozen base reads."; done \
+    >"$ldir/corpus/text.txt"
+  timeout 60 "$B/shardlm" prepare --input "$ldir/corpus" --output "$ldir/data" --train-tokenizer 300 \
+    >"$ldir/prepare.txt" 2>&1
+  for p in fp32 bf16; do
+    timeout 60 "$B/shardlm" train --device "$dev" --model gpt2-tiny --data "$ldir/data" --seq-len 32 --batch-size 4 \
+      --steps 4 --lr 1e-2 --eval-interval 0 --log-interval 2 --sample-tokens 8 --lora-r 4 --lora-dropout 0.1 \
+      --lora-targets c_attn,c_proj,c_fc --precision "$p" --save-dir "$ldir/run_$p" >"$ldir/train_$p.txt" 2>&1
+    rc=$?
+    if [ $rc -eq 0 ] && [ -s "$ldir/run_$p/step_00000004/adapter_model.safetensors" ] &&
+       grep -q '^sample (' "$ldir/train_$p.txt"; then
+      note "PASS lora_cli_train_$p"; passed=$((passed + 1))
+    else
+      note "FAIL lora_cli_train_$p: exit $rc (lora_cli/train_$p.txt: $(grep -m1 -i error "$ldir/train_$p.txt"))"
+      failed=$((failed + 1))
+    fi
+  done
+  note "-- lora_cli (train --device $dev --lora-r, fp32 and bf16): $((SECONDS - start))s"
+fi
 
 # 4. the benchmark: GPT-2 124M, fused kernels and the separate ones
 if left 120 bench; then
