@@ -14,8 +14,9 @@
 #   5. each model once more at shardlm's micro-batch with SHARDLM_ATTENTION=simt (bf16 attention on
 #      the CUDA cores) and with SHARDLM_ATTENTION=tc (the WMMA kernels of attention_tc.cu, against the
 #      default mma.sync kernels of attention_mma.cu), and with SHARDLM_ATTENTION_GRID=heads (those
-#      kernels' blocks in chunks of heads), for the table comparing the attention kernels
-#      (GPU_SIMT=0 / GPU_WMMA=0 / GPU_ATT_GRID=0: not run);
+#      kernels' blocks in chunks of heads) and with SHARDLM_ATTENTION_DQ=atomic (their backward's dQ added
+#      inside the dK/dV kernel by fp32 atomics), for the table comparing the attention kernels
+#      (GPU_SIMT=0 / GPU_WMMA=0 / GPU_ATT_GRID=0 / GPU_ATT_DQ=0: not run);
 #   6. each model once more at shardlm's micro-batch with SHARDLM_FUSED_KERNELS=0 (the norm backward
 #      and cross-entropy as the earlier separate kernels, the MLP's GELU gradient outside the GEMM
 #      epilogue), for the before / after table of the fused kernels (GPU_SPLIT=0: not run), with
@@ -44,6 +45,7 @@
 #   GPU_STEPS=6  GPU_WARMUP=2  GPU_TORCH=1 (0: shardlm only)  GPU_COMPILE=1 (0: no torch.compile rows)
 #   GPU_LIKE=1 (0: no like-for-like rows)  GPU_SIMT=1 (0: no CUDA-core attention rows)
 #   GPU_WMMA=1 (0: no WMMA attention rows)  GPU_ATT_GRID=1 (0: no attention-grid rows)
+#   GPU_ATT_DQ=1 (0: no atomic-dQ attention rows)
 #   GPU_SPLIT=1 (0: no separate-kernel rows)  GPU_AUTOTUNE=1 (0: no autotuned-GEMM rows)
 #   GPU_CE_SMEM=1 (0: no rows-in-shared-memory classifier rows)  GPU_BUILD=build/gpu  GPU_COMMIT (when git is not there)
 #   PYTHON=python3
@@ -272,6 +274,7 @@ variant_rows() {
 variant_rows GPU_SIMT shardlm-simt SHARDLM_ATTENTION=simt "attention on the CUDA cores"
 variant_rows GPU_WMMA shardlm-wmma SHARDLM_ATTENTION=tc "attention on WMMA tensor-core tiles"
 variant_rows GPU_ATT_GRID shardlm-attgrid SHARDLM_ATTENTION_GRID=heads "mma.sync attention blocks in chunks of heads"
+variant_rows GPU_ATT_DQ shardlm-attdq SHARDLM_ATTENTION_DQ=atomic "mma.sync attention backward with dQ by atomics"
 # the fused kernels: the norm backward, the cross-entropy and the MLP's GELU gradient as separate
 # kernels, for the before / after table
 variant_rows GPU_SPLIT shardlm-split SHARDLM_FUSED_KERNELS=0 "separate norm-backward, cross-entropy and GELU-gradient kernels"

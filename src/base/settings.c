@@ -18,6 +18,7 @@ static const struct { const char *name, *meaning; } variables[] = {
     {"SHARDLM_GELU_EPILOGUE", "0: GPT-2's GELU as its own kernel instead of cuBLASLt's epilogue (default 1)"},
     {"SHARDLM_ATTENTION", "mma (default): on the GPU the mma.sync tensor-core kernels with fragments in registers; tc: the WMMA tensor-core kernels; simt: the CUDA-core kernels; on the CPU simt is the staged fp32 attention, tc and mma oneDNN bf16 matmuls"},
     {"SHARDLM_ATTENTION_GRID", "heads: the GPU's mma.sync attention kernels take their blocks in chunks of heads that fit a share of L2 (longest tiles first in each), so the blocks running at once share K and V through L2; tiles (default): every head's longest tile first. The same bits either way (A/B timing, not yet run on a GPU)"},
+    {"SHARDLM_ATTENTION_DQ", "atomic: the GPU's mma.sync attention backward adds dQ inside the dK/dV kernel with fp32 atomics (head dims up to 64; two tile products fewer, but dQ is not bit-reproducible run to run; A/B timing, not yet run on a GPU); split (default): dQ by a kernel of its own, deterministic"},
     {"SHARDLM_CE_ROW_SMEM", "1: the GPU's fused classifier copies each row of logits into shared memory and reads it from there, once from memory instead of once plus once from L2 (A/B timing, not yet run on a GPU; default 0)"},
     {"SHARDLM_FUSED_KERNELS", "0: the GPU's norm backward, cross-entropy and GELU gradient as the earlier separate kernels (A/B timing; default 1)"},
     {"SHARDLM_GEMM_AUTOTUNE", "1: each GPU GEMM shape times cuBLASLt's candidate algorithms once and keeps the fastest (default 0: the heuristic's first, the same in every run)"},
@@ -94,6 +95,11 @@ static const char *const grid_words[] = {[SL_ATTENTION_GRID_TILES] = "tiles", [S
 
 const char *sl_attention_grid_name(int grid) { return grid >= 0 && grid < 2 ? grid_words[grid] : "?"; }
 
+// SHARDLM_ATTENTION_DQ's words, at their SL_ATTENTION_DQ_* values.
+static const char *const dq_words[] = {[SL_ATTENTION_DQ_SPLIT] = "split", [SL_ATTENTION_DQ_ATOMIC] = "atomic"};
+
+const char *sl_attention_dq_name(int dq) { return dq >= 0 && dq < 2 ? dq_words[dq] : "?"; }
+
 int sl_settings_load(void) {
     static const char *const levels[] = {"debug", "info", "warn", "error"};
     static const int attention_v[] = {SL_ATTENTION_SIMT, SL_ATTENTION_TC, SL_ATTENTION_MMA}, levels_v[] = {0, 1, 2, 3};
@@ -104,6 +110,8 @@ int sl_settings_load(void) {
     read_word("SHARDLM_ATTENTION", attention_words, attention_v, 3, &s.attention, "tc, simt or mma");
     static const int grid_v[] = {SL_ATTENTION_GRID_TILES, SL_ATTENTION_GRID_HEADS};
     read_word("SHARDLM_ATTENTION_GRID", grid_words, grid_v, 2, &s.attention_grid, "tiles or heads");
+    static const int dq_v[] = {SL_ATTENTION_DQ_SPLIT, SL_ATTENTION_DQ_ATOMIC};
+    read_word("SHARDLM_ATTENTION_DQ", dq_words, dq_v, 2, &s.attention_dq, "split or atomic");
     read_switch("SHARDLM_CE_ROW_SMEM", &s.ce_row_smem);
     read_switch("SHARDLM_FUSED_KERNELS", &s.fused_kernels);
     read_switch("SHARDLM_GEMM_AUTOTUNE", &s.gemm_autotune);

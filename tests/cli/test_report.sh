@@ -69,6 +69,10 @@ check report_bad_setting_named grep -q 'SHARDLM_ATTENTION_GRID="diagonal": expec
 clean_env SHARDLM_ATTENTION_GRID=diagonal "$BIN" train --steps 1 >"$tmp/badgrid_train.txt" 2>&1; rc=$?
 check bad_setting_stops_train test $rc -ne 0
 check bad_setting_stops_train_named grep -q 'SHARDLM_ATTENTION_GRID="diagonal"' "$tmp/badgrid_train.txt"
+clean_env SHARDLM_ATTENTION_DQ=sometimes "$BIN" report >"$tmp/baddq.txt" 2>&1
+check report_bad_dq_setting_named grep -q 'SHARDLM_ATTENTION_DQ="sometimes": expected split or atomic' "$tmp/baddq.txt"
+clean_env SHARDLM_ATTENTION_DQ=atomic "$BIN" report >"$tmp/dq.txt" 2>&1
+check report_lists_the_dq_setting grep -Eq 'SHARDLM_ATTENTION_DQ +atomic' "$tmp/dq.txt"
 
 # 4. Flags: --help exits 0, an unknown flag exits 2 with a message.
 "$BIN" report --help >"$tmp/help.txt" 2>&1; rc=$?

@@ -1219,20 +1219,12 @@ static int grid_spans_chunks(int B, int T, int NH, int NKV, int HD, size_t share
            sl_grid_chunk_kv(B, T, NH, NKV, HD, share) < (unsigned)(B * NKV);
 }
 
-// The mma.sync attention's two block orders (SHARDLM_ATTENTION_GRID=tiles, the default, and heads) hand
-// the same blocks out in another order, each computing what it did: out, lse and dqkv bit-identical
-// between them, and each order's forward and backward ran on those kernels (the launch counter). The
-// heads must span more than one chunk, or the heads order is the default's permutation and proves
-// nothing: B grows from the table's until they do (at most 64).
-static void test_attention_grid_exact(const char *tag, int B, int T, int NH, int NKV, int HD) {
-    const char *name = bname("attention_grid_heads_equals_tiles_bits", tag);
-    const size_t share = cuda_attention_grid_share();
-    while (B < 64 && !grid_spans_chunks(B, T, NH, NKV, HD, share)) B++;
-    if (!grid_spans_chunks(B, T, NH, NKV, HD, share)) {
-        fail(name, "B = 64 still fits one chunk of heads (L2 share %zu bytes): both orders would be the same",
-             share);
-        return;
-    }
+// The mma.sync attention's forward and backward under two values of one switch (`var` = vals[0], then
+// vals[1]) on the same inputs, each run on those kernels (the launch counter: one a call). Bit for
+// bit: out, lse and dqkv; but with dq_tol > 0 dqkv's dQ columns (each row's first NH * HD) only within
+// dq_tol of the first run's (relative to their largest), the rest still bit for bit.
+static void compare_attention_runs(const char *name, int B, int T, int NH, int NKV, int HD, const char *var,
+                                   const char *const vals[2], double dq_tol) {
     size_t N = (size_t)B * T, nqkv = N * (NH + 2 * NKV) * HD, nout = N * NH * HD, nlse = (size_t)B * NH * T;
     void *hqkv = brand(nqkv, 1.0f), *hdout = brand(nout, 1.0f);
     sl_act *qkv = gpu->alloc(H(nqkv), "qkv"), *dout = gpu->alloc(H(nout), "dout"), *out[2], *dqkv[2];
@@ -1255,7 +1247,7 @@ static void test_attention_grid_exact(const char *tag, int B, int T, int NH, int
         gpu->upload(qkv, hqkv, H(nqkv));
         gpu->upload(dout, hdout, H(nout));
         for (int k = 0; k < 2; k++) {
-            set_switch("SHARDLM_ATTENTION_GRID", k ? "heads" : "tiles");
+            set_switch(var, vals[k]);
             const unsigned long before = cuda_attention_mma_launches();
             gpu->attention_forward(out[k], lse[k], qkv, B, T, NH, NKV, HD, 0);
             gpu->attention_backward(dqkv[k], dout, qkv, out[k], lse[k], B, T, NH, NKV, HD, 0);
@@ -1264,14 +1256,35 @@ static void test_attention_grid_exact(const char *tag, int B, int T, int NH, int
             gpu->download(got_dqkv[k], dqkv[k], H(nqkv));
             gpu->download(got_lse[k], lse[k], F(nlse));
         }
-        set_switch("SHARDLM_ATTENTION_GRID", NULL);
+        set_switch(var, NULL);
+        // dqkv row by row: its dQ columns (compared after, within dq_tol) and its dK, dV columns (exact)
+        const size_t W = (size_t)(NH + 2 * NKV) * HD, nq = (size_t)NH * HD;
+        const sl_bf16 *d0 = got_dqkv[0], *d1 = got_dqkv[1];
+        int kv_same = 1;
+        for (size_t r = 0; kv_same && r < N; r++)
+            kv_same = !memcmp(d0 + r * W + nq, d1 + r * W + nq, (W - nq) * sizeof(sl_bf16));
+        double dq_err = 0;
+        if (dq_tol > 0) {
+            float *a = widen(d0, nqkv), *b = widen(d1, nqkv);
+            double worst = 0, top = 0;
+            for (size_t r = 0; r < N; r++)
+                for (size_t c = 0; c < nq; c++) {
+                    worst = fmax(worst, fabs((double)a[r * W + c] - b[r * W + c]));
+                    top = fmax(top, fabs((double)a[r * W + c]));
+                }
+            dq_err = top > 0 ? worst / top : worst;
+            free(a);
+            free(b);
+        }
         if (gpu->synchronize()) fail(name, "%s", sl_error());
         else if (ran[0] != 2 || ran[1] != 2)
-            fail(name, "%lu and %lu mma.sync launches (tiles, heads), expected 2 each", ran[0], ran[1]);
+            fail(name, "%lu and %lu mma.sync launches (%s, %s), expected 2 each", ran[0], ran[1], vals[0], vals[1]);
         else if (memcmp(got_out[0], got_out[1], H(nout))) fail(name, "out differs");
         else if (memcmp(got_lse[0], got_lse[1], F(nlse))) fail(name, "lse differs");
-        else if (memcmp(got_dqkv[0], got_dqkv[1], H(nqkv))) fail(name, "dqkv differs");
-        else pass(name, 0.0);
+        else if (!kv_same) fail(name, "dK / dV differ");
+        else if (dq_tol == 0 && memcmp(got_dqkv[0], got_dqkv[1], H(nqkv))) fail(name, "dQ differs");
+        else if (dq_tol > 0 && !(dq_err <= dq_tol)) fail(name, "dQ differs by %.2e (limit %.0e)", dq_err, dq_tol);
+        else pass(name, dq_err);
     }
     for (int k = 0; k < 2; k++) {
         gpu->dealloc(out[k]);
@@ -1282,6 +1295,34 @@ static void test_attention_grid_exact(const char *tag, int B, int T, int NH, int
     gpu->dealloc(qkv);
     gpu->dealloc(dout);
     free(hqkv); free(hdout);
+}
+
+// The mma.sync attention's two block orders (SHARDLM_ATTENTION_GRID=tiles, the default, and heads) hand
+// the same blocks out in another order, each computing what it did: out, lse and dqkv bit-identical
+// between them. The heads must span more than one chunk, or the heads order is the default's
+// permutation and proves nothing: B grows from the table's until they do (at most 64).
+static void test_attention_grid_exact(const char *tag, int B, int T, int NH, int NKV, int HD) {
+    const char *name = bname("attention_grid_heads_equals_tiles_bits", tag);
+    const size_t share = cuda_attention_grid_share();
+    while (B < 64 && !grid_spans_chunks(B, T, NH, NKV, HD, share)) B++;
+    if (!grid_spans_chunks(B, T, NH, NKV, HD, share)) {
+        fail(name, "B = 64 still fits one chunk of heads (L2 share %zu bytes): both orders would be the same",
+             share);
+        return;
+    }
+    static const char *const orders[2] = {"tiles", "heads"};
+    compare_attention_runs(name, B, T, NH, NKV, HD, "SHARDLM_ATTENTION_GRID", orders, 0.0);
+}
+
+// SHARDLM_ATTENTION_DQ=atomic (dQ added inside the dK / dV kernel with fp32 atomics, head dims up to 64)
+// against the default split kernels: out, lse, dK and dV bit for bit (their maths is the same), dQ
+// within 1e-2 of the split kernel's, relative to its largest (the same fp32 terms summed in another
+// order, then rounded to bf16: about one bf16 step, 2^-8, where the sums straddle a rounding point;
+// a wrong row, head or mask moves dQ by its own size).
+static void test_attention_dq_atomic(const char *tag, int B, int T, int NH, int NKV, int HD) {
+    static const char *const modes[2] = {"split", "atomic"};
+    compare_attention_runs(bname("attention_dq_atomic_near_split", tag), B, T, NH, NKV, HD, "SHARDLM_ATTENTION_DQ",
+                           modes, 1e-2);
 }
 
 // Every CE_SHAPES entry through check (against the CPU) and test_crossentropy_fusion_exact, with the
@@ -1525,6 +1566,13 @@ int main(int argc, char **argv) {
             for (int i = 0; i < N_GRID_SHAPES; i++)
                 test_attention_grid_exact(GRID_SHAPES[i].tag, GRID_SHAPES[i].B, GRID_SHAPES[i].T, GRID_SHAPES[i].NH,
                                           GRID_SHAPES[i].NKV, GRID_SHAPES[i].HD);
+            // dQ by atomics inside the dK / dV kernel (SHARDLM_ATTENTION_DQ=atomic) on every shape it takes
+            // (head_dim <= 64), and on GPT-2's heads at B = 3
+            for (int i = 0; i < N_ATT_SHAPES; i++)
+                if (ATT_SHAPES[i].HD <= 64 && ATT_SHAPES[i].HD != 40)
+                    test_attention_dq_atomic(ATT_SHAPES[i].tag, ATT_SHAPES[i].B, ATT_SHAPES[i].T, ATT_SHAPES[i].NH,
+                                             ATT_SHAPES[i].NKV, ATT_SHAPES[i].HD);
+            test_attention_dq_atomic("gpt2_B3_T1024", 3, 1024, 12, 12, 64);
             set_switch("SHARDLM_ATTENTION", NULL);
         }
         gpu = fp32_gpu;

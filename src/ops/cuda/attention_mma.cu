@@ -56,6 +56,12 @@ template <int D> struct Geom {
     static constexpr size_t dkdv = 6 * tile + 4 * sizeof(float) * TILE;  // K, V; Q, dO, lse, delta twice
     static constexpr size_t dq = 6 * tile;                               // Q, dO; K, V twice
 };
+constexpr int SS = TILE + 8;  // row stride (elements) of dS^T's tile (below; conflict-free, as DS)
+// SHARDLM_ATTENTION_DQ=atomic: dK / dV's kernel also holds an iteration's dS^T (64 keys x 64 queries).
+template <int D> constexpr size_t dkdv_dq_smem() { return Geom<D>::dkdv + sizeof(bf16) * TILE * SS; }
+// The head dims whose dK / dV kernel takes dQ too (atomic mode): above 64 its dQ accumulator on top of
+// dK and dV would not stay in registers; those head dims keep the dQ kernel.
+constexpr int DQ_ATOMIC_MAX_D = 64;
 
 __device__ __forceinline__ uint32_t smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
@@ -107,6 +113,25 @@ __device__ __forceinline__ void ldsm_t4(uint32_t r[4], const bf16 *p) {
 }
 
 __device__ __forceinline__ uint32_t lds32(const bf16 *p) { return *reinterpret_cast<const uint32_t *>(p); }
+
+// dst[0], dst[1] += x, y (8-byte aligned global fp32): one vector atomic on sm_90, two before it.
+__device__ __forceinline__ void atomic_add2(float *dst, float x, float y) {
+#if __CUDA_ARCH__ >= 900
+    atomicAdd(reinterpret_cast<float2 *>(dst), make_float2(x, y));
+#else
+    atomicAdd(dst, x);
+    atomicAdd(dst + 1, y);
+#endif
+}
+
+// The A fragment (16 x 16) of a matrix M at rows m0 .., columns k0 .., from a shared tile that holds M^T
+// row-major (row stride ld): tile rows k0 .. k0+15, columns m0 .. m0+15, transposed by ldmatrix.trans.
+// Lane L addresses row L % 8 of 8x8 matrix L / 8, in a0 .. a3's order: (m 0-7, k 0-7), (m 8-15, k 0-7),
+// (m 0-7, k 8-15), (m 8-15, k 8-15), i.e. tile rows k0 + 8 ((L >> 4) & 1) + L % 8, column m0 + 8 ((L >> 3) & 1).
+__device__ __forceinline__ void load_a_trans(uint32_t a[4], const bf16 *tile, int ld, int k0, int m0) {
+    const int lane = threadIdx.x % 32;
+    ldsm_t4(a, tile + (k0 + ((lane >> 4) & 1) * 8 + (lane & 7)) * ld + m0 + ((lane >> 3) & 1) * 8);
+}
 
 // Two floats rounded to bf16 (nearest even), lo in the low half: the layout of a fragment register.
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
@@ -346,15 +371,23 @@ __global__ void __launch_bounds__(THREADS) mma_forward_kernel(bf16 *out, float *
 // V dO^T, P^T = exp(S^T scale - lse), dS^T = P^T (dP^T - delta) scale, dV += P^T dO, dK += dS^T Q. A
 // query tile goes in two halves of 32 queries, which keeps the live fragments within the register file
 // at D = 128.
-template <int D, bool HEADS>
+// DQ (SHARDLM_ATTENTION_DQ=atomic): the block also adds this key tile's share of dQ, dS K, for every
+// query tile it meets: each warp stores its rows of dS^T (as bf16, the values dK's product takes) into
+// shared memory, then warp w takes queries 16w.. of the tile, dQ rows (16 x D) = dS (16 x 64 keys) K,
+// A from dS^T by ldmatrix.trans, and adds them into dq_acc (fp32, (B*T, NH, D)) with vector atomics.
+// The key tiles' shares then land in whatever order the blocks run: dQ is not bit-reproducible.
+// The dQ kernel (three products a tile pair: S, dP again, dS K) is not needed; here one product is added.
+template <int D, bool HEADS, bool DQ>
 __global__ void __launch_bounds__(THREADS) mma_dkdv_kernel(bf16 *dqkv, const bf16 *dout, const bf16 *qkv,
                                                            const float *lse, const float *delta, int B, int T, int NH,
-                                                           int NKV, float scale, int n_t, unsigned chunk) {
+                                                           int NKV, float scale, int n_t, unsigned chunk,
+                                                           float *dq_acc) {
     typedef Geom<D> G;
     extern __shared__ __align__(16) unsigned char smem[];
     bf16 *Ks = reinterpret_cast<bf16 *>(smem), *Vs = Ks + TILE * G::DS;
     bf16 *QO = Vs + TILE * G::DS;                                          // buffer i: Q, dO at tiles 2i, 2i+1
     float *stats = reinterpret_cast<float *>(QO + 4 * TILE * G::DS);      // buffer i: lse, delta at 2i, 2i+1
+    bf16 *dSt = reinterpret_cast<bf16 *>(stats + 4 * TILE);              // DQ: dS^T (64 keys x 64 queries)
 
     const unsigned BG = (unsigned)B * (unsigned)NKV;
     const int bg = block_unit<HEADS>(BG, n_t, chunk), kt = block_rank<HEADS>(BG, n_t, chunk);
@@ -399,7 +432,17 @@ __global__ void __launch_bounds__(THREADS) mma_dkdv_kernel(bf16 *dqkv, const bf1
         const int nt_begin = q0 == k0 ? 2 * warp : 0;
 #pragma unroll
         for (int half = 0; half < 2; half++) {  // queries 32*half .. 32*half+31: n-tiles 4*half ..
-            if (4 * half + 3 < nt_begin) continue;
+            if (4 * half + 3 < nt_begin) {
+                if constexpr (DQ) {  // this warp's rows of the half are all masked: zeros for dQ's product
+#pragma unroll
+                    for (int n = 0; n < 4; n++) {
+                        const int c = (4 * half + n) * 8 + 2 * tq;
+                        *reinterpret_cast<uint32_t *>(dSt + r0 * SS + c) = 0u;
+                        *reinterpret_cast<uint32_t *>(dSt + (r0 + 8) * SS + c) = 0u;
+                    }
+                }
+                continue;
+            }
             float s[4][4], dp[4][4];  // S^T = K Q^T, dP^T = V dO^T
             two_scores<D, 4>(s, dp, Ks, Vs, Qs, dOs, r0, 4 * half, nt_begin, NT);
             uint32_t pf[2][4], dsf[2][4];  // A fragments over this half's two 16-query steps
@@ -418,6 +461,11 @@ __global__ void __launch_bounds__(THREADS) mma_dkdv_kernel(bf16 *dqkv, const bf1
                 }
                 to_a(pf[n / 2], n % 2, p);
                 to_a(dsf[n / 2], n % 2, ds);
+                if constexpr (DQ) {  // rows r0, r0 + 8 of dS^T, columns c, c + 1: the bf16 pairs just made
+                    const int c = nt * 8 + 2 * tq;
+                    *reinterpret_cast<uint32_t *>(dSt + r0 * SS + c) = dsf[n / 2][2 * (n % 2)];
+                    *reinterpret_cast<uint32_t *>(dSt + (r0 + 8) * SS + c) = dsf[n / 2][2 * (n % 2) + 1];
+                }
             }
 #pragma unroll
             for (int kq = 0; kq < 2; kq++) {
@@ -426,7 +474,29 @@ __global__ void __launch_bounds__(THREADS) mma_dkdv_kernel(bf16 *dqkv, const bf1
                 mma_tile_rows<D>(dk, dsf[kq], Qs, (2 * half + kq) * 16);
             }
         }
-        __syncthreads();  // every warp is done with this buffer before iteration it + 2 loads into it
+        if constexpr (DQ) {
+            __syncthreads();  // dS^T complete
+            // warp w: queries 16w .. 16w+15 of the tile; on the diagonal their keys end at 16w + 15
+            const int h = g * group + it / n_q, kk_end = q0 == k0 ? warp + 1 : KT;
+            float dq[G::ND][4];
+#pragma unroll
+            for (int nd = 0; nd < G::ND; nd++) dq[nd][0] = dq[nd][1] = dq[nd][2] = dq[nd][3] = 0.0f;
+#pragma unroll
+            for (int kk = 0; kk < KT; kk++) {
+                if (kk >= kk_end) continue;
+                uint32_t a[4];  // dS (16 queries x 16 keys) from dS^T
+                load_a_trans(a, dSt, SS, kk * 16, warp * 16);
+                mma_tile_rows<D>(dq, a, Ks, kk * 16);
+            }
+            const int qa = q0 + warp * 16 + gq, qb = qa + 8;
+            float *dst = dq_acc + ((size_t)b * T * NH + h) * D + 2 * tq;  // row q at + q * NH * D
+#pragma unroll
+            for (int nd = 0; nd < G::ND; nd++) {
+                if (qa < T) atomic_add2(dst + (size_t)qa * NH * D + nd * 8, dq[nd][0], dq[nd][1]);
+                if (qb < T) atomic_add2(dst + (size_t)qb * NH * D + nd * 8, dq[nd][2], dq[nd][3]);
+            }
+        }
+        __syncthreads();  // every warp is done with this buffer (and dS^T) before the next loads into it
     }
     bf16 *dst = dqkv + (size_t)b * T * W + (size_t)(NH + g) * D + 2 * tq;  // dK; dV at + NKV * D
 #pragma unroll
@@ -550,20 +620,54 @@ void launch_forward_in(bf16 *out, float *lse, const bf16 *qkv, int B, int T, int
     launches++;
 }
 
+// dQ's fp32 accumulator of SHARDLM_ATTENTION_DQ=atomic ((B*T, NH, D)): grow-only scratch.
+sl_cuda_scratch dq_acc_buf;
+
+// dqkv's dQ columns (row r: NH * D values from column 0, rows W apart) <- acc (rows of NH * D floats),
+// rounded to bf16; two values a thread.
+__global__ void dq_from_acc_kernel(bf16 *dqkv, const float *acc, size_t rows, int width, size_t W) {
+    const size_t pairs = rows * (size_t)(width / 2);
+    GRID_STRIDE(i, pairs) {
+        const size_t r = i / (size_t)(width / 2), c = 2 * (i - r * (size_t)(width / 2));
+        const float2 v = *reinterpret_cast<const float2 *>(acc + r * (size_t)width + c);
+        *reinterpret_cast<uint32_t *>(dqkv + r * W + c) = pack_bf16(v.x, v.y);
+    }
+}
+
 template <int D, bool HEADS>
 void launch_backward_in(bf16 *dqkv, const bf16 *dout, const bf16 *qkv, const float *lse, const float *delta, int B,
                         int T, int NH, int NKV, float scale) {
     const int n_t = (T + TILE - 1) / TILE;
     const size_t kv_blocks = (size_t)n_t * B * NKV, q_blocks = (size_t)n_t * B * NH;
-    auto dkdv = mma_dkdv_kernel<D, HEADS>;
+    const unsigned kv_chunk = HEADS ? sl_grid_chunk_kv(B, T, NH, NKV, D, grid_share()) : 1u;  // attention_grid.h
+    if constexpr (D <= DQ_ATOMIC_MAX_D) {
+        if (sl_settings_get()->attention_dq == SL_ATTENTION_DQ_ATOMIC) {
+            // dK, dV and dQ in one kernel: dQ summed in fp32 by atomics, then rounded into dqkv
+            auto dkdv = mma_dkdv_kernel<D, HEADS, true>;
+            const size_t rows = (size_t)B * T, width = (size_t)NH * D, W = (size_t)(NH + 2 * NKV) * D;
+            if (!sl_cuda_grid_ok(kv_blocks, "cuda_attention_backward") || !sl_cuda_allow_smem(dkdv, dkdv_dq_smem<D>()))
+                return;
+            float *acc = (float *)sl_cuda_scratch_get(&dq_acc_buf, sizeof(float) * rows * width, "attention dQ sums");
+            if (!acc) return;
+            CUDA_CHECK(cudaMemsetAsync(acc, 0, sizeof(float) * rows * width, sl_cuda_stream()));
+            dkdv<<<(unsigned)kv_blocks, THREADS, dkdv_dq_smem<D>(), sl_cuda_stream()>>>(
+                dqkv, dout, qkv, lse, delta, B, T, NH, NKV, scale, n_t, kv_chunk, acc);
+            CUDA_LAUNCH_CHECK();
+            dq_from_acc_kernel<<<ew_grid(rows * width / 2), EW_THREADS, 0, sl_cuda_stream()>>>(dqkv, acc, rows,
+                                                                                            (int)width, W);
+            CUDA_LAUNCH_CHECK();
+            launches++;
+            return;
+        }
+    }
+    auto dkdv = mma_dkdv_kernel<D, HEADS, false>;
     auto dq = mma_dq_kernel<D, HEADS>;
     if (!sl_cuda_grid_ok(q_blocks, "cuda_attention_backward") || !sl_cuda_allow_smem(dkdv, Geom<D>::dkdv) ||
         !sl_cuda_allow_smem(dq, Geom<D>::dq))
         return;
-    const unsigned kv_chunk = HEADS ? sl_grid_chunk_kv(B, T, NH, NKV, D, grid_share()) : 1u;  // attention_grid.h
     const unsigned q_chunk = HEADS ? sl_grid_chunk_q(B, T, NH, NKV, D, grid_share()) : 1u;
     dkdv<<<(unsigned)kv_blocks, THREADS, Geom<D>::dkdv, sl_cuda_stream()>>>(dqkv, dout, qkv, lse, delta, B, T, NH, NKV,
-                                                                            scale, n_t, kv_chunk);
+                                                                            scale, n_t, kv_chunk, nullptr);
     CUDA_LAUNCH_CHECK();
     dq<<<(unsigned)q_blocks, THREADS, Geom<D>::dq, sl_cuda_stream()>>>(dqkv, dout, qkv, lse, delta, B, T, NH, NKV,
                                                                        scale, n_t, q_chunk);
