@@ -258,15 +258,16 @@ for model in ${GPU_MODELS:-gpt2 gpt2-medium}; do
     fi
     publish
 done
-# variant_rows FLAG TAG SETTING WHAT: each model again at shardlm's micro-batch with the environment
-# setting SETTING (NAME=VALUE), tagged TAG:model, for the comparison tables; FLAG=0 leaves them out
+# variant_rows FLAG TAG SETTINGS WHAT: each model again at shardlm's micro-batch with the environment
+# settings SETTINGS (NAME=VALUE, several separated by spaces), tagged TAG:model, for the comparison
+# tables; FLAG=0 leaves them out
 variant_rows() {
-    local flag=$1 tag=$2 setting=$3 what=$4 model bs
+    local flag=$1 tag=$2 settings=$3 what=$4 model bs kv
     for model in ${GPU_MODELS:-gpt2 gpt2-medium}; do
         bs=${BS[$model]:-}
         [[ "${!flag:-1}" == 1 && -n "$bs" ]] || continue
-        say "== $model: $what ($setting), micro-batch $bs"
-        (export "${setting?}"; shardlm_run "$tag:$model" 180 "$bs")
+        say "== $model: $what ($settings), micro-batch $bs"
+        (for kv in $settings; do export "${kv?}"; done; shardlm_run "$tag:$model" 180 "$bs")
         publish
     done
 }
@@ -275,6 +276,8 @@ variant_rows GPU_SIMT shardlm-simt SHARDLM_ATTENTION=simt "attention on the CUDA
 variant_rows GPU_WMMA shardlm-wmma SHARDLM_ATTENTION=tc "attention on WMMA tensor-core tiles"
 variant_rows GPU_ATT_GRID shardlm-attgrid SHARDLM_ATTENTION_GRID=heads "mma.sync attention blocks in chunks of heads"
 variant_rows GPU_ATT_DQ shardlm-attdq SHARDLM_ATTENTION_DQ=atomic "mma.sync attention backward with dQ by atomics"
+variant_rows GPU_ATT_DQ shardlm-attboth "SHARDLM_ATTENTION_GRID=heads SHARDLM_ATTENTION_DQ=atomic" \
+    "mma.sync attention in chunks of heads, dQ by atomics"
 # the fused kernels: the norm backward, the cross-entropy and the MLP's GELU gradient as separate
 # kernels, for the before / after table
 variant_rows GPU_SPLIT shardlm-split SHARDLM_FUSED_KERNELS=0 "separate norm-backward, cross-entropy and GELU-gradient kernels"

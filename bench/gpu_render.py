@@ -233,7 +233,7 @@ def render_fused(w, runs, split):
 
 ATTENTION_KERNELS = {"mma": "mma.sync, registers (mma)", "tc": "tensor cores, WMMA (tc)", "simt": "CUDA cores (simt)"}
 TAG_KERNELS = (("shardlm-simt:", "simt"), ("shardlm-mma:", "mma"), ("shardlm-wmma:", "tc"), ("shardlm-attgrid:", "mma"),
-               ("shardlm-attdq:", "mma"))
+               ("shardlm-attdq:", "mma"), ("shardlm-attboth:", "mma"))
 
 
 def attention_of(r):
