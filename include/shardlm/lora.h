@@ -35,6 +35,9 @@ typedef struct {
     float lora_dropout;    // dropout probability on the adapter's input, in [0, 1)
     int use_rslora;        // scale = lora_alpha / sqrt(r)
     int all_linear;        // target_modules "all-linear": every linear of the blocks
+    int target_regex;      // target_modules is a string other than "all-linear": PEFT's regular expression,
+                           // held in target_modules, which a module matches when it matches its whole path
+                           // (Python's re.fullmatch; PCRE2 here), e.g. ".*\.layers\.[0-3]\..*(q|v)_proj"
     int n_targets;         // target_modules as a list of names, comma-joined (a module matches a name it
     char target_modules[SL_LORA_TARGETS_MAX];  // equals or ends with after a '.'); PEFT writes full paths
 } sl_lora_config;
@@ -85,10 +88,18 @@ typedef struct sl_lora {
 // takes PEFT's default targets for the architecture: GPT-2 c_attn, LLaMA q_proj and v_proj).
 void sl_lora_config_defaults(sl_lora_config *cfg);
 // Reads a PEFT-style object (a train config's "lora" block or adapter_config.json): r, lora_alpha,
-// lora_dropout, target_modules (a list, or "all-linear"), use_rslora, bias ("none" only). Other
+// lora_dropout, target_modules (a list, "all-linear", or another string: a regular expression, checked
+// to compile), use_rslora, bias ("none" only). Other
 // PEFT keys that change nothing here are accepted; a value shardlm cannot honour is an error naming
 // `where` and the key.
 int sl_lora_config_parse(sl_lora_config *cfg, const cJSON *obj, const char *where);
+// target_modules as PEFT's regular expression (sl_lora_config.target_regex), compiled by PCRE2: NULL with
+// the error (naming `where` and the pattern) when it does not compile; free with sl_lora_target_regex_free.
+void *sl_lora_target_regex(const char *pattern, const char *where);
+void sl_lora_target_regex_free(void *re);
+// 1 when `path` (a module's name in the Hugging Face model, e.g. "model.layers.0.self_attn.q_proj")
+// matches re as a whole (Python's re.fullmatch), 0 when not, -1 with the error on a matching failure.
+int sl_lora_target_regex_matches(const void *re, const char *path);
 // target_modules from a comma-separated list ("q_proj,v_proj" or "all-linear").
 int sl_lora_config_set_targets(sl_lora_config *cfg, const char *list, const char *where);
 // Range checks: r > 0, lora_alpha finite, 0 <= lora_dropout < 1.

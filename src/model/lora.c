@@ -1,6 +1,6 @@
-// lora.c: LoRA adapters (lora.h): which linears a PEFT target list adapts, the adapters' flat
-// layer-major buffer and its offsets table (PEFT names), PEFT's initialisation, and the adapters'
-// forward and backward through the ops table (lora_forward / lora_backward, dropout).
+// lora.c: LoRA adapters (lora.h): which linears a PEFT target list (or regular expression) adapts,
+// the adapters' flat layer-major buffer and its offsets table (PEFT names), PEFT's initialisation,
+// and the adapters' forward and backward through the ops table (lora_forward / lora_backward, dropout).
 // Invariants: tensors are in buffer order without gaps, block l's adapters (A then B of each
 // module, modules in the model's order) lie in unit 1 + l; the activations planned for N rows hold
 // each adapter's A output (and dropped input) from its forward until the backward.
@@ -61,11 +61,65 @@ static int name_matches(const char *path, const char *target) {
     return lp > lt && path[lp - lt - 1] == '.' && strcmp(path + lp - lt, target) == 0;
 }
 
+// The Hugging Face model's modules other than the blocks' adaptable linears, as named_modules() lists
+// them ("%d": each block). PEFT matches a target_modules regular expression against every module: one
+// that matched these would adapt the head or the embeddings, or be refused by PEFT (norms, activations,
+// dropout, containers); shardlm adapts only the blocks' linears, so it refuses such a pattern.
+static const char *const other_modules_gpt2[] = {
+    "", "transformer", "transformer.wte", "transformer.wpe", "transformer.drop", "transformer.h", "transformer.h.%d",
+    "transformer.h.%d.ln_1", "transformer.h.%d.attn", "transformer.h.%d.attn.attn_dropout",
+    "transformer.h.%d.attn.resid_dropout", "transformer.h.%d.ln_2", "transformer.h.%d.mlp", "transformer.h.%d.mlp.act",
+    "transformer.h.%d.mlp.dropout", "transformer.ln_f", "lm_head", NULL};
+static const char *const other_modules_llama[] = {
+    "", "model", "model.embed_tokens", "model.layers", "model.layers.%d", "model.layers.%d.self_attn",
+    "model.layers.%d.mlp", "model.layers.%d.mlp.act_fn", "model.layers.%d.input_layernorm",
+    "model.layers.%d.post_attention_layernorm", "model.norm", "model.rotary_emb", "lm_head", NULL};
+
+// masks from target_modules as a regular expression (cfg->target_regex): a linear is adapted when its
+// whole path matches (PEFT's re.fullmatch). An error when it matches no linear, or another module.
+static int regex_slots(const sl_model_config *mc, const sl_lora_config *cfg, const module_slot *s, int n,
+                       unsigned *masks) {
+    void *re = sl_lora_target_regex(cfg->target_modules, "lora");
+    if (!re) return -1;
+    char prefix[32], path[SL_LORA_NAME_MAX + 32];
+    int rc = 0, hit = 0;
+    for (int l = 0; l < mc->n_layer && rc == 0; l++) {
+        masks[l] = 0;
+        snprintf(prefix, sizeof prefix, block_prefix(mc), l);
+        for (int i = 0; i < n && rc == 0; i++) {
+            snprintf(path, sizeof path, "%s%s", prefix, s[i].name);
+            int m = sl_lora_target_regex_matches(re, path);
+            if (m < 0) rc = -1;
+            if (m > 0) masks[l] |= 1u << i, hit = 1;
+        }
+    }
+    const char *const *other = mc->arch == SL_ARCH_GPT2 ? other_modules_gpt2 : other_modules_llama;
+    for (int k = 0; rc == 0 && other[k]; k++)
+        for (int l = 0; rc == 0 && l < (strstr(other[k], "%d") ? mc->n_layer : 1); l++) {
+            snprintf(path, sizeof path, other[k], l);
+            int m = sl_lora_target_regex_matches(re, path);
+            if (m < 0) rc = -1;
+            if (m > 0)
+                rc = sl_errorf("lora: target_modules '%s' (a regular expression) also matches the module '%s', "
+                               "which is not one of the blocks' linears (PEFT would adapt or refuse it; shardlm "
+                               "adapts only those linears)", cfg->target_modules, path);
+        }
+    if (rc == 0 && !hit) {
+        snprintf(prefix, sizeof prefix, block_prefix(mc), 0);
+        rc = sl_errorf("lora: target_modules '%s' (a regular expression, matched against whole module paths such as "
+                       "'%s%s') matches no linear of this %s model's blocks", cfg->target_modules, prefix, s[0].name,
+                       mc->arch == SL_ARCH_GPT2 ? "gpt2" : "llama");
+    }
+    sl_lora_target_regex_free(re);
+    return rc;
+}
+
 // Which slots cfg adapts in each block (masks[l] bit i: slot i of block l), checking every target
 // names a linear of the model.
 static int targeted_slots(const sl_model_config *mc, sl_lora_config *cfg, unsigned *masks) {
     module_slot s[8];
     int n = block_modules(mc, s);
+    if (cfg->target_regex) return regex_slots(mc, cfg, s, n, masks);
     if (!cfg->all_linear && cfg->n_targets == 0) {  // PEFT's defaults for the architecture
         if (mc->arch == SL_ARCH_GPT2) sl_lora_config_set_targets(cfg, "c_attn", "lora");
         else sl_lora_config_set_targets(cfg, "q_proj,v_proj", "lora");

@@ -1,13 +1,16 @@
 // lora_config.c: PEFT's LoraConfig as shardlm reads and writes it (the train config's "lora" block,
 // adapter_config.json). What shardlm computes (r, lora_alpha, lora_dropout, target_modules as a
-// list or "all-linear", use_rslora, bias "none") is read and range-checked; PEFT features that would
-// change the maths and that shardlm does not compute (DoRA, per-module ranks, adapter biases, extra
-// trained modules, ...) are refused by name when set; the rest (paths, versions, task type) is ignored.
+// list, "all-linear" or a regular expression, use_rslora, bias "none") is read and range-checked;
+// PEFT features that would change the maths and that shardlm does not compute (DoRA, per-module
+// ranks, adapter biases, extra trained modules, ...) are refused by name when set; the rest (paths,
+// versions, task type) is ignored.
 #include "shardlm/lora.h"
 #include "shardlm/error.h"
 #include "shardlm/json_get.h"
 
+#define PCRE2_CODE_UNIT_WIDTH 8
 #include <math.h>
+#include <pcre2.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -40,6 +43,7 @@ static int add_target(sl_lora_config *cfg, const char *name, size_t len, const c
 int sl_lora_config_set_targets(sl_lora_config *cfg, const char *list, const char *where) {
     cfg->n_targets = 0;
     cfg->all_linear = 0;
+    cfg->target_regex = 0;
     cfg->target_modules[0] = '\0';
     for (const char *p = list;;) {
         const char *end = strchr(p, ',');
@@ -62,15 +66,51 @@ static int refuse_if_set(const cJSON *obj, const char *key, const char *what, co
     return sl_errorf("%s: \"%s\" is set, but shardlm computes plain LoRA without %s; remove it", where, key, what);
 }
 
+void *sl_lora_target_regex(const char *pattern, const char *where) {
+    int err;
+    PCRE2_SIZE at;
+    pcre2_code *re = pcre2_compile((PCRE2_SPTR)pattern, PCRE2_ZERO_TERMINATED, 0, &err, &at, NULL);
+    if (!re) {
+        PCRE2_UCHAR msg[256];
+        pcre2_get_error_message(err, msg, sizeof msg);
+        sl_errorf("%s: \"target_modules\" '%s' is not a regular expression shardlm reads (PCRE2: %s at offset %zu)",
+                  where, pattern, (const char *)msg, (size_t)at);
+    }
+    return re;
+}
+
+void sl_lora_target_regex_free(void *re) { pcre2_code_free((pcre2_code *)re); }
+
+int sl_lora_target_regex_matches(const void *re, const char *path) {
+    pcre2_match_data *md = pcre2_match_data_create(1, NULL);
+    if (!md) return sl_errorf("out of memory matching target_modules");
+    // re.fullmatch: anchored at both ends (the engine backtracks for a match that ends at the end)
+    int rc = pcre2_match((const pcre2_code *)re, (PCRE2_SPTR)path, strlen(path), 0,
+                         PCRE2_ANCHORED | PCRE2_ENDANCHORED, md, NULL);
+    pcre2_match_data_free(md);
+    if (rc >= 0) return 1;
+    if (rc == PCRE2_ERROR_NOMATCH) return 0;
+    PCRE2_UCHAR msg[256];
+    pcre2_get_error_message(rc, msg, sizeof msg);
+    return sl_errorf("matching target_modules against '%s': PCRE2 %s", path, (const char *)msg);
+}
+
 static int parse_targets(sl_lora_config *cfg, const cJSON *v, const char *where) {
     cfg->n_targets = 0;
     cfg->all_linear = 0;
+    cfg->target_regex = 0;
     cfg->target_modules[0] = '\0';
     if (cJSON_IsString(v)) {
         if (strcmp(v->valuestring, "all-linear") == 0) return add_target(cfg, "all-linear", 10, where);
-        return sl_errorf("%s: \"target_modules\" is the string '%s'; PEFT reads a string as a regular expression, "
-                         "which shardlm does not: give a list of module names or \"all-linear\"",
-                         where, v->valuestring);
+        // PEFT: any other string is a regular expression that a module's whole path must match
+        if (strlen(v->valuestring) >= sizeof cfg->target_modules)
+            return sl_errorf("%s: \"target_modules\" is longer than %d bytes", where, SL_LORA_TARGETS_MAX - 1);
+        void *re = sl_lora_target_regex(v->valuestring, where);
+        if (!re) return -1;
+        sl_lora_target_regex_free(re);
+        snprintf(cfg->target_modules, sizeof cfg->target_modules, "%s", v->valuestring);
+        cfg->target_regex = 1;
+        return 0;
     }
     if (!cJSON_IsArray(v)) return sl_errorf("%s: \"target_modules\" must be a list of module names", where);
     const cJSON *item;
@@ -126,9 +166,11 @@ int sl_lora_config_check(const sl_lora_config *cfg, const char *where) {
 }
 
 int sl_lora_config_to_json(const sl_lora_config *cfg, cJSON *obj) {
-    cJSON *targets = cfg->all_linear ? cJSON_CreateString("all-linear") : cJSON_CreateArray();
+    cJSON *targets = cfg->all_linear     ? cJSON_CreateString("all-linear")
+                     : cfg->target_regex ? cJSON_CreateString(cfg->target_modules)
+                                         : cJSON_CreateArray();
     char name[SL_LORA_NAME_MAX];
-    for (const char *p = cfg->target_modules; targets && !cfg->all_linear && *p;) {
+    for (const char *p = cfg->target_modules; targets && !cfg->all_linear && !cfg->target_regex && *p;) {
         size_t len = strcspn(p, ",");
         snprintf(name, sizeof name, "%.*s", (int)len, p);
         cJSON_AddItemToArray(targets, cJSON_CreateString(name));

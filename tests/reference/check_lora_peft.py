@@ -8,6 +8,8 @@ For the tiny GPT-2 and LLaMA bases of tests/fixtures/model:
      loads with peft.PeftModel.from_pretrained(base, dir) and gives the logits `shardlm generate
      --adapter dir --logits-out` gives (max |diff| / max |logit| below 1e-5);
   2. PEFT -> shardlm: the adapters PEFT saved (tests/fixtures/lora) give the same logits in shardlm;
+  (1 and 2 also with target_modules as PEFT's regular expression: a config's "lora" block one way, the
+  *-regex fixtures the other);
   3. merge: `shardlm merge` loads in transformers with PEFT's merged logits and its weights equal
      merge_and_unload()'s, in float32 and (for a base saved in bfloat16) in bfloat16 (measured: bit for
      bit in both, r = 4).
@@ -78,9 +80,14 @@ def check_base(name, base, peft_adapter, targets, tmp):
     os.makedirs(data, exist_ok=True)
     write_shard(os.path.join(data, "train_000000.bin"), np.random.default_rng(0).integers(0, 100, 4096))
     save = os.path.join(tmp, "run")
+    if isinstance(targets, str):
+        lora = ["--lora-r", "4", "--lora-alpha", "8", "--lora-targets", targets]
+    else:  # (regex,): target_modules as a regular expression, through a config's "lora" block
+        config = os.path.join(tmp, "lora.json")
+        json.dump({"lora": {"r": 4, "lora_alpha": 8, "target_modules": targets[0]}}, open(config, "w"))
+        lora = ["--config", config]
     run("train", "--model", base, "--data", data, "--seq-len", "16", "--batch-size", "2", "--steps", "4",
-        "--lr", "5e-2", "--eval-interval", "0", "--sample-tokens", "0", "--save-dir", save, "--lora-r", "4",
-        "--lora-alpha", "8", "--lora-targets", targets, "--threads", "2")
+        "--lr", "5e-2", "--eval-interval", "0", "--sample-tokens", "0", "--save-dir", save, *lora, "--threads", "2")
     ckpt = os.path.join(save, open(os.path.join(save, "latest")).read().strip())
     ours, theirs = shardlm_logits(base, ckpt, tmp), peft_logits(base, ckpt)
     report(f"{name}_shardlm_adapter_loads_in_peft", rel(ours, theirs) < 1e-5,
@@ -125,7 +132,10 @@ def check_base(name, base, peft_adapter, targets, tmp):
 
 if __name__ == "__main__":
     cases = [("gpt2", "gpt2-tiny", "gpt2-tiny-all", "c_attn,c_proj,c_fc"),
-             ("llama", "llama-tiny", "llama-tiny-qvud", "q_proj,v_proj,up_proj,down_proj")]
+             ("llama", "llama-tiny", "llama-tiny-qvud", "q_proj,v_proj,up_proj,down_proj"),
+             # target_modules as a regular expression (a tuple: through a config file), both ways
+             ("gpt2_regex", "gpt2-tiny", "gpt2-tiny-regex", (r"transformer\.h\.1\.(attn\.c_attn|mlp\.c_proj)",)),
+             ("llama_regex", "llama-tiny", "llama-tiny-regex", (r".*\.layers\.0\..*_proj",))]
     for name, base, adapter, targets in cases:
         with tempfile.TemporaryDirectory() as tmp:
             check_base(name, os.path.join(ROOT, "tests/fixtures/model", base),

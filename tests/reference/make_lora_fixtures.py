@@ -14,7 +14,8 @@ already committed). For each case below this writes, under tests/fixtures/lora/<
                          torch's own fp32 rounding), and the losses of 10 AdamW steps (float32) on
                          the adapters ("adamw_losses"; lr 1e-2, betas 0.9/0.95, eps 1e-8, weight
                          decay 0.1 on every adapter tensor)
-Run: python3 tests/reference/make_lora_fixtures.py   (torch, transformers, peft, safetensors)
+Run: python3 tests/reference/make_lora_fixtures.py [CASE ...]   (torch, transformers, peft, safetensors;
+default every case)
 """
 import copy
 import os
@@ -39,6 +40,13 @@ CASES = {
                                                                              "down_proj"])),
     # LLaMA: every linear of the blocks, rsLoRA scaling alpha / sqrt(r)
     "llama-tiny-rslora": ("llama-tiny", dict(r=3, lora_alpha=5, target_modules="all-linear", use_rslora=True)),
+    # target_modules as a string: PEFT's regular expression, matched against whole module paths; here
+    # q and v of block 1 only, and down_proj of every block
+    "llama-tiny-regex": ("llama-tiny", dict(r=4, lora_alpha=8,
+                                            target_modules=r".*\.layers\.1\.self_attn\.(q|v)_proj|.*\.mlp\.down_proj")),
+    # GPT-2: attn.c_proj of block 0 and mlp.c_fc of block 1 (a list could not say "block 0 only")
+    "gpt2-tiny-regex": ("gpt2-tiny", dict(r=4, lora_alpha=8,
+                                          target_modules=r"transformer\.h\.0\.attn\.c_proj|transformer\.h\.1\.mlp\.c_fc")),
 }
 
 
@@ -115,6 +123,9 @@ def run(case, base, lora_kwargs):
 
 
 if __name__ == "__main__":
-    for case, (base, kw) in CASES.items():
+    # the cases named on the command line (default: all), so a new case does not rewrite the others
+    names = sys.argv[1:] or list(CASES)
+    for case in names:
+        base, kw = CASES[case]
         run(case, base, kw)
     sys.exit(0)

@@ -98,6 +98,77 @@ static void check_against_peft(const char *base, const char *name) {
 TEST(gpt2_lora_matches_peft) { check_against_peft("gpt2-tiny", "gpt2-tiny-all"); }
 TEST(llama_lora_q_v_up_down_matches_peft) { check_against_peft("llama-tiny", "llama-tiny-qvud"); }
 TEST(llama_rslora_all_linear_matches_peft) { check_against_peft("llama-tiny", "llama-tiny-rslora"); }
+// target_modules as PEFT's regular expression: some modules of some blocks only
+TEST(llama_regex_targets_match_peft) { check_against_peft("llama-tiny", "llama-tiny-regex"); }
+TEST(gpt2_regex_targets_match_peft) { check_against_peft("gpt2-tiny", "gpt2-tiny-regex"); }
+
+// The adapters a regular expression picks: those whose whole module path it matches (re.fullmatch), a
+// pattern equivalent to a list picks the list's tensors, and the expression goes back to
+// adapter_config.json as the string it was; one that matches no linear, or another module (the head,
+// a norm, a block), or does not compile, is refused by name.
+static int fails_with(int rc, const char *needle);
+
+static int regex_tensors(const char *preset, const char *pattern, char *names, size_t cap) {
+    sl_model_config cfg;
+    sl_lora_config lc;
+    sl_lora lo;
+    char json[512];
+    if (sl_config_preset(&cfg, preset)) return -1;
+    snprintf(json, sizeof json, "{\"target_modules\": \"%s\"}", pattern);
+    cJSON *j = cJSON_Parse(json);
+    sl_lora_config_defaults(&lc);
+    int rc = j ? sl_lora_config_parse(&lc, j, "adapter_config.json") : -1;
+    cJSON_Delete(j);
+    if (rc || sl_lora_create(&lo, &cfg, &lc, NULL)) return -1;
+    size_t used = 0;
+    names[0] = '\0';
+    for (int t = 0; t < lo.n_tensors && used < cap; t++)
+        used += (size_t)snprintf(names + used, cap - used, "%s;", lo.tensors[t].name);
+    sl_lora_free(&lo);
+    return 0;
+}
+
+TEST(regex_targets_pick_whole_paths) {
+    char a[8192], b[8192];
+    // a regular expression equivalent to ["q_proj", "v_proj"] picks the same tensors
+    CHECK(regex_tensors("llama-tiny", ".*\\\\.(q|v)_proj", a, sizeof a) == 0);
+    sl_model_config cfg;
+    sl_lora_config lc;
+    sl_lora lo;
+    CHECK(sl_config_preset(&cfg, "llama-tiny") == 0);
+    sl_lora_config_defaults(&lc);
+    CHECK(sl_lora_config_set_targets(&lc, "q_proj,v_proj", "test") == 0 && sl_lora_create(&lo, &cfg, &lc, NULL) == 0);
+    size_t used = 0;
+    b[0] = '\0';
+    for (int t = 0; t < lo.n_tensors; t++)
+        used += (size_t)snprintf(b + used, sizeof b - used, "%s;", lo.tensors[t].name);
+    sl_lora_free(&lo);
+    CHECK_MSG(strcmp(a, b) == 0, "regex picked %s, the list %s", a, b);
+    // whole paths: "q_proj" alone matches no path (it is not a full match), a block index picks one block
+    CHECK(fails_with(regex_tensors("llama-tiny", "q_proj", a, sizeof a), "matches no linear"));
+    CHECK(regex_tensors("gpt2-tiny", "transformer\\\\.h\\\\.1\\\\.attn\\\\.c_attn", a, sizeof a) == 0);
+    CHECK_MSG(strcmp(a, "base_model.model.transformer.h.1.attn.c_attn.lora_A.weight;"
+                        "base_model.model.transformer.h.1.attn.c_attn.lora_B.weight;") == 0, "%s", a);
+    // another module: the head, a norm, a whole block, everything
+    CHECK(fails_with(regex_tensors("llama-tiny", "lm_head|.*q_proj", a, sizeof a),
+                     "also matches the module 'lm_head'"));
+    CHECK(fails_with(regex_tensors("llama-tiny", ".*layernorm|.*q_proj", a, sizeof a),
+                     "'model.layers.0.input_layernorm'"));
+    CHECK(fails_with(regex_tensors("gpt2-tiny", "transformer\\\\.h\\\\.\\\\d+(\\\\.attn)?", a, sizeof a),
+                     "also matches the module 'transformer.h.0'"));
+    CHECK(fails_with(regex_tensors("gpt2-tiny", ".*", a, sizeof a), "also matches the module ''"));
+    // back to adapter_config.json as the same string
+    cJSON *j = cJSON_Parse("{\"target_modules\": \".*\\\\.(q|v)_proj\"}"), *out = cJSON_CreateObject();
+    sl_lora_config_defaults(&lc);
+    CHECK(j && sl_lora_config_parse(&lc, j, "test") == 0 && lc.target_regex == 1);
+    CHECK(sl_lora_config_to_json(&lc, out) == 0);
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(out, "target_modules");
+    CHECK(cJSON_IsString(t) && strcmp(t->valuestring, ".*\\.(q|v)_proj") == 0);
+    cJSON_Delete(j);
+    cJSON_Delete(out);
+    // a list again clears the regular expression
+    CHECK(sl_lora_config_set_targets(&lc, "q_proj", "test") == 0 && lc.target_regex == 0);
+}
 
 // 10 AdamW steps on the adapters only (lr 1e-2, betas 0.9/0.95, eps 1e-8, weight decay 0.1 on every
 // adapter tensor, as torch.optim.AdamW over PEFT's trainable parameters); the base keeps its bits.
@@ -512,7 +583,7 @@ TEST(bad_configs_are_refused_by_name) {
         {"{\"r\": 0}", "\"r\""},
         {"{\"bias\": \"all\"}", "\"bias\" is \"all\""},
         {"{\"use_dora\": true}", "DoRA"},
-        {"{\"target_modules\": \".*proj\"}", "regular expression"},
+        {"{\"target_modules\": \"(q_proj\"}", "is not a regular expression shardlm reads (PCRE2: missing closing"},
         {"{\"lora_dropout\": 1.0}", "lora_dropout must be in [0, 1)"},
         {"{\"peft_type\": \"IA3\"}", "peft_type"},
         {"{\"rank_pattern\": {\"q_proj\": 4}}", "per-module ranks"},
