@@ -27,6 +27,8 @@
 
 #define SL_LORA_NAME_MAX 64
 #define SL_LORA_TARGETS_MAX 32768  // bytes of the comma-joined target list (PEFT writes full paths)
+#define SL_LORA_LAYERS_MAX 1024     // entries of layers_to_transform
+#define SL_LORA_PATTERN_MAX 256     // bytes of layers_pattern (its names comma-joined)
 
 // PEFT's LoraConfig, the part shardlm computes.
 typedef struct {
@@ -40,6 +42,14 @@ typedef struct {
                            // (Python's re.fullmatch; PCRE2 here), e.g. ".*\.layers\.[0-3]\..*(q|v)_proj"
     int n_targets;         // target_modules as a list of names, comma-joined (a module matches a name it
     char target_modules[SL_LORA_TARGETS_MAX];  // equals or ends with after a '.'); PEFT writes full paths
+    // layers_to_transform (with a list or "all-linear"; n_layers 0: every block): a module matched by a
+    // name it ends with is adapted only in these blocks, the block's index read from its path as PEFT
+    // does (".<layers_pattern>.<index>." with layers_pattern, else the last ".<name>.<index>.");
+    // a module named by its whole path is adapted wherever it is.
+    int n_layers;
+    int layers_to_transform[SL_LORA_LAYERS_MAX];
+    char layers_pattern[SL_LORA_PATTERN_MAX];  // "" (any), or names comma-joined
+    int layers_pattern_list;                   // layers_pattern was a JSON list (written back as one)
 } sl_lora_config;
 
 // The fused GEMMs of a block an adapter can add to.
@@ -100,6 +110,10 @@ void sl_lora_target_regex_free(void *re);
 // 1 when `path` (a module's name in the Hugging Face model, e.g. "model.layers.0.self_attn.q_proj")
 // matches re as a whole (Python's re.fullmatch), 0 when not, -1 with the error on a matching failure.
 int sl_lora_target_regex_matches(const void *re, const char *path);
+// The block index PEFT's layers_to_transform reads from a module path (e.g. 0 for
+// "model.layers.0.self_attn.q_proj"): by cfg's layers_pattern, or the last ".<name>.<index>."; -1 when
+// it finds none, -2 with the error on a regex failure.
+int sl_lora_layer_index(const sl_lora_config *cfg, const char *path);
 // target_modules from a comma-separated list ("q_proj,v_proj" or "all-linear").
 int sl_lora_config_set_targets(sl_lora_config *cfg, const char *list, const char *where);
 // Range checks: r > 0, lora_alpha finite, 0 <= lora_dropout < 1.

@@ -114,8 +114,19 @@ static int regex_slots(const sl_model_config *mc, const sl_lora_config *cfg, con
     return rc;
 }
 
+// Whether PEFT's layers_to_transform lets a module matched by the end of its path be adapted: always
+// without it; else when the block index read from the path is listed (1 / 0; -1 with the error).
+static int layer_allowed(const sl_lora_config *cfg, const char *path) {
+    if (!cfg->n_layers) return 1;
+    int idx = sl_lora_layer_index(cfg, path);
+    if (idx == -2) return -1;
+    for (int k = 0; idx >= 0 && k < cfg->n_layers; k++)
+        if (cfg->layers_to_transform[k] == idx) return 1;
+    return 0;
+}
+
 // Which slots cfg adapts in each block (masks[l] bit i: slot i of block l), checking every target
-// names a linear of the model.
+// names a linear of the model (in one of layers_to_transform's blocks, when given).
 static int targeted_slots(const sl_model_config *mc, sl_lora_config *cfg, unsigned *masks) {
     module_slot s[8];
     int n = block_modules(mc, s);
@@ -124,6 +135,8 @@ static int targeted_slots(const sl_model_config *mc, sl_lora_config *cfg, unsign
         if (mc->arch == SL_ARCH_GPT2) sl_lora_config_set_targets(cfg, "c_attn", "lora");
         else sl_lora_config_set_targets(cfg, "q_proj,v_proj", "lora");
     }
+    if (cfg->all_linear && cfg->n_layers)  // PEFT refuses it too (target_modules given as a string)
+        return sl_errorf("lora: layers_to_transform cannot be used with \"all-linear\": list the modules");
     char prefix[32], path[SL_LORA_NAME_MAX + 32];
     for (int l = 0; l < mc->n_layer; l++) masks[l] = cfg->all_linear ? (1u << n) - 1 : 0;
     char target[SL_LORA_NAME_MAX];
@@ -134,8 +147,20 @@ static int targeted_slots(const sl_model_config *mc, sl_lora_config *cfg, unsign
             snprintf(prefix, sizeof prefix, block_prefix(mc), l);
             for (int i = 0; i < n; i++) {
                 snprintf(path, sizeof path, "%s%s", prefix, s[i].name);
-                if (name_matches(path, target)) masks[l] |= 1u << i, hit = 1;
+                if (!name_matches(path, target)) continue;
+                // PEFT: a whole path listed is adapted wherever it is; a name it ends with, in the listed blocks
+                int ok = strcmp(path, target) == 0 ? 1 : layer_allowed(cfg, path);
+                if (ok < 0) return -1;
+                if (ok) masks[l] |= 1u << i, hit = 1;
             }
+        }
+        if (!hit && cfg->n_layers) {
+            char list[256];
+            sl_lora_list_modules(mc, list, sizeof list);
+            return sl_errorf("lora: target module '%s' matches no linear of this %s model's blocks in "
+                             "layers_to_transform%s%s (adaptable: %s)", target,
+                             mc->arch == SL_ARCH_GPT2 ? "gpt2" : "llama",
+                             cfg->layers_pattern[0] ? " with layers_pattern " : "", cfg->layers_pattern, list);
         }
         if (!hit) {
             char list[256];

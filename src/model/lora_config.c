@@ -12,6 +12,7 @@
 #include <math.h>
 #include <pcre2.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 void sl_lora_config_defaults(sl_lora_config *cfg) {
@@ -95,6 +96,44 @@ int sl_lora_target_regex_matches(const void *re, const char *path) {
     return sl_errorf("matching target_modules against '%s': PCRE2 %s", path, (const char *)msg);
 }
 
+// The block index PEFT reads from a module's path for layers_to_transform: re.match of
+// ".*\.<pattern>\.(\d+)\." for each layers_pattern name in turn (".*\.[^.]*\.(\d+)\." without one);
+// -1 when none matches (PEFT then does not adapt the module), -2 with the error on a PCRE2 failure.
+int sl_lora_layer_index(const sl_lora_config *cfg, const char *path) {
+    char names[SL_LORA_PATTERN_MAX + 1], regex[SL_LORA_PATTERN_MAX + 32];
+    snprintf(names, sizeof names, "%s", cfg->layers_pattern[0] ? cfg->layers_pattern : "[^.]*");
+    for (char *p = names; *p;) {
+        size_t len = strcspn(p, ",");
+        snprintf(regex, sizeof regex, ".*\\.%.*s\\.(\\d+)\\.", (int)len, p);
+        p += len + (p[len] == ',');
+        int err;
+        PCRE2_SIZE at;
+        pcre2_code *re = pcre2_compile((PCRE2_SPTR)regex, PCRE2_ZERO_TERMINATED, 0, &err, &at, NULL);
+        if (!re) {
+            PCRE2_UCHAR msg[256];
+            pcre2_get_error_message(err, msg, sizeof msg);
+            sl_errorf("lora: layers_pattern gives the regular expression '%s', which does not compile (PCRE2: %s)",
+                      regex, (const char *)msg);
+            return -2;
+        }
+        pcre2_match_data *md = pcre2_match_data_create_from_pattern(re, NULL);
+        int rc = md ? pcre2_match(re, (PCRE2_SPTR)path, strlen(path), 0, PCRE2_ANCHORED, md, NULL) : -1;
+        long index = -1;
+        if (rc >= 2) {
+            PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
+            index = strtol(path + ov[2], NULL, 10);
+        }
+        pcre2_match_data_free(md);
+        pcre2_code_free(re);
+        if (rc < 0 && rc != PCRE2_ERROR_NOMATCH) {
+            sl_errorf("lora: matching layers_pattern against '%s' failed (PCRE2 %d)", path, rc);
+            return -2;
+        }
+        if (index >= 0) return index > 1000000 ? -1 : (int)index;
+    }
+    return -1;
+}
+
 static int parse_targets(sl_lora_config *cfg, const cJSON *v, const char *where) {
     cfg->n_targets = 0;
     cfg->all_linear = 0;
@@ -121,6 +160,51 @@ static int parse_targets(sl_lora_config *cfg, const cJSON *v, const char *where)
     return 0;
 }
 
+// layers_to_transform (an integer or a list of them) and layers_pattern (a string or a list of them), with
+// PEFT's LoraConfig checks: neither with target_modules as a string, no pattern without layers.
+static int parse_layers(sl_lora_config *cfg, const cJSON *obj, const char *where) {
+    cfg->n_layers = 0;
+    cfg->layers_pattern[0] = '\0';
+    cfg->layers_pattern_list = 0;
+    const cJSON *lt = cJSON_GetObjectItemCaseSensitive(obj, "layers_to_transform");
+    const cJSON *lp = cJSON_GetObjectItemCaseSensitive(obj, "layers_pattern");
+    if (lt && cJSON_IsNull(lt)) lt = NULL;
+    if (lp && cJSON_IsNull(lp)) lp = NULL;
+    if (lt) {
+        const cJSON *item = cJSON_IsArray(lt) ? lt->child : lt;
+        for (; item; item = cJSON_IsArray(lt) ? item->next : NULL) {
+            if (!cJSON_IsNumber(item) || item->valuedouble != floor(item->valuedouble) || item->valuedouble < 0 ||
+                item->valuedouble > 1e6)
+                return sl_errorf("%s: \"layers_to_transform\" must be a block index or a list of them", where);
+            if (cfg->n_layers == SL_LORA_LAYERS_MAX)
+                return sl_errorf("%s: \"layers_to_transform\" lists more than %d blocks", where, SL_LORA_LAYERS_MAX);
+            cfg->layers_to_transform[cfg->n_layers++] = (int)item->valuedouble;
+        }
+    }
+    if (lp) {
+        const cJSON *item = cJSON_IsArray(lp) ? lp->child : lp;
+        cfg->layers_pattern_list = cJSON_IsArray(lp);
+        size_t used = 0;
+        for (; item; item = cJSON_IsArray(lp) ? item->next : NULL) {
+            if (!cJSON_IsString(item) || strchr(item->valuestring, ','))
+                return sl_errorf("%s: \"layers_pattern\" must be a name or a list of names", where);
+            int n = snprintf(cfg->layers_pattern + used, sizeof cfg->layers_pattern - used, "%s%s", used ? "," : "",
+                             item->valuestring);
+            if (n < 0 || (size_t)n >= sizeof cfg->layers_pattern - used)
+                return sl_errorf("%s: \"layers_pattern\" is longer than %d bytes", where, SL_LORA_PATTERN_MAX - 1);
+            used += (size_t)n;
+        }
+    }
+    if ((cfg->target_regex || cfg->all_linear) && (cfg->n_layers || cfg->layers_pattern[0]))
+        return sl_errorf("%s: \"layers_to_transform\" / \"layers_pattern\" cannot be used with target_modules "
+                         "given as a string (\"all-linear\" or a regular expression), as in PEFT: list the modules",
+                         where);
+    if (cfg->layers_pattern[0] && !cfg->n_layers)
+        return sl_errorf("%s: \"layers_pattern\" is set without \"layers_to_transform\" (as PEFT, shardlm needs "
+                         "both)", where);
+    return 0;
+}
+
 int sl_lora_config_parse(sl_lora_config *cfg, const cJSON *obj, const char *where) {
     if (!cJSON_IsObject(obj)) return sl_errorf("%s: expected a JSON object of LoRA settings", where);
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(obj, "peft_type");
@@ -144,12 +228,13 @@ int sl_lora_config_parse(sl_lora_config *cfg, const cJSON *obj, const char *wher
     static const struct { const char *key, *what; } refused[] = {
         {"use_dora", "DoRA"}, {"use_qalora", "QALoRA"}, {"lora_bias", "adapter biases"},
         {"rank_pattern", "per-module ranks"}, {"alpha_pattern", "per-module alphas"},
-        {"layers_to_transform", "a subset of layers"}, {"layer_replication", "layer replication"},
+        {"layer_replication", "layer replication"},
         {"modules_to_save", "extra fully trained modules"}, {"exclude_modules", "excluded modules"},
         {"target_parameters", "adapters on parameters"}, {"trainable_token_indices", "trainable tokens"},
     };
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++)
         if (refuse_if_set(obj, refused[i].key, refused[i].what, where)) return -1;
+    if (parse_layers(cfg, obj, where)) return -1;
     const cJSON *init = cJSON_GetObjectItemCaseSensitive(obj, "init_lora_weights");
     if (init && !cJSON_IsBool(init))
         return sl_errorf("%s: \"init_lora_weights\" other than true/false (PiSSA, OLoRA, LoftQ, ...) is not "
@@ -186,5 +271,23 @@ int sl_lora_config_to_json(const sl_lora_config *cfg, cJSON *obj) {
         return sl_errorf("out of memory writing adapter_config.json");
     }
     cJSON_AddItemToObject(obj, "target_modules", targets);
+    if (cfg->n_layers) {
+        cJSON *layers = cJSON_AddArrayToObject(obj, "layers_to_transform");
+        for (int i = 0; layers && i < cfg->n_layers; i++)
+            cJSON_AddItemToArray(layers, cJSON_CreateNumber(cfg->layers_to_transform[i]));
+        if (!layers) return sl_errorf("out of memory writing adapter_config.json");
+    }
+    if (cfg->layers_pattern[0]) {
+        cJSON *pattern = cfg->layers_pattern_list ? cJSON_AddArrayToObject(obj, "layers_pattern") : NULL;
+        char name[SL_LORA_PATTERN_MAX];
+        for (const char *p = cfg->layers_pattern; pattern && *p;) {
+            size_t len = strcspn(p, ",");
+            snprintf(name, sizeof name, "%.*s", (int)len, p);
+            cJSON_AddItemToArray(pattern, cJSON_CreateString(name));
+            p += len + (p[len] == ',');
+        }
+        if (!cfg->layers_pattern_list) pattern = cJSON_AddStringToObject(obj, "layers_pattern", cfg->layers_pattern);
+        if (!pattern) return sl_errorf("out of memory writing adapter_config.json");
+    }
     return 0;
 }

@@ -8,8 +8,8 @@ For the tiny GPT-2 and LLaMA bases of tests/fixtures/model:
      loads with peft.PeftModel.from_pretrained(base, dir) and gives the logits `shardlm generate
      --adapter dir --logits-out` gives (max |diff| / max |logit| below 1e-5);
   2. PEFT -> shardlm: the adapters PEFT saved (tests/fixtures/lora) give the same logits in shardlm;
-  (1 and 2 also with target_modules as PEFT's regular expression: a config's "lora" block one way, the
-  *-regex fixtures the other);
+  (1 and 2 also with target_modules as PEFT's regular expression and with layers_to_transform: a
+  config's "lora" block one way, the *-regex and *-layers fixtures the other);
   3. merge: `shardlm merge` loads in transformers with PEFT's merged logits and its weights equal
      merge_and_unload()'s, in float32 and (for a base saved in bfloat16) in bfloat16 (measured: bit for
      bit in both, r = 4).
@@ -82,9 +82,9 @@ def check_base(name, base, peft_adapter, targets, tmp):
     save = os.path.join(tmp, "run")
     if isinstance(targets, str):
         lora = ["--lora-r", "4", "--lora-alpha", "8", "--lora-targets", targets]
-    else:  # (regex,): target_modules as a regular expression, through a config's "lora" block
+    else:  # a dict: more of the "lora" block (a target_modules regex, layers_to_transform), through a config
         config = os.path.join(tmp, "lora.json")
-        json.dump({"lora": {"r": 4, "lora_alpha": 8, "target_modules": targets[0]}}, open(config, "w"))
+        json.dump({"lora": {"r": 4, "lora_alpha": 8, **targets}}, open(config, "w"))
         lora = ["--config", config]
     run("train", "--model", base, "--data", data, "--seq-len", "16", "--batch-size", "2", "--steps", "4",
         "--lr", "5e-2", "--eval-interval", "0", "--sample-tokens", "0", "--save-dir", save, *lora, "--threads", "2")
@@ -133,9 +133,13 @@ def check_base(name, base, peft_adapter, targets, tmp):
 if __name__ == "__main__":
     cases = [("gpt2", "gpt2-tiny", "gpt2-tiny-all", "c_attn,c_proj,c_fc"),
              ("llama", "llama-tiny", "llama-tiny-qvud", "q_proj,v_proj,up_proj,down_proj"),
-             # target_modules as a regular expression (a tuple: through a config file), both ways
-             ("gpt2_regex", "gpt2-tiny", "gpt2-tiny-regex", (r"transformer\.h\.1\.(attn\.c_attn|mlp\.c_proj)",)),
-             ("llama_regex", "llama-tiny", "llama-tiny-regex", (r".*\.layers\.0\..*_proj",))]
+             # target_modules as a regular expression, and layers_to_transform (through a config file), both ways
+             ("gpt2_regex", "gpt2-tiny", "gpt2-tiny-regex",
+              {"target_modules": r"transformer\.h\.1\.(attn\.c_attn|mlp\.c_proj)"}),
+             ("llama_regex", "llama-tiny", "llama-tiny-regex", {"target_modules": r".*\.layers\.0\..*_proj"}),
+             ("llama_layers", "llama-tiny", "llama-tiny-layers",
+              {"target_modules": ["k_proj", "up_proj"], "layers_to_transform": [0], "layers_pattern": "layers"}),
+             ("gpt2_layers", "gpt2-tiny", "gpt2-tiny-layers", {"target_modules": ["c_fc"], "layers_to_transform": 1})]
     for name, base, adapter, targets in cases:
         with tempfile.TemporaryDirectory() as tmp:
             check_base(name, os.path.join(ROOT, "tests/fixtures/model", base),

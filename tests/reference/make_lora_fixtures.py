@@ -47,6 +47,12 @@ CASES = {
     # GPT-2: attn.c_proj of block 0 and mlp.c_fc of block 1 (a list could not say "block 0 only")
     "gpt2-tiny-regex": ("gpt2-tiny", dict(r=4, lora_alpha=8,
                                           target_modules=r"transformer\.h\.0\.attn\.c_proj|transformer\.h\.1\.mlp\.c_fc")),
+    # layers_to_transform: q_proj and down_proj of block 1 only (layers_pattern "layers"), and GPT-2's
+    # linears of block 0 (an integer, no pattern: the index after the last ".<name>.")
+    "llama-tiny-layers": ("llama-tiny", dict(r=4, lora_alpha=8, target_modules=["q_proj", "down_proj"],
+                                             layers_to_transform=[1], layers_pattern="layers")),
+    "gpt2-tiny-layers": ("gpt2-tiny", dict(r=4, lora_alpha=8, target_modules=["c_attn", "c_proj", "c_fc"],
+                                           layers_to_transform=0)),
 }
 
 

@@ -101,6 +101,9 @@ TEST(llama_rslora_all_linear_matches_peft) { check_against_peft("llama-tiny", "l
 // target_modules as PEFT's regular expression: some modules of some blocks only
 TEST(llama_regex_targets_match_peft) { check_against_peft("llama-tiny", "llama-tiny-regex"); }
 TEST(gpt2_regex_targets_match_peft) { check_against_peft("gpt2-tiny", "gpt2-tiny-regex"); }
+// layers_to_transform: a list with layers_pattern, and an integer without one
+TEST(llama_layers_to_transform_matches_peft) { check_against_peft("llama-tiny", "llama-tiny-layers"); }
+TEST(gpt2_layers_to_transform_matches_peft) { check_against_peft("gpt2-tiny", "gpt2-tiny-layers"); }
 
 // The adapters a regular expression picks: those whose whole module path it matches (re.fullmatch), a
 // pattern equivalent to a list picks the list's tensors, and the expression goes back to
@@ -108,13 +111,13 @@ TEST(gpt2_regex_targets_match_peft) { check_against_peft("gpt2-tiny", "gpt2-tiny
 // a norm, a block), or does not compile, is refused by name.
 static int fails_with(int rc, const char *needle);
 
-static int regex_tensors(const char *preset, const char *pattern, char *names, size_t cap) {
+// The tensors (every `step`-th, from the first) of adapters built for `preset` from an adapter_config.json
+// text, their names ';'-joined into names; -1 with the error when the config or the adapters are refused.
+static int config_tensors(const char *preset, const char *json, int step, char *names, size_t cap) {
     sl_model_config cfg;
     sl_lora_config lc;
     sl_lora lo;
-    char json[512];
     if (sl_config_preset(&cfg, preset)) return -1;
-    snprintf(json, sizeof json, "{\"target_modules\": \"%s\"}", pattern);
     cJSON *j = cJSON_Parse(json);
     sl_lora_config_defaults(&lc);
     int rc = j ? sl_lora_config_parse(&lc, j, "adapter_config.json") : -1;
@@ -122,10 +125,17 @@ static int regex_tensors(const char *preset, const char *pattern, char *names, s
     if (rc || sl_lora_create(&lo, &cfg, &lc, NULL)) return -1;
     size_t used = 0;
     names[0] = '\0';
-    for (int t = 0; t < lo.n_tensors && used < cap; t++)
+    for (int t = 0; t < lo.n_tensors && used < cap; t += step)
         used += (size_t)snprintf(names + used, cap - used, "%s;", lo.tensors[t].name);
     sl_lora_free(&lo);
     return 0;
+}
+
+// config_tensors of {"target_modules": pattern}, every tensor.
+static int regex_tensors(const char *preset, const char *pattern, char *names, size_t cap) {
+    char json[512];
+    snprintf(json, sizeof json, "{\"target_modules\": \"%s\"}", pattern);
+    return config_tensors(preset, json, 1, names, cap);
 }
 
 TEST(regex_targets_pick_whole_paths) {
@@ -168,6 +178,57 @@ TEST(regex_targets_pick_whole_paths) {
     cJSON_Delete(out);
     // a list again clears the regular expression
     CHECK(sl_lora_config_set_targets(&lc, "q_proj", "test") == 0 && lc.target_regex == 0);
+}
+
+// layers_to_transform picks blocks for the names a path ends with (a whole path listed is adapted
+// wherever it is), reads the block index as PEFT does, goes back to adapter_config.json, and is refused
+// with target_modules as a string or a layers_pattern alone, as PEFT's LoraConfig refuses them.
+// config_tensors' one name per adapter (its A).
+static int layers_tensors(const char *preset, const char *json, char *names, size_t cap) {
+    return config_tensors(preset, json, 2, names, cap);
+}
+
+TEST(layers_to_transform_picks_blocks) {
+    char a[4096];
+    const char *pre = "base_model.model.model.layers.";
+    char want[512];
+    CHECK(layers_tensors("llama-tiny", "{\"target_modules\": [\"v_proj\"], \"layers_to_transform\": 1}", a,
+                         sizeof a) == 0);
+    snprintf(want, sizeof want, "%s1.self_attn.v_proj.lora_A.weight;", pre);
+    CHECK_MSG(strcmp(a, want) == 0, "%s", a);
+    // a whole path listed is adapted in its block even outside layers_to_transform
+    CHECK(layers_tensors("llama-tiny", "{\"target_modules\": [\"model.layers.0.self_attn.q_proj\", \"v_proj\"], "
+                         "\"layers_to_transform\": [1], \"layers_pattern\": [\"layers\"]}", a, sizeof a) == 0);
+    snprintf(want, sizeof want, "%s0.self_attn.q_proj.lora_A.weight;%s1.self_attn.v_proj.lora_A.weight;", pre, pre);
+    CHECK_MSG(strcmp(a, want) == 0, "%s", a);
+    // a pattern that is not the model's (GPT-2's "h" on LLaMA): no block index, no adapter
+    CHECK(fails_with(layers_tensors("llama-tiny", "{\"target_modules\": [\"v_proj\"], \"layers_to_transform\": [0], "
+                                    "\"layers_pattern\": \"h\"}", a, sizeof a),
+                     "in layers_to_transform with layers_pattern h"));
+    // a block the model does not have
+    CHECK(fails_with(layers_tensors("llama-tiny", "{\"target_modules\": [\"v_proj\"], \"layers_to_transform\": [7]}",
+                                    a, sizeof a), "matches no linear"));
+    // PEFT's refusals
+    CHECK(fails_with(layers_tensors("llama-tiny", "{\"target_modules\": \"all-linear\", \"layers_to_transform\": 0}",
+                                    a, sizeof a), "cannot be used with target_modules given as a string"));
+    CHECK(fails_with(layers_tensors("llama-tiny", "{\"target_modules\": \".*q_proj\", \"layers_to_transform\": 0}",
+                                    a, sizeof a), "cannot be used with target_modules given as a string"));
+    CHECK(fails_with(layers_tensors("llama-tiny", "{\"target_modules\": [\"q_proj\"], \"layers_pattern\": \"layers\"}",
+                                    a, sizeof a), "without \"layers_to_transform\""));
+    CHECK(fails_with(layers_tensors("llama-tiny", "{\"target_modules\": [\"q_proj\"], \"layers_to_transform\": [-1]}",
+                                    a, sizeof a), "must be a block index"));
+    // back to adapter_config.json
+    sl_lora_config lc, back;
+    cJSON *j = cJSON_Parse("{\"target_modules\": [\"q_proj\"], \"layers_to_transform\": [0, 1], "
+                           "\"layers_pattern\": [\"layers\", \"blocks\"]}"), *out = cJSON_CreateObject();
+    sl_lora_config_defaults(&lc);
+    sl_lora_config_defaults(&back);
+    CHECK(j && sl_lora_config_parse(&lc, j, "test") == 0 && sl_lora_config_to_json(&lc, out) == 0 &&
+          sl_lora_config_parse(&back, out, "written") == 0);
+    CHECK(back.n_layers == 2 && back.layers_to_transform[1] == 1 && strcmp(back.layers_pattern, "layers,blocks") == 0 &&
+          back.layers_pattern_list == 1);
+    cJSON_Delete(j);
+    cJSON_Delete(out);
 }
 
 // 10 AdamW steps on the adapters only (lr 1e-2, betas 0.9/0.95, eps 1e-8, weight decay 0.1 on every
