@@ -587,23 +587,11 @@ __global__ void __launch_bounds__(THREADS) mma_dq_kernel(bf16 *dqkv, const bf16 
 
 unsigned long launches;  // calls whose kernels were queued (cuda_attention_mma_launches); one host thread
 
-// attention_grid.h's L2 share on the current device (its cudaDevAttrL2CacheSize, read once a device;
-// the 8 MiB default where it cannot be read).
+// attention_grid.h's L2 share on the backend's GPU (the device properties it read at init; the 8 MiB
+// default before it).
 size_t grid_share() {
-    static size_t share[64];
-    int dev = 0, l2 = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
-        (void)cudaGetLastError();  // not a launch failure: the default share instead
-        return sl_grid_l2_share(0);
-    }
-    if (!share[dev]) {
-        if (cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev) != cudaSuccess || l2 < 0) {
-            (void)cudaGetLastError();
-            l2 = 0;
-        }
-        share[dev] = sl_grid_l2_share((size_t)l2);
-    }
-    return share[dev];
+    const cudaDeviceProp *p = sl_cuda_device_props();
+    return sl_grid_l2_share(p && p->l2CacheSize > 0 ? (size_t)p->l2CacheSize : 0);
 }
 
 // The launches: a grid or shared-memory limit is recorded as the op's failure (nothing queued, not counted).
