@@ -67,69 +67,71 @@ static int refuse_if_set(const cJSON *obj, const char *key, const char *what, co
     return sl_errorf("%s: \"%s\" is set, but shardlm computes plain LoRA without %s; remove it", where, key, what);
 }
 
-void *sl_lora_target_regex(const char *pattern, const char *where) {
+// pattern compiled by PCRE2; NULL with PCRE2's reason ("... at offset N") in why.
+static pcre2_code *compile_regex(const char *pattern, char *why, size_t cap) {
     int err;
     PCRE2_SIZE at;
     pcre2_code *re = pcre2_compile((PCRE2_SPTR)pattern, PCRE2_ZERO_TERMINATED, 0, &err, &at, NULL);
     if (!re) {
         PCRE2_UCHAR msg[256];
         pcre2_get_error_message(err, msg, sizeof msg);
-        sl_errorf("%s: \"target_modules\" '%s' is not a regular expression shardlm reads (PCRE2: %s at offset %zu)",
-                  where, pattern, (const char *)msg, (size_t)at);
+        snprintf(why, cap, "%s at offset %zu", (const char *)msg, (size_t)at);
     }
     return re;
 }
 
-void sl_lora_target_regex_free(void *re) { pcre2_code_free((pcre2_code *)re); }
-
-int sl_lora_target_regex_matches(const void *re, const char *path) {
-    pcre2_match_data *md = pcre2_match_data_create(1, NULL);
-    if (!md) return sl_errorf("out of memory matching target_modules");
-    // re.fullmatch: anchored at both ends (the engine backtracks for a match that ends at the end)
-    int rc = pcre2_match((const pcre2_code *)re, (PCRE2_SPTR)path, strlen(path), 0,
-                         PCRE2_ANCHORED | PCRE2_ENDANCHORED, md, NULL);
+// One match of re against path from its start (options: PCRE2_ENDANCHORED too for a whole-path match):
+// 1 (with group 1's integer in *group1 when asked and captured), 0, or -1 with the error.
+static int match_regex(const pcre2_code *re, const char *path, uint32_t options, long *group1) {
+    pcre2_match_data *md = pcre2_match_data_create_from_pattern(re, NULL);
+    if (!md) return sl_errorf("out of memory matching a regular expression");
+    int rc = pcre2_match(re, (PCRE2_SPTR)path, strlen(path), 0, PCRE2_ANCHORED | options, md, NULL);
+    if (rc >= 2 && group1) *group1 = strtol(path + pcre2_get_ovector_pointer(md)[2], NULL, 10);
     pcre2_match_data_free(md);
     if (rc >= 0) return 1;
     if (rc == PCRE2_ERROR_NOMATCH) return 0;
     PCRE2_UCHAR msg[256];
     pcre2_get_error_message(rc, msg, sizeof msg);
-    return sl_errorf("matching target_modules against '%s': PCRE2 %s", path, (const char *)msg);
+    return sl_errorf("matching a LoRA regular expression against '%s': PCRE2 %s", path, (const char *)msg);
+}
+
+void *sl_lora_target_regex(const char *pattern, const char *where) {
+    char why[320];
+    pcre2_code *re = compile_regex(pattern, why, sizeof why);
+    if (!re)
+        sl_errorf("%s: \"target_modules\" '%s' is not a regular expression shardlm reads (PCRE2: %s)", where, pattern,
+                  why);
+    return re;
+}
+
+void sl_lora_target_regex_free(void *re) { pcre2_code_free((pcre2_code *)re); }
+
+// re.fullmatch: anchored at both ends (the engine backtracks for a match that ends at the end)
+int sl_lora_target_regex_matches(const void *re, const char *path) {
+    return match_regex((const pcre2_code *)re, path, PCRE2_ENDANCHORED, NULL);
 }
 
 // The block index PEFT reads from a module's path for layers_to_transform: re.match of
 // ".*\.<pattern>\.(\d+)\." for each layers_pattern name in turn (".*\.[^.]*\.(\d+)\." without one);
 // -1 when none matches (PEFT then does not adapt the module), -2 with the error on a PCRE2 failure.
 int sl_lora_layer_index(const sl_lora_config *cfg, const char *path) {
-    char names[SL_LORA_PATTERN_MAX + 1], regex[SL_LORA_PATTERN_MAX + 32];
+    char names[SL_LORA_PATTERN_MAX + 1], regex[SL_LORA_PATTERN_MAX + 32], why[320];
     snprintf(names, sizeof names, "%s", cfg->layers_pattern[0] ? cfg->layers_pattern : "[^.]*");
     for (char *p = names; *p;) {
         size_t len = strcspn(p, ",");
         snprintf(regex, sizeof regex, ".*\\.%.*s\\.(\\d+)\\.", (int)len, p);
         p += len + (p[len] == ',');
-        int err;
-        PCRE2_SIZE at;
-        pcre2_code *re = pcre2_compile((PCRE2_SPTR)regex, PCRE2_ZERO_TERMINATED, 0, &err, &at, NULL);
+        pcre2_code *re = compile_regex(regex, why, sizeof why);
         if (!re) {
-            PCRE2_UCHAR msg[256];
-            pcre2_get_error_message(err, msg, sizeof msg);
             sl_errorf("lora: layers_pattern gives the regular expression '%s', which does not compile (PCRE2: %s)",
-                      regex, (const char *)msg);
+                      regex, why);
             return -2;
         }
-        pcre2_match_data *md = pcre2_match_data_create_from_pattern(re, NULL);
-        int rc = md ? pcre2_match(re, (PCRE2_SPTR)path, strlen(path), 0, PCRE2_ANCHORED, md, NULL) : -1;
         long index = -1;
-        if (rc >= 2) {
-            PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
-            index = strtol(path + ov[2], NULL, 10);
-        }
-        pcre2_match_data_free(md);
+        int m = match_regex(re, path, 0, &index);
         pcre2_code_free(re);
-        if (rc < 0 && rc != PCRE2_ERROR_NOMATCH) {
-            sl_errorf("lora: matching layers_pattern against '%s' failed (PCRE2 %d)", path, rc);
-            return -2;
-        }
-        if (index >= 0) return index > 1000000 ? -1 : (int)index;
+        if (m < 0) return -2;
+        if (m > 0 && index >= 0) return index > 1000000 ? -1 : (int)index;
     }
     return -1;
 }
@@ -250,17 +252,24 @@ int sl_lora_config_check(const sl_lora_config *cfg, const char *where) {
     return 0;
 }
 
+// A JSON list of the names of a comma-joined string: target_modules' (each under SL_LORA_NAME_MAX) or
+// layers_pattern's (under SL_LORA_PATTERN_MAX). NULL when out of memory.
+static cJSON *name_list(const char *joined) {
+    cJSON *list = cJSON_CreateArray();
+    char name[SL_LORA_PATTERN_MAX > SL_LORA_NAME_MAX ? SL_LORA_PATTERN_MAX : SL_LORA_NAME_MAX];
+    for (const char *p = joined; list && *p;) {
+        size_t len = strcspn(p, ",");
+        snprintf(name, sizeof name, "%.*s", (int)len, p);
+        cJSON_AddItemToArray(list, cJSON_CreateString(name));
+        p += len + (p[len] == ',');
+    }
+    return list;
+}
+
 int sl_lora_config_to_json(const sl_lora_config *cfg, cJSON *obj) {
     cJSON *targets = cfg->all_linear     ? cJSON_CreateString("all-linear")
                      : cfg->target_regex ? cJSON_CreateString(cfg->target_modules)
-                                         : cJSON_CreateArray();
-    char name[SL_LORA_NAME_MAX];
-    for (const char *p = cfg->target_modules; targets && !cfg->all_linear && !cfg->target_regex && *p;) {
-        size_t len = strcspn(p, ",");
-        snprintf(name, sizeof name, "%.*s", (int)len, p);
-        cJSON_AddItemToArray(targets, cJSON_CreateString(name));
-        p += len + (p[len] == ',');
-    }
+                                         : name_list(cfg->target_modules);
     if (!targets || !cJSON_AddStringToObject(obj, "peft_type", "LORA") ||
         !cJSON_AddStringToObject(obj, "task_type", "CAUSAL_LM") || !cJSON_AddNumberToObject(obj, "r", cfg->r) ||
         !cJSON_AddNumberToObject(obj, "lora_alpha", cfg->lora_alpha) ||
@@ -278,16 +287,10 @@ int sl_lora_config_to_json(const sl_lora_config *cfg, cJSON *obj) {
         if (!layers) return sl_errorf("out of memory writing adapter_config.json");
     }
     if (cfg->layers_pattern[0]) {
-        cJSON *pattern = cfg->layers_pattern_list ? cJSON_AddArrayToObject(obj, "layers_pattern") : NULL;
-        char name[SL_LORA_PATTERN_MAX];
-        for (const char *p = cfg->layers_pattern; pattern && *p;) {
-            size_t len = strcspn(p, ",");
-            snprintf(name, sizeof name, "%.*s", (int)len, p);
-            cJSON_AddItemToArray(pattern, cJSON_CreateString(name));
-            p += len + (p[len] == ',');
-        }
-        if (!cfg->layers_pattern_list) pattern = cJSON_AddStringToObject(obj, "layers_pattern", cfg->layers_pattern);
+        cJSON *pattern = cfg->layers_pattern_list ? name_list(cfg->layers_pattern)
+                                                  : cJSON_CreateString(cfg->layers_pattern);
         if (!pattern) return sl_errorf("out of memory writing adapter_config.json");
+        cJSON_AddItemToObject(obj, "layers_pattern", pattern);
     }
     return 0;
 }
