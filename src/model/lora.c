@@ -154,20 +154,15 @@ static int targeted_slots(const sl_model_config *mc, sl_lora_config *cfg, unsign
                 if (ok) masks[l] |= 1u << i, hit = 1;
             }
         }
-        if (!hit && cfg->n_layers) {
-            char list[256];
-            sl_lora_list_modules(mc, list, sizeof list);
-            return sl_errorf("lora: target module '%s' matches no linear of this %s model's blocks in "
-                             "layers_to_transform%s%s (adaptable: %s)", target,
-                             mc->arch == SL_ARCH_GPT2 ? "gpt2" : "llama",
-                             cfg->layers_pattern[0] ? " with layers_pattern " : "", cfg->layers_pattern, list);
-        }
         if (!hit) {
-            char list[256];
+            char list[256], blocks[SL_LORA_PATTERN_MAX + 64] = "";
             sl_lora_list_modules(mc, list, sizeof list);
-            return sl_errorf("lora: target module '%s' matches no linear of this %s model's blocks (adaptable: %s; "
-                             "or \"all-linear\")", target, mc->arch == SL_ARCH_GPT2 ? "gpt2" : "llama",
-                             list);
+            if (cfg->n_layers)
+                snprintf(blocks, sizeof blocks, " in layers_to_transform%s%s",
+                         cfg->layers_pattern[0] ? " with layers_pattern " : "", cfg->layers_pattern);
+            return sl_errorf("lora: target module '%s' matches no linear of this %s model's blocks%s (adaptable: %s%s)",
+                             target, mc->arch == SL_ARCH_GPT2 ? "gpt2" : "llama", blocks, list,
+                             cfg->n_layers ? "" : "; or \"all-linear\"");
         }
     }
     return 0;
