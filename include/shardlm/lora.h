@@ -44,8 +44,8 @@ typedef struct {
     char target_modules[SL_LORA_TARGETS_MAX];  // equals or ends with after a '.'); PEFT writes full paths
     // layers_to_transform (with a list or "all-linear"; n_layers 0: every block): a module matched by a
     // name it ends with is adapted only in these blocks, the block's index read from its path as PEFT
-    // does (".<layers_pattern>.<index>." with layers_pattern, else the last ".<name>.<index>.");
-    // a module named by its whole path is adapted wherever it is.
+    // does (the first "<layers_pattern>.<index>." with layers_pattern, which may begin the path, else
+    // the first ".<name>.<index>."); a module named by its whole path is adapted wherever it is.
     int n_layers;
     int layers_to_transform[SL_LORA_LAYERS_MAX];
     char layers_pattern[SL_LORA_PATTERN_MAX];  // "" (any), or names comma-joined
@@ -111,7 +111,7 @@ void sl_lora_target_regex_free(void *re);
 // matches re as a whole (Python's re.fullmatch), 0 when not, -1 with the error on a matching failure.
 int sl_lora_target_regex_matches(const void *re, const char *path);
 // The block index PEFT's layers_to_transform reads from a module path (e.g. 0 for
-// "model.layers.0.self_attn.q_proj"): by cfg's layers_pattern, or the last ".<name>.<index>."; -1 when
+// "model.layers.0.self_attn.q_proj"): by cfg's layers_pattern, or the first ".<name>.<index>."; -1 when
 // it finds none, -2 with the error on a regex failure.
 int sl_lora_layer_index(const sl_lora_config *cfg, const char *path);
 // target_modules from a comma-separated list ("q_proj,v_proj" or "all-linear").

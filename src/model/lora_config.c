@@ -111,15 +111,17 @@ int sl_lora_target_regex_matches(const void *re, const char *path) {
     return match_regex((const pcre2_code *)re, path, PCRE2_ENDANCHORED, NULL);
 }
 
-// The block index PEFT reads from a module's path for layers_to_transform: re.match of
-// ".*\.<pattern>\.(\d+)\." for each layers_pattern name in turn (".*\.[^.]*\.(\d+)\." without one);
+// The block index PEFT (0.21) reads from a module's path for layers_to_transform: re.match of
+// "(?:^|.*?\.)<pattern>\.(\d+)\." for each layers_pattern name in turn (the pattern may begin the path,
+// as "transformer.h" does), ".*?\.[^.]*\.(\d+)\." without one: the first numbered segment either way;
 // -1 when none matches (PEFT then does not adapt the module), -2 with the error on a PCRE2 failure.
 int sl_lora_layer_index(const sl_lora_config *cfg, const char *path) {
     char names[SL_LORA_PATTERN_MAX + 1], regex[SL_LORA_PATTERN_MAX + 32], why[320];
     snprintf(names, sizeof names, "%s", cfg->layers_pattern[0] ? cfg->layers_pattern : "[^.]*");
     for (char *p = names; *p;) {
         size_t len = strcspn(p, ",");
-        snprintf(regex, sizeof regex, ".*\\.%.*s\\.(\\d+)\\.", (int)len, p);
+        snprintf(regex, sizeof regex, cfg->layers_pattern[0] ? "(?:^|.*?\\.)%.*s\\.(\\d+)\\." : ".*?\\.%.*s\\.(\\d+)\\.",
+                 (int)len, p);
         p += len + (p[len] == ',');
         pcre2_code *re = compile_regex(regex, why, sizeof why);
         if (!re) {

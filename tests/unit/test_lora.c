@@ -201,6 +201,10 @@ TEST(layers_to_transform_picks_blocks) {
                          "\"layers_to_transform\": [1], \"layers_pattern\": [\"layers\"]}", a, sizeof a) == 0);
     snprintf(want, sizeof want, "%s0.self_attn.q_proj.lora_A.weight;%s1.self_attn.v_proj.lora_A.weight;", pre, pre);
     CHECK_MSG(strcmp(a, want) == 0, "%s", a);
+    // a pattern may begin the path (PEFT 0.21's "(?:^|.*?\.)<pattern>\.(\d+)\."): "transformer.h" on GPT-2
+    CHECK(layers_tensors("gpt2-tiny", "{\"target_modules\": [\"c_fc\"], \"layers_to_transform\": [1], "
+                         "\"layers_pattern\": \"transformer.h\"}", a, sizeof a) == 0);
+    CHECK_MSG(strcmp(a, "base_model.model.transformer.h.1.mlp.c_fc.lora_A.weight;") == 0, "%s", a);
     // a pattern that is not the model's (GPT-2's "h" on LLaMA): no block index, no adapter
     CHECK(fails_with(layers_tensors("llama-tiny", "{\"target_modules\": [\"v_proj\"], \"layers_to_transform\": [0], "
                                     "\"layers_pattern\": \"h\"}", a, sizeof a),
