@@ -1,5 +1,6 @@
 // lora.h: LoRA adapters on a model's linears, in PEFT's words. An adapted linear computes
 //   y = x W^T + b + scale * B(A(dropout(x))),   scale = lora_alpha / r (lora_alpha / sqrt(r) with use_rslora)
+// (r and lora_alpha per module where PEFT's rank_pattern / alpha_pattern name it)
 // with A (r, in) and B (out, r) trained and W, b frozen. shardlm fuses q/k/v into one GEMM and
 // LLaMA's gate/up into another, so each PEFT module's adapter adds into a column range of its fused
 // GEMM's output (sl_lora_adapter.col0, out_features).
@@ -29,6 +30,16 @@
 #define SL_LORA_TARGETS_MAX 32768  // bytes of the comma-joined target list (PEFT writes full paths)
 #define SL_LORA_LAYERS_MAX 1024     // entries of layers_to_transform
 #define SL_LORA_PATTERN_MAX 256     // bytes of layers_pattern (its names comma-joined)
+#define SL_LORA_KEYS_MAX 1024       // entries of rank_pattern / alpha_pattern (PEFT's EVA writes one a module)
+
+// PEFT's rank_pattern / alpha_pattern: keys (regular expressions) in the file's order, each with a value.
+// A module takes the value of the first key K for which re.match("(.*\.)?(K)$", path) succeeds (PEFT's
+// get_pattern_key), the config's r / lora_alpha when none does.
+typedef struct {
+    int n;
+    double value[SL_LORA_KEYS_MAX];
+    char keys[SL_LORA_TARGETS_MAX];  // the n keys, each ended by '\n' (a key holding '\n' is refused)
+} sl_lora_pattern_map;
 
 // PEFT's LoraConfig, the part shardlm computes.
 typedef struct {
@@ -50,6 +61,13 @@ typedef struct {
     int layers_to_transform[SL_LORA_LAYERS_MAX];
     char layers_pattern[SL_LORA_PATTERN_MAX];  // "" (any), or names comma-joined
     int layers_pattern_list;                   // layers_pattern was a JSON list (written back as one)
+    // exclude_modules: modules never adapted although target_modules picks them; a list of names (a
+    // module is excluded when its path equals one or ends with "." + one), or a string, a regular
+    // expression its whole path matches (exclude_regex)
+    int n_exclude, exclude_regex;
+    char exclude_modules[SL_LORA_TARGETS_MAX];  // the names comma-joined, or the expression
+    sl_lora_pattern_map rank_pattern;   // per-module ranks (positive integers)
+    sl_lora_pattern_map alpha_pattern;  // per-module lora_alpha
 } sl_lora_config;
 
 // The fused GEMMs of a block an adapter can add to.
@@ -59,6 +77,8 @@ typedef struct {
     int layer;
     sl_linear_kind linear;
     int col0, out_features, in_features;  // output columns [col0, col0 + out_features) of that GEMM
+    int r;                                // its rank (rank_pattern's, else the config's r)
+    float scale;                          // lora_alpha / r (alpha_pattern's alpha; / sqrt(r) with use_rslora)
     int lora_A, lora_B;                   // indices into the tensor table
     char module[SL_LORA_NAME_MAX];        // its module path, e.g. "model.layers.0.self_attn.q_proj"
 } sl_lora_adapter;
@@ -66,7 +86,6 @@ typedef struct {
 typedef struct sl_lora {
     sl_lora_config cfg;
     sl_model_config model_cfg;
-    float scale;
     const sl_ops *ops;
     sl_tensor_info *tensors;   // PEFT names; shape (r, in) for A, (out, r) for B; hf_transposed 0
     int n_tensors;
@@ -87,7 +106,7 @@ typedef struct sl_lora {
     void *act_memory;
     sl_act **u;                // per adapter (N, r): A's output, kept for backward
     sl_act **xd;               // per adapter (N, in): the dropped input (lora_dropout > 0 while training)
-    sl_act *delta, *dh, *du;   // scratch (N, max out), (N, max in), (N, r)
+    sl_act *delta, *dh, *du;   // scratch (N, max out), (N, max in), (N, max r)
     // Dropout runs while `training` is set, with masks a pure function of (dropout_seed, adapter).
     int training;
     uint64_t dropout_seed;
@@ -99,7 +118,8 @@ typedef struct sl_lora {
 void sl_lora_config_defaults(sl_lora_config *cfg);
 // Reads a PEFT-style object (a train config's "lora" block or adapter_config.json): r, lora_alpha,
 // lora_dropout, target_modules (a list, "all-linear", or another string: a regular expression, checked
-// to compile), use_rslora, bias ("none" only). Other
+// to compile), use_rslora, bias ("none" only), layers_to_transform / layers_pattern, exclude_modules,
+// rank_pattern / alpha_pattern (each key checked to compile). Other
 // PEFT keys that change nothing here are accepted; a value shardlm cannot honour is an error naming
 // `where` and the key.
 int sl_lora_config_parse(sl_lora_config *cfg, const cJSON *obj, const char *where);
@@ -110,13 +130,21 @@ void sl_lora_target_regex_free(void *re);
 // 1 when `path` (a module's name in the Hugging Face model, e.g. "model.layers.0.self_attn.q_proj")
 // matches re as a whole (Python's re.fullmatch), 0 when not, -1 with the error on a matching failure.
 int sl_lora_target_regex_matches(const void *re, const char *path);
+// A rank_pattern / alpha_pattern's keys compiled for matching (NULL with the error naming `what` and the
+// key when one does not compile; an empty map compiles to an empty set); free with sl_lora_keys_free.
+void *sl_lora_keys_compile(const sl_lora_pattern_map *map, const char *what);
+void sl_lora_keys_free(void *keys);
+// The index of the first key from `from` on that matches `path` as PEFT's get_pattern_key matches
+// (from 0: the key whose value the module takes), -1 when none, -2 with the error.
+int sl_lora_keys_find(const void *keys, const char *path, int from);
 // The block index PEFT's layers_to_transform reads from a module path (e.g. 0 for
 // "model.layers.0.self_attn.q_proj"): by cfg's layers_pattern, or the first ".<name>.<index>."; -1 when
 // it finds none, -2 with the error on a regex failure.
 int sl_lora_layer_index(const sl_lora_config *cfg, const char *path);
 // target_modules from a comma-separated list ("q_proj,v_proj" or "all-linear").
 int sl_lora_config_set_targets(sl_lora_config *cfg, const char *list, const char *where);
-// Range checks: r > 0, lora_alpha finite, 0 <= lora_dropout < 1.
+// Range checks: r > 0, lora_alpha finite, 0 <= lora_dropout < 1, rank_pattern's ranks > 0 and
+// alpha_pattern's alphas finite.
 int sl_lora_config_check(const sl_lora_config *cfg, const char *where);
 // The config as adapter_config.json's fields (PEFT's LoraConfig keys) into obj.
 int sl_lora_config_to_json(const sl_lora_config *cfg, cJSON *obj);
@@ -138,6 +166,9 @@ int sl_lora_init_weights(sl_lora *lora, uint64_t seed);
 int sl_lora_params_changed(sl_lora *lora);
 // Index of the tensor with this PEFT name, or -1.
 int sl_lora_find(const sl_lora *lora, const char *name);
+// "r=8" ("r=4..16" when rank_pattern gives the adapters several ranks), with ", scale 2" (or its range)
+// when with_scale: into buf.
+void sl_lora_describe(const sl_lora *lora, int with_scale, char *buf, size_t cap);
 // The module path of each adaptable linear of the block (for messages): "a, b, ..." into buf.
 void sl_lora_list_modules(const sl_model_config *model_cfg, char *buf, size_t cap);
 

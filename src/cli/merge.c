@@ -86,8 +86,10 @@ static int merge(const char *base, const char *adapter, const char *out, const c
         sl_remove_tree(tmp);
         sl_errorf("%s", keep);
     } else {
-        printf("merged %d adapters (r=%d, scale %g) into %s -> %s (%s)\n", lora.n_adapters, lora.cfg.r,
-               (double)lora.scale, base, out, sl_st_dtype_name(dtype));
+        char ranks[96];
+        sl_lora_describe(&lora, 1, ranks, sizeof ranks);
+        printf("merged %d adapters (%s) into %s -> %s (%s)\n", lora.n_adapters, ranks, base, out,
+               sl_st_dtype_name(dtype));
     }
     sl_lora_free(&lora);
     free(params);

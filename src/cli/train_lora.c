@@ -105,10 +105,12 @@ void train_lora_print_memory(const sl_engine *e, const sl_train_config *c, const
     if (qb) snprintf(base, sizeof base, "%s linears %.2f MB (codes + block statistics) + full-precision tensors %.2f MB",
                      sl_quant_name(qb->qm.qc.type), quant / 1e6, mem.params / 1e6);
     else snprintf(base, sizeof base, "%.2f MB", mem.params / 1e6);
-    printf("memory per rank (%s r=%d, %d adapters on %s; ZeRO stage %d, %d ranks): base frozen %s (no "
+    char ranks[96];
+    sl_lora_describe(lo, 0, ranks, sizeof ranks);
+    printf("memory per rank (%s %s, %d adapters on %s; ZeRO stage %d, %d ranks): base frozen %s (no "
            "gradients, no optimizer state); adapters %.0f parameters: %.2f MB, gradients %.2f MB, optimizer state "
            "%.2f MB; total %.2f MB = %zu bytes\n",
-           qb ? "QLoRA" : "LoRA", lo->cfg.r, lo->n_adapters, lo->cfg.all_linear ? "all-linear" : lo->cfg.target_modules,
+           qb ? "QLoRA" : "LoRA", ranks, lo->n_adapters, lo->cfg.all_linear ? "all-linear" : lo->cfg.target_modules,
            setup.zero_stage, setup.world_size, base, (double)lo->total, mem.adapters / 1e6, mem.grads / 1e6,
            mem.optim / 1e6, total / 1e6, total);
     if (qb) print_quant_base(e, qb, &est, setup.zero_stage, formula);

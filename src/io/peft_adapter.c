@@ -45,8 +45,11 @@ static int check_tensors(const sl_st_file *f, const sl_lora *lo, const char *pat
         int64_t shape[2] = {e->shape[0], e->shape[1]};
         if (t->ndim != 2 || t->shape[0] != shape[0] || t->shape[1] != shape[1])
             return sl_errorf("%s: tensor %s has shape %s, this base model needs %s (an adapter for another base "
-                             "model, or another r?)", path, t->name, sl_st_shape_str(got, sizeof got, t->ndim, t->shape),
-                             sl_st_shape_str(want, sizeof want, 2, shape));
+                             "model, or another r?%s)", path, t->name, sl_st_shape_str(got, sizeof got, t->ndim, t->shape),
+                             sl_st_shape_str(want, sizeof want, 2, shape),
+                             lo->cfg.rank_pattern.n ? " rank_pattern's keys are tried in the file's order, and PEFT "
+                             "writes them sorted: keys that overlap can give a module another rank than in training"
+                                                    : "");
         if (!sl_st_dtype_is_float(t->dtype))
             return sl_errorf("%s: tensor %s has dtype %s, expected F32, F16, BF16 or F64", path, t->name,
                              sl_st_dtype_name(t->dtype));
@@ -58,8 +61,17 @@ static int check_tensors(const sl_st_file *f, const sl_lora *lo, const char *pat
     return 0;
 }
 
+static int same_map(const sl_lora_pattern_map *a, const sl_lora_pattern_map *b) {
+    if (a->n != b->n || strcmp(a->keys, b->keys) != 0) return 0;
+    for (int i = 0; i < a->n; i++)
+        if (a->value[i] != b->value[i]) return 0;
+    return 1;
+}
+
 // The settings that change the maths must be the run's.
 static int same_settings(const sl_lora_config *a, const sl_lora_config *b, const char *path) {
+    if (!same_map(&a->rank_pattern, &b->rank_pattern) || !same_map(&a->alpha_pattern, &b->alpha_pattern))
+        return sl_errorf("%s: rank_pattern / alpha_pattern differ from this run's", path);
     if (a->r != b->r || a->lora_alpha != b->lora_alpha || a->use_rslora != b->use_rslora ||
         a->lora_dropout != b->lora_dropout)
         return sl_errorf("%s: r %d, lora_alpha %g, use_rslora %d, lora_dropout %g; this run has r %d, lora_alpha %g, "

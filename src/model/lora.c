@@ -75,10 +75,60 @@ static const char *const other_modules_llama[] = {
     "model.layers.%d.mlp", "model.layers.%d.mlp.act_fn", "model.layers.%d.input_layernorm",
     "model.layers.%d.post_attention_layernorm", "model.norm", "model.rotary_emb", "lm_head", NULL};
 
+// exclude_modules (cfg), with its regular expression compiled (re) when it is one.
+typedef struct {
+    const sl_lora_config *cfg;
+    void *re;
+} exclusion;
+
+// PEFT's rule: a module is excluded when its whole path matches the expression, or when it equals or
+// ends with (after a '.') a listed name. 1 / 0; -1 with the error.
+static int excluded(const exclusion *ex, const char *path) {
+    if (ex->cfg->exclude_regex) return sl_lora_target_regex_matches(ex->re, path);
+    char name[SL_LORA_NAME_MAX];
+    for (const char *p = ex->cfg->exclude_modules; *p;) {
+        size_t len = strcspn(p, ",");
+        snprintf(name, sizeof name, "%.*s", (int)len, p);
+        if (name_matches(path, name)) return 1;
+        p += len + (p[len] == ',');
+    }
+    return 0;
+}
+
+// The first module outside the blocks' linears (other_modules_*) for which pick(ctx, path) holds, into
+// path: 1, 0 when none, -1 with the error.
+static int find_other_module(const sl_model_config *mc, int (*pick)(const void *ctx, const char *path),
+                             const void *ctx, char *path, size_t cap) {
+    const char *const *other = mc->arch == SL_ARCH_GPT2 ? other_modules_gpt2 : other_modules_llama;
+    for (int k = 0; other[k]; k++)
+        for (int l = 0; l < (strstr(other[k], "%d") ? mc->n_layer : 1); l++) {
+            snprintf(path, cap, other[k], l);
+            int m = pick(ctx, path);
+            if (m) return m;
+        }
+    return 0;
+}
+
+typedef struct {
+    void *target;
+    const exclusion *ex;
+} regex_pick;
+
+// A module the target expression matches and exclude_modules does not exclude.
+static int picked_by_regex(const void *ctx, const char *path) {
+    const regex_pick *p = ctx;
+    int m = sl_lora_target_regex_matches(p->target, path);
+    int e = m > 0 ? excluded(p->ex, path) : 0;
+    return m < 0 || e < 0 ? -1 : m && !e;
+}
+
+static int excluded_pick(const void *ctx, const char *path) { return excluded(ctx, path); }
+
 // masks from target_modules as a regular expression (cfg->target_regex): a linear is adapted when its
-// whole path matches (PEFT's re.fullmatch). An error when it matches no linear, or another module.
-static int regex_slots(const sl_model_config *mc, const sl_lora_config *cfg, const module_slot *s, int n,
-                       unsigned *masks) {
+// whole path matches (PEFT's re.fullmatch). An error when it matches no linear, or another module
+// that exclude_modules does not exclude.
+static int regex_slots(const sl_model_config *mc, const sl_lora_config *cfg, const exclusion *ex,
+                       const module_slot *s, int n, unsigned *masks) {
     void *re = sl_lora_target_regex(cfg->target_modules, "lora");
     if (!re) return -1;
     char prefix[32], path[SL_LORA_NAME_MAX + 32];
@@ -93,17 +143,13 @@ static int regex_slots(const sl_model_config *mc, const sl_lora_config *cfg, con
             if (m > 0) masks[l] |= 1u << i, hit = 1;
         }
     }
-    const char *const *other = mc->arch == SL_ARCH_GPT2 ? other_modules_gpt2 : other_modules_llama;
-    for (int k = 0; rc == 0 && other[k]; k++)
-        for (int l = 0; rc == 0 && l < (strstr(other[k], "%d") ? mc->n_layer : 1); l++) {
-            snprintf(path, sizeof path, other[k], l);
-            int m = sl_lora_target_regex_matches(re, path);
-            if (m < 0) rc = -1;
-            if (m > 0)
-                rc = sl_errorf("lora: target_modules '%s' (a regular expression) also matches the module '%s', "
-                               "which is not one of the blocks' linears (PEFT would adapt or refuse it; shardlm "
-                               "adapts only those linears)", cfg->target_modules, path);
-        }
+    regex_pick pick = {re, ex};
+    int other = rc ? 0 : find_other_module(mc, picked_by_regex, &pick, path, sizeof path);
+    if (other < 0) rc = -1;
+    if (other > 0)
+        rc = sl_errorf("lora: target_modules '%s' (a regular expression) also matches the module '%s', "
+                       "which is not one of the blocks' linears (PEFT would adapt or refuse it; shardlm "
+                       "adapts only those linears)", cfg->target_modules, path);
     if (rc == 0 && !hit) {
         snprintf(prefix, sizeof prefix, block_prefix(mc), 0);
         rc = sl_errorf("lora: target_modules '%s' (a regular expression, matched against whole module paths such as "
@@ -125,12 +171,36 @@ static int layer_allowed(const sl_lora_config *cfg, const char *path) {
     return 0;
 }
 
-// Which slots cfg adapts in each block (masks[l] bit i: slot i of block l), checking every target
-// names a linear of the model (in one of layers_to_transform's blocks, when given).
-static int targeted_slots(const sl_model_config *mc, sl_lora_config *cfg, unsigned *masks) {
-    module_slot s[8];
-    int n = block_modules(mc, s);
-    if (cfg->target_regex) return regex_slots(mc, cfg, s, n, masks);
+// exclude_modules takes its modules out of masks: an error when nothing is left (PEFT: "All modules
+// were excluded"), a warning when it excludes no module of the model at all (PEFT warns too).
+static int apply_exclude(const sl_model_config *mc, const exclusion *ex, const module_slot *s, int n,
+                         unsigned *masks) {
+    if (!ex->cfg->exclude_modules[0]) return 0;
+    char prefix[32], path[SL_LORA_NAME_MAX + 32];
+    unsigned left = 0;
+    int any = 0;
+    for (int l = 0; l < mc->n_layer; l++) {
+        snprintf(prefix, sizeof prefix, block_prefix(mc), l);
+        for (int i = 0; i < n; i++) {
+            snprintf(path, sizeof path, "%s%s", prefix, s[i].name);
+            int e = excluded(ex, path);
+            if (e < 0) return -1;
+            if (e) masks[l] &= ~(1u << i), any = 1;
+        }
+        left |= masks[l];
+    }
+    if (!left)
+        return sl_errorf("lora: exclude_modules '%s' excludes every module target_modules picks (PEFT: \"All modules "
+                         "were excluded\")", ex->cfg->exclude_modules);
+    if (!any && (any = find_other_module(mc, excluded_pick, ex, path, sizeof path)) < 0) return -1;
+    if (!any) fprintf(stderr, "warning: lora: exclude_modules '%s' excludes no module of this model\n",
+                      ex->cfg->exclude_modules);
+    return 0;
+}
+
+// Which slots the target list (or "all-linear") picks in each block, checking every target names a
+// linear of the model (in one of layers_to_transform's blocks, when given).
+static int list_slots(const sl_model_config *mc, sl_lora_config *cfg, const module_slot *s, int n, unsigned *masks) {
     if (!cfg->all_linear && cfg->n_targets == 0) {  // PEFT's defaults for the architecture
         if (mc->arch == SL_ARCH_GPT2) sl_lora_config_set_targets(cfg, "c_attn", "lora");
         else sl_lora_config_set_targets(cfg, "q_proj,v_proj", "lora");
@@ -168,6 +238,20 @@ static int targeted_slots(const sl_model_config *mc, sl_lora_config *cfg, unsign
     return 0;
 }
 
+// Which slots cfg adapts in each block (masks[l] bit i: slot i of block l): those target_modules picks
+// that exclude_modules does not exclude.
+static int targeted_slots(const sl_model_config *mc, sl_lora_config *cfg, unsigned *masks) {
+    module_slot s[8];
+    int n = block_modules(mc, s);
+    exclusion ex = {cfg, NULL};
+    if (cfg->exclude_regex && !(ex.re = sl_lora_target_regex(cfg->exclude_modules, "lora: exclude_modules")))
+        return -1;
+    int rc = cfg->target_regex ? regex_slots(mc, cfg, &ex, s, n, masks) : list_slots(mc, cfg, s, n, masks);
+    if (rc == 0) rc = apply_exclude(mc, &ex, s, n, masks);
+    if (ex.re) sl_lora_target_regex_free(ex.re);
+    return rc;
+}
+
 static int add_tensor(sl_lora *lo, size_t *offset, int layer, int rows, int cols, const char *module,
                       const char *which) {
     sl_tensor_info *t = &lo->tensors[lo->n_tensors];
@@ -186,10 +270,37 @@ static int add_tensor(sl_lora *lo, size_t *offset, int layer, int rows, int cols
     return lo->n_tensors++;
 }
 
-static int build_table(sl_lora *lo, const unsigned *masks) {
+// A module's value from a compiled rank_pattern / alpha_pattern (PEFT's get_pattern_key: the first key
+// that matches), `fallback` when none does; NAN with the error on a matching failure.
+static double pattern_value(const void *keys, const sl_lora_pattern_map *map, const char *path, double fallback) {
+    int k = sl_lora_keys_find(keys, path, 0);
+    return k == -2 ? NAN : k >= 0 ? map->value[k] : fallback;
+}
+
+// A warning naming the keys of a map that match no adapted module (PEFT warns and ignores them too).
+static int warn_unmatched(const sl_lora *lo, const void *keys, const sl_lora_pattern_map *map, const char *field) {
+    char *hit = sl_calloc((size_t)map->n + 1, 1, "LoRA pattern keys");
+    if (!hit) return -1;
+    for (int a = 0; a < lo->n_adapters; a++)
+        for (int k = sl_lora_keys_find(keys, lo->adapters[a].module, 0); k != -1;
+             k = sl_lora_keys_find(keys, lo->adapters[a].module, k + 1)) {
+            if (k == -2) { free(hit); return -1; }
+            hit[k] = 1;
+        }
+    const char *key = map->keys;
+    for (int k = 0; k < map->n; key += strcspn(key, "\n") + 1, k++)
+        if (!hit[k])
+            fprintf(stderr, "warning: lora: %s key '%.*s' matches no adapted module; ignored\n", field,
+                    (int)strcspn(key, "\n"), key);
+    free(hit);
+    return 0;
+}
+
+static int build_table(sl_lora *lo, const unsigned *masks, const void *rank_keys, const void *alpha_keys) {
     const sl_model_config *mc = &lo->model_cfg;
+    const sl_lora_config *cfg = &lo->cfg;
     module_slot s[8];
-    int n = block_modules(mc, s), count = 0, r = lo->cfg.r;
+    int n = block_modules(mc, s), count = 0;
     for (int l = 0; l < mc->n_layer; l++)
         for (int i = 0; i < n; i++) count += (masks[l] >> i) & 1;
     lo->tensors = sl_calloc((size_t)(2 * count) + 1, sizeof *lo->tensors, "lora tensors");
@@ -218,8 +329,13 @@ static int build_table(sl_lora *lo, const unsigned *masks) {
             char prefix[32];
             snprintf(prefix, sizeof prefix, block_prefix(mc), l);
             snprintf(ad->module, sizeof ad->module, "%s%s", prefix, s[i].name);
-            if ((ad->lora_A = add_tensor(lo, &offset, l, r, s[i].in, ad->module, "lora_A")) < 0 ||
-                (ad->lora_B = add_tensor(lo, &offset, l, s[i].out, r, ad->module, "lora_B")) < 0)
+            double r = pattern_value(rank_keys, &cfg->rank_pattern, ad->module, cfg->r);
+            double alpha = pattern_value(alpha_keys, &cfg->alpha_pattern, ad->module, cfg->lora_alpha);
+            if (isnan(r) || isnan(alpha)) return -1;
+            ad->r = (int)r;
+            ad->scale = (float)(cfg->use_rslora ? alpha / sqrt(r) : alpha / r);
+            if ((ad->lora_A = add_tensor(lo, &offset, l, ad->r, s[i].in, ad->module, "lora_A")) < 0 ||
+                (ad->lora_B = add_tensor(lo, &offset, l, s[i].out, ad->r, ad->module, "lora_B")) < 0)
                 return -1;
         }
     }
@@ -235,14 +351,21 @@ int sl_lora_create(sl_lora *lo, const sl_model_config *mc, const sl_lora_config 
     lo->model_cfg = *mc;
     lo->ops = ops;
     unsigned *masks = sl_calloc((size_t)mc->n_layer + 1, sizeof(unsigned), "lora targets");
-    if (!masks || sl_lora_config_check(cfg, "lora") || targeted_slots(mc, &lo->cfg, masks) || build_table(lo, masks)) {
-        free(masks);
+    void *rank_keys = masks ? sl_lora_keys_compile(&cfg->rank_pattern, "lora: rank_pattern") : NULL;
+    void *alpha_keys = rank_keys ? sl_lora_keys_compile(&cfg->alpha_pattern, "lora: alpha_pattern") : NULL;
+    int rc = !alpha_keys || sl_lora_config_check(cfg, "lora") || targeted_slots(mc, &lo->cfg, masks) ||
+             build_table(lo, masks, rank_keys, alpha_keys);
+    // unused keys are worth a warning when the adapters are made, not when a memory estimate lists them
+    if (!rc && ops)
+        rc = warn_unmatched(lo, rank_keys, &cfg->rank_pattern, "rank_pattern") ||
+             warn_unmatched(lo, alpha_keys, &cfg->alpha_pattern, "alpha_pattern");
+    sl_lora_keys_free(rank_keys);
+    sl_lora_keys_free(alpha_keys);
+    free(masks);
+    if (rc) {
         sl_lora_free(lo);
         return -1;
     }
-    free(masks);
-    lo->scale = (float)(lo->cfg.use_rslora ? lo->cfg.lora_alpha / sqrt((double)lo->cfg.r)
-                                           : lo->cfg.lora_alpha / lo->cfg.r);
     if (!ops) return 0;  // the table only
     lo->capacity = lo->total;
     lo->params = ops->alloc((lo->total ? lo->total : 1) * sizeof(float), "lora parameters");
@@ -326,6 +449,22 @@ int sl_lora_params_changed(sl_lora *lo) {
     return 0;
 }
 
+void sl_lora_describe(const sl_lora *lo, int with_scale, char *buf, size_t cap) {
+    int r0 = lo->cfg.r, r1 = r0;
+    float s0 = 0.0f, s1 = 0.0f;
+    for (int a = 0; a < lo->n_adapters; a++) {
+        const sl_lora_adapter *ad = &lo->adapters[a];
+        if (a == 0 || ad->r < r0) r0 = ad->r;
+        if (a == 0 || ad->r > r1) r1 = ad->r;
+        if (a == 0 || ad->scale < s0) s0 = ad->scale;
+        if (a == 0 || ad->scale > s1) s1 = ad->scale;
+    }
+    int n = r0 == r1 ? snprintf(buf, cap, "r=%d", r0) : snprintf(buf, cap, "r=%d..%d", r0, r1);
+    if (!with_scale || n < 0 || (size_t)n >= cap) return;
+    if (s0 == s1) snprintf(buf + n, cap - (size_t)n, ", scale %g", (double)s0);
+    else snprintf(buf + n, cap - (size_t)n, ", scale %g..%g", (double)s0, (double)s1);
+}
+
 int sl_lora_find(const sl_lora *lo, const char *name) {
     for (int i = 0; i < lo->n_tensors; i++)
         if (strcmp(lo->tensors[i].name, name) == 0) return i;
@@ -351,8 +490,8 @@ int sl_lora_merge(const sl_lora *lo, const sl_param_layout *L, float *params) {
     for (int a = 0; a < lo->n_adapters; a++) {
         const sl_lora_adapter *ad = &lo->adapters[a];
         const float *A = host + lo->tensors[ad->lora_A].offset, *B = host + lo->tensors[ad->lora_B].offset;
-        int in = ad->in_features, r = lo->cfg.r;
-        float *W = params + L->tensors[base_weight(L, ad)].offset + (size_t)ad->col0 * in, scale = lo->scale;
+        int in = ad->in_features, r = ad->r;
+        float *W = params + L->tensors[base_weight(L, ad)].offset + (size_t)ad->col0 * in, scale = ad->scale;
         // delta[o, i] = sum over k of B[o, k] * A[k, i], each element on one thread (no reduction across them)
 #pragma omp parallel for schedule(static) if((size_t)ad->out_features * in * r >= 65536)
         for (int o = 0; o < ad->out_features; o++) {
@@ -373,16 +512,17 @@ int sl_lora_merge(const sl_lora *lo, const sl_param_layout *L, float *params) {
 int sl_lora_plan(sl_lora *lo, int N) {
     if (lo->act_memory && N <= lo->act_N) return 0;
     free_acts(lo);
-    size_t e = lo->ops->act_bf16 ? sizeof(sl_bf16) : sizeof(float), r = (size_t)lo->cfg.r, n = (size_t)N;
-    size_t max_out = 0, max_in = 0, elems = 0;
+    size_t e = lo->ops->act_bf16 ? sizeof(sl_bf16) : sizeof(float), n = (size_t)N;
+    size_t max_out = 0, max_in = 0, max_r = 0, elems = 0;
     int dropout = lo->cfg.lora_dropout > 0.0f;
     for (int a = 0; a < lo->n_adapters; a++) {
         const sl_lora_adapter *ad = &lo->adapters[a];
         if ((size_t)ad->out_features > max_out) max_out = (size_t)ad->out_features;
         if ((size_t)ad->in_features > max_in) max_in = (size_t)ad->in_features;
-        elems += n * r + (dropout ? n * (size_t)ad->in_features : 0);
+        if ((size_t)ad->r > max_r) max_r = (size_t)ad->r;
+        elems += n * (size_t)ad->r + (dropout ? n * (size_t)ad->in_features : 0);
     }
-    size_t scratch = n * (max_out + max_in + r);
+    size_t scratch = n * (max_out + max_in + max_r);
     lo->act_memory = lo->ops->alloc((elems + scratch) * e + 1, "lora activations");
     lo->u = sl_calloc((size_t)lo->n_adapters + 1, sizeof(sl_act *), "lora activations");
     lo->xd = sl_calloc((size_t)lo->n_adapters + 1, sizeof(sl_act *), "lora activations");
@@ -393,7 +533,7 @@ int sl_lora_plan(sl_lora *lo, int N) {
     size_t at = 0;
     for (int a = 0; a < lo->n_adapters; a++) {
         lo->u[a] = sl_act_at(lo->act_memory, at, e);
-        at += n * r;
+        at += n * (size_t)lo->adapters[a].r;
         if (dropout) {
             lo->xd[a] = sl_act_at(lo->act_memory, at, e);
             at += n * (size_t)lo->adapters[a].in_features;
@@ -441,7 +581,6 @@ int sl_lora_first_on(const sl_lora *lo, int layer, sl_linear_kind linear) {
 
 void sl_lora_forward(sl_lora *lo, int layer, sl_linear_kind linear, const sl_act *x, sl_act *y, int N, int ld) {
     const sl_ops *ops = lo->ops;
-    int r = lo->cfg.r;
     for (int a = lo->layer_first[layer]; a < lo->layer_first[layer + 1]; a++) {
         const sl_lora_adapter *ad = &lo->adapters[a];
         if (ad->linear != linear) continue;
@@ -450,25 +589,25 @@ void sl_lora_forward(sl_lora *lo, int layer, sl_linear_kind linear, const sl_act
             ops->dropout_forward(lo->xd[a], x, (size_t)N * ad->in_features, lo->cfg.lora_dropout, dropout_seed(lo, a));
             h = lo->xd[a];
         }
-        ops->lora_forward(y, lo->u[a], lo->delta, h, weight(lo, ad->lora_A), weight(lo, ad->lora_B), lo->scale, N,
-                          ad->in_features, r, ad->out_features, ld, ad->col0);
+        ops->lora_forward(y, lo->u[a], lo->delta, h, weight(lo, ad->lora_A), weight(lo, ad->lora_B), ad->scale, N,
+                          ad->in_features, ad->r, ad->out_features, ld, ad->col0);
     }
 }
 
 void sl_lora_backward(sl_lora *lo, int layer, sl_linear_kind linear, const sl_act *x, const sl_act *dy, sl_act *dx,
                       int N, int ld) {
     const sl_ops *ops = lo->ops;
-    int r = lo->cfg.r;
     for (int a = lo->layer_first[layer]; a < lo->layer_first[layer + 1]; a++) {
         const sl_lora_adapter *ad = &lo->adapters[a];
         if (ad->linear != linear) continue;
+        int r = ad->r;
         size_t n_in = (size_t)N * ad->in_features;
         const sl_act *h = dropping(lo) ? lo->xd[a] : x;
         const sl_act *A = weight(lo, ad->lora_A);
         // dB += g^T u, du = g B with g = scale * dy's columns; dA += du^T h; dx += du A (through the
         // dropout mask when dropping, so then dh = du A is formed apart first)
         ops->lora_backward(dropping(lo) ? NULL : dx, grad(lo, ad->lora_A), grad(lo, ad->lora_B), lo->du, lo->delta,
-                           lo->dh, dy, h, lo->u[a], A, weight(lo, ad->lora_B), lo->scale, N, ad->in_features, r,
+                           lo->dh, dy, h, lo->u[a], A, weight(lo, ad->lora_B), ad->scale, N, ad->in_features, r,
                            ad->out_features, ld, ad->col0);
         if (!dropping(lo) || !dx) continue;
         ops->matmul_backward(lo->dh, NULL, NULL, lo->du, h, A, N, ad->in_features, r);

@@ -1,8 +1,9 @@
 // lora_config.c: PEFT's LoraConfig as shardlm reads and writes it (the train config's "lora" block,
 // adapter_config.json). What shardlm computes (r, lora_alpha, lora_dropout, target_modules as a
-// list, "all-linear" or a regular expression, use_rslora, bias "none") is read and range-checked;
-// PEFT features that would change the maths and that shardlm does not compute (DoRA, per-module
-// ranks, adapter biases, extra trained modules, ...) are refused by name when set; the rest (paths,
+// list, "all-linear" or a regular expression, use_rslora, bias "none", layers_to_transform,
+// exclude_modules, rank_pattern / alpha_pattern) is read and range-checked;
+// PEFT features that would change the maths and that shardlm does not compute (DoRA, adapter
+// biases, extra trained modules, ...) are refused by name when set; the rest (paths,
 // versions, task type) is ignored.
 #include "shardlm/lora.h"
 #include "shardlm/error.h"
@@ -21,22 +22,27 @@ void sl_lora_config_defaults(sl_lora_config *cfg) {
     cfg->lora_alpha = 8.0;
 }
 
-static int add_target(sl_lora_config *cfg, const char *name, size_t len, const char *where) {
-    if (len == 0) return sl_errorf("%s: target_modules holds an empty name", where);
+// A module name appended to a comma-joined list (target_modules' or exclude_modules', `field`).
+static int append_name(char *list, const char *name, size_t len, const char *field, const char *where) {
+    if (len == 0) return sl_errorf("%s: %s holds an empty name", where, field);
     if (len >= SL_LORA_NAME_MAX)
-        return sl_errorf("%s: target module name '%.*s' is longer than %d characters", where, (int)len, name,
+        return sl_errorf("%s: %s name '%.*s' is longer than %d characters", where, field, (int)len, name,
                          SL_LORA_NAME_MAX - 1);
-    if (memchr(name, ',', len)) return sl_errorf("%s: target module name '%.*s' holds a comma", where, (int)len, name);
+    if (memchr(name, ',', len)) return sl_errorf("%s: %s name '%.*s' holds a comma", where, field, (int)len, name);
+    size_t used = strlen(list);
+    if (used + len + 2 > SL_LORA_TARGETS_MAX)
+        return sl_errorf("%s: %s is longer than %d bytes; name the modules (q_proj, ...) instead of their paths",
+                         where, field, SL_LORA_TARGETS_MAX);
+    snprintf(list + used, SL_LORA_TARGETS_MAX - used, "%s%.*s", used ? "," : "", (int)len, name);
+    return 0;
+}
+
+static int add_target(sl_lora_config *cfg, const char *name, size_t len, const char *where) {
     if (len == 10 && strncmp(name, "all-linear", 10) == 0) {
         cfg->all_linear = 1;
         return 0;
     }
-    size_t used = strlen(cfg->target_modules);
-    if (used + len + 2 > sizeof cfg->target_modules)
-        return sl_errorf("%s: target_modules is longer than %d bytes; name the modules (q_proj, ...) instead of "
-                         "their paths", where, SL_LORA_TARGETS_MAX);
-    snprintf(cfg->target_modules + used, sizeof cfg->target_modules - used, "%s%.*s", used ? "," : "", (int)len,
-             name);
+    if (append_name(cfg->target_modules, name, len, "target_modules", where)) return -1;
     cfg->n_targets++;
     return 0;
 }
@@ -93,6 +99,47 @@ static int match_regex(const pcre2_code *re, const char *path, uint32_t options,
     PCRE2_UCHAR msg[256];
     pcre2_get_error_message(rc, msg, sizeof msg);
     return sl_errorf("matching a LoRA regular expression against '%s': PCRE2 %s", path, (const char *)msg);
+}
+
+// rank_pattern / alpha_pattern's keys, each compiled as "(.*\.)?(KEY)$" (PEFT's get_pattern_key).
+typedef struct {
+    int n;
+    pcre2_code *re[];
+} compiled_keys;
+
+void sl_lora_keys_free(void *keys) {
+    compiled_keys *k = keys;
+    for (int i = 0; k && i < k->n; i++) pcre2_code_free(k->re[i]);
+    free(k);
+}
+
+void *sl_lora_keys_compile(const sl_lora_pattern_map *map, const char *what) {
+    compiled_keys *k = sl_calloc(1, sizeof *k + (size_t)(map->n + 1) * sizeof(pcre2_code *), "LoRA pattern keys");
+    if (!k) return NULL;
+    char regex[SL_LORA_TARGETS_MAX + 16], why[320];
+    const char *key = map->keys;
+    for (int i = 0; i < map->n; i++) {
+        size_t len = strcspn(key, "\n");
+        snprintf(regex, sizeof regex, "(.*\\.)?(%.*s)$", (int)len, key);
+        if (!(k->re[i] = compile_regex(regex, why, sizeof why))) {
+            sl_errorf("%s: the key '%.*s' is not a regular expression shardlm reads (PCRE2: %s)", what, (int)len, key,
+                      why);
+            sl_lora_keys_free(k);
+            return NULL;
+        }
+        k->n++;
+        key += len + 1;
+    }
+    return k;
+}
+
+int sl_lora_keys_find(const void *keys, const char *path, int from) {
+    const compiled_keys *k = keys;
+    for (int i = from; i < k->n; i++) {
+        int m = match_regex(k->re[i], path, 0, NULL);
+        if (m) return m < 0 ? -2 : i;
+    }
+    return -1;
 }
 
 void *sl_lora_target_regex(const char *pattern, const char *where) {
@@ -164,6 +211,74 @@ static int parse_targets(sl_lora_config *cfg, const cJSON *v, const char *where)
     return 0;
 }
 
+// exclude_modules: a list of names, or a string (a regular expression, checked to compile).
+static int parse_exclude(sl_lora_config *cfg, const cJSON *obj, const char *where) {
+    cfg->n_exclude = cfg->exclude_regex = 0;
+    cfg->exclude_modules[0] = '\0';
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, "exclude_modules");
+    if (!v || cJSON_IsNull(v)) return 0;
+    if (cJSON_IsString(v)) {
+        if (v->valuestring[0] == '\0') return 0;  // PEFT: an empty string excludes nothing
+        if (strlen(v->valuestring) >= sizeof cfg->exclude_modules)
+            return sl_errorf("%s: \"exclude_modules\" is longer than %d bytes", where, SL_LORA_TARGETS_MAX - 1);
+        char why[320];
+        pcre2_code *re = compile_regex(v->valuestring, why, sizeof why);
+        if (!re)
+            return sl_errorf("%s: \"exclude_modules\" '%s' is not a regular expression shardlm reads (PCRE2: %s)",
+                             where, v->valuestring, why);
+        pcre2_code_free(re);
+        snprintf(cfg->exclude_modules, sizeof cfg->exclude_modules, "%s", v->valuestring);
+        cfg->exclude_regex = 1;
+        return 0;
+    }
+    if (!cJSON_IsArray(v)) return sl_errorf("%s: \"exclude_modules\" must be a list of module names or a string", where);
+    const cJSON *item;
+    cJSON_ArrayForEach(item, v) {
+        if (!cJSON_IsString(item)) return sl_errorf("%s: \"exclude_modules\" must hold strings", where);
+        if (append_name(cfg->exclude_modules, item->valuestring, strlen(item->valuestring), "exclude_modules", where))
+            return -1;
+        cfg->n_exclude++;
+    }
+    return 0;
+}
+
+// rank_pattern (integer ranks > 0) or alpha_pattern (finite numbers): an object of keys to values, in
+// the file's order; every key must compile.
+static int parse_pattern_map(sl_lora_pattern_map *m, const cJSON *obj, const char *field, int ranks,
+                             const char *where) {
+    m->n = 0;
+    m->keys[0] = '\0';
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, field);
+    if (!v || cJSON_IsNull(v)) return 0;
+    if (!cJSON_IsObject(v))
+        return sl_errorf("%s: \"%s\" must be an object of module names (or patterns) to %s", where, field,
+                         ranks ? "ranks" : "alphas");
+    size_t used = 0;
+    const cJSON *item;
+    cJSON_ArrayForEach(item, v) {
+        double x = cJSON_IsNumber(item) ? item->valuedouble : NAN;
+        if (!isfinite(x) || (ranks && (x != floor(x) || x < 1 || x > 1e6)))
+            return sl_errorf("%s: \"%s\" gives '%s' %s, expected %s", where, field, item->string,
+                             cJSON_IsNumber(item) ? "a value out of range" : "something other than a number",
+                             ranks ? "a positive integer rank" : "a finite lora_alpha");
+        size_t len = strlen(item->string);
+        if (strchr(item->string, '\n')) return sl_errorf("%s: a \"%s\" key holds a newline", where, field);
+        if (m->n == SL_LORA_KEYS_MAX || used + len + 2 > sizeof m->keys)
+            return sl_errorf("%s: \"%s\" holds more than %d keys or %d bytes of them", where, field,
+                             SL_LORA_KEYS_MAX, SL_LORA_TARGETS_MAX - 1);
+        memcpy(m->keys + used, item->string, len);
+        m->keys[used + len] = '\n';
+        used += len + 1;
+        m->keys[used] = '\0';
+        m->value[m->n++] = x;
+    }
+    char what[320];
+    snprintf(what, sizeof what, "%s: \"%s\"", where, field);
+    void *keys = sl_lora_keys_compile(m, what);
+    sl_lora_keys_free(keys);
+    return keys ? 0 : -1;
+}
+
 // layers_to_transform (an integer or a list of them) and layers_pattern (a string or a list of them), with
 // PEFT's LoraConfig checks: neither with target_modules as a string, no pattern without layers.
 static int parse_layers(sl_lora_config *cfg, const cJSON *obj, const char *where) {
@@ -231,14 +346,15 @@ int sl_lora_config_parse(sl_lora_config *cfg, const cJSON *obj, const char *wher
     if (targets && !cJSON_IsNull(targets) && parse_targets(cfg, targets, where)) return -1;
     static const struct { const char *key, *what; } refused[] = {
         {"use_dora", "DoRA"}, {"use_qalora", "QALoRA"}, {"lora_bias", "adapter biases"},
-        {"rank_pattern", "per-module ranks"}, {"alpha_pattern", "per-module alphas"},
-        {"layer_replication", "layer replication"},
-        {"modules_to_save", "extra fully trained modules"}, {"exclude_modules", "excluded modules"},
+        {"layer_replication", "layer replication"}, {"modules_to_save", "extra fully trained modules"},
         {"target_parameters", "adapters on parameters"}, {"trainable_token_indices", "trainable tokens"},
     };
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++)
         if (refuse_if_set(obj, refused[i].key, refused[i].what, where)) return -1;
-    if (parse_layers(cfg, obj, where)) return -1;
+    if (parse_layers(cfg, obj, where) || parse_exclude(cfg, obj, where) ||
+        parse_pattern_map(&cfg->rank_pattern, obj, "rank_pattern", 1, where) ||
+        parse_pattern_map(&cfg->alpha_pattern, obj, "alpha_pattern", 0, where))
+        return -1;
     const cJSON *init = cJSON_GetObjectItemCaseSensitive(obj, "init_lora_weights");
     if (init && !cJSON_IsBool(init))
         return sl_errorf("%s: \"init_lora_weights\" other than true/false (PiSSA, OLoRA, LoftQ, ...) is not "
@@ -293,6 +409,24 @@ int sl_lora_config_to_json(const sl_lora_config *cfg, cJSON *obj) {
                                                   : cJSON_CreateString(cfg->layers_pattern);
         if (!pattern) return sl_errorf("out of memory writing adapter_config.json");
         cJSON_AddItemToObject(obj, "layers_pattern", pattern);
+    }
+    if (cfg->exclude_modules[0]) {
+        cJSON *ex = cfg->exclude_regex ? cJSON_CreateString(cfg->exclude_modules) : name_list(cfg->exclude_modules);
+        if (!ex) return sl_errorf("out of memory writing adapter_config.json");
+        cJSON_AddItemToObject(obj, "exclude_modules", ex);
+    }
+    const sl_lora_pattern_map *maps[2] = {&cfg->rank_pattern, &cfg->alpha_pattern};
+    for (int i = 0; i < 2; i++) {  // written as PEFT writes them: {} when empty
+        cJSON *map = cJSON_AddObjectToObject(obj, i ? "alpha_pattern" : "rank_pattern");
+        char key[SL_LORA_TARGETS_MAX];
+        const char *k = maps[i]->keys;
+        for (int j = 0; map && j < maps[i]->n; j++) {
+            size_t len = strcspn(k, "\n");
+            snprintf(key, sizeof key, "%.*s", (int)len, k);
+            k += len + 1;
+            if (!cJSON_AddNumberToObject(map, key, maps[i]->value[j])) map = NULL;
+        }
+        if (!map) return sl_errorf("out of memory writing adapter_config.json");
     }
     return 0;
 }

@@ -122,18 +122,50 @@ if [ -n "$s32" ] && [ "$s16" = "$s32" ] && [ "$s0" != "$s32" ]; then pass lora_b
 else fail lora_bf16_run_samples_with_its_adapters "fp32 '$s32', bf16 '$s16', base '$s0'"; fi
 
 # merge: a full model in the base's dtype whose logits (no adapter) are the adapted model's
-"$BIN" merge --model "$tmp/base" --adapter "$a" --output "$tmp/merged" >>"$log" 2>&1
-"$BIN" generate --model "$tmp/base" --adapter "$a" --prompt-ids 1,2,3 --max-new-tokens 1 --temperature 0 \
-  --logits-out "$tmp/adapted.json" >>"$log" 2>&1
-"$BIN" generate --model "$tmp/merged" --tokenizer "$tmp/data/tokenizer" --prompt-ids 1,2,3 --max-new-tokens 1 \
-  --temperature 0 --logits-out "$tmp/merged.json" >>"$log" 2>&1
-expect merged_model_equals_the_adapted_one python3 -c "
+# merged_equals_adapted NAME ADAPTER OUT [PYTHON-CHECK] (merge's output in OUT.out, readable as `said`)
+merged_equals_adapted() {
+  "$BIN" merge --model "$tmp/base" --adapter "$2" --output "$3" >"$3.out" 2>&1
+  "$BIN" generate --model "$tmp/base" --adapter "$2" --prompt-ids 1,2,3 --max-new-tokens 1 --temperature 0 \
+    --logits-out "$3.adapted.json" >>"$log" 2>&1
+  "$BIN" generate --model "$3" --tokenizer "$tmp/data/tokenizer" --prompt-ids 1,2,3 --max-new-tokens 1 \
+    --temperature 0 --logits-out "$3.merged.json" >>"$log" 2>&1
+  expect "$1" python3 -c "
 import json
-a = json.load(open('$tmp/adapted.json'))['logits']; m = json.load(open('$tmp/merged.json'))['logits']
+a = json.load(open('$3.adapted.json'))['logits']; m = json.load(open('$3.merged.json'))['logits']
 worst = max(abs(x - y) for ra, rm in zip(a, m) for x, y in zip(ra, rm))
 top = max(abs(x) for r in a for x in r)
 assert len(a) == len(m) == 3 and worst <= 1e-5 * top, (worst, top)
+said = open('$3.out').read()
+${4:-}
 "
+}
+merged_equals_adapted merged_model_equals_the_adapted_one "$a" "$tmp/merged"
+
+# PEFT's rank_pattern / alpha_pattern / exclude_modules in the config's "lora" block: per-module ranks in
+# the memory line, a warning for a key that matches nothing, the patterns back in adapter_config.json,
+# resume bit for bit, and merge equal to the adapted model
+cat >"$tmp/pattern.json" <<'JSON'
+{"lora": {"r": 4, "lora_alpha": 8, "target_modules": ["c_attn", "c_proj", "c_fc"],
+          "rank_pattern": {"c_attn": 2, "h\\.1\\.mlp\\.c_proj": 6, "no_such_module": 3},
+          "alpha_pattern": {"c_fc": 3}, "exclude_modules": ["transformer.h.0.mlp.c_proj"]}}
+JSON
+"$BIN" train --config "$tmp/pattern.json" --model gpt2-tiny "${common[@]}" --steps 4 --save-interval 2 \
+  --save-dir "$tmp/pat" >"$tmp/pat.out" 2>&1
+mkdir -p "$tmp/pat-split" && cp -r "$tmp/pat/step_00000002" "$tmp/pat-split/" && echo step_00000002 >"$tmp/pat-split/latest"
+"$BIN" train --config "$tmp/pattern.json" --model gpt2-tiny "${common[@]}" --steps 4 --save-dir "$tmp/pat-split" \
+  --resume >>"$log" 2>&1
+expect lora_patterns_memory_line_gives_ranks grep -q "LoRA r=2..6, 7 adapters" "$tmp/pat.out"
+expect lora_unmatched_rank_pattern_key_warns grep -q "rank_pattern key 'no_such_module' matches no adapted module" \
+  "$tmp/pat.out"
+expect lora_patterns_written_back python3 -c "
+import json; c = json.load(open('$tmp/pat/step_00000004/adapter_config.json'))
+assert list(c['rank_pattern'].items()) == [('c_attn', 2), (r'h\.1\.mlp\.c_proj', 6), ('no_such_module', 3)], c
+assert c['alpha_pattern'] == {'c_fc': 3} and c['exclude_modules'] == ['transformer.h.0.mlp.c_proj'], c
+"
+expect lora_patterns_resume_is_bit_for_bit cmp "$tmp/pat/step_00000004/adapter_model.safetensors" \
+  "$tmp/pat-split/step_00000004/adapter_model.safetensors"
+merged_equals_adapted lora_patterns_merge_equals_adapted "$tmp/pat/step_00000004" "$tmp/pat-merged" \
+  "assert 'r=2..6, scale 0.75..4' in said, said"
 
 # data parallelism: 2 ranks x batch 2 follow 1 rank x batch 4 (fp32 reduction order aside), and their
 # checkpoint resumes on 1 rank

@@ -5,8 +5,12 @@
 #include "shardlm/error.h"
 #include "shardlm/peft_adapter.h"
 
+static int same_map(const sl_lora_pattern_map *a, const sl_lora_pattern_map *b) {
+    return a->n == b->n && strcmp(a->keys, b->keys) == 0 && memcmp(a->value, b->value, sizeof(double) * (size_t)a->n) == 0;
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    static sl_lora_config cfg, back;  // 32 KiB of target names each: off the stack
+    static sl_lora_config cfg, back;  // ~150 KiB of names and pattern keys each: off the stack
     char path[128];
     fuzz_write("adapter_config.json", data, size, path, sizeof path);
     if (sl_peft_read_config(fuzz_tmpdir(), &cfg) == 0) {
@@ -18,7 +22,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             back.target_regex != cfg.target_regex || back.n_layers != cfg.n_layers ||
             memcmp(back.layers_to_transform, cfg.layers_to_transform, sizeof(int) * (size_t)cfg.n_layers) != 0 ||
             strcmp(back.layers_pattern, cfg.layers_pattern) != 0 ||
-            strcmp(back.target_modules, cfg.target_modules) != 0) {
+            strcmp(back.target_modules, cfg.target_modules) != 0 || back.exclude_regex != cfg.exclude_regex ||
+            back.n_exclude != cfg.n_exclude || strcmp(back.exclude_modules, cfg.exclude_modules) != 0 ||
+            !same_map(&back.rank_pattern, &cfg.rank_pattern) || !same_map(&back.alpha_pattern, &cfg.alpha_pattern)) {
             fprintf(stderr, "written adapter config does not read back: %s\n", sl_error());
             abort();
         }

@@ -8,8 +8,9 @@ For the tiny GPT-2 and LLaMA bases of tests/fixtures/model:
      loads with peft.PeftModel.from_pretrained(base, dir) and gives the logits `shardlm generate
      --adapter dir --logits-out` gives (max |diff| / max |logit| below 1e-5);
   2. PEFT -> shardlm: the adapters PEFT saved (tests/fixtures/lora) give the same logits in shardlm;
-  (1 and 2 also with target_modules as PEFT's regular expression and with layers_to_transform: a
-  config's "lora" block one way, the *-regex and *-layers fixtures the other);
+  (1 and 2 also with target_modules as PEFT's regular expression, with layers_to_transform, and with
+  rank_pattern / alpha_pattern / exclude_modules: a config's "lora" block one way, the *-regex, *-layers
+  and *-pattern fixtures the other);
   3. merge: `shardlm merge` loads in transformers with PEFT's merged logits and its weights equal
      merge_and_unload()'s, in float32 and (for a base saved in bfloat16) in bfloat16 (measured: bit for
      bit in both, r = 4).
@@ -139,7 +140,14 @@ if __name__ == "__main__":
              ("llama_regex", "llama-tiny", "llama-tiny-regex", {"target_modules": r".*\.layers\.0\..*_proj"}),
              ("llama_layers", "llama-tiny", "llama-tiny-layers",
               {"target_modules": ["k_proj", "up_proj"], "layers_to_transform": [0], "layers_pattern": "layers"}),
-             ("gpt2_layers", "gpt2-tiny", "gpt2-tiny-layers", {"target_modules": ["c_fc"], "layers_to_transform": 1})]
+             ("gpt2_layers", "gpt2-tiny", "gpt2-tiny-layers", {"target_modules": ["c_fc"], "layers_to_transform": 1}),
+             # rank_pattern / alpha_pattern / exclude_modules (a list; a regular expression with rsLoRA)
+             ("llama_pattern", "llama-tiny", "llama-tiny-pattern",
+              {"target_modules": "all-linear", "rank_pattern": {"down_proj": 3, r"layers\.1\..*": 5, "q_proj": 2},
+               "alpha_pattern": {"o_proj": 3}, "exclude_modules": ["model.layers.1.self_attn.k_proj"]}),
+             ("gpt2_pattern", "gpt2-tiny", "gpt2-tiny-pattern",
+              {"target_modules": ["c_attn", "c_fc"], "use_rslora": True, "rank_pattern": {"c_fc": 6},
+               "alpha_pattern": {r"transformer\.h\.0\.attn\.c_attn": 2}, "exclude_modules": r".*\.1\.attn\..*"})]
     for name, base, adapter, targets in cases:
         with tempfile.TemporaryDirectory() as tmp:
             check_base(name, os.path.join(ROOT, "tests/fixtures/model", base),

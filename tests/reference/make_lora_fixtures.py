@@ -48,11 +48,24 @@ CASES = {
     "gpt2-tiny-regex": ("gpt2-tiny", dict(r=4, lora_alpha=8,
                                           target_modules=r"transformer\.h\.0\.attn\.c_proj|transformer\.h\.1\.mlp\.c_fc")),
     # layers_to_transform: q_proj and down_proj of block 1 only (layers_pattern "layers"), and GPT-2's
-    # linears of block 0 (an integer, no pattern: the index after the last ".<name>.")
+    # linears of block 0 (an integer, no pattern: the index after the first ".<name>.")
     "llama-tiny-layers": ("llama-tiny", dict(r=4, lora_alpha=8, target_modules=["q_proj", "down_proj"],
                                              layers_to_transform=[1], layers_pattern="layers")),
     "gpt2-tiny-layers": ("gpt2-tiny", dict(r=4, lora_alpha=8, target_modules=["c_attn", "c_proj", "c_fc"],
                                            layers_to_transform=0)),
+    # rank_pattern / alpha_pattern (the first key that matches the end of a path wins: block 1's down_proj
+    # takes 3, the rest of block 1 5, block 0's q_proj 2) and exclude_modules as a list (block 1's k_proj
+    # not adapted). PEFT writes the keys sorted and reads them in the file's order, so the keys are given
+    # sorted here: in another order PEFT could not load its own file (a rank other than the tensors')
+    "llama-tiny-pattern": ("llama-tiny", dict(r=4, lora_alpha=8, target_modules="all-linear",
+                                              rank_pattern={"down_proj": 3, r"layers\.1\..*": 5, "q_proj": 2},
+                                              alpha_pattern={r"model\.layers\.0\.mlp\..*": 5.5, "o_proj": 3},
+                                              exclude_modules=["model.layers.1.self_attn.k_proj"])),
+    # GPT-2 with rsLoRA (alpha / sqrt(r) per module) and exclude_modules as a regular expression
+    "gpt2-tiny-pattern": ("gpt2-tiny", dict(r=4, lora_alpha=8, target_modules=["c_attn", "c_proj", "c_fc"],
+                                            use_rslora=True, rank_pattern={"c_attn": 2, r"h\.1\.mlp\.c_proj": 6},
+                                            alpha_pattern={"c_fc": 3},
+                                            exclude_modules=r"transformer\.h\.0\.mlp\.c_proj")),
 }
 
 

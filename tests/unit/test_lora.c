@@ -104,6 +104,10 @@ TEST(gpt2_regex_targets_match_peft) { check_against_peft("gpt2-tiny", "gpt2-tiny
 // layers_to_transform: a list with layers_pattern, and an integer without one
 TEST(llama_layers_to_transform_matches_peft) { check_against_peft("llama-tiny", "llama-tiny-layers"); }
 TEST(gpt2_layers_to_transform_matches_peft) { check_against_peft("gpt2-tiny", "gpt2-tiny-layers"); }
+// rank_pattern / alpha_pattern (per-module ranks and alphas, the first matching key winning) and
+// exclude_modules (a list on LLaMA, a regular expression on GPT-2 with rsLoRA)
+TEST(llama_rank_alpha_patterns_match_peft) { check_against_peft("llama-tiny", "llama-tiny-pattern"); }
+TEST(gpt2_rslora_patterns_exclude_regex_match_peft) { check_against_peft("gpt2-tiny", "gpt2-tiny-pattern"); }
 
 // The adapters a regular expression picks: those whose whole module path it matches (re.fullmatch), a
 // pattern equivalent to a list picks the list's tensors, and the expression goes back to
@@ -235,6 +239,82 @@ TEST(layers_to_transform_picks_blocks) {
     cJSON_Delete(out);
 }
 
+// rank_pattern / alpha_pattern / exclude_modules as PEFT reads them, on llama-tiny's table (no buffers):
+// a key matches the end of a path after a '.', the first matching key in the file's order gives the
+// value; exclude_modules takes listed names (or a regular expression's whole paths) out.
+static int pattern_lora(const char *json, sl_lora *lo) {
+    sl_model_config cfg;
+    sl_lora_config lc;
+    if (sl_config_preset(&cfg, "llama-tiny")) return -1;
+    cJSON *j = cJSON_Parse(json);
+    sl_lora_config_defaults(&lc);
+    int rc = j ? sl_lora_config_parse(&lc, j, "adapter_config.json") : -1;
+    cJSON_Delete(j);
+    return rc ? rc : sl_lora_create(lo, &cfg, &lc, NULL);
+}
+
+// The adapter on `module` (a path), NULL when that module is not adapted.
+static const sl_lora_adapter *adapter_on(const sl_lora *lo, const char *module) {
+    for (int a = 0; a < lo->n_adapters; a++)
+        if (strcmp(lo->adapters[a].module, module) == 0) return &lo->adapters[a];
+    return NULL;
+}
+
+TEST(patterns_pick_ranks_alphas_and_exclusions) {
+    sl_lora lo;
+    const sl_lora_adapter *q0, *q1, *v0;
+    // file order decides between two matching keys; "proj" matches no path (not after a '.')
+    CHECK(pattern_lora("{\"target_modules\": [\"q_proj\", \"v_proj\"], \"r\": 8, \"lora_alpha\": 16, "
+                       "\"rank_pattern\": {\"layers\\\\.1\\\\..*\": 5, \"q_proj\": 2, \"proj\": 7}, "
+                       "\"alpha_pattern\": {\"model.layers.0.self_attn.v_proj\": 4}}", &lo) == 0);
+    q0 = adapter_on(&lo, "model.layers.0.self_attn.q_proj");
+    q1 = adapter_on(&lo, "model.layers.1.self_attn.q_proj");
+    v0 = adapter_on(&lo, "model.layers.0.self_attn.v_proj");
+    CHECK(q0 && q1 && v0 && q0->r == 2 && q1->r == 5 && v0->r == 8);
+    CHECK(q0 && v0 && q0->scale == 8.0f && v0->scale == 0.5f);  // 16 / 2, 4 / 8
+    CHECK(lo.tensors[q1 ? q1->lora_A : 0].shape[0] == 5 && lo.tensors[q1 ? q1->lora_B : 0].shape[1] == 5);
+    sl_lora_free(&lo);
+    CHECK(pattern_lora("{\"target_modules\": [\"q_proj\"], \"use_rslora\": true, \"lora_alpha\": 6, "
+                       "\"rank_pattern\": {\"q_proj\": 2, \"layers\\\\.1\\\\..*\": 5}, "
+                       "\"alpha_pattern\": {\"q_proj\": 4}}", &lo) == 0);
+    q1 = adapter_on(&lo, "model.layers.1.self_attn.q_proj");
+    CHECK(q1 && q1->r == 2 && q1->scale == (float)(4.0 / sqrt(2.0)));
+    sl_lora_free(&lo);
+    // exclude_modules: names (a whole path, or a name a path ends with), or a regular expression
+    CHECK(pattern_lora("{\"target_modules\": \"all-linear\", \"exclude_modules\": [\"q_proj\", "
+                       "\"model.layers.1.mlp.up_proj\"]}", &lo) == 0);
+    CHECK(lo.n_adapters == 2 * 7 - 3 && !adapter_on(&lo, "model.layers.0.self_attn.q_proj") &&
+          !adapter_on(&lo, "model.layers.1.mlp.up_proj") && adapter_on(&lo, "model.layers.0.mlp.up_proj"));
+    sl_lora_free(&lo);
+    CHECK(pattern_lora("{\"target_modules\": [\"v_proj\", \"o_proj\"], \"exclude_modules\": "
+                       "\".*\\\\.0\\\\..*\"}", &lo) == 0);
+    CHECK(lo.n_adapters == 2 && adapter_on(&lo, "model.layers.1.self_attn.v_proj") &&
+          adapter_on(&lo, "model.layers.1.self_attn.o_proj"));
+    sl_lora_free(&lo);
+    // a target expression that also matches the head is accepted when exclude_modules takes the head out
+    CHECK(fails_with(pattern_lora("{\"target_modules\": \".*_proj|lm_head\"}", &lo), "also matches the module 'lm_head'"));
+    CHECK(pattern_lora("{\"target_modules\": \".*_proj|lm_head\", \"exclude_modules\": [\"lm_head\"]}", &lo) == 0);
+    CHECK(lo.n_adapters == 2 * 7);
+    sl_lora_free(&lo);
+    // everything excluded: PEFT's "All modules were excluded"
+    CHECK(fails_with(pattern_lora("{\"target_modules\": [\"q_proj\"], \"exclude_modules\": [\"q_proj\"]}", &lo),
+                     "excludes every module target_modules picks"));
+    // back to adapter_config.json: keys in order, values, exclude_modules as it was
+    sl_lora_config lc, back;
+    cJSON *j = cJSON_Parse("{\"target_modules\": [\"q_proj\"], \"rank_pattern\": {\"z_key\": 3, \"a_key\": 2}, "
+                           "\"alpha_pattern\": {\"q_proj\": 2.5}, \"exclude_modules\": \".*\\\\.9\\\\..*\"}"),
+          *out = cJSON_CreateObject();
+    sl_lora_config_defaults(&lc);
+    sl_lora_config_defaults(&back);
+    CHECK(j && sl_lora_config_parse(&lc, j, "test") == 0 && sl_lora_config_to_json(&lc, out) == 0 &&
+          sl_lora_config_parse(&back, out, "written") == 0);
+    CHECK(back.rank_pattern.n == 2 && strcmp(back.rank_pattern.keys, "z_key\na_key\n") == 0 &&
+          back.rank_pattern.value[0] == 3 && back.alpha_pattern.n == 1 && back.alpha_pattern.value[0] == 2.5);
+    CHECK(back.exclude_regex == 1 && strcmp(back.exclude_modules, ".*\\.9\\..*") == 0);
+    cJSON_Delete(j);
+    cJSON_Delete(out);
+}
+
 // 10 AdamW steps on the adapters only (lr 1e-2, betas 0.9/0.95, eps 1e-8, weight decay 0.1 on every
 // adapter tensor, as torch.optim.AdamW over PEFT's trainable parameters); the base keeps its bits.
 static void check_adamw_track(const char *base, const char *name) {
@@ -255,6 +335,7 @@ static void check_adamw_track(const char *base, const char *name) {
 
 TEST(gpt2_lora_adamw_tracks_peft) { check_adamw_track("gpt2-tiny", "gpt2-tiny-all"); }
 TEST(llama_lora_adamw_tracks_peft) { check_adamw_track("llama-tiny", "llama-tiny-qvud"); }
+TEST(llama_patterns_adamw_tracks_peft) { check_adamw_track("llama-tiny", "llama-tiny-pattern"); }
 
 // 10 AdamW8bit steps on the adapters (the engine's plan over their tensor table; min_8bit_size 256, so
 // the adapters of 256 elements or more keep 8-bit blockwise state) against bitsandbytes' AdamW8bit on
@@ -323,21 +404,29 @@ static void check_adam8_track(const char *base, const char *name) {
 TEST(gpt2_lora_adamw8bit_tracks_bitsandbytes) { check_adam8_track("gpt2-tiny", "gpt2-tiny-all"); }
 TEST(llama_lora_adamw8bit_tracks_bitsandbytes) { check_adam8_track("llama-tiny", "llama-tiny-qvud"); }
 
-// shardlm's save loads back bit for bit with the same config.
-TEST(saved_adapters_load_back) {
+// shardlm's save loads back bit for bit with the same config (per-module ranks and scales too).
+static void check_load_back(const char *name) {
     fixture fx;
-    if (load_fixture(&fx, "llama-tiny", "llama-tiny-rslora")) { CHECK(0); free_fixture(&fx); return; }
+    if (load_fixture(&fx, "llama-tiny", name)) { CHECK(0); free_fixture(&fx); return; }
     char dir[] = "/tmp/shardlm_lora_XXXXXX";
     CHECK(mkdtemp(dir) != NULL);
     snprintf(fx.lora.base_model, sizeof fx.lora.base_model, "llama-tiny");
     CHECK(sl_peft_save(dir, &fx.lora, NULL) == 0);
     sl_lora back;
     CHECK(sl_peft_load(dir, &fx.model.cfg, &sl_ops_cpu, &back) == 0);
-    CHECK(back.total == fx.lora.total && back.scale == fx.lora.scale && back.cfg.use_rslora == 1);
+    CHECK(back.n_adapters == fx.lora.n_adapters && back.cfg.use_rslora == fx.lora.cfg.use_rslora);
+    for (int a = 0; a < back.n_adapters && a < fx.lora.n_adapters; a++)
+        CHECK_MSG(back.adapters[a].r == fx.lora.adapters[a].r && back.adapters[a].scale == fx.lora.adapters[a].scale,
+                  "%s adapter %d", name, a);
     CHECK(back.total == fx.lora.total && memcmp(back.params, fx.lora.params, back.total * sizeof(float)) == 0);
     sl_lora_free(&back);
     sl_remove_tree(dir);
     free_fixture(&fx);
+}
+
+TEST(saved_adapters_load_back) {
+    check_load_back("llama-tiny-rslora");
+    check_load_back("llama-tiny-pattern");
 }
 
 // PEFT's initialisation: A uniform in +-1/sqrt(in), B zero, so the adapted model starts as the base.
@@ -349,7 +438,7 @@ TEST(initialisation_is_pefts) {
     CHECK(sl_lora_config_set_targets(&lc, "all-linear", "test") == 0);
     sl_lora lo;
     CHECK(sl_lora_create(&lo, &cfg, &lc, &sl_ops_cpu) == 0);
-    CHECK(lo.n_adapters == 7 * cfg.n_layer && lo.scale == 1.0f);
+    CHECK(lo.n_adapters == 7 * cfg.n_layer && lo.adapters[0].scale == 1.0f);
     CHECK(sl_lora_init_weights(&lo, 3) == 0);
     for (int a = 0; a < lo.n_adapters; a++) {
         const sl_tensor_info *A = &lo.tensors[lo.adapters[a].lora_A], *B = &lo.tensors[lo.adapters[a].lora_B];
@@ -651,7 +740,14 @@ TEST(bad_configs_are_refused_by_name) {
         {"{\"target_modules\": \"(q_proj\"}", "is not a regular expression shardlm reads (PCRE2: missing closing"},
         {"{\"lora_dropout\": 1.0}", "lora_dropout must be in [0, 1)"},
         {"{\"peft_type\": \"IA3\"}", "peft_type"},
-        {"{\"rank_pattern\": {\"q_proj\": 4}}", "per-module ranks"},
+        {"{\"rank_pattern\": {\"q_proj\": 0}}", "\"rank_pattern\" gives 'q_proj' a value out of range"},
+        {"{\"rank_pattern\": {\"q_proj\": 2.5}}", "expected a positive integer rank"},
+        {"{\"rank_pattern\": [\"q_proj\"]}", "\"rank_pattern\" must be an object"},
+        {"{\"alpha_pattern\": {\"q_proj\": \"8\"}}", "something other than a number"},
+        {"{\"alpha_pattern\": {\"(q_proj\": 8}}", "\"alpha_pattern\": the key '(q_proj' is not a regular expression"},
+        {"{\"exclude_modules\": \"(q\"}", "\"exclude_modules\" '(q' is not a regular expression"},
+        {"{\"exclude_modules\": [1]}", "\"exclude_modules\" must hold strings"},
+        {"{\"modules_to_save\": [\"lm_head\"]}", "extra fully trained modules"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         cJSON *j = cJSON_Parse(bad[i][0]);
