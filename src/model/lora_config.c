@@ -206,6 +206,10 @@ static int parse_targets(sl_lora_config *cfg, const cJSON *v, const char *where)
     const cJSON *item;
     cJSON_ArrayForEach(item, v) {
         if (!cJSON_IsString(item)) return sl_errorf("%s: \"target_modules\" must hold strings", where);
+        // PEFT reads "all-linear" only as the whole value; in a list it is a name no module has
+        if (strcmp(item->valuestring, "all-linear") == 0)
+            return sl_errorf("%s: \"target_modules\" lists \"all-linear\", which PEFT reads only as the whole value "
+                             "(\"target_modules\": \"all-linear\"), not as a list entry", where);
         if (add_target(cfg, item->valuestring, strlen(item->valuestring), where)) return -1;
     }
     return 0;

@@ -748,6 +748,7 @@ TEST(bad_configs_are_refused_by_name) {
         {"{\"exclude_modules\": \"(q\"}", "\"exclude_modules\" '(q' is not a regular expression"},
         {"{\"exclude_modules\": [1]}", "\"exclude_modules\" must hold strings"},
         {"{\"modules_to_save\": [\"lm_head\"]}", "extra fully trained modules"},
+        {"{\"target_modules\": [\"q_proj\", \"all-linear\"]}", "lists \"all-linear\", which PEFT reads only"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         cJSON *j = cJSON_Parse(bad[i][0]);
