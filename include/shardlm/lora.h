@@ -41,6 +41,11 @@ typedef struct {
     char keys[SL_LORA_TARGETS_MAX];  // the n keys, each ended by '\n' (a key holding '\n' is refused)
 } sl_lora_pattern_map;
 
+// PEFT's init_lora_weights: true (A as nn.Linear's reset, uniform in +-1/sqrt(in); B zero), "gaussian"
+// (A normal with std 1/r; B zero), false (A and B both as nn.Linear's reset: B uniform in +-1/sqrt(r), so
+// the adapted model does not start as the base).
+typedef enum { SL_LORA_INIT_DEFAULT = 0, SL_LORA_INIT_GAUSSIAN, SL_LORA_INIT_NONE } sl_lora_init_mode;
+
 // PEFT's LoraConfig, the part shardlm computes.
 typedef struct {
     int r;                 // rank (> 0)
@@ -66,6 +71,7 @@ typedef struct {
     // expression its whole path matches (exclude_regex)
     int n_exclude, exclude_regex;
     char exclude_modules[SL_LORA_TARGETS_MAX];  // the names comma-joined, or the expression
+    int init_lora_weights;  // how new adapters start (sl_lora_init_mode); adapters loaded from a file keep theirs
     sl_lora_pattern_map rank_pattern;   // per-module ranks (positive integers)
     sl_lora_pattern_map alpha_pattern;  // per-module lora_alpha
 } sl_lora_config;
@@ -141,6 +147,8 @@ int sl_lora_keys_find(const void *keys, const char *path, int from);
 // "model.layers.0.self_attn.q_proj"): by cfg's layers_pattern, or the first ".<name>.<index>."; -1 when
 // it finds none, -2 with the error on a regex failure.
 int sl_lora_layer_index(const sl_lora_config *cfg, const char *path);
+// init_lora_weights from "true", "false" or "gaussian" (any case); another value is an error naming `where`.
+int sl_lora_init_parse(sl_lora_config *cfg, const char *value, const char *where);
 // target_modules from a comma-separated list ("q_proj,v_proj" or "all-linear").
 int sl_lora_config_set_targets(sl_lora_config *cfg, const char *list, const char *where);
 // Range checks: r > 0, lora_alpha finite, 0 <= lora_dropout < 1, rank_pattern's ranks > 0 and
@@ -159,8 +167,9 @@ int sl_lora_alloc_grads(sl_lora *lora);
 // Points every unit's views into params / grads / weights_bf16 (after they move).
 void sl_lora_bind_views(sl_lora *lora);
 void sl_lora_zero_grad(sl_lora *lora);
-// PEFT's initialisation: A as nn.Linear's default reset (kaiming_uniform_(a=sqrt(5)): uniform in
-// +-1/sqrt(in)), B zero, drawn from the counter-based RNG (seed, tensor index).
+// PEFT's initialisation by cfg.init_lora_weights (sl_lora_init_mode; by default A as nn.Linear's reset,
+// kaiming_uniform_(a=sqrt(5)): uniform in +-1/sqrt(in), and B zero), drawn from the counter-based RNG
+// (seed, tensor index).
 int sl_lora_init_weights(sl_lora *lora, uint64_t seed);
 // Refreshes the bf16 copy after params changed (nothing without ops->act_bf16).
 int sl_lora_params_changed(sl_lora *lora);

@@ -25,6 +25,11 @@ int train_lora_flag(sl_args *a, sl_train_config *c) {
             fprintf(stderr, "error: %s\n", sl_error());
             a->error = 1;
         }
+    } else if (sl_arg_str(a, "--lora-init", targets, sizeof targets)) {
+        if (sl_lora_init_parse(&c->lora, targets, "--lora-init")) {
+            fprintf(stderr, "error: %s\n", sl_error());
+            a->error = 1;
+        }
     } else {
         return 0;
     }

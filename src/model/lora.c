@@ -429,13 +429,25 @@ void sl_lora_zero_grad(sl_lora *lo) {
 int sl_lora_init_weights(sl_lora *lo, uint64_t seed) {
     float *host = lo->ops->on_device ? sl_calloc(lo->total, sizeof(float), "lora initial weights") : lo->params;
     if (!host && lo->total) return -1;
+    int mode = lo->cfg.init_lora_weights;
     for (int a = 0; a < lo->n_adapters; a++) {
         const sl_tensor_info *A = &lo->tensors[lo->adapters[a].lora_A], *B = &lo->tensors[lo->adapters[a].lora_B];
         // rank 1 of the key keeps these streams apart from the base model's (rank 0, same indices)
         sl_rng rng = sl_rng_make(seed, 1, (uint64_t)lo->adapters[a].lora_A, SL_RNG_INIT);
-        float bound = 1.0f / sqrtf((float)A->shape[1]);
-        for (size_t j = 0; j < A->numel; j++) host[A->offset + j] = bound * (2.0f * sl_rng_uniform(&rng) - 1.0f);
-        memset(host + B->offset, 0, B->numel * sizeof(float));
+        if (mode == SL_LORA_INIT_GAUSSIAN) {
+            float std = 1.0f / (float)lo->adapters[a].r;
+            for (size_t j = 0; j < A->numel; j++) host[A->offset + j] = std * sl_rng_normal(&rng);
+        } else {
+            float bound = 1.0f / sqrtf((float)A->shape[1]);
+            for (size_t j = 0; j < A->numel; j++) host[A->offset + j] = bound * (2.0f * sl_rng_uniform(&rng) - 1.0f);
+        }
+        if (mode != SL_LORA_INIT_NONE) {
+            memset(host + B->offset, 0, B->numel * sizeof(float));
+            continue;
+        }
+        sl_rng rng_b = sl_rng_make(seed, 1, (uint64_t)lo->adapters[a].lora_B, SL_RNG_INIT);
+        float bound = 1.0f / sqrtf((float)B->shape[1]);  // nn.Linear(r, out)'s reset: fan_in r
+        for (size_t j = 0; j < B->numel; j++) host[B->offset + j] = bound * (2.0f * sl_rng_uniform(&rng_b) - 1.0f);
     }
     if (host != lo->params) {
         lo->ops->upload(lo->params, host, lo->total * sizeof(float));

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 void sl_lora_config_defaults(sl_lora_config *cfg) {
     memset(cfg, 0, sizeof *cfg);
@@ -360,10 +361,21 @@ int sl_lora_config_parse(sl_lora_config *cfg, const cJSON *obj, const char *wher
         parse_pattern_map(&cfg->alpha_pattern, obj, "alpha_pattern", 0, where))
         return -1;
     const cJSON *init = cJSON_GetObjectItemCaseSensitive(obj, "init_lora_weights");
-    if (init && !cJSON_IsBool(init))
-        return sl_errorf("%s: \"init_lora_weights\" other than true/false (PiSSA, OLoRA, LoftQ, ...) is not "
-                         "computed by shardlm", where);
+    if (init && !cJSON_IsNull(init) && sl_lora_init_parse(cfg, cJSON_IsTrue(init) ? "true" : cJSON_IsFalse(init) ? "false"
+                                                        : cJSON_IsString(init) ? init->valuestring : "(not a string)",
+                                                        where))
+        return -1;
     return sl_lora_config_check(cfg, where);
+}
+
+int sl_lora_init_parse(sl_lora_config *cfg, const char *value, const char *where) {
+    if (strcmp(value, "true") == 0) cfg->init_lora_weights = SL_LORA_INIT_DEFAULT;
+    else if (strcmp(value, "false") == 0) cfg->init_lora_weights = SL_LORA_INIT_NONE;
+    else if (strcasecmp(value, "gaussian") == 0) cfg->init_lora_weights = SL_LORA_INIT_GAUSSIAN;  // PEFT: .lower()
+    else
+        return sl_errorf("%s: \"init_lora_weights\" '%s': shardlm computes true, false and \"gaussian\" (not PiSSA, "
+                         "OLoRA, LoftQ, EVA, CorDA, ...)", where, value);
+    return 0;
 }
 
 int sl_lora_config_check(const sl_lora_config *cfg, const char *where) {
@@ -397,7 +409,10 @@ int sl_lora_config_to_json(const sl_lora_config *cfg, cJSON *obj) {
         !cJSON_AddNumberToObject(obj, "lora_alpha", cfg->lora_alpha) ||
         !cJSON_AddNumberToObject(obj, "lora_dropout", cfg->lora_dropout) ||
         !cJSON_AddBoolToObject(obj, "use_rslora", cfg->use_rslora) || !cJSON_AddStringToObject(obj, "bias", "none") ||
-        !cJSON_AddBoolToObject(obj, "inference_mode", 1) || !cJSON_AddBoolToObject(obj, "init_lora_weights", 1)) {
+        !cJSON_AddBoolToObject(obj, "inference_mode", 1) ||
+        !(cfg->init_lora_weights == SL_LORA_INIT_GAUSSIAN
+              ? cJSON_AddStringToObject(obj, "init_lora_weights", "gaussian")
+              : cJSON_AddBoolToObject(obj, "init_lora_weights", cfg->init_lora_weights == SL_LORA_INIT_DEFAULT))) {
         cJSON_Delete(targets);
         return sl_errorf("out of memory writing adapter_config.json");
     }

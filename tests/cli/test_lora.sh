@@ -167,6 +167,20 @@ expect lora_patterns_resume_is_bit_for_bit cmp "$tmp/pat/step_00000004/adapter_m
 merged_equals_adapted lora_patterns_merge_equals_adapted "$tmp/pat/step_00000004" "$tmp/pat-merged" \
   "assert 'r=2..6, scale 0.75..4' in said, said"
 
+# --lora-init (init_lora_weights): false starts B random, so the first loss is not the base's (which
+# true and gaussian keep: B zero); the mode goes into adapter_config.json
+for init in true gaussian false; do
+  "$BIN" train --model gpt2-tiny "${common[@]}" --lora-r 4 --lora-init $init --steps 1 --lr 0 --save-dir "$tmp/init-$init" \
+    >>"$log" 2>&1
+done
+expect lora_init_modes_written_and_used python3 -c "
+import json
+first = lambda m: [json.loads(l)['loss'] for l in open('$tmp/init-' + m + '/metrics.jsonl') if '\"loss\"' in l][0]
+mode = lambda m: json.load(open('$tmp/init-' + m + '/step_00000001/adapter_config.json'))['init_lora_weights']
+assert (mode('true'), mode('gaussian'), mode('false')) == (True, 'gaussian', False)
+assert first('true') == first('gaussian') != first('false'), (first('true'), first('gaussian'), first('false'))
+"
+
 # data parallelism: 2 ranks x batch 2 follow 1 rank x batch 4 (fp32 reduction order aside), and their
 # checkpoint resumes on 1 rank
 if command -v mpirun >/dev/null; then
@@ -199,6 +213,7 @@ bad unknown_target_module_is_named "target module 'q_proj' matches no linear of 
   --lora-targets q_proj
 echo '{"lora": {"r": 4, "bias": "all"}}' >"$tmp/bias.json"
 bad lora_bias_is_refused "\"bias\" is \"all\"" "${run[@]}" --config "$tmp/bias.json"
+bad lora_init_pissa_is_refused "init_lora_weights\" 'pissa'" "${run[@]}" --lora-init pissa
 echo '{"lora": {"r": 4, "use_dora": true}}' >"$tmp/dora.json"
 bad dora_is_refused "DoRA" "${run[@]}" --config "$tmp/dora.json"
 bad lora_adamw_checkpoint_resumed_with_adamw8bit_is_refused \

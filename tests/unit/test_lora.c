@@ -450,6 +450,49 @@ TEST(initialisation_is_pefts) {
     sl_lora_free(&lo);
 }
 
+// init_lora_weights "gaussian": A normal with std 1/r (per module with rank_pattern), B zero; false: B
+// drawn like A (nn.Linear's reset, +-1/sqrt(r)); both read from adapter_config.json and written back.
+static void init_stats(const char *json, double *a_std, double *a_max_rel, double *b_max_rel) {
+    sl_model_config cfg;
+    sl_lora_config lc, back;
+    sl_lora lo;
+    CHECK(sl_config_preset(&cfg, "llama-tiny") == 0);
+    cJSON *j = cJSON_Parse(json), *out = cJSON_CreateObject();
+    sl_lora_config_defaults(&lc);
+    sl_lora_config_defaults(&back);
+    CHECK(j && sl_lora_config_parse(&lc, j, "test") == 0 && sl_lora_config_to_json(&lc, out) == 0 &&
+          sl_lora_config_parse(&back, out, "written") == 0 && back.init_lora_weights == lc.init_lora_weights);
+    cJSON_Delete(j);
+    cJSON_Delete(out);
+    CHECK(sl_lora_create(&lo, &cfg, &lc, &sl_ops_cpu) == 0 && sl_lora_init_weights(&lo, 5) == 0);
+    double sum2 = 0, n = 0;
+    *a_max_rel = *b_max_rel = 0;
+    for (int a = 0; a < lo.n_adapters; a++) {
+        const sl_lora_adapter *ad = &lo.adapters[a];
+        const sl_tensor_info *A = &lo.tensors[ad->lora_A], *B = &lo.tensors[ad->lora_B];
+        for (size_t k = 0; k < A->numel; k++) {
+            double x = lo.params[A->offset + k] * ad->r;  // in units of 1/r
+            sum2 += x * x, n++;
+            *a_max_rel = fmax(*a_max_rel, fabs(lo.params[A->offset + k]) * sqrt((double)ad->in_features));
+        }
+        *b_max_rel = fmax(*b_max_rel, fixture_max_abs(lo.params + B->offset, B->numel) * sqrt((double)ad->r));
+    }
+    *a_std = sqrt(sum2 / n);
+    sl_lora_free(&lo);
+}
+
+TEST(init_lora_weights_gaussian_and_false) {
+    double a_std, a_rel, b_rel;
+    init_stats("{\"target_modules\": \"all-linear\", \"r\": 4, \"rank_pattern\": {\"q_proj\": 8}, "
+               "\"init_lora_weights\": \"Gaussian\"}", &a_std, &a_rel, &b_rel);
+    CHECK_MSG(fabs(a_std - 1.0) < 0.05 && b_rel == 0.0, "gaussian: A std %.3f of 1/r, B max %.3g", a_std, b_rel);
+    init_stats("{\"target_modules\": \"all-linear\", \"init_lora_weights\": false}", &a_std, &a_rel, &b_rel);
+    CHECK_MSG(a_rel <= 1.0 && a_rel > 0.9 && b_rel <= 1.0 && b_rel > 0.9, "false: A %.3f, B %.3f of their bounds",
+              a_rel, b_rel);
+    init_stats("{\"target_modules\": \"all-linear\", \"init_lora_weights\": true}", &a_std, &a_rel, &b_rel);
+    CHECK(a_rel <= 1.0 && a_rel > 0.9 && b_rel == 0.0);
+}
+
 // Dropout runs only while training, with the same mask for the same seed.
 TEST(dropout_only_while_training_and_repeatable) {
     sl_model_config cfg;
@@ -748,6 +791,7 @@ TEST(bad_configs_are_refused_by_name) {
         {"{\"exclude_modules\": \"(q\"}", "\"exclude_modules\" '(q' is not a regular expression"},
         {"{\"exclude_modules\": [1]}", "\"exclude_modules\" must hold strings"},
         {"{\"modules_to_save\": [\"lm_head\"]}", "extra fully trained modules"},
+        {"{\"init_lora_weights\": \"pissa\"}", "\"init_lora_weights\" 'pissa': shardlm computes true, false"},
         {"{\"target_modules\": [\"q_proj\", \"all-linear\"]}", "lists \"all-linear\", which PEFT reads only"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
