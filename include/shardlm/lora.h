@@ -71,6 +71,7 @@ typedef struct {
     // expression its whole path matches (exclude_regex)
     int n_exclude, exclude_regex;
     char exclude_modules[SL_LORA_TARGETS_MAX];  // the names comma-joined, or the expression
+    int use_dora;           // DoRA: a trained magnitude per output, the weight's row norms (model/lora_dora.h)
     int init_lora_weights;  // how new adapters start (sl_lora_init_mode); adapters loaded from a file keep theirs
     sl_lora_pattern_map rank_pattern;   // per-module ranks (positive integers)
     sl_lora_pattern_map alpha_pattern;  // per-module lora_alpha
@@ -86,6 +87,7 @@ typedef struct {
     int r;                                // its rank (rank_pattern's, else the config's r)
     float scale;                          // lora_alpha / r (alpha_pattern's alpha; / sqrt(r) with use_rslora)
     int lora_A, lora_B;                   // indices into the tensor table
+    int magnitude;                        // DoRA's lora_magnitude_vector (out), -1 without DoRA
     char module[SL_LORA_NAME_MAX];        // its module path, e.g. "model.layers.0.self_attn.q_proj"
 } sl_lora_adapter;
 
@@ -116,13 +118,16 @@ typedef struct sl_lora {
     // Dropout runs while `training` is set, with masks a pure function of (dropout_seed, adapter).
     int training;
     uint64_t dropout_seed;
+    uint64_t version;          // counts sl_lora_params_changed: DoRA's norms are reused while it stands
+    struct sl_dora *dora;      // DoRA's norms and buffers (use_dora), NULL until planned
+    int dora_init_pending;     // fresh adapters: their magnitudes are the base's norms, set when attached
     char base_model[1024];     // the base's name or path, for adapter_config.json ("" = unknown)
 } sl_lora;
 
 // PEFT's defaults: r 8, lora_alpha 8, lora_dropout 0, no rslora, no targets (sl_lora_create then
 // takes PEFT's default targets for the architecture: GPT-2 c_attn, LLaMA q_proj and v_proj).
 void sl_lora_config_defaults(sl_lora_config *cfg);
-// Reads a PEFT-style object (a train config's "lora" block or adapter_config.json): r, lora_alpha,
+// Reads a PEFT-style object (a train config's "lora" block or adapter_config.json): r, lora_alpha, use_dora,
 // lora_dropout, target_modules (a list, "all-linear", or another string: a regular expression, checked
 // to compile), use_rslora, bias ("none" only), layers_to_transform / layers_pattern, exclude_modules,
 // rank_pattern / alpha_pattern (each key checked to compile). Other
@@ -171,6 +176,10 @@ void sl_lora_zero_grad(sl_lora *lora);
 // kaiming_uniform_(a=sqrt(5)): uniform in +-1/sqrt(in), and B zero), drawn from the counter-based RNG
 // (seed, tensor index).
 int sl_lora_init_weights(sl_lora *lora, uint64_t seed);
+// For sl_model_attach_lora: DoRA's checks (the CPU backend, a base that is not quantised) and, for fresh
+// adapters (sl_lora_init_weights), their magnitudes: the rows' norms of the base's fp32 weights (params,
+// layout L) with the adapters' start added, as PEFT sets them. Nothing without use_dora.
+int sl_lora_attached(sl_lora *lora, const sl_param_layout *L, const float *params, int quantised);
 // Refreshes the bf16 copy after params changed (nothing without ops->act_bf16).
 int sl_lora_params_changed(sl_lora *lora);
 // Index of the tensor with this PEFT name, or -1.
@@ -181,7 +190,8 @@ void sl_lora_describe(const sl_lora *lora, int with_scale, char *buf, size_t cap
 // The module path of each adaptable linear of the block (for messages): "a, b, ..." into buf.
 void sl_lora_list_modules(const sl_model_config *model_cfg, char *buf, size_t cap);
 
-// PEFT's merge_and_unload: W += (B @ A) * scale for every adapter, into the base's parameters
+// PEFT's merge_and_unload: W += (B @ A) * scale for every adapter (DoRA: then each row scaled by its
+// magnitude over the row's norm), into the base's parameters
 // `params` (host memory, layout L of the model the adapters were built for); the product in fp32
 // by fused multiply-adds over r in order, then scaled and added, as torch's CPU GEMM computes
 // delta_weight (bit for bit in tests/reference/check_lora_peft.py). The adapters' parameters are
@@ -193,12 +203,22 @@ int sl_lora_merge(const sl_lora *lora, const sl_param_layout *L, float *params);
 int sl_lora_plan(sl_lora *lora, int N);
 // Block `layer`'s first adapter on `linear` (the index into adapters), -1 when none.
 int sl_lora_first_on(const sl_lora *lora, int layer, sl_linear_kind linear);
-// y (N, ld) += scale * B(A(dropout(x))) in each of block `layer`'s adapters on `linear`; x (N, in).
-void sl_lora_forward(sl_lora *lora, int layer, sl_linear_kind linear, const sl_act *x, sl_act *y, int N, int ld);
-// Backward of sl_lora_forward with dy (N, ld) the GEMM output's gradient: grads of A and B
+// y (N, ld) += scale * B(A(dropout(x))) in each of block `layer`'s adapters on `linear`; x (N, in). y
+// holds the base GEMM's output, W and bias (NULL: none) are that GEMM's (DoRA rescales its columns).
+void sl_lora_forward(sl_lora *lora, int layer, sl_linear_kind linear, const sl_act *x, sl_act *y, const sl_act *W,
+                     const sl_act *bias, int N, int ld);
+// The output gradient the base GEMM's backward takes: dy itself, or with DoRA adapters on the linear
+// a copy with their columns rescaled (and their magnitudes' gradients taken). Called before that GEMM.
+const sl_act *sl_lora_base_grad(sl_lora *lora, int layer, sl_linear_kind linear, const sl_act *dy, int N, int ld);
+// 0 when a backward may follow the last forward, -1 with the error when it may not (DoRA keeps what its
+// backward needs only when the adapters have gradients or `training` is set).
+int sl_lora_check_backward(const sl_lora *lora);
+// 1 when block `layer`'s `linear` has DoRA adapters (its output gradient must be at hand unfused).
+int sl_lora_dora_on(const sl_lora *lora, int layer, sl_linear_kind linear);
+// Backward of sl_lora_forward with dy (N, ld) what sl_lora_base_grad returned: grads of A and B
 // accumulate; dx (N, in), the input's gradient from the base GEMM, gets the adapters' part added
-// (dx NULL: not wanted, the lowest block's input).
+// (dx NULL: not wanted, the lowest block's input); W the GEMM's weight.
 void sl_lora_backward(sl_lora *lora, int layer, sl_linear_kind linear, const sl_act *x, const sl_act *dy, sl_act *dx,
-                      int N, int ld);
+                      const sl_act *W, int N, int ld);
 
 #endif

@@ -43,10 +43,10 @@ static int check_tensors(const sl_st_file *f, const sl_lora *lo, const char *pat
                              lo->n_tensors ? lo->tensors[0].name : "(none)");
         const sl_tensor_info *e = &lo->tensors[idx];
         int64_t shape[2] = {e->shape[0], e->shape[1]};
-        if (t->ndim != 2 || t->shape[0] != shape[0] || t->shape[1] != shape[1])
+        if (t->ndim != e->ndim || t->shape[0] != shape[0] || (e->ndim == 2 && t->shape[1] != shape[1]))
             return sl_errorf("%s: tensor %s has shape %s, this base model needs %s (an adapter for another base "
                              "model, or another r?%s)", path, t->name, sl_st_shape_str(got, sizeof got, t->ndim, t->shape),
-                             sl_st_shape_str(want, sizeof want, 2, shape),
+                             sl_st_shape_str(want, sizeof want, e->ndim, shape),
                              lo->cfg.rank_pattern.n ? " rank_pattern's keys are tried in the file's order, and PEFT "
                              "writes them sorted: keys that overlap can give a module another rank than in training"
                                                     : "");
@@ -72,6 +72,8 @@ static int same_map(const sl_lora_pattern_map *a, const sl_lora_pattern_map *b) 
 static int same_settings(const sl_lora_config *a, const sl_lora_config *b, const char *path) {
     if (!same_map(&a->rank_pattern, &b->rank_pattern) || !same_map(&a->alpha_pattern, &b->alpha_pattern))
         return sl_errorf("%s: rank_pattern / alpha_pattern differ from this run's", path);
+    if (a->use_dora != b->use_dora)
+        return sl_errorf("%s: use_dora %d; this run has use_dora %d", path, a->use_dora, b->use_dora);
     if (a->r != b->r || a->lora_alpha != b->lora_alpha || a->use_rslora != b->use_rslora ||
         a->lora_dropout != b->lora_dropout)
         return sl_errorf("%s: r %d, lora_alpha %g, use_rslora %d, lora_dropout %g; this run has r %d, lora_alpha %g, "
@@ -128,7 +130,7 @@ static int save_weights(const char *path, const sl_lora *lo, const float *given)
         if (own) lo->ops->download(own, lo->params, lo->total * sizeof(float));
         for (int i = 0; i < lo->n_tensors; i++) {
             const sl_tensor_info *t = &lo->tensors[i];
-            desc[i] = (sl_st_desc){.name = t->name, .ndim = 2, .shape = {t->shape[0], t->shape[1]}};
+            desc[i] = (sl_st_desc){.name = t->name, .ndim = t->ndim, .shape = {t->shape[0], t->shape[1]}};
             data[i] = host + t->offset;
         }
         const char *keys[] = {"format"}, *values[] = {"pt"};

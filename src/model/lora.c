@@ -5,6 +5,7 @@
 // module, modules in the model's order) lie in unit 1 + l; the activations planned for N rows hold
 // each adapter's A output (and dropped input) from its forward until the backward.
 #include "shardlm/lora.h"
+#include "model/lora_dora.h"
 #include "shardlm/error.h"
 #include "shardlm/rng.h"
 
@@ -252,17 +253,18 @@ static int targeted_slots(const sl_model_config *mc, sl_lora_config *cfg, unsign
     return rc;
 }
 
+// A tensor of the table: (rows, cols), or (rows) with cols 0 (DoRA's magnitude, saved without ".weight").
 static int add_tensor(sl_lora *lo, size_t *offset, int layer, int rows, int cols, const char *module,
                       const char *which) {
     sl_tensor_info *t = &lo->tensors[lo->n_tensors];
     memset(t, 0, sizeof *t);
-    int len = snprintf(t->name, sizeof t->name, "base_model.model.%s.%s.weight", module, which);
+    int len = snprintf(t->name, sizeof t->name, "base_model.model.%s.%s%s", module, which, cols ? ".weight" : "");
     if (len >= (int)sizeof t->name) return sl_errorf("lora: tensor name for %s is too long", module);
     t->offset = *offset;
-    t->ndim = 2;
+    t->ndim = cols ? 2 : 1;
     t->shape[0] = t->hf_rows = rows;
     t->shape[1] = cols;
-    t->numel = (size_t)rows * (size_t)cols;
+    t->numel = (size_t)rows * (size_t)(cols ? cols : 1);
     t->layer = layer;
     t->unit = layer + 1;
     t->weight_decay = 1;
@@ -303,7 +305,7 @@ static int build_table(sl_lora *lo, const unsigned *masks, const void *rank_keys
     int n = block_modules(mc, s), count = 0;
     for (int l = 0; l < mc->n_layer; l++)
         for (int i = 0; i < n; i++) count += (masks[l] >> i) & 1;
-    lo->tensors = sl_calloc((size_t)(2 * count) + 1, sizeof *lo->tensors, "lora tensors");
+    lo->tensors = sl_calloc((size_t)(3 * count) + 1, sizeof *lo->tensors, "lora tensors");
     lo->adapters = sl_calloc((size_t)count + 1, sizeof *lo->adapters, "lora adapters");
     lo->layer_first = sl_calloc((size_t)mc->n_layer + 1, sizeof(int), "lora adapters");
     lo->n_units = mc->n_layer + 2;
@@ -336,6 +338,10 @@ static int build_table(sl_lora *lo, const unsigned *masks, const void *rank_keys
             ad->scale = (float)(cfg->use_rslora ? alpha / sqrt(r) : alpha / r);
             if ((ad->lora_A = add_tensor(lo, &offset, l, ad->r, s[i].in, ad->module, "lora_A")) < 0 ||
                 (ad->lora_B = add_tensor(lo, &offset, l, s[i].out, ad->r, ad->module, "lora_B")) < 0)
+                return -1;
+            ad->magnitude = -1;
+            if (cfg->use_dora &&
+                (ad->magnitude = add_tensor(lo, &offset, l, s[i].out, 0, ad->module, "lora_magnitude_vector")) < 0)
                 return -1;
         }
     }
@@ -401,6 +407,7 @@ static void free_acts(sl_lora *lo) {
 
 void sl_lora_free(sl_lora *lo) {
     free_acts(lo);
+    lora_dora_free(lo);
     release(lo, lo->params);
     release(lo, lo->grads);
     release(lo, lo->weights_bf16);
@@ -453,12 +460,25 @@ int sl_lora_init_weights(sl_lora *lo, uint64_t seed) {
         lo->ops->upload(lo->params, host, lo->total * sizeof(float));
         free(host);
     }
+    lo->dora_init_pending = lo->cfg.use_dora;  // the magnitudes need the base (sl_lora_attached)
     return sl_lora_params_changed(lo);
 }
 
 int sl_lora_params_changed(sl_lora *lo) {
+    lo->version++;
     if (lo->weights_bf16 && lo->params) lo->ops->to_storage(lo->weights_bf16, lo->params, lo->total);
     return 0;
+}
+
+int sl_lora_attached(sl_lora *lo, const sl_param_layout *L, const float *params, int quantised) {
+    if (!lo->cfg.use_dora) return 0;
+    if (lo->ops->on_device)
+        return sl_errorf("lora: DoRA (use_dora) runs on the CPU backend only for now; this model is on %s",
+                         lo->ops->name);
+    if (quantised) return sl_errorf("lora: DoRA (use_dora) on a quantised base is not computed by shardlm");
+    if (!lo->dora_init_pending) return 0;
+    lo->dora_init_pending = 0;
+    return lora_dora_init_magnitudes(lo, L, params);
 }
 
 void sl_lora_describe(const sl_lora *lo, int with_scale, char *buf, size_t cap) {
@@ -484,7 +504,7 @@ int sl_lora_find(const sl_lora *lo, const char *name) {
 }
 
 // The base weight (out, in) an adapter's linear belongs to; the fused GEMM's rows run on contiguously.
-static int base_weight(const sl_param_layout *L, const sl_lora_adapter *ad) {
+int lora_base_weight(const sl_param_layout *L, const sl_lora_adapter *ad) {
     const sl_block_tensors *k = &L->blocks[ad->layer];
     switch (ad->linear) {
     case SL_LINEAR_QKV: return k->qkv_w;
@@ -503,7 +523,8 @@ int sl_lora_merge(const sl_lora *lo, const sl_param_layout *L, float *params) {
         const sl_lora_adapter *ad = &lo->adapters[a];
         const float *A = host + lo->tensors[ad->lora_A].offset, *B = host + lo->tensors[ad->lora_B].offset;
         int in = ad->in_features, r = ad->r;
-        float *W = params + L->tensors[base_weight(L, ad)].offset + (size_t)ad->col0 * in, scale = ad->scale;
+        float *W = params + L->tensors[lora_base_weight(L, ad)].offset + (size_t)ad->col0 * in, scale = ad->scale;
+        const float *magnitude = ad->magnitude >= 0 ? host + lo->tensors[ad->magnitude].offset : NULL;
         // delta[o, i] = sum over k of B[o, k] * A[k, i], each element on one thread (no reduction across them)
 #pragma omp parallel for schedule(static) if((size_t)ad->out_features * in * r >= 65536)
         for (int o = 0; o < ad->out_features; o++) {
@@ -513,6 +534,7 @@ int sl_lora_merge(const sl_lora *lo, const sl_param_layout *L, float *params) {
                 for (int k = 0; k < r; k++) d = fmaf(B[(size_t)o * r + k], A[(size_t)k * in + i], d);
                 w[i] += d * scale;
             }
+            if (magnitude) lora_dora_merge_row(w, in, magnitude[o]);  // DoRA: m / ||W + delta|| per row
         }
     }
     free(host);
@@ -522,7 +544,7 @@ int sl_lora_merge(const sl_lora *lo, const sl_param_layout *L, float *params) {
 // ---- activations ---------------------------------------------------------------------------------
 
 int sl_lora_plan(sl_lora *lo, int N) {
-    if (lo->act_memory && N <= lo->act_N) return 0;
+    if (lo->act_memory && N <= lo->act_N) return lo->cfg.use_dora ? lora_dora_plan(lo, lo->act_N) : 0;
     free_acts(lo);
     size_t e = lo->ops->act_bf16 ? sizeof(sl_bf16) : sizeof(float), n = (size_t)N;
     size_t max_out = 0, max_in = 0, max_r = 0, elems = 0;
@@ -555,7 +577,7 @@ int sl_lora_plan(sl_lora *lo, int N) {
     lo->dh = sl_act_at(lo->act_memory, at + n * max_out, e);
     lo->du = sl_act_at(lo->act_memory, at + n * (max_out + max_in), e);
     lo->act_N = N;
-    return 0;
+    return lo->cfg.use_dora ? lora_dora_plan(lo, N) : 0;
 }
 
 // ---- forward and backward ------------------------------------------------------------------------
@@ -566,7 +588,7 @@ static size_t unit_offset(const sl_lora *lo, int idx) {
 }
 
 // A tensor as the GEMMs read it (the bf16 copy with bf16 storage), through its unit's view.
-static const sl_act *weight(const sl_lora *lo, int idx) {
+const sl_act *lora_weight(const sl_lora *lo, int idx) {
     int u = lo->tensors[idx].unit;
     return lo->ops->act_bf16 ? (const sl_act *)(const void *)(lo->weight_view[u] + unit_offset(lo, idx))
                              : (const sl_act *)(const void *)(lo->param_view[u] + unit_offset(lo, idx));
@@ -578,12 +600,12 @@ static float *grad(const sl_lora *lo, int idx) {
     return g ? g + unit_offset(lo, idx) : NULL;
 }
 
-static uint64_t dropout_seed(const sl_lora *lo, int adapter) {
+uint64_t lora_dropout_seed(const sl_lora *lo, int adapter) {
     sl_rng rng = sl_rng_make(lo->dropout_seed, 0, (uint64_t)adapter, SL_RNG_DROPOUT);
     return sl_rng_u64(&rng);
 }
 
-static int dropping(const sl_lora *lo) { return lo->training && lo->cfg.lora_dropout > 0.0f; }
+int lora_dropping(const sl_lora *lo) { return lo->training && lo->cfg.lora_dropout > 0.0f; }
 
 int sl_lora_first_on(const sl_lora *lo, int layer, sl_linear_kind linear) {
     for (int a = lo->layer_first[layer]; a < lo->layer_first[layer + 1]; a++)
@@ -591,39 +613,59 @@ int sl_lora_first_on(const sl_lora *lo, int layer, sl_linear_kind linear) {
     return -1;
 }
 
-void sl_lora_forward(sl_lora *lo, int layer, sl_linear_kind linear, const sl_act *x, sl_act *y, int N, int ld) {
+int sl_lora_check_backward(const sl_lora *lo) { return lora_dora_check_backward(lo); }
+
+int sl_lora_dora_on(const sl_lora *lo, int layer, sl_linear_kind linear) {
+    return lo->cfg.use_dora && sl_lora_first_on(lo, layer, linear) >= 0;
+}
+
+const sl_act *sl_lora_base_grad(sl_lora *lo, int layer, sl_linear_kind linear, const sl_act *dy, int N, int ld) {
+    return sl_lora_dora_on(lo, layer, linear) ? lora_dora_base_grad(lo, layer, linear, dy, N, ld) : dy;
+}
+
+void sl_lora_forward(sl_lora *lo, int layer, sl_linear_kind linear, const sl_act *x, sl_act *y, const sl_act *W,
+                     const sl_act *bias, int N, int ld) {
     const sl_ops *ops = lo->ops;
     for (int a = lo->layer_first[layer]; a < lo->layer_first[layer + 1]; a++) {
         const sl_lora_adapter *ad = &lo->adapters[a];
         if (ad->linear != linear) continue;
         const sl_act *h = x;  // (N, in)
-        if (dropping(lo)) {
-            ops->dropout_forward(lo->xd[a], x, (size_t)N * ad->in_features, lo->cfg.lora_dropout, dropout_seed(lo, a));
+        if (lora_dropping(lo)) {
+            ops->dropout_forward(lo->xd[a], x, (size_t)N * ad->in_features, lo->cfg.lora_dropout,
+                                 lora_dropout_seed(lo, a));
             h = lo->xd[a];
         }
-        ops->lora_forward(y, lo->u[a], lo->delta, h, weight(lo, ad->lora_A), weight(lo, ad->lora_B), ad->scale, N,
-                          ad->in_features, ad->r, ad->out_features, ld, ad->col0);
+        if (ad->magnitude >= 0) {
+            lora_dora_forward(lo, a, h, y, W, bias, N, ld);
+            continue;
+        }
+        ops->lora_forward(y, lo->u[a], lo->delta, h, lora_weight(lo, ad->lora_A), lora_weight(lo, ad->lora_B),
+                          ad->scale, N, ad->in_features, ad->r, ad->out_features, ld, ad->col0);
     }
 }
 
 void sl_lora_backward(sl_lora *lo, int layer, sl_linear_kind linear, const sl_act *x, const sl_act *dy, sl_act *dx,
-                      int N, int ld) {
+                      const sl_act *W, int N, int ld) {
     const sl_ops *ops = lo->ops;
     for (int a = lo->layer_first[layer]; a < lo->layer_first[layer + 1]; a++) {
         const sl_lora_adapter *ad = &lo->adapters[a];
         if (ad->linear != linear) continue;
         int r = ad->r;
         size_t n_in = (size_t)N * ad->in_features;
-        const sl_act *h = dropping(lo) ? lo->xd[a] : x;
-        const sl_act *A = weight(lo, ad->lora_A);
+        const sl_act *h = lora_dropping(lo) ? lo->xd[a] : x;
+        if (ad->magnitude >= 0) {
+            lora_dora_backward(lo, a, h, dy, dx, W, N, ld);
+            continue;
+        }
+        const sl_act *A = lora_weight(lo, ad->lora_A);
         // dB += g^T u, du = g B with g = scale * dy's columns; dA += du^T h; dx += du A (through the
         // dropout mask when dropping, so then dh = du A is formed apart first)
-        ops->lora_backward(dropping(lo) ? NULL : dx, grad(lo, ad->lora_A), grad(lo, ad->lora_B), lo->du, lo->delta,
-                           lo->dh, dy, h, lo->u[a], A, weight(lo, ad->lora_B), ad->scale, N, ad->in_features, r,
+        ops->lora_backward(lora_dropping(lo) ? NULL : dx, grad(lo, ad->lora_A), grad(lo, ad->lora_B), lo->du, lo->delta,
+                           lo->dh, dy, h, lo->u[a], A, lora_weight(lo, ad->lora_B), ad->scale, N, ad->in_features, r,
                            ad->out_features, ld, ad->col0);
-        if (!dropping(lo) || !dx) continue;
+        if (!lora_dropping(lo) || !dx) continue;
         ops->matmul_backward(lo->dh, NULL, NULL, lo->du, h, A, N, ad->in_features, r);
-        ops->dropout_backward(lo->dh, lo->dh, n_in, lo->cfg.lora_dropout, dropout_seed(lo, a));
+        ops->dropout_backward(lo->dh, lo->dh, n_in, lo->cfg.lora_dropout, lora_dropout_seed(lo, a));
         ops->residual_forward(dx, dx, lo->dh, n_in);
     }
 }

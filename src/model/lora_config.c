@@ -236,7 +236,8 @@ static int parse_exclude(sl_lora_config *cfg, const cJSON *obj, const char *wher
         cfg->exclude_regex = 1;
         return 0;
     }
-    if (!cJSON_IsArray(v)) return sl_errorf("%s: \"exclude_modules\" must be a list of module names or a string", where);
+    if (!cJSON_IsArray(v))
+        return sl_errorf("%s: \"exclude_modules\" must be a list of module names or a string", where);
     const cJSON *item;
     cJSON_ArrayForEach(item, v) {
         if (!cJSON_IsString(item)) return sl_errorf("%s: \"exclude_modules\" must hold strings", where);
@@ -341,7 +342,8 @@ int sl_lora_config_parse(sl_lora_config *cfg, const cJSON *obj, const char *wher
         cfg->lora_alpha = alpha->valuedouble;
     }
     if (sl_json_get_float(obj, "lora_dropout", &cfg->lora_dropout, where) ||
-        sl_json_get_bool(obj, "use_rslora", &cfg->use_rslora, where))
+        sl_json_get_bool(obj, "use_rslora", &cfg->use_rslora, where) ||
+        sl_json_get_bool(obj, "use_dora", &cfg->use_dora, where))
         return -1;
     char bias[32] = "none";
     if (sl_json_get_string(obj, "bias", bias, sizeof bias, where)) return -1;
@@ -350,7 +352,7 @@ int sl_lora_config_parse(sl_lora_config *cfg, const cJSON *obj, const char *wher
     const cJSON *targets = cJSON_GetObjectItemCaseSensitive(obj, "target_modules");
     if (targets && !cJSON_IsNull(targets) && parse_targets(cfg, targets, where)) return -1;
     static const struct { const char *key, *what; } refused[] = {
-        {"use_dora", "DoRA"}, {"use_qalora", "QALoRA"}, {"lora_bias", "adapter biases"},
+        {"use_qalora", "QALoRA"}, {"lora_bias", "adapter biases"},
         {"layer_replication", "layer replication"}, {"modules_to_save", "extra fully trained modules"},
         {"target_parameters", "adapters on parameters"}, {"trainable_token_indices", "trainable tokens"},
     };
@@ -361,10 +363,13 @@ int sl_lora_config_parse(sl_lora_config *cfg, const cJSON *obj, const char *wher
         parse_pattern_map(&cfg->alpha_pattern, obj, "alpha_pattern", 0, where))
         return -1;
     const cJSON *init = cJSON_GetObjectItemCaseSensitive(obj, "init_lora_weights");
-    if (init && !cJSON_IsNull(init) && sl_lora_init_parse(cfg, cJSON_IsTrue(init) ? "true" : cJSON_IsFalse(init) ? "false"
-                                                        : cJSON_IsString(init) ? init->valuestring : "(not a string)",
-                                                        where))
-        return -1;
+    if (init && !cJSON_IsNull(init)) {
+        const char *v = cJSON_IsTrue(init)     ? "true"
+                        : cJSON_IsFalse(init)  ? "false"
+                        : cJSON_IsString(init) ? init->valuestring
+                                               : "(not a string)";
+        if (sl_lora_init_parse(cfg, v, where)) return -1;
+    }
     return sl_lora_config_check(cfg, where);
 }
 
@@ -408,7 +413,9 @@ int sl_lora_config_to_json(const sl_lora_config *cfg, cJSON *obj) {
         !cJSON_AddStringToObject(obj, "task_type", "CAUSAL_LM") || !cJSON_AddNumberToObject(obj, "r", cfg->r) ||
         !cJSON_AddNumberToObject(obj, "lora_alpha", cfg->lora_alpha) ||
         !cJSON_AddNumberToObject(obj, "lora_dropout", cfg->lora_dropout) ||
-        !cJSON_AddBoolToObject(obj, "use_rslora", cfg->use_rslora) || !cJSON_AddStringToObject(obj, "bias", "none") ||
+        !cJSON_AddBoolToObject(obj, "use_rslora", cfg->use_rslora) ||
+        !cJSON_AddBoolToObject(obj, "use_dora", cfg->use_dora) ||
+        !cJSON_AddStringToObject(obj, "bias", "none") ||
         !cJSON_AddBoolToObject(obj, "inference_mode", 1) ||
         !(cfg->init_lora_weights == SL_LORA_INIT_GAUSSIAN
               ? cJSON_AddStringToObject(obj, "init_lora_weights", "gaussian")

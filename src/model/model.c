@@ -160,6 +160,8 @@ int sl_model_attach_lora(sl_model *m, sl_lora *lora) {
     if (lora->ops != m->ops) return sl_errorf("lora: the adapters live on the %s backend, the model on %s",
                                               lora->ops->name, m->ops->name);
     if (m->unit_hook) return sl_errorf("lora: the model is being trained by an engine; attach adapters first");
+    int quantised = m->cfg.n_layer > 0 && m->layout.tensors[m->layout.blocks[0].qkv_w].quantised;
+    if (sl_lora_attached(lora, &m->layout, m->params, quantised)) return -1;  // DoRA's magnitudes
     if (sl_model_params_changed(m)) return -1;  // the base's bf16 copy, once: it never changes again
     release(m, m->grads);
     m->grads = NULL;
@@ -326,6 +328,11 @@ static void announce_precision(const sl_model *m) {
     if (m->ops->set_precision) m->ops->set_precision(m->precision);
 }
 
+// The output gradient a linear's base GEMM takes: dy, or with DoRA adapters on it their rescaled copy.
+static const sl_act *base_grad(sl_model *m, int l, sl_linear_kind linear, const sl_act *dy, int N, int ld) {
+    return m->lora ? sl_lora_base_grad(m->lora, l, linear, dy, N, ld) : dy;
+}
+
 static void norm_backward(sl_model *m, sl_act *dinp, const sl_act *dout, const sl_act *inp, int w_idx, int b_idx,
                           const float *mean, const float *rstd, int N) {
     const sl_model_config *c = &m->cfg;
@@ -443,7 +450,8 @@ static int forward(sl_model *m, sl_kv_cache *kv, const int *inputs, const int *t
         HOOK(m, SL_PARAMS_GET, l + 1, l + 2);
         norm_forward(m, a->ln1, a->ln1_mean, a->ln1_rstd, resid, pending, k->ln1_w, k->ln1_b, (int)N);
         ops->matmul_forward(a->qkv, a->ln1, W(m, k->qkv_w), WB(m, k->qkv_b), (int)N, C, QKV);
-        if (m->lora) sl_lora_forward(m->lora, l, SL_LINEAR_QKV, a->ln1, a->qkv, (int)N, QKV);
+        if (m->lora)
+            sl_lora_forward(m->lora, l, SL_LINEAR_QKV, a->ln1, a->qkv, W(m, k->qkv_w), WB(m, k->qkv_b), (int)N, QKV);
         if (c->arch == SL_ARCH_LLAMA) ops->rope_forward(a->qkv, m->rope_cos, m->rope_sin, B, T, NH, NKV, HD, pos0);
         if (kv) cache_append(m, kv, l, a->qkv, T);
         if (kv && pos0 > 0) {  // one query against the cache (the window's part of it)
@@ -455,7 +463,9 @@ static int forward(sl_model *m, sl_kv_cache *kv, const int *inputs, const int *t
             ops->attention_forward(a->att, a->lse, a->qkv, B, T, NH, NKV, HD, window);
         }
         ops->matmul_forward(a->resid2, a->att, W(m, k->attn_proj_w), WB(m, k->attn_proj_b), (int)N, A, C);
-        if (m->lora) sl_lora_forward(m->lora, l, SL_LINEAR_ATTN_OUT, a->att, a->resid2, (int)N, C);
+        if (m->lora)
+            sl_lora_forward(m->lora, l, SL_LINEAR_ATTN_OUT, a->att, a->resid2, W(m, k->attn_proj_w),
+                            WB(m, k->attn_proj_b), (int)N, C);
         // resid2 = attention output + resid, fused with ln2
         norm_forward(m, a->ln2, a->ln2_mean, a->ln2_rstd, a->resid2, resid, k->ln2_w, k->ln2_b, (int)N);
         int fc_adapted = m->lora && sl_lora_first_on(m->lora, l, SL_LINEAR_MLP_UP) >= 0;
@@ -463,13 +473,17 @@ static int forward(sl_model *m, sl_kv_cache *kv, const int *inputs, const int *t
             ops->matmul_gelu_forward(a->fch_act, a->fch, a->ln2, W(m, k->fc_w), WB(m, k->fc_b), (int)N, C, F);
         } else {  // an adapter adds to the up-projection before its activation
             ops->matmul_forward(a->fch, a->ln2, W(m, k->fc_w), WB(m, k->fc_b), (int)N, C, FC);
-            if (fc_adapted) sl_lora_forward(m->lora, l, SL_LINEAR_MLP_UP, a->ln2, a->fch, (int)N, FC);
+            if (fc_adapted)
+                sl_lora_forward(m->lora, l, SL_LINEAR_MLP_UP, a->ln2, a->fch, W(m, k->fc_w), WB(m, k->fc_b), (int)N,
+                                FC);
             if (c->arch == SL_ARCH_GPT2) ops->gelu_forward(a->fch_act, a->fch, (size_t)N * F);
             else ops->swiglu_forward(a->fch_act, a->fch, (int)N, F);
         }
         // resid3 = MLP output (+ resid2, added by the next norm)
         ops->matmul_forward(a->resid3, a->fch_act, W(m, k->mlp_proj_w), WB(m, k->mlp_proj_b), (int)N, F, C);
-        if (m->lora) sl_lora_forward(m->lora, l, SL_LINEAR_MLP_DOWN, a->fch_act, a->resid3, (int)N, C);
+        if (m->lora)
+            sl_lora_forward(m->lora, l, SL_LINEAR_MLP_DOWN, a->fch_act, a->resid3, W(m, k->mlp_proj_w),
+                            WB(m, k->mlp_proj_b), (int)N, C);
         HOOK(m, SL_PARAMS_PUT, l + 1, l + 2);
         resid = a->resid3;
         pending = a->resid2;
@@ -564,6 +578,7 @@ int sl_model_backward(sl_model *m, float grad_scale) {
         return sl_errorf("backward: grad_scale %g differs from the %g announced before the forward "
                          "(sl_model_expect_backward), whose loss gradient is already computed",
                          (double)grad_scale, (double)m->expected_grad_scale);
+    if (m->lora && sl_lora_check_backward(m->lora)) return -1;
     const sl_model_config *c = &m->cfg;
     const sl_ops *ops = m->ops;
     const sl_param_layout *L = &m->layout;
@@ -615,32 +630,38 @@ int sl_model_backward(sl_model *m, float grad_scale) {
                                       W(m, k->mlp_proj_w), a->fch, N, F, C);
             ops->matmul_backward(m->dln, GB(m, k->fc_w), G_OPT(m, k->fc_b), m->dB, a->ln2, W(m, k->fc_w), N, C, F);
         } else {
-            ops->matmul_backward(m->dB, GB(m, k->mlp_proj_w), G_OPT(m, k->mlp_proj_b), m->dresid, a->fch_act,
+            const sl_act *dy = base_grad(m, l, SL_LINEAR_MLP_DOWN, m->dresid, N, C);
+            ops->matmul_backward(m->dB, GB(m, k->mlp_proj_w), G_OPT(m, k->mlp_proj_b), dy, a->fch_act,
                                  W(m, k->mlp_proj_w), N, F, C);
-            if (m->lora) sl_lora_backward(m->lora, l, SL_LINEAR_MLP_DOWN, a->fch_act, m->dresid, m->dB, N, C);
-            if (c->arch == SL_ARCH_GPT2) {  // dB (the GELU output's gradient) becomes the pre-GELU gradient
+            if (m->lora)
+                sl_lora_backward(m->lora, l, SL_LINEAR_MLP_DOWN, a->fch_act, dy, m->dB, W(m, k->mlp_proj_w), N, C);
+            if (c->arch == SL_ARCH_GPT2 && !(m->lora && sl_lora_dora_on(m->lora, l, SL_LINEAR_MLP_UP))) {
+                // dB (the GELU output's gradient) becomes the pre-GELU gradient
                 ops->matmul_gelu_backward(m->dln, GB(m, k->fc_w), G_OPT(m, k->fc_b), m->dB, a->fch, a->ln2,
                                           W(m, k->fc_w), N, C, F);
-                if (m->lora) sl_lora_backward(m->lora, l, SL_LINEAR_MLP_UP, a->ln2, m->dB, m->dln, N, F);
-            } else {
-                ops->swiglu_backward(m->dA, a->fch, m->dB, N, F);
-                ops->matmul_backward(m->dln, GB(m, k->fc_w), G_OPT(m, k->fc_b), m->dA, a->ln2, W(m, k->fc_w), N, C,
-                                     FC);
-                if (m->lora) sl_lora_backward(m->lora, l, SL_LINEAR_MLP_UP, a->ln2, m->dA, m->dln, N, FC);
+                if (m->lora) sl_lora_backward(m->lora, l, SL_LINEAR_MLP_UP, a->ln2, m->dB, m->dln, W(m, k->fc_w), N, F);
+            } else {  // LLaMA's SwiGLU, or DoRA on GPT-2's c_fc (its output gradient rescaled before the GEMM)
+                if (c->arch == SL_ARCH_GPT2) ops->gelu_backward(m->dA, a->fch, m->dB, (size_t)N * F);
+                else ops->swiglu_backward(m->dA, a->fch, m->dB, N, F);
+                dy = base_grad(m, l, SL_LINEAR_MLP_UP, m->dA, N, FC);
+                ops->matmul_backward(m->dln, GB(m, k->fc_w), G_OPT(m, k->fc_b), dy, a->ln2, W(m, k->fc_w), N, C, FC);
+                if (m->lora) sl_lora_backward(m->lora, l, SL_LINEAR_MLP_UP, a->ln2, dy, m->dln, W(m, k->fc_w), N, FC);
             }
         }
         norm_backward(m, m->dresid, m->dln, a->resid2, k->ln2_w, k->ln2_b, a->ln2_mean, a->ln2_rstd, N);
         // attention
-        ops->matmul_backward(m->dB, GB(m, k->attn_proj_w), G_OPT(m, k->attn_proj_b), m->dresid, a->att,
+        const sl_act *dy = base_grad(m, l, SL_LINEAR_ATTN_OUT, m->dresid, N, C);
+        ops->matmul_backward(m->dB, GB(m, k->attn_proj_w), G_OPT(m, k->attn_proj_b), dy, a->att,
                              W(m, k->attn_proj_w), N, A, C);
-        if (m->lora) sl_lora_backward(m->lora, l, SL_LINEAR_ATTN_OUT, a->att, m->dresid, m->dB, N, C);
+        if (m->lora) sl_lora_backward(m->lora, l, SL_LINEAR_ATTN_OUT, a->att, dy, m->dB, W(m, k->attn_proj_w), N, C);
         ops->attention_backward(m->dA, m->dB, a->qkv, a->att, a->lse, B, T, NH, NKV, HD, c->sliding_window);
         if (c->arch == SL_ARCH_LLAMA) ops->rope_backward(m->dA, m->rope_cos, m->rope_sin, B, T, NH, NKV, HD);
         // nothing below the lowest adapter needs the residual's gradient, so neither its ln1's
         sl_act *dln1 = !m->lora || l > lowest ? m->dln : NULL;
+        dy = base_grad(m, l, SL_LINEAR_QKV, m->dA, N, QKV);
         if (dln1)  // (under LoRA the base has no gradient, so without dln1 nothing is left to compute)
-            ops->matmul_backward(dln1, GB(m, k->qkv_w), G_OPT(m, k->qkv_b), m->dA, a->ln1, W(m, k->qkv_w), N, C, QKV);
-        if (m->lora) sl_lora_backward(m->lora, l, SL_LINEAR_QKV, a->ln1, m->dA, dln1, N, QKV);
+            ops->matmul_backward(dln1, GB(m, k->qkv_w), G_OPT(m, k->qkv_b), dy, a->ln1, W(m, k->qkv_w), N, C, QKV);
+        if (m->lora) sl_lora_backward(m->lora, l, SL_LINEAR_QKV, a->ln1, dy, dln1, W(m, k->qkv_w), N, QKV);
         if (dln1) norm_backward(m, m->dresid, m->dln, resid_in, k->ln1_w, k->ln1_b, a->ln1_mean, a->ln1_rstd, N);
         HOOK(m, SL_PARAMS_PUT, unit, next);
         HOOK(m, SL_GRADS_PUT, unit, next);

@@ -5,10 +5,11 @@
 #     losses of 12 steps straight == 6 + resume + 6, with accumulation and dropout; bf16 and fp16 too);
 #   * the memory line says the base is frozen; generate --adapter uses the adapters; 2 data-parallel
 #     ranks follow one (mpirun, when installed); merge gives the adapted model's logits;
-#   * bad input (r = 0, an unknown target module, bias other than "none", DoRA, a corrupt or foreign
-#     adapter, an AdamW checkpoint resumed with AdamW8bit, resuming adapters as a full model, merging
-#     into an existing directory) exits non-zero with a
-#     message naming the problem and writes nothing.
+#   * DoRA (use_dora) with dropout resumes bit for bit and merges to the adapted model's logits;
+#   * bad input (r = 0, an unknown target module, bias other than "none", DoRA on a quantised base, a
+#     corrupt or foreign adapter, an AdamW checkpoint resumed with AdamW8bit, resuming adapters as a full
+#     model, merging into an existing directory) exits non-zero with a message naming the problem and
+#     writes nothing.
 # Prints PASS/FAIL lines for tests/run.sh (lib.sh); skips (exit 0) when "$SHARDLM_BIN" is not built.
 . "$(dirname "$0")/lib.sh" lora
 prepare_tiny_data || { fail prepare_tiny_data "no $DATA/sotu"; exit 0; }
@@ -167,6 +168,28 @@ expect lora_patterns_resume_is_bit_for_bit cmp "$tmp/pat/step_00000004/adapter_m
 merged_equals_adapted lora_patterns_merge_equals_adapted "$tmp/pat/step_00000004" "$tmp/pat-merged" \
   "assert 'r=2..6, scale 0.75..4' in said, said"
 
+# DoRA (use_dora) with dropout: resume bit for bit, merge equal to the adapted model (generate's
+# decoding reuses the weight norms), the magnitudes saved under PEFT's name
+cat >"$tmp/dora.json" <<'JSON'
+{"lora": {"r": 4, "lora_alpha": 8, "lora_dropout": 0.1, "use_dora": true, "target_modules": "all-linear"}}
+JSON
+"$BIN" train --config "$tmp/dora.json" --model gpt2-tiny "${common[@]}" --steps 4 --save-interval 2 \
+  --save-dir "$tmp/dora" >"$tmp/dora.out" 2>&1
+mkdir -p "$tmp/dora-split" && cp -r "$tmp/dora/step_00000002" "$tmp/dora-split/" &&
+  echo step_00000002 >"$tmp/dora-split/latest"
+"$BIN" train --config "$tmp/dora.json" --model gpt2-tiny "${common[@]}" --steps 4 --save-dir "$tmp/dora-split" \
+  --resume >>"$log" 2>&1
+expect lora_dora_resume_is_bit_for_bit cmp "$tmp/dora/step_00000004/adapter_model.safetensors" \
+  "$tmp/dora-split/step_00000004/adapter_model.safetensors"
+expect lora_dora_saves_pefts_magnitudes python3 -c "
+import json, struct
+f = open('$tmp/dora/step_00000004/adapter_model.safetensors', 'rb'); n = struct.unpack('<Q', f.read(8))[0]
+h = json.loads(f.read(n))
+m = h['base_model.model.transformer.h.0.mlp.c_fc.lora_magnitude_vector']
+assert len(m['shape']) == 1 and json.load(open('$tmp/dora/step_00000004/adapter_config.json'))['use_dora'] is True, m
+"
+merged_equals_adapted lora_dora_merge_equals_adapted "$tmp/dora/step_00000004" "$tmp/dora-merged"
+
 # --lora-init (init_lora_weights): false starts B random, so the first loss is not the base's (which
 # true and gaussian keep: B zero); the mode goes into adapter_config.json
 for init in true gaussian false; do
@@ -214,8 +237,8 @@ bad unknown_target_module_is_named "target module 'q_proj' matches no linear of 
 echo '{"lora": {"r": 4, "bias": "all"}}' >"$tmp/bias.json"
 bad lora_bias_is_refused "\"bias\" is \"all\"" "${run[@]}" --config "$tmp/bias.json"
 bad lora_init_pissa_is_refused "init_lora_weights\" 'pissa'" "${run[@]}" --lora-init pissa
-echo '{"lora": {"r": 4, "use_dora": true}}' >"$tmp/dora.json"
-bad dora_is_refused "DoRA" "${run[@]}" --config "$tmp/dora.json"
+bad dora_on_a_quantised_base_is_refused "DoRA \(use_dora\) on a quantised base" "${run[@]}" --config "$tmp/dora.json" \
+  --quantize nf4
 bad lora_adamw_checkpoint_resumed_with_adamw8bit_is_refused \
   "checkpoint optimizer \"AdamW\" differs from this run's \"AdamW8bit\"" \
   train --model gpt2-tiny "${common[@]}" "${lora[@]}" --optimizer adamw8bit --steps 14 --save-dir "$tmp/straight" --resume

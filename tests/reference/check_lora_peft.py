@@ -8,9 +8,9 @@ For the tiny GPT-2 and LLaMA bases of tests/fixtures/model:
      loads with peft.PeftModel.from_pretrained(base, dir) and gives the logits `shardlm generate
      --adapter dir --logits-out` gives (max |diff| / max |logit| below 1e-5);
   2. PEFT -> shardlm: the adapters PEFT saved (tests/fixtures/lora) give the same logits in shardlm;
-  (1 and 2 also with target_modules as PEFT's regular expression, with layers_to_transform, and with
-  rank_pattern / alpha_pattern / exclude_modules: a config's "lora" block one way, the *-regex, *-layers
-  and *-pattern fixtures the other);
+  (1 and 2 also with target_modules as PEFT's regular expression, with layers_to_transform, with
+  rank_pattern / alpha_pattern / exclude_modules, and with DoRA: a config's "lora" block one way, the
+  *-regex, *-layers, *-pattern and *-dora fixtures the other);
   3. merge: `shardlm merge` loads in transformers with PEFT's merged logits and its weights equal
      merge_and_unload()'s, in float32 and (for a base saved in bfloat16) in bfloat16 (measured: bit for
      bit in both, r = 4).
@@ -147,7 +147,11 @@ if __name__ == "__main__":
                "alpha_pattern": {"o_proj": 3}, "exclude_modules": ["model.layers.1.self_attn.k_proj"]}),
              ("gpt2_pattern", "gpt2-tiny", "gpt2-tiny-pattern",
               {"target_modules": ["c_attn", "c_fc"], "use_rslora": True, "rank_pattern": {"c_fc": 6},
-               "alpha_pattern": {r"transformer\.h\.0\.attn\.c_attn": 2}, "exclude_modules": r".*\.1\.attn\..*"})]
+               "alpha_pattern": {r"transformer\.h\.0\.attn\.c_attn": 2}, "exclude_modules": r".*\.1\.attn\..*"}),
+             # DoRA (use_dora): magnitudes, merged as W' = m / ||W + dW|| (W + dW) row by row
+             ("llama_dora", "llama-tiny", "llama-tiny-dora", {"target_modules": "all-linear", "use_dora": True}),
+             ("gpt2_dora", "gpt2-tiny", "gpt2-tiny-dora",
+              {"target_modules": ["c_attn", "c_fc"], "use_dora": True, "use_rslora": True})]
     for name, base, adapter, targets in cases:
         with tempfile.TemporaryDirectory() as tmp:
             check_base(name, os.path.join(ROOT, "tests/fixtures/model", base),

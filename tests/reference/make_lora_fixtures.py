@@ -4,7 +4,8 @@
 The base models are the model tests' tiny GPT-2 and LLaMA (tests/fixtures/model/<base>, weights
 already committed). For each case below this writes, under tests/fixtures/lora/<case>/:
   adapter_config.json + adapter_model.safetensors   the adapters, saved by PeftModel.save_pretrained
-                                                    (A and B drawn N(0, 0.1^2): B nonzero, so every
+                                                    (A and B drawn N(0, 0.1^2), DoRA's magnitudes
+                                                    PEFT's start times 1 + N(0, 0.1^2): B nonzero, so every
                                                     path of the maths is exercised; at 0.3 the adapters
                                                     swamp the base and fp32 gradients of torch itself
                                                     drift 2.3e-5 from float64)
@@ -66,6 +67,12 @@ CASES = {
                                             use_rslora=True, rank_pattern={"c_attn": 2, r"h\.1\.mlp\.c_proj": 6},
                                             alpha_pattern={"c_fc": 3},
                                             exclude_modules=r"transformer\.h\.0\.mlp\.c_proj")),
+    # DoRA (use_dora): a trained magnitude per output row over the row norms of W + s B A; LLaMA on some
+    # modules of the fused q/k/v and gate/up GEMMs, GPT-2 on all four Conv1D linears with rsLoRA
+    "llama-tiny-dora": ("llama-tiny", dict(r=4, lora_alpha=8, use_dora=True,
+                                           target_modules=["q_proj", "v_proj", "o_proj", "up_proj", "down_proj"])),
+    "gpt2-tiny-dora": ("gpt2-tiny", dict(r=3, lora_alpha=5, use_dora=True, use_rslora=True,
+                                         target_modules=["c_attn", "c_proj", "c_fc"])),
 }
 
 
@@ -79,7 +86,9 @@ def random_adapters_and_batch(peft_model, V, B, T):
     gen = torch.Generator().manual_seed(4321)
     with torch.no_grad():
         for name, p in peft_model.named_parameters():
-            if "lora_" in name:
+            if "lora_magnitude_vector" in name:  # DoRA: the row norms PEFT started from, moved by 10%
+                p.mul_(1 + 0.1 * torch.randn(p.shape, generator=gen))
+            elif "lora_" in name:
                 p.copy_(0.1 * torch.randn(p.shape, generator=gen))
     ids = torch.randint(0, V, (B, T + 1), generator=gen)
     inputs, targets = ids[:, :-1].contiguous(), ids[:, 1:].contiguous()
@@ -128,7 +137,9 @@ def run(case, base, lora_kwargs):
     }
     for name, p in exact.named_parameters():
         if p.requires_grad:
-            key = name.replace(".default", "")  # the name PEFT saves
+            key = name.replace(".default", "")  # the name PEFT saves (a DoRA magnitude without ".weight")
+            if key.endswith("lora_magnitude_vector.weight"):
+                key = key[: -len(".weight")]
             assert key in saved, key
             expected["grad." + key] = p.grad.detach().float().contiguous()
     trainable = [(n, p) for n, p in peft_model.named_parameters() if p.requires_grad]

@@ -108,6 +108,9 @@ TEST(gpt2_layers_to_transform_matches_peft) { check_against_peft("gpt2-tiny", "g
 // exclude_modules (a list on LLaMA, a regular expression on GPT-2 with rsLoRA)
 TEST(llama_rank_alpha_patterns_match_peft) { check_against_peft("llama-tiny", "llama-tiny-pattern"); }
 TEST(gpt2_rslora_patterns_exclude_regex_match_peft) { check_against_peft("gpt2-tiny", "gpt2-tiny-pattern"); }
+// DoRA: magnitudes over the weight rows' norms (on fused q/k/v and gate/up slices; GPT-2 with rsLoRA)
+TEST(llama_dora_matches_peft) { check_against_peft("llama-tiny", "llama-tiny-dora"); }
+TEST(gpt2_dora_matches_peft) { check_against_peft("gpt2-tiny", "gpt2-tiny-dora"); }
 
 // The adapters a regular expression picks: those whose whole module path it matches (re.fullmatch), a
 // pattern equivalent to a list picks the list's tensors, and the expression goes back to
@@ -315,6 +318,52 @@ TEST(patterns_pick_ranks_alphas_and_exclusions) {
     cJSON_Delete(out);
 }
 
+// DoRA with dropout (which PEFT computes with a second base GEMM on the dropped input, so no fixture can
+// fix its masks): the gradient of every adapter tensor, magnitudes included, against central differences
+// of the loss along a fixed direction, the dropout masks the same in every forward.
+static void check_dora_dropout(const char *base, const char *name) {
+    fixture fx;
+    if (load_fixture(&fx, base, name)) { CHECK(0); free_fixture(&fx); return; }
+    sl_model *m = &fx.model;
+    fx.lora.cfg.lora_dropout = 0.25f;
+    fx.lora.training = 1;
+    fx.lora.dropout_seed = 99;
+    float loss, plain;
+    size_t n = fx.lora.total;
+    float *p0 = malloc(n * sizeof(float)), *v = malloc(n * sizeof(float));
+    memcpy(p0, fx.lora.params, n * sizeof(float));
+    double d = 0;
+    sl_model_zero_grad(m);
+    CHECK(sl_model_forward(m, fx.inputs, fx.targets, fx.B, fx.T, &loss) == 0 && sl_model_backward(m, 1.0f) == 0);
+    for (size_t i = 0; i < n; i++) {
+        v[i] = (float)sin(0.7 * (double)i + 0.3);
+        d += (double)fx.lora.grads[i] * v[i];
+    }
+    // PEFT takes the weight norms as constants (detached), so the differences hold them at p0's: without
+    // sl_lora_params_changed the forwards reuse the norms they took last
+    float lp, lm, h = 1e-3f;
+    for (int sign = 1; sign >= -1; sign -= 2) {
+        for (size_t i = 0; i < n; i++) fx.lora.params[i] = p0[i] + (float)sign * h * v[i];
+        CHECK(sl_model_forward(m, fx.inputs, fx.targets, fx.B, fx.T, sign > 0 ? &lp : &lm) == 0);
+    }
+    double fd = ((double)lp - lm) / (2.0 * h), rel = fabs(fd - d) / fabs(d);
+    memcpy(fx.lora.params, p0, n * sizeof(float));
+    fx.lora.training = 0;
+    CHECK(sl_model_params_changed(m) == 0 && sl_model_forward(m, fx.inputs, fx.targets, fx.B, fx.T, &plain) == 0);
+    CHECK_MSG(rel < 2e-3, "%s: directional derivative %.6g, differences %.6g (rel %.2g)", name, d, fd, rel);
+    CHECK_MSG(fabsf(plain - loss) > 1e-4f, "%s: dropout changed nothing: %.6f vs %.6f", name, loss, plain);
+    printf("  %s, dropout 0.25: directional derivative %.6f, central differences %.6f (rel %.1e); loss %.5f, "
+           "%.5f without dropout\n", name, d, fd, rel, loss, plain);
+    free(p0);
+    free(v);
+    free_fixture(&fx);
+}
+
+TEST(dora_dropout_gradient_matches_differences) {
+    check_dora_dropout("llama-tiny", "llama-tiny-dora");
+    check_dora_dropout("gpt2-tiny", "gpt2-tiny-dora");
+}
+
 // 10 AdamW steps on the adapters only (lr 1e-2, betas 0.9/0.95, eps 1e-8, weight decay 0.1 on every
 // adapter tensor, as torch.optim.AdamW over PEFT's trainable parameters); the base keeps its bits.
 static void check_adamw_track(const char *base, const char *name) {
@@ -336,6 +385,8 @@ static void check_adamw_track(const char *base, const char *name) {
 TEST(gpt2_lora_adamw_tracks_peft) { check_adamw_track("gpt2-tiny", "gpt2-tiny-all"); }
 TEST(llama_lora_adamw_tracks_peft) { check_adamw_track("llama-tiny", "llama-tiny-qvud"); }
 TEST(llama_patterns_adamw_tracks_peft) { check_adamw_track("llama-tiny", "llama-tiny-pattern"); }
+TEST(llama_dora_adamw_tracks_peft) { check_adamw_track("llama-tiny", "llama-tiny-dora"); }
+TEST(gpt2_dora_adamw_tracks_peft) { check_adamw_track("gpt2-tiny", "gpt2-tiny-dora"); }
 
 // 10 AdamW8bit steps on the adapters (the engine's plan over their tensor table; min_8bit_size 256, so
 // the adapters of 256 elements or more keep 8-bit blockwise state) against bitsandbytes' AdamW8bit on
@@ -536,15 +587,16 @@ static int fails_with(int rc, const char *needle) {
 // With bf16 activation storage (the emulating table, the GPU's arithmetic) the adapted model computes
 // what fp32 computes within bf16 rounding: loss within 2e-2 relative, adapter gradients within 5e-2
 // in relative L2 (bf16 keeps 8 bits of mantissa).
-TEST(bf16_storage_tracks_fp32_with_adapters) {
+static void check_bf16_storage(const char *preset, int use_dora) {
     const sl_ops *tables[2] = {&sl_ops_cpu, &sl_ops_cpu_bf16};
     sl_model m[2];
     sl_lora lo[2];
     float loss[2];
     sl_model_config cfg;
-    CHECK(sl_config_preset(&cfg, "llama-tiny") == 0);
+    CHECK(sl_config_preset(&cfg, preset) == 0);
     sl_lora_config lc;
     sl_lora_config_defaults(&lc);
+    lc.use_dora = use_dora;
     CHECK(sl_lora_config_set_targets(&lc, "all-linear", "test") == 0);
     int in[32], tg[32];
     for (int i = 0; i < 32; i++) { in[i] = (i * 29 + 7) % cfg.vocab_size; tg[i] = (i * 13 + 2) % cfg.vocab_size; }
@@ -566,12 +618,18 @@ TEST(bf16_storage_tracks_fp32_with_adapters) {
     double rel_l2 = sqrt(num / den);
     CHECK_MSG(fabs(loss[1] - loss[0]) < 2e-2 * loss[0], "bf16 loss %.6f, fp32 %.6f", loss[1], loss[0]);
     CHECK_MSG(rel_l2 < 5e-2, "bf16 adapter gradients rel L2 %.3g", rel_l2);
-    printf("  llama-tiny all-linear: loss fp32 %.6f bf16 %.6f; adapter gradients rel L2 %.2e\n", loss[0], loss[1],
-           rel_l2);
+    printf("  %s all-linear%s: loss fp32 %.6f bf16 %.6f; adapter gradients rel L2 %.2e\n", preset,
+           use_dora ? " DoRA" : "", loss[0], loss[1], rel_l2);
     for (int t = 0; t < 2; t++) {
         sl_model_free(&m[t]);
         sl_lora_free(&lo[t]);
     }
+}
+
+TEST(bf16_storage_tracks_fp32_with_adapters) { check_bf16_storage("llama-tiny", 0); }
+TEST(bf16_storage_tracks_fp32_with_dora) {
+    check_bf16_storage("llama-tiny", 1);
+    check_bf16_storage("gpt2-tiny", 1);  // DoRA on c_fc: the GELU gradient taken apart from the GEMM
 }
 
 // ---- training through the engine -----------------------------------------------------------------
@@ -586,11 +644,14 @@ typedef struct {
 
 // With a data-parallel group `dp` (NULL: none), at ZeRO `stage`, optimizer AdamW or (adam8) AdamW8bit
 // with min_8bit_size 256 (the adapters' B tensors of 384 and 512 elements 8-bit, the rest 32-bit).
+static int use_dora;  // lora_run_init_on's adapters are DoRA's
+
 static int lora_run_init_on(lora_run *r, int accum, int precision, sl_comm *dp, int stage, int adam8) {
     memset(r, 0, sizeof *r);
     sl_model_config cfg;
     sl_lora_config lc;
     sl_lora_config_defaults(&lc);
+    lc.use_dora = use_dora;
     lc.r = 4;
     lc.lora_alpha = 16;
     lc.lora_dropout = 0.1f;
@@ -678,13 +739,13 @@ TEST(engine_trains_adapters_only_and_resumes_bit_for_bit) {
 // gradients go (stages 2-3) and their parameters too (stage 3) while the frozen base stays whole; the
 // adapters train to stage 0's bits with AdamW and AdamW8bit, and a stage-3 checkpoint resumes at
 // stage 1 on stage 0's bits.
-TEST(zero_stages_shard_the_adapters_only) {
+static void check_zero_stages(int adam8_last) {
     sl_comm *world = NULL;
     CHECK_MSG(sl_comm_init_world(&world, "self", NULL, NULL) == 0, "%s", sl_error());
     if (!world) return;
     char root[] = "/tmp/shardlm_lora_zero_XXXXXX";
     CHECK(mkdtemp(root) != NULL);
-    for (int adam8 = 0; adam8 < 2; adam8++) {
+    for (int adam8 = 0; adam8 <= adam8_last; adam8++) {
         lora_run ref;
         if (lora_run_init_on(&ref, 2, SL_PRECISION_FP32, NULL, 0, adam8) || lora_train(&ref, 0, 4)) { CHECK(0); break; }
         size_t n = ref.lora.total * sizeof(float), nb = ref.model.layout.total * sizeof(float);
@@ -718,6 +779,14 @@ TEST(zero_stages_shard_the_adapters_only) {
     }
     sl_remove_tree(root);
     sl_comm_free(world);
+}
+
+TEST(zero_stages_shard_the_adapters_only) { check_zero_stages(1); }
+// DoRA's magnitudes shard with the rest; its norms read the adapters through ZeRO's windows
+TEST(zero_stages_shard_dora_adapters) {
+    use_dora = 1;
+    check_zero_stages(0);
+    use_dora = 0;
 }
 
 // Mixed precision (DeepSpeed's fp16 with loss scaling, bf16; 16-bit values emulated by rounding on the
@@ -779,7 +848,6 @@ TEST(bad_configs_are_refused_by_name) {
     const char *bad[][2] = {
         {"{\"r\": 0}", "\"r\""},
         {"{\"bias\": \"all\"}", "\"bias\" is \"all\""},
-        {"{\"use_dora\": true}", "DoRA"},
         {"{\"target_modules\": \"(q_proj\"}", "is not a regular expression shardlm reads (PCRE2: missing closing"},
         {"{\"lora_dropout\": 1.0}", "lora_dropout must be in [0, 1)"},
         {"{\"peft_type\": \"IA3\"}", "peft_type"},

@@ -1,0 +1,256 @@
+// lora_dora.c: DoRA's weight norms, forward and backward (lora_dora.h) on the CPU backend. The GEMMs
+// go through the ops tables (the run's for activations, the fp32 CPU table for B A), the per-column
+// scaling and the magnitudes' gradients are elementwise passes here, in fp32.
+// Invariants: after a forward on N rows, norm[a] holds adapter a's n_j and z[a] its (N, out) z;
+// lora_dora_base_grad fills dy (the scaled copy) for its linear before lora_dora_backward reads it.
+#include "model/lora_dora.h"
+#include "shardlm/error.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct sl_dora {
+    float **norm;         // per adapter (out): n_j from the last forward
+    uint64_t *version;    // per adapter: lo->version when norm was taken (reused until it changes)
+    float **z;            // per adapter (N, out): x_d W^T + s B A x_d, for dm (NULL: no backward planned)
+    int N;                // rows planned
+    void *act;            // dy (N, ld_max), t (N, out_max), th (N, in_max): activation storage
+    sl_act *dy, *t, *th;
+    float *ba, *at;       // (out_max, in_max) B A and (in_max, r_max) A^T, fp32
+};
+
+static int bf16(const sl_lora *lo) { return lo->ops->act_bf16; }
+
+static float get(const sl_act *p, size_t i, int is_bf16) {
+    return is_bf16 ? sl_bf16_to_f32(((const sl_bf16 *)(const void *)p)[i]) : ((const float *)(const void *)p)[i];
+}
+
+static void put(sl_act *p, size_t i, float v, int is_bf16) {
+    if (is_bf16) ((sl_bf16 *)(void *)p)[i] = sl_f32_to_bf16(v);
+    else ((float *)(void *)p)[i] = v;
+}
+
+// A tensor's fp32 values (the master weights, through its unit's view); the bf16 copy the GEMMs read is
+// lora.c's business.
+static const float *master(const sl_lora *lo, int idx) {
+    const sl_tensor_info *t = &lo->tensors[idx];
+    return lo->param_view[t->unit] + (t->offset - lo->unit_begin[t->unit]);
+}
+
+static float *master_grad(const sl_lora *lo, int idx) {
+    const sl_tensor_info *t = &lo->tensors[idx];
+    float *g = lo->grad_view[t->unit];
+    return g ? g + (t->offset - lo->unit_begin[t->unit]) : NULL;
+}
+
+// The widest fused output, input and rank over the adapters (and the fused GEMMs' widths).
+static void widths(const sl_lora *lo, size_t *ld, size_t *out, size_t *in, size_t *r) {
+    const sl_model_config *c = &lo->model_cfg;
+    size_t C = (size_t)c->n_embd, A = (size_t)sl_config_attn_width(c);
+    size_t KV = (size_t)c->n_kv_head * (size_t)sl_config_head_dim(c), F = (size_t)c->n_inner;
+    *ld = 3 * C;
+    if (A + 2 * KV > *ld) *ld = A + 2 * KV;
+    if (2 * F > *ld) *ld = 2 * F;
+    *out = *in = *r = 1;
+    for (int a = 0; a < lo->n_adapters; a++) {
+        const sl_lora_adapter *ad = &lo->adapters[a];
+        if ((size_t)ad->out_features > *out) *out = (size_t)ad->out_features;
+        if ((size_t)ad->in_features > *in) *in = (size_t)ad->in_features;
+        if ((size_t)ad->r > *r) *r = (size_t)ad->r;
+    }
+}
+
+void lora_dora_free(sl_lora *lo) {
+    struct sl_dora *d = lo->dora;
+    if (!d) return;
+    for (int a = 0; a < lo->n_adapters; a++) {
+        if (d->norm) free(d->norm[a]);
+        if (d->z) free(d->z[a]);
+    }
+    free(d->norm);
+    free(d->version);
+    free(d->z);
+    if (d->act) lo->ops->dealloc(d->act);
+    free(d->ba);
+    free(d->at);
+    free(d);
+    lo->dora = NULL;
+}
+
+// A backward may follow the forwards: the adapters have gradients, or train (a ZeRO engine holds their
+// gradients itself).
+static int backward_planned(const sl_lora *lo) { return lo->grads || lo->training; }
+
+int lora_dora_plan(sl_lora *lo, int N) {
+    if (lo->dora && N <= lo->dora->N && (lo->dora->z || !backward_planned(lo))) return 0;
+    lora_dora_free(lo);
+    struct sl_dora *d = sl_calloc(1, sizeof *d, "DoRA state");
+    if (!d) return -1;
+    lo->dora = d;
+    size_t ld, out, in, r, n = (size_t)N, e = bf16(lo) ? sizeof(sl_bf16) : sizeof(float);
+    widths(lo, &ld, &out, &in, &r);
+    d->norm = sl_calloc((size_t)lo->n_adapters + 1, sizeof(float *), "DoRA norms");
+    d->version = sl_calloc((size_t)lo->n_adapters + 1, sizeof(uint64_t), "DoRA norms");
+    d->act = lo->ops->alloc(n * (ld + out + in) * e, "DoRA activations");
+    d->ba = sl_malloc(out * in * sizeof(float), "DoRA B A");
+    d->at = sl_malloc(in * r * sizeof(float), "DoRA B A");
+    if (!d->norm || !d->version || !d->act || !d->ba || !d->at) goto fail;
+    d->dy = sl_act_at(d->act, 0, e);
+    d->t = sl_act_at(d->act, n * ld, e);
+    d->th = sl_act_at(d->act, n * (ld + out), e);
+    if (backward_planned(lo) && !(d->z = sl_calloc((size_t)lo->n_adapters + 1, sizeof(float *), "DoRA activations"))) goto fail;
+    for (int a = 0; a < lo->n_adapters; a++) {
+        size_t o = (size_t)lo->adapters[a].out_features;
+        if (!(d->norm[a] = sl_malloc(o * sizeof(float), "DoRA norms"))) goto fail;
+        if (d->z && !(d->z[a] = sl_malloc(n * o * sizeof(float), "DoRA activations"))) goto fail;
+        d->version[a] = UINT64_MAX;
+    }
+    d->N = N;
+    return 0;
+fail:
+    lora_dora_free(lo);
+    return sl_error_context("planning DoRA's buffers for %d rows", N);
+}
+
+// n_j = || W_j + s (B A)_j || for adapter a into d->norm[a] (double sums); W the adapter's rows, in the
+// activations' type, or the fp32 base weights with W32.
+static void weight_norms(sl_lora *lo, int a, const sl_act *W, const float *W32, float *norm) {
+    struct sl_dora *d = lo->dora;
+    const sl_lora_adapter *ad = &lo->adapters[a];
+    int in = ad->in_features, out = ad->out_features, r = ad->r, is_bf16 = bf16(lo);
+    const float *A = master(lo, ad->lora_A), *B = master(lo, ad->lora_B);
+    for (int i = 0; i < in; i++)
+        for (int k = 0; k < r; k++) d->at[(size_t)i * r + k] = A[(size_t)k * in + i];
+    // B A (out, in) = B (out, r) against A^T (in, r) as matmul_forward's weight
+    sl_ops_cpu.matmul_forward((sl_act *)(void *)d->ba, (const sl_act *)(const void *)B,
+                              (const sl_act *)(const void *)d->at, NULL, out, r, in);
+    float s = ad->scale;
+#pragma omp parallel for schedule(static) if((size_t)out * in >= 65536)
+    for (int j = 0; j < out; j++) {
+        double sum = 0.0;
+        const float *ba = d->ba + (size_t)j * in;
+        for (int i = 0; i < in; i++) {
+            size_t at = (size_t)j * in + i;
+            double w = (double)(W32 ? W32[at] : get(W, at, is_bf16)) + (double)s * ba[i];
+            sum += w * w;
+        }
+        norm[j] = (float)sqrt(sum);
+    }
+}
+
+int lora_dora_init_magnitudes(sl_lora *lo, const sl_param_layout *L, const float *params) {
+    if (!lo->cfg.use_dora) return 0;
+    if (lora_dora_plan(lo, 1)) return -1;
+    for (int a = 0; a < lo->n_adapters; a++) {
+        const sl_lora_adapter *ad = &lo->adapters[a];
+        const float *W = params + L->tensors[lora_base_weight(L, ad)].offset + (size_t)ad->col0 * ad->in_features;
+        weight_norms(lo, a, NULL, W, lo->dora->norm[a]);
+        lo->dora->version[a] = UINT64_MAX;  // taken at the start, not for the forward's reuse
+        float *host = sl_malloc((size_t)ad->out_features * sizeof(float), "DoRA magnitudes");
+        if (!host) return -1;
+        memcpy(host, lo->dora->norm[a], (size_t)ad->out_features * sizeof(float));
+        const sl_tensor_info *t = &lo->tensors[ad->magnitude];
+        lo->ops->upload(lo->params + t->offset, host, t->numel * sizeof(float));
+        free(host);
+    }
+    return sl_lora_params_changed(lo);
+}
+
+void lora_dora_forward(sl_lora *lo, int a, const sl_act *h, sl_act *y, const sl_act *W, const sl_act *bias, int N,
+                       int ld) {
+    struct sl_dora *d = lo->dora;
+    const sl_ops *ops = lo->ops;
+    const sl_lora_adapter *ad = &lo->adapters[a];
+    int in = ad->in_features, out = ad->out_features, r = ad->r, is_bf16 = bf16(lo);
+    const sl_act *Wa = sl_act_at(W, (size_t)ad->col0 * in, is_bf16 ? sizeof(sl_bf16) : sizeof(float));
+    // the norms are constants of the weights: taken again when sl_lora_params_changed says they changed
+    if (d->version[a] != lo->version) {
+        weight_norms(lo, a, Wa, NULL, d->norm[a]);
+        d->version[a] = lo->version;
+    }
+    const sl_act *A = lora_weight(lo, ad->lora_A), *B = lora_weight(lo, ad->lora_B);
+    ops->matmul_forward(lo->u[a], h, A, NULL, N, in, r);           // u = h A^T
+    ops->matmul_forward(lo->delta, lo->u[a], B, NULL, N, r, out);  // delta = u B^T
+    int dropout = lora_dropping(lo);
+    if (dropout) ops->matmul_forward(d->t, h, Wa, NULL, N, in, out);  // the dropped input's base path
+    const float *m = master(lo, ad->magnitude), *norm = d->norm[a];
+    float *z = d->z ? d->z[a] : NULL, s = ad->scale;
+#pragma omp parallel for schedule(static) if((size_t)N * out >= 65536)
+    for (int n = 0; n < N; n++)
+        for (int j = 0; j < out; j++) {
+            size_t yi = (size_t)n * ld + ad->col0 + j, ti = (size_t)n * out + j;
+            float g = m[j] / norm[j], b = bias ? get(bias, (size_t)ad->col0 + j, is_bf16) : 0.0f;
+            float lora = s * get(lo->delta, ti, is_bf16), yv = get(y, yi, is_bf16);
+            float base = dropout ? get(d->t, ti, is_bf16) : yv - b;
+            if (z) z[ti] = base + lora;
+            put(y, yi, dropout ? yv + (g - 1.0f) * base + g * lora : g * (base + lora) + b, is_bf16);
+        }
+}
+
+int lora_dora_check_backward(const sl_lora *lo) {
+    if (!lo->cfg.use_dora || (lo->dora && lo->dora->z)) return 0;
+    return sl_errorf("lora: DoRA's backward needs what its forward keeps, and that forward kept nothing (set the "
+                     "adapters' `training` or give them gradients before it)");
+}
+
+const sl_act *lora_dora_base_grad(sl_lora *lo, int layer, sl_linear_kind linear, const sl_act *dy, int N, int ld) {
+    struct sl_dora *d = lo->dora;
+    int is_bf16 = bf16(lo);
+    lo->ops->copy(d->dy, dy, (size_t)N * ld * (is_bf16 ? sizeof(sl_bf16) : sizeof(float)));
+    for (int a = lo->layer_first[layer]; a < lo->layer_first[layer + 1]; a++) {
+        const sl_lora_adapter *ad = &lo->adapters[a];
+        if (ad->linear != linear) continue;
+        const float *m = master(lo, ad->magnitude), *norm = d->norm[a], *z = d->z[a];
+        float *dm = master_grad(lo, ad->magnitude);
+        int out = ad->out_features;
+#pragma omp parallel for schedule(static) if((size_t)N * out >= 65536)
+        for (int j = 0; j < out; j++) {
+            double sum = 0.0;
+            float g = m[j] / norm[j];
+            for (int n = 0; n < N; n++) {
+                size_t yi = (size_t)n * ld + ad->col0 + j;
+                float v = get(dy, yi, is_bf16);
+                sum += (double)v * z[(size_t)n * out + j];
+                put(d->dy, yi, g * v, is_bf16);
+            }
+            if (dm) dm[j] += (float)(sum / norm[j]);
+        }
+    }
+    return lora_dropping(lo) ? dy : d->dy;
+}
+
+void lora_dora_backward(sl_lora *lo, int a, const sl_act *h, const sl_act *dy, sl_act *dx, const sl_act *W, int N,
+                        int ld) {
+    struct sl_dora *d = lo->dora;
+    const sl_ops *ops = lo->ops;
+    const sl_lora_adapter *ad = &lo->adapters[a];
+    int in = ad->in_features, out = ad->out_features, r = ad->r, is_bf16 = bf16(lo);
+    int dropout = lora_dropping(lo);
+    const sl_act *A = lora_weight(lo, ad->lora_A), *B = lora_weight(lo, ad->lora_B);
+    float *dA = master_grad(lo, ad->lora_A), *dB = master_grad(lo, ad->lora_B);
+    // the LoRA path's gradient is g dy: the scaled copy, as plain LoRA's backward reads its slice
+    ops->lora_backward(dropout ? NULL : dx, dA, dB, lo->du, lo->delta, lo->dh, d->dy, h, lo->u[a], A, B, ad->scale, N,
+                       in, r, out, ld, ad->col0);
+    if (!dropout || !dx) return;
+    // the dropped input's gradient: du A + ((g - 1) dy) W, then the dropout mask, then into dx
+    const float *m = master(lo, ad->magnitude), *norm = d->norm[a];
+    for (int n = 0; n < N; n++)
+        for (int j = 0; j < out; j++)
+            put(d->t, (size_t)n * out + j,
+                (m[j] / norm[j] - 1.0f) * get(dy, (size_t)n * ld + ad->col0 + j, is_bf16), is_bf16);
+    const sl_act *Wa = sl_act_at(W, (size_t)ad->col0 * in, is_bf16 ? sizeof(sl_bf16) : sizeof(float));
+    size_t n_in = (size_t)N * in;
+    ops->matmul_backward(lo->dh, NULL, NULL, lo->du, h, A, N, in, r);
+    ops->matmul_backward(d->th, NULL, NULL, d->t, h, Wa, N, in, out);
+    ops->residual_forward(lo->dh, lo->dh, d->th, n_in);
+    ops->dropout_backward(lo->dh, lo->dh, n_in, lo->cfg.lora_dropout, lora_dropout_seed(lo, a));
+    ops->residual_forward(dx, dx, lo->dh, n_in);
+}
+
+void lora_dora_merge_row(float *w, int in, float magnitude) {
+    double sum = 0.0;
+    for (int i = 0; i < in; i++) sum += (double)w[i] * w[i];
+    float f = magnitude / (float)sqrt(sum);
+    for (int i = 0; i < in; i++) w[i] *= f;
+}
