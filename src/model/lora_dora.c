@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#define DM_COLS 64  // output columns a thread takes at a time in the magnitudes' gradient
+
 struct sl_dora {
     float **norm;         // per adapter (out): n_j from the last forward
     uint64_t *version;    // per adapter: lo->version when norm was taken (reused until it changes)
@@ -203,18 +205,24 @@ const sl_act *lora_dora_base_grad(sl_lora *lo, int layer, sl_linear_kind linear,
         if (ad->linear != linear) continue;
         const float *m = master(lo, ad->magnitude), *norm = d->norm[a], *z = d->z[a];
         float *dm = master_grad(lo, ad->magnitude);
-        int out = ad->out_features;
+        int out = ad->out_features, blocks = (out + DM_COLS - 1) / DM_COLS;
+        // column blocks, rows in order within each: every dm_j summed over n ascending whatever the threads
 #pragma omp parallel for schedule(static) if((size_t)N * out >= 65536)
-        for (int j = 0; j < out; j++) {
-            double sum = 0.0;
-            float g = m[j] / norm[j];
+        for (int bk = 0; bk < blocks; bk++) {
+            int j0 = bk * DM_COLS, w = out - j0 < DM_COLS ? out - j0 : DM_COLS;
+            double sum[DM_COLS] = {0};
+            float g[DM_COLS];
+            for (int j = 0; j < w; j++) g[j] = m[j0 + j] / norm[j0 + j];
             for (int n = 0; n < N; n++) {
-                size_t yi = (size_t)n * ld + ad->col0 + j;
-                float v = get(dy, yi, is_bf16);
-                sum += (double)v * z[(size_t)n * out + j];
-                put(d->dy, yi, g * v, is_bf16);
+                size_t yi = (size_t)n * ld + ad->col0 + j0;
+                const float *zr = z + (size_t)n * out + j0;
+                for (int j = 0; j < w; j++) {
+                    float v = get(dy, yi + j, is_bf16);
+                    sum[j] += (double)v * zr[j];
+                    put(d->dy, yi + j, g[j] * v, is_bf16);
+                }
             }
-            if (dm) dm[j] += (float)(sum / norm[j]);
+            for (int j = 0; dm && j < w; j++) dm[j0 + j] += (float)(sum[j] / norm[j0 + j]);
         }
     }
     return lora_dropping(lo) ? dy : d->dy;
@@ -235,6 +243,7 @@ void lora_dora_backward(sl_lora *lo, int a, const sl_act *h, const sl_act *dy, s
     if (!dropout || !dx) return;
     // the dropped input's gradient: du A + ((g - 1) dy) W, then the dropout mask, then into dx
     const float *m = master(lo, ad->magnitude), *norm = d->norm[a];
+#pragma omp parallel for schedule(static) if((size_t)N * out >= 65536)
     for (int n = 0; n < N; n++)
         for (int j = 0; j < out; j++)
             put(d->t, (size_t)n * out + j,
