@@ -18,6 +18,7 @@
     "  --lora-targets LIST     target_modules, e.g. c_attn,c_proj,c_fc or q_proj,v_proj or all-linear\n"     \
     "                          (default: PEFT's for the architecture: c_attn / q_proj,v_proj)\n"               \
     "  --lora-rslora           use_rslora: scale by A / sqrt(R)\n"                                            \
+    "  --lora-dora             use_dora: DoRA, a trained magnitude per output row (CPU backend only)\n"      \
     "  --lora-init MODE        init_lora_weights: true (PEFT's default: B zero), gaussian (A ~ N(0, 1/R^2)),\n"  \
     "                          false (B random too: the run does not start from the base's outputs)\n"       \
     "  --adapter DIR           start from a PEFT adapter directory (its adapter_config.json settings)\n"

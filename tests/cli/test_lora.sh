@@ -189,6 +189,10 @@ m = h['base_model.model.transformer.h.0.mlp.c_fc.lora_magnitude_vector']
 assert len(m['shape']) == 1 and json.load(open('$tmp/dora/step_00000004/adapter_config.json'))['use_dora'] is True, m
 "
 merged_equals_adapted lora_dora_merge_equals_adapted "$tmp/dora/step_00000004" "$tmp/dora-merged"
+"$BIN" train --model gpt2-tiny "${common[@]}" --lora-r 4 --lora-alpha 8 --lora-dropout 0.1 --lora-dora \
+  --lora-targets all-linear --steps 2 --save-dir "$tmp/dora-flag" >>"$log" 2>&1
+expect lora_dora_flag_equals_config cmp "$tmp/dora/step_00000002/adapter_model.safetensors" \
+  "$tmp/dora-flag/step_00000002/adapter_model.safetensors"
 
 # --lora-init (init_lora_weights): false starts B random, so the first loss is not the base's (which
 # true and gaussian keep: B zero); the mode goes into adapter_config.json
