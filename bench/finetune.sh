@@ -31,7 +31,8 @@
 #   FT_ROWS="shardlm-lora pytorch-lora" bash bench/finetune.sh
 #   bash bench/finetune.sh --render                 # re-render RESULTS.md from bench/finetune_results.jsonl
 #
-# Knobs: FT_MODELS ("gpt2 llama"), FT_PRECISIONS ("fp32 bf16"), FT_ROWS (also pytorch-full: PyTorch full fine-tuning), FT_ROUNDS (3),
+# Knobs: FT_MODELS ("gpt2 llama"), FT_PRECISIONS ("fp32 bf16"), FT_ROWS (also pytorch-full: PyTorch full
+# fine-tuning; shardlm-dora / pytorch-dora: the LoRA rows with DoRA, PEFT's use_dora), FT_ROUNDS (3),
 # FT_WARMUP (2), FT_STEPS (5), FT_BATCH (4), FT_SEQ (256), FT_THREADS (2), FT_LORA_R (16),
 # FT_LORA_ALPHA (32), FT_WORK (/tmp/shardlm_finetune), PYTHON (an interpreter with torch, transformers,
 # peft and bitsandbytes; default python3), BENCH_OUT / BENCH_RESULTS (a trial run that leaves bench/
@@ -64,8 +65,8 @@ for v in ROUNDS WARMUP STEPS B T THREADS LORA_R; do
     fi
 done
 for row in $ROWS; do
-    case $row in shardlm-full|shardlm-lora|shardlm-qlora|pytorch-full|pytorch-lora|pytorch-qlora) ;;
-        *) echo "finetune.sh: FT_ROWS: unknown row '$row' (expected shardlm-full|lora|qlora, pytorch-full|lora|qlora)" >&2
+    case $row in shardlm-full|shardlm-lora|shardlm-dora|shardlm-qlora|pytorch-full|pytorch-lora|pytorch-dora|pytorch-qlora) ;;
+        *) echo "finetune.sh: FT_ROWS: unknown row '$row' (expected shardlm-full|lora|dora|qlora, pytorch-full|lora|dora|qlora)" >&2
            exit 2 ;;
     esac
 done
@@ -119,6 +120,7 @@ run_row() {  # row model round precision
             cmd+=(--lora-r "$LORA_R" --lora-alpha "$LORA_ALPHA" --lora-dropout 0 --lora-targets "$targets")
         fi
         if [ "$mode" = qlora ]; then cmd+=(--quantize nf4); fi
+        if [ "$mode" = dora ]; then cmd+=(--lora-dora); fi
     else
         cmd=(env OMP_NUM_THREADS="$THREADS" MKL_NUM_THREADS="$THREADS" "$PYTHON" bench/torch_finetune.py train
              --model "$WORK/$m" --data "$WORK/data-$m/train_000000.bin" --mode "$mode" --batch "$B" --seq "$T"
@@ -140,7 +142,7 @@ for r in $(seq 1 "$ROUNDS"); do
     for m in $MODELS; do
       for pr in $PRECISIONS; do
         log "round $r/$ROUNDS, $m $pr: load $(cut -d' ' -f1-3 /proc/loadavg)"
-        for mode in full lora qlora; do
+        for mode in full lora dora qlora; do
             pair=()
             for impl in shardlm pytorch; do
                 if [[ " $ROWS " == *" $impl-$mode "* ]]; then pair+=("$impl-$mode"); fi

@@ -2,7 +2,7 @@
 """finetune_run.py: runs one fine-tuning command of bench/finetune.sh and measures it from outside, the
 same way for shardlm and PyTorch; prints one JSON line. Standard library only.
 
-  finetune_run.py --impl shardlm|pytorch --mode full|lora|qlora --arch gpt2|llama --warmup W --steps S
+  finetune_run.py --impl shardlm|pytorch --mode full|lora|dora|qlora --arch gpt2|llama --warmup W --steps S
                   --batch B --seq T --threads N [--round R] [--metrics FILE] [--log FILE] -- COMMAND...
 
 The command must print a line starting with "step K/" after each training step (shardlm train with
@@ -61,7 +61,7 @@ def status_kib(pid, key):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--impl", required=True, choices=["shardlm", "pytorch"])
-    ap.add_argument("--mode", required=True, choices=["full", "lora", "qlora"])
+    ap.add_argument("--mode", required=True, choices=["full", "lora", "dora", "qlora"])
     ap.add_argument("--arch", required=True)
     ap.add_argument("--warmup", type=int, required=True)
     ap.add_argument("--steps", type=int, required=True)

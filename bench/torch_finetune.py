@@ -11,7 +11,7 @@ both sides read.
       DIR/data-llama: one token shard train_000000.bin each (llm.c's format, docs/data.md: 1024-byte
       header, uint16 tokens) of N tokens drawn uniformly from the model's vocabulary.
 
-  torch_finetune.py train --model DIR --data DIR --mode lora|qlora|full --batch 4 --seq 256
+  torch_finetune.py train --model DIR --data DIR --mode lora|dora|qlora|full --batch 4 --seq 256
                           --threads 2 --steps S --warmup W [--lora-r 16 --lora-alpha 32]
                           [--precision fp32|bf16]
       fine-tunes the model on the shard's windows, read as shardlm's loader reads them without shuffling
@@ -21,6 +21,7 @@ both sides read.
                linear of the blocks: GPT-2 c_attn, c_proj, c_fc (c_proj names attn.c_proj and
                mlp.c_proj; fan_in_fan_out for GPT-2's Conv1D), LLaMA q/k/v/o/gate/up/down_proj) on the
                fp32 base;
+        dora:  the LoRA adapters with use_dora (DoRA: a magnitude per output row);
         qlora: the same adapters on a base loaded through BitsAndBytesConfig(load_in_4bit, nf4, double
                quantisation, compute dtype float32), device_map cpu (bitsandbytes' CPU 4-bit path);
         full:  every parameter trained (no PEFT).
@@ -145,10 +146,10 @@ def train(a):
     model = AutoModelForCausalLM.from_pretrained(a.model, **kw)
     model.config.use_cache = False
     n_params = sum(p.numel() for p in model.parameters())
-    if a.mode in ("lora", "qlora"):
+    if a.mode in ("lora", "dora", "qlora"):
         targets = GPT2_TARGETS if arch == "gpt2" else LLAMA_TARGETS
         lc = LoraConfig(r=a.lora_r, lora_alpha=a.lora_alpha, lora_dropout=0.0, bias="none", target_modules=targets,
-                        task_type="CAUSAL_LM", fan_in_fan_out=arch == "gpt2")
+                        task_type="CAUSAL_LM", fan_in_fan_out=arch == "gpt2", use_dora=a.mode == "dora")
         model = get_peft_model(model, lc)
         versions["peft"] = peft.__version__
     model.train()
@@ -218,7 +219,7 @@ def main():
     t = sub.add_parser("train", help="fine-tune and time it")
     t.add_argument("--model", required=True, help="a Hugging Face model directory")
     t.add_argument("--data", required=True, help="a token shard (train_000000.bin)")
-    t.add_argument("--mode", required=True, choices=["lora", "qlora", "full"])
+    t.add_argument("--mode", required=True, choices=["lora", "dora", "qlora", "full"])
     t.add_argument("--batch", type=int, default=4)
     t.add_argument("--seq", type=int, default=256)
     t.add_argument("--threads", type=int, default=2)
