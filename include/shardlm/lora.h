@@ -121,6 +121,8 @@ typedef struct sl_lora {
     uint64_t version;          // counts sl_lora_params_changed: DoRA's norms are reused while it stands
     struct sl_dora *dora;      // DoRA's norms and buffers (use_dora), NULL until planned
     int dora_init_pending;     // fresh adapters: their magnitudes are the base's norms, set when attached
+    int backward_may_follow;   // set by the model before each forward: a backward may follow it (targets,
+                               // not inference-only), so DoRA keeps what that backward reads
     char base_model[1024];     // the base's name or path, for adapter_config.json ("" = unknown)
 } sl_lora;
 
@@ -211,7 +213,7 @@ void sl_lora_forward(sl_lora *lora, int layer, sl_linear_kind linear, const sl_a
 // a copy with their columns rescaled (and their magnitudes' gradients taken). Called before that GEMM.
 const sl_act *sl_lora_base_grad(sl_lora *lora, int layer, sl_linear_kind linear, const sl_act *dy, int N, int ld);
 // 0 when a backward may follow the last forward, -1 with the error when it may not (DoRA keeps what its
-// backward needs only when the adapters have gradients or `training` is set).
+// backward needs only when backward_may_follow was set for that forward).
 int sl_lora_check_backward(const sl_lora *lora);
 // 1 when block `layer`'s `linear` has DoRA adapters (its output gradient must be at hand unfused).
 int sl_lora_dora_on(const sl_lora *lora, int layer, sl_linear_kind linear);

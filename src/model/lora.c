@@ -477,8 +477,12 @@ int sl_lora_attached(sl_lora *lo, const sl_param_layout *L, const float *params,
                          lo->ops->name);
     if (quantised) return sl_errorf("lora: DoRA (use_dora) on a quantised base is not computed by shardlm");
     if (!lo->dora_init_pending) return 0;
+    if (!params)
+        return sl_errorf("lora: new DoRA adapters take their magnitudes from the base's fp32 weights, which this "
+                         "model no longer holds (attach them before setting it up for inference)");
+    if (lora_dora_init_magnitudes(lo, L, params)) return -1;
     lo->dora_init_pending = 0;
-    return lora_dora_init_magnitudes(lo, L, params);
+    return 0;
 }
 
 void sl_lora_describe(const sl_lora *lo, int with_scale, char *buf, size_t cap) {

@@ -20,6 +20,7 @@ struct sl_dora {
     void *act;            // dy (N, ld_max), t (N, out_max), th (N, in_max): activation storage
     sl_act *dy, *t, *th;
     float *ba, *at;       // (out_max, in_max) B A and (in_max, r_max) A^T, fp32
+    float *va, *vb, *vm;  // (r_max, in_max), (out_max, r_max), (out_max): A, B, m widened from bf16
 };
 
 static int bf16(const sl_lora *lo) { return lo->ops->act_bf16; }
@@ -33,11 +34,14 @@ static void put(sl_act *p, size_t i, float v, int is_bf16) {
     else ((float *)(void *)p)[i] = v;
 }
 
-// A tensor's fp32 values (the master weights, through its unit's view); the bf16 copy the GEMMs read is
-// lora.c's business.
-static const float *master(const sl_lora *lo, int idx) {
+// A tensor's values as the GEMMs read them, in fp32: its master weights (through its unit's view), or
+// with bf16 storage its bf16 copy widened into scratch, so that every ZeRO stage computes with the same
+// 16-bit parameters (stages 1-3 hold only rounded values).
+static const float *values(const sl_lora *lo, int idx, float *scratch) {
     const sl_tensor_info *t = &lo->tensors[idx];
-    return lo->param_view[t->unit] + (t->offset - lo->unit_begin[t->unit]);
+    if (!bf16(lo)) return lo->param_view[t->unit] + (t->offset - lo->unit_begin[t->unit]);
+    sl_bf16_to_f32_array((const sl_bf16 *)(const void *)lora_weight(lo, idx), scratch, t->numel);
+    return scratch;
 }
 
 static float *master_grad(const sl_lora *lo, int idx) {
@@ -76,13 +80,15 @@ void lora_dora_free(sl_lora *lo) {
     if (d->act) lo->ops->dealloc(d->act);
     free(d->ba);
     free(d->at);
+    free(d->va);
+    free(d->vb);
+    free(d->vm);
     free(d);
     lo->dora = NULL;
 }
 
-// A backward may follow the forwards: the adapters have gradients, or train (a ZeRO engine holds their
-// gradients itself).
-static int backward_planned(const sl_lora *lo) { return lo->grads || lo->training; }
+// A backward may follow the forward (the model says so: it has targets and may train).
+static int backward_planned(const sl_lora *lo) { return lo->backward_may_follow; }
 
 int lora_dora_plan(sl_lora *lo, int N) {
     if (lo->dora && N <= lo->dora->N && (lo->dora->z || !backward_planned(lo))) return 0;
@@ -97,11 +103,15 @@ int lora_dora_plan(sl_lora *lo, int N) {
     d->act = lo->ops->alloc(n * (ld + out + in) * e, "DoRA activations");
     d->ba = sl_malloc(out * in * sizeof(float), "DoRA B A");
     d->at = sl_malloc(in * r * sizeof(float), "DoRA B A");
-    if (!d->norm || !d->version || !d->act || !d->ba || !d->at) goto fail;
+    d->va = sl_malloc(r * in * sizeof(float), "DoRA adapters");
+    d->vb = sl_malloc(out * r * sizeof(float), "DoRA adapters");
+    d->vm = sl_malloc(out * sizeof(float), "DoRA magnitudes");
+    if (!d->norm || !d->version || !d->act || !d->ba || !d->at || !d->va || !d->vb || !d->vm) goto fail;
     d->dy = sl_act_at(d->act, 0, e);
     d->t = sl_act_at(d->act, n * ld, e);
     d->th = sl_act_at(d->act, n * (ld + out), e);
-    if (backward_planned(lo) && !(d->z = sl_calloc((size_t)lo->n_adapters + 1, sizeof(float *), "DoRA activations"))) goto fail;
+    if (backward_planned(lo) && !(d->z = sl_calloc((size_t)lo->n_adapters + 1, sizeof(float *), "DoRA activations")))
+        goto fail;
     for (int a = 0; a < lo->n_adapters; a++) {
         size_t o = (size_t)lo->adapters[a].out_features;
         if (!(d->norm[a] = sl_malloc(o * sizeof(float), "DoRA norms"))) goto fail;
@@ -121,7 +131,7 @@ static void weight_norms(sl_lora *lo, int a, const sl_act *W, const float *W32, 
     struct sl_dora *d = lo->dora;
     const sl_lora_adapter *ad = &lo->adapters[a];
     int in = ad->in_features, out = ad->out_features, r = ad->r, is_bf16 = bf16(lo);
-    const float *A = master(lo, ad->lora_A), *B = master(lo, ad->lora_B);
+    const float *A = values(lo, ad->lora_A, d->va), *B = values(lo, ad->lora_B, d->vb);
     for (int i = 0; i < in; i++)
         for (int k = 0; k < r; k++) d->at[(size_t)i * r + k] = A[(size_t)k * in + i];
     // B A (out, in) = B (out, r) against A^T (in, r) as matmul_forward's weight
@@ -143,7 +153,7 @@ static void weight_norms(sl_lora *lo, int a, const sl_act *W, const float *W32, 
 
 int lora_dora_init_magnitudes(sl_lora *lo, const sl_param_layout *L, const float *params) {
     if (!lo->cfg.use_dora) return 0;
-    if (lora_dora_plan(lo, 1)) return -1;
+    if (sl_lora_params_changed(lo) || lora_dora_plan(lo, 1)) return -1;  // A and B as the GEMMs will read them
     for (int a = 0; a < lo->n_adapters; a++) {
         const sl_lora_adapter *ad = &lo->adapters[a];
         const float *W = params + L->tensors[lora_base_weight(L, ad)].offset + (size_t)ad->col0 * ad->in_features;
@@ -176,7 +186,7 @@ void lora_dora_forward(sl_lora *lo, int a, const sl_act *h, sl_act *y, const sl_
     ops->matmul_forward(lo->delta, lo->u[a], B, NULL, N, r, out);  // delta = u B^T
     int dropout = lora_dropping(lo);
     if (dropout) ops->matmul_forward(d->t, h, Wa, NULL, N, in, out);  // the dropped input's base path
-    const float *m = master(lo, ad->magnitude), *norm = d->norm[a];
+    const float *m = values(lo, ad->magnitude, d->vm), *norm = d->norm[a];
     float *z = d->z ? d->z[a] : NULL, s = ad->scale;
 #pragma omp parallel for schedule(static) if((size_t)N * out >= 65536)
     for (int n = 0; n < N; n++)
@@ -192,8 +202,8 @@ void lora_dora_forward(sl_lora *lo, int a, const sl_act *h, sl_act *y, const sl_
 
 int lora_dora_check_backward(const sl_lora *lo) {
     if (!lo->cfg.use_dora || (lo->dora && lo->dora->z)) return 0;
-    return sl_errorf("lora: DoRA's backward needs what its forward keeps, and that forward kept nothing (set the "
-                     "adapters' `training` or give them gradients before it)");
+    return sl_errorf("lora: DoRA's backward needs what its forward keeps, and that forward kept nothing (a "
+                     "forward without targets, or on a model set up for inference)");
 }
 
 const sl_act *lora_dora_base_grad(sl_lora *lo, int layer, sl_linear_kind linear, const sl_act *dy, int N, int ld) {
@@ -203,7 +213,7 @@ const sl_act *lora_dora_base_grad(sl_lora *lo, int layer, sl_linear_kind linear,
     for (int a = lo->layer_first[layer]; a < lo->layer_first[layer + 1]; a++) {
         const sl_lora_adapter *ad = &lo->adapters[a];
         if (ad->linear != linear) continue;
-        const float *m = master(lo, ad->magnitude), *norm = d->norm[a], *z = d->z[a];
+        const float *m = values(lo, ad->magnitude, d->vm), *norm = d->norm[a], *z = d->z[a];
         float *dm = master_grad(lo, ad->magnitude);
         int out = ad->out_features, blocks = (out + DM_COLS - 1) / DM_COLS;
         // column blocks, rows in order within each: every dm_j summed over n ascending whatever the threads
@@ -242,7 +252,7 @@ void lora_dora_backward(sl_lora *lo, int a, const sl_act *h, const sl_act *dy, s
                        in, r, out, ld, ad->col0);
     if (!dropout || !dx) return;
     // the dropped input's gradient: du A + ((g - 1) dy) W, then the dropout mask, then into dx
-    const float *m = master(lo, ad->magnitude), *norm = d->norm[a];
+    const float *m = values(lo, ad->magnitude, d->vm), *norm = d->norm[a];
 #pragma omp parallel for schedule(static) if((size_t)N * out >= 65536)
     for (int n = 0; n < N; n++)
         for (int j = 0; j < out; j++)

@@ -20,7 +20,7 @@ int lora_dropping(const sl_lora *lo);
 uint64_t lora_dropout_seed(const sl_lora *lo, int adapter);
 int lora_base_weight(const sl_param_layout *L, const sl_lora_adapter *ad);
 
-// Buffers for N rows (z only when a backward may follow: gradients, or `training`); no-op when large
+// Buffers for N rows (z only when a backward may follow: lo->backward_may_follow); no-op when large
 // enough. The weight norms are taken again after each sl_lora_params_changed.
 int lora_dora_plan(sl_lora *lo, int N);
 void lora_dora_free(sl_lora *lo);

@@ -423,6 +423,7 @@ static int forward(sl_model *m, sl_kv_cache *kv, const int *inputs, const int *t
                              targets[i], i / T, i % T, c->vocab_size);
     }
     if (alloc_acts(m, B, T) || (kv ? rope_rows(m, pos0, T) : rope_for_length(m, T))) return -1;
+    if (m->lora) m->lora->backward_may_follow = targets != NULL && !m->inference_only;  // DoRA then keeps z
     if (m->lora && sl_lora_plan(m->lora, B * T)) return -1;
     m->B = B;
     m->T = T;

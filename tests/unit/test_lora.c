@@ -789,6 +789,67 @@ TEST(zero_stages_shard_dora_adapters) {
     use_dora = 0;
 }
 
+// DoRA under bf16 mixed precision with bf16 activation storage: its magnitudes and the adapters in its
+// norms are the 16-bit values the GEMMs read at every stage, so ZeRO 1 trains to stage 0's bits (stage 0
+// keeps unrounded masters, stages 1-3 only rounded ones); a ZeRO-2 engine trains DoRA without
+// `training` set (its gradients live in ZeRO's windows); fresh DoRA adapters on a model whose fp32
+// weights went for inference are refused, not read through NULL.
+static int dora_engine(lora_run *r, const sl_ops *ops, sl_comm *dp, int stage, int precision) {
+    memset(r, 0, sizeof *r);
+    sl_model_config cfg;
+    sl_lora_config lc;
+    sl_lora_config_defaults(&lc);
+    lc.use_dora = 1;
+    lc.r = 4;
+    lc.lora_alpha = 16;
+    sl_engine_config ec = {.micro_batch = 2, .grad_accum_steps = 1, .gradient_clipping = 1.0f, .dp = dp,
+                           .zero_stage = stage, .prefetch = 1};
+    sl_optim_defaults(&ec.optim);
+    ec.optim.lr = 1e-2;
+    sl_schedule_constant(&ec.schedule, ec.optim.lr);
+    sl_loss_scaler_defaults(&ec.precision);
+    ec.precision.precision = precision;
+    return sl_config_preset(&cfg, "gpt2-tiny") || sl_model_create(&r->model, &cfg, ops) ||
+           sl_model_init_weights(&r->model, 5) || sl_lora_config_set_targets(&lc, "all-linear", "test") ||
+           sl_lora_create(&r->lora, &cfg, &lc, ops) || sl_lora_init_weights(&r->lora, 6) ||
+           sl_model_attach_lora(&r->model, &r->lora) || sl_engine_init(&r->engine, &r->model, &ec) ? -1 : 0;
+}
+
+TEST(dora_bf16_zero_stages_and_engines) {
+    sl_comm *world = NULL;
+    CHECK_MSG(sl_comm_init_world(&world, "self", NULL, NULL) == 0, "%s", sl_error());
+    if (!world) return;
+    lora_run a, b, c;
+    CHECK_MSG(dora_engine(&a, &sl_ops_cpu_bf16, NULL, 0, SL_PRECISION_BF16) == 0 && lora_train(&a, 0, 4) == 0, "%s",
+              sl_error());
+    CHECK_MSG(dora_engine(&b, &sl_ops_cpu_bf16, world, 1, SL_PRECISION_BF16) == 0 && lora_train(&b, 0, 4) == 0, "%s",
+              sl_error());
+    CHECK(sl_engine_detach_model(&b.engine, 1) == 0);
+    size_t differ = 0;
+    for (size_t i = 0; a.lora.params && b.lora.params && i < a.lora.total; i++)
+        differ += sl_round_to_bf16(a.lora.params[i]) != b.lora.params[i];
+    CHECK_MSG(differ == 0 && a.engine.last_loss == b.engine.last_loss, "bf16 DoRA: ZeRO 1 loss %.9g, ZeRO 0 %.9g, "
+              "%zu adapter values differ", (double)b.engine.last_loss, (double)a.engine.last_loss, differ);
+    CHECK_MSG(dora_engine(&c, &sl_ops_cpu, world, 2, SL_PRECISION_FP32) == 0 && lora_train(&c, 0, 2) == 0, "%s",
+              sl_error());  // `training` never set
+    lora_run_free(&a);
+    lora_run_free(&b);
+    lora_run_free(&c);
+    sl_comm_free(world);
+    sl_model m;
+    sl_lora lo;
+    sl_model_config cfg;
+    sl_lora_config lc;
+    sl_lora_config_defaults(&lc);
+    lc.use_dora = 1;
+    CHECK(sl_config_preset(&cfg, "gpt2-tiny") == 0 && sl_model_create(&m, &cfg, &sl_ops_cpu_bf16) == 0 &&
+          sl_model_init_weights(&m, 1) == 0 && sl_model_for_inference(&m) == 0);
+    CHECK(sl_lora_create(&lo, &cfg, &lc, &sl_ops_cpu_bf16) == 0 && sl_lora_init_weights(&lo, 2) == 0);
+    CHECK(fails_with(sl_model_attach_lora(&m, &lo), "take their magnitudes from the base's fp32 weights"));
+    sl_lora_free(&lo);
+    sl_model_free(&m);
+}
+
 // Mixed precision (DeepSpeed's fp16 with loss scaling, bf16; 16-bit values emulated by rounding on the
 // fp32 table): the adapters' fp32 master weights train, the model computes with their rounded copy,
 // resume is bit-for-bit, the (rounded) base never changes, and the losses follow fp32's.
