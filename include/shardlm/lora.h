@@ -178,10 +178,11 @@ void sl_lora_zero_grad(sl_lora *lora);
 // kaiming_uniform_(a=sqrt(5)): uniform in +-1/sqrt(in), and B zero), drawn from the counter-based RNG
 // (seed, tensor index).
 int sl_lora_init_weights(sl_lora *lora, uint64_t seed);
-// For sl_model_attach_lora: DoRA's checks (the CPU backend, a base that is not quantised) and, for fresh
-// adapters (sl_lora_init_weights), their magnitudes: the rows' norms of the base's fp32 weights (params,
-// layout L) with the adapters' start added, as PEFT sets them. Nothing without use_dora.
-int sl_lora_attached(sl_lora *lora, const sl_param_layout *L, const float *params, int quantised);
+// For sl_model_attach_lora: DoRA's check (the CPU backend) and, for fresh adapters
+// (sl_lora_init_weights), their magnitudes: the rows' norms of the base weights with the adapters'
+// start added, as PEFT sets them; base_weights[a] is adapter a's fused base weight as the model hands
+// its GEMM (plain, bf16 copy, or a quantised linear's placeholder). Nothing without use_dora.
+int sl_lora_attached(sl_lora *lora, const sl_act *const *base_weights);
 // Refreshes the bf16 copy after params changed (nothing without ops->act_bf16).
 int sl_lora_params_changed(sl_lora *lora);
 // Index of the tensor with this PEFT name, or -1.

@@ -470,17 +470,13 @@ int sl_lora_params_changed(sl_lora *lo) {
     return 0;
 }
 
-int sl_lora_attached(sl_lora *lo, const sl_param_layout *L, const float *params, int quantised) {
+int sl_lora_attached(sl_lora *lo, const sl_act *const *base_weights) {
     if (!lo->cfg.use_dora) return 0;
     if (lo->ops->on_device)
         return sl_errorf("lora: DoRA (use_dora) runs on the CPU backend only for now; this model is on %s",
                          lo->ops->name);
-    if (quantised) return sl_errorf("lora: DoRA (use_dora) on a quantised base is not computed by shardlm");
     if (!lo->dora_init_pending) return 0;
-    if (!params)
-        return sl_errorf("lora: new DoRA adapters take their magnitudes from the base's fp32 weights, which this "
-                         "model no longer holds (attach them before setting it up for inference)");
-    if (lora_dora_init_magnitudes(lo, L, params)) return -1;
+    if (lora_dora_init_magnitudes(lo, base_weights)) return -1;
     lo->dora_init_pending = 0;
     return 0;
 }

@@ -5,6 +5,7 @@
 // lora_dora_base_grad fills dy (the scaled copy) for its linear before lora_dora_backward reads it.
 #include "model/lora_dora.h"
 #include "shardlm/error.h"
+#include "shardlm/quant_ops.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -21,6 +22,8 @@ struct sl_dora {
     sl_act *dy, *t, *th;
     float *ba, *at;       // (out_max, in_max) B A and (in_max, r_max) A^T, fp32
     float *va, *vb, *vm;  // (r_max, in_max), (out_max, r_max), (out_max): A, B, m widened from bf16
+    float *w;             // (out_max, in_max): an adapter's base rows in fp32 (dequantised, or widened)
+    sl_act *w_act;        // (out_max, in_max): the same rows as the GEMMs read them (a quantised base)
 };
 
 static int bf16(const sl_lora *lo) { return lo->ops->act_bf16; }
@@ -83,6 +86,8 @@ void lora_dora_free(sl_lora *lo) {
     free(d->va);
     free(d->vb);
     free(d->vm);
+    free(d->w);
+    if (d->w_act) lo->ops->dealloc(d->w_act);
     free(d);
     lo->dora = NULL;
 }
@@ -106,7 +111,10 @@ int lora_dora_plan(sl_lora *lo, int N) {
     d->va = sl_malloc(r * in * sizeof(float), "DoRA adapters");
     d->vb = sl_malloc(out * r * sizeof(float), "DoRA adapters");
     d->vm = sl_malloc(out * sizeof(float), "DoRA magnitudes");
-    if (!d->norm || !d->version || !d->act || !d->ba || !d->at || !d->va || !d->vb || !d->vm) goto fail;
+    d->w = sl_malloc(out * in * sizeof(float), "DoRA base rows");
+    d->w_act = lo->ops->alloc(out * in * e, "DoRA base rows");
+    if (!d->norm || !d->version || !d->act || !d->ba || !d->at || !d->va || !d->vb || !d->vm || !d->w || !d->w_act)
+        goto fail;
     d->dy = sl_act_at(d->act, 0, e);
     d->t = sl_act_at(d->act, n * ld, e);
     d->th = sl_act_at(d->act, n * (ld + out), e);
@@ -125,9 +133,49 @@ fail:
     return sl_error_context("planning DoRA's buffers for %d rows", N);
 }
 
-// n_j = || W_j + s (B A)_j || for adapter a into d->norm[a] (double sums); W the adapter's rows, in the
-// activations' type, or the fp32 base weights with W32.
-static void weight_norms(sl_lora *lo, int a, const sl_act *W, const float *W32, float *norm) {
+// The output width of the fused GEMM an adapter adds to (its weight's rows, `ld` in the forward).
+static int fused_width(const sl_model_config *c, sl_linear_kind k) {
+    int C = c->n_embd;
+    switch (k) {
+    case SL_LINEAR_QKV: return (c->n_head + 2 * c->n_kv_head) * sl_config_head_dim(c);
+    case SL_LINEAR_MLP_UP: return c->arch == SL_ARCH_LLAMA ? 2 * c->n_inner : c->n_inner;
+    default: return C;
+    }
+}
+
+// The quantised linear behind W (the fused GEMM's weight as the model hands it), NULL for a plain one.
+static const sl_qlinear *quantised(const sl_lora_adapter *ad, const sl_act *W, const sl_model_config *c) {
+    return sl_quant_ops_lookup(W, ad->in_features, fused_width(c, ad->linear));
+}
+
+// The adapter's rows [col0, col0 + out) of W as the GEMMs read them: W's own storage, or for a
+// quantised linear its rows dequantised by bitsandbytes' maths (the parts are stacked by rows) into
+// d->w and stored as activations in d->w_act.
+static const sl_act *base_rows(sl_lora *lo, const sl_lora_adapter *ad, const sl_act *W) {
+    struct sl_dora *d = lo->dora;
+    size_t in = (size_t)ad->in_features, n = (size_t)ad->out_features * in;
+    const sl_qlinear *l = quantised(ad, W, &lo->model_cfg);
+    if (!l) return sl_act_at(W, (size_t)ad->col0 * in, bf16(lo) ? sizeof(sl_bf16) : sizeof(float));
+    int64_t row = ad->col0;
+    size_t done = 0;
+    for (int p = 0; p < l->n_parts && done < n; p++) {
+        int64_t rows = l->part[p]->rows;
+        if (row >= rows) {
+            row -= rows;
+            continue;
+        }
+        size_t take = (size_t)(rows - row) * in < n - done ? (size_t)(rows - row) * in : n - done;
+        sl_dequantize_range(l->part[p], (size_t)row * in, take, d->w + done);
+        done += take;
+        row = 0;
+    }
+    if (bf16(lo)) sl_f32_to_bf16_array(d->w, (sl_bf16 *)(void *)d->w_act, n);
+    else memcpy(d->w_act, d->w, n * sizeof(float));
+    return d->w_act;
+}
+
+// n_j = || W_j + s (B A)_j || for adapter a into norm (double sums); Wa the adapter's rows (base_rows).
+static void weight_norms(sl_lora *lo, int a, const sl_act *Wa, float *norm) {
     struct sl_dora *d = lo->dora;
     const sl_lora_adapter *ad = &lo->adapters[a];
     int in = ad->in_features, out = ad->out_features, r = ad->r, is_bf16 = bf16(lo);
@@ -144,20 +192,19 @@ static void weight_norms(sl_lora *lo, int a, const sl_act *W, const float *W32, 
         const float *ba = d->ba + (size_t)j * in;
         for (int i = 0; i < in; i++) {
             size_t at = (size_t)j * in + i;
-            double w = (double)(W32 ? W32[at] : get(W, at, is_bf16)) + (double)s * ba[i];
+            double w = (double)get(Wa, at, is_bf16) + (double)s * ba[i];
             sum += w * w;
         }
         norm[j] = (float)sqrt(sum);
     }
 }
 
-int lora_dora_init_magnitudes(sl_lora *lo, const sl_param_layout *L, const float *params) {
+int lora_dora_init_magnitudes(sl_lora *lo, const sl_act *const *W) {
     if (!lo->cfg.use_dora) return 0;
     if (sl_lora_params_changed(lo) || lora_dora_plan(lo, 1)) return -1;  // A and B as the GEMMs will read them
     for (int a = 0; a < lo->n_adapters; a++) {
         const sl_lora_adapter *ad = &lo->adapters[a];
-        const float *W = params + L->tensors[lora_base_weight(L, ad)].offset + (size_t)ad->col0 * ad->in_features;
-        weight_norms(lo, a, NULL, W, lo->dora->norm[a]);
+        weight_norms(lo, a, base_rows(lo, ad, W[a]), lo->dora->norm[a]);
         lo->dora->version[a] = UINT64_MAX;  // taken at the start, not for the forward's reuse
         float *host = sl_malloc((size_t)ad->out_features * sizeof(float), "DoRA magnitudes");
         if (!host) return -1;
@@ -175,16 +222,16 @@ void lora_dora_forward(sl_lora *lo, int a, const sl_act *h, sl_act *y, const sl_
     const sl_ops *ops = lo->ops;
     const sl_lora_adapter *ad = &lo->adapters[a];
     int in = ad->in_features, out = ad->out_features, r = ad->r, is_bf16 = bf16(lo);
-    const sl_act *Wa = sl_act_at(W, (size_t)ad->col0 * in, is_bf16 ? sizeof(sl_bf16) : sizeof(float));
+    int dropout = lora_dropping(lo), stale = d->version[a] != lo->version;
+    const sl_act *Wa = stale || dropout ? base_rows(lo, ad, W) : NULL;
     // the norms are constants of the weights: taken again when sl_lora_params_changed says they changed
-    if (d->version[a] != lo->version) {
-        weight_norms(lo, a, Wa, NULL, d->norm[a]);
+    if (stale) {
+        weight_norms(lo, a, Wa, d->norm[a]);
         d->version[a] = lo->version;
     }
     const sl_act *A = lora_weight(lo, ad->lora_A), *B = lora_weight(lo, ad->lora_B);
     ops->matmul_forward(lo->u[a], h, A, NULL, N, in, r);           // u = h A^T
     ops->matmul_forward(lo->delta, lo->u[a], B, NULL, N, r, out);  // delta = u B^T
-    int dropout = lora_dropping(lo);
     if (dropout) ops->matmul_forward(d->t, h, Wa, NULL, N, in, out);  // the dropped input's base path
     const float *m = values(lo, ad->magnitude, d->vm), *norm = d->norm[a];
     float *z = d->z ? d->z[a] : NULL, s = ad->scale;
@@ -258,7 +305,7 @@ void lora_dora_backward(sl_lora *lo, int a, const sl_act *h, const sl_act *dy, s
         for (int j = 0; j < out; j++)
             put(d->t, (size_t)n * out + j,
                 (m[j] / norm[j] - 1.0f) * get(dy, (size_t)n * ld + ad->col0 + j, is_bf16), is_bf16);
-    const sl_act *Wa = sl_act_at(W, (size_t)ad->col0 * in, is_bf16 ? sizeof(sl_bf16) : sizeof(float));
+    const sl_act *Wa = base_rows(lo, ad, W);
     size_t n_in = (size_t)N * in;
     ops->matmul_backward(lo->dh, NULL, NULL, lo->du, h, A, N, in, r);
     ops->matmul_backward(d->th, NULL, NULL, d->t, h, Wa, N, in, out);

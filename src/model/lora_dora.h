@@ -39,9 +39,9 @@ const sl_act *lora_dora_base_grad(sl_lora *lo, int layer, sl_linear_kind linear,
 // dx (N, in; NULL: not wanted) += the adapter's part of the input gradient; dy is what the base GEMM took.
 void lora_dora_backward(sl_lora *lo, int a, const sl_act *h, const sl_act *dy, sl_act *dx, const sl_act *W, int N,
                         int ld);
-// Fresh adapters' magnitudes: m_j = || W_j + s (B A)_j || (PEFT's start), the base's fp32 weights in
-// params (layout L). -1 with the error.
-int lora_dora_init_magnitudes(sl_lora *lo, const sl_param_layout *L, const float *params);
+// Fresh adapters' magnitudes: m_j = || W_j + s (B A)_j || (PEFT's start), W[a] adapter a's fused base
+// weight as the model hands its GEMM (a quantised linear's is dequantised). -1 with the error.
+int lora_dora_init_magnitudes(sl_lora *lo, const sl_act *const *W);
 // The merged row for merge_and_unload: w (in) holds W_j + s (B A)_j; scaled by m_j / ||w||.
 void lora_dora_merge_row(float *w, int in, float magnitude);
 

@@ -10,6 +10,7 @@
 #include "shardlm/model.h"
 #include "shardlm/kv_cache.h"
 #include "shardlm/lora.h"
+#include "model/lora_dora.h"
 #include "shardlm/error.h"
 #include "shardlm/precision.h"
 #include "shardlm/rng.h"
@@ -155,14 +156,24 @@ void sl_model_zero_grad(sl_model *m) {
     if (m->lora) sl_lora_zero_grad(m->lora);
 }
 
+// DoRA's start: every adapter's fused base weight as the GEMMs take it (sl_lora_attached).
+static int attach_dora(sl_model *m, sl_lora *lora) {
+    if (!lora->cfg.use_dora) return 0;
+    const sl_act **w = sl_calloc((size_t)lora->n_adapters + 1, sizeof *w, "DoRA base weights");
+    if (!w) return -1;
+    for (int a = 0; a < lora->n_adapters; a++) w[a] = W(m, lora_base_weight(&m->layout, &lora->adapters[a]));
+    int rc = sl_lora_attached(lora, w);
+    free(w);
+    return rc;
+}
+
 int sl_model_attach_lora(sl_model *m, sl_lora *lora) {
     if (sl_config_compare(&lora->model_cfg, &m->cfg, "lora: the adapters were built for another model")) return -1;
     if (lora->ops != m->ops) return sl_errorf("lora: the adapters live on the %s backend, the model on %s",
                                               lora->ops->name, m->ops->name);
     if (m->unit_hook) return sl_errorf("lora: the model is being trained by an engine; attach adapters first");
-    int quantised = m->cfg.n_layer > 0 && m->layout.tensors[m->layout.blocks[0].qkv_w].quantised;
-    if (sl_lora_attached(lora, &m->layout, m->params, quantised)) return -1;  // DoRA's magnitudes
     if (sl_model_params_changed(m)) return -1;  // the base's bf16 copy, once: it never changes again
+    if (attach_dora(m, lora)) return -1;
     release(m, m->grads);
     m->grads = NULL;
     m->lora = lora;

@@ -6,10 +6,10 @@
 #   * the memory line says the base is frozen; generate --adapter uses the adapters; 2 data-parallel
 #     ranks follow one (mpirun, when installed); merge gives the adapted model's logits;
 #   * DoRA (use_dora) with dropout resumes bit for bit and merges to the adapted model's logits;
-#   * bad input (r = 0, an unknown target module, bias other than "none", DoRA on a quantised base, a
-#     corrupt or foreign adapter, an AdamW checkpoint resumed with AdamW8bit, resuming adapters as a full
-#     model, merging into an existing directory) exits non-zero with a message naming the problem and
-#     writes nothing.
+#   * QDoRA (DoRA on an NF4 base) trains and samples;
+#   * bad input (r = 0, an unknown target module, bias other than "none", a corrupt or foreign adapter,
+#     an AdamW checkpoint resumed with AdamW8bit, resuming adapters as a full model, merging into an
+#     existing directory) exits non-zero with a message naming the problem and writes nothing.
 # Prints PASS/FAIL lines for tests/run.sh (lib.sh); skips (exit 0) when "$SHARDLM_BIN" is not built.
 . "$(dirname "$0")/lib.sh" lora
 prepare_tiny_data || { fail prepare_tiny_data "no $DATA/sotu"; exit 0; }
@@ -189,6 +189,11 @@ m = h['base_model.model.transformer.h.0.mlp.c_fc.lora_magnitude_vector']
 assert len(m['shape']) == 1 and json.load(open('$tmp/dora/step_00000004/adapter_config.json'))['use_dora'] is True, m
 "
 merged_equals_adapted lora_dora_merge_equals_adapted "$tmp/dora/step_00000004" "$tmp/dora-merged"
+# QDoRA: DoRA over an NF4 base (norms of the dequantised rows), with its sample after training
+"$BIN" train --config "$tmp/dora.json" --model gpt2-tiny "${common[@]}" --quantize nf4 --steps 2 --sample-tokens 4 \
+  --save-dir "$tmp/qdora" >"$tmp/qdora.out" 2>&1
+expect lora_qdora_trains_and_samples bash -c "test -f '$tmp/qdora/step_00000002/adapter_model.safetensors' &&
+  grep -q '^sample (' '$tmp/qdora.out' && grep -q 'QLoRA' '$tmp/qdora.out'"
 "$BIN" train --model gpt2-tiny "${common[@]}" --lora-r 4 --lora-alpha 8 --lora-dropout 0.1 --lora-dora \
   --lora-targets all-linear --steps 2 --save-dir "$tmp/dora-flag" >>"$log" 2>&1
 expect lora_dora_flag_equals_config cmp "$tmp/dora/step_00000002/adapter_model.safetensors" \
@@ -241,8 +246,6 @@ bad unknown_target_module_is_named "target module 'q_proj' matches no linear of 
 echo '{"lora": {"r": 4, "bias": "all"}}' >"$tmp/bias.json"
 bad lora_bias_is_refused "\"bias\" is \"all\"" "${run[@]}" --config "$tmp/bias.json"
 bad lora_init_pissa_is_refused "init_lora_weights\" 'pissa'" "${run[@]}" --lora-init pissa
-bad dora_on_a_quantised_base_is_refused "DoRA \(use_dora\) on a quantised base" "${run[@]}" --config "$tmp/dora.json" \
-  --quantize nf4
 bad lora_adamw_checkpoint_resumed_with_adamw8bit_is_refused \
   "checkpoint optimizer \"AdamW\" differs from this run's \"AdamW8bit\"" \
   train --model gpt2-tiny "${common[@]}" "${lora[@]}" --optimizer adamw8bit --steps 14 --save-dir "$tmp/straight" --resume

@@ -25,7 +25,7 @@ same adapters and batch (read back from the case's committed files), the model l
 bnb_4bit_compute_dtype=torch.bfloat16 and run as bench/torch_finetune.py runs --precision bf16:
 forward and loss under torch.autocast("cpu", torch.bfloat16), fp32 adapters, gradients and AdamW:
     logits, loss, grad.<PEFT name>, adamw_losses   PEFT + bitsandbytes in bf16 (logits as float32)
-Run: python3 tests/reference/make_qlora_fixtures.py [--bf16]   (torch, transformers, peft, bitsandbytes
+Run: python3 tests/reference/make_qlora_fixtures.py [--bf16] [CASE ...]   (torch, transformers, peft, bitsandbytes
 0.50; --bf16 writes only the bf16 files, from the committed adapters)
 """
 import os
@@ -53,7 +53,20 @@ CASES = {
     "llama-nf4-dq": ("llama_fp32", True, dict(r=4, lora_alpha=6, target_modules="all-linear")),
     "llama-nf4": ("llama_fp32", False, dict(r=3, lora_alpha=5, target_modules=["q_proj", "v_proj", "up_proj",
                                                                             "down_proj"], use_rslora=True)),
+    # QDoRA: DoRA's row norms over the dequantised weights (PEFT's dequantize_module_weight); q and v are
+    # parts of the fused q/k/v linear, up of gate/up
+    "llama-nf4-dq-dora": ("llama_fp32", True, dict(r=4, lora_alpha=6, use_dora=True,
+                                                   target_modules=["q_proj", "v_proj", "o_proj", "up_proj",
+                                                                   "down_proj"])),
+    "gpt2-nf4-dora": ("gpt2_fp32", False, dict(r=4, lora_alpha=8, use_dora=True,
+                                               target_modules=["c_attn", "c_proj", "c_fc"])),
 }
+
+
+def saved_name(name):
+    """The name PEFT saves a parameter under: no adapter name, and a DoRA magnitude without ".weight"."""
+    key = name.replace(".default", "")
+    return key[: -len(".weight")] if key.endswith("lora_magnitude_vector.weight") else key
 
 
 def lora_config(kw):
@@ -103,14 +116,14 @@ def run(case, base, dq, kw):
     expected["bnb.loss"] = loss.detach().float().reshape(1)
     for name, p in peft_model.named_parameters():
         if p.requires_grad:
-            expected["bnb.grad." + name.replace(".default", "")] = p.grad.detach().float().contiguous()
+            expected["bnb.grad." + saved_name(name)] = p.grad.detach().float().contiguous()
     peft_model.zero_grad()
 
     exact = get_peft_model(exact_base, lora_config(kw)).double()
     with torch.no_grad():
         for name, p in exact.named_parameters():
             if "lora_" in name:
-                p.copy_(saved[name.replace(".default", "")].double())
+                p.copy_(saved[saved_name(name)].double())
     logits64, loss64 = loss_of(exact, inputs, targets, V)
     loss64.backward()
     expected["logits"] = logits64.detach().float().contiguous()
@@ -118,7 +131,7 @@ def run(case, base, dq, kw):
     worst = (expected["logits"] - expected["bnb.logits"]).abs().max() / expected["logits"].abs().max()
     for name, p in exact.named_parameters():
         if p.requires_grad:
-            key = name.replace(".default", "")
+            key = saved_name(name)
             assert key in saved, key
             g = p.grad.detach().float().contiguous()
             expected["grad." + key] = g
@@ -133,7 +146,7 @@ def run(case, base, dq, kw):
           f"bnb vs float64 worst relative {worst:.2e}, adamw {losses[0]:.4f} .. {losses[-1]:.4f}")
 
 
-BF16_CASES = ["gpt2-nf4-dq", "llama-nf4-dq"]
+BF16_CASES = ["gpt2-nf4-dq", "llama-nf4-dq", "llama-nf4-dq-dora"]
 
 
 def run_bf16(case, base, dq, kw):
@@ -149,7 +162,7 @@ def run_bf16(case, base, dq, kw):
     with torch.no_grad():
         for name, p in peft_model.named_parameters():
             if "lora_" in name:
-                p.copy_(saved[name.replace(".default", "")])
+                p.copy_(saved[saved_name(name)])
     batch = load_file(os.path.join(out_dir, "expected.safetensors"))
     inputs, targets = batch["input_ids"].long(), batch["targets"].long()
     targets[targets < 0] = -100
@@ -166,7 +179,7 @@ def run_bf16(case, base, dq, kw):
     for name, p in peft_model.named_parameters():
         if p.requires_grad:
             assert p.dtype == torch.float32
-            expected["grad." + name.replace(".default", "")] = p.grad.detach().float().contiguous()
+            expected["grad." + saved_name(name)] = p.grad.detach().float().contiguous()
     peft_model.zero_grad()
     import make_lora_fixtures
     plain = make_lora_fixtures.loss_of
@@ -182,7 +195,10 @@ def run_bf16(case, base, dq, kw):
 
 
 if __name__ == "__main__":
-    for case, (base, dq, kw) in CASES.items():
+    # the cases named on the command line (default: all), so a new case does not rewrite the others
+    names = [a for a in sys.argv[1:] if not a.startswith("--")] or list(CASES)
+    for case in names:
+        base, dq, kw = CASES[case]
         if "--bf16" not in sys.argv[1:]:
             run(case, base, dq, kw)
         if case in BF16_CASES:

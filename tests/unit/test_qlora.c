@@ -137,6 +137,9 @@ TEST(gpt2_qlora_nf4_double_quant_matches_peft_bnb) { check_against_peft("gpt2_fp
 TEST(gpt2_qlora_nf4_matches_peft_bnb) { check_against_peft("gpt2_fp32", "gpt2-nf4", 0); }
 TEST(llama_qlora_nf4_double_quant_all_linear_matches_peft_bnb) { check_against_peft("llama_fp32", "llama-nf4-dq", 1); }
 TEST(llama_qlora_nf4_rslora_q_v_up_down_matches_peft_bnb) { check_against_peft("llama_fp32", "llama-nf4", 0); }
+// QDoRA: DoRA's norms over bitsandbytes' dequantised rows (q and v parts of the fused q/k/v linear)
+TEST(llama_qdora_nf4_double_quant_matches_peft_bnb) { check_against_peft("llama_fp32", "llama-nf4-dq-dora", 1); }
+TEST(gpt2_qdora_nf4_matches_peft_bnb) { check_against_peft("gpt2_fp32", "gpt2-nf4-dora", 0); }
 
 // Copies of every quantised tensor's codes and scales, to compare after training.
 static size_t snapshot(const sl_quant_base *qb, unsigned char **out) {
@@ -210,6 +213,7 @@ static void check_adamw_track(const char *base, const char *name, int double_qua
 TEST(gpt2_qlora_adamw_tracks_peft_bnb) { check_adamw_track("gpt2_fp32", "gpt2-nf4-dq", 1); }
 TEST(llama_qlora_adamw_tracks_peft_bnb) { check_adamw_track("llama_fp32", "llama-nf4-dq", 1); }
 TEST(llama_qlora_no_double_quant_adamw_tracks_peft_bnb) { check_adamw_track("llama_fp32", "llama-nf4", 0); }
+TEST(llama_qdora_adamw_tracks_peft_bnb) { check_adamw_track("llama_fp32", "llama-nf4-dq-dora", 1); }
 
 // NF4 on a weight whose size is not a multiple of the block: refused by name, nothing allocated.
 TEST(nf4_on_a_partial_block_refused) {
@@ -306,6 +310,43 @@ TEST(gpt2_qlora_bf16_emulation_matches_peft_bnb_bf16) {
 }
 TEST(llama_qlora_bf16_emulation_matches_peft_bnb_bf16) {
     check_bf16_against_peft("llama_fp32", "llama-nf4-dq", &sl_ops_cpu_bf16);
+}
+TEST(llama_qdora_bf16_matches_peft_bnb_bf16) {
+    check_bf16_against_peft("llama_fp32", "llama-nf4-dq-dora", bf16_table());
+    check_bf16_against_peft("llama_fp32", "llama-nf4-dq-dora", &sl_ops_cpu_bf16);
+}
+
+// QDoRA with dropout: its second base GEMM runs on the dequantised rows. The gradient along a fixed
+// direction against central differences of the loss, DoRA's norms held (no sl_lora_params_changed
+// between the forwards, as PEFT detaches them), the dropout masks the same in every forward.
+TEST(qdora_dropout_gradient_matches_differences) {
+    fixture fx;
+    if (load_fixture(&fx, "llama_fp32", "llama-nf4-dq-dora", 1)) { CHECK(0); free_fixture(&fx); return; }
+    sl_model *m = &fx.model;
+    fx.lora.cfg.lora_dropout = 0.25f;
+    fx.lora.training = 1;
+    fx.lora.dropout_seed = 7;
+    size_t n = fx.lora.total;
+    float loss, lp, lm, h = 1e-3f, *p0 = malloc(n * sizeof(float)), *v = malloc(n * sizeof(float));
+    memcpy(p0, fx.lora.params, n * sizeof(float));
+    sl_model_zero_grad(m);
+    CHECK(sl_model_forward(m, fx.inputs, fx.targets, fx.B, fx.T, &loss) == 0 && sl_model_backward(m, 1.0f) == 0);
+    double d = 0;
+    for (size_t i = 0; i < n; i++) {
+        v[i] = (float)cos(0.9 * (double)i + 0.1);
+        d += (double)fx.lora.grads[i] * v[i];
+    }
+    for (int sign = 1; sign >= -1; sign -= 2) {
+        for (size_t i = 0; i < n; i++) fx.lora.params[i] = p0[i] + (float)sign * h * v[i];
+        CHECK(sl_model_forward(m, fx.inputs, fx.targets, fx.B, fx.T, sign > 0 ? &lp : &lm) == 0);
+    }
+    double fd = ((double)lp - lm) / (2.0 * h), rel = fabs(fd - d) / fabs(d);
+    CHECK_MSG(rel < 2e-3, "QDoRA dropout: directional derivative %.6g, differences %.6g (rel %.2g)", d, fd, rel);
+    printf("  llama-nf4-dq-dora, dropout 0.25: directional derivative %.6f, central differences %.6f (rel %.1e)\n", d,
+           fd, rel);
+    free(p0);
+    free(v);
+    free_fixture(&fx);
 }
 
 // 10 AdamW steps in bf16: PEFT + bitsandbytes' bf16 curve and the fp32 QLoRA curve, each within 2e-2;
