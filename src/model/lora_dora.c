@@ -18,22 +18,24 @@ struct sl_dora {
     uint64_t *version;    // per adapter: lo->version when norm was taken (reused until it changes)
     float **z;            // per adapter (N, out): x_d W^T + s B A x_d, for dm (NULL: no backward planned)
     int N;                // rows planned
-    void *act;            // dy (N, ld_max), t (N, out_max), th (N, in_max): activation storage
-    sl_act *dy, *t, *th;
+    void *act;            // dy (N, ld_max), t (N, out_max), th (N, in_max), sl (N, out_max): activations
+    sl_act *dy, *t, *th, *sl;
     float *ba, *at;       // (out_max, in_max) B A and (in_max, r_max) A^T, fp32
     float *va, *vb, *vm;  // (r_max, in_max), (out_max, r_max), (out_max): A, B, m widened from bf16
+    float *g;             // (out_max): m / n of the adapter at hand
     float *w;             // (out_max, in_max): an adapter's base rows in fp32 (dequantised, or widened)
     sl_act *w_act;        // (out_max, in_max): the same rows as the GEMMs read them (a quantised base)
 };
 
 static int bf16(const sl_lora *lo) { return lo->ops->act_bf16; }
 
-static float get(const sl_act *p, size_t i, int is_bf16) {
-    return is_bf16 ? sl_bf16_to_f32(((const sl_bf16 *)(const void *)p)[i]) : ((const float *)(const void *)p)[i];
+// One activation element as fp32 / stored (precision.h's inline conversions: the element loops vectorise).
+static inline float get(const sl_act *p, size_t i, int is_bf16) {
+    return is_bf16 ? sl_bf16_widen(((const sl_bf16 *)(const void *)p)[i]) : ((const float *)(const void *)p)[i];
 }
 
-static void put(sl_act *p, size_t i, float v, int is_bf16) {
-    if (is_bf16) ((sl_bf16 *)(void *)p)[i] = sl_f32_to_bf16(v);
+static inline void put(sl_act *p, size_t i, float v, int is_bf16) {
+    if (is_bf16) ((sl_bf16 *)(void *)p)[i] = sl_bf16_round(v);
     else ((float *)(void *)p)[i] = v;
 }
 
@@ -86,6 +88,7 @@ void lora_dora_free(sl_lora *lo) {
     free(d->va);
     free(d->vb);
     free(d->vm);
+    free(d->g);
     free(d->w);
     if (d->w_act) lo->ops->dealloc(d->w_act);
     free(d);
@@ -105,19 +108,22 @@ int lora_dora_plan(sl_lora *lo, int N) {
     widths(lo, &ld, &out, &in, &r);
     d->norm = sl_calloc((size_t)lo->n_adapters + 1, sizeof(float *), "DoRA norms");
     d->version = sl_calloc((size_t)lo->n_adapters + 1, sizeof(uint64_t), "DoRA norms");
-    d->act = lo->ops->alloc(n * (ld + out + in) * e, "DoRA activations");
+    d->act = lo->ops->alloc(n * (ld + 2 * out + in) * e, "DoRA activations");
     d->ba = sl_malloc(out * in * sizeof(float), "DoRA B A");
     d->at = sl_malloc(in * r * sizeof(float), "DoRA B A");
     d->va = sl_malloc(r * in * sizeof(float), "DoRA adapters");
     d->vb = sl_malloc(out * r * sizeof(float), "DoRA adapters");
     d->vm = sl_malloc(out * sizeof(float), "DoRA magnitudes");
+    d->g = sl_malloc(out * sizeof(float), "DoRA magnitudes");
     d->w = sl_malloc(out * in * sizeof(float), "DoRA base rows");
     d->w_act = lo->ops->alloc(out * in * e, "DoRA base rows");
-    if (!d->norm || !d->version || !d->act || !d->ba || !d->at || !d->va || !d->vb || !d->vm || !d->w || !d->w_act)
+    if (!d->norm || !d->version || !d->act || !d->ba || !d->at || !d->va || !d->vb || !d->vm || !d->g || !d->w ||
+        !d->w_act)
         goto fail;
     d->dy = sl_act_at(d->act, 0, e);
     d->t = sl_act_at(d->act, n * ld, e);
     d->th = sl_act_at(d->act, n * (ld + out), e);
+    d->sl = sl_act_at(d->act, n * (ld + out + in), e);
     if (backward_planned(lo) && !(d->z = sl_calloc((size_t)lo->n_adapters + 1, sizeof(float *), "DoRA activations")))
         goto fail;
     for (int a = 0; a < lo->n_adapters; a++) {
@@ -229,18 +235,21 @@ void lora_dora_forward(sl_lora *lo, int a, const sl_act *h, sl_act *y, const sl_
         weight_norms(lo, a, Wa, d->norm[a]);
         d->version[a] = lo->version;
     }
-    const sl_act *A = lora_weight(lo, ad->lora_A), *B = lora_weight(lo, ad->lora_B);
-    ops->matmul_forward(lo->u[a], h, A, NULL, N, in, r);           // u = h A^T
-    ops->matmul_forward(lo->delta, lo->u[a], B, NULL, N, r, out);  // delta = u B^T
+    // sl = s (h A^T) B^T with u = h A^T kept: plain LoRA's op (its skinny GEMMs) into a zeroed buffer
+    size_t e = is_bf16 ? sizeof(sl_bf16) : sizeof(float);
+    ops->memzero(d->sl, (size_t)N * out * e);
+    ops->lora_forward(d->sl, lo->u[a], lo->delta, h, lora_weight(lo, ad->lora_A), lora_weight(lo, ad->lora_B),
+                      ad->scale, N, in, r, out, out, 0);
     if (dropout) ops->matmul_forward(d->t, h, Wa, NULL, N, in, out);  // the dropped input's base path
     const float *m = values(lo, ad->magnitude, d->vm), *norm = d->norm[a];
-    float *z = d->z ? d->z[a] : NULL, s = ad->scale;
+    float *z = d->z ? d->z[a] : NULL, *gs = d->g;
+    for (int j = 0; j < out; j++) gs[j] = m[j] / norm[j];
 #pragma omp parallel for schedule(static) if((size_t)N * out >= 65536)
     for (int n = 0; n < N; n++)
         for (int j = 0; j < out; j++) {
             size_t yi = (size_t)n * ld + ad->col0 + j, ti = (size_t)n * out + j;
-            float g = m[j] / norm[j], b = bias ? get(bias, (size_t)ad->col0 + j, is_bf16) : 0.0f;
-            float lora = s * get(lo->delta, ti, is_bf16), yv = get(y, yi, is_bf16);
+            float g = gs[j], b = bias ? get(bias, (size_t)ad->col0 + j, is_bf16) : 0.0f;
+            float lora = get(d->sl, ti, is_bf16), yv = get(y, yi, is_bf16);
             float base = dropout ? get(d->t, ti, is_bf16) : yv - b;
             if (z) z[ti] = base + lora;
             put(y, yi, dropout ? yv + (g - 1.0f) * base + g * lora : g * (base + lora) + b, is_bf16);
@@ -300,11 +309,12 @@ void lora_dora_backward(sl_lora *lo, int a, const sl_act *h, const sl_act *dy, s
     if (!dropout || !dx) return;
     // the dropped input's gradient: du A + ((g - 1) dy) W, then the dropout mask, then into dx
     const float *m = values(lo, ad->magnitude, d->vm), *norm = d->norm[a];
+    float *gs = d->g;
+    for (int j = 0; j < out; j++) gs[j] = m[j] / norm[j] - 1.0f;
 #pragma omp parallel for schedule(static) if((size_t)N * out >= 65536)
     for (int n = 0; n < N; n++)
         for (int j = 0; j < out; j++)
-            put(d->t, (size_t)n * out + j,
-                (m[j] / norm[j] - 1.0f) * get(dy, (size_t)n * ld + ad->col0 + j, is_bf16), is_bf16);
+            put(d->t, (size_t)n * out + j, gs[j] * get(dy, (size_t)n * ld + ad->col0 + j, is_bf16), is_bf16);
     const sl_act *Wa = base_rows(lo, ad, W);
     size_t n_in = (size_t)N * in;
     ops->matmul_backward(lo->dh, NULL, NULL, lo->du, h, A, N, in, r);
