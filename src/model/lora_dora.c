@@ -16,7 +16,8 @@
 struct sl_dora {
     float **norm;         // per adapter (out): n_j from the last forward
     uint64_t *version;    // per adapter: lo->version when norm was taken (reused until it changes)
-    float **z;            // per adapter (N, out): x_d W^T + s B A x_d, for dm (NULL: no backward planned)
+    sl_act **z;           // per adapter (N, out), stored as the activations: x_d W^T + s B A x_d, for dm
+                          // (NULL: no backward planned)
     int N;                // rows planned
     void *act;            // dy (N, ld_max), t (N, out_max), th (N, in_max), sl (N, out_max): activations
     sl_act *dy, *t, *th, *sl;
@@ -124,12 +125,12 @@ int lora_dora_plan(sl_lora *lo, int N) {
     d->t = sl_act_at(d->act, n * ld, e);
     d->th = sl_act_at(d->act, n * (ld + out), e);
     d->sl = sl_act_at(d->act, n * (ld + out + in), e);
-    if (backward_planned(lo) && !(d->z = sl_calloc((size_t)lo->n_adapters + 1, sizeof(float *), "DoRA activations")))
+    if (backward_planned(lo) && !(d->z = sl_calloc((size_t)lo->n_adapters + 1, sizeof(sl_act *), "DoRA activations")))
         goto fail;
     for (int a = 0; a < lo->n_adapters; a++) {
         size_t o = (size_t)lo->adapters[a].out_features;
         if (!(d->norm[a] = sl_malloc(o * sizeof(float), "DoRA norms"))) goto fail;
-        if (d->z && !(d->z[a] = sl_malloc(n * o * sizeof(float), "DoRA activations"))) goto fail;
+        if (d->z && !(d->z[a] = sl_malloc(n * o * e, "DoRA activations"))) goto fail;
         d->version[a] = UINT64_MAX;
     }
     d->N = N;
@@ -242,7 +243,8 @@ void lora_dora_forward(sl_lora *lo, int a, const sl_act *h, sl_act *y, const sl_
                       ad->scale, N, in, r, out, out, 0);
     if (dropout) ops->matmul_forward(d->t, h, Wa, NULL, N, in, out);  // the dropped input's base path
     const float *m = values(lo, ad->magnitude, d->vm), *norm = d->norm[a];
-    float *z = d->z ? d->z[a] : NULL, *gs = d->g;
+    sl_act *z = d->z ? d->z[a] : NULL;
+    float *gs = d->g;
     for (int j = 0; j < out; j++) gs[j] = m[j] / norm[j];
 #pragma omp parallel for schedule(static) if((size_t)N * out >= 65536)
     for (int n = 0; n < N; n++)
@@ -251,7 +253,7 @@ void lora_dora_forward(sl_lora *lo, int a, const sl_act *h, sl_act *y, const sl_
             float g = gs[j], b = bias ? get(bias, (size_t)ad->col0 + j, is_bf16) : 0.0f;
             float lora = get(d->sl, ti, is_bf16), yv = get(y, yi, is_bf16);
             float base = dropout ? get(d->t, ti, is_bf16) : yv - b;
-            if (z) z[ti] = base + lora;
+            if (z) put(z, ti, base + lora, is_bf16);
             put(y, yi, dropout ? yv + (g - 1.0f) * base + g * lora : g * (base + lora) + b, is_bf16);
         }
 }
@@ -269,7 +271,8 @@ const sl_act *lora_dora_base_grad(sl_lora *lo, int layer, sl_linear_kind linear,
     for (int a = lo->layer_first[layer]; a < lo->layer_first[layer + 1]; a++) {
         const sl_lora_adapter *ad = &lo->adapters[a];
         if (ad->linear != linear) continue;
-        const float *m = values(lo, ad->magnitude, d->vm), *norm = d->norm[a], *z = d->z[a];
+        const float *m = values(lo, ad->magnitude, d->vm), *norm = d->norm[a];
+        const sl_act *z = d->z[a];
         float *dm = master_grad(lo, ad->magnitude);
         int out = ad->out_features, blocks = (out + DM_COLS - 1) / DM_COLS;
         // column blocks, rows in order within each: every dm_j summed over n ascending whatever the threads
@@ -281,10 +284,10 @@ const sl_act *lora_dora_base_grad(sl_lora *lo, int layer, sl_linear_kind linear,
             for (int j = 0; j < w; j++) g[j] = m[j0 + j] / norm[j0 + j];
             for (int n = 0; n < N; n++) {
                 size_t yi = (size_t)n * ld + ad->col0 + j0;
-                const float *zr = z + (size_t)n * out + j0;
+                size_t zi = (size_t)n * out + j0;
                 for (int j = 0; j < w; j++) {
                     float v = get(dy, yi + j, is_bf16);
-                    sum[j] += (double)v * zr[j];
+                    sum[j] += (double)v * get(z, zi + j, is_bf16);
                     put(d->dy, yi + j, g[j] * v, is_bf16);
                 }
             }
