@@ -45,7 +45,8 @@ static int check_tensors(const sl_st_file *f, const sl_lora *lo, const char *pat
         int64_t shape[2] = {e->shape[0], e->shape[1]};
         if (t->ndim != e->ndim || t->shape[0] != shape[0] || (e->ndim == 2 && t->shape[1] != shape[1]))
             return sl_errorf("%s: tensor %s has shape %s, this base model needs %s (an adapter for another base "
-                             "model, or another r?%s)", path, t->name, sl_st_shape_str(got, sizeof got, t->ndim, t->shape),
+                             "model, or another r?%s)", path, t->name,
+                             sl_st_shape_str(got, sizeof got, t->ndim, t->shape),
                              sl_st_shape_str(want, sizeof want, e->ndim, shape),
                              lo->cfg.rank_pattern.n ? " rank_pattern's keys are tried in the file's order, and PEFT "
                              "writes them sorted: keys that overlap can give a module another rank than in training"

@@ -168,8 +168,8 @@ int sl_lora_layer_index(const sl_lora_config *cfg, const char *path) {
     snprintf(names, sizeof names, "%s", cfg->layers_pattern[0] ? cfg->layers_pattern : "[^.]*");
     for (char *p = names; *p;) {
         size_t len = strcspn(p, ",");
-        snprintf(regex, sizeof regex, cfg->layers_pattern[0] ? "(?:^|.*?\\.)%.*s\\.(\\d+)\\." : ".*?\\.%.*s\\.(\\d+)\\.",
-                 (int)len, p);
+        if (cfg->layers_pattern[0]) snprintf(regex, sizeof regex, "(?:^|.*?\\.)%.*s\\.(\\d+)\\.", (int)len, p);
+        else snprintf(regex, sizeof regex, ".*?\\.%.*s\\.(\\d+)\\.", (int)len, p);
         p += len + (p[len] == ',');
         pcre2_code *re = compile_regex(regex, why, sizeof why);
         if (!re) {

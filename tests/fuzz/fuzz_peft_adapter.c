@@ -6,7 +6,8 @@
 #include "shardlm/peft_adapter.h"
 
 static int same_map(const sl_lora_pattern_map *a, const sl_lora_pattern_map *b) {
-    return a->n == b->n && strcmp(a->keys, b->keys) == 0 && memcmp(a->value, b->value, sizeof(double) * (size_t)a->n) == 0;
+    return a->n == b->n && strcmp(a->keys, b->keys) == 0 &&
+           memcmp(a->value, b->value, sizeof(double) * (size_t)a->n) == 0;
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {

@@ -295,7 +295,8 @@ TEST(patterns_pick_ranks_alphas_and_exclusions) {
           adapter_on(&lo, "model.layers.1.self_attn.o_proj"));
     sl_lora_free(&lo);
     // a target expression that also matches the head is accepted when exclude_modules takes the head out
-    CHECK(fails_with(pattern_lora("{\"target_modules\": \".*_proj|lm_head\"}", &lo), "also matches the module 'lm_head'"));
+    CHECK(fails_with(pattern_lora("{\"target_modules\": \".*_proj|lm_head\"}", &lo),
+                     "also matches the module 'lm_head'"));
     CHECK(pattern_lora("{\"target_modules\": \".*_proj|lm_head\", \"exclude_modules\": [\"lm_head\"]}", &lo) == 0);
     CHECK(lo.n_adapters == 2 * 7);
     sl_lora_free(&lo);
