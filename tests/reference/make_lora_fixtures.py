@@ -73,6 +73,11 @@ CASES = {
                                            target_modules=["q_proj", "v_proj", "o_proj", "up_proj", "down_proj"])),
     "gpt2-tiny-dora": ("gpt2-tiny", dict(r=3, lora_alpha=5, use_dora=True, use_rslora=True,
                                          target_modules=["c_attn", "c_proj", "c_fc"])),
+    # DoRA with per-module ranks and alphas (the widest rank not the config's r) and an excluded module
+    "llama-tiny-dora-pattern": ("llama-tiny", dict(r=2, lora_alpha=4, use_dora=True, target_modules="all-linear",
+                                                   rank_pattern={"down_proj": 6, "q_proj": 3},
+                                                   alpha_pattern={"gate_proj": 9},
+                                                   exclude_modules=["model.layers.0.self_attn.k_proj"])),
 }
 
 

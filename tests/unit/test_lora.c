@@ -111,6 +111,7 @@ TEST(gpt2_rslora_patterns_exclude_regex_match_peft) { check_against_peft("gpt2-t
 // DoRA: magnitudes over the weight rows' norms (on fused q/k/v and gate/up slices; GPT-2 with rsLoRA)
 TEST(llama_dora_matches_peft) { check_against_peft("llama-tiny", "llama-tiny-dora"); }
 TEST(gpt2_dora_matches_peft) { check_against_peft("gpt2-tiny", "gpt2-tiny-dora"); }
+TEST(llama_dora_with_patterns_matches_peft) { check_against_peft("llama-tiny", "llama-tiny-dora-pattern"); }
 
 // The adapters a regular expression picks: those whose whole module path it matches (re.fullmatch), a
 // pattern equivalent to a list picks the list's tensors, and the expression goes back to
