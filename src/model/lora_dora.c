@@ -56,15 +56,21 @@ static float *master_grad(const sl_lora *lo, int idx) {
     return g ? g + (t->offset - lo->unit_begin[t->unit]) : NULL;
 }
 
-// The widest fused output, input and rank over the adapters (and the fused GEMMs' widths).
+// The output width of the fused GEMM an adapter adds to (its weight's rows, `ld` in the forward).
+static int fused_width(const sl_model_config *c, sl_linear_kind k) {
+    switch (k) {
+    case SL_LINEAR_QKV: return (c->n_head + 2 * c->n_kv_head) * sl_config_head_dim(c);
+    case SL_LINEAR_MLP_UP: return c->arch == SL_ARCH_LLAMA ? 2 * c->n_inner : c->n_inner;
+    default: return c->n_embd;
+    }
+}
+
+// The widest fused output (ld), output, input and rank over the adapters.
 static void widths(const sl_lora *lo, size_t *ld, size_t *out, size_t *in, size_t *r) {
-    const sl_model_config *c = &lo->model_cfg;
-    size_t C = (size_t)c->n_embd, A = (size_t)sl_config_attn_width(c);
-    size_t KV = (size_t)c->n_kv_head * (size_t)sl_config_head_dim(c), F = (size_t)c->n_inner;
-    *ld = 3 * C;
-    if (A + 2 * KV > *ld) *ld = A + 2 * KV;
-    if (2 * F > *ld) *ld = 2 * F;
-    *out = *in = *r = 1;
+    *ld = *out = *in = *r = 1;
+    for (int k = SL_LINEAR_QKV; k <= SL_LINEAR_MLP_DOWN; k++)
+        if ((size_t)fused_width(&lo->model_cfg, (sl_linear_kind)k) > *ld)
+            *ld = (size_t)fused_width(&lo->model_cfg, (sl_linear_kind)k);
     for (int a = 0; a < lo->n_adapters; a++) {
         const sl_lora_adapter *ad = &lo->adapters[a];
         if ((size_t)ad->out_features > *out) *out = (size_t)ad->out_features;
@@ -96,11 +102,9 @@ void lora_dora_free(sl_lora *lo) {
     lo->dora = NULL;
 }
 
-// A backward may follow the forward (the model says so: it has targets and may train).
-static int backward_planned(const sl_lora *lo) { return lo->backward_may_follow; }
-
 int lora_dora_plan(sl_lora *lo, int N) {
-    if (lo->dora && N <= lo->dora->N && (lo->dora->z || !backward_planned(lo))) return 0;
+    // z only when a backward may follow (the model says so: the forward has targets and may train)
+    if (lo->dora && N <= lo->dora->N && (lo->dora->z || !lo->backward_may_follow)) return 0;
     lora_dora_free(lo);
     struct sl_dora *d = sl_calloc(1, sizeof *d, "DoRA state");
     if (!d) return -1;
@@ -125,7 +129,7 @@ int lora_dora_plan(sl_lora *lo, int N) {
     d->t = sl_act_at(d->act, n * ld, e);
     d->th = sl_act_at(d->act, n * (ld + out), e);
     d->sl = sl_act_at(d->act, n * (ld + out + in), e);
-    if (backward_planned(lo) && !(d->z = sl_calloc((size_t)lo->n_adapters + 1, sizeof(sl_act *), "DoRA activations")))
+    if (lo->backward_may_follow && !(d->z = sl_calloc((size_t)lo->n_adapters + 1, sizeof(sl_act *), "DoRA activations")))
         goto fail;
     for (int a = 0; a < lo->n_adapters; a++) {
         size_t o = (size_t)lo->adapters[a].out_features;
@@ -140,28 +144,14 @@ fail:
     return sl_error_context("planning DoRA's buffers for %d rows", N);
 }
 
-// The output width of the fused GEMM an adapter adds to (its weight's rows, `ld` in the forward).
-static int fused_width(const sl_model_config *c, sl_linear_kind k) {
-    int C = c->n_embd;
-    switch (k) {
-    case SL_LINEAR_QKV: return (c->n_head + 2 * c->n_kv_head) * sl_config_head_dim(c);
-    case SL_LINEAR_MLP_UP: return c->arch == SL_ARCH_LLAMA ? 2 * c->n_inner : c->n_inner;
-    default: return C;
-    }
-}
-
-// The quantised linear behind W (the fused GEMM's weight as the model hands it), NULL for a plain one.
-static const sl_qlinear *quantised(const sl_lora_adapter *ad, const sl_act *W, const sl_model_config *c) {
-    return sl_quant_ops_lookup(W, ad->in_features, fused_width(c, ad->linear));
-}
-
 // The adapter's rows [col0, col0 + out) of W as the GEMMs read them: W's own storage, or for a
 // quantised linear its rows dequantised by bitsandbytes' maths (the parts are stacked by rows) into
 // d->w and stored as activations in d->w_act.
 static const sl_act *base_rows(sl_lora *lo, const sl_lora_adapter *ad, const sl_act *W) {
     struct sl_dora *d = lo->dora;
     size_t in = (size_t)ad->in_features, n = (size_t)ad->out_features * in;
-    const sl_qlinear *l = quantised(ad, W, &lo->model_cfg);
+    // the quantised linear behind W (the fused GEMM's weight as the model hands it), NULL for a plain one
+    const sl_qlinear *l = sl_quant_ops_lookup(W, ad->in_features, fused_width(&lo->model_cfg, ad->linear));
     if (!l) return sl_act_at(W, (size_t)ad->col0 * in, bf16(lo) ? sizeof(sl_bf16) : sizeof(float));
     int64_t row = ad->col0;
     size_t done = 0;
@@ -206,6 +196,15 @@ static void weight_norms(sl_lora *lo, int a, const sl_act *Wa, float *norm) {
     }
 }
 
+// g_j + offset = m_j / n_j + offset of adapter a into d->g (m as the GEMMs read it, n from its forward).
+static const float *gains(sl_lora *lo, int a, float offset) {
+    struct sl_dora *d = lo->dora;
+    const float *m = values(lo, lo->adapters[a].magnitude, d->vm), *norm = d->norm[a];
+    for (int j = 0; j < lo->adapters[a].out_features; j++)
+        d->g[j] = offset != 0.0f ? m[j] / norm[j] + offset : m[j] / norm[j];
+    return d->g;
+}
+
 int lora_dora_init_magnitudes(sl_lora *lo, const sl_act *const *W) {
     if (!lo->cfg.use_dora) return 0;
     if (sl_lora_params_changed(lo) || lora_dora_plan(lo, 1)) return -1;  // A and B as the GEMMs will read them
@@ -213,12 +212,8 @@ int lora_dora_init_magnitudes(sl_lora *lo, const sl_act *const *W) {
         const sl_lora_adapter *ad = &lo->adapters[a];
         weight_norms(lo, a, base_rows(lo, ad, W[a]), lo->dora->norm[a]);
         lo->dora->version[a] = UINT64_MAX;  // taken at the start, not for the forward's reuse
-        float *host = sl_malloc((size_t)ad->out_features * sizeof(float), "DoRA magnitudes");
-        if (!host) return -1;
-        memcpy(host, lo->dora->norm[a], (size_t)ad->out_features * sizeof(float));
         const sl_tensor_info *t = &lo->tensors[ad->magnitude];
-        lo->ops->upload(lo->params + t->offset, host, t->numel * sizeof(float));
-        free(host);
+        lo->ops->upload(lo->params + t->offset, lo->dora->norm[a], t->numel * sizeof(float));
     }
     return sl_lora_params_changed(lo);
 }
@@ -242,10 +237,8 @@ void lora_dora_forward(sl_lora *lo, int a, const sl_act *h, sl_act *y, const sl_
     ops->lora_forward(d->sl, lo->u[a], lo->delta, h, lora_weight(lo, ad->lora_A), lora_weight(lo, ad->lora_B),
                       ad->scale, N, in, r, out, out, 0);
     if (dropout) ops->matmul_forward(d->t, h, Wa, NULL, N, in, out);  // the dropped input's base path
-    const float *m = values(lo, ad->magnitude, d->vm), *norm = d->norm[a];
+    const float *gs = gains(lo, a, 0.0f);
     sl_act *z = d->z ? d->z[a] : NULL;
-    float *gs = d->g;
-    for (int j = 0; j < out; j++) gs[j] = m[j] / norm[j];
 #pragma omp parallel for schedule(static) if((size_t)N * out >= 65536)
     for (int n = 0; n < N; n++)
         for (int j = 0; j < out; j++) {
@@ -271,7 +264,7 @@ const sl_act *lora_dora_base_grad(sl_lora *lo, int layer, sl_linear_kind linear,
     for (int a = lo->layer_first[layer]; a < lo->layer_first[layer + 1]; a++) {
         const sl_lora_adapter *ad = &lo->adapters[a];
         if (ad->linear != linear) continue;
-        const float *m = values(lo, ad->magnitude, d->vm), *norm = d->norm[a];
+        const float *gs = gains(lo, a, 0.0f), *norm = d->norm[a];
         const sl_act *z = d->z[a];
         float *dm = master_grad(lo, ad->magnitude);
         int out = ad->out_features, blocks = (out + DM_COLS - 1) / DM_COLS;
@@ -280,15 +273,13 @@ const sl_act *lora_dora_base_grad(sl_lora *lo, int layer, sl_linear_kind linear,
         for (int bk = 0; bk < blocks; bk++) {
             int j0 = bk * DM_COLS, w = out - j0 < DM_COLS ? out - j0 : DM_COLS;
             double sum[DM_COLS] = {0};
-            float g[DM_COLS];
-            for (int j = 0; j < w; j++) g[j] = m[j0 + j] / norm[j0 + j];
             for (int n = 0; n < N; n++) {
                 size_t yi = (size_t)n * ld + ad->col0 + j0;
                 size_t zi = (size_t)n * out + j0;
                 for (int j = 0; j < w; j++) {
                     float v = get(dy, yi + j, is_bf16);
                     sum[j] += (double)v * get(z, zi + j, is_bf16);
-                    put(d->dy, yi + j, g[j] * v, is_bf16);
+                    put(d->dy, yi + j, gs[j0 + j] * v, is_bf16);
                 }
             }
             for (int j = 0; dm && j < w; j++) dm[j0 + j] += (float)(sum[j] / norm[j0 + j]);
@@ -311,9 +302,7 @@ void lora_dora_backward(sl_lora *lo, int a, const sl_act *h, const sl_act *dy, s
                        in, r, out, ld, ad->col0);
     if (!dropout || !dx) return;
     // the dropped input's gradient: du A + ((g - 1) dy) W, then the dropout mask, then into dx
-    const float *m = values(lo, ad->magnitude, d->vm), *norm = d->norm[a];
-    float *gs = d->g;
-    for (int j = 0; j < out; j++) gs[j] = m[j] / norm[j] - 1.0f;
+    const float *gs = gains(lo, a, -1.0f);
 #pragma omp parallel for schedule(static) if((size_t)N * out >= 65536)
     for (int n = 0; n < N; n++)
         for (int j = 0; j < out; j++)
