@@ -154,6 +154,8 @@ int sl_lora_keys_find(const void *keys, const char *path, int from);
 // "model.layers.0.self_attn.q_proj"): by cfg's layers_pattern, or the first ".<name>.<index>."; -1 when
 // it finds none, -2 with the error on a regex failure.
 int sl_lora_layer_index(const sl_lora_config *cfg, const char *path);
+// 1 when two rank_pattern / alpha_pattern maps hold the same keys in the same order with the same values.
+int sl_lora_pattern_map_equal(const sl_lora_pattern_map *a, const sl_lora_pattern_map *b);
 // init_lora_weights from "true", "false" or "gaussian" (any case); another value is an error naming `where`.
 int sl_lora_init_parse(sl_lora_config *cfg, const char *value, const char *where);
 // target_modules from a comma-separated list ("q_proj,v_proj" or "all-linear").

@@ -62,16 +62,10 @@ static int check_tensors(const sl_st_file *f, const sl_lora *lo, const char *pat
     return 0;
 }
 
-static int same_map(const sl_lora_pattern_map *a, const sl_lora_pattern_map *b) {
-    if (a->n != b->n || strcmp(a->keys, b->keys) != 0) return 0;
-    for (int i = 0; i < a->n; i++)
-        if (a->value[i] != b->value[i]) return 0;
-    return 1;
-}
-
 // The settings that change the maths must be the run's.
 static int same_settings(const sl_lora_config *a, const sl_lora_config *b, const char *path) {
-    if (!same_map(&a->rank_pattern, &b->rank_pattern) || !same_map(&a->alpha_pattern, &b->alpha_pattern))
+    if (!sl_lora_pattern_map_equal(&a->rank_pattern, &b->rank_pattern) ||
+        !sl_lora_pattern_map_equal(&a->alpha_pattern, &b->alpha_pattern))
         return sl_errorf("%s: rank_pattern / alpha_pattern differ from this run's", path);
     if (a->use_dora != b->use_dora)
         return sl_errorf("%s: use_dora %d; this run has use_dora %d", path, a->use_dora, b->use_dora);

@@ -373,6 +373,13 @@ int sl_lora_config_parse(sl_lora_config *cfg, const cJSON *obj, const char *wher
     return sl_lora_config_check(cfg, where);
 }
 
+int sl_lora_pattern_map_equal(const sl_lora_pattern_map *a, const sl_lora_pattern_map *b) {
+    if (a->n != b->n || strcmp(a->keys, b->keys) != 0) return 0;
+    for (int i = 0; i < a->n; i++)
+        if (a->value[i] != b->value[i]) return 0;
+    return 1;
+}
+
 int sl_lora_init_parse(sl_lora_config *cfg, const char *value, const char *where) {
     if (strcmp(value, "true") == 0) cfg->init_lora_weights = SL_LORA_INIT_DEFAULT;
     else if (strcmp(value, "false") == 0) cfg->init_lora_weights = SL_LORA_INIT_NONE;

@@ -5,11 +5,6 @@
 #include "shardlm/error.h"
 #include "shardlm/peft_adapter.h"
 
-static int same_map(const sl_lora_pattern_map *a, const sl_lora_pattern_map *b) {
-    return a->n == b->n && strcmp(a->keys, b->keys) == 0 &&
-           memcmp(a->value, b->value, sizeof(double) * (size_t)a->n) == 0;
-}
-
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     static sl_lora_config cfg, back;  // ~150 KiB of names and pattern keys each: off the stack
     char path[128];
@@ -26,7 +21,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             strcmp(back.layers_pattern, cfg.layers_pattern) != 0 ||
             strcmp(back.target_modules, cfg.target_modules) != 0 || back.exclude_regex != cfg.exclude_regex ||
             back.n_exclude != cfg.n_exclude || strcmp(back.exclude_modules, cfg.exclude_modules) != 0 ||
-            !same_map(&back.rank_pattern, &cfg.rank_pattern) || !same_map(&back.alpha_pattern, &cfg.alpha_pattern)) {
+            !sl_lora_pattern_map_equal(&back.rank_pattern, &cfg.rank_pattern) ||
+            !sl_lora_pattern_map_equal(&back.alpha_pattern, &cfg.alpha_pattern)) {
             fprintf(stderr, "written adapter config does not read back: %s\n", sl_error());
             abort();
         }

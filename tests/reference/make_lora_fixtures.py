@@ -81,6 +81,12 @@ CASES = {
 }
 
 
+def saved_name(name):
+    """The name PEFT saves a parameter under: no adapter name, and a DoRA magnitude without ".weight"."""
+    key = name.replace(".default", "")
+    return key[: -len(".weight")] if key.endswith("lora_magnitude_vector.weight") else key
+
+
 def loss_of(model, inputs, targets, V):
     logits = model(input_ids=inputs).logits
     return logits, torch.nn.functional.cross_entropy(logits.reshape(-1, V), targets.reshape(-1), ignore_index=-100)
@@ -142,9 +148,7 @@ def run(case, base, lora_kwargs):
     }
     for name, p in exact.named_parameters():
         if p.requires_grad:
-            key = name.replace(".default", "")  # the name PEFT saves (a DoRA magnitude without ".weight")
-            if key.endswith("lora_magnitude_vector.weight"):
-                key = key[: -len(".weight")]
+            key = saved_name(name)
             assert key in saved, key
             expected["grad." + key] = p.grad.detach().float().contiguous()
     trainable = [(n, p) for n, p in peft_model.named_parameters() if p.requires_grad]

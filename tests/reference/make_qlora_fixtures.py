@@ -39,7 +39,7 @@ from peft import LoraConfig, get_peft_model  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 from transformers import AutoModelForCausalLM, BitsAndBytesConfig  # noqa: E402
 
-from make_lora_fixtures import adamw_losses, loss_of, random_adapters_and_batch  # noqa: E402  (same AdamW settings and loss)
+from make_lora_fixtures import adamw_losses, loss_of, random_adapters_and_batch, saved_name  # noqa: E402  (same AdamW settings and loss)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BASES = os.path.join(HERE, "..", "fixtures", "quant")
@@ -62,11 +62,6 @@ CASES = {
                                                target_modules=["c_attn", "c_proj", "c_fc"])),
 }
 
-
-def saved_name(name):
-    """The name PEFT saves a parameter under: no adapter name, and a DoRA magnitude without ".weight"."""
-    key = name.replace(".default", "")
-    return key[: -len(".weight")] if key.endswith("lora_magnitude_vector.weight") else key
 
 
 def lora_config(kw):
