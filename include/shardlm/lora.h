@@ -7,8 +7,10 @@
 //
 // The adapters live in their own flat, layer-major buffer (params, grads) with their own offsets
 // table naming every tensor as PEFT saves it: "base_model.model.<module path>.lora_A.weight" (r, in)
-// and "...lora_B.weight" (out, r). The table's units match the model's (unit 0: embeddings, 1 + l:
-// block l, n_layer + 1: final norm and head), so unit 1 + l holds exactly block l's adapters.
+// and "...lora_B.weight" (out, r), and modules_to_save's copies "base_model.model.<module>.weight"
+// (model/lora_saved.h). The table's units match the model's (unit 0: embeddings, 1 + l: block l,
+// n_layer + 1: final norm and head), so unit 1 + l holds exactly block l's adapters (and its norms'
+// copies).
 //
 // The model computes with them once attached (sl_model_attach_lora); attaching frees the model's
 // gradient buffer: the base is frozen, its backward computes only the activations' gradients.
@@ -73,6 +75,11 @@ typedef struct {
     char exclude_modules[SL_LORA_TARGETS_MAX];  // the names comma-joined, or the expression
     int use_dora;           // DoRA: a trained magnitude per output, the weight's row norms (model/lora_dora.h)
     int init_lora_weights;  // how new adapters start (sl_lora_init_mode); adapters loaded from a file keep theirs
+    // modules_to_save: modules trained whole next to the adapters, as PEFT's ModulesToSaveWrapper does: each
+    // module whose path ends with one of the names (a plain string test, as PEFT's) gets a trained copy,
+    // which the model uses in the module's place (embeddings, position embeddings, norms, the head)
+    int n_modules_to_save;
+    char modules_to_save[SL_LORA_TARGETS_MAX];  // the names comma-joined
     sl_lora_pattern_map rank_pattern;   // per-module ranks (positive integers)
     sl_lora_pattern_map alpha_pattern;  // per-module lora_alpha
 } sl_lora_config;
@@ -120,6 +127,12 @@ typedef struct sl_lora {
     uint64_t dropout_seed;
     uint64_t version;          // counts sl_lora_params_changed: DoRA's norms are reused while it stands
     struct sl_dora *dora;      // DoRA's norms and buffers (use_dora), NULL until planned
+    int *saved;                // modules_to_save (model/lora_saved.h): the copies' tensor indices (n_saved)
+    int n_saved;
+    int *saved_of;             // per tensor of the model's layout: the index of its copy, -1 (set when attached)
+    int head_copy;             // the copy of a tied model's lm_head, -1 when none
+    int saved_init_pending;    // fresh copies take the base's values when attached
+    int saved_ln1_at_floor;    // the lowest block holding copies holds one of its ln_1 (set when attached)
     int dora_init_pending;     // fresh adapters: their magnitudes are the base's norms, set when attached
     int backward_may_follow;   // set by the model before each forward: a backward may follow it (targets,
                                // not inference-only), so DoRA keeps what that backward reads
@@ -132,7 +145,7 @@ void sl_lora_config_defaults(sl_lora_config *cfg);
 // Reads a PEFT-style object (a train config's "lora" block or adapter_config.json): r, lora_alpha, use_dora,
 // lora_dropout, target_modules (a list, "all-linear", or another string: a regular expression, checked
 // to compile), use_rslora, bias ("none" only), layers_to_transform / layers_pattern, exclude_modules,
-// rank_pattern / alpha_pattern (each key checked to compile). Other
+// rank_pattern / alpha_pattern (each key checked to compile), modules_to_save, init_lora_weights. Other
 // PEFT keys that change nothing here are accepted; a value shardlm cannot honour is an error naming
 // `where` and the key.
 int sl_lora_config_parse(sl_lora_config *cfg, const cJSON *obj, const char *where);
@@ -158,6 +171,8 @@ int sl_lora_layer_index(const sl_lora_config *cfg, const char *path);
 int sl_lora_pattern_map_equal(const sl_lora_pattern_map *a, const sl_lora_pattern_map *b);
 // init_lora_weights from "true", "false" or "gaussian" (any case); another value is an error naming `where`.
 int sl_lora_init_parse(sl_lora_config *cfg, const char *value, const char *where);
+// One more modules_to_save name (an error naming `where` when empty, too long or holding a comma).
+int sl_lora_config_add_module_to_save(sl_lora_config *cfg, const char *name, const char *where);
 // target_modules from a comma-separated list ("q_proj,v_proj" or "all-linear").
 int sl_lora_config_set_targets(sl_lora_config *cfg, const char *list, const char *where);
 // Range checks: r > 0, lora_alpha finite, 0 <= lora_dropout < 1, rank_pattern's ranks > 0 and
@@ -192,6 +207,9 @@ int sl_lora_find(const sl_lora *lora, const char *name);
 // "r=8" ("r=4..16" when rank_pattern gives the adapters several ranks), with ", scale 2" (or its range)
 // when with_scale: into buf.
 void sl_lora_describe(const sl_lora *lora, int with_scale, char *buf, size_t cap);
+// modules_to_save's copies: their module paths "a, b, ..." into buf; returns their parameters (a
+// vocabulary's padding rows not counted), 0 without copies.
+size_t sl_lora_saved_describe(const sl_lora *lora, char *buf, size_t cap);
 // The module path of each adaptable linear of the block (for messages): "a, b, ..." into buf.
 void sl_lora_list_modules(const sl_model_config *model_cfg, char *buf, size_t cap);
 

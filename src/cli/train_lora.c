@@ -27,6 +27,14 @@ int train_lora_flag(sl_args *a, sl_train_config *c) {
             fprintf(stderr, "error: %s\n", sl_error());
             a->error = 1;
         }
+    } else if (sl_arg_str(a, "--lora-modules-to-save", targets, sizeof targets)) {
+        c->lora.n_modules_to_save = 0;
+        c->lora.modules_to_save[0] = '\0';
+        for (char *name = strtok(targets, ","); name && !a->error; name = strtok(NULL, ","))
+            if (sl_lora_config_add_module_to_save(&c->lora, name, "--lora-modules-to-save")) {
+                fprintf(stderr, "error: %s\n", sl_error());
+                a->error = 1;
+            }
     } else if (sl_arg_str(a, "--lora-init", targets, sizeof targets)) {
         if (sl_lora_init_parse(&c->lora, targets, "--lora-init")) {
             fprintf(stderr, "error: %s\n", sl_error());
@@ -120,6 +128,10 @@ void train_lora_print_memory(const sl_engine *e, const sl_train_config *c, const
            qb ? "QLoRA" : "LoRA", ranks, lo->n_adapters, lo->cfg.all_linear ? "all-linear" : lo->cfg.target_modules,
            setup.zero_stage, setup.world_size, base, (double)lo->total, mem.adapters / 1e6, mem.grads / 1e6,
            mem.optim / 1e6, total / 1e6, total);
+    char saved[1024];
+    size_t saved_numel = sl_lora_saved_describe(lo, saved, sizeof saved);
+    if (saved_numel)
+        printf("  modules_to_save: %zu of the adapters' parameters are trained copies of %s\n", saved_numel, saved);
     if (qb) print_quant_base(e, qb, &est, setup.zero_stage, formula);
     else
         printf("  formula 4P + %s with P=%.0f A=%.0f S=%.0f W=%.0f K=%g: %.0f bytes; full fine-tuning would hold %.0f "

@@ -21,6 +21,9 @@
     "  --lora-dora             use_dora: DoRA, a trained magnitude per output row (CPU backend only)\n"      \
     "  --lora-init MODE        init_lora_weights: true (PEFT's default: B zero), gaussian (A ~ N(0, 1/R^2)),\n"  \
     "                          false (B random too: the run does not start from the base's outputs)\n"       \
+    "  --lora-modules-to-save LIST  modules_to_save: train whole copies of these modules next to the\n"       \
+    "                          adapters (PEFT's: a module whose path ends with a name), e.g. lm_head,wte or\n"    \
+    "                          embed_tokens,lm_head,norm: embeddings, norms and the head (CPU backend only)\n"  \
     "  --adapter DIR           start from a PEFT adapter directory (its adapter_config.json settings)\n"
 
 // Consumes one LoRA flag into c (1), or returns 0 when argv[a->i] is none of them.

@@ -42,7 +42,7 @@ static int check_tensors(const sl_st_file *f, const sl_lora *lo, const char *pat
                              "%d tensors named like %s)", path, t->name, lo->n_tensors,
                              lo->n_tensors ? lo->tensors[0].name : "(none)");
         const sl_tensor_info *e = &lo->tensors[idx];
-        int64_t shape[2] = {e->shape[0], e->shape[1]};
+        int64_t shape[2] = {e->hf_rows, e->shape[1]};  // a copied embedding's padding rows are not in files
         if (t->ndim != e->ndim || t->shape[0] != shape[0] || (e->ndim == 2 && t->shape[1] != shape[1]))
             return sl_errorf("%s: tensor %s has shape %s, this base model needs %s (an adapter for another base "
                              "model, or another r?%s)", path, t->name,
@@ -57,8 +57,8 @@ static int check_tensors(const sl_st_file *f, const sl_lora *lo, const char *pat
     }
     for (int i = 0; i < lo->n_tensors; i++)
         if (sl_st_find(f, lo->tensors[i].name) < 0)
-            return sl_errorf("%s: tensor %s is missing (adapter_config.json's target_modules adapt it)", path,
-                             lo->tensors[i].name);
+            return sl_errorf("%s: tensor %s is missing (adapter_config.json's target_modules or modules_to_save "
+                             "name it)", path, lo->tensors[i].name);
     return 0;
 }
 
@@ -67,6 +67,8 @@ static int same_settings(const sl_lora_config *a, const sl_lora_config *b, const
     if (!sl_lora_pattern_map_equal(&a->rank_pattern, &b->rank_pattern) ||
         !sl_lora_pattern_map_equal(&a->alpha_pattern, &b->alpha_pattern))
         return sl_errorf("%s: rank_pattern / alpha_pattern differ from this run's", path);
+    if (a->n_modules_to_save != b->n_modules_to_save || strcmp(a->modules_to_save, b->modules_to_save) != 0)
+        return sl_errorf("%s: modules_to_save [%s]; this run has [%s]", path, a->modules_to_save, b->modules_to_save);
     if (a->use_dora != b->use_dora)
         return sl_errorf("%s: use_dora %d; this run has use_dora %d", path, a->use_dora, b->use_dora);
     if (a->r != b->r || a->lora_alpha != b->lora_alpha || a->use_rslora != b->use_rslora ||
@@ -88,7 +90,9 @@ int sl_peft_read_weights(const char *dir, const sl_lora *lo, float *host) {
     int rc = check_tensors(&f, lo, path);
     for (int i = 0; rc == 0 && i < lo->n_tensors; i++) {
         const sl_tensor_info *t = &lo->tensors[i];
-        rc = sl_st_read_f32(&f, sl_st_find(&f, t->name), host + t->offset, t->numel);
+        size_t in_file = (size_t)t->hf_rows * (size_t)(t->ndim == 2 ? t->shape[1] : 1);
+        rc = sl_st_read_f32(&f, sl_st_find(&f, t->name), host + t->offset, in_file);
+        memset(host + t->offset + in_file, 0, (t->numel - in_file) * sizeof(float));
     }
     sl_st_close(&f);
     return rc;
@@ -125,7 +129,7 @@ static int save_weights(const char *path, const sl_lora *lo, const float *given)
         if (own) lo->ops->download(own, lo->params, lo->total * sizeof(float));
         for (int i = 0; i < lo->n_tensors; i++) {
             const sl_tensor_info *t = &lo->tensors[i];
-            desc[i] = (sl_st_desc){.name = t->name, .ndim = t->ndim, .shape = {t->shape[0], t->shape[1]}};
+            desc[i] = (sl_st_desc){.name = t->name, .ndim = t->ndim, .shape = {t->hf_rows, t->shape[1]}};
             data[i] = host + t->offset;
         }
         const char *keys[] = {"format"}, *values[] = {"pt"};

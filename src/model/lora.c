@@ -6,6 +6,7 @@
 // each adapter's A output (and dropped input) from its forward until the backward.
 #include "shardlm/lora.h"
 #include "model/lora_dora.h"
+#include "model/lora_saved.h"
 #include "shardlm/error.h"
 #include "shardlm/rng.h"
 
@@ -298,14 +299,17 @@ static int warn_unmatched(const sl_lora *lo, const void *keys, const sl_lora_pat
     return 0;
 }
 
-static int build_table(sl_lora *lo, const unsigned *masks, const void *rank_keys, const void *alpha_keys) {
+static int build_table(sl_lora *lo, const sl_param_layout *L, const unsigned *masks, const void *rank_keys,
+                       const void *alpha_keys) {
     const sl_model_config *mc = &lo->model_cfg;
     const sl_lora_config *cfg = &lo->cfg;
     module_slot s[8];
     int n = block_modules(mc, s), count = 0;
     for (int l = 0; l < mc->n_layer; l++)
         for (int i = 0; i < n; i++) count += (masks[l] >> i) & 1;
-    lo->tensors = sl_calloc((size_t)(3 * count) + 1, sizeof *lo->tensors, "lora tensors");
+    lo->head_copy = -1;
+    lo->tensors = sl_calloc((size_t)(3 * count + lora_saved_max_tensors(mc)) + 1, sizeof *lo->tensors, "lora tensors");
+    lo->saved = sl_calloc((size_t)lora_saved_max_tensors(mc), sizeof *lo->saved, "modules_to_save");
     lo->adapters = sl_calloc((size_t)count + 1, sizeof *lo->adapters, "lora adapters");
     lo->layer_first = sl_calloc((size_t)mc->n_layer + 1, sizeof(int), "lora adapters");
     lo->n_units = mc->n_layer + 2;
@@ -313,10 +317,11 @@ static int build_table(sl_lora *lo, const unsigned *masks, const void *rank_keys
     lo->param_view = sl_calloc((size_t)lo->n_units, sizeof(float *), "lora views");
     lo->grad_view = sl_calloc((size_t)lo->n_units, sizeof(float *), "lora views");
     lo->weight_view = sl_calloc((size_t)lo->n_units, sizeof(sl_bf16 *), "lora views");
-    if (!lo->tensors || !lo->adapters || !lo->layer_first || !lo->unit_begin || !lo->param_view || !lo->grad_view ||
-        !lo->weight_view)
+    if (!lo->tensors || !lo->saved || !lo->adapters || !lo->layer_first || !lo->unit_begin || !lo->param_view ||
+        !lo->grad_view || !lo->weight_view)
         return -1;
     size_t offset = 0;
+    if (lora_saved_add(lo, L, 0, &offset)) return -1;  // modules_to_save's copies of unit 0 (embeddings)
     for (int l = 0; l < mc->n_layer; l++) {
         lo->layer_first[l] = lo->n_adapters;
         lo->unit_begin[l + 1] = offset;
@@ -344,9 +349,12 @@ static int build_table(sl_lora *lo, const unsigned *masks, const void *rank_keys
                 (ad->magnitude = add_tensor(lo, &offset, l, s[i].out, 0, ad->module, "lora_magnitude_vector")) < 0)
                 return -1;
         }
+        if (lora_saved_add(lo, L, l + 1, &offset)) return -1;
     }
     lo->layer_first[mc->n_layer] = lo->n_adapters;
-    lo->unit_begin[mc->n_layer + 1] = lo->unit_begin[mc->n_layer + 2] = offset;
+    lo->unit_begin[mc->n_layer + 1] = offset;
+    if (lora_saved_add(lo, L, mc->n_layer + 1, &offset)) return -1;  // the final norm's and the head's
+    lo->unit_begin[mc->n_layer + 2] = offset;
     lo->total = offset;
     return 0;
 }
@@ -359,12 +367,17 @@ int sl_lora_create(sl_lora *lo, const sl_model_config *mc, const sl_lora_config 
     unsigned *masks = sl_calloc((size_t)mc->n_layer + 1, sizeof(unsigned), "lora targets");
     void *rank_keys = masks ? sl_lora_keys_compile(&cfg->rank_pattern, "lora: rank_pattern") : NULL;
     void *alpha_keys = rank_keys ? sl_lora_keys_compile(&cfg->alpha_pattern, "lora: alpha_pattern") : NULL;
-    int rc = !alpha_keys || sl_lora_config_check(cfg, "lora") || targeted_slots(mc, &lo->cfg, masks) ||
-             build_table(lo, masks, rank_keys, alpha_keys);
+    sl_param_layout L;  // the model's tensors, for modules_to_save
+    int have_layout = alpha_keys && sl_layout_build(&L, mc) == 0;
+    int rc = !have_layout || sl_lora_config_check(cfg, "lora") || targeted_slots(mc, &lo->cfg, masks) ||
+             build_table(lo, &L, masks, rank_keys, alpha_keys);
+    if (have_layout) sl_layout_free(&L);
     // unused keys are worth a warning when the adapters are made, not when a memory estimate lists them
-    if (!rc && ops)
+    if (!rc && ops) {
         rc = warn_unmatched(lo, rank_keys, &cfg->rank_pattern, "rank_pattern") ||
              warn_unmatched(lo, alpha_keys, &cfg->alpha_pattern, "alpha_pattern");
+        lora_saved_warn_unmatched(lo);
+    }
     sl_lora_keys_free(rank_keys);
     sl_lora_keys_free(alpha_keys);
     free(masks);
@@ -412,6 +425,8 @@ void sl_lora_free(sl_lora *lo) {
     release(lo, lo->grads);
     release(lo, lo->weights_bf16);
     free(lo->tensors);
+    free(lo->saved);
+    free(lo->saved_of);
     free(lo->adapters);
     free(lo->layer_first);
     free(lo->unit_begin);
@@ -461,6 +476,7 @@ int sl_lora_init_weights(sl_lora *lo, uint64_t seed) {
         free(host);
     }
     lo->dora_init_pending = lo->cfg.use_dora;  // the magnitudes need the base (sl_lora_attached)
+    lo->saved_init_pending = lo->n_saved > 0;  // so do modules_to_save's copies
     return sl_lora_params_changed(lo);
 }
 
@@ -519,6 +535,11 @@ int sl_lora_merge(const sl_lora *lo, const sl_param_layout *L, float *params) {
     float *host = sl_malloc((lo->total ? lo->total : 1) * sizeof(float), "adapter weights");
     if (!host) return -1;
     lo->ops->download(host, lo->params, lo->total * sizeof(float));
+    // modules_to_save: the copies replace their modules (checked first: a refusal writes nothing)
+    if (lora_saved_merge(lo, L, host, params)) {
+        free(host);
+        return -1;
+    }
     for (int a = 0; a < lo->n_adapters; a++) {
         const sl_lora_adapter *ad = &lo->adapters[a];
         const float *A = host + lo->tensors[ad->lora_A].offset, *B = host + lo->tensors[ad->lora_B].offset;

@@ -1,9 +1,9 @@
 // lora_config.c: PEFT's LoraConfig as shardlm reads and writes it (the train config's "lora" block,
 // adapter_config.json). What shardlm computes (r, lora_alpha, lora_dropout, target_modules as a
-// list, "all-linear" or a regular expression, use_rslora, bias "none", layers_to_transform,
-// exclude_modules, rank_pattern / alpha_pattern) is read and range-checked;
-// PEFT features that would change the maths and that shardlm does not compute (DoRA, adapter
-// biases, extra trained modules, ...) are refused by name when set; the rest (paths,
+// list, "all-linear" or a regular expression, use_rslora, use_dora, bias "none", layers_to_transform,
+// exclude_modules, rank_pattern / alpha_pattern, modules_to_save, init_lora_weights) is read and
+// range-checked; PEFT features that would change the maths and that shardlm does not compute (adapter
+// biases, trainable tokens, ...) are refused by name when set; the rest (paths,
 // versions, task type) is ignored.
 #include "shardlm/lora.h"
 #include "shardlm/error.h"
@@ -248,6 +248,27 @@ static int parse_exclude(sl_lora_config *cfg, const cJSON *obj, const char *wher
     return 0;
 }
 
+// modules_to_save: a list of names (null or [] for none).
+static int parse_modules_to_save(sl_lora_config *cfg, const cJSON *obj, const char *where) {
+    cfg->n_modules_to_save = 0;
+    cfg->modules_to_save[0] = '\0';
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, "modules_to_save");
+    if (!v || cJSON_IsNull(v)) return 0;
+    if (!cJSON_IsArray(v)) return sl_errorf("%s: \"modules_to_save\" must be a list of module names", where);
+    const cJSON *item;
+    cJSON_ArrayForEach(item, v) {
+        if (!cJSON_IsString(item)) return sl_errorf("%s: \"modules_to_save\" must hold strings", where);
+        if (sl_lora_config_add_module_to_save(cfg, item->valuestring, where)) return -1;
+    }
+    return 0;
+}
+
+int sl_lora_config_add_module_to_save(sl_lora_config *cfg, const char *name, const char *where) {
+    if (append_name(cfg->modules_to_save, name, strlen(name), "modules_to_save", where)) return -1;
+    cfg->n_modules_to_save++;
+    return 0;
+}
+
 // rank_pattern (integer ranks > 0) or alpha_pattern (finite numbers): an object of keys to values, in
 // the file's order; every key must compile.
 static int parse_pattern_map(sl_lora_pattern_map *m, const cJSON *obj, const char *field, int ranks,
@@ -353,12 +374,12 @@ int sl_lora_config_parse(sl_lora_config *cfg, const cJSON *obj, const char *wher
     if (targets && !cJSON_IsNull(targets) && parse_targets(cfg, targets, where)) return -1;
     static const struct { const char *key, *what; } refused[] = {
         {"use_qalora", "QALoRA"}, {"lora_bias", "adapter biases"},
-        {"layer_replication", "layer replication"}, {"modules_to_save", "extra fully trained modules"},
+        {"layer_replication", "layer replication"},
         {"target_parameters", "adapters on parameters"}, {"trainable_token_indices", "trainable tokens"},
     };
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++)
         if (refuse_if_set(obj, refused[i].key, refused[i].what, where)) return -1;
-    if (parse_layers(cfg, obj, where) || parse_exclude(cfg, obj, where) ||
+    if (parse_layers(cfg, obj, where) || parse_exclude(cfg, obj, where) || parse_modules_to_save(cfg, obj, where) ||
         parse_pattern_map(&cfg->rank_pattern, obj, "rank_pattern", 1, where) ||
         parse_pattern_map(&cfg->alpha_pattern, obj, "alpha_pattern", 0, where))
         return -1;
@@ -447,6 +468,11 @@ int sl_lora_config_to_json(const sl_lora_config *cfg, cJSON *obj) {
         cJSON *ex = cfg->exclude_regex ? cJSON_CreateString(cfg->exclude_modules) : name_list(cfg->exclude_modules);
         if (!ex) return sl_errorf("out of memory writing adapter_config.json");
         cJSON_AddItemToObject(obj, "exclude_modules", ex);
+    }
+    if (cfg->n_modules_to_save) {
+        cJSON *saved = name_list(cfg->modules_to_save);
+        if (!saved) return sl_errorf("out of memory writing adapter_config.json");
+        cJSON_AddItemToObject(obj, "modules_to_save", saved);
     }
     const sl_lora_pattern_map *maps[2] = {&cfg->rank_pattern, &cfg->alpha_pattern};
     for (int i = 0; i < 2; i++) {  // written as PEFT writes them: {} when empty

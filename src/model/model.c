@@ -11,6 +11,7 @@
 #include "shardlm/kv_cache.h"
 #include "shardlm/lora.h"
 #include "model/lora_dora.h"
+#include "model/lora_saved.h"
 #include "shardlm/error.h"
 #include "shardlm/precision.h"
 #include "shardlm/rng.h"
@@ -29,12 +30,18 @@ static inline size_t unit_offset(const sl_model *m, int idx) {
 }
 #define P(m, idx) ((m)->param_view[(m)->layout.tensors[(idx)].unit] + unit_offset((m), (idx)))
 #define G(m, idx) ((m)->grad_view[(m)->layout.tensors[(idx)].unit] + unit_offset((m), (idx)))
-// A parameter as the ops read it (matmul weights and biases, norm weights and biases, wte / wpe): the
-// bf16 copy with ops->act_bf16 (ops.h: storage-typed), else P itself, fp32 storage being fp32.
-#define W(m, idx)                                                                                                   \
+// A base parameter as the ops read it (matmul weights and biases, norm weights and biases, wte / wpe):
+// the bf16 copy with ops->act_bf16 (ops.h: storage-typed), else P itself, fp32 storage being fp32.
+#define W_BASE(m, idx)                                                                                              \
     ((m)->ops->act_bf16                                                                                             \
          ? (const sl_act *)(const void *)((m)->weight_view[(m)->layout.tensors[(idx)].unit] + unit_offset((m), (idx))) \
          : (const sl_act *)(const void *)P(m, idx))
+// What the model computes with: modules_to_save's trained copy of the tensor when it has one, else W_BASE.
+static inline const sl_act *weight_of(const sl_model *m, int idx) {
+    const sl_act *copy = m->lora ? lora_saved_weight(m->lora, idx) : NULL;
+    return copy ? copy : W_BASE(m, idx);
+}
+#define W(m, idx) weight_of((m), (idx))
 // Tells the unit hook (if any) about an event; returns -1 from the calling function on its error.
 #define HOOK(m, event, unit, next)                                                                   \
     do {                                                                                             \
@@ -42,8 +49,9 @@ static inline size_t unit_offset(const sl_model *m, int idx) {
     } while (0)
 // Optional tensors (biases, GPT-2's wpe) are -1 in the layout: NULL pointers for the ops (WB, G_OPT).
 #define WB(m, idx) ((idx) >= 0 ? W(m, idx) : NULL)
-// A base tensor's gradient for the ops: NULL while LoRA adapters are attached (frozen base).
-#define GB(m, idx) ((m)->lora ? NULL : G(m, idx))
+// A base tensor's gradient for the ops: while LoRA adapters are attached (frozen base) its copy's
+// (modules_to_save), else NULL.
+#define GB(m, idx) ((m)->lora ? lora_saved_grad((m)->lora, (idx)) : G(m, idx))
 #define G_OPT(m, idx) ((idx) >= 0 ? GB(m, idx) : NULL)
 
 static int qkv_width(const sl_model_config *c) { return (c->n_head + 2 * c->n_kv_head) * sl_config_head_dim(c); }
@@ -173,7 +181,7 @@ int sl_model_attach_lora(sl_model *m, sl_lora *lora) {
                                               lora->ops->name, m->ops->name);
     if (m->unit_hook) return sl_errorf("lora: the model is being trained by an engine; attach adapters first");
     if (sl_model_params_changed(m)) return -1;  // the base's bf16 copy, once: it never changes again
-    if (attach_dora(m, lora)) return -1;
+    if (attach_dora(m, lora) || lora_saved_attach(lora, &m->layout, m->param_view)) return -1;
     release(m, m->grads);
     m->grads = NULL;
     m->lora = lora;
@@ -353,9 +361,21 @@ static void norm_backward(sl_model *m, sl_act *dinp, const sl_act *dout, const s
         m->ops->rmsnorm_backward(dinp, GB(m, w_idx), dout, inp, W(m, w_idx), rstd, N, c->n_embd);
 }
 
-// The head GEMM's weight (the shadow with bf16 storage; the embedding's when tied).
+// The head GEMM's weight (the shadow with bf16 storage; the embedding's when tied): a tied head reads
+// the base embedding even when the lookup reads a copy, unless modules_to_save copied lm_head itself.
 static const sl_act *head_weight(const sl_model *m) {
-    return W(m, m->layout.lm_head >= 0 ? m->layout.lm_head : m->layout.wte);
+    if (m->lora && m->lora->head_copy >= 0) return lora_weight(m->lora, m->lora->head_copy);
+    return m->layout.lm_head >= 0 ? W(m, m->layout.lm_head) : W_BASE(m, m->layout.wte);
+}
+
+// The head's gradient: the untied head's or the embedding's (tied); under LoRA only a copy's, else NULL.
+static float *head_grad(sl_model *m) {
+    const sl_param_layout *L = &m->layout;
+    if (!m->lora) return G(m, L->lm_head >= 0 ? L->lm_head : L->wte);
+    if (m->lora->head_copy < 0) return L->lm_head >= 0 ? GB(m, L->lm_head) : NULL;
+    const sl_tensor_info *t = &m->lora->tensors[m->lora->head_copy];
+    float *g = m->lora->grad_view[t->unit];
+    return g ? g + (t->offset - m->lora->unit_begin[t->unit]) : NULL;
 }
 
 // ---- the forward pass: training, prefill and decode ----------------------------------------------
@@ -609,8 +629,7 @@ int sl_model_backward(sl_model *m, float grad_scale) {
     HOOK(m, SL_PARAMS_GET, head_unit, tied ? last : c->n_layer);
     HOOK(m, SL_GRADS_GET, head_unit, -1);
     if (!logits_hold_grad) ops->crossentropy_backward(m->logits, m->logits_lse, m->targets, N, c->vocab_size, Vp, dloss);
-    int head = L->lm_head >= 0 ? L->lm_head : L->wte;
-    ops->matmul_backward(m->dln, GB(m, head), NULL, m->logits, m->lnf, W(m, head), N, C, Vp);
+    ops->matmul_backward(m->dln, head_grad(m), NULL, m->logits, m->lnf, head_weight(m), N, C, Vp);
     if (tied) {  // the embedding's gradients stay open until the encoder adds its part
         HOOK(m, SL_PARAMS_PUT, 0, last);
         HOOK(m, SL_PARAMS_GET, last, c->n_layer);
@@ -623,9 +642,9 @@ int sl_model_backward(sl_model *m, float grad_scale) {
     HOOK(m, SL_PARAMS_PUT, last, c->n_layer);
     HOOK(m, SL_GRADS_PUT, last, c->n_layer);
 
-    // a frozen base needs gradients only down to the lowest adapter
-    int lowest = 0;
-    if (m->lora) lowest = m->lora->n_adapters ? m->lora->adapters[0].layer : c->n_layer;
+    // a frozen base needs gradients only down to the lowest adapter (or modules_to_save copy)
+    int lowest = 0, lowest_input = 1;
+    if (m->lora) lora_saved_backward_floor(m->lora, &lowest, &lowest_input);
     for (int l = c->n_layer - 1; l >= lowest; l--) {
         const sl_block_tensors *k = &L->blocks[l];
         sl_layer_acts *a = &m->layers[l];
@@ -669,7 +688,7 @@ int sl_model_backward(sl_model *m, float grad_scale) {
         ops->attention_backward(m->dA, m->dB, a->qkv, a->att, a->lse, B, T, NH, NKV, HD, c->sliding_window);
         if (c->arch == SL_ARCH_LLAMA) ops->rope_backward(m->dA, m->rope_cos, m->rope_sin, B, T, NH, NKV, HD);
         // nothing below the lowest adapter needs the residual's gradient, so neither its ln1's
-        sl_act *dln1 = !m->lora || l > lowest ? m->dln : NULL;
+        sl_act *dln1 = !m->lora || l > lowest || lowest_input ? m->dln : NULL;
         dy = base_grad(m, l, SL_LINEAR_QKV, m->dA, N, QKV);
         if (dln1)  // (under LoRA the base has no gradient, so without dln1 nothing is left to compute)
             ops->matmul_backward(dln1, GB(m, k->qkv_w), G_OPT(m, k->qkv_b), dy, a->ln1, W(m, k->qkv_w), N, C, QKV);
@@ -678,16 +697,16 @@ int sl_model_backward(sl_model *m, float grad_scale) {
         HOOK(m, SL_PARAMS_PUT, unit, next);
         HOOK(m, SL_GRADS_PUT, unit, next);
     }
-    if (m->lora) {  // frozen embeddings: nothing more to compute; a tied head's (empty) adapter unit closes
-        if (tied) HOOK(m, SL_GRADS_PUT, 0, -1);
+    if (m->lora && !lora_saved_embeddings(m->lora)) {  // frozen embeddings: nothing more to compute; a tied
+        if (tied) HOOK(m, SL_GRADS_PUT, 0, -1);         // head's adapter unit closes
         return 0;
     }
     if (!tied) HOOK(m, SL_GRADS_GET, 0, -1);
     // nn.Embedding(padding_idx): the padding token's row takes no gradient from the lookup (a tied
     // head's gradient for it stays): its gradient is put back as it was before the encoder's part
-    float *pad_grad = m->pad_row ? G(m, L->wte) + (size_t)c->pad_token_id * C : NULL;
+    float *dwte = GB(m, L->wte), *pad_grad = m->pad_row && dwte ? dwte + (size_t)c->pad_token_id * C : NULL;
     if (pad_grad) ops->copy(m->pad_row, pad_grad, (size_t)C * sizeof(float));
-    ops->encoder_backward(G(m, L->wte), L->wpe >= 0 ? G(m, L->wpe) : NULL, m->dresid, m->inputs, B, T, C);
+    ops->encoder_backward(dwte, G_OPT(m, L->wpe), m->dresid, m->inputs, B, T, C);
     if (pad_grad) ops->copy(pad_grad, m->pad_row, (size_t)C * sizeof(float));
     HOOK(m, SL_GRADS_PUT, 0, -1);
     return 0;

@@ -7,6 +7,9 @@
 #     ranks follow one (mpirun, when installed); merge gives the adapted model's logits;
 #   * DoRA (use_dora) with dropout resumes bit for bit and merges to the adapted model's logits;
 #   * QDoRA (DoRA on an NF4 base) trains and samples;
+#   * modules_to_save (copies of wte and the norms) resumes bit for bit at ZeRO 0 and 3; copies of wpe and
+#     ln_f merge to the adapted model's logits; a tied head's copy trains and samples (merge refuses a tied
+#     model's wte or lm_head copy);
 #   * bad input (r = 0, an unknown target module, bias other than "none", a corrupt or foreign adapter,
 #     an AdamW checkpoint resumed with AdamW8bit, resuming adapters as a full model, merging into an
 #     existing directory) exits non-zero with a message naming the problem and writes nothing.
@@ -199,6 +202,55 @@ expect lora_qdora_trains_and_samples bash -c "test -f '$tmp/qdora/step_00000002/
 expect lora_dora_flag_equals_config cmp "$tmp/dora/step_00000002/adapter_model.safetensors" \
   "$tmp/dora-flag/step_00000002/adapter_model.safetensors"
 
+# modules_to_save: whole copies of wte and every norm of ln_1 trained next to the adapters, with dropout and
+# accumulation: resume bit for bit (ZeRO 3 too), the copies in PEFT's names in the checkpoint (wte
+# without the vocabulary's padding rows), merge equal to the adapted model, flag == config; a copy of a
+# tied model's lm_head trains and samples, and merge refuses it by name
+cat >"$tmp/save.json" <<'JSON'
+{"lora": {"r": 4, "lora_alpha": 8, "lora_dropout": 0.1, "target_modules": ["c_attn"],
+          "modules_to_save": ["wte", "ln_1"]}}
+JSON
+for z in 0 3; do
+  "$BIN" train --config "$tmp/save.json" --model gpt2-tiny "${common[@]}" --zero-stage $z --steps 4 --save-interval 2 \
+    --save-dir "$tmp/save$z" >"$tmp/save$z.out" 2>&1
+  mkdir -p "$tmp/save$z-split" && cp -r "$tmp/save$z/step_00000002" "$tmp/save$z-split/" &&
+    echo step_00000002 >"$tmp/save$z-split/latest"
+  "$BIN" train --config "$tmp/save.json" --model gpt2-tiny "${common[@]}" --zero-stage $z --steps 4 \
+    --save-dir "$tmp/save$z-split" --resume >>"$log" 2>&1
+done
+expect lora_modules_to_save_resume_is_bit_for_bit bash -c "
+  cmp '$tmp/save0/step_00000004/adapter_model.safetensors' '$tmp/save0-split/step_00000004/adapter_model.safetensors' &&
+  cmp '$tmp/save3/step_00000004/adapter_model.safetensors' '$tmp/save3-split/step_00000004/adapter_model.safetensors'"
+# without accumulation ZeRO 3 keeps stage 0's bits (with it, stages 2-3 add the micro-steps in another order)
+for z in 0 3; do
+  "$BIN" train --config "$tmp/save.json" --model gpt2-tiny "${common[@]}" --grad-accum 1 --zero-stage $z --steps 2 \
+    --save-dir "$tmp/save$z-noacc" >>"$log" 2>&1
+done
+expect lora_modules_to_save_zero3_equals_stage0 cmp "$tmp/save0-noacc/step_00000002/adapter_model.safetensors" \
+  "$tmp/save3-noacc/step_00000002/adapter_model.safetensors"
+expect lora_modules_to_save_in_pefts_names python3 -c "
+import json, struct
+def header(path):
+    f = open(path, 'rb'); return json.loads(f.read(struct.unpack('<Q', f.read(8))[0]))
+h = header('$tmp/save0/step_00000004/adapter_model.safetensors')
+b = header('$tmp/base/step_00000001/model.safetensors')
+c = json.load(open('$tmp/save0/step_00000004/adapter_config.json'))
+assert h['base_model.model.transformer.wte.weight']['shape'] == b['transformer.wte.weight']['shape'], (h, b)
+assert 'base_model.model.transformer.h.1.ln_1.bias' in h and c['modules_to_save'] == ['wte', 'ln_1'], (list(h), c)
+"
+# copies of wpe and ln_f merge into the model (a tied model's wte or lm_head copy cannot: below)
+"$BIN" train --model gpt2-tiny "${common[@]}" --lora-r 4 --lora-targets c_attn --lora-modules-to-save wpe,ln_f \
+  --steps 2 --save-dir "$tmp/save-pos" >>"$log" 2>&1
+merged_equals_adapted lora_modules_to_save_merge_equals_adapted "$tmp/save-pos/step_00000002" "$tmp/save-merged"
+"$BIN" train --model gpt2-tiny "${common[@]}" --lora-r 4 --lora-alpha 8 --lora-dropout 0.1 --lora-targets c_attn \
+  --lora-modules-to-save wte,ln_1 --steps 2 --save-dir "$tmp/save-flag" >>"$log" 2>&1
+expect lora_modules_to_save_flag_equals_config cmp "$tmp/save0/step_00000002/adapter_model.safetensors" \
+  "$tmp/save-flag/step_00000002/adapter_model.safetensors"
+"$BIN" train --model gpt2-tiny "${common[@]}" --lora-r 4 --lora-modules-to-save lm_head --steps 2 --sample-tokens 4 \
+  --save-dir "$tmp/save-head" >"$tmp/save-head.out" 2>&1
+expect lora_tied_head_copy_trains_and_samples bash -c "grep -q '^sample (' '$tmp/save-head.out' &&
+  test -f '$tmp/save-head/step_00000002/adapter_model.safetensors'"
+
 # --lora-init (init_lora_weights): false starts B random, so the first loss is not the base's (which
 # true and gaussian keep: B zero); the mode goes into adapter_config.json
 for init in true gaussian false; do
@@ -246,6 +298,14 @@ bad unknown_target_module_is_named "target module 'q_proj' matches no linear of 
 echo '{"lora": {"r": 4, "bias": "all"}}' >"$tmp/bias.json"
 bad lora_bias_is_refused "\"bias\" is \"all\"" "${run[@]}" --config "$tmp/bias.json"
 bad lora_init_pissa_is_refused "init_lora_weights\" 'pissa'" "${run[@]}" --lora-init pissa
+bad lora_modules_to_save_linear_is_refused \
+  "modules_to_save 'c_fc' picks transformer.h.0.mlp.c_fc, a linear of a block" \
+  "${run[@]}" --lora-r 4 --lora-modules-to-save c_fc
+bad lora_tied_embedding_copy_merge_is_refused \
+  "merge: the adapter trains a copy of transformer.wte.weight on a model whose head" \
+  merge --model "$tmp/base" --adapter "$tmp/save0/step_00000004" --output "$tmp/x"
+bad lora_tied_head_copy_merge_is_refused "merge: the adapter trains a copy of lm_head.weight on a model whose head" \
+  merge --model "$tmp/base" --adapter "$tmp/save-head/step_00000002" --output "$tmp/x"
 bad lora_adamw_checkpoint_resumed_with_adamw8bit_is_refused \
   "checkpoint optimizer \"AdamW\" differs from this run's \"AdamW8bit\"" \
   train --model gpt2-tiny "${common[@]}" "${lora[@]}" --optimizer adamw8bit --steps 14 --save-dir "$tmp/straight" --resume

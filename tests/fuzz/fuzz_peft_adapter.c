@@ -21,6 +21,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             strcmp(back.layers_pattern, cfg.layers_pattern) != 0 ||
             strcmp(back.target_modules, cfg.target_modules) != 0 || back.exclude_regex != cfg.exclude_regex ||
             back.n_exclude != cfg.n_exclude || strcmp(back.exclude_modules, cfg.exclude_modules) != 0 ||
+            back.n_modules_to_save != cfg.n_modules_to_save || strcmp(back.modules_to_save, cfg.modules_to_save) != 0 ||
             !sl_lora_pattern_map_equal(&back.rank_pattern, &cfg.rank_pattern) ||
             !sl_lora_pattern_map_equal(&back.alpha_pattern, &cfg.alpha_pattern)) {
             fprintf(stderr, "written adapter config does not read back: %s\n", sl_error());

@@ -9,11 +9,11 @@ For the tiny GPT-2 and LLaMA bases of tests/fixtures/model:
      --adapter dir --logits-out` gives (max |diff| / max |logit| below 1e-5);
   2. PEFT -> shardlm: the adapters PEFT saved (tests/fixtures/lora) give the same logits in shardlm;
   (1 and 2 also with target_modules as PEFT's regular expression, with layers_to_transform, with
-  rank_pattern / alpha_pattern / exclude_modules, and with DoRA: a config's "lora" block one way, the
-  *-regex, *-layers, *-pattern and *-dora fixtures the other);
+  rank_pattern / alpha_pattern / exclude_modules, with DoRA and with modules_to_save: a config's "lora"
+  block one way, the *-regex, *-layers, *-pattern, *-dora and *-save fixtures the other);
   3. merge: `shardlm merge` loads in transformers with PEFT's merged logits and its weights equal
      merge_and_unload()'s, in float32 and (for a base saved in bfloat16) in bfloat16 (measured: bit for
-     bit in both, r = 4).
+     bit in both, r = 4); a tied model's copied wte / lm_head is refused by name instead.
 Prints one line per check and exits non-zero when any fails.
 """
 import json
@@ -84,6 +84,8 @@ def check_base(name, base, peft_adapter, targets, tmp):
     if isinstance(targets, str):
         lora = ["--lora-r", "4", "--lora-alpha", "8", "--lora-targets", targets]
     else:  # a dict: more of the "lora" block (a target_modules regex, layers_to_transform), through a config
+        targets = dict(targets)
+        tied_copy = targets.pop("tied_copy", False)  # the PEFT fixture copies a tied model's wte or lm_head
         config = os.path.join(tmp, "lora.json")
         json.dump({"lora": {"r": 4, "lora_alpha": 8, **targets}}, open(config, "w"))
         lora = ["--config", config]
@@ -97,7 +99,13 @@ def check_base(name, base, peft_adapter, targets, tmp):
     ours, theirs = shardlm_logits(base, peft_adapter, tmp), peft_logits(base, peft_adapter)
     report(f"{name}_peft_adapter_loads_in_shardlm", rel(ours, theirs) < 1e-5,
            f"logits rel err {rel(ours, theirs):.2e}")
-    # 3. merge, float32 and bfloat16 bases
+    # 3. merge, float32 and bfloat16 bases (a tied model's copied wte / lm_head cannot merge: refused)
+    if not isinstance(targets, str) and tied_copy:
+        r = subprocess.run([BIN, "merge", "--model", base, "--adapter", peft_adapter, "--output",
+                            os.path.join(tmp, "merged")], capture_output=True, text=True)
+        report(f"{name}_merge_refuses_tied_copies", r.returncode == 1 and "tie_word_embeddings" in r.stderr and
+               not os.path.exists(os.path.join(tmp, "merged")), r.stderr.strip()[-160:])
+        return
     for dtype in (torch.float32, torch.bfloat16):
         tag = str(dtype).split(".")[1]
         base_dir = base
@@ -151,7 +159,14 @@ if __name__ == "__main__":
              # DoRA (use_dora): magnitudes, merged as W' = m / ||W + dW|| (W + dW) row by row
              ("llama_dora", "llama-tiny", "llama-tiny-dora", {"target_modules": "all-linear", "use_dora": True}),
              ("gpt2_dora", "gpt2-tiny", "gpt2-tiny-dora",
-              {"target_modules": ["c_attn", "c_fc"], "use_dora": True, "use_rslora": True})]
+              {"target_modules": ["c_attn", "c_fc"], "use_dora": True, "use_rslora": True}),
+             # modules_to_save: whole copies next to the adapters (LLaMA's merge into the untied model)
+             ("llama_save", "llama-tiny", "llama-tiny-save",
+              {"target_modules": ["q_proj"], "modules_to_save": ["embed_tokens", "lm_head", "norm"]}),
+             ("gpt2_save", "gpt2-tiny", "gpt2-tiny-save",
+              {"target_modules": ["c_attn"], "modules_to_save": ["wte", "ln_f"], "tied_copy": True}),
+             ("gpt2_save_head", "gpt2-tiny", "gpt2-tiny-save-head",
+              {"target_modules": ["c_fc"], "modules_to_save": ["lm_head", "wpe"], "tied_copy": True})]
     for name, base, adapter, targets in cases:
         with tempfile.TemporaryDirectory() as tmp:
             check_base(name, os.path.join(ROOT, "tests/fixtures/model", base),

@@ -10,7 +10,8 @@ already committed). For each case below this writes, under tests/fixtures/lora/<
                                                     swamp the base and fp32 gradients of torch itself
                                                     drift 2.3e-5 from float64)
   expected.safetensors   input_ids, targets (float32), logits (B,T,V), loss, the gradient of every
-                         adapter tensor under "grad.<PEFT name>" (these computed by the same PEFT model
+                         adapter tensor (and modules_to_save copy, moved N(0, 0.1^2) from the base)
+                         under "grad.<PEFT name>" (these computed by the same PEFT model
                          in float64 and stored as float32, so a test measures shardlm's error and not
                          torch's own fp32 rounding), and the losses of 10 AdamW steps (float32) on
                          the adapters ("adamw_losses"; lr 1e-2, betas 0.9/0.95, eps 1e-8, weight
@@ -78,12 +79,30 @@ CASES = {
                                                    rank_pattern={"down_proj": 6, "q_proj": 3},
                                                    alpha_pattern={"gate_proj": 9},
                                                    exclude_modules=["model.layers.0.self_attn.k_proj"])),
+    # modules_to_save: modules trained whole next to the adapters (PEFT's copies, picked by str.endswith).
+    # GPT-2: the embeddings and every ln_1 (block 0's included, below every adapter), the tied head still
+    # reading the frozen wte while the lookup reads the copy; then the head's own copy (which unties it)
+    # and ln_f, over adapters of block 1 only
+    "gpt2-tiny-save": ("gpt2-tiny", dict(r=4, lora_alpha=8, target_modules=["c_attn", "c_proj"],
+                                         modules_to_save=["wte", "wpe", "ln_1"])),
+    "gpt2-tiny-save-head": ("gpt2-tiny", dict(r=4, lora_alpha=8, target_modules=["c_attn"], layers_to_transform=[1],
+                                              modules_to_save=["lm_head", "ln_f"])),
+    # block 0's ln_2 alone, below the only adapters (block 1): block 0's backward runs to its ln_2, no further;
+    # block 0's ln_1 alone: down to block 0's input gradient
+    "gpt2-tiny-save-ln2": ("gpt2-tiny", dict(r=4, lora_alpha=8, target_modules=["c_attn"], layers_to_transform=[1],
+                                             modules_to_save=["h.0.ln_2"])),
+    "gpt2-tiny-save-ln1": ("gpt2-tiny", dict(r=4, lora_alpha=8, target_modules=["c_attn"], layers_to_transform=[1],
+                                             modules_to_save=["h.0.ln_1"])),
+    # LLaMA (untied head): "norm" picks model.norm and every input_layernorm / post_attention_layernorm
+    "llama-tiny-save": ("llama-tiny", dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
+                                           modules_to_save=["embed_tokens", "lm_head", "norm"])),
 }
 
 
 def saved_name(name):
-    """The name PEFT saves a parameter under: no adapter name, and a DoRA magnitude without ".weight"."""
-    key = name.replace(".default", "")
+    """The name PEFT saves a parameter under: no adapter name, a modules_to_save copy under its module's
+    name, and a DoRA magnitude without ".weight"."""
+    key = name.replace(".default", "").replace(".modules_to_save", "")
     return key[: -len(".weight")] if key.endswith("lora_magnitude_vector.weight") else key
 
 
@@ -101,6 +120,8 @@ def random_adapters_and_batch(peft_model, V, B, T):
                 p.mul_(1 + 0.1 * torch.randn(p.shape, generator=gen))
             elif "lora_" in name:
                 p.copy_(0.1 * torch.randn(p.shape, generator=gen))
+            elif "modules_to_save" in name:  # a copy moved away from the base it started as
+                p.add_(0.1 * torch.randn(p.shape, generator=gen))
     ids = torch.randint(0, V, (B, T + 1), generator=gen)
     inputs, targets = ids[:, :-1].contiguous(), ids[:, 1:].contiguous()
     targets[0, 3] = -100

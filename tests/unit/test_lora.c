@@ -79,9 +79,10 @@ static void check_against_peft(const char *base, const char *name) {
         size_t gn = 0;
         float *want = fixture_tensor(&fx.expected, gname, &gn);
         if (!want) { CHECK_MSG(0, "missing %s", gname); continue; }
-        CHECK(gn == t->numel);
+        size_t in_file = (size_t)t->hf_rows * (size_t)(t->ndim == 2 ? t->shape[1] : 1);  // no vocabulary padding
+        CHECK(gn == in_file);
         double w = 0;
-        for (size_t j = 0; j < gn && j < t->numel; j++) w = fmax(w, fabs(fx.lora.grads[t->offset + j] - want[j]));
+        for (size_t j = 0; j < gn && j < in_file; j++) w = fmax(w, fabs(fx.lora.grads[t->offset + j] - want[j]));
         double r = w / fmax(fixture_max_abs(want, gn), 1e-30);
         if (r > worst_rel) { worst_rel = r; worst_name = t->name; }
         free(want);
@@ -112,6 +113,16 @@ TEST(gpt2_rslora_patterns_exclude_regex_match_peft) { check_against_peft("gpt2-t
 TEST(llama_dora_matches_peft) { check_against_peft("llama-tiny", "llama-tiny-dora"); }
 TEST(gpt2_dora_matches_peft) { check_against_peft("gpt2-tiny", "gpt2-tiny-dora"); }
 TEST(llama_dora_with_patterns_matches_peft) { check_against_peft("llama-tiny", "llama-tiny-dora-pattern"); }
+// modules_to_save: trained copies of the embeddings (GPT-2's tied head still reading the frozen wte), of
+// every ln_1 (block 0's below every adapter), of GPT-2's head (untying it) and ln_f, of LLaMA's
+// embed_tokens, lm_head and every norm ("norm" ends model.norm and each block's two)
+TEST(gpt2_modules_to_save_embeddings_match_peft) { check_against_peft("gpt2-tiny", "gpt2-tiny-save"); }
+TEST(gpt2_modules_to_save_head_matches_peft) {
+    check_against_peft("gpt2-tiny", "gpt2-tiny-save-head");
+    check_against_peft("gpt2-tiny", "gpt2-tiny-save-ln2");  // block 0's ln_2 below block 1's adapters
+    check_against_peft("gpt2-tiny", "gpt2-tiny-save-ln1");  // block 0's ln_1: its input gradient too
+}
+TEST(llama_modules_to_save_match_peft) { check_against_peft("llama-tiny", "llama-tiny-save"); }
 
 // The adapters a regular expression picks: those whose whole module path it matches (re.fullmatch), a
 // pattern equivalent to a list picks the list's tensors, and the expression goes back to
@@ -389,6 +400,11 @@ TEST(llama_lora_adamw_tracks_peft) { check_adamw_track("llama-tiny", "llama-tiny
 TEST(llama_patterns_adamw_tracks_peft) { check_adamw_track("llama-tiny", "llama-tiny-pattern"); }
 TEST(llama_dora_adamw_tracks_peft) { check_adamw_track("llama-tiny", "llama-tiny-dora"); }
 TEST(gpt2_dora_adamw_tracks_peft) { check_adamw_track("gpt2-tiny", "gpt2-tiny-dora"); }
+TEST(modules_to_save_adamw_tracks_peft) {
+    check_adamw_track("gpt2-tiny", "gpt2-tiny-save");
+    check_adamw_track("gpt2-tiny", "gpt2-tiny-save-head");
+    check_adamw_track("llama-tiny", "llama-tiny-save");
+}
 
 // 10 AdamW8bit steps on the adapters (the engine's plan over their tensor table; min_8bit_size 256, so
 // the adapters of 256 elements or more keep 8-bit blockwise state) against bitsandbytes' AdamW8bit on
@@ -480,6 +496,7 @@ static void check_load_back(const char *name) {
 TEST(saved_adapters_load_back) {
     check_load_back("llama-tiny-rslora");
     check_load_back("llama-tiny-pattern");
+    check_load_back("llama-tiny-save");
 }
 
 // PEFT's initialisation: A uniform in +-1/sqrt(in), B zero, so the adapted model starts as the base.
@@ -589,7 +606,7 @@ static int fails_with(int rc, const char *needle) {
 // With bf16 activation storage (the emulating table, the GPU's arithmetic) the adapted model computes
 // what fp32 computes within bf16 rounding: loss within 2e-2 relative, adapter gradients within 5e-2
 // in relative L2 (bf16 keeps 8 bits of mantissa).
-static void check_bf16_storage(const char *preset, int use_dora) {
+static void check_bf16_storage(const char *preset, int use_dora, const char *saved) {
     const sl_ops *tables[2] = {&sl_ops_cpu, &sl_ops_cpu_bf16};
     sl_model m[2];
     sl_lora lo[2];
@@ -600,6 +617,10 @@ static void check_bf16_storage(const char *preset, int use_dora) {
     sl_lora_config_defaults(&lc);
     lc.use_dora = use_dora;
     CHECK(sl_lora_config_set_targets(&lc, "all-linear", "test") == 0);
+    char names[128];
+    snprintf(names, sizeof names, "%s", saved);
+    for (char *name = strtok(names, ","); name; name = strtok(NULL, ","))
+        CHECK(sl_lora_config_add_module_to_save(&lc, name, "test") == 0);
     int in[32], tg[32];
     for (int i = 0; i < 32; i++) { in[i] = (i * 29 + 7) % cfg.vocab_size; tg[i] = (i * 13 + 2) % cfg.vocab_size; }
     for (int t = 0; t < 2; t++) {
@@ -620,18 +641,22 @@ static void check_bf16_storage(const char *preset, int use_dora) {
     double rel_l2 = sqrt(num / den);
     CHECK_MSG(fabs(loss[1] - loss[0]) < 2e-2 * loss[0], "bf16 loss %.6f, fp32 %.6f", loss[1], loss[0]);
     CHECK_MSG(rel_l2 < 5e-2, "bf16 adapter gradients rel L2 %.3g", rel_l2);
-    printf("  %s all-linear%s: loss fp32 %.6f bf16 %.6f; adapter gradients rel L2 %.2e\n", preset,
-           use_dora ? " DoRA" : "", loss[0], loss[1], rel_l2);
+    printf("  %s all-linear%s%s%s: loss fp32 %.6f bf16 %.6f; adapter gradients rel L2 %.2e\n", preset,
+           use_dora ? " DoRA" : "", saved[0] ? ", modules_to_save " : "", saved, loss[0], loss[1], rel_l2);
     for (int t = 0; t < 2; t++) {
         sl_model_free(&m[t]);
         sl_lora_free(&lo[t]);
     }
 }
 
-TEST(bf16_storage_tracks_fp32_with_adapters) { check_bf16_storage("llama-tiny", 0); }
+TEST(bf16_storage_tracks_fp32_with_adapters) { check_bf16_storage("llama-tiny", 0, ""); }
 TEST(bf16_storage_tracks_fp32_with_dora) {
-    check_bf16_storage("llama-tiny", 1);
-    check_bf16_storage("gpt2-tiny", 1);  // DoRA on c_fc: the GELU gradient taken apart from the GEMM
+    check_bf16_storage("llama-tiny", 1, "");
+    check_bf16_storage("gpt2-tiny", 1, "");  // DoRA on c_fc: the GELU gradient taken apart from the GEMM
+}
+TEST(bf16_storage_tracks_fp32_with_modules_to_save) {
+    check_bf16_storage("llama-tiny", 0, "embed_tokens,lm_head,norm");
+    check_bf16_storage("gpt2-tiny", 0, "wte,wpe,lm_head,ln_1");
 }
 
 // ---- training through the engine -----------------------------------------------------------------
@@ -647,6 +672,7 @@ typedef struct {
 // With a data-parallel group `dp` (NULL: none), at ZeRO `stage`, optimizer AdamW or (adam8) AdamW8bit
 // with min_8bit_size 256 (the adapters' B tensors of 384 and 512 elements 8-bit, the rest 32-bit).
 static int use_dora;  // lora_run_init_on's adapters are DoRA's
+static const char *modules_to_save = "";  // and these modules are trained whole next to them (comma-joined)
 
 static int lora_run_init_on(lora_run *r, int accum, int precision, sl_comm *dp, int stage, int adam8) {
     memset(r, 0, sizeof *r);
@@ -657,6 +683,10 @@ static int lora_run_init_on(lora_run *r, int accum, int precision, sl_comm *dp, 
     lc.r = 4;
     lc.lora_alpha = 16;
     lc.lora_dropout = 0.1f;
+    char saved[256];
+    snprintf(saved, sizeof saved, "%s", modules_to_save);
+    for (char *name = strtok(saved, ","); name; name = strtok(NULL, ","))
+        if (sl_lora_config_add_module_to_save(&lc, name, "test")) return -1;
     sl_engine_config ec = {.micro_batch = 2, .grad_accum_steps = accum, .gradient_clipping = 1.0f, .dp = dp,
                            .zero_stage = stage, .prefetch = 1};
     sl_optim_defaults(&ec.optim);
@@ -741,7 +771,7 @@ TEST(engine_trains_adapters_only_and_resumes_bit_for_bit) {
 // gradients go (stages 2-3) and their parameters too (stage 3) while the frozen base stays whole; the
 // adapters train to stage 0's bits with AdamW and AdamW8bit, and a stage-3 checkpoint resumes at
 // stage 1 on stage 0's bits.
-static void check_zero_stages(int adam8_last) {
+static void check_zero_stages(int adam8_last, int accum) {
     sl_comm *world = NULL;
     CHECK_MSG(sl_comm_init_world(&world, "self", NULL, NULL) == 0, "%s", sl_error());
     if (!world) return;
@@ -749,11 +779,14 @@ static void check_zero_stages(int adam8_last) {
     CHECK(mkdtemp(root) != NULL);
     for (int adam8 = 0; adam8 <= adam8_last; adam8++) {
         lora_run ref;
-        if (lora_run_init_on(&ref, 2, SL_PRECISION_FP32, NULL, 0, adam8) || lora_train(&ref, 0, 4)) { CHECK(0); break; }
+        if (lora_run_init_on(&ref, accum, SL_PRECISION_FP32, NULL, 0, adam8) || lora_train(&ref, 0, 4)) {
+            CHECK(0);
+            break;
+        }
         size_t n = ref.lora.total * sizeof(float), nb = ref.model.layout.total * sizeof(float);
         for (int stage = 1; stage <= 3; stage++) {
             lora_run z;
-            if (lora_run_init_on(&z, 2, SL_PRECISION_FP32, world, stage, adam8)) { CHECK(0); continue; }
+            if (lora_run_init_on(&z, accum, SL_PRECISION_FP32, world, stage, adam8)) { CHECK(0); continue; }
             CHECK(z.model.params != NULL && z.model.grads == NULL);  // the base: whole, frozen
             CHECK((z.lora.grads == NULL) == (stage >= 2) && (z.lora.params == NULL) == (stage == 3));
             CHECK_MSG(lora_train(&z, 0, 2) == 0, "%s", sl_error());
@@ -770,7 +803,7 @@ static void check_zero_stages(int adam8_last) {
             lora_run_free(&z);
             if (stage != 3) continue;
             lora_run back;  // the stage-3 checkpoint, continued at stage 1
-            if (lora_run_init_on(&back, 2, SL_PRECISION_FP32, world, 1, adam8)) { CHECK(0); continue; }
+            if (lora_run_init_on(&back, accum, SL_PRECISION_FP32, world, 1, adam8)) { CHECK(0); continue; }
             CHECK_MSG(sl_engine_load(&back.engine, dir, NULL) == 0, "%s", sl_error());
             CHECK(back.engine.step == 2 && lora_train(&back, 2, 4) == 0);
             CHECK_MSG(memcmp(back.lora.params, ref.lora.params, n) == 0, "%s: stage 3 -> 1 resume differs",
@@ -783,12 +816,23 @@ static void check_zero_stages(int adam8_last) {
     sl_comm_free(world);
 }
 
-TEST(zero_stages_shard_the_adapters_only) { check_zero_stages(1); }
+TEST(zero_stages_shard_the_adapters_only) { check_zero_stages(1, 2); }
 // DoRA's magnitudes shard with the rest; its norms read the adapters through ZeRO's windows
 TEST(zero_stages_shard_dora_adapters) {
     use_dora = 1;
-    check_zero_stages(0);
+    check_zero_stages(0, 2);
     use_dora = 0;
+}
+
+// modules_to_save's copies shard with the adapters: the head's (tied: in unit 0 with the embedding), the
+// embeddings' (the lookup's copy of the tied wte, written by the encoder after the head) and the norms'
+// (ln_1 of block 0 below every adapter's input gradient). Without
+// accumulation: the norms' and embeddings' backward add row by row into their gradients, so stages 2-3
+// (which sum each micro-step apart) add the micro-steps in another order, as in full training.
+TEST(zero_stages_shard_modules_to_save) {
+    modules_to_save = "lm_head,wte,ln_1,ln_f,wpe";
+    check_zero_stages(0, 1);
+    modules_to_save = "";
 }
 
 // DoRA under bf16 mixed precision with bf16 activation storage: its magnitudes and the adapters in its
@@ -918,6 +962,16 @@ TEST(bad_configs_are_refused_by_name) {
     sl_lora_config_defaults(&lc);
     CHECK(sl_lora_config_set_targets(&lc, "q_proj", "test") == 0);  // a LLaMA name on GPT-2
     CHECK(fails_with(sl_lora_create(&lo, &cfg, &lc, &sl_ops_cpu), "target module 'q_proj' matches no linear"));
+    // modules_to_save that picks a linear of a block or a container: PEFT would train a copy of it
+    const char *unsaved[][2] = {{"c_fc", "picks transformer.h.0.mlp.c_fc, a linear of a block"},
+                                {"h.1", "picks transformer.h.1, a module holding others"},
+                                {"transformer", "picks transformer, a module holding others"}};
+    for (size_t i = 0; i < sizeof unsaved / sizeof unsaved[0]; i++) {
+        sl_lora_config_defaults(&lc);
+        CHECK(sl_lora_config_set_targets(&lc, "c_attn", "test") == 0 &&
+              sl_lora_config_add_module_to_save(&lc, unsaved[i][0], "test") == 0);
+        CHECK_MSG(fails_with(sl_lora_create(&lo, &cfg, &lc, &sl_ops_cpu), unsaved[i][1]), "%s", unsaved[i][0]);
+    }
     sl_lora_config_defaults(&lc);
     const char *bad[][2] = {
         {"{\"r\": 0}", "\"r\""},
@@ -932,7 +986,10 @@ TEST(bad_configs_are_refused_by_name) {
         {"{\"alpha_pattern\": {\"(q_proj\": 8}}", "\"alpha_pattern\": the key '(q_proj' is not a regular expression"},
         {"{\"exclude_modules\": \"(q\"}", "\"exclude_modules\" '(q' is not a regular expression"},
         {"{\"exclude_modules\": [1]}", "\"exclude_modules\" must hold strings"},
-        {"{\"modules_to_save\": [\"lm_head\"]}", "extra fully trained modules"},
+        {"{\"modules_to_save\": \"lm_head\"}", "\"modules_to_save\" must be a list of module names"},
+        {"{\"modules_to_save\": [\"lm_head\", 3]}", "\"modules_to_save\" must hold strings"},
+        {"{\"modules_to_save\": [\"\"]}", "modules_to_save holds an empty name"},
+        {"{\"trainable_token_indices\": [1, 2]}", "trainable tokens"},
         {"{\"init_lora_weights\": \"pissa\"}", "\"init_lora_weights\" 'pissa': shardlm computes true, false"},
         {"{\"target_modules\": [\"q_proj\", \"all-linear\"]}", "lists \"all-linear\", which PEFT reads only"},
     };

@@ -33,8 +33,10 @@ void cpu_encoder_backward(float *dwte, float *dwpe, const sl_act *dout_, const i
         cpu_thread_range((size_t)C, &c0, &c1);
         for (int n = 0; n < B * T; n++) {
             const float *d = dout + (size_t)n * C;
-            float *e = dwte + (size_t)inp[n] * C;
-            for (size_t c = c0; c < c1; c++) e[c] += d[c];
+            if (dwte) {
+                float *e = dwte + (size_t)inp[n] * C;
+                for (size_t c = c0; c < c1; c++) e[c] += d[c];
+            }
             if (dwpe) {
                 float *p = dwpe + (size_t)(n % T) * C;
                 for (size_t c = c0; c < c1; c++) p[c] += d[c];
