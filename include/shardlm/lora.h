@@ -43,6 +43,10 @@ typedef struct {
     char keys[SL_LORA_TARGETS_MAX];  // the n keys, each ended by '\n' (a key holding '\n' is refused)
 } sl_lora_pattern_map;
 
+// PEFT's bias: "none" (every base bias frozen), "all" (every bias of the model trained), "lora_only" (the
+// biases of the adapted linears trained); trained biases are copies as modules_to_save's (lora_saved.h).
+typedef enum { SL_LORA_BIAS_NONE = 0, SL_LORA_BIAS_ALL, SL_LORA_BIAS_LORA_ONLY } sl_lora_bias;
+
 // PEFT's init_lora_weights: true (A as nn.Linear's reset, uniform in +-1/sqrt(in); B zero), "gaussian"
 // (A normal with std 1/r; B zero), false (A and B both as nn.Linear's reset: B uniform in +-1/sqrt(r), so
 // the adapted model does not start as the base).
@@ -74,6 +78,7 @@ typedef struct {
     int n_exclude, exclude_regex;
     char exclude_modules[SL_LORA_TARGETS_MAX];  // the names comma-joined, or the expression
     int use_dora;           // DoRA: a trained magnitude per output, the weight's row norms (model/lora_dora.h)
+    int bias;               // sl_lora_bias
     int init_lora_weights;  // how new adapters start (sl_lora_init_mode); adapters loaded from a file keep theirs
     // modules_to_save: modules trained whole next to the adapters, as PEFT's ModulesToSaveWrapper does: each
     // module whose path ends with one of the names (a plain string test, as PEFT's) gets a trained copy,
@@ -144,7 +149,7 @@ typedef struct sl_lora {
 void sl_lora_config_defaults(sl_lora_config *cfg);
 // Reads a PEFT-style object (a train config's "lora" block or adapter_config.json): r, lora_alpha, use_dora,
 // lora_dropout, target_modules (a list, "all-linear", or another string: a regular expression, checked
-// to compile), use_rslora, bias ("none" only), layers_to_transform / layers_pattern, exclude_modules,
+// to compile), use_rslora, bias, layers_to_transform / layers_pattern, exclude_modules,
 // rank_pattern / alpha_pattern (each key checked to compile), modules_to_save, init_lora_weights. Other
 // PEFT keys that change nothing here are accepted; a value shardlm cannot honour is an error naming
 // `where` and the key.
@@ -171,6 +176,10 @@ int sl_lora_layer_index(const sl_lora_config *cfg, const char *path);
 int sl_lora_pattern_map_equal(const sl_lora_pattern_map *a, const sl_lora_pattern_map *b);
 // init_lora_weights from "true", "false" or "gaussian" (any case); another value is an error naming `where`.
 int sl_lora_init_parse(sl_lora_config *cfg, const char *value, const char *where);
+// bias from "none", "all" or "lora_only"; another value is an error naming `where`.
+int sl_lora_bias_parse(sl_lora_config *cfg, const char *value, const char *where);
+// PEFT's word for a sl_lora_bias: "none", "all" or "lora_only".
+const char *sl_lora_bias_name(int bias);
 // One more modules_to_save name (an error naming `where` when empty, too long or holding a comma).
 int sl_lora_config_add_module_to_save(sl_lora_config *cfg, const char *name, const char *where);
 // target_modules from a comma-separated list ("q_proj,v_proj" or "all-linear").

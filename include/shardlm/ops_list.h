@@ -91,7 +91,7 @@
       (out, mean, rstd, inp, w, b, N, C, eps),                                                              \
       SL_IN(inp, SL_N2(N, C)) SL_IN(w, (size_t)C) SL_IN(b, (size_t)C) SL_OUT(out, SL_N2(N, C)),             \
       SL_FLOPS(0), STAGED)                                                                                  \
-    /* dinp += ..., dw += ..., db += ... (dw, db NULL: frozen, only dinp) */                                                                 \
+    /* dinp += ..., dw += ..., db += ... (dw, db NULL: frozen, only dinp; on the CPU db alone: LoRA's bias) */  \
     X(void, layernorm_backward,                                                                             \
       (sl_act *dinp, float *dw, float *db, const sl_act *dout, const sl_act *inp, const sl_act *w,          \
        const float *mean, const float *rstd, int N, int C),                                                 \

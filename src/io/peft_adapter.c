@@ -69,6 +69,9 @@ static int same_settings(const sl_lora_config *a, const sl_lora_config *b, const
         return sl_errorf("%s: rank_pattern / alpha_pattern differ from this run's", path);
     if (a->n_modules_to_save != b->n_modules_to_save || strcmp(a->modules_to_save, b->modules_to_save) != 0)
         return sl_errorf("%s: modules_to_save [%s]; this run has [%s]", path, a->modules_to_save, b->modules_to_save);
+    if (a->bias != b->bias)
+        return sl_errorf("%s: bias \"%s\"; this run has bias \"%s\"", path, sl_lora_bias_name(a->bias),
+                         sl_lora_bias_name(b->bias));
     if (a->use_dora != b->use_dora)
         return sl_errorf("%s: use_dora %d; this run has use_dora %d", path, a->use_dora, b->use_dora);
     if (a->r != b->r || a->lora_alpha != b->lora_alpha || a->use_rslora != b->use_rslora ||

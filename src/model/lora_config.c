@@ -1,6 +1,6 @@
 // lora_config.c: PEFT's LoraConfig as shardlm reads and writes it (the train config's "lora" block,
 // adapter_config.json). What shardlm computes (r, lora_alpha, lora_dropout, target_modules as a
-// list, "all-linear" or a regular expression, use_rslora, use_dora, bias "none", layers_to_transform,
+// list, "all-linear" or a regular expression, use_rslora, use_dora, bias, layers_to_transform,
 // exclude_modules, rank_pattern / alpha_pattern, modules_to_save, init_lora_weights) is read and
 // range-checked; PEFT features that would change the maths and that shardlm does not compute (adapter
 // biases, trainable tokens, ...) are refused by name when set; the rest (paths,
@@ -368,8 +368,7 @@ int sl_lora_config_parse(sl_lora_config *cfg, const cJSON *obj, const char *wher
         return -1;
     char bias[32] = "none";
     if (sl_json_get_string(obj, "bias", bias, sizeof bias, where)) return -1;
-    if (strcmp(bias, "none") != 0)
-        return sl_errorf("%s: \"bias\" is \"%s\"; shardlm trains LoRA with frozen biases only (\"none\")", where, bias);
+    if (sl_lora_bias_parse(cfg, bias, where)) return -1;
     const cJSON *targets = cJSON_GetObjectItemCaseSensitive(obj, "target_modules");
     if (targets && !cJSON_IsNull(targets) && parse_targets(cfg, targets, where)) return -1;
     static const struct { const char *key, *what; } refused[] = {
@@ -394,6 +393,10 @@ int sl_lora_config_parse(sl_lora_config *cfg, const cJSON *obj, const char *wher
     return sl_lora_config_check(cfg, where);
 }
 
+const char *sl_lora_bias_name(int bias) {
+    return bias == SL_LORA_BIAS_ALL ? "all" : bias == SL_LORA_BIAS_LORA_ONLY ? "lora_only" : "none";
+}
+
 int sl_lora_pattern_map_equal(const sl_lora_pattern_map *a, const sl_lora_pattern_map *b) {
     if (a->n != b->n || strcmp(a->keys, b->keys) != 0) return 0;
     for (int i = 0; i < a->n; i++)
@@ -411,8 +414,19 @@ int sl_lora_init_parse(sl_lora_config *cfg, const char *value, const char *where
     return 0;
 }
 
+int sl_lora_bias_parse(sl_lora_config *cfg, const char *value, const char *where) {
+    if (!strcmp(value, "none")) cfg->bias = SL_LORA_BIAS_NONE;
+    else if (!strcmp(value, "all")) cfg->bias = SL_LORA_BIAS_ALL;
+    else if (!strcmp(value, "lora_only")) cfg->bias = SL_LORA_BIAS_LORA_ONLY;
+    else return sl_errorf("%s: \"bias\" is \"%s\"; expected \"none\", \"all\" or \"lora_only\" (PEFT's)", where, value);
+    return 0;
+}
+
 int sl_lora_config_check(const sl_lora_config *cfg, const char *where) {
     if (cfg->r <= 0) return sl_errorf("%s: LoRA rank r must be a positive integer, found %d", where, cfg->r);
+    if (cfg->bias != SL_LORA_BIAS_NONE && cfg->use_dora)  // DoRA's bias gradient is the unscaled output's
+        return sl_errorf("%s: \"bias\" \"%s\" with use_dora: shardlm trains DoRA with frozen biases only", where,
+                         sl_lora_bias_name(cfg->bias));
     if (!isfinite(cfg->lora_alpha)) return sl_errorf("%s: lora_alpha must be a finite number", where);
     if (!(cfg->lora_dropout >= 0.0f && cfg->lora_dropout < 1.0f))
         return sl_errorf("%s: lora_dropout must be in [0, 1), found %g", where, (double)cfg->lora_dropout);
@@ -443,7 +457,7 @@ int sl_lora_config_to_json(const sl_lora_config *cfg, cJSON *obj) {
         !cJSON_AddNumberToObject(obj, "lora_dropout", cfg->lora_dropout) ||
         !cJSON_AddBoolToObject(obj, "use_rslora", cfg->use_rslora) ||
         !cJSON_AddBoolToObject(obj, "use_dora", cfg->use_dora) ||
-        !cJSON_AddStringToObject(obj, "bias", "none") ||
+        !cJSON_AddStringToObject(obj, "bias", sl_lora_bias_name(cfg->bias)) ||
         !cJSON_AddBoolToObject(obj, "inference_mode", 1) ||
         !(cfg->init_lora_weights == SL_LORA_INIT_GAUSSIAN
               ? cJSON_AddStringToObject(obj, "init_lora_weights", "gaussian")

@@ -50,7 +50,7 @@ static int in_block_linear(const sl_param_layout *L, int t) {
 // A module a name picks that shardlm does not copy: a block's linear, or any module holding one (every
 // prefix of a linear's path), or a prefix of a copied module's path (a container: "transformer").
 static int refuse_others(const sl_lora *lo, const sl_param_layout *L, int unit) {
-    for (int t = 0; t < L->n_tensors; t++) {
+    for (int t = 0; lo->cfg.n_modules_to_save && t < L->n_tensors; t++) {
         if (L->tensors[t].unit != unit) continue;
         char module[sizeof L->tensors[t].name];
         module_of(&L->tensors[t], module, sizeof module);
@@ -76,7 +76,51 @@ static int refuse_others(const sl_lora *lo, const sl_param_layout *L, int unit) 
     return 0;
 }
 
-int lora_saved_max_tensors(const sl_model_config *c) { return 4 * c->n_layer + 8; }
+int lora_saved_max_tensors(const sl_model_config *c) { return 10 * c->n_layer + 8; }
+
+// The base tensor a copy stands for, into buf: its name without PEFT's prefix and without the
+// ".base_layer" PEFT writes before an adapted linear's bias.
+static void base_name(const sl_tensor_info *copy, char *buf, size_t cap) {
+    const char *name = copy->name + strlen(PEFT_PREFIX), *wrap = strstr(name, ".base_layer.");
+    if (wrap) snprintf(buf, cap, "%.*s%s", (int)(wrap - name), name, wrap + strlen(".base_layer"));
+    else snprintf(buf, cap, "%s", name);
+}
+
+// 1 when layout tensor t is a bias PEFT's `bias` trains ("all": every bias; "lora_only": an adapted
+// linear's); *adapted says whether its module carries adapters (PEFT then saves it as
+// "<module>.base_layer.bias").
+static int bias_trained(const sl_lora *lo, const sl_param_layout *L, int t, int *adapted) {
+    const char *name = L->tensors[t].name;
+    size_t len = strlen(name);
+    *adapted = 0;
+    if (lo->cfg.bias == SL_LORA_BIAS_NONE || len < 5 || strcmp(name + len - 5, ".bias") != 0) return 0;
+    for (int a = 0; a < lo->n_adapters && !*adapted; a++) {
+        size_t m = strlen(lo->adapters[a].module);
+        *adapted = m == len - 5 && memcmp(name, lo->adapters[a].module, m) == 0;
+    }
+    return lo->cfg.bias == SL_LORA_BIAS_ALL || *adapted;
+}
+
+// 1 when a copy of base tensor t is in the table.
+static int has_copy(const sl_lora *lo, const sl_param_layout *L, int t) {
+    char name[sizeof lo->tensors[0].name];
+    for (int s = 0; s < lo->n_saved; s++) {
+        base_name(&lo->tensors[lo->saved[s]], name, sizeof name);
+        if (!strcmp(name, L->tensors[t].name)) return 1;
+    }
+    return 0;
+}
+
+// LLaMA-style q/k/v biases are one vector to the fused GEMM: copied all three or none.
+static int check_fused_biases(const sl_lora *lo, const sl_param_layout *L, int unit) {
+    if (unit < 1 || unit > L->cfg.n_layer || L->blocks[unit - 1].qkv_b < 0 || L->cfg.arch != SL_ARCH_LLAMA) return 0;
+    int q = L->blocks[unit - 1].qkv_b, n = has_copy(lo, L, q) + has_copy(lo, L, q + 1) + has_copy(lo, L, q + 2);
+    if (n != 0 && n != 3)
+        return sl_errorf("lora: bias \"%s\" trains %d of block %d's q/k/v biases, which this model adds as one fused "
+                         "vector: adapt all of q_proj, k_proj and v_proj, or none", sl_lora_bias_name(lo->cfg.bias), n,
+                         unit - 1);
+    return 0;
+}
 
 // A copy of a tensor shaped (rows, cols) (cols 0: 1-D), rows_in_file of them saved (a padded vocabulary
 // keeps its padding rows out of the file, as the base's do), named after the base tensor `name`.
@@ -96,15 +140,23 @@ static int add_copy(sl_lora *lo, size_t *offset, int unit, const sl_tensor_info 
 }
 
 int lora_saved_add(sl_lora *lo, const sl_param_layout *L, int unit, size_t *offset) {
-    if (!lo->cfg.n_modules_to_save) return 0;
+    if (!lo->cfg.n_modules_to_save && lo->cfg.bias == SL_LORA_BIAS_NONE) return 0;
     if (refuse_others(lo, L, unit)) return -1;
     for (int t = 0; t < L->n_tensors; t++) {
-        char module[sizeof L->tensors[t].name];
+        if (L->tensors[t].unit != unit) continue;
+        char module[sizeof L->tensors[t].name], name[sizeof module + 16];
         module_of(&L->tensors[t], module, sizeof module);
-        if (L->tensors[t].unit == unit && !in_block_linear(L, t) && picked(&lo->cfg, module) >= 0 &&
-            add_copy(lo, offset, unit, &L->tensors[t], L->tensors[t].name) < 0)
-            return -1;
+        int saved = !in_block_linear(L, t) && picked(&lo->cfg, module) >= 0, adapted;
+        int biased = bias_trained(lo, L, t, &adapted);
+        if (saved && biased)
+            return sl_errorf("lora: modules_to_save copies %s, whose bias \"bias\": \"%s\" trains too; keep one of "
+                             "them", module, sl_lora_bias_name(lo->cfg.bias));
+        if (!saved && !biased) continue;
+        if (biased && adapted) snprintf(name, sizeof name, "%s.base_layer.bias", module);
+        else snprintf(name, sizeof name, "%s", L->tensors[t].name);
+        if (add_copy(lo, offset, unit, &L->tensors[t], name) < 0) return -1;
     }
+    if (check_fused_biases(lo, L, unit)) return -1;
     // a tied model's head is the embedding: PEFT's copy of lm_head unties it (kept in unit 0 with it)
     if (unit == 0 && L->lm_head < 0 && picked(&lo->cfg, TIED_HEAD) >= 0) {
         sl_tensor_info head = L->tensors[L->wte];
@@ -142,9 +194,11 @@ int lora_saved_attach(sl_lora *lo, const sl_param_layout *L, float *const *base_
     for (int t = 0; t < L->n_tensors; t++) lo->saved_of[t] = -1;
     for (int s = 0; s < lo->n_saved; s++) {
         const sl_tensor_info *copy = &lo->tensors[lo->saved[s]];
-        int base = lo->saved[s] == lo->head_copy ? L->wte : sl_layout_find(L, copy->name + strlen(PEFT_PREFIX));
+        char name[sizeof copy->name];
+        base_name(copy, name, sizeof name);
+        int base = lo->saved[s] == lo->head_copy ? L->wte : sl_layout_find(L, name);
         if (base < 0 || L->tensors[base].numel != copy->numel)
-            return sl_errorf("lora: modules_to_save tensor %s has no counterpart in this model", copy->name);
+            return sl_errorf("lora: trained copy %s has no counterpart in this model", copy->name);
         if (lo->saved[s] != lo->head_copy) lo->saved_of[base] = lo->saved[s];
         if (!lo->saved_init_pending) continue;
         const sl_tensor_info *b = &L->tensors[base];
@@ -158,7 +212,8 @@ int lora_saved_attach(sl_lora *lo, const sl_param_layout *L, float *const *base_
         if (unit >= 1 && unit - 1 < floor) floor = unit - 1;
     }
     const sl_block_tensors *k = floor < n ? &L->blocks[floor] : NULL;
-    lo->saved_ln1_at_floor = k && (lo->saved_of[k->ln1_w] >= 0 || (k->ln1_b >= 0 && lo->saved_of[k->ln1_b] >= 0));
+    lo->saved_ln1_at_floor = k && (lo->saved_of[k->ln1_w] >= 0 || (k->ln1_b >= 0 && lo->saved_of[k->ln1_b] >= 0) ||
+                                   (k->qkv_b >= 0 && lo->saved_of[k->qkv_b] >= 0));
     if (lo->saved_init_pending) {
         lo->saved_init_pending = 0;
         return sl_lora_params_changed(lo);
@@ -167,19 +222,26 @@ int lora_saved_attach(sl_lora *lo, const sl_param_layout *L, float *const *base_
 }
 
 size_t sl_lora_saved_describe(const sl_lora *lo, char *buf, size_t cap) {
-    size_t numel = 0, used = 0;
+    size_t numel = 0, used = 0, biases = 0;
     char last[sizeof lo->tensors[0].name] = "";
     buf[0] = '\0';
     for (int s = 0; s < lo->n_saved; s++) {
         const sl_tensor_info *t = &lo->tensors[lo->saved[s]];
-        char module[sizeof t->name];
-        module_of(t, module, sizeof module);
-        const char *path = module + strlen(PEFT_PREFIX);
+        char name[sizeof t->name], module[sizeof t->name];
+        base_name(t, name, sizeof name);
+        snprintf(module, sizeof module, "%.*s", (int)(strrchr(name, '.') - name), name);
         numel += (size_t)t->hf_rows * (size_t)(t->ndim == 2 ? t->shape[1] : 1);
-        if (strcmp(path, last) != 0 && used < cap)  // a module's weight and bias are named once
-            used += (size_t)snprintf(buf + used, cap - used, "%s%s", used ? ", " : "", path);
-        snprintf(last, sizeof last, "%s", path);
+        if (lo->saved[s] != lo->head_copy && picked(&lo->cfg, module) < 0) {  // a bias PEFT's `bias` trains
+            biases++;
+            continue;
+        }
+        if (strcmp(module, last) != 0 && used < cap)  // a module's weight and bias are named once
+            used += (size_t)snprintf(buf + used, cap - used, "%s%s", used ? ", " : "", module);
+        snprintf(last, sizeof last, "%s", module);
     }
+    if (biases && used < cap)
+        snprintf(buf + used, cap - used, "%s%zu biases (bias \"%s\")", used ? ", " : "", biases,
+                 sl_lora_bias_name(lo->cfg.bias));
     return numel;
 }
 
@@ -187,15 +249,17 @@ int lora_saved_merge(const sl_lora *lo, const sl_param_layout *L, const float *h
     for (int pass = 0; pass < 2; pass++)  // every copy checked before one is written
         for (int s = 0; s < lo->n_saved; s++) {
             const sl_tensor_info *copy = &lo->tensors[lo->saved[s]];
-            int base = lo->saved[s] == lo->head_copy ? L->wte : sl_layout_find(L, copy->name + strlen(PEFT_PREFIX));
+            char name[sizeof copy->name];
+            base_name(copy, name, sizeof name);
+            int base = lo->saved[s] == lo->head_copy ? L->wte : sl_layout_find(L, name);
             // a tied model's one matrix serves the lookup and the head, which the copies have parted
             if (L->lm_head < 0 && base == L->wte)
                 return sl_errorf("merge: the adapter trains a copy of %s on a model whose head is its embedding "
                                  "matrix (tie_word_embeddings): merged, the lookup and the head would share one matrix "
                                  "again, which the adapted model does not; use the adapter unmerged (--adapter)",
-                                 copy->name + strlen(PEFT_PREFIX));
+                                 name);
             if (base < 0 || L->tensors[base].numel != copy->numel)
-                return sl_errorf("merge: modules_to_save tensor %s has no counterpart in the base", copy->name);
+                return sl_errorf("merge: trained copy %s has no counterpart in the base", copy->name);
             if (pass) memcpy(params + L->tensors[base].offset, host + copy->offset, copy->numel * sizeof(float));
         }
     return 0;

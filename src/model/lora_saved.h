@@ -6,7 +6,9 @@
 // a name that picks a linear of the blocks or a container of modules is refused. On a model whose head is
 // the embedding matrix (tied), "lm_head" gets its own copy (unit 0, where the tied head's weights are):
 // the head computes with it while the embedding lookup keeps reading the (frozen or copied) embedding,
-// as PEFT's deep copy unties them. Fresh copies start as the base's values (sl_lora_attached).
+// as PEFT's deep copy unties them. PEFT's `bias` ("all": every bias, "lora_only": the adapted linears')
+// trains biases the same way: copies named "<module>.bias" ("<module>.base_layer.bias" on an adapted
+// linear, as PEFT 0.21 saves them). Fresh copies start as the base's values (lora_saved_attach).
 #ifndef SHARDLM_LORA_SAVED_H
 #define SHARDLM_LORA_SAVED_H
 

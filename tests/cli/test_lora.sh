@@ -10,7 +10,8 @@
 #   * modules_to_save (copies of wte and the norms) resumes bit for bit at ZeRO 0 and 3; copies of wpe and
 #     ln_f merge to the adapted model's logits; a tied head's copy trains and samples (merge refuses a tied
 #     model's wte or lm_head copy);
-#   * bad input (r = 0, an unknown target module, bias other than "none", a corrupt or foreign adapter,
+#   * bias "all" resumes bit for bit, saves PEFT's names and merges to the adapted model's logits;
+#   * bad input (r = 0, an unknown target module, an unknown bias, bias with DoRA, a corrupt or foreign adapter,
 #     an AdamW checkpoint resumed with AdamW8bit, resuming adapters as a full model, merging into an
 #     existing directory) exits non-zero with a message naming the problem and writes nothing.
 # Prints PASS/FAIL lines for tests/run.sh (lib.sh); skips (exit 0) when "$SHARDLM_BIN" is not built.
@@ -145,6 +146,16 @@ ${4:-}
 }
 merged_equals_adapted merged_model_equals_the_adapted_one "$a" "$tmp/merged"
 
+# split_resume NAME DIR TRAIN-ARGS...: 4 steps straight into DIR (output in DIR.out, checkpoints at 2 and
+# 4), then 2 + resume + 2 in DIR-split; NAME passes when both runs' step-4 adapters are the same bytes
+split_resume() {
+  local name=$1 dir=$2; shift 2
+  "$BIN" train "$@" --steps 4 --save-interval 2 --save-dir "$dir" >"$dir.out" 2>&1
+  mkdir -p "$dir-split" && cp -r "$dir/step_00000002" "$dir-split/" && echo step_00000002 >"$dir-split/latest"
+  "$BIN" train "$@" --steps 4 --save-dir "$dir-split" --resume >>"$log" 2>&1
+  expect "$name" cmp "$dir/step_00000004/adapter_model.safetensors" "$dir-split/step_00000004/adapter_model.safetensors"
+}
+
 # PEFT's rank_pattern / alpha_pattern / exclude_modules in the config's "lora" block: per-module ranks in
 # the memory line, a warning for a key that matches nothing, the patterns back in adapter_config.json,
 # resume bit for bit, and merge equal to the adapted model
@@ -153,11 +164,8 @@ cat >"$tmp/pattern.json" <<'JSON'
           "rank_pattern": {"c_attn": 2, "h\\.1\\.mlp\\.c_proj": 6, "no_such_module": 3},
           "alpha_pattern": {"c_fc": 3}, "exclude_modules": ["transformer.h.0.mlp.c_proj"]}}
 JSON
-"$BIN" train --config "$tmp/pattern.json" --model gpt2-tiny "${common[@]}" --steps 4 --save-interval 2 \
-  --save-dir "$tmp/pat" >"$tmp/pat.out" 2>&1
-mkdir -p "$tmp/pat-split" && cp -r "$tmp/pat/step_00000002" "$tmp/pat-split/" && echo step_00000002 >"$tmp/pat-split/latest"
-"$BIN" train --config "$tmp/pattern.json" --model gpt2-tiny "${common[@]}" --steps 4 --save-dir "$tmp/pat-split" \
-  --resume >>"$log" 2>&1
+split_resume lora_patterns_resume_is_bit_for_bit "$tmp/pat" --config "$tmp/pattern.json" --model gpt2-tiny \
+  "${common[@]}"
 expect lora_patterns_memory_line_gives_ranks grep -q "LoRA r=2..6, 7 adapters" "$tmp/pat.out"
 expect lora_unmatched_rank_pattern_key_warns grep -q "rank_pattern key 'no_such_module' matches no adapted module" \
   "$tmp/pat.out"
@@ -166,8 +174,6 @@ import json; c = json.load(open('$tmp/pat/step_00000004/adapter_config.json'))
 assert list(c['rank_pattern'].items()) == [('c_attn', 2), (r'h\.1\.mlp\.c_proj', 6), ('no_such_module', 3)], c
 assert c['alpha_pattern'] == {'c_fc': 3} and c['exclude_modules'] == ['transformer.h.0.mlp.c_proj'], c
 "
-expect lora_patterns_resume_is_bit_for_bit cmp "$tmp/pat/step_00000004/adapter_model.safetensors" \
-  "$tmp/pat-split/step_00000004/adapter_model.safetensors"
 merged_equals_adapted lora_patterns_merge_equals_adapted "$tmp/pat/step_00000004" "$tmp/pat-merged" \
   "assert 'r=2..6, scale 0.75..4' in said, said"
 
@@ -176,14 +182,7 @@ merged_equals_adapted lora_patterns_merge_equals_adapted "$tmp/pat/step_00000004
 cat >"$tmp/dora.json" <<'JSON'
 {"lora": {"r": 4, "lora_alpha": 8, "lora_dropout": 0.1, "use_dora": true, "target_modules": "all-linear"}}
 JSON
-"$BIN" train --config "$tmp/dora.json" --model gpt2-tiny "${common[@]}" --steps 4 --save-interval 2 \
-  --save-dir "$tmp/dora" >"$tmp/dora.out" 2>&1
-mkdir -p "$tmp/dora-split" && cp -r "$tmp/dora/step_00000002" "$tmp/dora-split/" &&
-  echo step_00000002 >"$tmp/dora-split/latest"
-"$BIN" train --config "$tmp/dora.json" --model gpt2-tiny "${common[@]}" --steps 4 --save-dir "$tmp/dora-split" \
-  --resume >>"$log" 2>&1
-expect lora_dora_resume_is_bit_for_bit cmp "$tmp/dora/step_00000004/adapter_model.safetensors" \
-  "$tmp/dora-split/step_00000004/adapter_model.safetensors"
+split_resume lora_dora_resume_is_bit_for_bit "$tmp/dora" --config "$tmp/dora.json" --model gpt2-tiny "${common[@]}"
 expect lora_dora_saves_pefts_magnitudes python3 -c "
 import json, struct
 f = open('$tmp/dora/step_00000004/adapter_model.safetensors', 'rb'); n = struct.unpack('<Q', f.read(8))[0]
@@ -211,16 +210,9 @@ cat >"$tmp/save.json" <<'JSON'
           "modules_to_save": ["wte", "ln_1"]}}
 JSON
 for z in 0 3; do
-  "$BIN" train --config "$tmp/save.json" --model gpt2-tiny "${common[@]}" --zero-stage $z --steps 4 --save-interval 2 \
-    --save-dir "$tmp/save$z" >"$tmp/save$z.out" 2>&1
-  mkdir -p "$tmp/save$z-split" && cp -r "$tmp/save$z/step_00000002" "$tmp/save$z-split/" &&
-    echo step_00000002 >"$tmp/save$z-split/latest"
-  "$BIN" train --config "$tmp/save.json" --model gpt2-tiny "${common[@]}" --zero-stage $z --steps 4 \
-    --save-dir "$tmp/save$z-split" --resume >>"$log" 2>&1
+  split_resume lora_modules_to_save_resume_is_bit_for_bit_zero$z "$tmp/save$z" --config "$tmp/save.json" \
+    --model gpt2-tiny "${common[@]}" --zero-stage $z
 done
-expect lora_modules_to_save_resume_is_bit_for_bit bash -c "
-  cmp '$tmp/save0/step_00000004/adapter_model.safetensors' '$tmp/save0-split/step_00000004/adapter_model.safetensors' &&
-  cmp '$tmp/save3/step_00000004/adapter_model.safetensors' '$tmp/save3-split/step_00000004/adapter_model.safetensors'"
 # without accumulation ZeRO 3 keeps stage 0's bits (with it, stages 2-3 add the micro-steps in another order)
 for z in 0 3; do
   "$BIN" train --config "$tmp/save.json" --model gpt2-tiny "${common[@]}" --grad-accum 1 --zero-stage $z --steps 2 \
@@ -250,6 +242,27 @@ expect lora_modules_to_save_flag_equals_config cmp "$tmp/save0/step_00000002/ada
   --save-dir "$tmp/save-head" >"$tmp/save-head.out" 2>&1
 expect lora_tied_head_copy_trains_and_samples bash -c "grep -q '^sample (' '$tmp/save-head.out' &&
   test -f '$tmp/save-head/step_00000002/adapter_model.safetensors'"
+
+# PEFT's bias "all" (every bias trained, the norms' too): resume bit for bit, the biases in PEFT's names
+# (an adapted linear's as "base_layer.bias"), merge equal to the adapted model, flag == config
+cat >"$tmp/bias.json" <<'JSON'
+{"lora": {"r": 4, "lora_alpha": 8, "lora_dropout": 0.1, "target_modules": ["c_attn"], "bias": "all"}}
+JSON
+split_resume lora_bias_all_resume_is_bit_for_bit "$tmp/bias" --config "$tmp/bias.json" --model gpt2-tiny "${common[@]}"
+expect lora_bias_all_in_pefts_names python3 -c "
+import json, struct
+f = open('$tmp/bias/step_00000004/adapter_model.safetensors', 'rb')
+h = json.loads(f.read(struct.unpack('<Q', f.read(8))[0]))
+names = [k for k in h if k != '__metadata__']
+assert 'base_model.model.transformer.h.0.attn.c_attn.base_layer.bias' in names, names
+assert 'base_model.model.transformer.h.1.mlp.c_fc.bias' in names and 'base_model.model.transformer.ln_f.bias' in names
+assert json.load(open('$tmp/bias/step_00000004/adapter_config.json'))['bias'] == 'all'
+"
+merged_equals_adapted lora_bias_all_merge_equals_adapted "$tmp/bias/step_00000004" "$tmp/bias-merged"
+"$BIN" train --model gpt2-tiny "${common[@]}" --lora-r 4 --lora-alpha 8 --lora-dropout 0.1 --lora-targets c_attn \
+  --lora-bias all --steps 2 --save-dir "$tmp/bias-flag" >>"$log" 2>&1
+expect lora_bias_flag_equals_config cmp "$tmp/bias/step_00000002/adapter_model.safetensors" \
+  "$tmp/bias-flag/step_00000002/adapter_model.safetensors"
 
 # --lora-init (init_lora_weights): false starts B random, so the first loss is not the base's (which
 # true and gaussian keep: B zero); the mode goes into adapter_config.json
@@ -295,8 +308,10 @@ echo '{"lora": {"r": 0}}' >"$tmp/r0.json"
 bad lora_rank_zero_in_config_is_refused "lora.*\"r\"" "${run[@]}" --config "$tmp/r0.json"
 bad unknown_target_module_is_named "target module 'q_proj' matches no linear of this gpt2 model" "${run[@]}" \
   --lora-targets q_proj
-echo '{"lora": {"r": 4, "bias": "all"}}' >"$tmp/bias.json"
-bad lora_bias_is_refused "\"bias\" is \"all\"" "${run[@]}" --config "$tmp/bias.json"
+echo '{"lora": {"r": 4, "bias": "some"}}' >"$tmp/badbias.json"
+bad lora_bias_is_refused "\"bias\" is \"some\"; expected \"none\", \"all\" or \"lora_only\"" "${run[@]}" \
+  --config "$tmp/badbias.json"
+bad lora_bias_with_dora_is_refused "\"bias\" \"all\" with use_dora" "${run[@]}" --lora-dora --lora-bias all
 bad lora_init_pissa_is_refused "init_lora_weights\" 'pissa'" "${run[@]}" --lora-init pissa
 bad lora_modules_to_save_linear_is_refused \
   "modules_to_save 'c_fc' picks transformer.h.0.mlp.c_fc, a linear of a block" \

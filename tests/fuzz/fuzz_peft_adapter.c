@@ -15,7 +15,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (!obj || sl_lora_config_to_json(&cfg, obj) || sl_lora_config_parse(&back, obj, "written") ||
             back.r != cfg.r || back.lora_alpha != cfg.lora_alpha || back.lora_dropout != cfg.lora_dropout ||
             back.use_rslora != cfg.use_rslora || back.all_linear != cfg.all_linear || back.use_dora != cfg.use_dora ||
-            back.init_lora_weights != cfg.init_lora_weights ||
+            back.bias != cfg.bias || back.init_lora_weights != cfg.init_lora_weights ||
             back.target_regex != cfg.target_regex || back.n_layers != cfg.n_layers ||
             memcmp(back.layers_to_transform, cfg.layers_to_transform, sizeof(int) * (size_t)cfg.n_layers) != 0 ||
             strcmp(back.layers_pattern, cfg.layers_pattern) != 0 ||

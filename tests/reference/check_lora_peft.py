@@ -9,8 +9,9 @@ For the tiny GPT-2 and LLaMA bases of tests/fixtures/model:
      --adapter dir --logits-out` gives (max |diff| / max |logit| below 1e-5);
   2. PEFT -> shardlm: the adapters PEFT saved (tests/fixtures/lora) give the same logits in shardlm;
   (1 and 2 also with target_modules as PEFT's regular expression, with layers_to_transform, with
-  rank_pattern / alpha_pattern / exclude_modules, with DoRA and with modules_to_save: a config's "lora"
-  block one way, the *-regex, *-layers, *-pattern, *-dora and *-save fixtures the other);
+  rank_pattern / alpha_pattern / exclude_modules, with DoRA, with modules_to_save and with bias "all" /
+  "lora_only": a config's "lora" block one way, the *-regex, *-layers, *-pattern, *-dora, *-save and
+  *-bias-* fixtures the other);
   3. merge: `shardlm merge` loads in transformers with PEFT's merged logits and its weights equal
      merge_and_unload()'s, in float32 and (for a base saved in bfloat16) in bfloat16 (measured: bit for
      bit in both, r = 4); a tied model's copied wte / lm_head is refused by name instead.
@@ -165,6 +166,10 @@ if __name__ == "__main__":
               {"target_modules": ["q_proj"], "modules_to_save": ["embed_tokens", "lm_head", "norm"]}),
              ("gpt2_save", "gpt2-tiny", "gpt2-tiny-save",
               {"target_modules": ["c_attn"], "modules_to_save": ["wte", "ln_f"], "tied_copy": True}),
+             # PEFT's bias: "all" and "lora_only" (trained biases merge into the base)
+             ("gpt2_bias_all", "gpt2-tiny", "gpt2-tiny-bias-all", {"target_modules": ["c_fc"], "bias": "all"}),
+             ("gpt2_bias_lora", "gpt2-tiny", "gpt2-tiny-bias-lora",
+              {"target_modules": ["c_attn", "c_proj"], "bias": "lora_only"}),
              ("gpt2_save_head", "gpt2-tiny", "gpt2-tiny-save-head",
               {"target_modules": ["c_fc"], "modules_to_save": ["lm_head", "wpe"], "tied_copy": True})]
     for name, base, adapter, targets in cases:

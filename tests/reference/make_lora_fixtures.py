@@ -93,6 +93,11 @@ CASES = {
                                              modules_to_save=["h.0.ln_2"])),
     "gpt2-tiny-save-ln1": ("gpt2-tiny", dict(r=4, lora_alpha=8, target_modules=["c_attn"], layers_to_transform=[1],
                                              modules_to_save=["h.0.ln_1"])),
+    # PEFT's bias: "all" trains every bias (the norms' too; an adapted linear's saved as "base_layer.bias"),
+    # "lora_only" the adapted linears' (here block 1's c_attn only: its input gradient is then needed)
+    "gpt2-tiny-bias-all": ("gpt2-tiny", dict(r=4, lora_alpha=8, target_modules=["c_attn", "c_fc"], bias="all")),
+    "gpt2-tiny-bias-lora": ("gpt2-tiny", dict(r=4, lora_alpha=8, target_modules=["c_attn", "c_proj"],
+                                              layers_to_transform=[1], bias="lora_only")),
     # LLaMA (untied head): "norm" picks model.norm and every input_layernorm / post_attention_layernorm
     "llama-tiny-save": ("llama-tiny", dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
                                            modules_to_save=["embed_tokens", "lm_head", "norm"])),
@@ -122,6 +127,8 @@ def random_adapters_and_batch(peft_model, V, B, T):
                 p.copy_(0.1 * torch.randn(p.shape, generator=gen))
             elif "modules_to_save" in name:  # a copy moved away from the base it started as
                 p.add_(0.1 * torch.randn(p.shape, generator=gen))
+            elif p.requires_grad and name.endswith("bias"):  # a bias PEFT's `bias` trains, moved the same way
+                p.add_(0.1 * torch.randn(p.shape, generator=gen))
     ids = torch.randint(0, V, (B, T + 1), generator=gen)
     inputs, targets = ids[:, :-1].contiguous(), ids[:, 1:].contiguous()
     targets[0, 3] = -100
@@ -147,8 +154,8 @@ def run(case, base, lora_kwargs):
     model = AutoModelForCausalLM.from_pretrained(os.path.join(BASES, base), attn_implementation="eager")
     model.eval()
     V = model.config.vocab_size
-    peft_model = get_peft_model(model, LoraConfig(lora_dropout=0.0, bias="none", task_type="CAUSAL_LM",
-                                                  **lora_kwargs))
+    peft_model = get_peft_model(model, LoraConfig(**{"lora_dropout": 0.0, "bias": "none", "task_type": "CAUSAL_LM",
+                                                     **lora_kwargs}))
     inputs, targets = random_adapters_and_batch(peft_model, V, B, T)
 
     out_dir = os.path.join(OUT, case)

@@ -123,6 +123,12 @@ TEST(gpt2_modules_to_save_head_matches_peft) {
     check_against_peft("gpt2-tiny", "gpt2-tiny-save-ln1");  // block 0's ln_1: its input gradient too
 }
 TEST(llama_modules_to_save_match_peft) { check_against_peft("llama-tiny", "llama-tiny-save"); }
+// PEFT's bias "all" (every bias, the norms' too) and "lora_only" (block 1's adapted linears': the block's
+// input gradient is then needed for c_attn's bias)
+TEST(gpt2_bias_all_and_lora_only_match_peft) {
+    check_against_peft("gpt2-tiny", "gpt2-tiny-bias-all");
+    check_against_peft("gpt2-tiny", "gpt2-tiny-bias-lora");
+}
 
 // The adapters a regular expression picks: those whose whole module path it matches (re.fullmatch), a
 // pattern equivalent to a list picks the list's tensors, and the expression goes back to
@@ -404,6 +410,8 @@ TEST(modules_to_save_adamw_tracks_peft) {
     check_adamw_track("gpt2-tiny", "gpt2-tiny-save");
     check_adamw_track("gpt2-tiny", "gpt2-tiny-save-head");
     check_adamw_track("llama-tiny", "llama-tiny-save");
+    check_adamw_track("gpt2-tiny", "gpt2-tiny-bias-all");
+    check_adamw_track("gpt2-tiny", "gpt2-tiny-bias-lora");
 }
 
 // 10 AdamW8bit steps on the adapters (the engine's plan over their tensor table; min_8bit_size 256, so
@@ -673,6 +681,7 @@ typedef struct {
 // with min_8bit_size 256 (the adapters' B tensors of 384 and 512 elements 8-bit, the rest 32-bit).
 static int use_dora;  // lora_run_init_on's adapters are DoRA's
 static const char *modules_to_save = "";  // and these modules are trained whole next to them (comma-joined)
+static int lora_bias;                     // and PEFT's bias (sl_lora_bias)
 
 static int lora_run_init_on(lora_run *r, int accum, int precision, sl_comm *dp, int stage, int adam8) {
     memset(r, 0, sizeof *r);
@@ -683,6 +692,7 @@ static int lora_run_init_on(lora_run *r, int accum, int precision, sl_comm *dp, 
     lc.r = 4;
     lc.lora_alpha = 16;
     lc.lora_dropout = 0.1f;
+    lc.bias = lora_bias;
     char saved[256];
     snprintf(saved, sizeof saved, "%s", modules_to_save);
     for (char *name = strtok(saved, ","); name; name = strtok(NULL, ","))
@@ -833,6 +843,9 @@ TEST(zero_stages_shard_modules_to_save) {
     modules_to_save = "lm_head,wte,ln_1,ln_f,wpe";
     check_zero_stages(0, 1);
     modules_to_save = "";
+    lora_bias = SL_LORA_BIAS_ALL;  // every bias: the linears' and the norms'
+    check_zero_stages(0, 1);
+    lora_bias = SL_LORA_BIAS_NONE;
 }
 
 // DoRA under bf16 mixed precision with bf16 activation storage: its magnitudes and the adapters in its
@@ -951,6 +964,45 @@ TEST(fp16_lora_trains_and_resumes_bit_for_bit) { check_mixed(SL_PRECISION_FP16, 
 
 // ---- bad input ----------------------------------------------------------------------------------
 
+// Qwen2's q/k/v biases are one vector to the fused GEMM: bias "lora_only" on q, k and v copies all three
+// side by side (the model then reads them as one; a copy moved by d gives what the base moved by d gives),
+// and on q alone is refused by name.
+TEST(fused_qkv_biases_train_as_one_vector) {
+    sl_model_config cfg;
+    CHECK(sl_config_preset(&cfg, "llama-tiny") == 0);
+    cfg.qkv_bias = 1;
+    sl_model base, adapted;
+    CHECK(sl_model_create(&base, &cfg, &sl_ops_cpu) == 0 && sl_model_init_weights(&base, 3) == 0);
+    CHECK(sl_model_create(&adapted, &cfg, &sl_ops_cpu) == 0 && sl_model_init_weights(&adapted, 3) == 0);
+    sl_lora_config lc;
+    sl_lora_config_defaults(&lc);
+    lc.bias = SL_LORA_BIAS_LORA_ONLY;
+    sl_lora lo;
+    CHECK(sl_lora_config_set_targets(&lc, "q_proj", "test") == 0);
+    CHECK(fails_with(sl_lora_create(&lo, &cfg, &lc, &sl_ops_cpu), "trains 1 of block 0's q/k/v biases"));
+    CHECK(sl_lora_config_set_targets(&lc, "q_proj,k_proj,v_proj", "test") == 0);
+    CHECK(sl_lora_create(&lo, &cfg, &lc, &sl_ops_cpu) == 0 && sl_lora_init_weights(&lo, 4) == 0);
+    CHECK(sl_model_attach_lora(&adapted, &lo) == 0 && lo.n_saved == 3 * cfg.n_layer);
+    int k = sl_lora_find(&lo, "base_model.model.model.layers.1.self_attn.k_proj.base_layer.bias");
+    int v = sl_lora_find(&lo, "base_model.model.model.layers.1.self_attn.v_proj.base_layer.bias");
+    CHECK(k >= 0 && v >= 0 && lo.tensors[v].offset == lo.tensors[k].offset + lo.tensors[k].numel);
+    int bk = sl_layout_find(&base.layout, "model.layers.1.self_attn.k_proj.bias");
+    for (size_t i = 0; k >= 0 && bk >= 0 && i < lo.tensors[k].numel; i++) {
+        float d = 0.05f * (float)((int)(i % 7) - 3);
+        lo.params[lo.tensors[k].offset + i] += d;
+        base.params[base.layout.tensors[bk].offset + i] += d;
+    }
+    CHECK(sl_model_params_changed(&adapted) == 0 && sl_model_params_changed(&base) == 0);
+    int in[16], tg[16];
+    for (int i = 0; i < 16; i++) { in[i] = (i * 7 + 1) % cfg.vocab_size; tg[i] = (i * 5 + 2) % cfg.vocab_size; }
+    float l0, l1;
+    CHECK(sl_model_forward(&base, in, tg, 1, 16, &l0) == 0 && sl_model_forward(&adapted, in, tg, 1, 16, &l1) == 0);
+    CHECK_MSG(l0 == l1, "loss with the moved bias copy %.8f, with the base's bias moved %.8f", l1, l0);
+    sl_model_free(&base);
+    sl_model_free(&adapted);
+    sl_lora_free(&lo);
+}
+
 TEST(bad_configs_are_refused_by_name) {
     sl_model_config cfg;
     CHECK(sl_config_preset(&cfg, "gpt2-tiny") == 0);
@@ -975,7 +1027,8 @@ TEST(bad_configs_are_refused_by_name) {
     sl_lora_config_defaults(&lc);
     const char *bad[][2] = {
         {"{\"r\": 0}", "\"r\""},
-        {"{\"bias\": \"all\"}", "\"bias\" is \"all\""},
+        {"{\"bias\": \"some\"}", "\"bias\" is \"some\"; expected \"none\", \"all\" or \"lora_only\""},
+        {"{\"bias\": \"all\", \"use_dora\": true}", "\"bias\" \"all\" with use_dora"},
         {"{\"target_modules\": \"(q_proj\"}", "is not a regular expression shardlm reads (PCRE2: missing closing"},
         {"{\"lora_dropout\": 1.0}", "lora_dropout must be in [0, 1)"},
         {"{\"peft_type\": \"IA3\"}", "peft_type"},

@@ -94,7 +94,7 @@ void cpu_layernorm_backward(sl_act *dinp_, float *dw, float *db, const sl_act *d
 #pragma omp simd
         for (int c = 0; c < C; c++) dx[c] += (dy[c] * w[c] - mean_dnorm - (x[c] - m) * r * mean_dnorm_xhat) * r;
     }
-    if (!dw) return;  // frozen weights (LoRA): only the input's gradient
+    if (!dw && !db) return;  // frozen weights (LoRA): only the input's gradient (LoRA's bias "all": db alone)
 #pragma omp parallel if((size_t)N * C >= SL_PAR_MIN_WORK)
     {
         size_t c0, c1;
@@ -102,10 +102,10 @@ void cpu_layernorm_backward(sl_act *dinp_, float *dw, float *db, const sl_act *d
         for (int n = 0; n < N; n++) {
             const float *x = inp + (size_t)n * C, *dy = dout + (size_t)n * C;
             float m = mean[n], r = rstd[n];
-            for (size_t c = c0; c < c1; c++) {
-                dw[c] += dy[c] * (x[c] - m) * r;
-                db[c] += dy[c];
-            }
+            if (dw)
+                for (size_t c = c0; c < c1; c++) dw[c] += dy[c] * (x[c] - m) * r;
+            if (db)
+                for (size_t c = c0; c < c1; c++) db[c] += dy[c];
         }
     }
 }
