@@ -45,7 +45,9 @@
 //               [--seed 1234] [--report]   (--report also prints the profile table to stderr)
 //               [--device cpu|cuda|cuda:N] [--precision fp32|bf16|fp16] [--batch auto [--max-batch 64]]
 //               [--overlap 0|1] [--zero-stage 0|1|2|3] [--prefetch 0|1] [--bucket ELEMENTS]
-//               [--first-bucket ELEMENTS]
+//               [--first-bucket ELEMENTS] [--lora-r R]
+//   --lora-r R: the step of LoRA fine-tuning instead (adapters of rank R, alpha 2R, on every linear of the
+//   blocks; base frozen; the profile then shows the adapters' lora_forward / lora_backward ops)
 //   mpirun -np 2 -x OMP_NUM_THREADS=1 bench_train --model gpt2 --batch 4 --seq 256 --threads 1 ...
 #include "shardlm/cpu_features.h"
 #include "shardlm/comm.h"
@@ -53,6 +55,7 @@
 #include "shardlm/engine.h"
 #include "shardlm/error.h"
 #include "shardlm/launch_env.h"
+#include "shardlm/lora.h"
 #include "shardlm/model.h"
 #include "shardlm/ops.h"
 #include "shardlm/ops_profile.h"
@@ -78,7 +81,10 @@ typedef struct {
     long long bucket, first_bucket;   // elements
     unsigned long long seed;
     int rank, world;                  // of the data-parallel group
+    int lora_r;                       // --lora-r R: LoRA adapters (alpha 2R, every linear), base frozen
 } bench_args;
+
+static sl_lora g_lora;  // the adapters of a --lora-r run (attached to the model)
 
 static double now_seconds(void) {
     struct timespec ts;
@@ -113,7 +119,7 @@ static int usage(const char *prog) {
             "usage: %s --model PRESET --batch B --seq T [--threads N] [--steps S] [--warmup W]\n"
             "          [--profile-steps P] [--seed SEED] [--report] [--overlap 0|1] [--zero-stage 0|1|2|3]\n"
             "          [--prefetch 0|1] [--bucket ELEMENTS] [--first-bucket ELEMENTS]\n"
-            "          [--device cpu|cuda|cuda:N] [--precision fp32|bf16|fp16] [--max-batch M]\n"
+            "          [--device cpu|cuda|cuda:N] [--precision fp32|bf16|fp16] [--max-batch M] [--lora-r R]\n"
             "          (--batch auto: the largest micro-batch of M, M/2, ..., 1 that runs a step)\n",
             prog);
     return 2;
@@ -182,6 +188,7 @@ static int parse_args(int argc, char **argv, bench_args *a) {
         else if (strcmp(f, "--prefetch") == 0) rc = parse_int(v, &a->prefetch, f);
         else if (strcmp(f, "--bucket") == 0) rc = parse_ll(v, &a->bucket, f);
         else if (strcmp(f, "--first-bucket") == 0) rc = parse_ll(v, &a->first_bucket, f);
+        else if (strcmp(f, "--lora-r") == 0) rc = parse_int(v, &a->lora_r, f);
         else return usage(argv[0]);
         if (rc) return 2;
     }
@@ -277,6 +284,15 @@ static int build(const bench_args *a, sl_comm *dp, const sl_ops **ops_out, sl_mo
     if (a->T > cfg.max_seq_len) return sl_errorf("--seq %d exceeds %s's %d positions", a->T, a->model, cfg.max_seq_len);
     if (sl_model_create(model, &cfg, ops)) return -1;
     if (sl_model_init_weights(model, a->seed)) return -1;
+    if (a->lora_r) {  // LoRA on every linear of the blocks: the engine then trains the adapters alone
+        sl_lora_config lc;
+        sl_lora_config_defaults(&lc);
+        lc.r = a->lora_r;
+        lc.lora_alpha = 2.0 * a->lora_r;
+        if (sl_lora_config_set_targets(&lc, "all-linear", "--lora-r") || sl_lora_create(&g_lora, &cfg, &lc, ops) ||
+            sl_lora_init_weights(&g_lora, a->seed + 1) || sl_model_attach_lora(model, &g_lora))
+            return -1;
+    }
 
     sl_engine_config ec;
     memset(&ec, 0, sizeof ec);
@@ -459,19 +475,21 @@ int main(int argc, char **argv) {
     // pass 2: breakdown, profiling ops (every rank takes part: the steps communicate)
     run_totals prof = {0};
     if (a.profile_steps > 0) {
-        model.ops = sl_ops_profile_wrap(ops);
+        model.ops = g_lora.ops = sl_ops_profile_wrap(ops);  // the adapters' ops are the model's
         if (run_steps(&engine, inputs, targets, &a, step_no, a.profile_steps, NULL, &prof)) return die(&a);
         model.ops = ops;
+        if (model.lora) g_lora.ops = ops;
     }
     sl_engine_memory mem = sl_engine_memory_use(&engine);
 
     if (!rank0) goto done;
     printf("{\"impl\":\"shardlm\",\"model\":\"%s\",\"B\":%d,\"T\":%d,\"threads\":%d,\"steps\":%d,\"warmup\":%d,"
            "\"ms_per_step\":%.3f,\"ms_per_step_min\":%.3f,\"ms_per_step_median\":%.3f,\"tokens_per_s\":%.2f,"
-           "\"ms_forward_backward\":%.3f,\"ms_optimizer\":%.3f,\"loss\":%.5f,\"params\":%zu,"
+           "\"ms_forward_backward\":%.3f,\"ms_optimizer\":%.3f,\"loss\":%.5f,\"params\":%zu,\"lora_r\":%d,"
            "\"openblas\":\"%s\",\"openblas_core\":\"%s\",\"other_load\":%.2f,\"own_cpu_util\":%.2f",
            a.model, a.B, a.T, a.threads, a.steps, a.warmup, 1e3 * mean, 1e3 * min, 1e3 * median, global_tokens / mean,
            1e3 * head.fb_seconds / a.steps, 1e3 * head.step_seconds / a.steps, head.last_loss, model.layout.total,
+           a.lora_r,
            openblas_get_config(), openblas_get_corename(), other_load, wall > 0 ? own / wall : 0.0);
     char isa[256];
     sl_cpu_features_describe(isa, sizeof isa);
@@ -545,6 +563,7 @@ done:
     free(rank_bytes);
     sl_engine_free(&engine);
     sl_model_free(&model);
+    sl_lora_free(&g_lora);
     sl_comm_free(world);
     return 0;
 }
