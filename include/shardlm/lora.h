@@ -33,6 +33,7 @@
 #define SL_LORA_LAYERS_MAX 1024     // entries of layers_to_transform
 #define SL_LORA_PATTERN_MAX 256     // bytes of layers_pattern (its names comma-joined)
 #define SL_LORA_KEYS_MAX 1024       // entries of rank_pattern / alpha_pattern (PEFT's EVA writes one a module)
+#define SL_LORA_TOKENS_MAX 4096     // entries of trainable_token_indices
 
 // PEFT's rank_pattern / alpha_pattern: keys (regular expressions) in the file's order, each with a value.
 // A module takes the value of the first key K for which re.match("(.*\.)?(K)$", path) succeeds (PEFT's
@@ -79,6 +80,12 @@ typedef struct {
     char exclude_modules[SL_LORA_TARGETS_MAX];  // the names comma-joined, or the expression
     int use_dora;           // DoRA: a trained magnitude per output, the weight's row norms (model/lora_dora.h)
     int bias;               // sl_lora_bias
+    // trainable_token_indices (PEFT's TrainableTokens): these rows of the embedding are trained, as whole
+    // rows that replace the base's (lookup, and the head when it is the embedding); the list form, or
+    // the object form's one key (token_module: a name the embedding's path ends with; "" for a list)
+    int n_token_indices;
+    int token_indices[SL_LORA_TOKENS_MAX];
+    char token_module[SL_LORA_NAME_MAX];
     int init_lora_weights;  // how new adapters start (sl_lora_init_mode); adapters loaded from a file keep theirs
     // modules_to_save: modules trained whole next to the adapters, as PEFT's ModulesToSaveWrapper does: each
     // module whose path ends with one of the names (a plain string test, as PEFT's) gets a trained copy,
@@ -138,6 +145,10 @@ typedef struct sl_lora {
     int head_copy;             // the copy of a tied model's lm_head, -1 when none
     int saved_init_pending;    // fresh copies take the base's values when attached
     int saved_ln1_at_floor;    // the lowest block holding copies holds one of its ln_1 (set when attached)
+    int tokens_delta;          // trainable_token_indices' rows (n, C), a tensor of unit 0; -1 when none
+    int tokens_base;           // the embedding (a tensor of the model's layout), set when attached
+    int *token_slot;           // (vocab) the row of tokens_delta a token id trains, -1 (set when attached)
+    sl_act *tokens_weight;     // the embedding with those rows replaced, as the ops read it (set when attached)
     int dora_init_pending;     // fresh adapters: their magnitudes are the base's norms, set when attached
     int backward_may_follow;   // set by the model before each forward: a backward may follow it (targets,
                                // not inference-only), so DoRA keeps what that backward reads
@@ -180,6 +191,9 @@ int sl_lora_init_parse(sl_lora_config *cfg, const char *value, const char *where
 int sl_lora_bias_parse(sl_lora_config *cfg, const char *value, const char *where);
 // PEFT's word for a sl_lora_bias: "none", "all" or "lora_only".
 const char *sl_lora_bias_name(int bias);
+// trainable_token_indices from a comma-separated list of token ids ("50257,50258"): an error naming
+// `where` for something else, a repeated id or too many.
+int sl_lora_config_set_tokens(sl_lora_config *cfg, const char *list, const char *where);
 // One more modules_to_save name (an error naming `where` when empty, too long or holding a comma).
 int sl_lora_config_add_module_to_save(sl_lora_config *cfg, const char *name, const char *where);
 // target_modules from a comma-separated list ("q_proj,v_proj" or "all-linear").
@@ -216,8 +230,9 @@ int sl_lora_find(const sl_lora *lora, const char *name);
 // "r=8" ("r=4..16" when rank_pattern gives the adapters several ranks), with ", scale 2" (or its range)
 // when with_scale: into buf.
 void sl_lora_describe(const sl_lora *lora, int with_scale, char *buf, size_t cap);
-// modules_to_save's copies: their module paths "a, b, ..." into buf; returns their parameters (a
-// vocabulary's padding rows not counted), 0 without copies.
+// The trained copies (modules_to_save's module paths "a, b, ...", then the count of biases `bias` trains
+// and of trainable_token_indices' rows) into buf; returns their parameters (a vocabulary's padding rows
+// not counted), 0 without any.
 size_t sl_lora_saved_describe(const sl_lora *lora, char *buf, size_t cap);
 // The module path of each adaptable linear of the block (for messages): "a, b, ..." into buf.
 void sl_lora_list_modules(const sl_model_config *model_cfg, char *buf, size_t cap);

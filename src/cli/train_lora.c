@@ -35,6 +35,11 @@ int train_lora_flag(sl_args *a, sl_train_config *c) {
                 fprintf(stderr, "error: %s\n", sl_error());
                 a->error = 1;
             }
+    } else if (sl_arg_str(a, "--lora-trainable-tokens", targets, sizeof targets)) {
+        if (sl_lora_config_set_tokens(&c->lora, targets, "--lora-trainable-tokens")) {
+            fprintf(stderr, "error: %s\n", sl_error());
+            a->error = 1;
+        }
     } else if (sl_arg_str(a, "--lora-bias", targets, sizeof targets)) {
         if (sl_lora_bias_parse(&c->lora, targets, "--lora-bias")) {
             fprintf(stderr, "error: %s\n", sl_error());
@@ -136,8 +141,8 @@ void train_lora_print_memory(const sl_engine *e, const sl_train_config *c, const
     char saved[1024];
     size_t saved_numel = sl_lora_saved_describe(lo, saved, sizeof saved);
     if (saved_numel)
-        printf("  trained copies (modules_to_save, bias): %zu of the adapters' parameters, of %s\n", saved_numel,
-               saved);
+        printf("  trained copies (modules_to_save, bias, tokens): %zu of the adapters' parameters, of %s\n",
+               saved_numel, saved);
     if (qb) print_quant_base(e, qb, &est, setup.zero_stage, formula);
     else
         printf("  formula 4P + %s with P=%.0f A=%.0f S=%.0f W=%.0f K=%g: %.0f bytes; full fine-tuning would hold %.0f "

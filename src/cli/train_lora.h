@@ -24,6 +24,8 @@
     "  --lora-modules-to-save LIST  modules_to_save: train whole copies of these modules next to the\n"       \
     "                          adapters (PEFT's: a module whose path ends with a name), e.g. lm_head,wte or\n"    \
     "                          embed_tokens,lm_head,norm: embeddings, norms and the head (CPU backend only)\n"  \
+    "  --lora-trainable-tokens IDS  trainable_token_indices: train these rows of the embedding whole (new\n"  \
+    "                          tokens' embeddings; a tied head reads them too), e.g. 50257,50258\n"          \
     "  --lora-bias MODE        bias: none (default), all (every bias of the model trained), lora_only (the\n"  \
     "                          adapted linears' biases trained)\n"                                              \
     "  --adapter DIR           start from a PEFT adapter directory (its adapter_config.json settings)\n"

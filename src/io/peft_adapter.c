@@ -69,6 +69,10 @@ static int same_settings(const sl_lora_config *a, const sl_lora_config *b, const
         return sl_errorf("%s: rank_pattern / alpha_pattern differ from this run's", path);
     if (a->n_modules_to_save != b->n_modules_to_save || strcmp(a->modules_to_save, b->modules_to_save) != 0)
         return sl_errorf("%s: modules_to_save [%s]; this run has [%s]", path, a->modules_to_save, b->modules_to_save);
+    if (a->n_token_indices != b->n_token_indices || strcmp(a->token_module, b->token_module) != 0 ||
+        memcmp(a->token_indices, b->token_indices, sizeof(int) * (size_t)a->n_token_indices) != 0)
+        return sl_errorf("%s: trainable_token_indices (%d tokens) differ from this run's (%d tokens)", path,
+                         a->n_token_indices, b->n_token_indices);
     if (a->bias != b->bias)
         return sl_errorf("%s: bias \"%s\"; this run has bias \"%s\"", path, sl_lora_bias_name(a->bias),
                          sl_lora_bias_name(b->bias));

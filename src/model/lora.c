@@ -307,7 +307,7 @@ static int build_table(sl_lora *lo, const sl_param_layout *L, const unsigned *ma
     int n = block_modules(mc, s), count = 0;
     for (int l = 0; l < mc->n_layer; l++)
         for (int i = 0; i < n; i++) count += (masks[l] >> i) & 1;
-    lo->head_copy = -1;
+    lo->head_copy = lo->tokens_delta = lo->tokens_base = -1;
     lo->tensors = sl_calloc((size_t)(3 * count + lora_saved_max_tensors(mc)) + 1, sizeof *lo->tensors, "lora tensors");
     lo->saved = sl_calloc((size_t)lora_saved_max_tensors(mc), sizeof *lo->saved, "modules_to_save");
     lo->adapters = sl_calloc((size_t)count + 1, sizeof *lo->adapters, "lora adapters");
@@ -427,6 +427,8 @@ void sl_lora_free(sl_lora *lo) {
     free(lo->tensors);
     free(lo->saved);
     free(lo->saved_of);
+    free(lo->token_slot);
+    release(lo, lo->tokens_weight);
     free(lo->adapters);
     free(lo->layer_first);
     free(lo->unit_begin);
@@ -476,7 +478,7 @@ int sl_lora_init_weights(sl_lora *lo, uint64_t seed) {
         free(host);
     }
     lo->dora_init_pending = lo->cfg.use_dora;  // the magnitudes need the base (sl_lora_attached)
-    lo->saved_init_pending = lo->n_saved > 0;  // so do modules_to_save's copies
+    lo->saved_init_pending = lo->n_saved > 0 || lo->tokens_delta >= 0;  // so do the copies and trained tokens
     return sl_lora_params_changed(lo);
 }
 

@@ -269,6 +269,60 @@ int sl_lora_config_add_module_to_save(sl_lora_config *cfg, const char *name, con
     return 0;
 }
 
+// A list of distinct token ids (non-negative integers) into cfg's token_indices.
+static int parse_token_list(sl_lora_config *cfg, const cJSON *list, const char *where) {
+    if (!cJSON_IsArray(list))
+        return sl_errorf("%s: \"trainable_token_indices\" must be a list of token ids or an object of one module "
+                         "name to such a list", where);
+    const cJSON *item;
+    cJSON_ArrayForEach(item, list) {
+        double v = cJSON_IsNumber(item) ? item->valuedouble : -1;
+        if (!(v >= 0 && v <= 2147483647.0 && v == (double)(int)v))
+            return sl_errorf("%s: \"trainable_token_indices\" holds something other than a token id (a non-negative "
+                             "integer)", where);
+        if (cfg->n_token_indices == SL_LORA_TOKENS_MAX)
+            return sl_errorf("%s: \"trainable_token_indices\" holds more than %d tokens", where, SL_LORA_TOKENS_MAX);
+        for (int i = 0; i < cfg->n_token_indices; i++)
+            if (cfg->token_indices[i] == (int)v)
+                return sl_errorf("%s: \"trainable_token_indices\" names token %d twice", where, (int)v);
+        cfg->token_indices[cfg->n_token_indices++] = (int)v;
+    }
+    return 0;
+}
+
+int sl_lora_config_set_tokens(sl_lora_config *cfg, const char *list, const char *where) {
+    char json[SL_LORA_TARGETS_MAX + 2];
+    if (strlen(list) >= SL_LORA_TARGETS_MAX) return sl_errorf("%s: too long", where);
+    snprintf(json, sizeof json, "[%s]", list);
+    cJSON *ids = cJSON_Parse(json);
+    cfg->n_token_indices = 0;
+    cfg->token_module[0] = '\0';
+    int rc = ids ? parse_token_list(cfg, ids, where) : sl_errorf("%s: expected token ids separated by commas, got '%s'",
+                                                                 where, list);
+    cJSON_Delete(ids);
+    return rc;
+}
+
+// trainable_token_indices: a list of token ids (the embedding's), or an object of one module name to one.
+static int parse_token_indices(sl_lora_config *cfg, const cJSON *obj, const char *where) {
+    cfg->n_token_indices = 0;
+    cfg->token_module[0] = '\0';
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, "trainable_token_indices");
+    if (!v || cJSON_IsNull(v)) return 0;
+    if (!cJSON_IsObject(v)) return parse_token_list(cfg, v, where);
+    if (!v->child) return 0;
+    if (v->child->next)
+        return sl_errorf("%s: \"trainable_token_indices\" names several modules; shardlm trains tokens of the "
+                         "embedding only (one key)", where);
+    if (!v->child->string[0] || strlen(v->child->string) >= sizeof cfg->token_module || strchr(v->child->string, ','))
+        return sl_errorf("%s: \"trainable_token_indices\" key '%s' is not a module name shardlm reads", where,
+                         v->child->string);
+    snprintf(cfg->token_module, sizeof cfg->token_module, "%s", v->child->string);
+    if (parse_token_list(cfg, v->child, where)) return -1;
+    if (!cfg->n_token_indices) cfg->token_module[0] = '\0';  // {"embed_tokens": []}: no tokens, as null
+    return 0;
+}
+
 // rank_pattern (integer ranks > 0) or alpha_pattern (finite numbers): an object of keys to values, in
 // the file's order; every key must compile.
 static int parse_pattern_map(sl_lora_pattern_map *m, const cJSON *obj, const char *field, int ranks,
@@ -374,11 +428,12 @@ int sl_lora_config_parse(sl_lora_config *cfg, const cJSON *obj, const char *wher
     static const struct { const char *key, *what; } refused[] = {
         {"use_qalora", "QALoRA"}, {"lora_bias", "adapter biases"},
         {"layer_replication", "layer replication"},
-        {"target_parameters", "adapters on parameters"}, {"trainable_token_indices", "trainable tokens"},
+        {"target_parameters", "adapters on parameters"},
     };
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++)
         if (refuse_if_set(obj, refused[i].key, refused[i].what, where)) return -1;
     if (parse_layers(cfg, obj, where) || parse_exclude(cfg, obj, where) || parse_modules_to_save(cfg, obj, where) ||
+        parse_token_indices(cfg, obj, where) ||
         parse_pattern_map(&cfg->rank_pattern, obj, "rank_pattern", 1, where) ||
         parse_pattern_map(&cfg->alpha_pattern, obj, "alpha_pattern", 0, where))
         return -1;
@@ -482,6 +537,15 @@ int sl_lora_config_to_json(const sl_lora_config *cfg, cJSON *obj) {
         cJSON *ex = cfg->exclude_regex ? cJSON_CreateString(cfg->exclude_modules) : name_list(cfg->exclude_modules);
         if (!ex) return sl_errorf("out of memory writing adapter_config.json");
         cJSON_AddItemToObject(obj, "exclude_modules", ex);
+    }
+    if (cfg->n_token_indices) {  // written in the form it was read
+        cJSON *ids = cJSON_CreateIntArray(cfg->token_indices, cfg->n_token_indices), *tokens = ids;
+        if (ids && cfg->token_module[0] && (tokens = cJSON_CreateObject()))
+            cJSON_AddItemToObject(tokens, cfg->token_module, ids);
+        else if (!tokens)
+            cJSON_Delete(ids);
+        if (!ids || !tokens) return sl_errorf("out of memory writing adapter_config.json");
+        cJSON_AddItemToObject(obj, "trainable_token_indices", tokens);
     }
     if (cfg->n_modules_to_save) {
         cJSON *saved = name_list(cfg->modules_to_save);

@@ -6,6 +6,7 @@
 // it, shardlm would not compute what PEFT does.
 #include "model/lora_saved.h"
 #include "model/lora_dora.h"
+#include "model/lora_tokens.h"
 #include "shardlm/error.h"
 
 #include <stdio.h>
@@ -102,7 +103,7 @@ static int bias_trained(const sl_lora *lo, const sl_param_layout *L, int t, int 
 }
 
 // 1 when a copy of base tensor t is in the table.
-static int has_copy(const sl_lora *lo, const sl_param_layout *L, int t) {
+int lora_saved_has_copy(const sl_lora *lo, const sl_param_layout *L, int t) {
     char name[sizeof lo->tensors[0].name];
     for (int s = 0; s < lo->n_saved; s++) {
         base_name(&lo->tensors[lo->saved[s]], name, sizeof name);
@@ -114,7 +115,8 @@ static int has_copy(const sl_lora *lo, const sl_param_layout *L, int t) {
 // LLaMA-style q/k/v biases are one vector to the fused GEMM: copied all three or none.
 static int check_fused_biases(const sl_lora *lo, const sl_param_layout *L, int unit) {
     if (unit < 1 || unit > L->cfg.n_layer || L->blocks[unit - 1].qkv_b < 0 || L->cfg.arch != SL_ARCH_LLAMA) return 0;
-    int q = L->blocks[unit - 1].qkv_b, n = has_copy(lo, L, q) + has_copy(lo, L, q + 1) + has_copy(lo, L, q + 2);
+    int q = L->blocks[unit - 1].qkv_b;
+    int n = lora_saved_has_copy(lo, L, q) + lora_saved_has_copy(lo, L, q + 1) + lora_saved_has_copy(lo, L, q + 2);
     if (n != 0 && n != 3)
         return sl_errorf("lora: bias \"%s\" trains %d of block %d's q/k/v biases, which this model adds as one fused "
                          "vector: adapt all of q_proj, k_proj and v_proj, or none", sl_lora_bias_name(lo->cfg.bias), n,
@@ -124,7 +126,8 @@ static int check_fused_biases(const sl_lora *lo, const sl_param_layout *L, int u
 
 // A copy of a tensor shaped (rows, cols) (cols 0: 1-D), rows_in_file of them saved (a padded vocabulary
 // keeps its padding rows out of the file, as the base's do), named after the base tensor `name`.
-static int add_copy(sl_lora *lo, size_t *offset, int unit, const sl_tensor_info *base, const char *name) {
+int lora_saved_add_tensor(sl_lora *lo, size_t *offset, int unit, const sl_tensor_info *base, const char *name,
+                          int copy) {
     sl_tensor_info *t = &lo->tensors[lo->n_tensors];
     *t = *base;
     if (snprintf(t->name, sizeof t->name, PEFT_PREFIX "%s", name) >= (int)sizeof t->name)
@@ -135,12 +138,13 @@ static int add_copy(sl_lora *lo, size_t *offset, int unit, const sl_tensor_info 
     t->hf_transposed = 0;
     t->quantised = 0;
     *offset += t->numel;
-    lo->saved[lo->n_saved++] = lo->n_tensors;
+    if (copy) lo->saved[lo->n_saved++] = lo->n_tensors;
     return lo->n_tensors++;
 }
 
 int lora_saved_add(sl_lora *lo, const sl_param_layout *L, int unit, size_t *offset) {
-    if (!lo->cfg.n_modules_to_save && lo->cfg.bias == SL_LORA_BIAS_NONE) return 0;
+    if (!lo->cfg.n_modules_to_save && lo->cfg.bias == SL_LORA_BIAS_NONE)
+        return unit == 0 ? lora_tokens_add(lo, L, offset) : 0;
     if (refuse_others(lo, L, unit)) return -1;
     for (int t = 0; t < L->n_tensors; t++) {
         if (L->tensors[t].unit != unit) continue;
@@ -154,15 +158,16 @@ int lora_saved_add(sl_lora *lo, const sl_param_layout *L, int unit, size_t *offs
         if (!saved && !biased) continue;
         if (biased && adapted) snprintf(name, sizeof name, "%s.base_layer.bias", module);
         else snprintf(name, sizeof name, "%s", L->tensors[t].name);
-        if (add_copy(lo, offset, unit, &L->tensors[t], name) < 0) return -1;
+        if (lora_saved_add_tensor(lo, offset, unit, &L->tensors[t], name, 1) < 0) return -1;
     }
     if (check_fused_biases(lo, L, unit)) return -1;
     // a tied model's head is the embedding: PEFT's copy of lm_head unties it (kept in unit 0 with it)
     if (unit == 0 && L->lm_head < 0 && picked(&lo->cfg, TIED_HEAD) >= 0) {
         sl_tensor_info head = L->tensors[L->wte];
         head.weight_decay = 1;  // a head's weight, as an untied lm_head's in the layout
-        if ((lo->head_copy = add_copy(lo, offset, unit, &head, TIED_HEAD ".weight")) < 0) return -1;
+        if ((lo->head_copy = lora_saved_add_tensor(lo, offset, unit, &head, TIED_HEAD ".weight", 1)) < 0) return -1;
     }
+    if (unit == 0 && lora_tokens_add(lo, L, offset)) return -1;
     return 0;
 }
 
@@ -182,13 +187,15 @@ void lora_saved_warn_unmatched(const sl_lora *lo) {
     }
 }
 
-int lora_saved_attach(sl_lora *lo, const sl_param_layout *L, float *const *base_view) {
+int lora_saved_attach(sl_lora *lo, const sl_param_layout *L, float *const *base_view, const sl_act *wte,
+                      size_t act_elem) {
     free(lo->saved_of);
     lo->saved_of = NULL;
-    if (!lo->n_saved) return 0;
+    if (!lo->n_saved && lo->tokens_delta < 0) return 0;
     if (lo->ops->on_device)
-        return sl_errorf("lora: modules_to_save runs on the CPU backend only for now; this model is on %s",
-                         lo->ops->name);
+        return sl_errorf("lora: modules_to_save, bias and trainable_token_indices run on the CPU backend only for "
+                         "now; this model is on %s", lo->ops->name);
+    if (lora_tokens_attach(lo, L, base_view, wte, act_elem)) return -1;
     lo->saved_of = sl_malloc((size_t)L->n_tensors * sizeof(int), "modules_to_save");
     if (!lo->saved_of) return -1;
     for (int t = 0; t < L->n_tensors; t++) lo->saved_of[t] = -1;
@@ -240,12 +247,19 @@ size_t sl_lora_saved_describe(const sl_lora *lo, char *buf, size_t cap) {
         snprintf(last, sizeof last, "%s", module);
     }
     if (biases && used < cap)
-        snprintf(buf + used, cap - used, "%s%zu biases (bias \"%s\")", used ? ", " : "", biases,
-                 sl_lora_bias_name(lo->cfg.bias));
+        used += (size_t)snprintf(buf + used, cap - used, "%s%zu biases (bias \"%s\")", used ? ", " : "", biases,
+                                 sl_lora_bias_name(lo->cfg.bias));
+    if (lo->tokens_delta >= 0) {
+        numel += lo->tensors[lo->tokens_delta].numel;
+        if (used < cap)
+            snprintf(buf + used, cap - used, "%s%d rows of the embedding (trainable_token_indices)", used ? ", " : "",
+                     lo->cfg.n_token_indices);
+    }
     return numel;
 }
 
 int lora_saved_merge(const sl_lora *lo, const sl_param_layout *L, const float *host, float *params) {
+    lora_tokens_merge(lo, L, host, params);
     for (int pass = 0; pass < 2; pass++)  // every copy checked before one is written
         for (int s = 0; s < lo->n_saved; s++) {
             const sl_tensor_info *copy = &lo->tensors[lo->saved[s]];
@@ -265,10 +279,14 @@ int lora_saved_merge(const sl_lora *lo, const sl_param_layout *L, const float *h
     return 0;
 }
 
+
 // Where tensor idx starts within its unit's views.
-static size_t in_unit(const sl_lora *lo, int idx) { return lo->tensors[idx].offset - lo->unit_begin[lo->tensors[idx].unit]; }
+static size_t in_unit(const sl_lora *lo, int idx) {
+    return lo->tensors[idx].offset - lo->unit_begin[lo->tensors[idx].unit];
+}
 
 const sl_act *lora_saved_weight(const sl_lora *lo, int t) {
+    if (lo->tokens_weight && t == lo->tokens_base) return lo->tokens_weight;
     int s = lo->saved_of ? lo->saved_of[t] : -1;
     return s >= 0 ? lora_weight(lo, s) : NULL;
 }
@@ -288,6 +306,7 @@ void lora_saved_backward_floor(const sl_lora *lo, int *lowest, int *input) {
         int unit = lo->tensors[lo->saved[s]].unit;
         if (lo->saved[s] != lo->head_copy && unit - 1 < floor) floor = unit - 1;  // unit 0: -1, below block 0
     }
+    if (lo->tokens_delta >= 0) floor = -1;  // trained tokens: rows of the embedding
     if (floor < 0) {  // the embeddings' copies take the gradient of every block's input
         *lowest = 0;
         *input = 1;
@@ -298,6 +317,7 @@ void lora_saved_backward_floor(const sl_lora *lo, int *lowest, int *input) {
 }
 
 int lora_saved_embeddings(const sl_lora *lo) {
+    if (lo->tokens_delta >= 0) return 1;
     for (int s = 0; s < lo->n_saved; s++)
         if (lo->tensors[lo->saved[s]].unit == 0 && lo->saved[s] != lo->head_copy) return 1;
     return 0;

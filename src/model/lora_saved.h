@@ -23,8 +23,17 @@ void lora_saved_warn_unmatched(const sl_lora *lo);
 // Most tensors the copies of a model of config c can take (the table's allocation).
 int lora_saved_max_tensors(const sl_model_config *c);
 // Binds the copies to the model's tensors (lo->saved_of, lo->head_copy) and, for fresh adapters,
-// fills them from `base` (params: the base's fp32 values, a view per unit of L). -1 with the error.
-int lora_saved_attach(sl_lora *lo, const sl_param_layout *L, float *const *base_view);
+// fills them from `base` (params: the base's fp32 values, a view per unit of L); trainable tokens' too
+// (lora_tokens_attach: wte, the base embedding as the ops read it, of act_elem bytes an element). -1 with
+// the error.
+int lora_saved_attach(sl_lora *lo, const sl_param_layout *L, float *const *base_view, const sl_act *wte,
+                      size_t act_elem);
+// A tensor shaped as base (name its PEFT name without "base_model.model.") appended to lo's table in unit
+// `unit` at *offset; copy: it is a trained copy of a base tensor (listed in lo->saved). Its index, -1.
+int lora_saved_add_tensor(sl_lora *lo, size_t *offset, int unit, const sl_tensor_info *base, const char *name,
+                          int copy);
+// 1 when base tensor t of L has a trained copy in lo's table.
+int lora_saved_has_copy(const sl_lora *lo, const sl_param_layout *L, int t);
 // merge_and_unload's part: each copy replaces its base tensor in params (host, layout L); host holds the
 // adapters' parameters. On a tied model a copy of the embedding or of lm_head cannot be merged (the
 // merged model would read one matrix in both places again; an error says so).

@@ -12,6 +12,7 @@
 #include "shardlm/lora.h"
 #include "model/lora_dora.h"
 #include "model/lora_saved.h"
+#include "model/lora_tokens.h"
 #include "shardlm/error.h"
 #include "shardlm/precision.h"
 #include "shardlm/rng.h"
@@ -181,7 +182,9 @@ int sl_model_attach_lora(sl_model *m, sl_lora *lora) {
                                               lora->ops->name, m->ops->name);
     if (m->unit_hook) return sl_errorf("lora: the model is being trained by an engine; attach adapters first");
     if (sl_model_params_changed(m)) return -1;  // the base's bf16 copy, once: it never changes again
-    if (attach_dora(m, lora) || lora_saved_attach(lora, &m->layout, m->param_view)) return -1;
+    if (attach_dora(m, lora) ||
+        lora_saved_attach(lora, &m->layout, m->param_view, W_BASE(m, m->layout.wte), m->ops->act_bf16 ? 2 : 4))
+        return -1;
     release(m, m->grads);
     m->grads = NULL;
     m->lora = lora;
@@ -365,6 +368,7 @@ static void norm_backward(sl_model *m, sl_act *dinp, const sl_act *dout, const s
 // the base embedding even when the lookup reads a copy, unless modules_to_save copied lm_head itself.
 static const sl_act *head_weight(const sl_model *m) {
     if (m->lora && m->lora->head_copy >= 0) return lora_weight(m->lora, m->lora->head_copy);
+    if (m->lora && m->lora->tokens_weight && m->layout.lm_head < 0) return m->lora->tokens_weight;  // tied
     return m->layout.lm_head >= 0 ? W(m, m->layout.lm_head) : W_BASE(m, m->layout.wte);
 }
 
@@ -469,6 +473,7 @@ static int forward(sl_model *m, sl_kv_cache *kv, const int *inputs, const int *t
     const sl_param_layout *L = &m->layout;
     int last = L->n_units - 1, tied = L->lm_head < 0;
     HOOK(m, SL_PARAMS_GET, 0, 1);
+    if (m->lora) lora_tokens_refresh(m->lora);  // trainable_token_indices' rows into the embedding read below
     const sl_act *wpe = L->wpe >= 0 ? sl_act_at(W(m, L->wpe), (size_t)pos0 * C, m->act_elem) : NULL;
     ops->encoder_forward(m->encoded, m->inputs, W(m, L->wte), wpe, B, T, C);
     HOOK(m, SL_PARAMS_PUT, 0, 1);
@@ -630,6 +635,7 @@ int sl_model_backward(sl_model *m, float grad_scale) {
     HOOK(m, SL_GRADS_GET, head_unit, -1);
     if (!logits_hold_grad) ops->crossentropy_backward(m->logits, m->logits_lse, m->targets, N, c->vocab_size, Vp, dloss);
     ops->matmul_backward(m->dln, head_grad(m), NULL, m->logits, m->lnf, head_weight(m), N, C, Vp);
+    if (m->lora && tied) lora_tokens_head_grad(m->lora, m->logits, m->lnf, N, Vp);  // a tied head's token rows
     if (tied) {  // the embedding's gradients stay open until the encoder adds its part
         HOOK(m, SL_PARAMS_PUT, 0, last);
         HOOK(m, SL_PARAMS_GET, last, c->n_layer);
@@ -707,6 +713,7 @@ int sl_model_backward(sl_model *m, float grad_scale) {
     float *dwte = GB(m, L->wte), *pad_grad = m->pad_row && dwte ? dwte + (size_t)c->pad_token_id * C : NULL;
     if (pad_grad) ops->copy(m->pad_row, pad_grad, (size_t)C * sizeof(float));
     ops->encoder_backward(dwte, G_OPT(m, L->wpe), m->dresid, m->inputs, B, T, C);
+    if (m->lora) lora_tokens_lookup_grad(m->lora, m->dresid, m->inputs, N, m->pad_row ? c->pad_token_id : -1);
     if (pad_grad) ops->copy(pad_grad, m->pad_row, (size_t)C * sizeof(float));
     HOOK(m, SL_GRADS_PUT, 0, -1);
     return 0;

@@ -10,7 +10,8 @@
 #   * modules_to_save (copies of wte and the norms) resumes bit for bit at ZeRO 0 and 3; copies of wpe and
 #     ln_f merge to the adapted model's logits; a tied head's copy trains and samples (merge refuses a tied
 #     model's wte or lm_head copy);
-#   * bias "all" resumes bit for bit, saves PEFT's names and merges to the adapted model's logits;
+#   * bias "all" and trainable_token_indices resume bit for bit, save PEFT's names and merge to the adapted
+#     model's logits;
 #   * bad input (r = 0, an unknown target module, an unknown bias, bias with DoRA, a corrupt or foreign adapter,
 #     an AdamW checkpoint resumed with AdamW8bit, resuming adapters as a full model, merging into an
 #     existing directory) exits non-zero with a message naming the problem and writes nothing.
@@ -264,6 +265,26 @@ merged_equals_adapted lora_bias_all_merge_equals_adapted "$tmp/bias/step_0000000
 expect lora_bias_flag_equals_config cmp "$tmp/bias/step_00000002/adapter_model.safetensors" \
   "$tmp/bias-flag/step_00000002/adapter_model.safetensors"
 
+# trainable_token_indices: rows of the (tied) embedding trained whole: resume bit for bit, PEFT's name and
+# shape, merge equal to the adapted model (the rows go into the one matrix lookup and head read), flag ==
+# config
+cat >"$tmp/tokens.json" <<'JSON'
+{"lora": {"r": 4, "lora_alpha": 8, "target_modules": ["c_attn"], "trainable_token_indices": [5, 300, 17]}}
+JSON
+split_resume lora_tokens_resume_is_bit_for_bit "$tmp/tok" --config "$tmp/tokens.json" --model gpt2-tiny "${common[@]}"
+expect lora_tokens_in_pefts_names python3 -c "
+import json, struct
+f = open('$tmp/tok/step_00000004/adapter_model.safetensors', 'rb')
+h = json.loads(f.read(struct.unpack('<Q', f.read(8))[0]))
+assert h['base_model.model.transformer.wte.token_adapter.trainable_tokens_delta']['shape'][0] == 3, h
+assert json.load(open('$tmp/tok/step_00000004/adapter_config.json'))['trainable_token_indices'] == [5, 300, 17]
+"
+merged_equals_adapted lora_tokens_merge_equals_adapted "$tmp/tok/step_00000004" "$tmp/tok-merged"
+"$BIN" train --model gpt2-tiny "${common[@]}" --lora-r 4 --lora-alpha 8 --lora-targets c_attn \
+  --lora-trainable-tokens 5,300,17 --steps 2 --save-dir "$tmp/tok-flag" >>"$log" 2>&1
+expect lora_tokens_flag_equals_config cmp "$tmp/tok/step_00000002/adapter_model.safetensors" \
+  "$tmp/tok-flag/step_00000002/adapter_model.safetensors"
+
 # --lora-init (init_lora_weights): false starts B random, so the first loss is not the base's (which
 # true and gaussian keep: B zero); the mode goes into adapter_config.json
 for init in true gaussian false; do
@@ -311,6 +332,8 @@ bad unknown_target_module_is_named "target module 'q_proj' matches no linear of 
 echo '{"lora": {"r": 4, "bias": "some"}}' >"$tmp/badbias.json"
 bad lora_bias_is_refused "\"bias\" is \"some\"; expected \"none\", \"all\" or \"lora_only\"" "${run[@]}" \
   --config "$tmp/badbias.json"
+bad lora_token_past_the_vocabulary_is_refused "trainable_token_indices: token 512 is past the vocabulary" "${run[@]}" \
+  --lora-r 4 --lora-trainable-tokens 3,512
 bad lora_bias_with_dora_is_refused "\"bias\" \"all\" with use_dora" "${run[@]}" --lora-dora --lora-bias all
 bad lora_init_pissa_is_refused "init_lora_weights\" 'pissa'" "${run[@]}" --lora-init pissa
 bad lora_modules_to_save_linear_is_refused \

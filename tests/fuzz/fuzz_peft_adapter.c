@@ -22,6 +22,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             strcmp(back.target_modules, cfg.target_modules) != 0 || back.exclude_regex != cfg.exclude_regex ||
             back.n_exclude != cfg.n_exclude || strcmp(back.exclude_modules, cfg.exclude_modules) != 0 ||
             back.n_modules_to_save != cfg.n_modules_to_save || strcmp(back.modules_to_save, cfg.modules_to_save) != 0 ||
+            back.n_token_indices != cfg.n_token_indices || strcmp(back.token_module, cfg.token_module) != 0 ||
+            memcmp(back.token_indices, cfg.token_indices, sizeof(int) * (size_t)cfg.n_token_indices) != 0 ||
             !sl_lora_pattern_map_equal(&back.rank_pattern, &cfg.rank_pattern) ||
             !sl_lora_pattern_map_equal(&back.alpha_pattern, &cfg.alpha_pattern)) {
             fprintf(stderr, "written adapter config does not read back: %s\n", sl_error());

@@ -9,9 +9,9 @@ For the tiny GPT-2 and LLaMA bases of tests/fixtures/model:
      --adapter dir --logits-out` gives (max |diff| / max |logit| below 1e-5);
   2. PEFT -> shardlm: the adapters PEFT saved (tests/fixtures/lora) give the same logits in shardlm;
   (1 and 2 also with target_modules as PEFT's regular expression, with layers_to_transform, with
-  rank_pattern / alpha_pattern / exclude_modules, with DoRA, with modules_to_save and with bias "all" /
-  "lora_only": a config's "lora" block one way, the *-regex, *-layers, *-pattern, *-dora, *-save and
-  *-bias-* fixtures the other);
+  rank_pattern / alpha_pattern / exclude_modules, with DoRA, with modules_to_save, with bias "all" /
+  "lora_only" and with trainable_token_indices: a config's "lora" block one way, the *-regex, *-layers,
+  *-pattern, *-dora, *-save, *-bias-* and *-tokens fixtures the other);
   3. merge: `shardlm merge` loads in transformers with PEFT's merged logits and its weights equal
      merge_and_unload()'s, in float32 and (for a base saved in bfloat16) in bfloat16 (measured: bit for
      bit in both, r = 4); a tied model's copied wte / lm_head is refused by name instead.
@@ -170,6 +170,11 @@ if __name__ == "__main__":
              ("gpt2_bias_all", "gpt2-tiny", "gpt2-tiny-bias-all", {"target_modules": ["c_fc"], "bias": "all"}),
              ("gpt2_bias_lora", "gpt2-tiny", "gpt2-tiny-bias-lora",
               {"target_modules": ["c_attn", "c_proj"], "bias": "lora_only"}),
+             # trainable_token_indices (GPT-2's tied head reads the rows too; LLaMA's object form)
+             ("gpt2_tokens", "gpt2-tiny", "gpt2-tiny-tokens",
+              {"target_modules": ["c_fc"], "trainable_token_indices": [2, 11, 40]}),
+             ("llama_tokens", "llama-tiny", "llama-tiny-tokens",
+              {"target_modules": ["q_proj"], "trainable_token_indices": {"embed_tokens": [0, 9, 99]}}),
              ("gpt2_save_head", "gpt2-tiny", "gpt2-tiny-save-head",
               {"target_modules": ["c_fc"], "modules_to_save": ["lm_head", "wpe"], "tied_copy": True})]
     for name, base, adapter, targets in cases:

@@ -98,6 +98,12 @@ CASES = {
     "gpt2-tiny-bias-all": ("gpt2-tiny", dict(r=4, lora_alpha=8, target_modules=["c_attn", "c_fc"], bias="all")),
     "gpt2-tiny-bias-lora": ("gpt2-tiny", dict(r=4, lora_alpha=8, target_modules=["c_attn", "c_proj"],
                                               layers_to_transform=[1], bias="lora_only")),
+    # trainable_token_indices (PEFT's TrainableTokens): rows of the embedding trained whole; GPT-2's tied head
+    # reads them too; LLaMA's (untied) object form names the embedding
+    "gpt2-tiny-tokens": ("gpt2-tiny", dict(r=4, lora_alpha=8, target_modules=["c_attn"],
+                                           trainable_token_indices=list(range(3, 100, 6)))),
+    "llama-tiny-tokens": ("llama-tiny", dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
+                                             trainable_token_indices={"embed_tokens": list(range(97, 0, -5))})),
     # LLaMA (untied head): "norm" picks model.norm and every input_layernorm / post_attention_layernorm
     "llama-tiny-save": ("llama-tiny", dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
                                            modules_to_save=["embed_tokens", "lm_head", "norm"])),
@@ -126,6 +132,8 @@ def random_adapters_and_batch(peft_model, V, B, T):
             elif "lora_" in name:
                 p.copy_(0.1 * torch.randn(p.shape, generator=gen))
             elif "modules_to_save" in name:  # a copy moved away from the base it started as
+                p.add_(0.1 * torch.randn(p.shape, generator=gen))
+            elif "trainable_tokens_delta" in name:  # the trained rows, moved from the base's
                 p.add_(0.1 * torch.randn(p.shape, generator=gen))
             elif p.requires_grad and name.endswith("bias"):  # a bias PEFT's `bias` trains, moved the same way
                 p.add_(0.1 * torch.randn(p.shape, generator=gen))

@@ -123,6 +123,12 @@ TEST(gpt2_modules_to_save_head_matches_peft) {
     check_against_peft("gpt2-tiny", "gpt2-tiny-save-ln1");  // block 0's ln_1: its input gradient too
 }
 TEST(llama_modules_to_save_match_peft) { check_against_peft("llama-tiny", "llama-tiny-save"); }
+// trainable_token_indices: rows of the embedding trained whole (GPT-2's tied head reads them too; LLaMA's
+// object form names embed_tokens)
+TEST(trainable_tokens_match_peft) {
+    check_against_peft("gpt2-tiny", "gpt2-tiny-tokens");
+    check_against_peft("llama-tiny", "llama-tiny-tokens");
+}
 // PEFT's bias "all" (every bias, the norms' too) and "lora_only" (block 1's adapted linears': the block's
 // input gradient is then needed for c_attn's bias)
 TEST(gpt2_bias_all_and_lora_only_match_peft) {
@@ -412,6 +418,8 @@ TEST(modules_to_save_adamw_tracks_peft) {
     check_adamw_track("llama-tiny", "llama-tiny-save");
     check_adamw_track("gpt2-tiny", "gpt2-tiny-bias-all");
     check_adamw_track("gpt2-tiny", "gpt2-tiny-bias-lora");
+    check_adamw_track("gpt2-tiny", "gpt2-tiny-tokens");
+    check_adamw_track("llama-tiny", "llama-tiny-tokens");
 }
 
 // 10 AdamW8bit steps on the adapters (the engine's plan over their tensor table; min_8bit_size 256, so
@@ -614,7 +622,7 @@ static int fails_with(int rc, const char *needle) {
 // With bf16 activation storage (the emulating table, the GPU's arithmetic) the adapted model computes
 // what fp32 computes within bf16 rounding: loss within 2e-2 relative, adapter gradients within 5e-2
 // in relative L2 (bf16 keeps 8 bits of mantissa).
-static void check_bf16_storage(const char *preset, int use_dora, const char *saved) {
+static void check_bf16_storage(const char *preset, int use_dora, const char *saved, int tokens) {
     const sl_ops *tables[2] = {&sl_ops_cpu, &sl_ops_cpu_bf16};
     sl_model m[2];
     sl_lora lo[2];
@@ -629,6 +637,7 @@ static void check_bf16_storage(const char *preset, int use_dora, const char *sav
     snprintf(names, sizeof names, "%s", saved);
     for (char *name = strtok(names, ","); name; name = strtok(NULL, ","))
         CHECK(sl_lora_config_add_module_to_save(&lc, name, "test") == 0);
+    for (int i = 0; i < tokens; i++) lc.token_indices[lc.n_token_indices++] = 11 * i;  // trained rows
     int in[32], tg[32];
     for (int i = 0; i < 32; i++) { in[i] = (i * 29 + 7) % cfg.vocab_size; tg[i] = (i * 13 + 2) % cfg.vocab_size; }
     for (int t = 0; t < 2; t++) {
@@ -649,22 +658,25 @@ static void check_bf16_storage(const char *preset, int use_dora, const char *sav
     double rel_l2 = sqrt(num / den);
     CHECK_MSG(fabs(loss[1] - loss[0]) < 2e-2 * loss[0], "bf16 loss %.6f, fp32 %.6f", loss[1], loss[0]);
     CHECK_MSG(rel_l2 < 5e-2, "bf16 adapter gradients rel L2 %.3g", rel_l2);
-    printf("  %s all-linear%s%s%s: loss fp32 %.6f bf16 %.6f; adapter gradients rel L2 %.2e\n", preset,
-           use_dora ? " DoRA" : "", saved[0] ? ", modules_to_save " : "", saved, loss[0], loss[1], rel_l2);
+    printf("  %s all-linear%s%s%s%s: loss fp32 %.6f bf16 %.6f; adapter gradients rel L2 %.2e\n", preset,
+           use_dora ? " DoRA" : "", saved[0] ? ", modules_to_save " : "", saved, tokens ? ", trainable tokens" : "",
+           loss[0], loss[1], rel_l2);
     for (int t = 0; t < 2; t++) {
         sl_model_free(&m[t]);
         sl_lora_free(&lo[t]);
     }
 }
 
-TEST(bf16_storage_tracks_fp32_with_adapters) { check_bf16_storage("llama-tiny", 0, ""); }
+TEST(bf16_storage_tracks_fp32_with_adapters) { check_bf16_storage("llama-tiny", 0, "", 0); }
 TEST(bf16_storage_tracks_fp32_with_dora) {
-    check_bf16_storage("llama-tiny", 1, "");
-    check_bf16_storage("gpt2-tiny", 1, "");  // DoRA on c_fc: the GELU gradient taken apart from the GEMM
+    check_bf16_storage("llama-tiny", 1, "", 0);
+    check_bf16_storage("gpt2-tiny", 1, "", 0);  // DoRA on c_fc: the GELU gradient taken apart from the GEMM
 }
 TEST(bf16_storage_tracks_fp32_with_modules_to_save) {
-    check_bf16_storage("llama-tiny", 0, "embed_tokens,lm_head,norm");
-    check_bf16_storage("gpt2-tiny", 0, "wte,wpe,lm_head,ln_1");
+    check_bf16_storage("llama-tiny", 0, "embed_tokens,lm_head,norm", 0);
+    check_bf16_storage("gpt2-tiny", 0, "wte,wpe,lm_head,ln_1", 0);
+    check_bf16_storage("gpt2-tiny", 0, "", 9);  // trained rows of the tied embedding: bf16 in lookup and head
+    check_bf16_storage("llama-tiny", 0, "", 9);
 }
 
 // ---- training through the engine -----------------------------------------------------------------
@@ -682,6 +694,7 @@ typedef struct {
 static int use_dora;  // lora_run_init_on's adapters are DoRA's
 static const char *modules_to_save = "";  // and these modules are trained whole next to them (comma-joined)
 static int lora_bias;                     // and PEFT's bias (sl_lora_bias)
+static int lora_tokens;                   // and trainable_token_indices 0, 7, 14, ... (this many)
 
 static int lora_run_init_on(lora_run *r, int accum, int precision, sl_comm *dp, int stage, int adam8) {
     memset(r, 0, sizeof *r);
@@ -693,6 +706,7 @@ static int lora_run_init_on(lora_run *r, int accum, int precision, sl_comm *dp, 
     lc.lora_alpha = 16;
     lc.lora_dropout = 0.1f;
     lc.bias = lora_bias;
+    for (int i = 0; i < lora_tokens; i++) lc.token_indices[lc.n_token_indices++] = 7 * i;
     char saved[256];
     snprintf(saved, sizeof saved, "%s", modules_to_save);
     for (char *name = strtok(saved, ","); name; name = strtok(NULL, ","))
@@ -846,6 +860,9 @@ TEST(zero_stages_shard_modules_to_save) {
     lora_bias = SL_LORA_BIAS_ALL;  // every bias: the linears' and the norms'
     check_zero_stages(0, 1);
     lora_bias = SL_LORA_BIAS_NONE;
+    lora_tokens = 9;  // trained rows of the tied embedding: the lookup's and the head's gradients
+    check_zero_stages(0, 1);
+    lora_tokens = 0;
 }
 
 // DoRA under bf16 mixed precision with bf16 activation storage: its magnitudes and the adapters in its
@@ -1042,7 +1059,10 @@ TEST(bad_configs_are_refused_by_name) {
         {"{\"modules_to_save\": \"lm_head\"}", "\"modules_to_save\" must be a list of module names"},
         {"{\"modules_to_save\": [\"lm_head\", 3]}", "\"modules_to_save\" must hold strings"},
         {"{\"modules_to_save\": [\"\"]}", "modules_to_save holds an empty name"},
-        {"{\"trainable_token_indices\": [1, 2]}", "trainable tokens"},
+        {"{\"trainable_token_indices\": [1, 1]}", "names token 1 twice"},
+        {"{\"trainable_token_indices\": [1, -2]}", "something other than a token id"},
+        {"{\"trainable_token_indices\": {\"embed_tokens\": [1], \"lm_head\": [2]}}", "names several modules"},
+        {"{\"trainable_token_indices\": \"1,2\"}", "must be a list of token ids"},
         {"{\"init_lora_weights\": \"pissa\"}", "\"init_lora_weights\" 'pissa': shardlm computes true, false"},
         {"{\"target_modules\": [\"q_proj\", \"all-linear\"]}", "lists \"all-linear\", which PEFT reads only"},
     };
