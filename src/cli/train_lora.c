@@ -12,6 +12,7 @@
 
 int train_lora_flag(sl_args *a, sl_train_config *c) {
     char targets[SL_LORA_TARGETS_MAX];
+    targets[0] = '\0';  // a value sl_arg_str refuses (too long) leaves it unwritten, with a->error set
     float alpha;
     if (sl_arg_switch(a, "--lora-rslora")) {
         c->lora.use_rslora = 1;
@@ -23,7 +24,7 @@ int train_lora_flag(sl_args *a, sl_train_config *c) {
     } else if (sl_arg_float(a, "--lora-alpha", -SL_FLOAT_MAX, SL_FLOAT_MAX, 0, &alpha)) {
         c->lora.lora_alpha = alpha;
     } else if (sl_arg_str(a, "--lora-targets", targets, sizeof targets)) {
-        if (sl_lora_config_set_targets(&c->lora, targets, "--lora-targets")) {
+        if (!a->error && sl_lora_config_set_targets(&c->lora, targets, "--lora-targets")) {
             fprintf(stderr, "error: %s\n", sl_error());
             a->error = 1;
         }
@@ -36,17 +37,17 @@ int train_lora_flag(sl_args *a, sl_train_config *c) {
                 a->error = 1;
             }
     } else if (sl_arg_str(a, "--lora-trainable-tokens", targets, sizeof targets)) {
-        if (sl_lora_config_set_tokens(&c->lora, targets, "--lora-trainable-tokens")) {
+        if (!a->error && sl_lora_config_set_tokens(&c->lora, targets, "--lora-trainable-tokens")) {
             fprintf(stderr, "error: %s\n", sl_error());
             a->error = 1;
         }
     } else if (sl_arg_str(a, "--lora-bias", targets, sizeof targets)) {
-        if (sl_lora_bias_parse(&c->lora, targets, "--lora-bias")) {
+        if (!a->error && sl_lora_bias_parse(&c->lora, targets, "--lora-bias")) {
             fprintf(stderr, "error: %s\n", sl_error());
             a->error = 1;
         }
     } else if (sl_arg_str(a, "--lora-init", targets, sizeof targets)) {
-        if (sl_lora_init_parse(&c->lora, targets, "--lora-init")) {
+        if (!a->error && sl_lora_init_parse(&c->lora, targets, "--lora-init")) {
             fprintf(stderr, "error: %s\n", sl_error());
             a->error = 1;
         }
@@ -143,6 +144,10 @@ void train_lora_print_memory(const sl_engine *e, const sl_train_config *c, const
     if (saved_numel)
         printf("  trained copies (modules_to_save, bias, tokens): %zu of the adapters' parameters, of %s\n",
                saved_numel, saved);
+    if (lo->tokens_weight)  // not in the total: the embedding the lookup (and a tied head) reads
+        printf("  trainable tokens: the model reads a copy of the embedding with the trained rows written in, "
+               "%.2f MB more\n", (double)lo->model_cfg.padded_vocab_size * lo->model_cfg.n_embd *
+               (e->model->ops->act_bf16 ? 2 : 4) / 1e6);
     if (qb) print_quant_base(e, qb, &est, setup.zero_stage, formula);
     else
         printf("  formula 4P + %s with P=%.0f A=%.0f S=%.0f W=%.0f K=%g: %.0f bytes; full fine-tuning would hold %.0f "

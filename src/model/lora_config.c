@@ -294,7 +294,7 @@ int sl_lora_config_set_tokens(sl_lora_config *cfg, const char *list, const char 
     char json[SL_LORA_TARGETS_MAX + 2];
     if (strlen(list) >= SL_LORA_TARGETS_MAX) return sl_errorf("%s: too long", where);
     snprintf(json, sizeof json, "[%s]", list);
-    cJSON *ids = cJSON_Parse(json);
+    cJSON *ids = cJSON_ParseWithOpts(json, NULL, 1);  // nothing after the list ("5],6" is not [5])
     cfg->n_token_indices = 0;
     cfg->token_module[0] = '\0';
     int rc = ids ? parse_token_list(cfg, ids, where) : sl_errorf("%s: expected token ids separated by commas, got '%s'",

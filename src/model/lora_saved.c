@@ -259,7 +259,6 @@ size_t sl_lora_saved_describe(const sl_lora *lo, char *buf, size_t cap) {
 }
 
 int lora_saved_merge(const sl_lora *lo, const sl_param_layout *L, const float *host, float *params) {
-    lora_tokens_merge(lo, L, host, params);
     for (int pass = 0; pass < 2; pass++)  // every copy checked before one is written
         for (int s = 0; s < lo->n_saved; s++) {
             const sl_tensor_info *copy = &lo->tensors[lo->saved[s]];
@@ -276,9 +275,9 @@ int lora_saved_merge(const sl_lora *lo, const sl_param_layout *L, const float *h
                 return sl_errorf("merge: trained copy %s has no counterpart in the base", copy->name);
             if (pass) memcpy(params + L->tensors[base].offset, host + copy->offset, copy->numel * sizeof(float));
         }
+    lora_tokens_merge(lo, L, host, params);
     return 0;
 }
-
 
 // Where tensor idx starts within its unit's views.
 static size_t in_unit(const sl_lora *lo, int idx) {

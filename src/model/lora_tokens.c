@@ -103,18 +103,23 @@ void lora_tokens_lookup_grad(const sl_lora *lo, const sl_act *dout, const int *i
     }
 }
 
-void lora_tokens_head_grad(const sl_lora *lo, const sl_act *dlogits, const sl_act *x, int N, int Vp) {
+int lora_tokens_head_grad(const sl_lora *lo, const sl_act *dlogits, const sl_act *x, int N, int Vp) {
     float *g = lo->tokens_weight ? token_grads(lo) : NULL;
-    if (!g) return;
-    int C = lo->model_cfg.n_embd, bf16 = lo->ops->act_bf16;
-#pragma omp parallel for schedule(static)
-    for (int j = 0; j < lo->cfg.n_token_indices; j++) {
-        float *gj = g + (size_t)j * C;
-        for (int n = 0; n < N; n++) {
-            float d = act_value(dlogits, (size_t)n * Vp + (size_t)lo->cfg.token_indices[j], bf16);
-            for (int c = 0; c < C; c++) gj[c] += d * act_value(x, (size_t)n * C + c, bf16);
-        }
-    }
+    if (!g) return 0;
+    // dlogits' columns of the trained tokens gathered (N, n), then g (n, C) += that^T @ x (N, C): one GEMM,
+    // the head's weight gradient restricted to the trained rows (the weight is not read without dinp)
+    int n = lo->cfg.n_token_indices;
+    size_t e = lo->ops->act_bf16 ? 2 : 4;
+    unsigned char *cols = lo->ops->alloc((size_t)N * (size_t)n * e, "trainable tokens' logits gradient");
+    if (!cols) return -1;
+    const unsigned char *d = (const unsigned char *)(const void *)dlogits;
+    for (int r = 0; r < N; r++)
+        for (int j = 0; j < n; j++)
+            memcpy(cols + ((size_t)r * n + j) * e, d + ((size_t)r * Vp + (size_t)lo->cfg.token_indices[j]) * e, e);
+    lo->ops->matmul_backward(NULL, g, NULL, (const sl_act *)(void *)cols, x, lo->tokens_weight, N,
+                             lo->model_cfg.n_embd, n);
+    lo->ops->dealloc(cols);
+    return 0;
 }
 
 void lora_tokens_merge(const sl_lora *lo, const sl_param_layout *L, const float *host, float *params) {

@@ -21,9 +21,10 @@ int lora_tokens_attach(sl_lora *lo, const sl_param_layout *L, float *const *base
 void lora_tokens_refresh(sl_lora *lo);
 // The rows' gradients: the lookup's (dout (N, C) rows of inputs that are trained tokens; the padding
 // token's none, as nn.Embedding(padding_idx)) and a tied head's (row j of token v: the sum over n of
-// dlogits[n, v] x[n], x (N, C) the head's input). Nothing without gradients or trained tokens.
+// dlogits[n, v] x[n], x (N, C) the head's input: one GEMM through the ops table; -1 with the error when
+// its scratch cannot be allocated). Nothing without gradients or trained tokens.
 void lora_tokens_lookup_grad(const sl_lora *lo, const sl_act *dout, const int *inputs, int N, int pad);
-void lora_tokens_head_grad(const sl_lora *lo, const sl_act *dlogits, const sl_act *x, int N, int Vp);
+int lora_tokens_head_grad(const sl_lora *lo, const sl_act *dlogits, const sl_act *x, int N, int Vp);
 // merge_and_unload's part: the rows over the embedding's in params (host, layout L; host the adapters').
 void lora_tokens_merge(const sl_lora *lo, const sl_param_layout *L, const float *host, float *params);
 

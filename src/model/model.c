@@ -635,7 +635,7 @@ int sl_model_backward(sl_model *m, float grad_scale) {
     HOOK(m, SL_GRADS_GET, head_unit, -1);
     if (!logits_hold_grad) ops->crossentropy_backward(m->logits, m->logits_lse, m->targets, N, c->vocab_size, Vp, dloss);
     ops->matmul_backward(m->dln, head_grad(m), NULL, m->logits, m->lnf, head_weight(m), N, C, Vp);
-    if (m->lora && tied) lora_tokens_head_grad(m->lora, m->logits, m->lnf, N, Vp);  // a tied head's token rows
+    if (m->lora && tied && lora_tokens_head_grad(m->lora, m->logits, m->lnf, N, Vp)) return -1;  // its token rows
     if (tied) {  // the embedding's gradients stay open until the encoder adds its part
         HOOK(m, SL_PARAMS_PUT, 0, last);
         HOOK(m, SL_PARAMS_GET, last, c->n_layer);

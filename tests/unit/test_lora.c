@@ -1020,6 +1020,31 @@ TEST(fused_qkv_biases_train_as_one_vector) {
     sl_lora_free(&lo);
 }
 
+// A trained row of the padding token takes no gradient from the lookup (nn.Embedding(padding_idx), as
+// PEFT's F.embedding call passes it), the others do.
+TEST(trainable_padding_token_takes_no_lookup_gradient) {
+    sl_model_config cfg;
+    CHECK(sl_config_preset(&cfg, "llama-tiny") == 0);
+    cfg.pad_token_id = 3;
+    sl_model m;
+    CHECK(sl_model_create(&m, &cfg, &sl_ops_cpu) == 0 && sl_model_init_weights(&m, 3) == 0);
+    sl_lora_config lc;
+    sl_lora_config_defaults(&lc);
+    CHECK(sl_lora_config_set_targets(&lc, "q_proj", "test") == 0 && sl_lora_config_set_tokens(&lc, "3,5", "test") == 0);
+    sl_lora lo;
+    CHECK(sl_lora_create(&lo, &cfg, &lc, &sl_ops_cpu) == 0 && sl_lora_init_weights(&lo, 4) == 0);
+    CHECK(sl_lora_alloc_grads(&lo) == 0 && sl_model_attach_lora(&m, &lo) == 0);
+    int in[16], tg[16];
+    for (int i = 0; i < 16; i++) { in[i] = i % 2 ? 3 : 5 + i; tg[i] = (i * 5 + 2) % cfg.vocab_size; }
+    float loss;
+    CHECK(sl_model_forward(&m, in, tg, 1, 16, &loss) == 0 && sl_model_backward(&m, 1.0f) == 0);
+    const float *g = lo.grads + lo.tensors[lo.tokens_delta].offset;
+    CHECK_MSG(fixture_max_abs(g, (size_t)cfg.n_embd) == 0.0, "the padding token's row took a gradient");
+    CHECK_MSG(fixture_max_abs(g + cfg.n_embd, (size_t)cfg.n_embd) > 0.0, "token 5's row took none");
+    sl_model_free(&m);
+    sl_lora_free(&lo);
+}
+
 TEST(bad_configs_are_refused_by_name) {
     sl_model_config cfg;
     CHECK(sl_config_preset(&cfg, "gpt2-tiny") == 0);
