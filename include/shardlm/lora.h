@@ -97,7 +97,8 @@ typedef struct {
 } sl_lora_config;
 
 // The fused GEMMs of a block an adapter can add to.
-typedef enum { SL_LINEAR_QKV, SL_LINEAR_ATTN_OUT, SL_LINEAR_MLP_UP, SL_LINEAR_MLP_DOWN } sl_linear_kind;
+// SL_LINEAR_HEAD: the LM head (an untied lm_head, PEFT's target "lm_head"), as "block n_layer".
+typedef enum { SL_LINEAR_QKV, SL_LINEAR_ATTN_OUT, SL_LINEAR_MLP_UP, SL_LINEAR_MLP_DOWN, SL_LINEAR_HEAD } sl_linear_kind;
 
 typedef struct {
     int layer;
@@ -119,7 +120,8 @@ typedef struct sl_lora {
     size_t total;              // floats in the flat buffer
     sl_lora_adapter *adapters; // in buffer order: block by block, each block's in the model's order
     int n_adapters;
-    int *layer_first;          // n_layer + 1: block l's adapters are [layer_first[l], layer_first[l + 1])
+    int *layer_first;          // n_layer + 2: block l's adapters are [layer_first[l], layer_first[l + 1]), the
+                               // head's (layer n_layer) [layer_first[n_layer], layer_first[n_layer + 1])
     int n_units;               // the model's units (layout.h)
     size_t *unit_begin;        // n_units + 1 offsets into the flat buffer
     // the backend's buffers
@@ -145,6 +147,8 @@ typedef struct sl_lora {
     int head_copy;             // the copy of a tied model's lm_head, -1 when none
     int saved_init_pending;    // fresh copies take the base's values when attached
     int saved_ln1_at_floor;    // the lowest block holding copies holds one of its ln_1 (set when attached)
+    float *head_base;          // (vocab, C) host: the head's weight PEFT saved next to an lm_head adapter, which
+                               // attaching checks against the base's head, then frees; NULL when none
     int tokens_delta;          // trainable_token_indices' rows (n, C), a tensor of unit 0; -1 when none
     int tokens_base;           // the embedding (a tensor of the model's layout), set when attached
     int *token_slot;           // (vocab) the row of tokens_delta a token id trains, -1 (set when attached)
@@ -237,6 +241,10 @@ size_t sl_lora_saved_describe(const sl_lora *lora, char *buf, size_t cap);
 // The module path of each adaptable linear of the block (for messages): "a, b, ..." into buf.
 void sl_lora_list_modules(const sl_model_config *model_cfg, char *buf, size_t cap);
 
+// PEFT saves an adapted lm_head's own weight with the adapters (lo->head_base, read by sl_peft_load) and
+// loads it over the base's head: 0 when it is head (vocab x C host floats, the base's), equal or equal
+// once rounded to bf16 / fp16 (a 16-bit base), else -1 with the error. 0 without one.
+int sl_lora_check_head_base(const sl_lora *lora, const float *head);
 // PEFT's merge_and_unload: W += (B @ A) * scale for every adapter (DoRA: then each row scaled by its
 // magnitude over the row's norm), into the base's parameters
 // `params` (host memory, layout L of the model the adapters were built for); the product in fp32

@@ -32,9 +32,20 @@ int sl_peft_read_config(const char *dir, sl_lora_config *cfg) {
 
 // Every tensor of f is one of the adapters', with its shape and a float dtype, and every adapter
 // tensor is there.
+// PEFT (save_embedding_layers "auto") saves an adapted head's own weight next to its adapters.
+#define HEAD_BASE "base_model.model.lm_head.base_layer.weight"
+
+// 1 when tensor t is PEFT's copy of the adapted head's weight: (vocab, C) of a model whose lm_head lo adapts.
+static int is_head_base(const sl_st_tensor *t, const sl_lora *lo) {
+    int adapted = lo->n_adapters && lo->adapters[lo->n_adapters - 1].linear == SL_LINEAR_HEAD;
+    return adapted && strcmp(t->name, HEAD_BASE) == 0 && t->ndim == 2 && t->shape[0] == lo->model_cfg.vocab_size &&
+           t->shape[1] == lo->model_cfg.n_embd && sl_st_dtype_is_float(t->dtype);
+}
+
 static int check_tensors(const sl_st_file *f, const sl_lora *lo, const char *path) {
     for (int i = 0; i < f->n_tensors; i++) {
         const sl_st_tensor *t = &f->tensors[i];
+        if (is_head_base(t, lo)) continue;  // checked against the base's head when attached
         int idx = sl_lora_find(lo, t->name);
         char got[64], want[64];
         if (idx < 0)
@@ -105,9 +116,26 @@ int sl_peft_read_weights(const char *dir, const sl_lora *lo, float *host) {
     return rc;
 }
 
+// PEFT's copy of the adapted head's weight, when the file holds one, into lo->head_base (host floats),
+// for sl_model_attach_lora to compare with the base's head.
+static int read_head_base(const char *dir, sl_lora *lo) {
+    char path[PATH_CAP];
+    sl_st_file f;
+    if (join(path, dir, "adapter_model.safetensors") || sl_st_open(&f, path)) return -1;
+    int i = sl_st_find(&f, HEAD_BASE), rc = 0;
+    if (i >= 0 && is_head_base(&f.tensors[i], lo)) {
+        size_t n = (size_t)lo->model_cfg.vocab_size * (size_t)lo->model_cfg.n_embd;
+        lo->head_base = sl_malloc(n * sizeof(float), "the adapter's lm_head");
+        rc = lo->head_base ? sl_st_read_f32(&f, i, lo->head_base, n) : -1;
+    }
+    sl_st_close(&f);
+    return rc;
+}
+
 static int load_weights(const char *dir, sl_lora *lo) {
     float *host = sl_malloc((lo->total ? lo->total : 1) * sizeof(float), "adapter weights");
     int rc = host ? sl_peft_read_weights(dir, lo, host) : -1;
+    if (rc == 0) rc = read_head_base(dir, lo);
     if (rc == 0) {
         lo->ops->upload(lo->params, host, lo->total * sizeof(float));
         rc = sl_lora_params_changed(lo);

@@ -8,6 +8,7 @@
 #include "model/lora_dora.h"
 #include "model/lora_saved.h"
 #include "shardlm/error.h"
+#include "shardlm/precision.h"
 #include "shardlm/rng.h"
 
 #include <math.h>
@@ -42,6 +43,8 @@ static int block_modules(const sl_model_config *c, module_slot *s) {
     s[6] = (module_slot){"mlp.down_proj", SL_LINEAR_MLP_DOWN, 0, C, F};
     return 7;
 }
+
+#define HEAD_MODULE "lm_head"  // the LM head's module path, PEFT's target name for it
 
 static const char *block_prefix(const sl_model_config *c) {
     return c->arch == SL_ARCH_GPT2 ? "transformer.h.%d." : "model.layers.%d.";
@@ -114,11 +117,13 @@ static int find_other_module(const sl_model_config *mc, int (*pick)(const void *
 typedef struct {
     void *target;
     const exclusion *ex;
+    int head;  // lm_head is adapted (an untied head): not one of the "other" modules
 } regex_pick;
 
 // A module the target expression matches and exclude_modules does not exclude.
 static int picked_by_regex(const void *ctx, const char *path) {
     const regex_pick *p = ctx;
+    if (p->head && strcmp(path, HEAD_MODULE) == 0) return 0;
     int m = sl_lora_target_regex_matches(p->target, path);
     int e = m > 0 ? excluded(p->ex, path) : 0;
     return m < 0 || e < 0 ? -1 : m && !e;
@@ -130,7 +135,7 @@ static int excluded_pick(const void *ctx, const char *path) { return excluded(ct
 // whole path matches (PEFT's re.fullmatch). An error when it matches no linear, or another module
 // that exclude_modules does not exclude.
 static int regex_slots(const sl_model_config *mc, const sl_lora_config *cfg, const exclusion *ex,
-                       const module_slot *s, int n, unsigned *masks) {
+                       const module_slot *s, int n, unsigned *masks, int head) {
     void *re = sl_lora_target_regex(cfg->target_modules, "lora");
     if (!re) return -1;
     char prefix[32], path[SL_LORA_NAME_MAX + 32];
@@ -145,14 +150,14 @@ static int regex_slots(const sl_model_config *mc, const sl_lora_config *cfg, con
             if (m > 0) masks[l] |= 1u << i, hit = 1;
         }
     }
-    regex_pick pick = {re, ex};
+    regex_pick pick = {re, ex, head};
     int other = rc ? 0 : find_other_module(mc, picked_by_regex, &pick, path, sizeof path);
     if (other < 0) rc = -1;
     if (other > 0)
         rc = sl_errorf("lora: target_modules '%s' (a regular expression) also matches the module '%s', "
                        "which is not one of the blocks' linears (PEFT would adapt or refuse it; shardlm "
                        "adapts only those linears)", cfg->target_modules, path);
-    if (rc == 0 && !hit) {
+    if (rc == 0 && !hit && !head) {
         snprintf(prefix, sizeof prefix, block_prefix(mc), 0);
         rc = sl_errorf("lora: target_modules '%s' (a regular expression, matched against whole module paths such as "
                        "'%s%s') matches no linear of this %s model's blocks", cfg->target_modules, prefix, s[0].name,
@@ -176,7 +181,7 @@ static int layer_allowed(const sl_lora_config *cfg, const char *path) {
 // exclude_modules takes its modules out of masks: an error when nothing is left (PEFT: "All modules
 // were excluded"), a warning when it excludes no module of the model at all (PEFT warns too).
 static int apply_exclude(const sl_model_config *mc, const exclusion *ex, const module_slot *s, int n,
-                         unsigned *masks) {
+                         unsigned *masks, int head) {
     if (!ex->cfg->exclude_modules[0]) return 0;
     char prefix[32], path[SL_LORA_NAME_MAX + 32];
     unsigned left = 0;
@@ -191,7 +196,7 @@ static int apply_exclude(const sl_model_config *mc, const exclusion *ex, const m
         }
         left |= masks[l];
     }
-    if (!left)
+    if (!left && !head)
         return sl_errorf("lora: exclude_modules '%s' excludes every module target_modules picks (PEFT: \"All modules "
                          "were excluded\")", ex->cfg->exclude_modules);
     if (!any && (any = find_other_module(mc, excluded_pick, ex, path, sizeof path)) < 0) return -1;
@@ -202,7 +207,8 @@ static int apply_exclude(const sl_model_config *mc, const exclusion *ex, const m
 
 // Which slots the target list (or "all-linear") picks in each block, checking every target names a
 // linear of the model (in one of layers_to_transform's blocks, when given).
-static int list_slots(const sl_model_config *mc, sl_lora_config *cfg, const module_slot *s, int n, unsigned *masks) {
+static int list_slots(const sl_model_config *mc, sl_lora_config *cfg, const module_slot *s, int n, unsigned *masks,
+                      int head) {
     if (!cfg->all_linear && cfg->n_targets == 0) {  // PEFT's defaults for the architecture
         if (mc->arch == SL_ARCH_GPT2) sl_lora_config_set_targets(cfg, "c_attn", "lora");
         else sl_lora_config_set_targets(cfg, "q_proj,v_proj", "lora");
@@ -226,7 +232,7 @@ static int list_slots(const sl_model_config *mc, sl_lora_config *cfg, const modu
                 if (ok) masks[l] |= 1u << i, hit = 1;
             }
         }
-        if (!hit) {
+        if (!hit && !(head && strcmp(target, HEAD_MODULE) == 0)) {
             char list[256], blocks[SL_LORA_PATTERN_MAX + 64] = "";
             sl_lora_list_modules(mc, list, sizeof list);
             if (cfg->n_layers)
@@ -242,14 +248,44 @@ static int list_slots(const sl_model_config *mc, sl_lora_config *cfg, const modu
 
 // Which slots cfg adapts in each block (masks[l] bit i: slot i of block l): those target_modules picks
 // that exclude_modules does not exclude.
+// Whether cfg adapts the LM head ("lm_head", as PEFT names it): named exactly in a target list (PEFT
+// adapts a listed whole path wherever it is, layers_to_transform aside), or matched by the target
+// expression; not by "all-linear" (PEFT leaves the output layer out), not when exclude_modules excludes
+// it. Only an untied head (its own weight) and without DoRA: 1 / 0, -1 with the error.
+static int head_picked(const sl_model_config *mc, const sl_lora_config *cfg, const exclusion *ex) {
+    int picked = 0;
+    if (cfg->target_regex) {
+        void *re = sl_lora_target_regex(cfg->target_modules, "lora");
+        picked = re ? sl_lora_target_regex_matches(re, HEAD_MODULE) : -1;
+        sl_lora_target_regex_free(re);
+    } else if (!cfg->all_linear) {
+        char target[SL_LORA_NAME_MAX];
+        for (const char *p = cfg->target_modules; *p && !picked; p += strlen(target) + (p[strlen(target)] == ',')) {
+            snprintf(target, sizeof target, "%.*s", (int)strcspn(p, ","), p);
+            picked = strcmp(target, HEAD_MODULE) == 0;
+        }
+    }
+    int e = picked > 0 && ex->cfg->exclude_modules[0] ? excluded(ex, HEAD_MODULE) : 0;
+    if (picked < 0 || e < 0) return -1;
+    if (!picked || e) return 0;
+    if (mc->arch == SL_ARCH_GPT2 || mc->tie_word_embeddings)
+        return sl_errorf("lora: target_modules picks lm_head, which on this model is the embedding matrix "
+                         "(tie_word_embeddings); shardlm adapts an untied head only");
+    if (cfg->use_dora) return sl_errorf("lora: DoRA (use_dora) on lm_head is not computed; leave lm_head out");
+    return 1;
+}
+
 static int targeted_slots(const sl_model_config *mc, sl_lora_config *cfg, unsigned *masks) {
     module_slot s[8];
     int n = block_modules(mc, s);
     exclusion ex = {cfg, NULL};
     if (cfg->exclude_regex && !(ex.re = sl_lora_target_regex(cfg->exclude_modules, "lora: exclude_modules")))
         return -1;
-    int rc = cfg->target_regex ? regex_slots(mc, cfg, &ex, s, n, masks) : list_slots(mc, cfg, s, n, masks);
-    if (rc == 0) rc = apply_exclude(mc, &ex, s, n, masks);
+    int head = head_picked(mc, cfg, &ex), rc = head < 0;
+    if (!rc) rc = cfg->target_regex ? regex_slots(mc, cfg, &ex, s, n, masks, head)
+                                    : list_slots(mc, cfg, s, n, masks, head);
+    if (rc == 0) rc = apply_exclude(mc, &ex, s, n, masks, head);
+    masks[mc->n_layer] = head > 0;  // the head: "block n_layer"'s one slot
     if (ex.re) sl_lora_target_regex_free(ex.re);
     return rc;
 }
@@ -299,19 +335,46 @@ static int warn_unmatched(const sl_lora *lo, const void *keys, const sl_lora_pat
     return 0;
 }
 
+// Adapter of slot s in block `layer` (n_layer: the head), its module path prefix + s->name, with its
+// A, B (and DoRA's magnitude) appended to the table at *offset.
+static int add_adapter(sl_lora *lo, size_t *offset, int layer, const module_slot *s, const char *prefix,
+                       const void *rank_keys, const void *alpha_keys) {
+    const sl_lora_config *cfg = &lo->cfg;
+    sl_lora_adapter *ad = &lo->adapters[lo->n_adapters++];
+    ad->layer = layer;
+    ad->linear = s->linear;
+    ad->col0 = s->col0;
+    ad->out_features = s->out;
+    ad->in_features = s->in;
+    snprintf(ad->module, sizeof ad->module, "%s%s", prefix, s->name);
+    double r = pattern_value(rank_keys, &cfg->rank_pattern, ad->module, cfg->r);
+    double alpha = pattern_value(alpha_keys, &cfg->alpha_pattern, ad->module, cfg->lora_alpha);
+    if (isnan(r) || isnan(alpha)) return -1;
+    ad->r = (int)r;
+    ad->scale = (float)(cfg->use_rslora ? alpha / sqrt(r) : alpha / r);
+    if ((ad->lora_A = add_tensor(lo, offset, layer, ad->r, s->in, ad->module, "lora_A")) < 0 ||
+        (ad->lora_B = add_tensor(lo, offset, layer, s->out, ad->r, ad->module, "lora_B")) < 0)
+        return -1;
+    ad->magnitude = -1;
+    if (cfg->use_dora &&
+        (ad->magnitude = add_tensor(lo, offset, layer, s->out, 0, ad->module, "lora_magnitude_vector")) < 0)
+        return -1;
+    return 0;
+}
+
 static int build_table(sl_lora *lo, const sl_param_layout *L, const unsigned *masks, const void *rank_keys,
                        const void *alpha_keys) {
     const sl_model_config *mc = &lo->model_cfg;
-    const sl_lora_config *cfg = &lo->cfg;
     module_slot s[8];
     int n = block_modules(mc, s), count = 0;
     for (int l = 0; l < mc->n_layer; l++)
         for (int i = 0; i < n; i++) count += (masks[l] >> i) & 1;
+    count += masks[mc->n_layer] & 1;  // the head
     lo->head_copy = lo->tokens_delta = lo->tokens_base = -1;
     lo->tensors = sl_calloc((size_t)(3 * count + lora_saved_max_tensors(mc)) + 1, sizeof *lo->tensors, "lora tensors");
     lo->saved = sl_calloc((size_t)lora_saved_max_tensors(mc), sizeof *lo->saved, "modules_to_save");
     lo->adapters = sl_calloc((size_t)count + 1, sizeof *lo->adapters, "lora adapters");
-    lo->layer_first = sl_calloc((size_t)mc->n_layer + 1, sizeof(int), "lora adapters");
+    lo->layer_first = sl_calloc((size_t)mc->n_layer + 2, sizeof(int), "lora adapters");
     lo->n_units = mc->n_layer + 2;
     lo->unit_begin = sl_calloc((size_t)lo->n_units + 1, sizeof(size_t), "lora units");
     lo->param_view = sl_calloc((size_t)lo->n_units, sizeof(float *), "lora views");
@@ -325,34 +388,17 @@ static int build_table(sl_lora *lo, const sl_param_layout *L, const unsigned *ma
     for (int l = 0; l < mc->n_layer; l++) {
         lo->layer_first[l] = lo->n_adapters;
         lo->unit_begin[l + 1] = offset;
-        for (int i = 0; i < n; i++) {
-            if (!((masks[l] >> i) & 1)) continue;
-            sl_lora_adapter *ad = &lo->adapters[lo->n_adapters++];
-            ad->layer = l;
-            ad->linear = s[i].linear;
-            ad->col0 = s[i].col0;
-            ad->out_features = s[i].out;
-            ad->in_features = s[i].in;
-            char prefix[32];
-            snprintf(prefix, sizeof prefix, block_prefix(mc), l);
-            snprintf(ad->module, sizeof ad->module, "%s%s", prefix, s[i].name);
-            double r = pattern_value(rank_keys, &cfg->rank_pattern, ad->module, cfg->r);
-            double alpha = pattern_value(alpha_keys, &cfg->alpha_pattern, ad->module, cfg->lora_alpha);
-            if (isnan(r) || isnan(alpha)) return -1;
-            ad->r = (int)r;
-            ad->scale = (float)(cfg->use_rslora ? alpha / sqrt(r) : alpha / r);
-            if ((ad->lora_A = add_tensor(lo, &offset, l, ad->r, s[i].in, ad->module, "lora_A")) < 0 ||
-                (ad->lora_B = add_tensor(lo, &offset, l, s[i].out, ad->r, ad->module, "lora_B")) < 0)
-                return -1;
-            ad->magnitude = -1;
-            if (cfg->use_dora &&
-                (ad->magnitude = add_tensor(lo, &offset, l, s[i].out, 0, ad->module, "lora_magnitude_vector")) < 0)
-                return -1;
-        }
+        char prefix[32];
+        snprintf(prefix, sizeof prefix, block_prefix(mc), l);
+        for (int i = 0; i < n; i++)
+            if (((masks[l] >> i) & 1) && add_adapter(lo, &offset, l, &s[i], prefix, rank_keys, alpha_keys)) return -1;
         if (lora_saved_add(lo, L, l + 1, &offset)) return -1;
     }
     lo->layer_first[mc->n_layer] = lo->n_adapters;
     lo->unit_begin[mc->n_layer + 1] = offset;
+    module_slot head = {HEAD_MODULE, SL_LINEAR_HEAD, 0, mc->vocab_size, mc->n_embd};  // its columns: the vocabulary
+    if ((masks[mc->n_layer] & 1) && add_adapter(lo, &offset, mc->n_layer, &head, "", rank_keys, alpha_keys)) return -1;
+    lo->layer_first[mc->n_layer + 1] = lo->n_adapters;
     if (lora_saved_add(lo, L, mc->n_layer + 1, &offset)) return -1;  // the final norm's and the head's
     lo->unit_begin[mc->n_layer + 2] = offset;
     lo->total = offset;
@@ -428,6 +474,7 @@ void sl_lora_free(sl_lora *lo) {
     free(lo->saved);
     free(lo->saved_of);
     free(lo->token_slot);
+    free(lo->head_base);
     release(lo, lo->tokens_weight);
     free(lo->adapters);
     free(lo->layer_first);
@@ -523,6 +570,7 @@ int sl_lora_find(const sl_lora *lo, const char *name) {
 
 // The base weight (out, in) an adapter's linear belongs to; the fused GEMM's rows run on contiguously.
 int lora_base_weight(const sl_param_layout *L, const sl_lora_adapter *ad) {
+    if (ad->linear == SL_LINEAR_HEAD) return L->lm_head;  // untied only (head_picked)
     const sl_block_tensors *k = &L->blocks[ad->layer];
     switch (ad->linear) {
     case SL_LINEAR_QKV: return k->qkv_w;
@@ -532,8 +580,22 @@ int lora_base_weight(const sl_param_layout *L, const sl_lora_adapter *ad) {
     }
 }
 
+int sl_lora_check_head_base(const sl_lora *lo, const float *head) {
+    size_t n = (size_t)lo->model_cfg.vocab_size * (size_t)lo->model_cfg.n_embd;
+    for (size_t i = 0; lo->head_base && i < n; i++) {
+        float f = lo->head_base[i];  // PEFT loads it over the base's head in the base's dtype: rounded to it
+        if (head[i] != f && head[i] != sl_round_to_bf16(f) && head[i] != sl_round_to_fp16(f))
+            return sl_errorf("lora: the adapter holds PEFT's copy of lm_head's weight (save_embedding_layers), and it "
+                             "differs from this base's head (element %zu: %g, the base's %g): an adapter for another "
+                             "base, or one whose vocabulary was resized", i, (double)f, (double)head[i]);
+    }
+    return 0;
+}
+
 int sl_lora_merge(const sl_lora *lo, const sl_param_layout *L, float *params) {
     if (sl_config_compare(&lo->model_cfg, &L->cfg, "merge: the adapters were built for another model")) return -1;
+    // PEFT's copy of the adapted head's weight must be this base's (as attaching checks)
+    if (L->lm_head >= 0 && sl_lora_check_head_base(lo, params + L->tensors[L->lm_head].offset)) return -1;
     float *host = sl_malloc((lo->total ? lo->total : 1) * sizeof(float), "adapter weights");
     if (!host) return -1;
     lo->ops->download(host, lo->params, lo->total * sizeof(float));

@@ -176,13 +176,28 @@ static int attach_dora(sl_model *m, sl_lora *lora) {
     return rc;
 }
 
+// PEFT saves an adapted head's weight with its adapters: it must be this base's (sl_lora_check_head_base);
+// the copy goes once checked.
+static int check_head_base(sl_model *m, sl_lora *lora) {
+    if (!lora->head_base) return 0;
+    size_t n = (size_t)m->cfg.vocab_size * (size_t)m->cfg.n_embd;
+    float *base = sl_malloc(n * sizeof(float), "lm_head");
+    if (!base) return -1;
+    m->ops->download(base, P(m, m->layout.lm_head), n * sizeof(float));
+    int rc = sl_lora_check_head_base(lora, base);
+    free(base);
+    free(lora->head_base);
+    lora->head_base = NULL;
+    return rc;
+}
+
 int sl_model_attach_lora(sl_model *m, sl_lora *lora) {
     if (sl_config_compare(&lora->model_cfg, &m->cfg, "lora: the adapters were built for another model")) return -1;
     if (lora->ops != m->ops) return sl_errorf("lora: the adapters live on the %s backend, the model on %s",
                                               lora->ops->name, m->ops->name);
     if (m->unit_hook) return sl_errorf("lora: the model is being trained by an engine; attach adapters first");
     if (sl_model_params_changed(m)) return -1;  // the base's bf16 copy, once: it never changes again
-    if (attach_dora(m, lora) ||
+    if (check_head_base(m, lora) || attach_dora(m, lora) ||
         lora_saved_attach(lora, &m->layout, m->param_view, W_BASE(m, m->layout.wte), m->ops->act_bf16 ? 2 : 4))
         return -1;
     release(m, m->grads);
@@ -536,6 +551,9 @@ static int forward(sl_model *m, sl_kv_cache *kv, const int *inputs, const int *t
         HOOK(m, SL_PARAMS_GET, 0, -1);
     }
     ops->matmul_forward(m->logits, m->lnf, head_weight(m), NULL, (int)rows, C, c->padded_vocab_size);
+    if (m->lora)  // an adapter on an untied lm_head (its columns: the vocabulary, not the padding)
+        sl_lora_forward(m->lora, c->n_layer, SL_LINEAR_HEAD, m->lnf, m->logits, head_weight(m), NULL, (int)rows,
+                        c->padded_vocab_size);
     HOOK(m, SL_PARAMS_PUT, tied ? 0 : last, -1);
     if (kv) kv->pos += T;
 
@@ -635,6 +653,8 @@ int sl_model_backward(sl_model *m, float grad_scale) {
     HOOK(m, SL_GRADS_GET, head_unit, -1);
     if (!logits_hold_grad) ops->crossentropy_backward(m->logits, m->logits_lse, m->targets, N, c->vocab_size, Vp, dloss);
     ops->matmul_backward(m->dln, head_grad(m), NULL, m->logits, m->lnf, head_weight(m), N, C, Vp);
+    if (m->lora)
+        sl_lora_backward(m->lora, c->n_layer, SL_LINEAR_HEAD, m->lnf, m->logits, m->dln, head_weight(m), N, Vp);
     if (m->lora && tied && lora_tokens_head_grad(m->lora, m->logits, m->lnf, N, Vp)) return -1;  // its token rows
     if (tied) {  // the embedding's gradients stay open until the encoder adds its part
         HOOK(m, SL_PARAMS_PUT, 0, last);

@@ -285,6 +285,10 @@ merged_equals_adapted lora_tokens_merge_equals_adapted "$tmp/tok/step_00000004" 
 expect lora_tokens_flag_equals_config cmp "$tmp/tok/step_00000002/adapter_model.safetensors" \
   "$tmp/tok-flag/step_00000002/adapter_model.safetensors"
 
+# an adapter on LLaMA's untied LM head (target "lm_head"): resume bit for bit
+split_resume lora_head_resume_is_bit_for_bit "$tmp/head" --model llama-tiny "${common[@]}" --lora-r 4 \
+  --lora-targets q_proj,lm_head --lora-dropout 0.1
+
 # --lora-init (init_lora_weights): false starts B random, so the first loss is not the base's (which
 # true and gaussian keep: B zero); the mode goes into adapter_config.json
 for init in true gaussian false; do

@@ -170,6 +170,8 @@ if __name__ == "__main__":
              ("gpt2_bias_all", "gpt2-tiny", "gpt2-tiny-bias-all", {"target_modules": ["c_fc"], "bias": "all"}),
              ("gpt2_bias_lora", "gpt2-tiny", "gpt2-tiny-bias-lora",
               {"target_modules": ["c_attn", "c_proj"], "bias": "lora_only"}),
+             # an adapter on the untied LM head (PEFT also saves the head's weight: shardlm checks it)
+             ("llama_head", "llama-tiny", "llama-tiny-head", {"target_modules": ["v_proj", "lm_head"]}),
              # trainable_token_indices (GPT-2's tied head reads the rows too; LLaMA's object form)
              ("gpt2_tokens", "gpt2-tiny", "gpt2-tiny-tokens",
               {"target_modules": ["c_fc"], "trainable_token_indices": [2, 11, 40]}),

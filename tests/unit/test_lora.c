@@ -123,6 +123,10 @@ TEST(gpt2_modules_to_save_head_matches_peft) {
     check_against_peft("gpt2-tiny", "gpt2-tiny-save-ln1");  // block 0's ln_1: its input gradient too
 }
 TEST(llama_modules_to_save_match_peft) { check_against_peft("llama-tiny", "llama-tiny-save"); }
+// LoRA on the untied LM head (target "lm_head"); PEFT's file also holds the head's own weight, checked
+// against the base's when attached
+TEST(lm_head_adapter_matches_peft) { check_against_peft("llama-tiny", "llama-tiny-head"); }
+
 // trainable_token_indices: rows of the embedding trained whole (GPT-2's tied head reads them too; LLaMA's
 // object form names embed_tokens)
 TEST(trainable_tokens_match_peft) {
@@ -190,14 +194,16 @@ TEST(regex_targets_pick_whole_paths) {
     CHECK(regex_tensors("gpt2-tiny", "transformer\\\\.h\\\\.1\\\\.attn\\\\.c_attn", a, sizeof a) == 0);
     CHECK_MSG(strcmp(a, "base_model.model.transformer.h.1.attn.c_attn.lora_A.weight;"
                         "base_model.model.transformer.h.1.attn.c_attn.lora_B.weight;") == 0, "%s", a);
-    // another module: the head, a norm, a whole block, everything
-    CHECK(fails_with(regex_tensors("llama-tiny", "lm_head|.*q_proj", a, sizeof a),
-                     "also matches the module 'lm_head'"));
+    // the untied head is adaptable (an adapter on lm_head); another module (a norm, a whole block,
+    // everything, GPT-2's tied head) is refused
+    CHECK(regex_tensors("llama-tiny", "lm_head|.*q_proj", a, sizeof a) == 0 &&
+          strstr(a, "base_model.model.lm_head.lora_A.weight;") != NULL);
     CHECK(fails_with(regex_tensors("llama-tiny", ".*layernorm|.*q_proj", a, sizeof a),
                      "'model.layers.0.input_layernorm'"));
     CHECK(fails_with(regex_tensors("gpt2-tiny", "transformer\\\\.h\\\\.\\\\d+(\\\\.attn)?", a, sizeof a),
                      "also matches the module 'transformer.h.0'"));
-    CHECK(fails_with(regex_tensors("gpt2-tiny", ".*", a, sizeof a), "also matches the module ''"));
+    CHECK(fails_with(regex_tensors("gpt2-tiny", ".*", a, sizeof a), "picks lm_head, which on this model"));
+    CHECK(fails_with(regex_tensors("gpt2-tiny", "(?!lm_head).*", a, sizeof a), "also matches the module ''"));
     // back to adapter_config.json as the same string
     cJSON *j = cJSON_Parse("{\"target_modules\": \".*\\\\.(q|v)_proj\"}"), *out = cJSON_CreateObject();
     sl_lora_config_defaults(&lc);
@@ -318,11 +324,15 @@ TEST(patterns_pick_ranks_alphas_and_exclusions) {
     CHECK(lo.n_adapters == 2 && adapter_on(&lo, "model.layers.1.self_attn.v_proj") &&
           adapter_on(&lo, "model.layers.1.self_attn.o_proj"));
     sl_lora_free(&lo);
-    // a target expression that also matches the head is accepted when exclude_modules takes the head out
-    CHECK(fails_with(pattern_lora("{\"target_modules\": \".*_proj|lm_head\"}", &lo),
-                     "also matches the module 'lm_head'"));
+    // a target expression that also matches the (untied) head adapts it, unless exclude_modules takes it out
+    CHECK(pattern_lora("{\"target_modules\": \".*_proj|lm_head\"}", &lo) == 0);
+    CHECK(lo.n_adapters == 2 * 7 + 1 && adapter_on(&lo, "lm_head"));
+    sl_lora_free(&lo);
     CHECK(pattern_lora("{\"target_modules\": \".*_proj|lm_head\", \"exclude_modules\": [\"lm_head\"]}", &lo) == 0);
     CHECK(lo.n_adapters == 2 * 7);
+    sl_lora_free(&lo);
+    // "all-linear" leaves the head out, as PEFT's does; GPT-2's head is its embedding matrix: refused
+    CHECK(pattern_lora("{\"target_modules\": \"all-linear\"}", &lo) == 0 && !adapter_on(&lo, "lm_head"));
     sl_lora_free(&lo);
     // everything excluded: PEFT's "All modules were excluded"
     CHECK(fails_with(pattern_lora("{\"target_modules\": [\"q_proj\"], \"exclude_modules\": [\"q_proj\"]}", &lo),
@@ -420,6 +430,7 @@ TEST(modules_to_save_adamw_tracks_peft) {
     check_adamw_track("gpt2-tiny", "gpt2-tiny-bias-lora");
     check_adamw_track("gpt2-tiny", "gpt2-tiny-tokens");
     check_adamw_track("llama-tiny", "llama-tiny-tokens");
+    check_adamw_track("llama-tiny", "llama-tiny-head");
 }
 
 // 10 AdamW8bit steps on the adapters (the engine's plan over their tensor table; min_8bit_size 256, so
@@ -1043,6 +1054,20 @@ TEST(trainable_padding_token_takes_no_lookup_gradient) {
     CHECK_MSG(fixture_max_abs(g + cfg.n_embd, (size_t)cfg.n_embd) > 0.0, "token 5's row took none");
     sl_model_free(&m);
     sl_lora_free(&lo);
+}
+
+// PEFT's file holds the adapted head's weight too: it must be this base's (one changed value is refused)
+TEST(lm_head_adapter_checks_the_saved_head) {
+    sl_model m;
+    sl_model_config cfg;
+    sl_lora lo;
+    CHECK(fixture_model("tests/fixtures/model/llama-tiny", &m, &cfg) == 0);
+    m.params[m.layout.tensors[m.layout.lm_head].offset + 5] += 1.0f;
+    CHECK(sl_peft_load("tests/fixtures/lora/llama-tiny-head", &cfg, &sl_ops_cpu, &lo) == 0);
+    CHECK(lo.head_base != NULL);
+    CHECK(fails_with(sl_model_attach_lora(&m, &lo), "differs from this base's head"));
+    sl_lora_free(&lo);
+    sl_model_free(&m);
 }
 
 TEST(bad_configs_are_refused_by_name) {
