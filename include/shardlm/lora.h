@@ -146,6 +146,8 @@ typedef struct sl_lora {
     int *saved_of;             // per tensor of the model's layout: the index of its copy, -1 (set when attached)
     int head_copy;             // the copy of a tied model's lm_head, -1 when none
     int saved_init_pending;    // fresh copies take the base's values when attached
+    int saved_floor;           // the lowest block holding copies, -1 the embeddings (copies or trained tokens),
+                               // n_layer none (set when attached)
     int saved_ln1_at_floor;    // the lowest block holding copies holds one of its ln_1 (set when attached)
     float *head_base;          // (vocab, C) host: the head's weight PEFT saved next to an lm_head adapter, which
                                // attaching checks against the base's head, then frees; NULL when none
@@ -198,6 +200,8 @@ const char *sl_lora_bias_name(int bias);
 // trainable_token_indices from a comma-separated list of token ids ("50257,50258"): an error naming
 // `where` for something else, a repeated id or too many.
 int sl_lora_config_set_tokens(sl_lora_config *cfg, const char *list, const char *where);
+// modules_to_save from a comma-separated list of names ("lm_head,wte").
+int sl_lora_config_set_modules_to_save(sl_lora_config *cfg, const char *list, const char *where);
 // One more modules_to_save name (an error naming `where` when empty, too long or holding a comma).
 int sl_lora_config_add_module_to_save(sl_lora_config *cfg, const char *name, const char *where);
 // target_modules from a comma-separated list ("q_proj,v_proj" or "all-linear").

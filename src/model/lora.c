@@ -371,6 +371,7 @@ static int build_table(sl_lora *lo, const sl_param_layout *L, const unsigned *ma
         for (int i = 0; i < n; i++) count += (masks[l] >> i) & 1;
     count += masks[mc->n_layer] & 1;  // the head
     lo->head_copy = lo->tokens_delta = lo->tokens_base = -1;
+    lo->saved_floor = mc->n_layer;
     lo->tensors = sl_calloc((size_t)(3 * count + lora_saved_max_tensors(mc)) + 1, sizeof *lo->tensors, "lora tensors");
     lo->saved = sl_calloc((size_t)lora_saved_max_tensors(mc), sizeof *lo->saved, "modules_to_save");
     lo->adapters = sl_calloc((size_t)count + 1, sizeof *lo->adapters, "lora adapters");
@@ -679,8 +680,13 @@ const sl_act *lora_weight(const sl_lora *lo, int idx) {
                              : (const sl_act *)(const void *)(lo->param_view[u] + unit_offset(lo, idx));
 }
 
+// Its fp32 parameters, through its unit's view.
+const float *lora_param(const sl_lora *lo, int idx) {
+    return lo->param_view[lo->tensors[idx].unit] + unit_offset(lo, idx);
+}
+
 // Its gradient (accumulated into), NULL without gradients (generation).
-static float *grad(const sl_lora *lo, int idx) {
+float *lora_grad(const sl_lora *lo, int idx) {
     float *g = lo->grad_view[lo->tensors[idx].unit];
     return g ? g + unit_offset(lo, idx) : NULL;
 }
@@ -745,9 +751,9 @@ void sl_lora_backward(sl_lora *lo, int layer, sl_linear_kind linear, const sl_ac
         const sl_act *A = lora_weight(lo, ad->lora_A);
         // dB += g^T u, du = g B with g = scale * dy's columns; dA += du^T h; dx += du A (through the
         // dropout mask when dropping, so then dh = du A is formed apart first)
-        ops->lora_backward(lora_dropping(lo) ? NULL : dx, grad(lo, ad->lora_A), grad(lo, ad->lora_B), lo->du, lo->delta,
-                           lo->dh, dy, h, lo->u[a], A, lora_weight(lo, ad->lora_B), ad->scale, N, ad->in_features, r,
-                           ad->out_features, ld, ad->col0);
+        ops->lora_backward(lora_dropping(lo) ? NULL : dx, lora_grad(lo, ad->lora_A), lora_grad(lo, ad->lora_B),
+                           lo->du, lo->delta, lo->dh, dy, h, lo->u[a], A, lora_weight(lo, ad->lora_B), ad->scale, N,
+                           ad->in_features, r, ad->out_features, ld, ad->col0);
         if (!lora_dropping(lo) || !dx) continue;
         ops->matmul_backward(lo->dh, NULL, NULL, lo->du, h, A, N, ad->in_features, r);
         ops->dropout_backward(lo->dh, lo->dh, n_in, lo->cfg.lora_dropout, lora_dropout_seed(lo, a));

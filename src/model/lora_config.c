@@ -263,6 +263,18 @@ static int parse_modules_to_save(sl_lora_config *cfg, const cJSON *obj, const ch
     return 0;
 }
 
+int sl_lora_config_set_modules_to_save(sl_lora_config *cfg, const char *list, const char *where) {
+    cfg->n_modules_to_save = 0;
+    cfg->modules_to_save[0] = '\0';
+    for (const char *p = list; *p;) {  // empty items between commas are skipped
+        size_t len = strcspn(p, ",");
+        if (len && append_name(cfg->modules_to_save, p, len, "modules_to_save", where)) return -1;
+        cfg->n_modules_to_save += len > 0;
+        p += len + (p[len] == ',');
+    }
+    return 0;
+}
+
 int sl_lora_config_add_module_to_save(sl_lora_config *cfg, const char *name, const char *where) {
     if (append_name(cfg->modules_to_save, name, strlen(name), "modules_to_save", where)) return -1;
     cfg->n_modules_to_save++;

@@ -16,6 +16,9 @@
 // lora.c's helpers DoRA shares: a tensor as the GEMMs read it (the bf16 copy with bf16 storage), whether
 // dropout runs, adapter a's dropout seed, the base weight (a tensor of L) an adapter's linear belongs to.
 const sl_act *lora_weight(const sl_lora *lo, int idx);
+// Tensor idx's fp32 parameters and its gradient (NULL without gradients), through its unit's views.
+const float *lora_param(const sl_lora *lo, int idx);
+float *lora_grad(const sl_lora *lo, int idx);
 int lora_dropping(const sl_lora *lo);
 uint64_t lora_dropout_seed(const sl_lora *lo, int adapter);
 int lora_base_weight(const sl_param_layout *L, const sl_lora_adapter *ad);

@@ -212,13 +212,15 @@ int lora_saved_attach(sl_lora *lo, const sl_param_layout *L, float *const *base_
         const float *src = base_view[b->unit] + (b->offset - L->unit_begin[b->unit]);
         lo->ops->copy(lo->params + copy->offset, src, copy->numel * sizeof(float));
     }
-    // the lowest block holding a copy: with one of its ln_1, the backward needs that block's input gradient
-    int n = L->cfg.n_layer, floor = n;
+    // the lowest block holding a copy (-1: the embeddings, trained tokens included; a tied head's copy is
+    // the head's): with one of its ln_1 / q-k-v bias, the backward needs that block's input gradient
+    int n = L->cfg.n_layer, floor = lo->tokens_delta >= 0 ? -1 : n;
     for (int s = 0; s < lo->n_saved; s++) {
         int unit = lo->tensors[lo->saved[s]].unit;
-        if (unit >= 1 && unit - 1 < floor) floor = unit - 1;
+        if (lo->saved[s] != lo->head_copy && unit - 1 < floor) floor = unit - 1;
     }
-    const sl_block_tensors *k = floor < n ? &L->blocks[floor] : NULL;
+    lo->saved_floor = floor;
+    const sl_block_tensors *k = floor >= 0 && floor < n ? &L->blocks[floor] : NULL;
     lo->saved_ln1_at_floor = k && (lo->saved_of[k->ln1_w] >= 0 || (k->ln1_b >= 0 && lo->saved_of[k->ln1_b] >= 0) ||
                                    (k->qkv_b >= 0 && lo->saved_of[k->qkv_b] >= 0));
     if (lo->saved_init_pending) {
@@ -279,11 +281,6 @@ int lora_saved_merge(const sl_lora *lo, const sl_param_layout *L, const float *h
     return 0;
 }
 
-// Where tensor idx starts within its unit's views.
-static size_t in_unit(const sl_lora *lo, int idx) {
-    return lo->tensors[idx].offset - lo->unit_begin[lo->tensors[idx].unit];
-}
-
 const sl_act *lora_saved_weight(const sl_lora *lo, int t) {
     if (lo->tokens_weight && t == lo->tokens_base) return lo->tokens_weight;
     int s = lo->saved_of ? lo->saved_of[t] : -1;
@@ -292,20 +289,13 @@ const sl_act *lora_saved_weight(const sl_lora *lo, int t) {
 
 float *lora_saved_grad(const sl_lora *lo, int t) {
     int s = lo->saved_of && t >= 0 ? lo->saved_of[t] : -1;
-    if (s < 0) return NULL;
-    float *g = lo->grad_view[lo->tensors[s].unit];
-    return g ? g + in_unit(lo, s) : NULL;
+    return s >= 0 ? lora_grad(lo, s) : NULL;
 }
 
 void lora_saved_backward_floor(const sl_lora *lo, int *lowest, int *input) {
-    int n = lo->model_cfg.n_layer, floor = n;  // the lowest block holding a copy, -1 for the embeddings
+    int n = lo->model_cfg.n_layer, floor = lo->saved_floor;
     *lowest = lo->n_adapters ? lo->adapters[0].layer : n;
     *input = 0;
-    for (int s = 0; s < lo->n_saved; s++) {
-        int unit = lo->tensors[lo->saved[s]].unit;
-        if (lo->saved[s] != lo->head_copy && unit - 1 < floor) floor = unit - 1;  // unit 0: -1, below block 0
-    }
-    if (lo->tokens_delta >= 0) floor = -1;  // trained tokens: rows of the embedding
     if (floor < 0) {  // the embeddings' copies take the gradient of every block's input
         *lowest = 0;
         *input = 1;
@@ -315,9 +305,4 @@ void lora_saved_backward_floor(const sl_lora *lo, int *lowest, int *input) {
     }
 }
 
-int lora_saved_embeddings(const sl_lora *lo) {
-    if (lo->tokens_delta >= 0) return 1;
-    for (int s = 0; s < lo->n_saved; s++)
-        if (lo->tensors[lo->saved[s]].unit == 0 && lo->saved[s] != lo->head_copy) return 1;
-    return 0;
-}
+int lora_saved_embeddings(const sl_lora *lo) { return lo->saved_floor < 0; }

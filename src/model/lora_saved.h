@@ -45,7 +45,7 @@ float *lora_saved_grad(const sl_lora *lo, int t);
 // The backward's floor: the lowest block whose backward runs (first adapter, first copy below the head),
 // and whether that block's input gradient (its ln1's) is wanted too (a copy at or below it).
 void lora_saved_backward_floor(const sl_lora *lo, int *lowest, int *input);
-// 1 when the embeddings (wte / wpe) have copies: the encoder's backward runs.
+// 1 when the embeddings have copies or trained tokens (set when attached): the encoder's backward runs.
 int lora_saved_embeddings(const sl_lora *lo);
 
 #endif

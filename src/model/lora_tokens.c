@@ -3,6 +3,7 @@
 // through a copy of the base's in which they are written before each lookup, as PEFT's
 // get_merged_weights index_copy's them in; their gradients come from the lookup and a tied head.
 #include "model/lora_tokens.h"
+#include "model/lora_dora.h"
 #include "model/lora_saved.h"
 #include "shardlm/error.h"
 #include "shardlm/precision.h"
@@ -65,26 +66,16 @@ int lora_tokens_attach(sl_lora *lo, const sl_param_layout *L, float *const *base
     return 0;
 }
 
-// Where tensor idx starts within its unit's views.
-static size_t in_unit(const sl_lora *lo, int idx) {
-    return lo->tensors[idx].offset - lo->unit_begin[lo->tensors[idx].unit];
-}
-
 // Element i of activations stored fp32 or bf16.
 static float act_value(const sl_act *a, size_t i, int bf16) {
     return bf16 ? sl_bf16_widen(((const sl_bf16 *)(const void *)a)[i]) : ((const float *)(const void *)a)[i];
 }
 
-// The trained rows' parameters and gradients through unit 0's views (NULL gradients: none kept).
-static const float *token_rows(const sl_lora *lo) { return lo->param_view[0] + in_unit(lo, lo->tokens_delta); }
-static float *token_grads(const sl_lora *lo) {
-    return lo->grad_view[0] ? lo->grad_view[0] + in_unit(lo, lo->tokens_delta) : NULL;
-}
 
 void lora_tokens_refresh(sl_lora *lo) {
     if (!lo->tokens_weight) return;
     int C = lo->model_cfg.n_embd, bf16 = lo->ops->act_bf16;
-    const float *rows = token_rows(lo);
+    const float *rows = lora_param(lo, lo->tokens_delta);
     for (int j = 0; j < lo->cfg.n_token_indices; j++) {
         sl_act *dst = sl_act_at(lo->tokens_weight, (size_t)lo->cfg.token_indices[j] * C, bf16 ? 2 : 4);
         if (bf16) lo->ops->to_storage((sl_bf16 *)(void *)dst, rows + (size_t)j * C, (size_t)C);
@@ -93,7 +84,7 @@ void lora_tokens_refresh(sl_lora *lo) {
 }
 
 void lora_tokens_lookup_grad(const sl_lora *lo, const sl_act *dout, const int *inputs, int N, int pad) {
-    float *g = lo->tokens_weight ? token_grads(lo) : NULL;
+    float *g = lo->tokens_weight ? lora_grad(lo, lo->tokens_delta) : NULL;
     if (!g) return;
     int C = lo->model_cfg.n_embd, bf16 = lo->ops->act_bf16;
     for (int n = 0; n < N; n++) {  // in token order, as the embedding's scatter adds them
@@ -104,7 +95,7 @@ void lora_tokens_lookup_grad(const sl_lora *lo, const sl_act *dout, const int *i
 }
 
 int lora_tokens_head_grad(const sl_lora *lo, const sl_act *dlogits, const sl_act *x, int N, int Vp) {
-    float *g = lo->tokens_weight ? token_grads(lo) : NULL;
+    float *g = lo->tokens_weight ? lora_grad(lo, lo->tokens_delta) : NULL;
     if (!g) return 0;
     // dlogits' columns of the trained tokens gathered (N, n), then g (n, C) += that^T @ x (N, C): one GEMM,
     // the head's weight gradient restricted to the trained rows (the weight is not read without dinp)

@@ -392,9 +392,7 @@ static float *head_grad(sl_model *m) {
     const sl_param_layout *L = &m->layout;
     if (!m->lora) return G(m, L->lm_head >= 0 ? L->lm_head : L->wte);
     if (m->lora->head_copy < 0) return L->lm_head >= 0 ? GB(m, L->lm_head) : NULL;
-    const sl_tensor_info *t = &m->lora->tensors[m->lora->head_copy];
-    float *g = m->lora->grad_view[t->unit];
-    return g ? g + (t->offset - m->lora->unit_begin[t->unit]) : NULL;
+    return lora_grad(m->lora, m->lora->head_copy);
 }
 
 // ---- the forward pass: training, prefill and decode ----------------------------------------------
