@@ -10,9 +10,21 @@
 #include <stdio.h>
 #include <string.h>
 
+// The flags whose value is a list or a word of PEFT's config, each with its setter.
+static const struct {
+    const char *flag;
+    int (*set)(sl_lora_config *cfg, const char *value, const char *where);
+} word_flags[] = {
+    {"--lora-targets", sl_lora_config_set_targets},
+    {"--lora-modules-to-save", sl_lora_config_set_modules_to_save},
+    {"--lora-trainable-tokens", sl_lora_config_set_tokens},
+    {"--lora-bias", sl_lora_bias_parse},
+    {"--lora-init", sl_lora_init_parse},
+};
+
 int train_lora_flag(sl_args *a, sl_train_config *c) {
-    char targets[SL_LORA_TARGETS_MAX];
-    targets[0] = '\0';  // a value sl_arg_str refuses (too long) leaves it unwritten, with a->error set
+    char value[SL_LORA_TARGETS_MAX];
+    value[0] = '\0';  // a value sl_arg_str refuses (too long) leaves it unwritten, with a->error set
     float alpha;
     if (sl_arg_switch(a, "--lora-rslora")) {
         c->lora.use_rslora = 1;
@@ -23,36 +35,14 @@ int train_lora_flag(sl_args *a, sl_train_config *c) {
                sl_arg_str(a, "--adapter", c->adapter, sizeof c->adapter)) {
     } else if (sl_arg_float(a, "--lora-alpha", -SL_FLOAT_MAX, SL_FLOAT_MAX, 0, &alpha)) {
         c->lora.lora_alpha = alpha;
-    } else if (sl_arg_str(a, "--lora-targets", targets, sizeof targets)) {
-        if (!a->error && sl_lora_config_set_targets(&c->lora, targets, "--lora-targets")) {
-            fprintf(stderr, "error: %s\n", sl_error());
-            a->error = 1;
-        }
-    } else if (sl_arg_str(a, "--lora-modules-to-save", targets, sizeof targets)) {
-        c->lora.n_modules_to_save = 0;
-        c->lora.modules_to_save[0] = '\0';
-        for (char *name = strtok(targets, ","); name && !a->error; name = strtok(NULL, ","))
-            if (sl_lora_config_add_module_to_save(&c->lora, name, "--lora-modules-to-save")) {
-                fprintf(stderr, "error: %s\n", sl_error());
-                a->error = 1;
-            }
-    } else if (sl_arg_str(a, "--lora-trainable-tokens", targets, sizeof targets)) {
-        if (!a->error && sl_lora_config_set_tokens(&c->lora, targets, "--lora-trainable-tokens")) {
-            fprintf(stderr, "error: %s\n", sl_error());
-            a->error = 1;
-        }
-    } else if (sl_arg_str(a, "--lora-bias", targets, sizeof targets)) {
-        if (!a->error && sl_lora_bias_parse(&c->lora, targets, "--lora-bias")) {
-            fprintf(stderr, "error: %s\n", sl_error());
-            a->error = 1;
-        }
-    } else if (sl_arg_str(a, "--lora-init", targets, sizeof targets)) {
-        if (!a->error && sl_lora_init_parse(&c->lora, targets, "--lora-init")) {
-            fprintf(stderr, "error: %s\n", sl_error());
-            a->error = 1;
-        }
     } else {
-        return 0;
+        size_t k = 0, n = sizeof word_flags / sizeof word_flags[0];
+        while (k < n && !sl_arg_str(a, word_flags[k].flag, value, sizeof value)) k++;
+        if (k == n) return 0;
+        if (!a->error && word_flags[k].set(&c->lora, value, word_flags[k].flag)) {
+            fprintf(stderr, "error: %s\n", sl_error());
+            a->error = 1;
+        }
     }
     c->lora_enabled = 1;
     return 1;
