@@ -4,9 +4,12 @@
 // running output and its per-row rescale, and the gradients dK, dV, dQ. attention_tc.cu's WMMA kernels
 // pass each product through fp32 tiles in shared memory instead (WMMA's fragment layout is
 // unspecified). Deterministic: fixed loop and xor-shuffle orders, each output written by one thread.
-// Exponentials are exp2f of log2(e)-scaled scores (an ex2.approx each after a subtraction or a fused
+// Exponentials are ex2.approx.ftz of log2(e)-scaled scores (one MUFU.EX2 each after a subtraction or a fused
 // multiply-add, flash-attention's way, instead of expf's range reduction; within fp32 rounding of
-// expf, far below the bf16 rounding of P).
+// expf, far below the bf16 rounding of P). The backward's dS leaves out the softmax scale, which
+// multiplies the fp32 sums dK and dQ once at the end instead (flash-attention 2's order: one multiply
+// per output instead of one per score; the same bits where the scale is a power of two, as 1/8 at head
+// dim 64, else within a bf16 rounding of dS).
 // The default (SHARDLM_ATTENTION=mma) since its first GPU run (H100, 2026-11-27: GPT-2 124M B=64 attention
 // forward 9.3 ms, backward 37.0 a step, against WMMA's 29.9 and 78.3); docs/gpu.md, "Attention with the
 // fragments in registers (attention_mma.cu)", has the design and the numerics.
@@ -15,8 +18,12 @@
 // .. 2tq+1), a1 = (gq + 8, same), a2 = (gq, 2tq+8 ..), a3 = (gq + 8, 2tq+8 ..); B (16 x 8) b0 = (k 2tq ..
 // 2tq+1, n gq), b1 = (k 2tq+8 .., n gq); C (16 x 8) c0, c1 = (gq, 2tq .. 2tq+1), c2, c3 = (gq + 8, same).
 // A B operand whose two k-consecutive elements are adjacent in memory (K or Q rows for a product
-// with a transposed tile) is one 4-byte shared load; one whose k runs down a tile's rows (V, dO, Q, K
-// as the right factor of P V, P^T dO, dS^T Q, dS K) comes from ldmatrix.trans.
+// with a transposed tile) comes from ldmatrix (each 8x8 matrix's row r, columns 2tq.. land in lane 4r +
+// tq: b0 or b1 as they are), two 8-row blocks a load; one whose k runs down a tile's rows (V, dO, Q, K
+// as the right factor of P V, P^T dO, dS^T Q, dS K) comes from ldmatrix.trans; A operands of row-major
+// tiles from ldmatrix too. Before 2026-11-27 (H200 probe) the first kind and the A operands were 4-byte
+// shared loads, four per fragment: Nsight Compute counted them as 17% of the dK / dV kernel's
+// instructions against 8% for the products (bench/gpu-runs/2026-11-27-h200/README.md).
 #include "shardlm/settings.h"
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/attention_grid.h"
@@ -43,7 +50,7 @@ constexpr int THREADS = WARPS * 32;
 constexpr int NT = TILE / 8;         // 8-wide column blocks across a tile (n-tiles of a score product)
 constexpr int KT = TILE / 16;        // 16-deep steps across a tile (k-steps of a product over a tile)
 constexpr unsigned FULL = 0xffffffffu;
-constexpr float LOG2E = 1.4426950408889634f;  // exponentials as exp2f of log2-scaled scores
+constexpr float LOG2E = 1.4426950408889634f;  // exponentials as ex2 of log2-scaled scores
 constexpr float LN2 = 0.6931471805599453f;
 
 template <int D> struct Geom {
@@ -55,6 +62,12 @@ template <int D> struct Geom {
     static constexpr size_t forward = 5 * tile;                          // Q; K, V twice (double-buffered)
     static constexpr size_t dkdv = 6 * tile + 4 * sizeof(float) * TILE;  // K, V; Q, dO, lse, delta twice
     static constexpr size_t dq = 6 * tile;                               // Q, dO; K, V twice
+    // Blocks an SM must hold (__launch_bounds__' second argument, so ptxas keeps a thread's registers
+    // within 65536 / (128 blocks)): what each kernel held before the tile loads were unrolled whole
+    // (2026-11-27), which hoisted address arithmetic into registers and at head dim 80 cost the dK / dV
+    // kernel its third block. From head dim 96 (128 for the forward) shared memory allows no more.
+    static constexpr int forward_blocks = D <= 80 ? 4 : D <= 96 ? 3 : 2;
+    static constexpr int backward_blocks = D <= 80 ? 3 : 2;
 };
 constexpr int SS = TILE + 8;  // row stride (elements) of dS^T's tile (below; conflict-free, as DS)
 // SHARDLM_ATTENTION_DQ=atomic: dK / dV's kernel also holds an iteration's dS^T (64 keys x 64 queries).
@@ -94,6 +107,15 @@ template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.as
         }                              \
     } while (0)
 
+// 2^x: the SFU's ex2.approx with results below 2^-126 flushed to 0 (one instruction; exp2f adds a range
+// test and two multiplies to return those as denormals, which no P or dS here needs: P's row sums are
+// at least 1 and both are rounded to bf16 next). ex2(-inf) = 0.
+__device__ __forceinline__ float ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
 // c (16 x 8, fp32) += a (16 x 16, bf16) b (16 x 8, bf16)
 __device__ __forceinline__ void mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
     asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
@@ -112,7 +134,14 @@ __device__ __forceinline__ void ldsm_t4(uint32_t r[4], const bf16 *p) {
                  : "memory");
 }
 
-__device__ __forceinline__ uint32_t lds32(const bf16 *p) { return *reinterpret_cast<const uint32_t *>(p); }
+// Four 8x8 bf16 matrices from shared memory, as stored: lane L gives the address of row L % 8 of matrix
+// L / 8 and receives, of matrix i, row L / 4, columns 2 (L % 4) .. +1 in r[i].
+__device__ __forceinline__ void ldsm4(uint32_t r[4], const bf16 *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p))
+                 : "memory");
+}
 
 // dst[0], dst[1] += x, y (8-byte aligned global fp32): one vector atomic on sm_90, two before it.
 __device__ __forceinline__ void atomic_add2(float *dst, float x, float y) {
@@ -139,30 +168,45 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     return *reinterpret_cast<uint32_t *>(&v);
 }
 
-// The A fragment (16 x 16) at rows r0, r0 + 8 and columns c .. of a row-major bf16 tile with row stride
-// ds, where p = tile + r0 * ds + c + 2 * tq.
-__device__ __forceinline__ void load_a(uint32_t a[4], const bf16 *p, int ds) {
-    a[0] = lds32(p);
-    a[1] = lds32(p + 8 * ds);
-    a[2] = lds32(p + 8);
-    a[3] = lds32(p + 8 * ds + 8);
+// The A fragment (16 x 16) at rows m0 .. m0+15, columns c .. c+15 of a row-major bf16 tile with row
+// stride ld: matrices (rows 0-7, cols 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15) are a0 .. a3, so lane
+// L addresses row m0 + L % 8 + 8 ((L >> 3) & 1), column c + 8 (L >> 4).
+__device__ __forceinline__ void load_a(uint32_t a[4], const bf16 *tile, int ld, int m0, int c) {
+    const int lane = threadIdx.x % 32;
+    ldsm4(a, tile + (m0 + (lane & 7) + ((lane >> 3) & 1) * 8) * ld + c + (lane >> 4) * 8);
+}
+
+// The B fragments of two 8-column blocks of a product whose B is a row-major tile transposed (B[k][n] =
+// tile[n][k]): tile rows n0 .. n0+15 (n), columns c .. c+15 (k). b[0], b[1] are block n0's (b0, b1),
+// b[2], b[3] block n0 + 8's: matrices (rows 0-7, cols 0-7), (0-7, 8-15), (8-15, 0-7), (8-15, 8-15), so
+// lane L addresses row n0 + L % 8 + 8 (L >> 4), column c + 8 ((L >> 3) & 1).
+__device__ __forceinline__ void load_b_pair(uint32_t b[4], const bf16 *tile, int ld, int n0, int c) {
+    const int lane = threadIdx.x % 32;
+    ldsm4(b, tile + (n0 + (lane & 7) + (lane >> 4) * 8) * ld + c + ((lane >> 3) & 1) * 8);
 }
 
 // dst (64, D; row stride D + 8) <- rows 0..63 of the global matrix at src (row r at src + r*ld),
 // asynchronously; rows at or past n_rows (>= 1) zero-filled.
+// Chunk threadIdx.x + k THREADS for k < D / 16, a count known when compiled: the loop unrolls whole (a
+// loop from threadIdx.x compiled to a general loop with a remainder, about a hundred instructions a
+// tile, run for every Q / dO or K / V tile).
 template <int D> __device__ __forceinline__ void load_tile(bf16 *dst, const bf16 *src, size_t ld, int n_rows) {
     constexpr int CH = D / 8;  // 16-byte chunks a row
-#pragma unroll 4
-    for (int i = threadIdx.x; i < TILE * CH; i += THREADS) {
-        const int r = i / CH, c = (i - r * CH) * 8;
+    static_assert(TILE * CH % THREADS == 0, "load_tile: whole rounds of the block's threads");
+#pragma unroll
+    for (int k = 0; k < TILE * CH / THREADS; k++) {
+        const int i = threadIdx.x + k * THREADS, r = i / CH, c = (i - r * CH) * 8;
         const bool ok = r < n_rows;
         cp_async16(dst + r * Geom<D>::DS + c, ok ? src + (size_t)r * ld + c : src, ok);
     }
 }
 
-// dst (64 floats) <- src[0..63], asynchronously; entries at or past n (>= 1) zero-filled.
+// dst (64 floats) <- src[0..63], asynchronously (threads 0..63, one each); entries at or past n (>= 1)
+// zero-filled.
 __device__ __forceinline__ void load_stats(float *dst, const float *src, int n) {
-    for (int i = threadIdx.x; i < TILE; i += THREADS) cp_async4(dst + i, i < n ? src + i : src, i < n);
+    static_assert(TILE <= THREADS, "load_stats: one entry a thread");
+    const int i = threadIdx.x;
+    if (i < TILE) cp_async4(dst + i, i < n ? src + i : src, i < n);
 }
 
 // The four C-fragment values of an 8-column block, rounded to bf16, as the two registers an A fragment
@@ -188,13 +232,13 @@ template <int D> __device__ __forceinline__ void mma_tile_rows(float (*acc)[4], 
 }
 
 // Two score products sharing their k loop over the head dim, for the 8-row blocks nt = nt0 + n (n < N)
-// of the B tiles with lo <= nt < hi (the other blocks stay 0): s[n] = A1's rows r0, r0 + 8 times B1's
-// rows 8 nt .. 8 nt + 7 transposed, and t[n] the same for A2 and B2 (S = Q K^T with dP = dO V^T, or
-// their transposes S^T = K Q^T with dP^T = V dO^T).
+// of the B tiles with lo <= nt < hi (the other blocks stay 0; nt0, N, lo and hi even, so the blocks go
+// in pairs): s[n] = A1's rows m0 .. m0+15 times B1's rows 8 nt .. 8 nt + 7 transposed, and t[n] the same
+// for A2 and B2 (S = Q K^T with dP = dO V^T, or their transposes S^T = K Q^T with dP^T = V dO^T).
 template <int D, int N>
 __device__ __forceinline__ void two_scores(float (*s)[4], float (*t)[4], const bf16 *a1, const bf16 *a2,
-                                           const bf16 *b1, const bf16 *b2, int r0, int nt0, int lo, int hi) {
-    const int lane = threadIdx.x % 32, gq = lane / 4, tq = lane % 4;
+                                           const bf16 *b1, const bf16 *b2, int m0, int nt0, int lo, int hi) {
+    static_assert(N % 2 == 0, "two_scores takes its 8-row blocks in pairs");
 #pragma unroll
     for (int n = 0; n < N; n++)
 #pragma unroll
@@ -202,15 +246,19 @@ __device__ __forceinline__ void two_scores(float (*s)[4], float (*t)[4], const b
 #pragma unroll
     for (int kk = 0; kk < Geom<D>::KD; kk++) {
         uint32_t f1[4], f2[4];
-        load_a(f1, a1 + r0 * Geom<D>::DS + kk * 16 + 2 * tq, Geom<D>::DS);
-        load_a(f2, a2 + r0 * Geom<D>::DS + kk * 16 + 2 * tq, Geom<D>::DS);
+        load_a(f1, a1, Geom<D>::DS, m0, kk * 16);
+        load_a(f2, a2, Geom<D>::DS, m0, kk * 16);
 #pragma unroll
-        for (int n = 0; n < N; n++) {
+        for (int n = 0; n < N; n += 2) {
             const int nt = nt0 + n;
             if (nt < lo || nt >= hi) continue;
-            const int off = (nt * 8 + gq) * Geom<D>::DS + kk * 16 + 2 * tq;
-            mma(s[n], f1, lds32(b1 + off), lds32(b1 + off + 8));
-            mma(t[n], f2, lds32(b2 + off), lds32(b2 + off + 8));
+            uint32_t x[4], y[4];
+            load_b_pair(x, b1, Geom<D>::DS, nt * 8, kk * 16);
+            load_b_pair(y, b2, Geom<D>::DS, nt * 8, kk * 16);
+            mma(s[n], f1, x[0], x[1]);
+            mma(s[n + 1], f1, x[2], x[3]);
+            mma(t[n], f2, y[0], y[1]);
+            mma(t[n + 1], f2, y[2], y[3]);
         }
     }
 }
@@ -246,9 +294,9 @@ template <bool HEADS> __device__ __forceinline__ int block_rank(unsigned units, 
 // fragments are loaded once into registers; K and V tiles are double-buffered (the next one loads
 // while this one is used).
 template <int D, bool HEADS>
-__global__ void __launch_bounds__(THREADS) mma_forward_kernel(bf16 *out, float *lse, const bf16 *qkv, int B, int T,
-                                                              int NH, int NKV, float scale, int n_qt,
-                                                              unsigned chunk) {
+__global__ void __launch_bounds__(THREADS, Geom<D>::forward_blocks)
+    mma_forward_kernel(bf16 *out, float *lse, const bf16 *qkv, int B, int T, int NH, int NKV, float scale, int n_qt,
+        unsigned chunk) {
     typedef Geom<D> G;
     extern __shared__ __align__(16) unsigned char smem[];
     bf16 *Qs = reinterpret_cast<bf16 *>(smem), *KV = Qs + TILE * G::DS;  // buffer i: K, V at tiles 2i, 2i+1 of KV
@@ -278,35 +326,51 @@ __global__ void __launch_bounds__(THREADS) mma_forward_kernel(bf16 *out, float *
         __syncthreads();  // tile j (and Q) landed for every thread
         if (j == 0) {
 #pragma unroll
-            for (int kk = 0; kk < G::KD; kk++) load_a(qf[kk], Qs + r0 * G::DS + kk * 16 + 2 * tq, G::DS);
+            for (int kk = 0; kk < G::KD; kk++) load_a(qf[kk], Qs, G::DS, warp * 16, kk * 16);
         }
         const bf16 *Ks = KV + (size_t)(2 * (j & 1)) * TILE * G::DS, *Vs = Ks + TILE * G::DS;
         const int k0 = j * TILE;
         const bool diag = j == qt;
-        // S = Q K^T over the 8-key blocks holding a key one of this warp's rows sees
+        // S = Q K^T over the 8-key blocks holding a key one of this warp's rows sees (in pairs: nt_end even)
         const int nt_end = diag ? 2 * (warp + 1) : NT;
         float s[NT][4];
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-            s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
-            if (nt < nt_end) {
-                const bf16 *kp = Ks + (nt * 8 + gq) * G::DS + 2 * tq;
+        for (int nt = 0; nt < NT; nt += 2) {
 #pragma unroll
-                for (int kk = 0; kk < G::KD; kk++) mma(s[nt], qf[kk], lds32(kp + kk * 16), lds32(kp + kk * 16 + 8));
+            for (int e = 0; e < 4; e++) s[nt][e] = s[nt + 1][e] = 0.0f;
+            if (nt < nt_end) {
+#pragma unroll
+                for (int kk = 0; kk < G::KD; kk++) {
+                    uint32_t kf[4];
+                    load_b_pair(kf, Ks, G::DS, nt * 8, kk * 16);
+                    mma(s[nt], qf[kk], kf[0], kf[1]);
+                    mma(s[nt + 1], qf[kk], kf[2], kf[3]);
+                }
             }
         }
-        // scale (in log2 units: m and the scores are log2(e) times the natural ones), causal mask, the
-        // rows' maxima over their 4 lanes
+        // scale (in log2 units: m and the scores are log2(e) times the natural ones), causal mask (only
+        // on the diagonal tile: every key of an earlier tile precedes every query of this one), the rows'
+        // maxima over their 4 lanes
         float mx[2] = {-INFINITY, -INFINITY};
+        if (diag) {
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++)
+            for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int key = k0 + nt * 8 + 2 * tq + (e & 1);
-                const float v = nt < nt_end && key <= (e < 2 ? qa : qb) ? s[nt][e] * scale2 : -INFINITY;
-                s[nt][e] = v;
-                mx[e >> 1] = fmaxf(mx[e >> 1], v);
-            }
+                for (int e = 0; e < 4; e++) {
+                    const int key = k0 + nt * 8 + 2 * tq + (e & 1);
+                    const float v = nt < nt_end && key <= (e < 2 ? qa : qb) ? s[nt][e] * scale2 : -INFINITY;
+                    s[nt][e] = v;
+                    mx[e >> 1] = fmaxf(mx[e >> 1], v);
+                }
+        } else {
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    s[nt][e] *= scale2;
+                    mx[e >> 1] = fmaxf(mx[e >> 1], s[nt][e]);
+                }
+        }
         float mu[2], corr[2];
 #pragma unroll
         for (int i = 0; i < 2; i++) {
@@ -314,7 +378,7 @@ __global__ void __launch_bounds__(THREADS) mma_forward_kernel(bf16 *out, float *
             mx[i] = fmaxf(mx[i], __shfl_xor_sync(FULL, mx[i], 2));
             const float m_new = fmaxf(m[i], mx[i]);   // finite: every row sees its tile's first key
             mu[i] = m_new == -INFINITY ? 0.0f : m_new;
-            corr[i] = exp2f(m[i] - mu[i]);            // 0 on the first tile
+            corr[i] = ex2(m[i] - mu[i]);            // 0 on the first tile
             m[i] = m_new;
         }
         // P = exp(S - m) = exp2(S2 - m2), summed unrounded, rounded to bf16 straight into A fragments
@@ -324,7 +388,7 @@ __global__ void __launch_bounds__(THREADS) mma_forward_kernel(bf16 *out, float *
         for (int nt = 0; nt < NT; nt++) {
             float p[4];
 #pragma unroll
-            for (int e = 0; e < 4; e++) p[e] = exp2f(s[nt][e] - mu[e >> 1]);
+            for (int e = 0; e < 4; e++) p[e] = ex2(s[nt][e] - mu[e >> 1]);
             rs[0] += p[0] + p[1];
             rs[1] += p[2] + p[3];
             to_a(pf[nt / 2], nt % 2, p);
@@ -368,7 +432,8 @@ __global__ void __launch_bounds__(THREADS) mma_forward_kernel(bf16 *out, float *
 // dK, dV: one block per (b, kv head g, key tile), key tile 0 (the most work) first (in block_unit /
 // block_rank's order); warp w owns keys 16w.. of the tile. For every query head of g's group and every
 // query tile from the diagonal on (double-buffered with its dO, lse and delta): S^T = K Q^T and dP^T =
-// V dO^T, P^T = exp(S^T scale - lse), dS^T = P^T (dP^T - delta) scale, dV += P^T dO, dK += dS^T Q. A
+// V dO^T, P^T = exp(S^T scale - lse), dS^T = P^T (dP^T - delta), dV += P^T dO, dK += dS^T Q (times the
+// scale when stored). A
 // query tile goes in two halves of 32 queries, which keeps the live fragments within the register file
 // at D = 128.
 // DQ (SHARDLM_ATTENTION_DQ=atomic): the block also adds this key tile's share of dQ, dS K, for every
@@ -378,10 +443,9 @@ __global__ void __launch_bounds__(THREADS) mma_forward_kernel(bf16 *out, float *
 // The key tiles' shares then land in whatever order the blocks run: dQ is not bit-reproducible.
 // The dQ kernel (three products a tile pair: S, dP again, dS K) is not needed; here one product is added.
 template <int D, bool HEADS, bool DQ>
-__global__ void __launch_bounds__(THREADS) mma_dkdv_kernel(bf16 *dqkv, const bf16 *dout, const bf16 *qkv,
-                                                           const float *lse, const float *delta, int B, int T, int NH,
-                                                           int NKV, float scale, int n_t, unsigned chunk,
-                                                           float *dq_acc) {
+__global__ void __launch_bounds__(THREADS, Geom<D>::backward_blocks)
+    mma_dkdv_kernel(bf16 *dqkv, const bf16 *dout, const bf16 *qkv, const float *lse, const float *delta, int B, int T,
+        int NH, int NKV, float scale, int n_t, unsigned chunk, float *dq_acc) {
     typedef Geom<D> G;
     extern __shared__ __align__(16) unsigned char smem[];
     bf16 *Ks = reinterpret_cast<bf16 *>(smem), *Vs = Ks + TILE * G::DS;
@@ -401,8 +465,10 @@ __global__ void __launch_bounds__(THREADS) mma_dkdv_kernel(bf16 *dqkv, const bf1
     const int n_q = n_t - kt;             // query tiles per head, from the diagonal on
     const int n_iter = group * n_q;
 
-    auto load_q = [&](int it) {
-        const int h = g * group + it / n_q, q0 = (kt + it % n_q) * TILE;
+    // iteration it: query head g * group + it / n_q, query tile kt + it % n_q, kept as counters (hi, qi)
+    // stepped once an iteration (an integer division costs some twenty instructions)
+    auto load_q = [&](int it, int hi, int qi) {
+        const int h = g * group + hi, q0 = (kt + qi) * TILE;
         bf16 *dst = QO + (size_t)(2 * (it & 1)) * TILE * G::DS;
         load_tile<D>(dst, base + (size_t)q0 * W + (size_t)h * D, W, T - q0);
         load_tile<D>(dst + TILE * G::DS, dout + ((size_t)b * T + q0) * WO + (size_t)h * D, WO, T - q0);
@@ -413,7 +479,7 @@ __global__ void __launch_bounds__(THREADS) mma_dkdv_kernel(bf16 *dqkv, const bf1
     };
     load_tile<D>(Ks, base + (size_t)k0 * W + (size_t)(NH + g) * D, W, T - k0);
     load_tile<D>(Vs, base + (size_t)k0 * W + (size_t)(NH + NKV + g) * D, W, T - k0);
-    load_q(0);
+    load_q(0, 0, 0);
     cp_commit();
 
     float dk[G::ND][4], dv[G::ND][4];
@@ -422,14 +488,17 @@ __global__ void __launch_bounds__(THREADS) mma_dkdv_kernel(bf16 *dqkv, const bf1
 #pragma unroll
         for (int e = 0; e < 4; e++) dk[nd][e] = dv[nd][e] = 0.0f;
 
-    for (int it = 0; it < n_iter; it++) {
-        PIPELINE_STEP(it + 1 < n_iter, load_q(it + 1));
+    for (int it = 0, hi = 0, qi = 0; it < n_iter; it++) {
+        const int hi_next = qi + 1 == n_q ? hi + 1 : hi, qi_next = qi + 1 == n_q ? 0 : qi + 1;
+        PIPELINE_STEP(it + 1 < n_iter, load_q(it + 1, hi_next, qi_next));
         __syncthreads();
-        const int q0 = (kt + it % n_q) * TILE;
+        const int q0 = (kt + qi) * TILE;
         const bf16 *Qs = QO + (size_t)(2 * (it & 1)) * TILE * G::DS, *dOs = Qs + TILE * G::DS;
         const float *lse_s = stats + 2 * (it & 1) * TILE, *delta_s = lse_s + TILE;
-        // on the diagonal, queries before this warp's first key are masked for all its rows
+        // on the diagonal, queries before this warp's first key are masked for all its rows; below it, in
+        // a query tile that ends before T, nothing is (every query follows every key of the tile)
         const int nt_begin = q0 == k0 ? 2 * warp : 0;
+        const bool full = q0 != k0 && q0 + TILE <= T;
 #pragma unroll
         for (int half = 0; half < 2; half++) {  // queries 32*half .. 32*half+31: n-tiles 4*half ..
             if (4 * half + 3 < nt_begin) {
@@ -444,25 +513,37 @@ __global__ void __launch_bounds__(THREADS) mma_dkdv_kernel(bf16 *dqkv, const bf1
                 continue;
             }
             float s[4][4], dp[4][4];  // S^T = K Q^T, dP^T = V dO^T
-            two_scores<D, 4>(s, dp, Ks, Vs, Qs, dOs, r0, 4 * half, nt_begin, NT);
+            two_scores<D, 4>(s, dp, Ks, Vs, Qs, dOs, warp * 16, 4 * half, nt_begin, NT);
             uint32_t pf[2][4], dsf[2][4];  // A fragments over this half's two 16-query steps
 #pragma unroll
             for (int n = 0; n < 4; n++) {
                 const int nt = 4 * half + n;
                 float p[4], ds[4];
+                // the lse and delta of this lane's two queries (columns c, c + 1: one 8-byte load each)
+                const int c = nt * 8 + 2 * tq;
+                const float2 ls = *reinterpret_cast<const float2 *>(lse_s + c);
+                const float2 dl = *reinterpret_cast<const float2 *>(delta_s + c);
+                const float l2[2] = {ls.x * LOG2E, ls.y * LOG2E}, dd[2] = {dl.x, dl.y};
+                if (full) {
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int c = nt * 8 + 2 * tq + (e & 1), qq = q0 + c;
-                    p[e] = ds[e] = 0.0f;
-                    if (nt >= nt_begin && qq >= (e < 2 ? ka : kb) && qq < T) {  // causal: key at or before query
-                        p[e] = exp2f(s[n][e] * scale2 - lse_s[c] * LOG2E);
-                        ds[e] = p[e] * (dp[n][e] - delta_s[c]) * scale;
+                    for (int e = 0; e < 4; e++) {
+                        p[e] = ex2(s[n][e] * scale2 - l2[e & 1]);
+                        ds[e] = p[e] * (dp[n][e] - dd[e & 1]);
+                    }
+                } else {
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int qq = q0 + c + (e & 1);
+                        p[e] = ds[e] = 0.0f;
+                        if (nt >= nt_begin && qq >= (e < 2 ? ka : kb) && qq < T) {  // causal: key at or before query
+                            p[e] = ex2(s[n][e] * scale2 - l2[e & 1]);
+                            ds[e] = p[e] * (dp[n][e] - dd[e & 1]);
+                        }
                     }
                 }
                 to_a(pf[n / 2], n % 2, p);
                 to_a(dsf[n / 2], n % 2, ds);
                 if constexpr (DQ) {  // rows r0, r0 + 8 of dS^T, columns c, c + 1: the bf16 pairs just made
-                    const int c = nt * 8 + 2 * tq;
                     *reinterpret_cast<uint32_t *>(dSt + r0 * SS + c) = dsf[n / 2][2 * (n % 2)];
                     *reinterpret_cast<uint32_t *>(dSt + (r0 + 8) * SS + c) = dsf[n / 2][2 * (n % 2) + 1];
                 }
@@ -477,7 +558,7 @@ __global__ void __launch_bounds__(THREADS) mma_dkdv_kernel(bf16 *dqkv, const bf1
         if constexpr (DQ) {
             __syncthreads();  // dS^T complete
             // warp w: queries 16w .. 16w+15 of the tile; on the diagonal their keys end at 16w + 15
-            const int h = g * group + it / n_q, kk_end = q0 == k0 ? warp + 1 : KT;
+            const int h = g * group + hi, kk_end = q0 == k0 ? warp + 1 : KT;
             float dq[G::ND][4];
 #pragma unroll
             for (int nd = 0; nd < G::ND; nd++) dq[nd][0] = dq[nd][1] = dq[nd][2] = dq[nd][3] = 0.0f;
@@ -492,33 +573,35 @@ __global__ void __launch_bounds__(THREADS) mma_dkdv_kernel(bf16 *dqkv, const bf1
             float *dst = dq_acc + ((size_t)b * T * NH + h) * D + 2 * tq;  // row q at + q * NH * D
 #pragma unroll
             for (int nd = 0; nd < G::ND; nd++) {
-                if (qa < T) atomic_add2(dst + (size_t)qa * NH * D + nd * 8, dq[nd][0], dq[nd][1]);
-                if (qb < T) atomic_add2(dst + (size_t)qb * NH * D + nd * 8, dq[nd][2], dq[nd][3]);
+                if (qa < T) atomic_add2(dst + (size_t)qa * NH * D + nd * 8, dq[nd][0] * scale, dq[nd][1] * scale);
+                if (qb < T) atomic_add2(dst + (size_t)qb * NH * D + nd * 8, dq[nd][2] * scale, dq[nd][3] * scale);
             }
         }
         __syncthreads();  // every warp is done with this buffer (and dS^T) before the next loads into it
+        hi = hi_next;
+        qi = qi_next;
     }
     bf16 *dst = dqkv + (size_t)b * T * W + (size_t)(NH + g) * D + 2 * tq;  // dK; dV at + NKV * D
 #pragma unroll
     for (int nd = 0; nd < G::ND; nd++) {
         if (ka < T) {
-            *reinterpret_cast<uint32_t *>(dst + ka * W + nd * 8) = pack_bf16(dk[nd][0], dk[nd][1]);
+            *reinterpret_cast<uint32_t *>(dst + ka * W + nd * 8) = pack_bf16(dk[nd][0] * scale, dk[nd][1] * scale);
             *reinterpret_cast<uint32_t *>(dst + ka * W + (size_t)NKV * D + nd * 8) = pack_bf16(dv[nd][0], dv[nd][1]);
         }
         if (kb < T) {
-            *reinterpret_cast<uint32_t *>(dst + kb * W + nd * 8) = pack_bf16(dk[nd][2], dk[nd][3]);
+            *reinterpret_cast<uint32_t *>(dst + kb * W + nd * 8) = pack_bf16(dk[nd][2] * scale, dk[nd][3] * scale);
             *reinterpret_cast<uint32_t *>(dst + kb * W + (size_t)NKV * D + nd * 8) = pack_bf16(dv[nd][2], dv[nd][3]);
         }
     }
 }
 
 // dQ: one block per (b, h, query tile), longest first (in block_unit / block_rank's order); K and V
-// tiles double-buffered up to the diagonal: S = Q K^T and dP = dO V^T again, dS = P (dP - delta) scale,
-// dQ += dS K.
+// tiles double-buffered up to the diagonal: S = Q K^T and dP = dO V^T again, dS = P (dP - delta),
+// dQ += dS K (times the scale when stored).
 template <int D, bool HEADS>
-__global__ void __launch_bounds__(THREADS) mma_dq_kernel(bf16 *dqkv, const bf16 *dout, const bf16 *qkv,
-                                                         const float *lse, const float *delta, int B, int T, int NH,
-                                                         int NKV, float scale, int n_qt, unsigned chunk) {
+__global__ void __launch_bounds__(THREADS, Geom<D>::backward_blocks)
+    mma_dq_kernel(bf16 *dqkv, const bf16 *dout, const bf16 *qkv, const float *lse, const float *delta, int B, int T,
+        int NH, int NKV, float scale, int n_qt, unsigned chunk) {
     typedef Geom<D> G;
     extern __shared__ __align__(16) unsigned char smem[];
     bf16 *Qs = reinterpret_cast<bf16 *>(smem), *dOs = Qs + TILE * G::DS, *KV = dOs + TILE * G::DS;
@@ -553,18 +636,27 @@ __global__ void __launch_bounds__(THREADS) mma_dq_kernel(bf16 *dqkv, const bf16 
         const bool diag = j == qt;
         const int nt_end = diag ? 2 * (warp + 1) : NT;
         float s[NT][4], dp[NT][4];  // S = Q K^T, dP = dO V^T
-        two_scores<D, NT>(s, dp, Qs, dOs, Ks, Vs, r0, 0, 0, nt_end);
+        two_scores<D, NT>(s, dp, Qs, dOs, Ks, Vs, warp * 16, 0, 0, nt_end);
         uint32_t dsf[KT][4];
+        const bool full = !diag && q0 + TILE <= T;  // no key masked for any row (every key precedes them)
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
             float ds[4];
+            if (full) {
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int key = k0 + nt * 8 + 2 * tq + (e & 1), q = e < 2 ? qa : qb;
-                ds[e] = 0.0f;
-                if (nt < nt_end && key <= q && q < T) {
-                    const float p = exp2f(s[nt][e] * scale2 - (e < 2 ? lse_a : lse_b));
-                    ds[e] = p * (dp[nt][e] - (e < 2 ? dl_a : dl_b)) * scale;
+                for (int e = 0; e < 4; e++) {
+                    const float p = ex2(s[nt][e] * scale2 - (e < 2 ? lse_a : lse_b));
+                    ds[e] = p * (dp[nt][e] - (e < 2 ? dl_a : dl_b));
+                }
+            } else {
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int key = k0 + nt * 8 + 2 * tq + (e & 1), q = e < 2 ? qa : qb;
+                    ds[e] = 0.0f;
+                    if (nt < nt_end && key <= q && q < T) {
+                        const float p = ex2(s[nt][e] * scale2 - (e < 2 ? lse_a : lse_b));
+                        ds[e] = p * (dp[nt][e] - (e < 2 ? dl_a : dl_b));
+                    }
                 }
             }
             to_a(dsf[nt / 2], nt % 2, ds);
@@ -578,8 +670,10 @@ __global__ void __launch_bounds__(THREADS) mma_dq_kernel(bf16 *dqkv, const bf16 
     bf16 *dst = dqkv + (size_t)b * T * W + (size_t)h * D + 2 * tq;
 #pragma unroll
     for (int nd = 0; nd < G::ND; nd++) {
-        if (qa < T) *reinterpret_cast<uint32_t *>(dst + qa * W + nd * 8) = pack_bf16(dq[nd][0], dq[nd][1]);
-        if (qb < T) *reinterpret_cast<uint32_t *>(dst + qb * W + nd * 8) = pack_bf16(dq[nd][2], dq[nd][3]);
+        if (qa < T)
+            *reinterpret_cast<uint32_t *>(dst + qa * W + nd * 8) = pack_bf16(dq[nd][0] * scale, dq[nd][1] * scale);
+        if (qb < T)
+            *reinterpret_cast<uint32_t *>(dst + qb * W + nd * 8) = pack_bf16(dq[nd][2] * scale, dq[nd][3] * scale);
     }
 }
 
