@@ -47,9 +47,10 @@ def render(rows):
     tgemm = {r["dtype"]: r for r in rows if r["impl"] == "torch-gemm"}
     # keyed by precision and buffer type; lines from before bench_gemm had --storage measured fp32 buffers
     sgemm = {(r["precision"], r.get("storage", "fp32")): r for r in rows if r["impl"] == "shardlm-gemm"}
-    # the fused kernels' rows: the separate kernels (SHARDLM_FUSED_KERNELS=0), the classifier's rows in
-    # shared memory (SHARDLM_CE_ROW_SMEM=1)
-    split = [r for r in rows if r.get("tag", "").startswith(("shardlm-split:", "shardlm-cesmem:"))]
+    # the fused kernels' rows: the separate kernels (SHARDLM_FUSED_KERNELS=0), the classifier reading each
+    # row twice (SHARDLM_CE_ROW_SMEM=0, the default since 2026-11-27), or, in runs before that, its rows
+    # in shared memory (SHARDLM_CE_ROW_SMEM=1, then opt-in)
+    split = [r for r in rows if r.get("tag", "").startswith(CE_TAGS + ("shardlm-split:",))]
     tuned = [r for r in rows if r.get("tag", "").startswith("shardlm-autotune:")]
     # the attention kernels' rows: SHARDLM_ATTENTION=simt, and whichever tensor-core kernels were not the default
     att = [r for r in rows if r.get("tag", "").startswith(tuple(p for p, _ in TAG_KERNELS))]
@@ -215,14 +216,14 @@ def render_fused(w, runs, split):
       "crossentropy_forward + crossentropy_backward), and GPT-2's MLP backward with the GELU gradient in the "
       "c_proj dinp GEMM's DGELU epilogue (matmul_backward_gelu, then a plain matmul_backward for c_fc) against "
       "the GELU gradient in c_fc's bias-gradient pass (matmul_backward, then matmul_gelu_backward): compare the "
-      "`all matmul ops` column; `fused, rows in shared memory` is `SHARDLM_CE_ROW_SMEM=1` (the classifier reads "
-      "each row from memory once into shared memory, instead of once plus once from L2). Same model, micro-batch "
-      "and step count; ms per step.\n")
+      "`all matmul ops` column; the classifier reads each row from memory once into shared memory "
+      "(`SHARDLM_CE_ROW_SMEM=1`, the default since 2026-11-27; opt-in in earlier runs) or once plus once from L2 "
+      "(`=0`). Same model, micro-batch and step count; ms per step.\n")
     w("| model | micro-batch | kernels | ms/step | tok/s | " + " | ".join(shown) + " | all matmul ops |")
     w("|---|---|---|---|---|" + "---|" * (len(shown) + 1))
     for r, default in rows:
-        what = ("fused" if default is None else "fused, rows in shared memory"
-                if r.get("tag", "").startswith("shardlm-cesmem:") else "separate")
+        tag = r.get("tag", "")
+        what = "fused" if default is None else next((w for t, w in CE_TAGS_WHAT if tag.startswith(t)), "separate")
         b = r.get("breakdown", {})
         cells = ["%.2f" % b[k] if k in b else "" for k in shown]
         cells.append("%.2f" % sum(v for k, v in b.items() if k.startswith("matmul")))
@@ -230,6 +231,10 @@ def render_fused(w, runs, split):
           f"{r['tokens_per_s']:.0f} | " + " | ".join(cells) + " |")
     w("")
 
+
+# the classifier's comparison rows by tag: SHARDLM_CE_ROW_SMEM=0 since it became the default, =1 before
+CE_TAGS_WHAT = (("shardlm-cetwice:", "fused, each row read twice"), ("shardlm-cesmem:", "fused, rows in shared memory"))
+CE_TAGS = tuple(t for t, _ in CE_TAGS_WHAT)
 
 ATTENTION_KERNELS = {"mma": "mma.sync, registers (mma)", "tc": "tensor cores, WMMA (tc)", "simt": "CUDA cores (simt)"}
 TAG_KERNELS = (("shardlm-simt:", "simt"), ("shardlm-mma:", "mma"), ("shardlm-wmma:", "tc"), ("shardlm-attgrid:", "mma"),

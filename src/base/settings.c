@@ -7,9 +7,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define DEFAULTS                                                                                      \
-    {.gelu_epilogue = 1, .attention = SL_ATTENTION_MMA, .fused_kernels = 1, .bf16_storage = 1, .cpu_bf16 = 1, .log_level = 1,   \
-     .heartbeat_interval_ms = 1000, .terminal = 1}
+#define DEFAULTS                                                                                         \
+    {.gelu_epilogue = 1, .attention = SL_ATTENTION_MMA, .ce_row_smem = 1, .fused_kernels = 1, .bf16_storage = 1, \
+     .cpu_bf16 = 1, .log_level = 1, .heartbeat_interval_ms = 1000, .terminal = 1}
 static sl_settings settings = DEFAULTS;
 static int loaded;
 
@@ -19,7 +19,7 @@ static const struct { const char *name, *meaning; } variables[] = {
     {"SHARDLM_ATTENTION", "mma (default): on the GPU the mma.sync tensor-core kernels with fragments in registers; tc: the WMMA tensor-core kernels; simt: the CUDA-core kernels; on the CPU simt is the staged fp32 attention, tc and mma oneDNN bf16 matmuls"},
     {"SHARDLM_ATTENTION_GRID", "heads: the GPU's mma.sync attention kernels take their blocks in chunks of heads that fit a share of L2 (longest tiles first in each), so the blocks running at once share K and V through L2; tiles (default): every head's longest tile first. The same bits either way (A/B timing, not yet run on a GPU)"},
     {"SHARDLM_ATTENTION_DQ", "atomic: the GPU's mma.sync attention backward adds dQ inside the dK/dV kernel with fp32 atomics (head dims up to 64; two tile products fewer, but dQ is not bit-reproducible run to run; A/B timing, not yet run on a GPU); split (default): dQ by a kernel of its own, deterministic"},
-    {"SHARDLM_CE_ROW_SMEM", "1: the GPU's fused classifier copies each row of logits into shared memory and reads it from there, once from memory instead of once plus once from L2 (A/B timing, not yet run on a GPU; default 0)"},
+    {"SHARDLM_CE_ROW_SMEM", "0: the GPU's fused classifier reads each row of logits twice, once from memory and once from L2 (A/B timing); default 1: it copies each row into shared memory where one fits and reads it from there (the same bits; H200 2026-11-27: 7.66 -> 6.96 ms a GPT-2 124M B=64 step)"},
     {"SHARDLM_FUSED_KERNELS", "0: the GPU's norm backward, cross-entropy and GELU gradient as the earlier separate kernels (A/B timing; default 1)"},
     {"SHARDLM_GEMM_AUTOTUNE", "1: each GPU GEMM shape times cuBLASLt's candidate algorithms once and keeps the fastest (default 0: the heuristic's first, the same in every run)"},
     {"SHARDLM_BF16_STORAGE", "0: --precision bf16 keeps fp32 activations, on the GPU and the CPU (default 1: bf16 storage)"},

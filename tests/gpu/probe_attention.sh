@@ -10,7 +10,7 @@
 #      source page: each SASS instruction with its executed count and stall samples);
 #   3. compute-sanitizer racecheck and memcheck on two bf16 steps of gpt2-demo (head dim 64) and
 #      llama-demo (32, GQA) through bench_train, in the default kernels and each opt-in mode
-#      (SHARDLM_ATTENTION_DQ=atomic, SHARDLM_ATTENTION_GRID=heads, SHARDLM_CE_ROW_SMEM=1).
+#      (SHARDLM_ATTENTION_DQ=atomic, SHARDLM_ATTENTION_GRID=heads) and SHARDLM_CE_ROW_SMEM=0.
 # Carry ["build/gpu-deps"]. PROBE_BUDGET_S (default 380) bounds it; each stage checks what is left.
 # Outputs in $OUT: probe_summary.txt ("N passed, N failed" last), the csv files, probe_logs.tgz.
 set -u
@@ -71,7 +71,7 @@ note "-- ncu (full set): $((SECONDS - start))s"
 cs=$(command -v compute-sanitizer || echo "$CUDA_HOME/bin/compute-sanitizer")
 start=$SECONDS
 for model in gpt2-demo llama-demo; do
-  for mode in default SHARDLM_ATTENTION_DQ=atomic SHARDLM_ATTENTION_GRID=heads SHARDLM_CE_ROW_SMEM=1; do
+  for mode in default SHARDLM_ATTENTION_DQ=atomic SHARDLM_ATTENTION_GRID=heads SHARDLM_CE_ROW_SMEM=0; do
     for tool in racecheck memcheck; do
       [ "$mode" != default ] && [ "$model" = llama-demo ] && [ "$mode" != SHARDLM_ATTENTION_DQ=atomic ] && continue
       tag=${model}_${tool}_$(echo "${mode#SHARDLM_}" | tr 'A-Z=' 'a-z_')

@@ -1330,13 +1330,14 @@ static void test_attention_dq_atomic(const char *tag, int B, int T, int NH, int 
 }
 
 // Every CE_SHAPES entry through check (against the CPU) and test_crossentropy_fusion_exact, with the
-// fused classifier as the model runs it, then with each row in shared memory (SHARDLM_CE_ROW_SMEM=1).
+// fused classifier reading each row twice (SHARDLM_CE_ROW_SMEM=0), then with each row in shared memory (=1,
+// the default).
 // That kernel must run exactly where it applies: 3 launches a shape (check runs the fused op twice,
 // the exact test once) where it takes the rows (cuda_crossentropy_smem_takes: 16-byte vectors, and a
 // row fits this GPU's shared memory), none otherwise (odd_vp97).
 static void crossentropy_cases(void (*check)(const char *tag, int N, int V, int Vp)) {
     for (int smem = 0; smem < 2; smem++) {
-        set_switch("SHARDLM_CE_ROW_SMEM", smem ? "1" : NULL);
+        set_switch("SHARDLM_CE_ROW_SMEM", smem ? "1" : "0");
         for (int i = 0; i < N_CE_SHAPES; i++) {
             char tag[64];
             snprintf(tag, sizeof tag, "%s%s", smem ? "smem_" : "", CE_SHAPES[i].tag);
