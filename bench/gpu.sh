@@ -15,7 +15,8 @@
 #      the CUDA cores) and with SHARDLM_ATTENTION=tc (the WMMA kernels of attention_tc.cu, against the
 #      default mma.sync kernels of attention_mma.cu), and with SHARDLM_ATTENTION_GRID=heads (those
 #      kernels' blocks in chunks of heads) and with SHARDLM_ATTENTION_DQ=atomic (their backward's dQ added
-#      inside the dK/dV kernel by fp32 atomics), for the table comparing the attention kernels
+#      inside the dK/dV kernel by fp32 atomics; and =ordered, those atomics in key-tile order), for the
+#      table comparing the attention kernels
 #      (GPU_SIMT=0 / GPU_WMMA=0 / GPU_ATT_GRID=0 / GPU_ATT_DQ=0: not run);
 #   6. each model once more at shardlm's micro-batch with SHARDLM_FUSED_KERNELS=0 (the norm backward
 #      and cross-entropy as the earlier separate kernels, the MLP's GELU gradient outside the GEMM
@@ -279,6 +280,8 @@ variant_rows GPU_ATT_GRID shardlm-attgrid SHARDLM_ATTENTION_GRID=heads "mma.sync
 variant_rows GPU_ATT_DQ shardlm-attdq SHARDLM_ATTENTION_DQ=atomic "mma.sync attention backward with dQ by atomics"
 variant_rows GPU_ATT_DQ shardlm-attboth "SHARDLM_ATTENTION_GRID=heads SHARDLM_ATTENTION_DQ=atomic" \
     "mma.sync attention in chunks of heads, dQ by atomics"
+variant_rows GPU_ATT_DQ shardlm-attorder SHARDLM_ATTENTION_DQ=ordered \
+    "mma.sync attention backward with dQ by atomics in key-tile order"
 # the fused kernels: the norm backward, the cross-entropy and the MLP's GELU gradient as separate
 # kernels, for the before / after table
 variant_rows GPU_SPLIT shardlm-split SHARDLM_FUSED_KERNELS=0 "separate norm-backward, cross-entropy and GELU-gradient kernels"

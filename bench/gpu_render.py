@@ -238,7 +238,7 @@ CE_TAGS = tuple(t for t, _ in CE_TAGS_WHAT)
 
 ATTENTION_KERNELS = {"mma": "mma.sync, registers (mma)", "tc": "tensor cores, WMMA (tc)", "simt": "CUDA cores (simt)"}
 TAG_KERNELS = (("shardlm-simt:", "simt"), ("shardlm-mma:", "mma"), ("shardlm-wmma:", "tc"), ("shardlm-attgrid:", "mma"),
-               ("shardlm-attdq:", "mma"), ("shardlm-attboth:", "mma"))
+               ("shardlm-attdq:", "mma"), ("shardlm-attboth:", "mma"), ("shardlm-attorder:", "mma"))
 
 
 def attention_of(r):
@@ -261,7 +261,8 @@ def render_attention(w, runs, att):
       "(src/ops/cuda/attention.cu); `SHARDLM_ATTENTION_GRID=heads` runs the mma.sync kernels' blocks in chunks of "
       "heads (a chunk's tiles together, so the blocks in flight share K and V through L2) instead of every head's "
       "longest tile first (the same bits); `SHARDLM_ATTENTION_DQ=atomic` adds dQ inside the dK/dV kernel with fp32 "
-      "atomics instead of a dQ kernel that recomputes S and dP (two tile products fewer; dQ not bit-reproducible). "
+      "atomics instead of a dQ kernel that recomputes S and dP (two tile products fewer; dQ not bit-reproducible), "
+      "`=ordered` the same with each dQ sum taking its key tiles in order (bit-reproducible). "
       "The first row of each model is the run's default. Same model, "
       "micro-batch and step count.\n")
     w("| model | micro-batch | kernels | ms/step | tok/s | attention forward ms | attention backward ms |")
@@ -275,6 +276,8 @@ def render_attention(w, runs, att):
             what += ", blocks in chunks of heads" if r.get("attention_grid") == "heads" else ", longest tiles first"
             if r.get("attention_dq") == "atomic":
                 what += ", dQ by atomics in the dK/dV kernel"
+            elif r.get("attention_dq") == "ordered":
+                what += ", dQ by atomics in key-tile order in the dK/dV kernel"
         w(f"| {NAMES.get(r['model'], r['model'])} | {r['B']} | {what} | {r['ms_per_step']:.1f} | "
           f"{r['tokens_per_s']:.0f} | {cell(fwd)} | {cell(bwd)} |")
     w("")

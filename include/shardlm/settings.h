@@ -29,14 +29,14 @@ enum { SL_ATTENTION_GRID_TILES, SL_ATTENTION_GRID_HEADS };
 // others keep split): dK / dV's kernel adds each key tile's share dS K into an fp32 buffer with
 // atomics, two products a tile pair fewer, but the shares land in whatever order the blocks run, so
 // dQ's last bits can differ from run to run.
-enum { SL_ATTENTION_DQ_SPLIT, SL_ATTENTION_DQ_ATOMIC };
+enum { SL_ATTENTION_DQ_SPLIT, SL_ATTENTION_DQ_ATOMIC, SL_ATTENTION_DQ_ORDERED };
 
 typedef struct {
     int tf32;                  // SHARDLM_TF32=1: fp32 GEMMs on the GPU may use TF32 tensor cores (default 0)
     int gelu_epilogue;         // SHARDLM_GELU_EPILOGUE=0: GPT-2's GELU outside the cuBLASLt epilogue (default 1)
     int attention;             // SHARDLM_ATTENTION=tc|simt|mma: the bf16 attention kernels (SL_ATTENTION_*; default mma)
     int attention_grid;        // SHARDLM_ATTENTION_GRID=tiles|heads: the mma.sync attention's block order (default tiles)
-    int attention_dq;          // SHARDLM_ATTENTION_DQ=split|atomic: its backward's dQ (SL_ATTENTION_DQ_*; default split)
+    int attention_dq;          // SHARDLM_ATTENTION_DQ=split|atomic|ordered: its backward's dQ (SL_ATTENTION_DQ_*; default split)
     int ce_row_smem;           // SHARDLM_CE_ROW_SMEM: the GPU's fused classifier holds each row in shared memory (default 1)
     int fused_kernels;         // SHARDLM_FUSED_KERNELS=0: the GPU's norm backward and loss as the earlier separate kernels (default 1)
     int gemm_autotune;         // SHARDLM_GEMM_AUTOTUNE=1: time cuBLASLt's candidate algorithms once per GEMM shape (default 0)
@@ -61,7 +61,7 @@ int sl_settings_load(void);
 const char *sl_attention_name(int attention);
 // SHARDLM_ATTENTION_GRID's word for an SL_ATTENTION_GRID_* value ("tiles", "heads"; "?" for another).
 const char *sl_attention_grid_name(int grid);
-// SHARDLM_ATTENTION_DQ's word for an SL_ATTENTION_DQ_* value ("split", "atomic"; "?" for another).
+// SHARDLM_ATTENTION_DQ's word for an SL_ATTENTION_DQ_* value ("split", "atomic", "ordered"; "?" for another).
 const char *sl_attention_dq_name(int dq);
 
 // The settings (loaded on first use; a malformed variable then leaves its default and is reported by

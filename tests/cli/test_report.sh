@@ -70,7 +70,7 @@ clean_env SHARDLM_ATTENTION_GRID=diagonal "$BIN" train --steps 1 >"$tmp/badgrid_
 check bad_setting_stops_train test $rc -ne 0
 check bad_setting_stops_train_named grep -q 'SHARDLM_ATTENTION_GRID="diagonal"' "$tmp/badgrid_train.txt"
 clean_env SHARDLM_ATTENTION_DQ=sometimes "$BIN" report >"$tmp/baddq.txt" 2>&1
-check report_bad_dq_setting_named grep -q 'SHARDLM_ATTENTION_DQ="sometimes": expected split or atomic' "$tmp/baddq.txt"
+check report_bad_dq_setting_named grep -q 'SHARDLM_ATTENTION_DQ="sometimes": expected split, atomic or ordered' "$tmp/baddq.txt"
 clean_env SHARDLM_ATTENTION_DQ=atomic "$BIN" report >"$tmp/dq.txt" 2>&1
 check report_lists_the_dq_setting grep -Eq 'SHARDLM_ATTENTION_DQ +atomic' "$tmp/dq.txt"
 

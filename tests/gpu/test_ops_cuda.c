@@ -1329,6 +1329,16 @@ static void test_attention_dq_atomic(const char *tag, int B, int T, int NH, int 
                            modes, 1e-2);
 }
 
+// SHARDLM_ATTENTION_DQ=ordered (the atomic mode's kernel, each dQ sum taking its key tiles' shares in
+// order): near the split kernels as atomic is, and two runs byte for byte (the bits it keeps).
+static void test_attention_dq_ordered(const char *tag, int B, int T, int NH, int NKV, int HD) {
+    static const char *const near[2] = {"split", "ordered"}, *const twice[2] = {"ordered", "ordered"};
+    compare_attention_runs(bname("attention_dq_ordered_near_split", tag), B, T, NH, NKV, HD, "SHARDLM_ATTENTION_DQ",
+                           near, 1e-2);
+    compare_attention_runs(bname("attention_dq_ordered_repeats_bits", tag), B, T, NH, NKV, HD, "SHARDLM_ATTENTION_DQ",
+                           twice, 0.0);
+}
+
 // Every CE_SHAPES entry through check (against the CPU) and test_crossentropy_fusion_exact, with the
 // fused classifier reading each row twice (SHARDLM_CE_ROW_SMEM=0), then with each row in shared memory (=1,
 // the default).
@@ -1575,20 +1585,31 @@ int main(int argc, char **argv) {
             // (head_dim <= 64): against the split kernels, also in the heads order on two shapes, and on
             // GPT-2's heads at B = 3; then against the CPU element by element (dqkv starts as noise, so
             // every dQ column must be written), without the two-runs-identical check it does not keep
+            // The same for dQ added in key-tile order (SHARDLM_ATTENTION_DQ=ordered), which also keeps the
+            // two-runs-identical check
             for (int i = 0; i < N_ATT_SHAPES; i++)
-                if (ATT_SHAPES[i].HD <= 64 && ATT_SHAPES[i].HD != 40)
+                if (ATT_SHAPES[i].HD <= 64 && ATT_SHAPES[i].HD != 40) {
                     test_attention_dq_atomic(ATT_SHAPES[i].tag, ATT_SHAPES[i].B, ATT_SHAPES[i].T, ATT_SHAPES[i].NH,
                                              ATT_SHAPES[i].NKV, ATT_SHAPES[i].HD);
+                    test_attention_dq_ordered(ATT_SHAPES[i].tag, ATT_SHAPES[i].B, ATT_SHAPES[i].T, ATT_SHAPES[i].NH,
+                                              ATT_SHAPES[i].NKV, ATT_SHAPES[i].HD);
+                }
             set_switch("SHARDLM_ATTENTION_GRID", "heads");
             test_attention_dq_atomic("heads_gqa_T77", 2, 77, 4, 2, 64);
             test_attention_dq_atomic("heads_hd16_T1", 2, 1, 4, 1, 16);
+            test_attention_dq_ordered("heads_gqa_T77", 2, 77, 4, 2, 64);
+            test_attention_dq_ordered("heads_gpt2_B3_T1024", 3, 1024, 12, 12, 64);
             set_switch("SHARDLM_ATTENTION_GRID", NULL);
             test_attention_dq_atomic("gpt2_B3_T1024", 3, 1024, 12, 12, 64);
+            test_attention_dq_ordered("gpt2_B3_T1024", 3, 1024, 12, 12, 64);
             set_switch("SHARDLM_ATTENTION_DQ", "atomic");
             nondeterministic_mode = 1;
             for (int i = 0; i < N_ATT_SHAPES; i++)
                 if (ATT_SHAPES[i].HD <= 64 && ATT_SHAPES[i].HD != 40) test_bf16_attention_shape("mma_dq_atomic_", i);
             nondeterministic_mode = 0;
+            set_switch("SHARDLM_ATTENTION_DQ", "ordered");
+            for (int i = 0; i < N_ATT_SHAPES; i++)
+                if (ATT_SHAPES[i].HD <= 64 && ATT_SHAPES[i].HD != 40) test_bf16_attention_shape("mma_dq_ordered_", i);
             set_switch("SHARDLM_ATTENTION_DQ", NULL);
             set_switch("SHARDLM_ATTENTION", NULL);
         }

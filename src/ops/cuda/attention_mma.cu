@@ -70,7 +70,11 @@ template <int D> struct Geom {
     static constexpr int backward_blocks = D <= 80 ? 3 : 2;
 };
 constexpr int SS = TILE + 8;  // row stride (elements) of dS^T's tile (below; conflict-free, as DS)
-// SHARDLM_ATTENTION_DQ=atomic: dK / dV's kernel also holds an iteration's dS^T (64 keys x 64 queries).
+// How the backward makes dQ (SHARDLM_ATTENTION_DQ): a kernel of its own (split), or inside dK / dV's kernel,
+// added into fp32 sums by atomics in whatever order the key tiles come (atomic) or in key-tile order
+// (ordered: each (head, query tile) passes a turn from key tile to key tile).
+enum { DQ_SPLIT, DQ_ATOMIC, DQ_ORDERED };
+// Those two: dK / dV's kernel also holds an iteration's dS^T (64 keys x 64 queries).
 template <int D> constexpr size_t dkdv_dq_smem() { return Geom<D>::dkdv + sizeof(bf16) * TILE * SS; }
 // The head dims whose dK / dV kernel takes dQ too (atomic mode): above 64 its dQ accumulator on top of
 // dK and dV would not stay in registers; those head dims keep the dQ kernel.
@@ -141,6 +145,20 @@ __device__ __forceinline__ void ldsm4(uint32_t r[4], const bf16 *p) {
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(smem_addr(p))
                  : "memory");
+}
+
+// SHARDLM_ATTENTION_DQ=ordered's turns: thread 0 waits until *turn reads `want` (an acquire at GPU scope,
+// so what the block that set it added before is seen), and passes it on with a release.
+__device__ __forceinline__ void wait_turn(const unsigned *turn, unsigned want) {
+    for (;;) {
+        unsigned v;
+        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(turn) : "memory");
+        if (v == want) return;
+        __nanosleep(64);
+    }
+}
+__device__ __forceinline__ void pass_turn(unsigned *turn, unsigned next) {
+    asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(turn), "r"(next) : "memory");
 }
 
 // dst[0], dst[1] += x, y (8-byte aligned global fp32): one vector atomic on sm_90, two before it.
@@ -436,16 +454,23 @@ __global__ void __launch_bounds__(THREADS, Geom<D>::forward_blocks)
 // scale when stored). A
 // query tile goes in two halves of 32 queries, which keeps the live fragments within the register file
 // at D = 128.
-// DQ (SHARDLM_ATTENTION_DQ=atomic): the block also adds this key tile's share of dQ, dS K, for every
+// DQ (SHARDLM_ATTENTION_DQ=atomic or ordered): the block also adds this key tile's share of dQ, dS K, for every
 // query tile it meets: each warp stores its rows of dS^T (as bf16, the values dK's product takes) into
 // shared memory, then warp w takes queries 16w.. of the tile, dQ rows (16 x D) = dS (16 x 64 keys) K,
 // A from dS^T by ldmatrix.trans, and adds them into dq_acc (fp32, (B*T, NH, D)) with vector atomics.
-// The key tiles' shares then land in whatever order the blocks run: dQ is not bit-reproducible.
+// atomic: the key tiles' shares then land in whatever order the blocks run, so dQ is not
+// bit-reproducible. ordered: before adding its share of query tile qt of head h, the block for key tile
+// kt waits until that tile's turn (dq_turn[(b NH + h) n_t + qt], zeroed before the launch) reads kt,
+// and sets it to kt + 1 once its adds are performed: each dQ sum takes its shares in key-tile order,
+// the same bits every run. No deadlock, provided blocks start in the order of their index (as the GPU's
+// block scheduler hands them out; flash-attention 3's deterministic backward relies on the same): key
+// tile kt - 1 of the same unit has a smaller index in both block orders, so it has started, and it
+// waits only on smaller indices in turn.
 // The dQ kernel (three products a tile pair: S, dP again, dS K) is not needed; here one product is added.
-template <int D, bool HEADS, bool DQ>
+template <int D, bool HEADS, int DQ>
 __global__ void __launch_bounds__(THREADS, Geom<D>::backward_blocks)
     mma_dkdv_kernel(bf16 *dqkv, const bf16 *dout, const bf16 *qkv, const float *lse, const float *delta, int B, int T,
-        int NH, int NKV, float scale, int n_t, unsigned chunk, float *dq_acc) {
+        int NH, int NKV, float scale, int n_t, unsigned chunk, float *dq_acc, unsigned *dq_turn) {
     typedef Geom<D> G;
     extern __shared__ __align__(16) unsigned char smem[];
     bf16 *Ks = reinterpret_cast<bf16 *>(smem), *Vs = Ks + TILE * G::DS;
@@ -502,7 +527,7 @@ __global__ void __launch_bounds__(THREADS, Geom<D>::backward_blocks)
 #pragma unroll
         for (int half = 0; half < 2; half++) {  // queries 32*half .. 32*half+31: n-tiles 4*half ..
             if (4 * half + 3 < nt_begin) {
-                if constexpr (DQ) {  // this warp's rows of the half are all masked: zeros for dQ's product
+                if constexpr (DQ != DQ_SPLIT) {  // this warp's rows of the half are all masked: zeros for dQ
 #pragma unroll
                     for (int n = 0; n < 4; n++) {
                         const int c = (4 * half + n) * 8 + 2 * tq;
@@ -543,7 +568,7 @@ __global__ void __launch_bounds__(THREADS, Geom<D>::backward_blocks)
                 }
                 to_a(pf[n / 2], n % 2, p);
                 to_a(dsf[n / 2], n % 2, ds);
-                if constexpr (DQ) {  // rows r0, r0 + 8 of dS^T, columns c, c + 1: the bf16 pairs just made
+                if constexpr (DQ != DQ_SPLIT) {  // rows r0, r0 + 8 of dS^T, columns c, c + 1: the pairs just made
                     *reinterpret_cast<uint32_t *>(dSt + r0 * SS + c) = dsf[n / 2][2 * (n % 2)];
                     *reinterpret_cast<uint32_t *>(dSt + (r0 + 8) * SS + c) = dsf[n / 2][2 * (n % 2) + 1];
                 }
@@ -555,7 +580,7 @@ __global__ void __launch_bounds__(THREADS, Geom<D>::backward_blocks)
                 mma_tile_rows<D>(dk, dsf[kq], Qs, (2 * half + kq) * 16);
             }
         }
-        if constexpr (DQ) {
+        if constexpr (DQ != DQ_SPLIT) {
             __syncthreads();  // dS^T complete
             // warp w: queries 16w .. 16w+15 of the tile; on the diagonal their keys end at 16w + 15
             const int h = g * group + hi, kk_end = q0 == k0 ? warp + 1 : KT;
@@ -571,10 +596,21 @@ __global__ void __launch_bounds__(THREADS, Geom<D>::backward_blocks)
             }
             const int qa = q0 + warp * 16 + gq, qb = qa + 8;
             float *dst = dq_acc + ((size_t)b * T * NH + h) * D + 2 * tq;  // row q at + q * NH * D
+            unsigned *turn = nullptr;
+            if constexpr (DQ == DQ_ORDERED) {  // key tile kt's turn at this query tile
+                turn = dq_turn + ((size_t)b * NH + h) * n_t + q0 / TILE;
+                if (threadIdx.x == 0) wait_turn(turn, (unsigned)kt);
+                __syncthreads();
+            }
 #pragma unroll
             for (int nd = 0; nd < G::ND; nd++) {
                 if (qa < T) atomic_add2(dst + (size_t)qa * NH * D + nd * 8, dq[nd][0] * scale, dq[nd][1] * scale);
                 if (qb < T) atomic_add2(dst + (size_t)qb * NH * D + nd * 8, dq[nd][2] * scale, dq[nd][3] * scale);
+            }
+            if constexpr (DQ == DQ_ORDERED) {  // every thread's adds performed, then the next key tile's turn
+                __threadfence();
+                __syncthreads();
+                if (threadIdx.x == 0) pass_turn(turn, (unsigned)kt + 1);
             }
         }
         __syncthreads();  // every warp is done with this buffer (and dS^T) before the next loads into it
@@ -702,8 +738,9 @@ void launch_forward_in(bf16 *out, float *lse, const bf16 *qkv, int B, int T, int
     launches++;
 }
 
-// dQ's fp32 accumulator of SHARDLM_ATTENTION_DQ=atomic ((B*T, NH, D)): grow-only scratch.
-sl_cuda_scratch dq_acc_buf;
+// dQ's fp32 accumulator of SHARDLM_ATTENTION_DQ=atomic / ordered ((B*T, NH, D)) and ordered's turns (one
+// per (b, h, query tile)): grow-only scratch.
+sl_cuda_scratch dq_acc_buf, dq_turn_buf;
 
 // dqkv's dQ columns (row r: NH * D values from column 0, rows W apart) <- acc (rows of NH * D floats),
 // rounded to bf16; two values a thread.
@@ -722,18 +759,28 @@ void launch_backward_in(bf16 *dqkv, const bf16 *dout, const bf16 *qkv, const flo
     const int n_t = (T + TILE - 1) / TILE;
     const size_t kv_blocks = (size_t)n_t * B * NKV, q_blocks = (size_t)n_t * B * NH;
     const unsigned kv_chunk = HEADS ? sl_grid_chunk_kv(B, T, NH, NKV, D, grid_share()) : 1u;  // attention_grid.h
+    const int dq_mode = sl_settings_get()->attention_dq;
     if constexpr (D <= DQ_ATOMIC_MAX_D) {
-        if (sl_settings_get()->attention_dq == SL_ATTENTION_DQ_ATOMIC) {
-            // dK, dV and dQ in one kernel: dQ summed in fp32 by atomics, then rounded into dqkv
-            auto dkdv = mma_dkdv_kernel<D, HEADS, true>;
+        if (dq_mode == SL_ATTENTION_DQ_ATOMIC || dq_mode == SL_ATTENTION_DQ_ORDERED) {
+            // dK, dV and dQ in one kernel: dQ summed in fp32 by atomics (in key-tile order when ordered),
+            // then rounded into dqkv
+            const bool ordered = dq_mode == SL_ATTENTION_DQ_ORDERED;
+            auto dkdv = ordered ? mma_dkdv_kernel<D, HEADS, DQ_ORDERED> : mma_dkdv_kernel<D, HEADS, DQ_ATOMIC>;
             const size_t rows = (size_t)B * T, width = (size_t)NH * D, W = (size_t)(NH + 2 * NKV) * D;
             if (!sl_cuda_grid_ok(kv_blocks, "cuda_attention_backward") || !sl_cuda_allow_smem(dkdv, dkdv_dq_smem<D>()))
                 return;
             float *acc = (float *)sl_cuda_scratch_get(&dq_acc_buf, sizeof(float) * rows * width, "attention dQ sums");
             if (!acc) return;
             CUDA_CHECK(cudaMemsetAsync(acc, 0, sizeof(float) * rows * width, sl_cuda_stream()));
+            unsigned *turns = nullptr;
+            if (ordered) {
+                const size_t n_turns = (size_t)B * NH * n_t;
+                turns = (unsigned *)sl_cuda_scratch_get(&dq_turn_buf, sizeof(unsigned) * n_turns, "attention dQ turns");
+                if (!turns) return;
+                CUDA_CHECK(cudaMemsetAsync(turns, 0, sizeof(unsigned) * n_turns, sl_cuda_stream()));
+            }
             dkdv<<<(unsigned)kv_blocks, THREADS, dkdv_dq_smem<D>(), sl_cuda_stream()>>>(
-                dqkv, dout, qkv, lse, delta, B, T, NH, NKV, scale, n_t, kv_chunk, acc);
+                dqkv, dout, qkv, lse, delta, B, T, NH, NKV, scale, n_t, kv_chunk, acc, turns);
             CUDA_LAUNCH_CHECK();
             dq_from_acc_kernel<<<ew_grid(rows * width / 2), EW_THREADS, 0, sl_cuda_stream()>>>(dqkv, acc, rows,
                                                                                             (int)width, W);
@@ -742,14 +789,14 @@ void launch_backward_in(bf16 *dqkv, const bf16 *dout, const bf16 *qkv, const flo
             return;
         }
     }
-    auto dkdv = mma_dkdv_kernel<D, HEADS, false>;
+    auto dkdv = mma_dkdv_kernel<D, HEADS, DQ_SPLIT>;
     auto dq = mma_dq_kernel<D, HEADS>;
     if (!sl_cuda_grid_ok(q_blocks, "cuda_attention_backward") || !sl_cuda_allow_smem(dkdv, Geom<D>::dkdv) ||
         !sl_cuda_allow_smem(dq, Geom<D>::dq))
         return;
     const unsigned q_chunk = HEADS ? sl_grid_chunk_q(B, T, NH, NKV, D, grid_share()) : 1u;
     dkdv<<<(unsigned)kv_blocks, THREADS, Geom<D>::dkdv, sl_cuda_stream()>>>(dqkv, dout, qkv, lse, delta, B, T, NH, NKV,
-                                                                            scale, n_t, kv_chunk, nullptr);
+                                                                            scale, n_t, kv_chunk, nullptr, nullptr);
     CUDA_LAUNCH_CHECK();
     dq<<<(unsigned)q_blocks, THREADS, Geom<D>::dq, sl_cuda_stream()>>>(dqkv, dout, qkv, lse, delta, B, T, NH, NKV,
                                                                        scale, n_t, q_chunk);
