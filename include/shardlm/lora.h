@@ -79,6 +79,7 @@ typedef struct {
     int n_exclude, exclude_regex;
     char exclude_modules[SL_LORA_TARGETS_MAX];  // the names comma-joined, or the expression
     int use_dora;           // DoRA: a trained magnitude per output, the weight's row norms (model/lora_dora.h)
+    int lora_bias;          // PEFT's lora_bias: lora_B carries a trained bias (out), added as scale * (B A x + b)
     int bias;               // sl_lora_bias
     // trainable_token_indices (PEFT's TrainableTokens): these rows of the embedding are trained, as whole
     // rows that replace the base's (lookup, and the head when it is the embedding); the list form, or
@@ -107,6 +108,7 @@ typedef struct {
     int r;                                // its rank (rank_pattern's, else the config's r)
     float scale;                          // lora_alpha / r (alpha_pattern's alpha; / sqrt(r) with use_rslora)
     int lora_A, lora_B;                   // indices into the tensor table
+    int lora_B_bias;                      // lora_B's bias (lora_bias), -1 without
     int magnitude;                        // DoRA's lora_magnitude_vector (out), -1 without DoRA
     char module[SL_LORA_NAME_MAX];        // its module path, e.g. "model.layers.0.self_attn.q_proj"
 } sl_lora_adapter;
@@ -249,6 +251,9 @@ void sl_lora_list_modules(const sl_model_config *model_cfg, char *buf, size_t ca
 // loads it over the base's head: 0 when it is head (vocab x C host floats, the base's), equal or equal
 // once rounded to bf16 / fp16 (a 16-bit base), else -1 with the error. 0 without one.
 int sl_lora_check_head_base(const sl_lora *lora, const float *head);
+// lora_bias at attach: refused on a GPU backend (not yet run there); a warning naming the adapted
+// linears whose base has no bias (training works, merging will not: PEFT warns alike). -1 with the error.
+int sl_lora_bias_attach(const sl_lora *lora, const sl_param_layout *L);
 // PEFT's merge_and_unload: W += (B @ A) * scale for every adapter (DoRA: then each row scaled by its
 // magnitude over the row's norm), into the base's parameters
 // `params` (host memory, layout L of the model the adapters were built for); the product in fp32

@@ -30,6 +30,8 @@ int train_lora_flag(sl_args *a, sl_train_config *c) {
         c->lora.use_rslora = 1;
     } else if (sl_arg_switch(a, "--lora-dora")) {
         c->lora.use_dora = 1;
+    } else if (sl_arg_switch(a, "--lora-b-bias")) {
+        c->lora.lora_bias = 1;
     } else if (sl_arg_int(a, "--lora-r", 1, SL_NO_MAX, &c->lora.r) ||
                sl_arg_float(a, "--lora-dropout", 0, 1, SL_OPEN_HI, &c->lora.lora_dropout) ||
                sl_arg_str(a, "--adapter", c->adapter, sizeof c->adapter)) {

@@ -28,6 +28,8 @@
     "                          tokens' embeddings; a tied head reads them too), e.g. 50257,50258\n"          \
     "  --lora-bias MODE        bias: none (default), all (every bias of the model trained), lora_only (the\n"  \
     "                          adapted linears' biases trained)\n"                                              \
+    "  --lora-b-bias           lora_bias: each lora_B carries a trained bias, zero at first (not with\n"        \
+    "                          --lora-dora; merging needs a base bias; CPU backend only)\n"                      \
     "  --adapter DIR           start from a PEFT adapter directory (its adapter_config.json settings)\n"
 
 // Consumes one LoRA flag into c (1), or returns 0 when argv[a->i] is none of them.

@@ -89,6 +89,8 @@ static int same_settings(const sl_lora_config *a, const sl_lora_config *b, const
                          sl_lora_bias_name(b->bias));
     if (a->use_dora != b->use_dora)
         return sl_errorf("%s: use_dora %d; this run has use_dora %d", path, a->use_dora, b->use_dora);
+    if (a->lora_bias != b->lora_bias)
+        return sl_errorf("%s: lora_bias %d; this run has lora_bias %d", path, a->lora_bias, b->lora_bias);
     if (a->r != b->r || a->lora_alpha != b->lora_alpha || a->use_rslora != b->use_rslora ||
         a->lora_dropout != b->lora_dropout)
         return sl_errorf("%s: r %d, lora_alpha %g, use_rslora %d, lora_dropout %g; this run has r %d, lora_alpha %g, "

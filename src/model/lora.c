@@ -355,6 +355,11 @@ static int add_adapter(sl_lora *lo, size_t *offset, int layer, const module_slot
     if ((ad->lora_A = add_tensor(lo, offset, layer, ad->r, s->in, ad->module, "lora_A")) < 0 ||
         (ad->lora_B = add_tensor(lo, offset, layer, s->out, ad->r, ad->module, "lora_B")) < 0)
         return -1;
+    ad->lora_B_bias = -1;  // lora_bias: lora_B's bias, zero at first as PEFT's; not decayed (a bias, as the
+    if (cfg->lora_bias) {  // Trainer's decay groups leave biases out)
+        if ((ad->lora_B_bias = add_tensor(lo, offset, layer, s->out, 0, ad->module, "lora_B.bias")) < 0) return -1;
+        lo->tensors[ad->lora_B_bias].weight_decay = 0;
+    }
     ad->magnitude = -1;
     if (cfg->use_dora &&
         (ad->magnitude = add_tensor(lo, offset, layer, s->out, 0, ad->module, "lora_magnitude_vector")) < 0)
@@ -372,7 +377,7 @@ static int build_table(sl_lora *lo, const sl_param_layout *L, const unsigned *ma
     count += masks[mc->n_layer] & 1;  // the head
     lo->head_copy = lo->tokens_delta = lo->tokens_base = -1;
     lo->saved_floor = mc->n_layer;
-    lo->tensors = sl_calloc((size_t)(3 * count + lora_saved_max_tensors(mc)) + 1, sizeof *lo->tensors, "lora tensors");
+    lo->tensors = sl_calloc((size_t)(4 * count + lora_saved_max_tensors(mc)) + 1, sizeof *lo->tensors, "lora tensors");
     lo->saved = sl_calloc((size_t)lora_saved_max_tensors(mc), sizeof *lo->saved, "modules_to_save");
     lo->adapters = sl_calloc((size_t)count + 1, sizeof *lo->adapters, "lora adapters");
     lo->layer_first = sl_calloc((size_t)mc->n_layer + 2, sizeof(int), "lora adapters");
@@ -513,13 +518,17 @@ int sl_lora_init_weights(sl_lora *lo, uint64_t seed) {
             float bound = 1.0f / sqrtf((float)A->shape[1]);
             for (size_t j = 0; j < A->numel; j++) host[A->offset + j] = bound * (2.0f * sl_rng_uniform(&rng) - 1.0f);
         }
+        const int bias = lo->adapters[a].lora_B_bias;  // lora_bias: zero, or nn.Linear's uniform with false
+        const sl_tensor_info *b = bias >= 0 ? &lo->tensors[bias] : NULL;
         if (mode != SL_LORA_INIT_NONE) {
             memset(host + B->offset, 0, B->numel * sizeof(float));
+            if (b) memset(host + b->offset, 0, b->numel * sizeof(float));
             continue;
         }
         sl_rng rng_b = sl_rng_make(seed, 1, (uint64_t)lo->adapters[a].lora_B, SL_RNG_INIT);
-        float bound = 1.0f / sqrtf((float)B->shape[1]);  // nn.Linear(r, out)'s reset: fan_in r
+        float bound = 1.0f / sqrtf((float)B->shape[1]);  // nn.Linear(r, out)'s reset: fan_in r, for both
         for (size_t j = 0; j < B->numel; j++) host[B->offset + j] = bound * (2.0f * sl_rng_uniform(&rng_b) - 1.0f);
+        for (size_t j = 0; b && j < b->numel; j++) host[b->offset + j] = bound * (2.0f * sl_rng_uniform(&rng_b) - 1.0f);
     }
     if (host != lo->params) {
         lo->ops->upload(lo->params, host, lo->total * sizeof(float));
@@ -570,15 +579,34 @@ int sl_lora_find(const sl_lora *lo, const char *name) {
 }
 
 // The base weight (out, in) an adapter's linear belongs to; the fused GEMM's rows run on contiguously.
-int lora_base_weight(const sl_param_layout *L, const sl_lora_adapter *ad) {
-    if (ad->linear == SL_LINEAR_HEAD) return L->lm_head;  // untied only (head_picked)
+// The base tensor of an adapter's linear: its weight, or (bias) its bias, -1 when it has none.
+static int base_tensor(const sl_param_layout *L, const sl_lora_adapter *ad, int bias) {
+    if (ad->linear == SL_LINEAR_HEAD) return bias ? -1 : L->lm_head;  // an untied head (head_picked), no bias
     const sl_block_tensors *k = &L->blocks[ad->layer];
     switch (ad->linear) {
-    case SL_LINEAR_QKV: return k->qkv_w;
-    case SL_LINEAR_ATTN_OUT: return k->attn_proj_w;
-    case SL_LINEAR_MLP_UP: return k->fc_w;
-    default: return k->mlp_proj_w;
+    case SL_LINEAR_QKV: return bias ? k->qkv_b : k->qkv_w;
+    case SL_LINEAR_ATTN_OUT: return bias ? k->attn_proj_b : k->attn_proj_w;
+    case SL_LINEAR_MLP_UP: return bias ? k->fc_b : k->fc_w;
+    default: return bias ? k->mlp_proj_b : k->mlp_proj_w;
     }
+}
+
+int lora_base_weight(const sl_param_layout *L, const sl_lora_adapter *ad) { return base_tensor(L, ad, 0); }
+
+int lora_base_bias(const sl_param_layout *L, const sl_lora_adapter *ad) { return base_tensor(L, ad, 1); }
+
+int sl_lora_bias_attach(const sl_lora *lo, const sl_param_layout *L) {
+    if (!lo->cfg.lora_bias) return 0;
+    if (lo->ops->on_device)
+        return sl_errorf("lora: lora_bias runs on the CPU backend only for now; this model is on %s", lo->ops->name);
+    int without = 0, first = -1;
+    for (int a = 0; a < lo->n_adapters; a++)
+        if (lora_base_bias(L, &lo->adapters[a]) < 0 && without++ == 0) first = a;
+    if (without)
+        fprintf(stderr, "warning: lora: lora_bias with %d adapted linear(s) that have no bias (%s%s): training "
+                "works, merging will not (as PEFT warns)\n", without, lo->adapters[first].module,
+                without > 1 ? ", ..." : "");
+    return 0;
 }
 
 int sl_lora_check_head_base(const sl_lora *lo, const float *head) {
@@ -597,6 +625,10 @@ int sl_lora_merge(const sl_lora *lo, const sl_param_layout *L, float *params) {
     if (sl_config_compare(&lo->model_cfg, &L->cfg, "merge: the adapters were built for another model")) return -1;
     // PEFT's copy of the adapted head's weight must be this base's (as attaching checks)
     if (L->lm_head >= 0 && sl_lora_check_head_base(lo, params + L->tensors[L->lm_head].offset)) return -1;
+    for (int a = 0; a < lo->n_adapters; a++)  // lora_bias goes into the base's bias (a refusal writes nothing)
+        if (lo->adapters[a].lora_B_bias >= 0 && lora_base_bias(L, &lo->adapters[a]) < 0)
+            return sl_errorf("merge: %s has lora_bias, but its base layer has no bias to merge it into (PEFT's "
+                             "merge refuses this too); keep the adapter separate", lo->adapters[a].module);
     float *host = sl_malloc((lo->total ? lo->total : 1) * sizeof(float), "adapter weights");
     if (!host) return -1;
     lo->ops->download(host, lo->params, lo->total * sizeof(float));
@@ -621,6 +653,11 @@ int sl_lora_merge(const sl_lora *lo, const sl_param_layout *L, float *params) {
                 w[i] += d * scale;
             }
             if (magnitude) lora_dora_merge_row(w, in, magnitude[o]);  // DoRA: m / ||W + delta|| per row
+        }
+        if (ad->lora_B_bias >= 0) {  // the base's bias += scale * lora_B's bias (PEFT's merge)
+            const float *b = host + lo->tensors[ad->lora_B_bias].offset;
+            float *bias = params + L->tensors[lora_base_bias(L, ad)].offset + ad->col0;
+            for (int o = 0; o < ad->out_features; o++) bias[o] += b[o] * scale;
         }
     }
     free(host);
@@ -730,6 +767,13 @@ void sl_lora_forward(sl_lora *lo, int layer, sl_linear_kind linear, const sl_act
             lora_dora_forward(lo, a, h, y, W, bias, N, ld);
             continue;
         }
+        if (ad->lora_B_bias >= 0) {  // lora_bias: y += scale * (u @ B^T + b), PEFT's lora_B(u) * scaling
+            ops->matmul_forward(lo->u[a], h, lora_weight(lo, ad->lora_A), NULL, N, ad->in_features, ad->r);
+            ops->matmul_forward(lo->delta, lo->u[a], lora_weight(lo, ad->lora_B), lora_weight(lo, ad->lora_B_bias), N,
+                                ad->r, ad->out_features);
+            ops->add_columns(y, lo->delta, ad->scale, N, ad->out_features, ld, ad->col0);
+            continue;
+        }
         ops->lora_forward(y, lo->u[a], lo->delta, h, lora_weight(lo, ad->lora_A), lora_weight(lo, ad->lora_B),
                           ad->scale, N, ad->in_features, ad->r, ad->out_features, ld, ad->col0);
     }
@@ -754,6 +798,11 @@ void sl_lora_backward(sl_lora *lo, int layer, sl_linear_kind linear, const sl_ac
         ops->lora_backward(lora_dropping(lo) ? NULL : dx, lora_grad(lo, ad->lora_A), lora_grad(lo, ad->lora_B),
                            lo->du, lo->delta, lo->dh, dy, h, lo->u[a], A, lora_weight(lo, ad->lora_B), ad->scale, N,
                            ad->in_features, r, ad->out_features, ld, ad->col0);
+        if (ad->lora_B_bias >= 0) {  // lora_bias: db += the column sums of scale * dy's slice
+            ops->take_columns(lo->delta, dy, ad->scale, N, ad->out_features, ld, ad->col0);
+            ops->matmul_backward(NULL, NULL, lora_grad(lo, ad->lora_B_bias), lo->delta, NULL, NULL, N, 1,
+                                 ad->out_features);
+        }
         if (!lora_dropping(lo) || !dx) continue;
         ops->matmul_backward(lo->dh, NULL, NULL, lo->du, h, A, N, ad->in_features, r);
         ops->dropout_backward(lo->dh, lo->dh, n_in, lo->cfg.lora_dropout, lora_dropout_seed(lo, a));

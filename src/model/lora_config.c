@@ -430,7 +430,8 @@ int sl_lora_config_parse(sl_lora_config *cfg, const cJSON *obj, const char *wher
     }
     if (sl_json_get_float(obj, "lora_dropout", &cfg->lora_dropout, where) ||
         sl_json_get_bool(obj, "use_rslora", &cfg->use_rslora, where) ||
-        sl_json_get_bool(obj, "use_dora", &cfg->use_dora, where))
+        sl_json_get_bool(obj, "use_dora", &cfg->use_dora, where) ||
+        sl_json_get_bool(obj, "lora_bias", &cfg->lora_bias, where))
         return -1;
     char bias[32] = "none";
     if (sl_json_get_string(obj, "bias", bias, sizeof bias, where)) return -1;
@@ -438,8 +439,7 @@ int sl_lora_config_parse(sl_lora_config *cfg, const cJSON *obj, const char *wher
     const cJSON *targets = cJSON_GetObjectItemCaseSensitive(obj, "target_modules");
     if (targets && !cJSON_IsNull(targets) && parse_targets(cfg, targets, where)) return -1;
     static const struct { const char *key, *what; } refused[] = {
-        {"use_qalora", "QALoRA"}, {"lora_bias", "adapter biases"},
-        {"layer_replication", "layer replication"},
+        {"use_qalora", "QALoRA"}, {"layer_replication", "layer replication"},
         {"target_parameters", "adapters on parameters"},
     };
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++)
@@ -494,6 +494,12 @@ int sl_lora_config_check(const sl_lora_config *cfg, const char *where) {
     if (cfg->bias != SL_LORA_BIAS_NONE && cfg->use_dora)  // DoRA's bias gradient is the unscaled output's
         return sl_errorf("%s: \"bias\" \"%s\" with use_dora: shardlm trains DoRA with frozen biases only", where,
                          sl_lora_bias_name(cfg->bias));
+    if (cfg->lora_bias && cfg->use_dora)  // PEFT's LoraConfig refuses the pair too
+        return sl_errorf("%s: lora_bias with use_dora: PEFT does not support lora_bias for DoRA, nor does shardlm",
+                         where);
+    if (cfg->lora_bias && cfg->init_lora_weights == SL_LORA_INIT_GAUSSIAN)  // as PEFT's LoraConfig
+        return sl_errorf("%s: lora_bias is supported with init_lora_weights true or false (as in PEFT), not "
+                         "\"gaussian\"", where);
     if (!isfinite(cfg->lora_alpha)) return sl_errorf("%s: lora_alpha must be a finite number", where);
     if (!(cfg->lora_dropout >= 0.0f && cfg->lora_dropout < 1.0f))
         return sl_errorf("%s: lora_dropout must be in [0, 1), found %g", where, (double)cfg->lora_dropout);
@@ -524,6 +530,7 @@ int sl_lora_config_to_json(const sl_lora_config *cfg, cJSON *obj) {
         !cJSON_AddNumberToObject(obj, "lora_dropout", cfg->lora_dropout) ||
         !cJSON_AddBoolToObject(obj, "use_rslora", cfg->use_rslora) ||
         !cJSON_AddBoolToObject(obj, "use_dora", cfg->use_dora) ||
+        !cJSON_AddBoolToObject(obj, "lora_bias", cfg->lora_bias) ||
         !cJSON_AddStringToObject(obj, "bias", sl_lora_bias_name(cfg->bias)) ||
         !cJSON_AddBoolToObject(obj, "inference_mode", 1) ||
         !(cfg->init_lora_weights == SL_LORA_INIT_GAUSSIAN

@@ -22,6 +22,8 @@ float *lora_grad(const sl_lora *lo, int idx);
 int lora_dropping(const sl_lora *lo);
 uint64_t lora_dropout_seed(const sl_lora *lo, int adapter);
 int lora_base_weight(const sl_param_layout *L, const sl_lora_adapter *ad);
+// The base bias (a tensor of L) of an adapter's linear, -1 when it has none (LLaMA's, lm_head).
+int lora_base_bias(const sl_param_layout *L, const sl_lora_adapter *ad);
 
 // Buffers for N rows (z only when a backward may follow: lo->backward_may_follow); no-op when large
 // enough. The weight norms are taken again after each sl_lora_params_changed.

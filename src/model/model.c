@@ -197,7 +197,7 @@ int sl_model_attach_lora(sl_model *m, sl_lora *lora) {
                                               lora->ops->name, m->ops->name);
     if (m->unit_hook) return sl_errorf("lora: the model is being trained by an engine; attach adapters first");
     if (sl_model_params_changed(m)) return -1;  // the base's bf16 copy, once: it never changes again
-    if (check_head_base(m, lora) || attach_dora(m, lora) ||
+    if (check_head_base(m, lora) || sl_lora_bias_attach(lora, &m->layout) || attach_dora(m, lora) ||
         lora_saved_attach(lora, &m->layout, m->param_view, W_BASE(m, m->layout.wte), m->ops->act_bf16 ? 2 : 4))
         return -1;
     release(m, m->grads);

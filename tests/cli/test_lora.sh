@@ -10,8 +10,8 @@
 #   * modules_to_save (copies of wte and the norms) resumes bit for bit at ZeRO 0 and 3; copies of wpe and
 #     ln_f merge to the adapted model's logits; a tied head's copy trains and samples (merge refuses a tied
 #     model's wte or lm_head copy);
-#   * bias "all" and trainable_token_indices resume bit for bit, save PEFT's names and merge to the adapted
-#     model's logits;
+#   * bias "all", lora_bias and trainable_token_indices resume bit for bit, save PEFT's names and merge to
+#     the adapted model's logits (merge refuses lora_bias where the base layer has no bias);
 #   * bad input (r = 0, an unknown target module, an unknown bias, bias with DoRA, a corrupt or foreign adapter,
 #     an AdamW checkpoint resumed with AdamW8bit, resuming adapters as a full model, merging into an
 #     existing directory) exits non-zero with a message naming the problem and writes nothing.
@@ -285,6 +285,33 @@ merged_equals_adapted lora_tokens_merge_equals_adapted "$tmp/tok/step_00000004" 
 expect lora_tokens_flag_equals_config cmp "$tmp/tok/step_00000002/adapter_model.safetensors" \
   "$tmp/tok-flag/step_00000002/adapter_model.safetensors"
 
+# PEFT's lora_bias (--lora-b-bias): a trained bias on every lora_B, with dropout and accumulation: resume bit
+# for bit, PEFT's names, merge equal to the adapted model (into GPT-2's base biases), flag == config; merge
+# refuses PEFT's own lora_bias adapter for LLaMA (no base bias to merge it into) by name, writing nothing
+cat >"$tmp/lorab.json" <<'JSON'
+{"lora": {"r": 4, "lora_alpha": 8, "lora_dropout": 0.1, "target_modules": ["c_attn", "c_fc"], "lora_bias": true}}
+JSON
+split_resume lora_b_bias_resume_is_bit_for_bit "$tmp/lorab" --config "$tmp/lorab.json" --model gpt2-tiny "${common[@]}"
+expect lora_b_bias_in_pefts_names python3 -c "
+import json, struct
+f = open('$tmp/lorab/step_00000004/adapter_model.safetensors', 'rb')
+h = json.loads(f.read(struct.unpack('<Q', f.read(8))[0]))
+b = h['base_model.model.transformer.h.1.mlp.c_fc.lora_B.bias']
+assert b['shape'] == [128] and len([k for k in h if k.endswith('lora_B.bias')]) == 4, h.keys()
+assert json.load(open('$tmp/lorab/step_00000004/adapter_config.json'))['lora_bias'] is True
+"
+merged_equals_adapted lora_b_bias_merge_equals_adapted "$tmp/lorab/step_00000004" "$tmp/lorab-merged"
+"$BIN" train --model gpt2-tiny "${common[@]}" --lora-r 4 --lora-alpha 8 --lora-dropout 0.1 --lora-targets c_attn,c_fc \
+  --lora-b-bias --steps 2 --save-dir "$tmp/lorab-flag" >>"$log" 2>&1
+expect lora_b_bias_flag_equals_config cmp "$tmp/lorab/step_00000002/adapter_model.safetensors" \
+  "$tmp/lorab-flag/step_00000002/adapter_model.safetensors"
+fixtures=$(cd "$(dirname "$0")/../fixtures" && pwd)
+"$BIN" merge --model "$fixtures/model/llama-tiny" --adapter "$fixtures/lora/llama-tiny-lora-bias" \
+  --output "$tmp/lorab-llama-merged" >"$tmp/lorab-llama.out" 2>&1
+rc=$?
+expect lora_b_bias_merge_without_base_bias_is_refused bash -c "[ $rc -ne 0 ] && [ ! -e '$tmp/lorab-llama-merged' ] &&
+  grep -q 'model.layers.0.self_attn.q_proj has lora_bias, but its base layer has no bias' '$tmp/lorab-llama.out'"
+
 # an adapter on LLaMA's untied LM head (target "lm_head"): resume bit for bit
 split_resume lora_head_resume_is_bit_for_bit "$tmp/head" --model llama-tiny "${common[@]}" --lora-r 4 \
   --lora-targets q_proj,lm_head --lora-dropout 0.1
@@ -340,6 +367,7 @@ bad lora_token_past_the_vocabulary_is_refused "trainable_token_indices: token 51
   --lora-r 4 --lora-trainable-tokens 3,512
 bad lora_bias_with_dora_is_refused "\"bias\" \"all\" with use_dora" "${run[@]}" --lora-dora --lora-bias all
 bad lora_init_pissa_is_refused "init_lora_weights\" 'pissa'" "${run[@]}" --lora-init pissa
+bad lora_b_bias_with_dora_is_refused "lora_bias with use_dora: PEFT does not support" "${run[@]}" --lora-dora --lora-b-bias
 bad lora_modules_to_save_linear_is_refused \
   "modules_to_save 'c_fc' picks transformer.h.0.mlp.c_fc, a linear of a block" \
   "${run[@]}" --lora-r 4 --lora-modules-to-save c_fc

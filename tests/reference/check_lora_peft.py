@@ -87,6 +87,7 @@ def check_base(name, base, peft_adapter, targets, tmp):
     else:  # a dict: more of the "lora" block (a target_modules regex, layers_to_transform), through a config
         targets = dict(targets)
         tied_copy = targets.pop("tied_copy", False)  # the PEFT fixture copies a tied model's wte or lm_head
+        no_base_bias = targets.pop("no_base_bias", False)  # lora_bias on linears without a bias: no merge
         config = os.path.join(tmp, "lora.json")
         json.dump({"lora": {"r": 4, "lora_alpha": 8, **targets}}, open(config, "w"))
         lora = ["--config", config]
@@ -101,6 +102,17 @@ def check_base(name, base, peft_adapter, targets, tmp):
     report(f"{name}_peft_adapter_loads_in_shardlm", rel(ours, theirs) < 1e-5,
            f"logits rel err {rel(ours, theirs):.2e}")
     # 3. merge, float32 and bfloat16 bases (a tied model's copied wte / lm_head cannot merge: refused)
+    if not isinstance(targets, str) and no_base_bias:  # PEFT's merge raises; shardlm's refuses by name
+        r = subprocess.run([BIN, "merge", "--model", base, "--adapter", peft_adapter, "--output",
+                            os.path.join(tmp, "merged")], capture_output=True, text=True)
+        try:
+            PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), peft_adapter).merge_and_unload()
+            peft_refuses = False
+        except RuntimeError as e:
+            peft_refuses = "lora_bias" in str(e)
+        report(f"{name}_merge_refused_as_in_peft", r.returncode == 1 and "has no bias" in r.stderr and peft_refuses
+               and not os.path.exists(os.path.join(tmp, "merged")), r.stderr.strip()[-160:])
+        return
     if not isinstance(targets, str) and tied_copy:
         r = subprocess.run([BIN, "merge", "--model", base, "--adapter", peft_adapter, "--output",
                             os.path.join(tmp, "merged")], capture_output=True, text=True)
@@ -177,6 +189,11 @@ if __name__ == "__main__":
               {"target_modules": ["c_fc"], "trainable_token_indices": [2, 11, 40]}),
              ("llama_tokens", "llama-tiny", "llama-tiny-tokens",
               {"target_modules": ["q_proj"], "trainable_token_indices": {"embed_tokens": [0, 9, 99]}}),
+             # lora_bias: a trained bias on lora_B (GPT-2 merges it into its biases; LLaMA has none: refused)
+             ("gpt2_lora_bias", "gpt2-tiny", "gpt2-tiny-lora-bias",
+              {"target_modules": ["c_attn", "c_proj", "c_fc"], "lora_bias": True}),
+             ("llama_lora_bias", "llama-tiny", "llama-tiny-lora-bias",
+              {"target_modules": ["q_proj", "down_proj"], "lora_bias": True, "no_base_bias": True}),
              ("gpt2_save_head", "gpt2-tiny", "gpt2-tiny-save-head",
               {"target_modules": ["c_fc"], "modules_to_save": ["lm_head", "wpe"], "tied_copy": True})]
     for name, base, adapter, targets in cases:

@@ -106,6 +106,12 @@ CASES = {
                                              trainable_token_indices={"embed_tokens": list(range(97, 0, -5))})),
     # LoRA on the (untied) LM head: target_modules "lm_head" next to q_proj
     "llama-tiny-head": ("llama-tiny", dict(r=4, lora_alpha=8, target_modules=["q_proj", "lm_head"])),
+    # PEFT's lora_bias: lora_B carries a trained bias (out), y += scaling * (B A x + b); GPT-2's linears have
+    # base biases (merge adds into them), LLaMA's none (training works, merging is refused)
+    "gpt2-tiny-lora-bias": ("gpt2-tiny", dict(r=4, lora_alpha=8, target_modules=["c_attn", "c_proj", "c_fc"],
+                                              lora_bias=True)),
+    "llama-tiny-lora-bias": ("llama-tiny", dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"],
+                                                lora_bias=True)),
     # LLaMA (untied head): "norm" picks model.norm and every input_layernorm / post_attention_layernorm
     "llama-tiny-save": ("llama-tiny", dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
                                            modules_to_save=["embed_tokens", "lm_head", "norm"])),

@@ -139,6 +139,11 @@ TEST(gpt2_bias_all_and_lora_only_match_peft) {
     check_against_peft("gpt2-tiny", "gpt2-tiny-bias-all");
     check_against_peft("gpt2-tiny", "gpt2-tiny-bias-lora");
 }
+// PEFT's lora_bias: a trained bias on every lora_B (GPT-2's linears have base biases, LLaMA's none)
+TEST(lora_bias_matches_peft) {
+    check_against_peft("gpt2-tiny", "gpt2-tiny-lora-bias");
+    check_against_peft("llama-tiny", "llama-tiny-lora-bias");
+}
 
 // The adapters a regular expression picks: those whose whole module path it matches (re.fullmatch), a
 // pattern equivalent to a list picks the list's tensors, and the expression goes back to
@@ -431,6 +436,8 @@ TEST(modules_to_save_adamw_tracks_peft) {
     check_adamw_track("gpt2-tiny", "gpt2-tiny-tokens");
     check_adamw_track("llama-tiny", "llama-tiny-tokens");
     check_adamw_track("llama-tiny", "llama-tiny-head");
+    check_adamw_track("gpt2-tiny", "gpt2-tiny-lora-bias");
+    check_adamw_track("llama-tiny", "llama-tiny-lora-bias");
 }
 
 // 10 AdamW8bit steps on the adapters (the engine's plan over their tensor table; min_8bit_size 256, so
