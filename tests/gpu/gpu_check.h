@@ -36,13 +36,16 @@ static double rel_diff(const float *a, const float *b, size_t n) {
 // Adapters on every linear of m (r 4, alpha 16, lora_dropout `dropout`), built on m's backend from
 // seed 6 with B made nonzero (PEFT's B = 0 would leave them without effect and every A gradient 0):
 // the same weights on every backend. Attached to m (lo owned by the caller: sl_lora_free after m).
+// target_modules of attach_test_lora (a check may set another list, e.g. with lm_head).
+static const char *test_lora_targets = "all-linear";
+
 static int attach_test_lora(sl_model *m, sl_lora *lo, float dropout) {
     sl_lora_config lc;
     sl_lora_config_defaults(&lc);
     lc.r = 4;
     lc.lora_alpha = 16;
     lc.lora_dropout = dropout;
-    if (sl_lora_config_set_targets(&lc, "all-linear", "test") || sl_lora_create(lo, &m->cfg, &lc, m->ops) ||
+    if (sl_lora_config_set_targets(&lc, test_lora_targets, "test") || sl_lora_create(lo, &m->cfg, &lc, m->ops) ||
         sl_lora_init_weights(lo, 6))
         return -1;
     float *p = malloc(lo->total * sizeof(float));

@@ -474,5 +474,10 @@ int main(int argc, char **argv) {
     check_lora("llama-tiny", gpu, &sl_ops_cpu, "", 1e-5, 1e-5, 1e-4, 1e-4);
     check_lora("gpt2-tiny", gpu_bf16, &sl_ops_cpu_bf16, "_bf16_storage", 1e-2, 5e-2, 1e-1, 0);
     check_lora("llama-tiny", gpu_bf16, &sl_ops_cpu_bf16, "_bf16_storage", 1e-2, 5e-2, 1e-1, 0);
+    // an adapter on LLaMA's untied LM head too (target "lm_head": the logits' vocabulary columns)
+    test_lora_targets = "q_proj,v_proj,down_proj,lm_head";
+    check_lora("llama-tiny", gpu, &sl_ops_cpu, "_lm_head", 1e-5, 1e-5, 1e-4, 1e-4);
+    check_lora("llama-tiny", gpu_bf16, &sl_ops_cpu_bf16, "_lm_head_bf16_storage", 1e-2, 5e-2, 1e-1, 0);
+    test_lora_targets = "all-linear";
     return gpu_finish(gpu);
 }
