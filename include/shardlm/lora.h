@@ -157,6 +157,15 @@ typedef struct sl_lora {
     int tokens_base;           // the embedding (a tensor of the model's layout), set when attached
     int *token_slot;           // (vocab) the row of tokens_delta a token id trains, -1 (set when attached)
     sl_act *tokens_weight;     // the embedding with those rows replaced, as the ops read it (set when attached)
+    // LoRA on the embedding (model/lora_embed.h): lora_embedding_A (r, vocab) and lora_embedding_B (C, r),
+    // tensors of unit 0, -1 when none; the module's path, rank and scale; activations for embed_N rows
+    int embed_A, embed_B, embed_r;
+    float embed_scale;
+    char embed_module[SL_LORA_NAME_MAX];
+    sl_act *embed_u, *embed_delta, *embed_du;  // (N, r), (N, C), (N, r)
+    float *embed_rows;                         // (N, r) host: u gathered before it is stored
+    float *embed_base;         // (vocab, C) host: the embedding PEFT saved next to its adapter (as head_base)
+    int embed_N;
     int dora_init_pending;     // fresh adapters: their magnitudes are the base's norms, set when attached
     int backward_may_follow;   // set by the model before each forward: a backward may follow it (targets,
                                // not inference-only), so DoRA keeps what that backward reads
@@ -251,6 +260,8 @@ void sl_lora_list_modules(const sl_model_config *model_cfg, char *buf, size_t ca
 // loads it over the base's head: 0 when it is head (vocab x C host floats, the base's), equal or equal
 // once rounded to bf16 / fp16 (a 16-bit base), else -1 with the error. 0 without one.
 int sl_lora_check_head_base(const sl_lora *lora, const float *head);
+// The same for the embedding PEFT saves next to a LoRA adapter on it (lo->embed_base; wte the base's).
+int sl_lora_check_embed_base(const sl_lora *lora, const float *wte);
 // lora_bias at attach: refused on a GPU backend (not yet run there); a warning naming the adapted
 // linears whose base has no bias (training works, merging will not: PEFT warns alike). -1 with the error.
 int sl_lora_bias_attach(const sl_lora *lora, const sl_param_layout *L);
@@ -259,8 +270,10 @@ int sl_lora_bias_attach(const sl_lora *lora, const sl_param_layout *L);
 // `params` (host memory, layout L of the model the adapters were built for); the product in fp32
 // by fused multiply-adds over r in order, then scaled and added, as torch's CPU GEMM computes
 // delta_weight (bit for bit in tests/reference/check_lora_peft.py). The adapters' parameters are
-// read through lora->ops->download.
-int sl_lora_merge(const sl_lora *lora, const sl_param_layout *L, float *params);
+// read through lora->ops->download. round16: the 16-bit rounding of the merged model's dtype
+// (sl_round_to_bf16 / _fp16), NULL for fp32: an embedding adapter's delta is rounded to it before it is
+// added, as PEFT's Embedding.merge adds get_delta_weight().to(base dtype) (its Linear adds fp32).
+int sl_lora_merge(const sl_lora *lora, const sl_param_layout *L, float *params, float (*round16)(float));
 
 // ---- what the model calls (model.c) ------------------------------------------------------------
 // Plans activations for N rows (no-op when large enough).

@@ -11,6 +11,7 @@
 #include "shardlm/model_source.h"
 #include "shardlm/ops.h"
 #include "shardlm/peft_adapter.h"
+#include "shardlm/precision.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -77,7 +78,9 @@ static int merge(const char *base, const char *adapter, const char *out, const c
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp-%d", out, (int)getpid());
     int rc = !params || sl_hf_load(src.weights_dir, &L, params) ||
-             sl_peft_load(adapter, &src.cfg, &sl_ops_cpu, &lora) || sl_lora_merge(&lora, &L, params) ||
+             sl_peft_load(adapter, &src.cfg, &sl_ops_cpu, &lora) ||
+             sl_lora_merge(&lora, &L, params, dtype == SL_ST_BF16 ? sl_round_to_bf16
+                                              : dtype == SL_ST_F16 ? sl_round_to_fp16 : NULL) ||
              sl_hf_save_as(tmp, &L, params, dtype) || copy_side_files(src.weights_dir, tmp);
     if (rc == 0 && rename(tmp, out) != 0) rc = sl_errorf("%s: cannot rename %s into place", out, tmp);
     if (rc) {

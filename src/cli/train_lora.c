@@ -128,7 +128,8 @@ void train_lora_print_memory(const sl_engine *e, const sl_train_config *c, const
     printf("memory per rank (%s %s, %d adapters on %s; ZeRO stage %d, %d ranks): base frozen %s (no "
            "gradients, no optimizer state); adapters %.0f parameters: %.2f MB, gradients %.2f MB, optimizer state "
            "%.2f MB; total %.2f MB = %zu bytes\n",
-           qb ? "QLoRA" : "LoRA", ranks, lo->n_adapters, lo->cfg.all_linear ? "all-linear" : lo->cfg.target_modules,
+           qb ? "QLoRA" : "LoRA", ranks, lo->n_adapters + (lo->embed_A >= 0),  // the embedding's adapter counts too
+           lo->cfg.all_linear ? "all-linear" : lo->cfg.target_modules,
            setup.zero_stage, setup.world_size, base, (double)lo->total, mem.adapters / 1e6, mem.grads / 1e6,
            mem.optim / 1e6, total / 1e6, total);
     char saved[1024];

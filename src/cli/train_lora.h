@@ -15,7 +15,8 @@
     "                          --lora-* flag)\n"                                                               \
     "  --lora-alpha A          lora_alpha (default 8): the adapters' output is scaled by A / R\n"             \
     "  --lora-dropout P        lora_dropout on the adapters' input while training (default 0)\n"             \
-    "  --lora-targets LIST     target_modules, e.g. c_attn,c_proj,c_fc or q_proj,v_proj or all-linear\n"     \
+    "  --lora-targets LIST     target_modules, e.g. c_attn,c_proj,c_fc or q_proj,v_proj or all-linear (also\n"  \
+    "                          lm_head of an untied model, and the embedding: wte / embed_tokens)\n"        \
     "                          (default: PEFT's for the architecture: c_attn / q_proj,v_proj)\n"               \
     "  --lora-rslora           use_rslora: scale by A / sqrt(R)\n"                                            \
     "  --lora-dora             use_dora: DoRA, a trained magnitude per output row (CPU backend only)\n"      \

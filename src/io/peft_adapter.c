@@ -42,10 +42,19 @@ static int is_head_base(const sl_st_tensor *t, const sl_lora *lo) {
            t->shape[1] == lo->model_cfg.n_embd && sl_st_dtype_is_float(t->dtype);
 }
 
+// 1 when tensor t is PEFT's copy of the embedding an adapter adapts ("<embedding>.base_layer.weight",
+// (vocab, C)).
+static int is_embed_base(const sl_st_tensor *t, const sl_lora *lo) {
+    char name[sizeof lo->tensors[0].name + 32];
+    snprintf(name, sizeof name, "base_model.model.%s.base_layer.weight", lo->embed_module);
+    return lo->embed_A >= 0 && strcmp(t->name, name) == 0 && t->ndim == 2 && t->shape[0] == lo->model_cfg.vocab_size &&
+           t->shape[1] == lo->model_cfg.n_embd && sl_st_dtype_is_float(t->dtype);
+}
+
 static int check_tensors(const sl_st_file *f, const sl_lora *lo, const char *path) {
     for (int i = 0; i < f->n_tensors; i++) {
         const sl_st_tensor *t = &f->tensors[i];
-        if (is_head_base(t, lo)) continue;  // checked against the base's head when attached
+        if (is_head_base(t, lo) || is_embed_base(t, lo)) continue;  // checked against the base's when attached
         int idx = sl_lora_find(lo, t->name);
         char got[64], want[64];
         if (idx < 0)
@@ -125,11 +134,16 @@ static int read_head_base(const char *dir, sl_lora *lo) {
     sl_st_file f;
     if (join(path, dir, "adapter_model.safetensors") || sl_st_open(&f, path)) return -1;
     int i = sl_st_find(&f, HEAD_BASE), rc = 0;
+    size_t n = (size_t)lo->model_cfg.vocab_size * (size_t)lo->model_cfg.n_embd;
     if (i >= 0 && is_head_base(&f.tensors[i], lo)) {
-        size_t n = (size_t)lo->model_cfg.vocab_size * (size_t)lo->model_cfg.n_embd;
         lo->head_base = sl_malloc(n * sizeof(float), "the adapter's lm_head");
         rc = lo->head_base ? sl_st_read_f32(&f, i, lo->head_base, n) : -1;
     }
+    for (int k = 0; rc == 0 && k < f.n_tensors; k++)  // and of an adapted embedding
+        if (is_embed_base(&f.tensors[k], lo)) {
+            lo->embed_base = sl_malloc(n * sizeof(float), "the adapter's embedding");
+            rc = lo->embed_base ? sl_st_read_f32(&f, k, lo->embed_base, n) : -1;
+        }
     sl_st_close(&f);
     return rc;
 }

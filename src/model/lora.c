@@ -6,6 +6,7 @@
 // each adapter's A output (and dropped input) from its forward until the backward.
 #include "shardlm/lora.h"
 #include "model/lora_dora.h"
+#include "model/lora_embed.h"
 #include "model/lora_saved.h"
 #include "shardlm/error.h"
 #include "shardlm/precision.h"
@@ -45,6 +46,11 @@ static int block_modules(const sl_model_config *c, module_slot *s) {
 }
 
 #define HEAD_MODULE "lm_head"  // the LM head's module path, PEFT's target name for it
+
+// The embedding's module path (PEFT's Embedding LoRA: target "wte" / "embed_tokens").
+static const char *embed_module(const sl_model_config *c) {
+    return c->arch == SL_ARCH_GPT2 ? "transformer.wte" : "model.embed_tokens";
+}
 
 static const char *block_prefix(const sl_model_config *c) {
     return c->arch == SL_ARCH_GPT2 ? "transformer.h.%d." : "model.layers.%d.";
@@ -114,16 +120,22 @@ static int find_other_module(const sl_model_config *mc, int (*pick)(const void *
     return 0;
 }
 
+// What besides the blocks' linears is adapted: bit 0 the LM head (an untied one), bit 1 the embedding.
+enum { PICK_HEAD = 1, PICK_EMBED = 2 };
+
 typedef struct {
     void *target;
     const exclusion *ex;
-    int head;  // lm_head is adapted (an untied head): not one of the "other" modules
+    int head;  // PICK_* bits: those modules are adapted, so not among the "other" ones
+    const char *embed;  // the embedding's path
 } regex_pick;
 
 // A module the target expression matches and exclude_modules does not exclude.
 static int picked_by_regex(const void *ctx, const char *path) {
     const regex_pick *p = ctx;
-    if (p->head && strcmp(path, HEAD_MODULE) == 0) return 0;
+    if (((p->head & PICK_HEAD) && strcmp(path, HEAD_MODULE) == 0) ||
+        ((p->head & PICK_EMBED) && strcmp(path, p->embed) == 0))
+        return 0;
     int m = sl_lora_target_regex_matches(p->target, path);
     int e = m > 0 ? excluded(p->ex, path) : 0;
     return m < 0 || e < 0 ? -1 : m && !e;
@@ -150,7 +162,7 @@ static int regex_slots(const sl_model_config *mc, const sl_lora_config *cfg, con
             if (m > 0) masks[l] |= 1u << i, hit = 1;
         }
     }
-    regex_pick pick = {re, ex, head};
+    regex_pick pick = {re, ex, head, embed_module(mc)};
     int other = rc ? 0 : find_other_module(mc, picked_by_regex, &pick, path, sizeof path);
     if (other < 0) rc = -1;
     if (other > 0)
@@ -232,7 +244,8 @@ static int list_slots(const sl_model_config *mc, sl_lora_config *cfg, const modu
                 if (ok) masks[l] |= 1u << i, hit = 1;
             }
         }
-        if (!hit && !(head && strcmp(target, HEAD_MODULE) == 0)) {
+        if (!hit && !((head & PICK_HEAD) && strcmp(target, HEAD_MODULE) == 0) &&
+            !((head & PICK_EMBED) && name_matches(embed_module(mc), target))) {
             char list[256], blocks[SL_LORA_PATTERN_MAX + 64] = "";
             sl_lora_list_modules(mc, list, sizeof list);
             if (cfg->n_layers)
@@ -246,28 +259,32 @@ static int list_slots(const sl_model_config *mc, sl_lora_config *cfg, const modu
     return 0;
 }
 
-// Which slots cfg adapts in each block (masks[l] bit i: slot i of block l): those target_modules picks
-// that exclude_modules does not exclude.
-// Whether cfg adapts the LM head ("lm_head", as PEFT names it): named exactly in a target list (PEFT
-// adapts a listed whole path wherever it is, layers_to_transform aside), or matched by the target
-// expression; not by "all-linear" (PEFT leaves the output layer out), not when exclude_modules excludes
-// it. Only an untied head (its own weight) and without DoRA: 1 / 0, -1 with the error.
-static int head_picked(const sl_model_config *mc, const sl_lora_config *cfg, const exclusion *ex) {
+// Whether target_modules picks a module outside the blocks (path): matched by the target expression, or
+// listed by its whole path, or (by_suffix, without layers_to_transform) by a name the path ends with; not
+// by "all-linear" (PEFT leaves those out), not when exclude_modules excludes it. 1 / 0, -1 with the error.
+static int outside_picked(const sl_lora_config *cfg, const exclusion *ex, const char *path, int by_suffix) {
     int picked = 0;
     if (cfg->target_regex) {
         void *re = sl_lora_target_regex(cfg->target_modules, "lora");
-        picked = re ? sl_lora_target_regex_matches(re, HEAD_MODULE) : -1;
+        picked = re ? sl_lora_target_regex_matches(re, path) : -1;
         sl_lora_target_regex_free(re);
     } else if (!cfg->all_linear) {
         char target[SL_LORA_NAME_MAX];
         for (const char *p = cfg->target_modules; *p && !picked; p += strlen(target) + (p[strlen(target)] == ',')) {
             snprintf(target, sizeof target, "%.*s", (int)strcspn(p, ","), p);
-            picked = strcmp(target, HEAD_MODULE) == 0;
+            picked = strcmp(target, path) == 0 || (by_suffix && !cfg->n_layers && name_matches(path, target));
         }
     }
-    int e = picked > 0 && ex->cfg->exclude_modules[0] ? excluded(ex, HEAD_MODULE) : 0;
-    if (picked < 0 || e < 0) return -1;
-    if (!picked || e) return 0;
+    int e = picked > 0 && ex->cfg->exclude_modules[0] ? excluded(ex, path) : 0;
+    return picked < 0 || e < 0 ? -1 : picked && !e;
+}
+
+// Whether cfg adapts the LM head ("lm_head", as PEFT names it; PEFT adapts a listed whole path wherever
+// it is, layers_to_transform aside). Only an untied head (its own weight) and without DoRA: 1 / 0, -1
+// with the error.
+static int head_picked(const sl_model_config *mc, const sl_lora_config *cfg, const exclusion *ex) {
+    int picked = outside_picked(cfg, ex, HEAD_MODULE, 0);
+    if (picked <= 0) return picked;
     if (mc->arch == SL_ARCH_GPT2 || mc->tie_word_embeddings)
         return sl_errorf("lora: target_modules picks lm_head, which on this model is the embedding matrix "
                          "(tie_word_embeddings); shardlm adapts an untied head only");
@@ -275,17 +292,36 @@ static int head_picked(const sl_model_config *mc, const sl_lora_config *cfg, con
     return 1;
 }
 
+// Whether cfg adapts the embedding (PEFT's lora.Embedding; by a name its path ends with only without
+// layers_to_transform: the embedding has no block index). Not with DoRA or lora_bias (PEFT refuses the
+// latter for embeddings): 1 / 0, -1 with the error.
+static int embed_picked(const sl_model_config *mc, const sl_lora_config *cfg, const exclusion *ex) {
+    const char *path = embed_module(mc);
+    int picked = outside_picked(cfg, ex, path, 1);
+    if (picked <= 0) return picked;
+    if (cfg->use_dora)
+        return sl_errorf("lora: DoRA (use_dora) on the embedding (%s) is not computed; leave it out", path);
+    if (cfg->lora_bias)
+        return sl_errorf("lora: lora_bias with an adapter on the embedding (%s): PEFT does not support it for "
+                         "embeddings, nor does shardlm", path);
+    return 1;
+}
+
+// Which slots cfg adapts in each block (masks[l] bit i: slot i of block l): those target_modules picks
+// that exclude_modules does not exclude; masks[n_layer] the PICK_* bits of the head and the embedding.
 static int targeted_slots(const sl_model_config *mc, sl_lora_config *cfg, unsigned *masks) {
     module_slot s[8];
     int n = block_modules(mc, s);
     exclusion ex = {cfg, NULL};
     if (cfg->exclude_regex && !(ex.re = sl_lora_target_regex(cfg->exclude_modules, "lora: exclude_modules")))
         return -1;
-    int head = head_picked(mc, cfg, &ex), rc = head < 0;
+    int head = head_picked(mc, cfg, &ex), embed = head < 0 ? 0 : embed_picked(mc, cfg, &ex);
+    int rc = head < 0 || embed < 0;
+    if (!rc) head = (head ? PICK_HEAD : 0) | (embed ? PICK_EMBED : 0);
     if (!rc) rc = cfg->target_regex ? regex_slots(mc, cfg, &ex, s, n, masks, head)
                                     : list_slots(mc, cfg, s, n, masks, head);
     if (rc == 0) rc = apply_exclude(mc, &ex, s, n, masks, head);
-    masks[mc->n_layer] = head > 0;  // the head: "block n_layer"'s one slot
+    masks[mc->n_layer] = rc ? 0 : (unsigned)head;  // PICK_HEAD: the head, "block n_layer"'s one slot; PICK_EMBED
     if (ex.re) sl_lora_target_regex_free(ex.re);
     return rc;
 }
@@ -320,12 +356,13 @@ static double pattern_value(const void *keys, const sl_lora_pattern_map *map, co
 static int warn_unmatched(const sl_lora *lo, const void *keys, const sl_lora_pattern_map *map, const char *field) {
     char *hit = sl_calloc((size_t)map->n + 1, 1, "LoRA pattern keys");
     if (!hit) return -1;
-    for (int a = 0; a < lo->n_adapters; a++)
-        for (int k = sl_lora_keys_find(keys, lo->adapters[a].module, 0); k != -1;
-             k = sl_lora_keys_find(keys, lo->adapters[a].module, k + 1)) {
+    for (int a = lo->embed_A >= 0 ? -1 : 0; a < lo->n_adapters; a++) {  // -1: the embedding's adapter
+        const char *module = a < 0 ? lo->embed_module : lo->adapters[a].module;
+        for (int k = sl_lora_keys_find(keys, module, 0); k != -1; k = sl_lora_keys_find(keys, module, k + 1)) {
             if (k == -2) { free(hit); return -1; }
             hit[k] = 1;
         }
+    }
     const char *key = map->keys;
     for (int k = 0; k < map->n; key += strcspn(key, "\n") + 1, k++)
         if (!hit[k])
@@ -374,10 +411,10 @@ static int build_table(sl_lora *lo, const sl_param_layout *L, const unsigned *ma
     int n = block_modules(mc, s), count = 0;
     for (int l = 0; l < mc->n_layer; l++)
         for (int i = 0; i < n; i++) count += (masks[l] >> i) & 1;
-    count += masks[mc->n_layer] & 1;  // the head
-    lo->head_copy = lo->tokens_delta = lo->tokens_base = -1;
+    count += masks[mc->n_layer] & PICK_HEAD;  // the head
+    lo->head_copy = lo->tokens_delta = lo->tokens_base = lo->embed_A = lo->embed_B = -1;
     lo->saved_floor = mc->n_layer;
-    lo->tensors = sl_calloc((size_t)(4 * count + lora_saved_max_tensors(mc)) + 1, sizeof *lo->tensors, "lora tensors");
+    lo->tensors = sl_calloc((size_t)(4 * count + lora_saved_max_tensors(mc)) + 3, sizeof *lo->tensors, "lora tensors");
     lo->saved = sl_calloc((size_t)lora_saved_max_tensors(mc), sizeof *lo->saved, "modules_to_save");
     lo->adapters = sl_calloc((size_t)count + 1, sizeof *lo->adapters, "lora adapters");
     lo->layer_first = sl_calloc((size_t)mc->n_layer + 2, sizeof(int), "lora adapters");
@@ -391,6 +428,14 @@ static int build_table(sl_lora *lo, const sl_param_layout *L, const unsigned *ma
         return -1;
     size_t offset = 0;
     if (lora_saved_add(lo, L, 0, &offset)) return -1;  // modules_to_save's copies of unit 0 (embeddings)
+    if (masks[mc->n_layer] & PICK_EMBED) {  // LoRA on the embedding, in unit 0 too
+        const char *path = embed_module(mc);
+        double r = pattern_value(rank_keys, &lo->cfg.rank_pattern, path, lo->cfg.r);
+        double alpha = pattern_value(alpha_keys, &lo->cfg.alpha_pattern, path, lo->cfg.lora_alpha);
+        if (isnan(r) || isnan(alpha) ||
+            lora_embed_add(lo, L, &offset, path, (int)r, (float)(lo->cfg.use_rslora ? alpha / sqrt(r) : alpha / r)))
+            return -1;
+    }
     for (int l = 0; l < mc->n_layer; l++) {
         lo->layer_first[l] = lo->n_adapters;
         lo->unit_begin[l + 1] = offset;
@@ -403,7 +448,8 @@ static int build_table(sl_lora *lo, const sl_param_layout *L, const unsigned *ma
     lo->layer_first[mc->n_layer] = lo->n_adapters;
     lo->unit_begin[mc->n_layer + 1] = offset;
     module_slot head = {HEAD_MODULE, SL_LINEAR_HEAD, 0, mc->vocab_size, mc->n_embd};  // its columns: the vocabulary
-    if ((masks[mc->n_layer] & 1) && add_adapter(lo, &offset, mc->n_layer, &head, "", rank_keys, alpha_keys)) return -1;
+    if ((masks[mc->n_layer] & PICK_HEAD) && add_adapter(lo, &offset, mc->n_layer, &head, "", rank_keys, alpha_keys))
+        return -1;
     lo->layer_first[mc->n_layer + 1] = lo->n_adapters;
     if (lora_saved_add(lo, L, mc->n_layer + 1, &offset)) return -1;  // the final norm's and the head's
     lo->unit_begin[mc->n_layer + 2] = offset;
@@ -472,6 +518,7 @@ static void free_acts(sl_lora *lo) {
 
 void sl_lora_free(sl_lora *lo) {
     free_acts(lo);
+    lora_embed_free(lo);
     lora_dora_free(lo);
     release(lo, lo->params);
     release(lo, lo->grads);
@@ -481,6 +528,7 @@ void sl_lora_free(sl_lora *lo) {
     free(lo->saved_of);
     free(lo->token_slot);
     free(lo->head_base);
+    free(lo->embed_base);
     release(lo, lo->tokens_weight);
     free(lo->adapters);
     free(lo->layer_first);
@@ -534,6 +582,7 @@ int sl_lora_init_weights(sl_lora *lo, uint64_t seed) {
         lo->ops->upload(lo->params, host, lo->total * sizeof(float));
         free(host);
     }
+    lora_embed_init(lo, host, seed);
     lo->dora_init_pending = lo->cfg.use_dora;  // the magnitudes need the base (sl_lora_attached)
     lo->saved_init_pending = lo->n_saved > 0 || lo->tokens_delta >= 0;  // so do the copies and trained tokens
     return sl_lora_params_changed(lo);
@@ -609,22 +658,34 @@ int sl_lora_bias_attach(const sl_lora *lo, const sl_param_layout *L) {
     return 0;
 }
 
-int sl_lora_check_head_base(const sl_lora *lo, const float *head) {
+// PEFT's copy (saved, (vocab, C)) of a base matrix it saves next to an adapter on it, against the base's.
+static int check_saved_base(const sl_lora *lo, const float *saved, const float *base, const char *what,
+                            const char *noun) {
     size_t n = (size_t)lo->model_cfg.vocab_size * (size_t)lo->model_cfg.n_embd;
-    for (size_t i = 0; lo->head_base && i < n; i++) {
-        float f = lo->head_base[i];  // PEFT loads it over the base's head in the base's dtype: rounded to it
-        if (head[i] != f && head[i] != sl_round_to_bf16(f) && head[i] != sl_round_to_fp16(f))
-            return sl_errorf("lora: the adapter holds PEFT's copy of lm_head's weight (save_embedding_layers), and it "
-                             "differs from this base's head (element %zu: %g, the base's %g): an adapter for another "
-                             "base, or one whose vocabulary was resized", i, (double)f, (double)head[i]);
+    for (size_t i = 0; saved && i < n; i++) {
+        float f = saved[i];  // PEFT loads it over the base's in the base's dtype: rounded to it
+        if (base[i] != f && base[i] != sl_round_to_bf16(f) && base[i] != sl_round_to_fp16(f))
+            return sl_errorf("lora: the adapter holds PEFT's copy of %s's weight (save_embedding_layers), and it "
+                             "differs from this base's %s (element %zu: %g, the base's %g): an adapter for "
+                             "another base, or one whose vocabulary was resized", what, noun, i, (double)f,
+                             (double)base[i]);
     }
     return 0;
 }
 
-int sl_lora_merge(const sl_lora *lo, const sl_param_layout *L, float *params) {
+int sl_lora_check_head_base(const sl_lora *lo, const float *head) {
+    return check_saved_base(lo, lo->head_base, head, "lm_head", "head");
+}
+
+int sl_lora_check_embed_base(const sl_lora *lo, const float *wte) {
+    return check_saved_base(lo, lo->embed_base, wte, lo->embed_module, "embedding");
+}
+
+int sl_lora_merge(const sl_lora *lo, const sl_param_layout *L, float *params, float (*round16)(float)) {
     if (sl_config_compare(&lo->model_cfg, &L->cfg, "merge: the adapters were built for another model")) return -1;
     // PEFT's copy of the adapted head's weight must be this base's (as attaching checks)
     if (L->lm_head >= 0 && sl_lora_check_head_base(lo, params + L->tensors[L->lm_head].offset)) return -1;
+    if (sl_lora_check_embed_base(lo, params + L->tensors[L->wte].offset)) return -1;  // and the embedding's
     for (int a = 0; a < lo->n_adapters; a++)  // lora_bias goes into the base's bias (a refusal writes nothing)
         if (lo->adapters[a].lora_B_bias >= 0 && lora_base_bias(L, &lo->adapters[a]) < 0)
             return sl_errorf("merge: %s has lora_bias, but its base layer has no bias to merge it into (PEFT's "
@@ -632,8 +693,9 @@ int sl_lora_merge(const sl_lora *lo, const sl_param_layout *L, float *params) {
     float *host = sl_malloc((lo->total ? lo->total : 1) * sizeof(float), "adapter weights");
     if (!host) return -1;
     lo->ops->download(host, lo->params, lo->total * sizeof(float));
-    // modules_to_save: the copies replace their modules (checked first: a refusal writes nothing)
-    if (lora_saved_merge(lo, L, host, params)) {
+    // modules_to_save: the copies replace their modules, and the embedding's adapter (checked first: a
+    // refusal writes nothing)
+    if (lora_embed_merge(lo, L, host, params, round16) || lora_saved_merge(lo, L, host, params)) {
         free(host);
         return -1;
     }
@@ -667,6 +729,7 @@ int sl_lora_merge(const sl_lora *lo, const sl_param_layout *L, float *params) {
 // ---- activations ---------------------------------------------------------------------------------
 
 int sl_lora_plan(sl_lora *lo, int N) {
+    if (lora_embed_plan(lo, N)) return -1;
     if (lo->act_memory && N <= lo->act_N) return lo->cfg.use_dora ? lora_dora_plan(lo, lo->act_N) : 0;
     free_acts(lo);
     size_t e = lo->ops->act_bf16 ? sizeof(sl_bf16) : sizeof(float), n = (size_t)N;

@@ -191,10 +191,11 @@ int lora_saved_attach(sl_lora *lo, const sl_param_layout *L, float *const *base_
                       size_t act_elem) {
     free(lo->saved_of);
     lo->saved_of = NULL;
-    if (!lo->n_saved && lo->tokens_delta < 0) return 0;
+    lo->saved_floor = lo->embed_A >= 0 ? -1 : L->cfg.n_layer;  // an embedding adapter: the backward runs to it
+    if (!lo->n_saved && lo->tokens_delta < 0 && lo->embed_A < 0) return 0;
     if (lo->ops->on_device)
-        return sl_errorf("lora: modules_to_save, bias and trainable_token_indices run on the CPU backend only for "
-                         "now; this model is on %s", lo->ops->name);
+        return sl_errorf("lora: modules_to_save, bias, trainable_token_indices and LoRA on the embedding run on the "
+                         "CPU backend only for now; this model is on %s", lo->ops->name);
     if (lora_tokens_attach(lo, L, base_view, wte, act_elem)) return -1;
     lo->saved_of = sl_malloc((size_t)L->n_tensors * sizeof(int), "modules_to_save");
     if (!lo->saved_of) return -1;
@@ -214,7 +215,7 @@ int lora_saved_attach(sl_lora *lo, const sl_param_layout *L, float *const *base_
     }
     // the lowest block holding a copy (-1: the embeddings, trained tokens included; a tied head's copy is
     // the head's): with one of its ln_1 / q-k-v bias, the backward needs that block's input gradient
-    int n = L->cfg.n_layer, floor = lo->tokens_delta >= 0 ? -1 : n;
+    int n = L->cfg.n_layer, floor = lo->tokens_delta >= 0 || lo->embed_A >= 0 ? -1 : n;
     for (int s = 0; s < lo->n_saved; s++) {
         int unit = lo->tensors[lo->saved[s]].unit;
         if (lo->saved[s] != lo->head_copy && unit - 1 < floor) floor = unit - 1;

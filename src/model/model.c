@@ -11,6 +11,7 @@
 #include "shardlm/kv_cache.h"
 #include "shardlm/lora.h"
 #include "model/lora_dora.h"
+#include "model/lora_embed.h"
 #include "model/lora_saved.h"
 #include "model/lora_tokens.h"
 #include "shardlm/error.h"
@@ -176,19 +177,24 @@ static int attach_dora(sl_model *m, sl_lora *lora) {
     return rc;
 }
 
-// PEFT saves an adapted head's weight with its adapters: it must be this base's (sl_lora_check_head_base);
-// the copy goes once checked.
-static int check_head_base(sl_model *m, sl_lora *lora) {
-    if (!lora->head_base) return 0;
-    size_t n = (size_t)m->cfg.vocab_size * (size_t)m->cfg.n_embd;
-    float *base = sl_malloc(n * sizeof(float), "lm_head");
+// PEFT saves an adapted head's (or embedding's) weight with its adapters: it must be this base's
+// (sl_lora_check_head_base / _embed_base); the copy goes once checked.
+static int check_saved_base(sl_model *m, sl_lora *lora, float **saved, int tensor) {
+    if (!*saved) return 0;
+    size_t n = (size_t)m->cfg.vocab_size * (size_t)m->cfg.n_embd;  // the vocabulary's rows, not the padding
+    float *base = sl_malloc(n * sizeof(float), "the base's matrix");
     if (!base) return -1;
-    m->ops->download(base, P(m, m->layout.lm_head), n * sizeof(float));
-    int rc = sl_lora_check_head_base(lora, base);
+    m->ops->download(base, P(m, tensor), n * sizeof(float));
+    int rc = saved == &lora->head_base ? sl_lora_check_head_base(lora, base) : sl_lora_check_embed_base(lora, base);
     free(base);
-    free(lora->head_base);
-    lora->head_base = NULL;
+    free(*saved);
+    *saved = NULL;
     return rc;
+}
+
+static int check_head_base(sl_model *m, sl_lora *lora) {
+    return check_saved_base(m, lora, &lora->head_base, m->layout.lm_head) ||
+           check_saved_base(m, lora, &lora->embed_base, m->layout.wte);
 }
 
 int sl_model_attach_lora(sl_model *m, sl_lora *lora) {
@@ -489,6 +495,7 @@ static int forward(sl_model *m, sl_kv_cache *kv, const int *inputs, const int *t
     if (m->lora) lora_tokens_refresh(m->lora);  // trainable_token_indices' rows into the embedding read below
     const sl_act *wpe = L->wpe >= 0 ? sl_act_at(W(m, L->wpe), (size_t)pos0 * C, m->act_elem) : NULL;
     ops->encoder_forward(m->encoded, m->inputs, W(m, L->wte), wpe, B, T, C);
+    if (m->lora) lora_embed_forward(m->lora, m->encoded, m->inputs, (int)N);  // LoRA on the embedding
     HOOK(m, SL_PARAMS_PUT, 0, 1);
     // resid: the residual stream entering the block; pending: what the norm reading it still has to
     // add to it (the previous block's resid2: its output's residual add is fused into the next norm)
@@ -732,6 +739,11 @@ int sl_model_backward(sl_model *m, float grad_scale) {
     if (pad_grad) ops->copy(m->pad_row, pad_grad, (size_t)C * sizeof(float));
     ops->encoder_backward(dwte, G_OPT(m, L->wpe), m->dresid, m->inputs, B, T, C);
     if (m->lora) lora_tokens_lookup_grad(m->lora, m->dresid, m->inputs, N, m->pad_row ? c->pad_token_id : -1);
+    if (m->lora && m->lora->embed_A >= 0) {  // the embedding's adapter reads its B: unit 0's parameters again
+        HOOK(m, SL_PARAMS_GET, 0, -1);
+        lora_embed_backward(m->lora, m->dresid, m->inputs, N, m->pad_row ? c->pad_token_id : -1);
+        HOOK(m, SL_PARAMS_PUT, 0, -1);
+    }
     if (pad_grad) ops->copy(pad_grad, m->pad_row, (size_t)C * sizeof(float));
     HOOK(m, SL_GRADS_PUT, 0, -1);
     return 0;

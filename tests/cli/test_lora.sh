@@ -11,7 +11,8 @@
 #     ln_f merge to the adapted model's logits; a tied head's copy trains and samples (merge refuses a tied
 #     model's wte or lm_head copy);
 #   * bias "all", lora_bias and trainable_token_indices resume bit for bit, save PEFT's names and merge to
-#     the adapted model's logits (merge refuses lora_bias where the base layer has no bias);
+#     the adapted model's logits (merge refuses lora_bias where the base layer has no bias); LoRA on the
+#     embedding resumes bit for bit, saves PEFT's names, and merge refuses it on a tied model;
 #   * bad input (r = 0, an unknown target module, an unknown bias, bias with DoRA, a corrupt or foreign adapter,
 #     an AdamW checkpoint resumed with AdamW8bit, resuming adapters as a full model, merging into an
 #     existing directory) exits non-zero with a message naming the problem and writes nothing.
@@ -312,6 +313,31 @@ rc=$?
 expect lora_b_bias_merge_without_base_bias_is_refused bash -c "[ $rc -ne 0 ] && [ ! -e '$tmp/lorab-llama-merged' ] &&
   grep -q 'model.layers.0.self_attn.q_proj has lora_bias, but its base layer has no bias' '$tmp/lorab-llama.out'"
 
+# LoRA on the embedding (target "wte" / "embed_tokens", PEFT's lora.Embedding): resume bit for bit, PEFT's
+# names and shapes, flag == config; merge refuses a tied model's (GPT-2's), and LLaMA's PEFT-made one
+# merges to the adapted model's logits (the test's merged_equals_adapted reads a GPT-2 base: compared here)
+cat >"$tmp/embed.json" <<'JSON'
+{"lora": {"r": 4, "lora_alpha": 8, "lora_dropout": 0.1, "target_modules": ["wte", "c_attn"]}}
+JSON
+split_resume lora_embedding_resume_is_bit_for_bit "$tmp/emb" --config "$tmp/embed.json" --model gpt2-tiny "${common[@]}"
+split_resume lora_embedding_resume_is_bit_for_bit_zero3 "$tmp/emb3" --config "$tmp/embed.json" --model gpt2-tiny \
+  "${common[@]}" --zero-stage 3
+expect lora_embedding_in_pefts_names python3 -c "
+import json, struct
+f = open('$tmp/emb/step_00000004/adapter_model.safetensors', 'rb')
+h = json.loads(f.read(struct.unpack('<Q', f.read(8))[0]))
+a, b = h['base_model.model.transformer.wte.lora_embedding_A'], h['base_model.model.transformer.wte.lora_embedding_B']
+assert a['shape'] == [4, 512] and b['shape'] == [32, 4], (a, b)
+"
+"$BIN" train --model gpt2-tiny "${common[@]}" --lora-r 4 --lora-alpha 8 --lora-dropout 0.1 --lora-targets wte,c_attn \
+  --steps 2 --save-dir "$tmp/emb-flag" >>"$log" 2>&1
+expect lora_embedding_flag_equals_config cmp "$tmp/emb/step_00000002/adapter_model.safetensors" \
+  "$tmp/emb-flag/step_00000002/adapter_model.safetensors"
+"$BIN" merge --model "$tmp/base" --adapter "$tmp/emb/step_00000004" --output "$tmp/emb-merged" >"$tmp/emb-merge.out" 2>&1
+rc=$?
+expect lora_embedding_merge_of_tied_model_is_refused bash -c "[ $rc -ne 0 ] && [ ! -e '$tmp/emb-merged' ] &&
+  grep -q 'adapter on transformer.wte cannot be merged on a model whose lm_head is that matrix' '$tmp/emb-merge.out'"
+
 # an adapter on LLaMA's untied LM head (target "lm_head"): resume bit for bit
 split_resume lora_head_resume_is_bit_for_bit "$tmp/head" --model llama-tiny "${common[@]}" --lora-r 4 \
   --lora-targets q_proj,lm_head --lora-dropout 0.1
@@ -368,6 +394,10 @@ bad lora_token_past_the_vocabulary_is_refused "trainable_token_indices: token 51
 bad lora_bias_with_dora_is_refused "\"bias\" \"all\" with use_dora" "${run[@]}" --lora-dora --lora-bias all
 bad lora_init_pissa_is_refused "init_lora_weights\" 'pissa'" "${run[@]}" --lora-init pissa
 bad lora_b_bias_with_dora_is_refused "lora_bias with use_dora: PEFT does not support" "${run[@]}" --lora-dora --lora-b-bias
+bad lora_embedding_with_dora_is_refused "DoRA \(use_dora\) on the embedding \(transformer.wte\) is not computed" \
+  "${run[@]}" --lora-dora --lora-targets wte,c_attn
+bad lora_embedding_with_trained_tokens_is_refused "trainable_token_indices with a LoRA adapter on transformer.wte" \
+  "${run[@]}" --lora-targets wte --lora-trainable-tokens 3,4
 bad lora_modules_to_save_linear_is_refused \
   "modules_to_save 'c_fc' picks transformer.h.0.mlp.c_fc, a linear of a block" \
   "${run[@]}" --lora-r 4 --lora-modules-to-save c_fc

@@ -189,6 +189,10 @@ if __name__ == "__main__":
               {"target_modules": ["c_fc"], "trainable_token_indices": [2, 11, 40]}),
              ("llama_tokens", "llama-tiny", "llama-tiny-tokens",
               {"target_modules": ["q_proj"], "trainable_token_indices": {"embed_tokens": [0, 9, 99]}}),
+             # LoRA on the embedding (GPT-2's is tied to the head: merge refused; LLaMA's merges into embed_tokens)
+             ("gpt2_embed", "gpt2-tiny", "gpt2-tiny-embed", {"target_modules": ["wte", "c_fc"], "tied_copy": True}),
+             ("llama_embed", "llama-tiny", "llama-tiny-embed",
+              {"target_modules": ["embed_tokens", "v_proj"], "alpha_pattern": {"embed_tokens": 2}}),
              # lora_bias: a trained bias on lora_B (GPT-2 merges it into its biases; LLaMA has none: refused)
              ("gpt2_lora_bias", "gpt2-tiny", "gpt2-tiny-lora-bias",
               {"target_modules": ["c_attn", "c_proj", "c_fc"], "lora_bias": True}),

@@ -112,6 +112,11 @@ CASES = {
                                               lora_bias=True)),
     "llama-tiny-lora-bias": ("llama-tiny", dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"],
                                                 lora_bias=True)),
+    # LoRA on the embedding (PEFT's lora.Embedding: lora_embedding_A (r, vocab), lora_embedding_B (C, r)); GPT-2's
+    # is tied to the head, which keeps reading the base matrix; LLaMA's with its own alpha (alpha_pattern)
+    "gpt2-tiny-embed": ("gpt2-tiny", dict(r=4, lora_alpha=8, target_modules=["wte", "c_attn"])),
+    "llama-tiny-embed": ("llama-tiny", dict(r=4, lora_alpha=8, target_modules=["embed_tokens", "q_proj", "down_proj"],
+                                            alpha_pattern={"embed_tokens": 4})),
     # LLaMA (untied head): "norm" picks model.norm and every input_layernorm / post_attention_layernorm
     "llama-tiny-save": ("llama-tiny", dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
                                            modules_to_save=["embed_tokens", "lm_head", "norm"])),

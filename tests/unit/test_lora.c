@@ -139,6 +139,12 @@ TEST(gpt2_bias_all_and_lora_only_match_peft) {
     check_against_peft("gpt2-tiny", "gpt2-tiny-bias-all");
     check_against_peft("gpt2-tiny", "gpt2-tiny-bias-lora");
 }
+// LoRA on the embedding (PEFT's lora.Embedding): GPT-2's tied wte (the head keeps the base matrix) and
+// LLaMA's embed_tokens with its own alpha; PEFT's file holds the embedding too, checked when attached
+TEST(embedding_adapter_matches_peft) {
+    check_against_peft("gpt2-tiny", "gpt2-tiny-embed");
+    check_against_peft("llama-tiny", "llama-tiny-embed");
+}
 // PEFT's lora_bias: a trained bias on every lora_B (GPT-2's linears have base biases, LLaMA's none)
 TEST(lora_bias_matches_peft) {
     check_against_peft("gpt2-tiny", "gpt2-tiny-lora-bias");
@@ -436,6 +442,8 @@ TEST(modules_to_save_adamw_tracks_peft) {
     check_adamw_track("gpt2-tiny", "gpt2-tiny-tokens");
     check_adamw_track("llama-tiny", "llama-tiny-tokens");
     check_adamw_track("llama-tiny", "llama-tiny-head");
+    check_adamw_track("gpt2-tiny", "gpt2-tiny-embed");
+    check_adamw_track("llama-tiny", "llama-tiny-embed");
     check_adamw_track("gpt2-tiny", "gpt2-tiny-lora-bias");
     check_adamw_track("llama-tiny", "llama-tiny-lora-bias");
 }
@@ -640,6 +648,8 @@ static int fails_with(int rc, const char *needle) {
 // With bf16 activation storage (the emulating table, the GPU's arithmetic) the adapted model computes
 // what fp32 computes within bf16 rounding: loss within 2e-2 relative, adapter gradients within 5e-2
 // in relative L2 (bf16 keeps 8 bits of mantissa).
+static const char *bf16_targets = "all-linear";  // check_bf16_storage's target_modules
+
 static void check_bf16_storage(const char *preset, int use_dora, const char *saved, int tokens) {
     const sl_ops *tables[2] = {&sl_ops_cpu, &sl_ops_cpu_bf16};
     sl_model m[2];
@@ -650,7 +660,7 @@ static void check_bf16_storage(const char *preset, int use_dora, const char *sav
     sl_lora_config lc;
     sl_lora_config_defaults(&lc);
     lc.use_dora = use_dora;
-    CHECK(sl_lora_config_set_targets(&lc, "all-linear", "test") == 0);
+    CHECK(sl_lora_config_set_targets(&lc, bf16_targets, "test") == 0);
     char names[128];
     snprintf(names, sizeof names, "%s", saved);
     for (char *name = strtok(names, ","); name; name = strtok(NULL, ","))
@@ -676,7 +686,7 @@ static void check_bf16_storage(const char *preset, int use_dora, const char *sav
     double rel_l2 = sqrt(num / den);
     CHECK_MSG(fabs(loss[1] - loss[0]) < 2e-2 * loss[0], "bf16 loss %.6f, fp32 %.6f", loss[1], loss[0]);
     CHECK_MSG(rel_l2 < 5e-2, "bf16 adapter gradients rel L2 %.3g", rel_l2);
-    printf("  %s all-linear%s%s%s%s: loss fp32 %.6f bf16 %.6f; adapter gradients rel L2 %.2e\n", preset,
+    printf("  %s %s%s%s%s%s: loss fp32 %.6f bf16 %.6f; adapter gradients rel L2 %.2e\n", preset, bf16_targets,
            use_dora ? " DoRA" : "", saved[0] ? ", modules_to_save " : "", saved, tokens ? ", trainable tokens" : "",
            loss[0], loss[1], rel_l2);
     for (int t = 0; t < 2; t++) {
@@ -696,6 +706,14 @@ TEST(bf16_storage_tracks_fp32_with_modules_to_save) {
     check_bf16_storage("gpt2-tiny", 0, "", 9);  // trained rows of the tied embedding: bf16 in lookup and head
     check_bf16_storage("llama-tiny", 0, "", 9);
 }
+// LoRA on the embedding: its delta added to the lookup's bf16 rows, A's gradient gathered from bf16 du
+TEST(bf16_storage_tracks_fp32_with_embedding_adapters) {
+    bf16_targets = "wte,c_attn,c_fc";
+    check_bf16_storage("gpt2-tiny", 0, "", 0);
+    bf16_targets = "embed_tokens,q_proj,down_proj";
+    check_bf16_storage("llama-tiny", 0, "", 0);
+    bf16_targets = "all-linear";
+}
 
 // ---- training through the engine -----------------------------------------------------------------
 
@@ -713,6 +731,7 @@ static int use_dora;  // lora_run_init_on's adapters are DoRA's
 static const char *modules_to_save = "";  // and these modules are trained whole next to them (comma-joined)
 static int lora_bias;                     // and PEFT's bias (sl_lora_bias)
 static int lora_tokens;                   // and trainable_token_indices 0, 7, 14, ... (this many)
+static const char *lora_targets = "all-linear";  // target_modules
 
 static int lora_run_init_on(lora_run *r, int accum, int precision, sl_comm *dp, int stage, int adam8) {
     memset(r, 0, sizeof *r);
@@ -742,7 +761,7 @@ static int lora_run_init_on(lora_run *r, int accum, int precision, sl_comm *dp, 
     sl_loss_scaler_defaults(&ec.precision);
     ec.precision.precision = precision;
     if (sl_config_preset(&cfg, "gpt2-tiny") || sl_model_create(&r->model, &cfg, &sl_ops_cpu) ||
-        sl_model_init_weights(&r->model, 5) || sl_lora_config_set_targets(&lc, "all-linear", "test") ||
+        sl_model_init_weights(&r->model, 5) || sl_lora_config_set_targets(&lc, lora_targets, "test") ||
         sl_lora_create(&r->lora, &cfg, &lc, &sl_ops_cpu) || sl_lora_init_weights(&r->lora, 6) ||
         sl_model_attach_lora(&r->model, &r->lora) || sl_engine_init(&r->engine, &r->model, &ec)) {
         fprintf(stderr, "  %s\n", sl_error());
@@ -881,6 +900,9 @@ TEST(zero_stages_shard_modules_to_save) {
     lora_tokens = 9;  // trained rows of the tied embedding: the lookup's and the head's gradients
     check_zero_stages(0, 1);
     lora_tokens = 0;
+    lora_targets = "wte,c_attn,c_fc";  // LoRA on the embedding: its B read again in the backward (unit 0)
+    check_zero_stages(0, 1);
+    lora_targets = "all-linear";
 }
 
 // DoRA under bf16 mixed precision with bf16 activation storage: its magnitudes and the adapters in its
