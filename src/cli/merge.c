@@ -92,7 +92,7 @@ static int merge(const char *base, const char *adapter, const char *out, const c
         char ranks[96], copies[1024];
         sl_lora_describe(&lora, 1, ranks, sizeof ranks);
         size_t copied = sl_lora_saved_describe(&lora, copies, sizeof copies);
-        printf("merged %d adapters (%s)%s%s into %s -> %s (%s)\n", lora.n_adapters, ranks,
+        printf("merged %d adapters (%s)%s%s into %s -> %s (%s)\n", lora.n_adapters + (lora.embed_A >= 0), ranks,
                copied ? " and the trained copies of " : "", copied ? copies : "", base, out, sl_st_dtype_name(dtype));
     }
     sl_lora_free(&lora);

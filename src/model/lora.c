@@ -608,12 +608,13 @@ int sl_lora_attached(sl_lora *lo, const sl_act *const *base_weights) {
 void sl_lora_describe(const sl_lora *lo, int with_scale, char *buf, size_t cap) {
     int r0 = lo->cfg.r, r1 = r0;
     float s0 = 0.0f, s1 = 0.0f;
-    for (int a = 0; a < lo->n_adapters; a++) {
-        const sl_lora_adapter *ad = &lo->adapters[a];
-        if (a == 0 || ad->r < r0) r0 = ad->r;
-        if (a == 0 || ad->r > r1) r1 = ad->r;
-        if (a == 0 || ad->scale < s0) s0 = ad->scale;
-        if (a == 0 || ad->scale > s1) s1 = ad->scale;
+    for (int a = lo->embed_A >= 0 ? -1 : 0; a < lo->n_adapters; a++) {  // -1: the embedding's adapter
+        int r = a < 0 ? lo->embed_r : lo->adapters[a].r, first = a == (lo->embed_A >= 0 ? -1 : 0);
+        float scale = a < 0 ? lo->embed_scale : lo->adapters[a].scale;
+        if (first || r < r0) r0 = r;
+        if (first || r > r1) r1 = r;
+        if (first || scale < s0) s0 = scale;
+        if (first || scale > s1) s1 = scale;
     }
     int n = r0 == r1 ? snprintf(buf, cap, "r=%d", r0) : snprintf(buf, cap, "r=%d..%d", r0, r1);
     if (!with_scale || n < 0 || (size_t)n >= cap) return;

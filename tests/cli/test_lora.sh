@@ -337,6 +337,21 @@ expect lora_embedding_flag_equals_config cmp "$tmp/emb/step_00000002/adapter_mod
 rc=$?
 expect lora_embedding_merge_of_tied_model_is_refused bash -c "[ $rc -ne 0 ] && [ ! -e '$tmp/emb-merged' ] &&
   grep -q 'adapter on transformer.wte cannot be merged on a model whose lm_head is that matrix' '$tmp/emb-merge.out'"
+"$BIN" merge --model "$fixtures/model/llama-tiny" --adapter "$fixtures/lora/llama-tiny-embed" \
+  --output "$tmp/emb-llama-merged" >"$tmp/emb-llama.out" 2>&1
+for m in adapted merged; do
+  with=(--model "$fixtures/model/llama-tiny" --adapter "$fixtures/lora/llama-tiny-embed")
+  [ $m = merged ] && with=(--model "$tmp/emb-llama-merged")
+  "$BIN" generate "${with[@]}" --prompt-ids 1,2,3,9 --max-new-tokens 1 --temperature 0 \
+    --logits-out "$tmp/emb-llama.$m.json" >>"$log" 2>&1
+done
+expect lora_embedding_merge_equals_adapted python3 -c "
+import json
+a = json.load(open('$tmp/emb-llama.adapted.json'))['logits']; m = json.load(open('$tmp/emb-llama.merged.json'))['logits']
+worst = max(abs(x - y) for ra, rm in zip(a, m) for x, y in zip(ra, rm)); top = max(abs(x) for r in a for x in r)
+assert len(a) == len(m) == 4 and worst <= 1e-5 * top, (worst, top)
+assert 'merged 5 adapters (r=4, scale 1..2)' in open('$tmp/emb-llama.out').read()
+"
 
 # an adapter on LLaMA's untied LM head (target "lm_head"): resume bit for bit
 split_resume lora_head_resume_is_bit_for_bit "$tmp/head" --model llama-tiny "${common[@]}" --lora-r 4 \
