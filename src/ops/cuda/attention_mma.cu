@@ -148,17 +148,21 @@ __device__ __forceinline__ void ldsm4(uint32_t r[4], const bf16 *p) {
 }
 
 // SHARDLM_ATTENTION_DQ=ordered's turns: thread 0 waits until *turn reads `want` (an acquire at GPU scope,
-// so what the block that set it added before is seen), and passes it on with a release.
-__device__ __forceinline__ void wait_turn(const unsigned *turn, unsigned want) {
-    for (;;) {
+// so what the block that set it added before is seen), and passes it on with a release. A wait that
+// outlasts 2^26 polls (some seconds) traps: a launch error instead of a silent hang, should blocks ever
+// not start in index order. Not inlined: its loop cost the dK/dV kernel registers (a spill at head dim
+// 64 in the heads order); it runs once an iteration, on one thread.
+__device__ __noinline__ void wait_turn(const unsigned *turn, unsigned want) {
+    for (unsigned polls = 0;; polls++) {
         unsigned v;
-        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(turn) : "memory");
+        asm volatile("ld.acquire.gpu.u32 %0, [%1];\n" : "=r"(v) : "l"(turn) : "memory");
         if (v == want) return;
+        if (polls == (1u << 26)) __trap();
         __nanosleep(64);
     }
 }
 __device__ __forceinline__ void pass_turn(unsigned *turn, unsigned next) {
-    asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(turn), "r"(next) : "memory");
+    asm volatile("st.release.gpu.u32 [%0], %1;\n" ::"l"(turn), "r"(next) : "memory");
 }
 
 // dst[0], dst[1] += x, y (8-byte aligned global fp32): one vector atomic on sm_90, two before it.
