@@ -4,13 +4,13 @@
 # rate, and whether the kernels written since the last compute-sanitizer run are race free.
 #   1. build (tests/gpu/suite.sh build);
 #   2. Nsight Compute's full set on one launch each of mma_forward_kernel, mma_dkdv_kernel, mma_dq_kernel
-#      and the dK/dV kernel with dQ by atomics (SHARDLM_ATTENTION_DQ=atomic), GPT-2 124M bf16 B=64 (the
+#      and the dK/dV kernel with dQ in key-tile order (SHARDLM_ATTENTION_DQ=ordered), GPT-2 124M bf16 B=64 (the
 #      benchmark's step), clocks left alone (--clock-control none): $OUT/ncu_details.csv (every section,
 #      warp stall reasons included), $OUT/ncu_raw.csv (every metric) and $OUT/sass_KERNEL.csv (the
 #      source page: each SASS instruction with its executed count and stall samples);
 #   3. compute-sanitizer racecheck and memcheck on two bf16 steps of gpt2-demo (head dim 64) and
 #      llama-demo (32, GQA) through bench_train, in the default kernels and each opt-in mode
-#      (SHARDLM_ATTENTION_DQ=atomic, SHARDLM_ATTENTION_GRID=heads) and SHARDLM_CE_ROW_SMEM=0.
+#      (SHARDLM_ATTENTION_DQ=ordered / atomic, SHARDLM_ATTENTION_GRID=heads) and SHARDLM_CE_ROW_SMEM=0.
 # Carry ["build/gpu-deps"]. PROBE_BUDGET_S (default 380) bounds it; each stage checks what is left.
 # Outputs in $OUT: probe_summary.txt ("N passed, N failed" last), the csv files, probe_logs.tgz.
 set -u
@@ -48,7 +48,7 @@ note "-- build: $((SECONDS - start))s"
 ncu=$(command -v ncu || echo "$CUDA_HOME/bin/ncu")
 step=(--model gpt2 --device cuda --precision bf16 --seq 1024 --batch 64 --steps 1 --warmup 0)
 start=$SECONDS
-for spec in mma_dkdv_kernel:split mma_dq_kernel:split mma_dkdv_kernel:atomic mma_forward_kernel:split; do
+for spec in mma_dkdv_kernel:split mma_dq_kernel:split mma_dkdv_kernel:ordered mma_forward_kernel:split; do
   k=${spec%%:*} dq=${spec##*:} name=${spec%%:*}_${spec##*:}
   left 60 "ncu_$name" || break
   SHARDLM_ATTENTION_DQ=$dq timeout -k 10 90 "$ncu" --kernel-name "regex:$k" --launch-count 1 --set full \
@@ -71,9 +71,10 @@ note "-- ncu (full set): $((SECONDS - start))s"
 cs=$(command -v compute-sanitizer || echo "$CUDA_HOME/bin/compute-sanitizer")
 start=$SECONDS
 for model in gpt2-demo llama-demo; do
-  for mode in default SHARDLM_ATTENTION_DQ=atomic SHARDLM_ATTENTION_GRID=heads SHARDLM_CE_ROW_SMEM=0; do
+  for mode in default SHARDLM_ATTENTION_DQ=ordered SHARDLM_ATTENTION_DQ=atomic SHARDLM_ATTENTION_GRID=heads \
+      SHARDLM_CE_ROW_SMEM=0; do
     for tool in racecheck memcheck; do
-      [ "$mode" != default ] && [ "$model" = llama-demo ] && [ "$mode" != SHARDLM_ATTENTION_DQ=atomic ] && continue
+      [ "$mode" != default ] && [ "$model" = llama-demo ] && [ "$mode" != SHARDLM_ATTENTION_DQ=ordered ] && continue
       tag=${model}_${tool}_$(echo "${mode#SHARDLM_}" | tr 'A-Z=' 'a-z_')
       left 30 "sanitizer_$tag" || break 3
       # cuBLASLt's Hopper GEMMs (nvjet_*) are left out: racecheck reports hazards inside them (20 a run on
