@@ -42,12 +42,17 @@ static int is_head_base(const sl_st_tensor *t, const sl_lora *lo) {
            t->shape[1] == lo->model_cfg.n_embd && sl_st_dtype_is_float(t->dtype);
 }
 
-// 1 when tensor t is PEFT's copy of the embedding an adapter adapts ("<embedding>.base_layer.weight",
-// (vocab, C)).
+// The name PEFT saves an adapted embedding's own weight under ("" without an embedding adapter).
+static void embed_base_name(const sl_lora *lo, char *name, size_t cap) {
+    name[0] = '\0';
+    if (lo->embed_A >= 0) snprintf(name, cap, "base_model.model.%s.base_layer.weight", lo->embed_module);
+}
+
+// 1 when tensor t is PEFT's copy of the embedding an adapter adapts ((vocab, C), under embed_base_name).
 static int is_embed_base(const sl_st_tensor *t, const sl_lora *lo) {
     char name[sizeof lo->tensors[0].name + 32];
-    snprintf(name, sizeof name, "base_model.model.%s.base_layer.weight", lo->embed_module);
-    return lo->embed_A >= 0 && strcmp(t->name, name) == 0 && t->ndim == 2 && t->shape[0] == lo->model_cfg.vocab_size &&
+    embed_base_name(lo, name, sizeof name);
+    return name[0] && strcmp(t->name, name) == 0 && t->ndim == 2 && t->shape[0] == lo->model_cfg.vocab_size &&
            t->shape[1] == lo->model_cfg.n_embd && sl_st_dtype_is_float(t->dtype);
 }
 
@@ -139,11 +144,13 @@ static int read_head_base(const char *dir, sl_lora *lo) {
         lo->head_base = sl_malloc(n * sizeof(float), "the adapter's lm_head");
         rc = lo->head_base ? sl_st_read_f32(&f, i, lo->head_base, n) : -1;
     }
-    for (int k = 0; rc == 0 && k < f.n_tensors; k++)  // and of an adapted embedding
-        if (is_embed_base(&f.tensors[k], lo)) {
-            lo->embed_base = sl_malloc(n * sizeof(float), "the adapter's embedding");
-            rc = lo->embed_base ? sl_st_read_f32(&f, k, lo->embed_base, n) : -1;
-        }
+    char name[sizeof lo->tensors[0].name + 32];  // and of an adapted embedding
+    embed_base_name(lo, name, sizeof name);
+    i = name[0] ? sl_st_find(&f, name) : -1;
+    if (rc == 0 && i >= 0 && is_embed_base(&f.tensors[i], lo)) {
+        lo->embed_base = sl_malloc(n * sizeof(float), "the adapter's embedding");
+        rc = lo->embed_base ? sl_st_read_f32(&f, i, lo->embed_base, n) : -1;
+    }
     sl_st_close(&f);
     return rc;
 }

@@ -31,9 +31,7 @@ struct sl_dora {
 static int bf16(const sl_lora *lo) { return lo->ops->act_bf16; }
 
 // One activation element as fp32 / stored (precision.h's inline conversions: the element loops vectorise).
-static inline float get(const sl_act *p, size_t i, int is_bf16) {
-    return is_bf16 ? sl_bf16_widen(((const sl_bf16 *)(const void *)p)[i]) : ((const float *)(const void *)p)[i];
-}
+static inline float get(const sl_act *p, size_t i, int is_bf16) { return lora_act_value(p, i, is_bf16); }
 
 static inline void put(sl_act *p, size_t i, float v, int is_bf16) {
     if (is_bf16) ((sl_bf16 *)(void *)p)[i] = sl_bf16_round(v);

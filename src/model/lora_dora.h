@@ -12,10 +12,15 @@
 
 #include "shardlm/layout.h"
 #include "shardlm/lora.h"
+#include "shardlm/precision.h"
 
 // lora.c's helpers DoRA shares: a tensor as the GEMMs read it (the bf16 copy with bf16 storage), whether
 // dropout runs, adapter a's dropout seed, the base weight (a tensor of L) an adapter's linear belongs to.
 const sl_act *lora_weight(const sl_lora *lo, int idx);
+// Element i of host activation storage as fp32 (bf16: widened exactly), for the CPU-only host loops.
+static inline float lora_act_value(const sl_act *p, size_t i, int bf16) {
+    return bf16 ? sl_bf16_widen(((const sl_bf16 *)(const void *)p)[i]) : ((const float *)(const void *)p)[i];
+}
 // Tensor idx's fp32 parameters and its gradient (NULL without gradients), through its unit's views.
 const float *lora_param(const sl_lora *lo, int idx);
 float *lora_grad(const sl_lora *lo, int idx);

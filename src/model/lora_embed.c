@@ -35,6 +35,7 @@ int lora_embed_add(sl_lora *lo, const sl_param_layout *L, size_t *offset, const 
         return sl_errorf("lora: a modules_to_save copy of %s next to a LoRA adapter on it: keep one of them",
                          lo->head_copy >= 0 ? "lm_head (the tied embedding)" : module);
     snprintf(lo->embed_module, sizeof lo->embed_module, "%s", module);
+    lo->saved_floor = -1;  // the backward runs down to the embedding (lora_saved_attach keeps it so)
     lo->embed_r = r;
     lo->embed_scale = scale;
     if ((lo->embed_A = add_pair_tensor(lo, L, offset, module, "lora_embedding_A", r, L->cfg.vocab_size)) < 0 ||
@@ -90,11 +91,6 @@ void lora_embed_forward(sl_lora *lo, sl_act *encoded, const int *inputs, int N) 
     ops->add_columns(encoded, lo->embed_delta, lo->embed_scale, N, C, C, 0);
 }
 
-// Element i of activations stored fp32 or bf16.
-static float act_value(const sl_act *a, size_t i, int bf16) {
-    return bf16 ? sl_bf16_widen(((const sl_bf16 *)(const void *)a)[i]) : ((const float *)(const void *)a)[i];
-}
-
 void lora_embed_backward(const sl_lora *lo, const sl_act *dout, const int *inputs, int N, int pad) {
     float *dA = lo->embed_A >= 0 ? lora_grad(lo, lo->embed_A) : NULL;
     if (!dA) return;
@@ -105,7 +101,8 @@ void lora_embed_backward(const sl_lora *lo, const sl_act *dout, const int *input
                          lora_weight(lo, lo->embed_B), N, r, C);  // du = g @ B, dB += g^T @ u
     for (int n = 0; n < N; n++) {  // A^T's rows take du's, in row order (the embedding scatter's)
         if (inputs[n] == pad) continue;
-        for (int k = 0; k < r; k++) dA[(size_t)k * V + inputs[n]] += act_value(lo->embed_du, (size_t)n * r + k, bf16);
+        for (int k = 0; k < r; k++)
+            dA[(size_t)k * V + inputs[n]] += lora_act_value(lo->embed_du, (size_t)n * r + k, bf16);
     }
 }
 

@@ -191,7 +191,6 @@ int lora_saved_attach(sl_lora *lo, const sl_param_layout *L, float *const *base_
                       size_t act_elem) {
     free(lo->saved_of);
     lo->saved_of = NULL;
-    lo->saved_floor = lo->embed_A >= 0 ? -1 : L->cfg.n_layer;  // an embedding adapter: the backward runs to it
     if (!lo->n_saved && lo->tokens_delta < 0 && lo->embed_A < 0) return 0;
     if (lo->ops->on_device)
         return sl_errorf("lora: modules_to_save, bias, trainable_token_indices and LoRA on the embedding run on the "

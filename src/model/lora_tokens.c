@@ -66,11 +66,6 @@ int lora_tokens_attach(sl_lora *lo, const sl_param_layout *L, float *const *base
     return 0;
 }
 
-// Element i of activations stored fp32 or bf16.
-static float act_value(const sl_act *a, size_t i, int bf16) {
-    return bf16 ? sl_bf16_widen(((const sl_bf16 *)(const void *)a)[i]) : ((const float *)(const void *)a)[i];
-}
-
 
 void lora_tokens_refresh(sl_lora *lo) {
     if (!lo->tokens_weight) return;
@@ -90,7 +85,7 @@ void lora_tokens_lookup_grad(const sl_lora *lo, const sl_act *dout, const int *i
     for (int n = 0; n < N; n++) {  // in token order, as the embedding's scatter adds them
         int j = inputs[n] == pad ? -1 : lo->token_slot[inputs[n]];
         if (j < 0) continue;
-        for (int c = 0; c < C; c++) g[(size_t)j * C + c] += act_value(dout, (size_t)n * C + c, bf16);
+        for (int c = 0; c < C; c++) g[(size_t)j * C + c] += lora_act_value(dout, (size_t)n * C + c, bf16);
     }
 }
 

@@ -179,22 +179,23 @@ static int attach_dora(sl_model *m, sl_lora *lora) {
 
 // PEFT saves an adapted head's (or embedding's) weight with its adapters: it must be this base's
 // (sl_lora_check_head_base / _embed_base); the copy goes once checked.
-static int check_saved_base(sl_model *m, sl_lora *lora, float **saved, int tensor) {
+static int check_saved_base(sl_model *m, sl_lora *lora, float **saved, int tensor,
+                            int (*check)(const sl_lora *, const float *)) {
     if (!*saved) return 0;
     size_t n = (size_t)m->cfg.vocab_size * (size_t)m->cfg.n_embd;  // the vocabulary's rows, not the padding
     float *base = sl_malloc(n * sizeof(float), "the base's matrix");
     if (!base) return -1;
     m->ops->download(base, P(m, tensor), n * sizeof(float));
-    int rc = saved == &lora->head_base ? sl_lora_check_head_base(lora, base) : sl_lora_check_embed_base(lora, base);
+    int rc = check(lora, base);
     free(base);
     free(*saved);
     *saved = NULL;
     return rc;
 }
 
-static int check_head_base(sl_model *m, sl_lora *lora) {
-    return check_saved_base(m, lora, &lora->head_base, m->layout.lm_head) ||
-           check_saved_base(m, lora, &lora->embed_base, m->layout.wte);
+static int check_saved_bases(sl_model *m, sl_lora *lora) {
+    return check_saved_base(m, lora, &lora->head_base, m->layout.lm_head, sl_lora_check_head_base) ||
+           check_saved_base(m, lora, &lora->embed_base, m->layout.wte, sl_lora_check_embed_base);
 }
 
 int sl_model_attach_lora(sl_model *m, sl_lora *lora) {
@@ -203,7 +204,7 @@ int sl_model_attach_lora(sl_model *m, sl_lora *lora) {
                                               lora->ops->name, m->ops->name);
     if (m->unit_hook) return sl_errorf("lora: the model is being trained by an engine; attach adapters first");
     if (sl_model_params_changed(m)) return -1;  // the base's bf16 copy, once: it never changes again
-    if (check_head_base(m, lora) || sl_lora_bias_attach(lora, &m->layout) || attach_dora(m, lora) ||
+    if (check_saved_bases(m, lora) || sl_lora_bias_attach(lora, &m->layout) || attach_dora(m, lora) ||
         lora_saved_attach(lora, &m->layout, m->param_view, W_BASE(m, m->layout.wte), m->ops->act_bf16 ? 2 : 4))
         return -1;
     release(m, m->grads);
