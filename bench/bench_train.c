@@ -1,7 +1,8 @@
-// bench_train.c: training throughput of one configuration. Builds a model from a preset with
-// random weights, an engine with AdamW (lr 1e-4, betas 0.9/0.95, eps 1e-8, weight decay 0.1,
-// gradient clipping 1.0), and times full training steps (forward + backward + clip + AdamW + zero
-// grads) on random token batches. Prints one JSON line (rank 0 only).
+// bench_train.c: training throughput of one configuration. Builds a model from a preset, a config.json or
+// a Hugging Face directory's config.json (sl_model_source_resolve) with random weights, an engine with
+// AdamW (lr 1e-4, betas 0.9/0.95, eps 1e-8, weight decay 0.1, gradient clipping 1.0), and times full
+// training steps (forward + backward + clip + AdamW + zero grads) on random token batches. Prints one
+// JSON line (rank 0 only).
 //
 // Data parallelism: the world group comes from sl_comm_init_world("auto"), so under mpirun -np N the
 // engine averages gradients over N MPI ranks (bucketed all-reduce, overlapping backward unless
@@ -57,6 +58,7 @@
 #include "shardlm/launch_env.h"
 #include "shardlm/lora.h"
 #include "shardlm/model.h"
+#include "shardlm/model_source.h"
 #include "shardlm/ops.h"
 #include "shardlm/ops_profile.h"
 #include "shardlm/rng.h"
@@ -279,8 +281,9 @@ static int build(const bench_args *a, sl_comm *dp, const sl_ops **ops_out, sl_mo
     ops = sl_ops_for_precision(ops, a->precision);  // as `shardlm train` picks it
     if (ops->reset_peak_bytes) ops->reset_peak_bytes();
     *ops_out = ops;
-    sl_model_config cfg;
-    if (sl_config_preset(&cfg, a->model)) return -1;
+    sl_model_source src;  // a preset, a config.json or a Hugging Face directory: its shape, random weights
+    if (sl_model_source_resolve(&src, a->model)) return -1;
+    sl_model_config cfg = src.cfg;
     if (a->T > cfg.max_seq_len) return sl_errorf("--seq %d exceeds %s's %d positions", a->T, a->model, cfg.max_seq_len);
     if (sl_model_create(model, &cfg, ops)) return -1;
     if (sl_model_init_weights(model, a->seed)) return -1;
