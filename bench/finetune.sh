@@ -21,7 +21,13 @@
 #      (bf16 activations and GEMMs where the CPU has bf16 instructions, fp32 master weights) against
 #      PyTorch's forward and loss under torch.autocast("cpu", torch.bfloat16) (fp32 parameters and AdamW;
 #      bitsandbytes' compute dtype bfloat16 for QLoRA);
-#   4. renders the medians over rounds, the ratios and the targets (bench/finetune_render.py).
+#   4. where the LoRA step's time goes (FT_PROFILE=1, the default, when both LoRA rows run): per model and
+#      precision, one profiled pass per side after the rounds, each a fresh process outside the timed and
+#      memory-measured runs: shardlm's profiling ops table through build/bench_train --lora-r FT_LORA_R (the
+#      same adapters on the same shapes, the model's config.json with random weights and tokens) and
+#      torch.profiler through torch_finetune.py --profile-steps (PEFT on the same files), so the report
+#      can set each side's matrix products (the same work on both sides) against its whole step;
+#   5. renders the medians over rounds, the ratios and the targets (bench/finetune_render.py).
 # A shardlm row that train refuses is recorded with train's error message and shown as not available;
 # nothing is assumed about which rows work (QLoRA bf16 runs since train accepts --precision bf16 with
 # --quantize: bitsandbytes' compute dtype bfloat16).
@@ -36,7 +42,7 @@
 # FT_WARMUP (2), FT_STEPS (5), FT_BATCH (4), FT_SEQ (256), FT_THREADS (2), FT_LORA_R (16),
 # FT_LORA_ALPHA (32), FT_WORK (/tmp/shardlm_finetune), PYTHON (an interpreter with torch, transformers,
 # peft and bitsandbytes; default python3), BENCH_OUT / BENCH_RESULTS (a trial run that leaves bench/
-# alone). Tests never run this.
+# alone), FT_PROFILE (1; 0 skips step 4). Tests never run this.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WORK=${FT_WORK:-/tmp/shardlm_finetune}
@@ -54,6 +60,7 @@ LORA_ALPHA=${FT_LORA_ALPHA:-32}
 OUT_JSONL=${BENCH_OUT:-bench/finetune_results.jsonl}
 RESULTS=${BENCH_RESULTS:-bench/RESULTS.md}
 PYTHON=${PYTHON:-python3}
+PROFILE=${FT_PROFILE:-1}
 
 render() { python3 bench/finetune_render.py "$RESULTS" "$OUT_JSONL"; }
 if [ "${1:-}" = "--render" ]; then render; exit 0; fi
@@ -81,8 +88,9 @@ if ! "$PYTHON" -c "import torch, transformers, peft, bitsandbytes, numpy" 2>/dev
     exit 2
 fi
 
-# 1. shardlm
+# 1. shardlm (and bench_train for step 4)
 make --no-print-directory -j"${MAKE_JOBS:-2}" build/shardlm >/dev/null
+if [ "$PROFILE" = 1 ]; then bash bench/build_bench.sh build >/dev/null; fi
 # 2. the models and the tokens
 mkdir -p "$WORK"
 "$PYTHON" bench/torch_finetune.py make --out "$WORK" 2>>"$WORK/make.log"
@@ -153,6 +161,47 @@ for r in $(seq 1 "$ROUNDS"); do
       done
     done
 done
+# 4. where the LoRA step's time goes: one profiled pass per side, model and precision (outside the rounds)
+profile_pair() {  # model precision
+    local m=$1 pr=$2 out
+    log "profile, $m $pr: load $(cut -d' ' -f1-3 /proc/loadavg)"
+    out=$(env OMP_NUM_THREADS="$THREADS" build/bench_train --model "$WORK/$m" --batch "$B" --seq "$T" \
+          --threads "$THREADS" --steps 1 --warmup "$WARMUP" --profile-steps 2 --lora-r "$LORA_R" --precision "$pr" \
+          2>>"$WORK/finetune.log" | tail -1) || out=""
+    python3 - shardlm "$m" "$pr" "$out" >>"$OUT_JSONL.tmp" <<'PYEOF'
+import json, sys
+impl, arch, precision, line = sys.argv[1:5]
+rec = {"profile_of": "lora", "impl": impl, "arch": arch, "precision": precision}
+try:
+    r = json.loads(line)
+    rec.update(status="ok", step_ms=r["profiled_ms_per_step"], breakdown=r["breakdown"], steps=r["profile_steps"],
+               other_load=r.get("other_load"))
+except (ValueError, KeyError):
+    rec.update(status="failed", error="bench_train printed no profile (see finetune.log)")
+print(json.dumps(rec))
+PYEOF
+    out=$(env OMP_NUM_THREADS="$THREADS" MKL_NUM_THREADS="$THREADS" "$PYTHON" bench/torch_finetune.py train \
+          --model "$WORK/$m" --data "$WORK/data-$m/train_000000.bin" --mode lora --batch "$B" --seq "$T" \
+          --threads "$THREADS" --steps 1 --warmup "$WARMUP" --profile-steps 2 --lora-r "$LORA_R" \
+          --lora-alpha "$LORA_ALPHA" --precision "$pr" 2>>"$WORK/finetune.log" | tail -1) || out=""
+    python3 - pytorch "$m" "$pr" "$out" >>"$OUT_JSONL.tmp" <<'PYEOF'
+import json, sys
+impl, arch, precision, line = sys.argv[1:5]
+rec = {"profile_of": "lora", "impl": impl, "arch": arch, "precision": precision}
+try:
+    r = json.loads(line)
+    rec.update(status="ok", **r["profile"], other_load=r.get("other_load"))
+except (ValueError, KeyError):
+    rec.update(status="failed", error="torch_finetune.py printed no profile (see finetune.log)")
+print(json.dumps(rec))
+PYEOF
+}
+if [ "$PROFILE" = 1 ] && [[ " $ROWS " == *" shardlm-lora "* ]] && [[ " $ROWS " == *" pytorch-lora "* ]]; then
+    for m in $MODELS; do
+        for pr in $PRECISIONS; do profile_pair "$m" "$pr"; done
+    done
+fi
+
 printf '{"meta_end":1,"load_after":"%s","date":"%s"}\n' "$(cut -d' ' -f1-3 /proc/loadavg)" \
     "$(date '+%Y-%m-%d %H:%M:%S %Z')" >>"$OUT_JSONL.tmp"
 mv "$OUT_JSONL.tmp" "$OUT_JSONL"

@@ -22,15 +22,68 @@ TITLES = {"gpt2": "GPT-2 124M (12 layers, C=768, vocab 50257, tied head)",
 
 
 def load(path):
-    meta, end, runs = {}, {}, {}
+    """The run's header and end lines, the timed runs by (arch, precision, impl, mode), and the profiled
+    passes of the LoRA rows by (arch, precision, impl) (the last of each)."""
+    meta, end, runs, profiles = {}, {}, {}, {}
     for r in read_jsonl(path):
         if r.get("meta"):
             meta = r
         elif r.get("meta_end"):
             end = r
+        elif r.get("profile_of"):
+            profiles[(r["arch"], r.get("precision", "fp32"), r["impl"])] = r
         else:
             runs.setdefault((r["arch"], r.get("precision", "fp32"), r["impl"], r["mode"]), []).append(r)
-    return meta, end, runs
+    return meta, end, runs, profiles
+
+
+# shardlm's profiled ops by category, as torch_finetune.py's PROFILE_CATEGORIES groups PyTorch's: the matrix
+# products (the base linears, GPT-2's GELU and its gradient inside matmul_gelu_*, and the adapters'), attention
+# and the loss; "other" is the rest of the profiled step (norms, activations, optimizer, time outside ops).
+def shardlm_categories(breakdown):
+    cat = {"gemm": 0.0, "attention": 0.0, "cross_entropy": 0.0}
+    for op, ms in breakdown.items():
+        if op.startswith(("matmul", "lora_")):
+            cat["gemm"] += ms
+        elif op.startswith("attention"):
+            cat["attention"] += ms
+        elif op.startswith("crossentropy"):
+            cat["cross_entropy"] += ms
+    return cat
+
+
+def render_profile(arch, precision, profiles):
+    """Where the LoRA step's time goes on each side, and the ratio that equal matrix-product time allows."""
+    s, p = profiles.get((arch, precision, "shardlm")), profiles.get((arch, precision, "pytorch"))
+    if not s and not p:
+        return []
+    out = ["Where the LoRA step's time goes (one profiled pass per side after the rounds, a fresh process each, "
+           "ms per step; shardlm: the profiling ops table through `bench_train --lora-r` on the model's config "
+           "with random weights and tokens; PEFT: torch.profiler's self CPU time per op):", "",
+           "| side | profiled step | matrix products | attention | cross-entropy | everything else |",
+           "|---|---|---|---|---|---|"]
+    figs = {}
+    for side, label in ((s, "shardlm LoRA"), (p, "PEFT LoRA")):
+        if not side or side.get("status") != "ok":
+            out.append(f"| {label} | {'failed: ' + side.get('error', '?') if side else 'not run'} | | | | |")
+            continue
+        cat = shardlm_categories(side["breakdown"]) if side["impl"] == "shardlm" else \
+            {k: side[k + "_ms"] for k in ("gemm", "attention", "cross_entropy")}
+        rest = side["step_ms"] - sum(cat.values())
+        figs[side["impl"]] = (side["step_ms"], cat["gemm"])
+        out.append(f"| {label} | {side['step_ms']:.1f} | {cat['gemm']:.1f} ({100 * cat['gemm'] / side['step_ms']:.0f}%) "
+                   f"| {cat['attention']:.1f} | {cat['cross_entropy']:.1f} | {rest:.1f} |")
+    out.append("")
+    if len(figs) == 2:
+        (s_step, s_gemm), (p_step, p_gemm) = figs["shardlm"], figs["pytorch"]
+        out.append(
+            f"The matrix products are the same work on both sides (every linear's forward and input gradient, the "
+            f"frozen base's and the adapters'): shardlm's take {s_gemm:.0f} ms, PyTorch's {p_gemm:.0f} ms. In these profiled steps shardlm ran at "
+            f"{ratio(p_step, s_step):.2f}x PEFT's speed; were everything outside its matrix products free, it "
+            f"would run at {ratio(p_step, s_gemm):.2f}x (PEFT's step over shardlm's matrix products): the "
+            f"most a faster rest of the step can give at this GEMM rate.")
+        out.append("")
+    return out
 
 
 def med(rows, key):
@@ -70,7 +123,7 @@ def paired(runs, arch, precision, mode):
             f"range {min(rs):.2f}-{max(rs):.2f}x)")
 
 
-def render_model(arch, precision, runs, meta):
+def render_model(arch, precision, runs, meta, profiles):
     out = [f"### {TITLES.get(arch, arch)}, {PRECISION_TITLES.get(precision, precision)}", ""]
     # the parameter count of the fp32 model (a 4-bit model's count holds two weights per byte as one)
     n = next((r["params"] for (a, _, i, m), rs in runs.items() if a == arch and i == "pytorch" and m != "qlora"
@@ -157,6 +210,7 @@ def render_model(arch, precision, runs, meta):
         out.append(f"- Full fine-tuning: shardlm {ratio(s['tokens_per_s'], p['tokens_per_s']):.2f}x PyTorch's tok/s, "
                    f"{ratio(s['peak_rss_bytes'], p['peak_rss_bytes']):.2f}x its peak RSS.")
     out.append("")
+    out.extend(render_profile(arch, precision, profiles))
     return out
 
 
@@ -168,7 +222,7 @@ def trained_from_lines(r):
     return int(m.group(1)) if m else None
 
 
-def render(meta, end, runs):
+def render(meta, end, runs, profiles):
     ok = [r for rs in runs.values() for r in rs if r.get("status") == "ok"]
     py = next((r for r in ok if r["impl"] == "pytorch" and r.get("bitsandbytes")), None) or \
         next((r for r in ok if r["impl"] == "pytorch"), {})
@@ -233,7 +287,7 @@ def render(meta, end, runs):
     for arch in meta.get("models", ["gpt2", "llama"]):
         for precision in meta.get("precisions", ["fp32"]):
             if any(k[0] == arch and k[1] == precision for k in runs):
-                out.extend(render_model(arch, precision, runs, meta))
+                out.extend(render_model(arch, precision, runs, meta, profiles))
     out.append("Raw JSON lines: bench/finetune_results.jsonl; the runs' output: $FT_WORK/finetune.log.")
     out.append("")
     out.append(END)

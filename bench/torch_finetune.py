@@ -33,7 +33,10 @@ both sides read.
       untimed steps, then S timed; one JSON line: ms_per_step (mean of the timed steps), tokens_per_s,
       every step's loss, the first step's loss (the base model's loss on the first window: the same on
       both sides), parameters, trainable parameters, versions, other_load. Prints "step K/N ..." after
-      each step (finetune_run.py watches for the first one).
+      each step (finetune_run.py watches for the first one). --profile-steps P: P more steps after the timed
+      ones under torch.profiler; the line then also holds "profile": ms per step of the profiled steps and
+      of the matrix products (aten::mm / addmm / bmm / baddbmm, self CPU time), fused attention and the
+      loss's log-softmax / NLL, and the top ops (bench/finetune.sh's where-the-time-goes pass).
 
 Peak memory is measured outside this process, by bench/finetune_run.py, as for shardlm.
 """
@@ -195,6 +198,7 @@ def train(a):
         print(f"step {k + 1}/{total} | loss {losses[-1]:.4f}", flush=True)
     wall, own = time.perf_counter() - wall0, time.process_time() - own0
     busy1 = machine_busy_seconds()
+    profile = profile_steps(a, step, batch, total) if a.profile_steps else None
     other_load = max(0.0, (busy1 - busy0 - own) / wall) if busy0 is not None and busy1 is not None else -1
     mean = sum(times) / len(times)
     out = {
@@ -206,7 +210,41 @@ def train(a):
         "torch_threads": torch.get_num_threads(), "gradient_checkpointing": checkpointing, "other_load": round(other_load, 2),
         "own_cpu_util": round(own / wall, 2), **versions,
     }
+    if profile:
+        out["profile"] = profile
     print(json.dumps(out), flush=True)
+
+
+# torch.profiler's CPU ops by category: the matrix products (the base linears and the adapters' alike),
+# fused attention, and the loss's log-softmax / NLL; everything else is "other".
+PROFILE_CATEGORIES = {
+    "gemm": ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"),
+    "attention": ("aten::_scaled_dot_product_flash_attention_for_cpu",
+                  "aten::_scaled_dot_product_flash_attention_for_cpu_backward"),
+    "cross_entropy": ("aten::_log_softmax", "aten::_log_softmax_backward_data", "aten::nll_loss_forward",
+                      "aten::nll_loss_backward"),
+}
+
+
+def profile_steps(a, step, batch, done):
+    """a.profile_steps more steps under torch.profiler (after the timed ones, so the headline is unprofiled):
+    ms per step of the whole step and of each category's ops, by their self CPU time (an op's wall time on the
+    calling thread, its intra-op threads' work inside it), and the top ops."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        t0 = time.perf_counter()
+        for k in range(done, done + a.profile_steps):
+            step(*batch(k))
+        wall = time.perf_counter() - t0
+    self_ms = {}
+    for e in prof.key_averages():
+        self_ms[e.key] = self_ms.get(e.key, 0.0) + e.self_cpu_time_total / 1e3 / a.profile_steps
+    out = {"steps": a.profile_steps, "step_ms": round(1e3 * wall / a.profile_steps, 2)}
+    for cat, names in PROFILE_CATEGORIES.items():
+        out[cat + "_ms"] = round(sum(self_ms.get(n, 0.0) for n in names), 2)
+    out["top_ms"] = {k: round(v, 2) for k, v in sorted(self_ms.items(), key=lambda kv: -kv[1])[:12]}
+    return out
 
 
 def main():
@@ -229,12 +267,15 @@ def main():
     t.add_argument("--lora-alpha", type=float, default=32)
     t.add_argument("--seed", type=int, default=1234)
     t.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    t.add_argument("--profile-steps", type=int, default=0,
+                   help="after the timed steps, this many under torch.profiler (\"profile\" in the JSON line)")
     a = ap.parse_args()
     if a.cmd == "make":
         make(a)
     else:
-        if a.steps < 1 or a.warmup < 0 or a.batch < 1 or a.seq < 1 or a.threads < 1:
-            sys.exit("torch_finetune: --steps, --batch, --seq and --threads must be at least 1, --warmup at least 0")
+        if a.steps < 1 or a.warmup < 0 or a.batch < 1 or a.seq < 1 or a.threads < 1 or a.profile_steps < 0:
+            sys.exit("torch_finetune: --steps, --batch, --seq and --threads must be at least 1, --warmup and "
+                     "--profile-steps at least 0")
         train(a)
 
 
