@@ -76,9 +76,11 @@ def render_profile(arch, precision, profiles):
     out.append("")
     if len(figs) == 2:
         (s_step, s_gemm), (p_step, p_gemm) = figs["shardlm"], figs["pytorch"]
+        adapters = sum(ms for op, ms in s["breakdown"].items() if op.startswith("lora_"))
         out.append(
             f"The matrix products are the same work on both sides (every linear's forward and input gradient, the "
-            f"frozen base's and the adapters'): shardlm's take {s_gemm:.0f} ms, PyTorch's {p_gemm:.0f} ms. In these profiled steps shardlm ran at "
+            f"frozen base's and the adapters'): shardlm's take {s_gemm:.0f} ms (the adapters' lora_forward / "
+            f"lora_backward {adapters:.0f} of them), PyTorch's {p_gemm:.0f} ms. In these profiled steps shardlm ran at "
             f"{ratio(p_step, s_step):.2f}x PEFT's speed; were everything outside its matrix products free, it "
             f"would run at {ratio(p_step, s_gemm):.2f}x (PEFT's step over shardlm's matrix products): the "
             f"most a faster rest of the step can give at this GEMM rate.")
