@@ -164,7 +164,8 @@ static int parse_args(int argc, char **argv, bench_args *a) {
     *a = (bench_args){.model = "gpt2-demo", .device = "cpu", .precision = SL_PRECISION_FP32, .B = 8, .T = 128,
                       .max_batch = 64, .threads = 1, .steps = 10, .warmup = 2,
                       .profile_steps = -1, .seed = 1234, .overlap = 1, .zero_stage = 0, .prefetch = 1,
-                      .bucket = 500000000, .first_bucket = 262144, .world = 1};
+                      .bucket = 6553600,  // train's reduce_bucket_size default (25 MiB of fp32)
+                      .first_bucket = 262144, .world = 1};
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i];
         if (strcmp(f, "--report") == 0) { a->report = 1; continue; }

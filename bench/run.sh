@@ -12,7 +12,7 @@
 #                            torch.autocast("cpu", bfloat16); fp32 against PyTorch fp32 eager
 #   BENCH_ONLY=pattern       run only configurations whose "model:B:T:threads:precision" matches the bash
 #                            glob (e.g. 'gpt2:4:1024:*'); results are appended, so earlier rows are replaced;
-#                            data-parallel runs match as "dist:model:T:tag" (tag: base, ddp, ddp-small,
+#                            data-parallel runs match as "dist:model:T:tag" (tag: base, ddp, ddp-bucket,
 #                            ddp-nooverlap, zero1, zero2, zero3, zero3-noprefetch; e.g. 'dist:gpt2-demo:*')
 #   BENCH_TORCH=0            skip PyTorch;  BENCH_SHARDLM=0  skip shardlm
 #   BENCH_BASELINE=0         skip the fp32 baseline rows (SHARDLM_GEMM=openblas: OpenBLAS on the kernels it
@@ -23,11 +23,12 @@
 #   BENCH_RENDER_ONLY=1      only re-render RESULTS.md from bench/results.jsonl
 #   BENCH_DIST=1             the data-parallel section (default on): per model, 1 rank x 2 threads at
 #                            micro-batch 2B against 2 ranks x 1 thread at micro-batch B (equal global
-#                            batch) under mpirun, with overlap on / off, small buckets, ZeRO-1, ZeRO-2 and
+#                            batch) under mpirun, with overlap on / off, DeepSpeed's buckets, ZeRO-1, ZeRO-2 and
 #                            ZeRO-3 (prefetch on / off); 0 skips it; "only" runs just that section and keeps
 #                            the other rows of results.jsonl
 #   BENCH_RANKS=2            ranks of the data-parallel runs
-#   BENCH_SMALL_BUCKET=6553600  reduce_bucket_size of the extra small-bucket DDP row (25 MiB of fp32)
+#   BENCH_ALT_BUCKET=500000000  reduce_bucket_size of the extra DDP row (DeepSpeed's default: the rest of the
+#                            model in one bucket; the DDP row itself runs train's default, 6553600 = 25 MiB)
 #   BENCH_DIST_RETRIES=2     reruns of a data-parallel run whose other_load was above 0.2
 #   BENCH_BUILD=build        build directory (library and bench_train; CU_B for its CUDA objects)
 #   BENCH_OUT_DIR=bench      where results.jsonl, bench.log and RESULTS.md are read and written (a scratch
@@ -60,7 +61,7 @@ DIST_CONFIGS=(
 )
 BENCH_DIST=${BENCH_DIST:-1}
 RANKS=${BENCH_RANKS:-2}
-SMALL_BUCKET=${BENCH_SMALL_BUCKET:-6553600}   # elements: 25 MiB of fp32, PyTorch DDP's bucket_cap_mb
+ALT_BUCKET=${BENCH_ALT_BUCKET:-500000000}   # elements: DeepSpeed's reduce_bucket_size (train's: 6553600)
 
 render() {
     "$PY" - "$JSONL" "$RESULTS" <<'PYEOF'
@@ -252,9 +253,9 @@ else:
       f"(`mpirun --oversubscribe -np {NR} -x OMP_NUM_THREADS=1 --bind-to none`, Open MPI, shared memory) with 1 "
       "thread each at micro-batch B; each rank draws its own random batches. The engine averages the gradients "
       "with bucketed all-reduces (first bucket 262144 elements at the head's end of the flat buffer, then "
-      "`reduce_bucket_size` = 5e8 elements, i.e. the rest of the model in one bucket; the small-bucket row uses "
-      f"{next((r['bucket'] for r in dist.values() if r.get('dist') == 'ddp-small'), 6553600)} elements, 25 MiB "
-      "of fp32 like PyTorch DDP's default); with overlap on, each "
+      "`reduce_bucket_size` elements each: `shardlm train`'s default 6553600, 25 MiB of fp32 as PyTorch DDP's "
+      "bucket_cap_mb, and in one extra row DeepSpeed's default 5e8, which puts the rest of the model in one "
+      "bucket, so nothing overlaps; each DDP row names its bucket size); with overlap on, each "
       "bucket starts as soon as backward has finished it, with overlap off all start after backward. ZeRO-1 "
       "shards AdamW's state: each rank updates half the parameters, then an in-place all-gather; its gradients "
       "are reduce-scattered to their owners unit by unit (embeddings, each block, final norm + head) as backward "
@@ -290,12 +291,29 @@ else:
       "measured in the ZeRO-3 rows. `wire estimate` applies the ring model to what was handed (mean over ranks): "
       "2(N-1)/N × all-reduce bytes + (N-1)/N × reduce-scatter bytes + (N-1) × all-gather bytes. Open MPI picks "
       "its own algorithm per message size, so this is a model, not a measurement.")
-    labels = {"base": "1 rank, threads", "ddp": "DDP, overlap on", "ddp-small": "DDP, overlap on, small buckets",
+    labels = {"base": "1 rank, threads", "ddp": "DDP, overlap on", "ddp-small": "DDP, overlap on",
+              "ddp-bucket": "DDP, overlap on",
               "ddp-nooverlap": "DDP, overlap off", "zero1": "ZeRO-1, overlap on", "zero2": "ZeRO-2, overlap on",
               "zero3": "ZeRO-3, prefetch on", "zero3-noprefetch": "ZeRO-3, prefetch off"}
-    order = ["base", "ddp", "ddp-small", "ddp-nooverlap", "zero1", "zero2", "zero3", "zero3-noprefetch"]
+    order = ["base", "ddp", "ddp-small", "ddp-bucket", "ddp-nooverlap", "zero1", "zero2", "zero3", "zero3-noprefetch"]
+    TRAIN_BUCKET = 6553600  # shardlm train's reduce_bucket_size default (src/train/train_config.c)
+    DDP_ON = ("ddp", "ddp-small", "ddp-bucket")  # overlap-on DDP rows (ddp-small: older runs' 25 MiB row)
+
+    def label(r):  # a DDP row names its bucket size; the others their configuration
+        d = r["dist"]
+        if d in DDP_ON or d == "ddp-nooverlap":
+            b = r.get("bucket")
+            size = ("25 MiB buckets, train's default" if b == TRAIN_BUCKET else
+                    "5e8-element buckets, DeepSpeed's default" if b == 500000000 else
+                    f"{b}-element buckets" if b else "")
+            return labels[d] + (", " + size if size else "")
+        return labels[d]
+
+    def default_ddp(g):  # the overlap-on DDP row at train's default bucket size, else the plain one
+        rows = [dist[g + (d,)] for d in DDP_ON if g + (d,) in dist]
+        return next((r for r in rows if r.get("bucket") == TRAIN_BUCKET), dist.get(g + ("ddp",)))
     groups = sorted({k[:3] for k in dist}, key=lambda k: (k[0] != "gpt2-demo", k[2], k[1]))
-    nb = "; ".join(f"{g[0]}: " + ", ".join(f"{labels[d]} {dist[g + (d,)]['buckets']}" for d in ("ddp", "ddp-small")
+    nb = "; ".join(f"{g[0]}: " + ", ".join(f"{label(dist[g + (d,)])} {dist[g + (d,)]['buckets']}" for d in DDP_ON
                                            if g + (d,) in dist) for g in groups)
     w("- overlap / prefetch saving: ms/step with overlap off minus with overlap on (DDP rows), and ZeRO-3 with "
       "prefetch off minus prefetch on (ZeRO-3 row), each also as % of the slower step. "
@@ -326,7 +344,7 @@ else:
     verdicts = []
     for g in groups:
         base = dist.get(g + ("base",))
-        on, off = dist.get(g + ("ddp",)), dist.get(g + ("ddp-nooverlap",))
+        on, off = default_ddp(g), dist.get(g + ("ddp-nooverlap",))
         for d in order:
             r = dist.get(g + (d,))
             if not r:
@@ -336,14 +354,14 @@ else:
             if d == "base":
                 vs = "100%"
             save = "n/a"
-            slower = {"ddp": off, "ddp-small": off, "zero3": dist.get(g + ("zero3-noprefetch",))}.get(d)
+            slower = {"ddp": off, "ddp-small": off, "ddp-bucket": off, "zero3": dist.get(g + ("zero3-noprefetch",))}.get(d)
             if slower:
                 dm = slower["ms_per_step"] - r["ms_per_step"]
                 save = "%.0f ms (%.1f%%)" % (dm, 100 * dm / slower["ms_per_step"])
             load = "%.2f" % r.get("other_load", -1) + (" *" if r.get("other_load", 0) > 0.2 else "")
             comm = N > 1
             ratio_g = r.get("mean_sent_over_grad_bytes", r["sent_over_grad_bytes"])
-            w(f"| {g[0]} | {g[2]} | {labels.get(d, d)} | {N} × {r['threads']} | {r['B']} | {r.get('global_batch', r['B'])} | "
+            w(f"| {g[0]} | {g[2]} | {label(r)} | {N} × {r['threads']} | {r['B']} | {r.get('global_batch', r['B'])} | "
               f"{r['ms_per_step']:.1f} | {r['ms_per_step_median']:.1f} | {r['tokens_per_s']:.1f} | **{vs}** | {r['ms_forward_backward']:.1f} | "
               f"{r['ms_optimizer']:.1f} | {handed(r) if comm else '0'} | "
               f"{ratio_g if comm else 0:.3f} | {mb(r['ring_allreduce_bytes_formula']) if comm else '0'} | "
@@ -354,9 +372,10 @@ else:
             best = max((dist[g + (d,)] for d in order[1:] if g + (d,) in dist),
                        key=lambda r: r["tokens_per_s"])
             bratio = best["tokens_per_s"] / base["tokens_per_s"]
-            verdicts.append(f"- {g[0]} T={g[2]}, global batch {g[1]}: DDP (overlap on) reaches **{100 * ratio:.1f}%** "
+            on_label = label(on).replace("DDP, ", "", 1)
+            verdicts.append(f"- {g[0]} T={g[2]}, global batch {g[1]}: DDP ({on_label}) reaches **{100 * ratio:.1f}%** "
                             f"of 1 × {NR} threads: target {'met' if ratio >= 0.9 else 'NOT met'}; best "
-                            f"{NR}-rank configuration ({labels[best['dist']]}) {100 * bratio:.1f}%"
+                            f"{NR}-rank configuration ({label(best)}) {100 * bratio:.1f}%"
                             f"{' (target met)' if bratio >= 0.9 else ''}.")
         zs = [d for d in ("zero1", "zero2", "zero3") if g + (d,) in dist]
         if on and zs:
@@ -372,7 +391,7 @@ else:
             if z3 and z3n:
                 dm = z3n["ms_per_step"] - z3["ms_per_step"]
                 pf = f"; prefetch saves {dm:.0f} ms/step ({100 * dm / z3n['ms_per_step']:.1f}% of the step without it)"
-            verdicts.append(f"- {g[0]} T={g[2]}, ZeRO against DDP (overlap on): " + "; ".join(parts) + pf + ".")
+            verdicts.append(f"- {g[0]} T={g[2]}, ZeRO against that DDP row: " + "; ".join(parts) + pf + ".")
     w("\nAgainst the target:\n")
     for v in verdicts:
         w(v)
@@ -394,7 +413,7 @@ else:
             gemm = sum(v for k, v in b.items() if k.startswith("matmul"))
             att = b.get("attention_forward", 0) + b.get("attention_backward", 0)
             ops_all = sum(v for k, v in b.items() if k not in ("optimizer", "model_other"))
-            w(f"| {g[0]} | {g[2]} | {labels.get(d, d)} | {r.get('world', 1)} × {r['threads']} | "
+            w(f"| {g[0]} | {g[2]} | {label(r) if d in labels else d} | {r.get('world', 1)} × {r['threads']} | "
               f"{r['profiled_ms_per_step']:.1f} | {gemm:.1f} | {att:.1f} | {ops_all - gemm - att:.1f} | "
               f"{b.get('model_other', 0):.1f} | {b.get('optimizer', 0):.1f} |")
     w("")
@@ -534,9 +553,9 @@ if [[ "$BENCH_DIST" != 0 ]]; then
             record_dist base env OMP_NUM_THREADS="$RANKS" "./$BUILD/bench_train" "${common[@]}" --batch "$GB" --threads "$RANKS"
             DESC="$RANKS ranks x 1 thread, overlap on"
             record_dist ddp "${MPIRUN[@]}" "./$BUILD/bench_train" "${common[@]}" --batch "$B" --threads 1 --overlap 1
-            DESC="$RANKS ranks x 1 thread, overlap on, ${SMALL_BUCKET}-element buckets"
-            record_dist ddp-small "${MPIRUN[@]}" "./$BUILD/bench_train" "${common[@]}" --batch "$B" --threads 1 --overlap 1 \
-                --bucket "$SMALL_BUCKET"
+            DESC="$RANKS ranks x 1 thread, overlap on, ${ALT_BUCKET}-element buckets"
+            record_dist ddp-bucket "${MPIRUN[@]}" "./$BUILD/bench_train" "${common[@]}" --batch "$B" --threads 1 --overlap 1 \
+                --bucket "$ALT_BUCKET"
             DESC="$RANKS ranks x 1 thread, overlap off"
             record_dist ddp-nooverlap "${MPIRUN[@]}" "./$BUILD/bench_train" "${common[@]}" --batch "$B" --threads 1 --overlap 0
             DESC="$RANKS ranks x 1 thread, ZeRO-1, overlap on"
