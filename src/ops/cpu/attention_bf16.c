@@ -50,34 +50,6 @@ static void *buffer(int slot, size_t bytes) {
     return buffers[t][slot].p;
 }
 
-// The first failure of a parallel region, recorded by the thread that met it (errors are per thread).
-typedef struct {
-    int failed;
-    char message[320];
-} failure;
-
-static void fail(failure *f, const char *what) {
-#pragma omp critical(attention_bf16_failure)
-    if (!f->failed) {
-        snprintf(f->message, sizeof f->message, "%s", what);
-#pragma omp atomic write
-        f->failed = 1;
-    }
-}
-
-static int failed(failure *f) {
-    int v;
-#pragma omp atomic read
-    v = f->failed;
-    return v;
-}
-
-static void report(const failure *f) {
-    if (!f->failed) return;
-    sl_errorf("%s", f->message);
-    cpu_bf16_record_failure();
-}
-
 // ---- blocks ----------------------------------------------------------------------------------------
 
 // The keys a query block [q0, q0 + qn) meets: [first, q0 + qn), first = its first window's start.
@@ -160,19 +132,19 @@ void cpu_bf16_attention_forward(sl_act *out_, float *lse, const sl_act *qkv_, in
     const sl_bf16 *qkv = cbf16_of(qkv_);
     int W = (NH + 2 * NKV) * HD, os = NH * HD, group = NH / NKV;
     float scale = 1.0f / sqrtf((float)HD);
-    failure f = {0};
+    cpu_bf16_region_failure f = {0};
 #pragma omp parallel for collapse(2) schedule(dynamic, 1) if((size_t)B * NH * T * T * HD >= 2 * SL_PAR_MIN_WORK)
     for (int b = 0; b < B; b++)
         for (int h = 0; h < NH; h++) {
-            if (failed(&f)) continue;
+            if (cpu_bf16_region_failed(&f)) continue;
             const sl_bf16 *base = qkv + (size_t)b * T * W;
             int g = h / group;
             if (forward_head(out + (size_t)b * T * os + (size_t)h * HD, lse + ((size_t)b * NH + h) * T,
                              base + (size_t)h * HD, base + (size_t)(NH + g) * HD, base + (size_t)(NH + NKV + g) * HD, W,
                              os, T, HD, scale, window))
-                fail(&f, sl_error());
+                cpu_bf16_region_fail(&f, sl_error());
         }
-    report(&f);
+    cpu_bf16_region_report(&f);
 }
 
 // Backward of a block after dp (qn, kn) = dO @ v^T: s (raw scores) becomes p = exp(scale s - lse) and
@@ -261,14 +233,14 @@ void cpu_bf16_attention_backward(sl_act *dqkv_, const sl_act *dout_, const sl_ac
     const sl_bf16 *dout = cbf16_of(dout_), *qkv = cbf16_of(qkv_), *out = cbf16_of(out_);
     size_t W = (size_t)(NH + 2 * NKV) * HD, os = (size_t)NH * HD;
     float scale = 1.0f / sqrtf((float)HD);
-    failure f = {0};
+    cpu_bf16_region_failure f = {0};
 #pragma omp parallel for collapse(2) schedule(dynamic, 1) if((size_t)B * NH * T * T * HD >= 2 * SL_PAR_MIN_WORK)
     for (int b = 0; b < B; b++)
         for (int g = 0; g < NKV; g++) {
-            if (failed(&f)) continue;
+            if (cpu_bf16_region_failed(&f)) continue;
             batch_view bv = {qkv + (size_t)b * T * W, dout + (size_t)b * T * os, out + (size_t)b * T * os,
                              dqkv + (size_t)b * T * W, lse + (size_t)b * NH * T};
-            if (backward_group(&bv, g, T, NH, NKV, HD, scale, window)) fail(&f, sl_error());
+            if (backward_group(&bv, g, T, NH, NKV, HD, scale, window)) cpu_bf16_region_fail(&f, sl_error());
         }
-    report(&f);
+    cpu_bf16_region_report(&f);
 }

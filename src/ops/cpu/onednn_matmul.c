@@ -1,9 +1,10 @@
 // onednn_matmul.c: bf16 GEMMs on the CPU through oneDNN's matmul primitive (cpu_gemm_bf16, cpu_bf16.h):
-// bf16 A and B, fp32 accumulation, C bf16 (rounded to nearest even once, from fp32) or fp32 (optionally
-// accumulated into, through a sum post-op: C += A @ B), an optional bf16 bias added in fp32 before C is
-// stored. Creating a primitive JIT-compiles its kernel, so the ones made are kept, LRU, in a small cache
+// bf16 A and B, fp32 accumulation, C bf16 (rounded to nearest even once, from fp32) or fp32, either
+// optionally accumulated into through a sum post-op (C += alpha A @ B, the sum taken in fp32 and, for a
+// bf16 C, rounded once), an optional bf16 bias added in fp32 before C is stored; C may be a column slice
+// of a wider matrix (ldc), and alpha scales the product (oneDNN's output scale). Creating a primitive JIT-compiles its kernel, so the ones made are kept, LRU, in a small cache
 // keyed by everything that shapes them (transposes, M, N, K, leading dimensions, bias, C's type,
-// accumulation, and the thread count, which oneDNN plans its blocking for), each with its memory
+// accumulation, alpha, and the thread count, which oneDNN plans its blocking for), each with its memory
 // objects, whose data pointers are set per call. One engine and one in-order stream per process; a
 // mutex covers lookup and execution (an entry's memory objects are shared). cpu_gemm_bf16_serial, for
 // products run by many threads of a parallel region at once, keeps a cache and a stream per thread
@@ -23,7 +24,8 @@
 #define CACHE_SIZE 192  // the model's linears (~25 shapes) plus attention's (~5 per query block length)
 
 typedef struct {
-    int ta, tb, M, N, K, lda, ldb, bias, c_f32, accumulate, threads;
+    int ta, tb, M, N, K, lda, ldb, ldc, bias, c_f32, accumulate, threads;
+    float alpha;  // every field 4 bytes: no padding, so keys compare with memcmp
 } gemm_key;
 
 typedef struct {
@@ -56,9 +58,9 @@ static void engine_init(void) {
 
 // "M=.. N=.. K=.. (A^T, B^T, bias, C fp32 +=)": the shape a message names.
 static void describe(const gemm_key *k, char *buf, size_t cap) {
-    snprintf(buf, cap, "M=%d N=%d K=%d (A%s lda %d, B%s ldb %d%s, C %s%s)", k->M, k->N, k->K, k->ta ? "^T" : "",
-             k->lda, k->tb ? "^T" : "", k->ldb, k->bias ? ", bf16 bias" : "", k->c_f32 ? "fp32" : "bf16",
-             k->accumulate ? " +=" : "");
+    snprintf(buf, cap, "M=%d N=%d K=%d (A%s lda %d, B%s ldb %d%s, C %s ldc %d%s, alpha %g)", k->M, k->N, k->K,
+             k->ta ? "^T" : "", k->lda, k->tb ? "^T" : "", k->ldb, k->bias ? ", bf16 bias" : "",
+             k->c_f32 ? "fp32" : "bf16", k->ldc, k->accumulate ? " +=" : "", (double)k->alpha);
 }
 
 // A (rows, cols) row-major matrix with leading dimension ld, read transposed when t is set.
@@ -92,10 +94,11 @@ static dnnl_status_t entry_create(gemm_entry *e, const gemm_key *k, const char *
     }
     TRY(matrix_desc(&a, k->M, k->K, k->ta, k->lda, dnnl_bf16));
     TRY(matrix_desc(&b, k->K, k->N, k->tb, k->ldb, dnnl_bf16));
-    TRY(matrix_desc(&c, k->M, k->N, 0, k->N, k->c_f32 ? dnnl_f32 : dnnl_bf16));
+    TRY(matrix_desc(&c, k->M, k->N, 0, k->ldc, k->c_f32 ? dnnl_f32 : dnnl_bf16));
     TRY(matrix_desc(&bias, 1, k->N, 0, k->N, dnnl_bf16));
     TRY(dnnl_matmul_desc_init(&desc, &a, &b, k->bias ? &bias : NULL, &c));
     TRY(dnnl_primitive_attr_create(&attr));
+    if (k->alpha != 1.0f) TRY(dnnl_primitive_attr_set_output_scales(attr, 1, 0, &k->alpha));
     if (k->accumulate) {
         TRY(dnnl_post_ops_create(&post));
         TRY(dnnl_post_ops_append_sum(post, 1.0f));
@@ -182,32 +185,35 @@ static int gemm(const char *op, const gemm_key *k, const void *A, const void *B,
         pthread_mutex_unlock(&lock);
     }
     if (s == dnnl_success) return 0;
-    char shape[160];
+    char shape[192];
     describe(k, shape, sizeof shape);
     return sl_errorf("%s: oneDNN bf16 matmul %s: %s failed: %s", op, shape, failed, dnnl_status2str(s));
 }
 
 // K = 0: C = bias or 0, or unchanged when accumulating (oneDNN 2.6 divides by K while planning).
-static void empty_sum(int M, int N, const sl_bf16 *bias, void *C, int c_f32, int accumulate) {
-    for (size_t i = 0; !accumulate && i < (size_t)M * N; i++) {
-        sl_bf16 b = bias ? bias[i % (size_t)N] : 0;
-        if (c_f32) ((float *)C)[i] = sl_bf16_to_f32(b);
-        else ((sl_bf16 *)C)[i] = b;
-    }
+static void empty_sum(int M, int N, const sl_bf16 *bias, void *C, int ldc, int c_f32, int accumulate) {
+    for (int i = 0; !accumulate && i < M; i++)
+        for (int j = 0; j < N; j++) {
+            sl_bf16 b = bias ? bias[j] : 0;
+            size_t at = (size_t)i * ldc + j;
+            if (c_f32) ((float *)C)[at] = sl_bf16_to_f32(b);
+            else ((sl_bf16 *)C)[at] = b;
+        }
 }
 
 // threads 0: the serial products of cpu_gemm_bf16_serial
-static int gemm_checked(const char *op, int ta, int tb, int M, int N, int K, const sl_bf16 *A, int lda,
-                        const sl_bf16 *B, int ldb, const sl_bf16 *bias, void *C, int c_f32, int accumulate, int threads) {
-    gemm_key k = {ta != 0, tb != 0, M, N, K, lda, ldb, bias != NULL, c_f32 != 0, accumulate != 0, threads};
-    char shape[160];
-    if (M < 0 || N < 0 || K < 0) {
+static int gemm_checked(const char *op, int ta, int tb, int M, int N, int K, float alpha, const sl_bf16 *A, int lda,
+                        const sl_bf16 *B, int ldb, const sl_bf16 *bias, void *C, int ldc, int c_f32, int accumulate,
+                        int threads) {
+    gemm_key k = {ta != 0, tb != 0, M, N, K, lda, ldb, ldc, bias != NULL, c_f32 != 0, accumulate != 0, threads, alpha};
+    char shape[192];
+    if (M < 0 || N < 0 || K < 0 || ldc < N) {
         describe(&k, shape, sizeof shape);
-        return sl_errorf("%s: oneDNN bf16 matmul %s: a negative dimension", op, shape);
+        return sl_errorf("%s: oneDNN bf16 matmul %s: a negative dimension or ldc below N", op, shape);
     }
     if (M == 0 || N == 0) return 0;
     if (K == 0) {
-        empty_sum(M, N, bias, C, c_f32, accumulate);
+        empty_sum(M, N, bias, C, ldc, c_f32, accumulate);
         return 0;
     }
     return gemm(op, &k, A, B, bias, C, NULL, 0);
@@ -215,15 +221,27 @@ static int gemm_checked(const char *op, int ta, int tb, int M, int N, int K, con
 
 int cpu_gemm_bf16(const char *op, int ta, int tb, int M, int N, int K, const sl_bf16 *A, int lda, const sl_bf16 *B,
                   int ldb, const sl_bf16 *bias, void *C, int c_f32, int accumulate) {
-    return gemm_checked(op, ta, tb, M, N, K, A, lda, B, ldb, bias, C, c_f32, accumulate, omp_get_max_threads());
+    return gemm_checked(op, ta, tb, M, N, K, 1.0f, A, lda, B, ldb, bias, C, N, c_f32, accumulate,
+                        omp_get_max_threads());
+}
+
+int cpu_gemm_bf16_scaled(const char *op, int ta, int tb, int M, int N, int K, float alpha, const sl_bf16 *A, int lda,
+                         const sl_bf16 *B, int ldb, void *C, int ldc, int c_f32, int accumulate) {
+    return gemm_checked(op, ta, tb, M, N, K, alpha, A, lda, B, ldb, NULL, C, ldc, c_f32, accumulate,
+                        omp_get_max_threads());
+}
+
+int cpu_gemm_bf16_scaled_serial(const char *op, int ta, int tb, int M, int N, int K, float alpha, const sl_bf16 *A,
+                                int lda, const sl_bf16 *B, int ldb, void *C, int ldc, int c_f32, int accumulate) {
+    return gemm_checked(op, ta, tb, M, N, K, alpha, A, lda, B, ldb, NULL, C, ldc, c_f32, accumulate, 0);
 }
 
 int cpu_gemm_bf16_serial(const char *op, int ta, int tb, int M, int N, int K, const sl_bf16 *A, int lda,
                          const sl_bf16 *B, int ldb, const sl_bf16 *bias, void *C, int c_f32, int accumulate) {
-    return gemm_checked(op, ta, tb, M, N, K, A, lda, B, ldb, bias, C, c_f32, accumulate, 0);
+    return gemm_checked(op, ta, tb, M, N, K, 1.0f, A, lda, B, ldb, bias, C, N, c_f32, accumulate, 0);
 }
 
 int cpu_gemm_bf16_kernel(char *impl, size_t cap) {
-    gemm_key k = {0, 1, 64, 64, 64, 64, 64, 1, 0, 0, omp_get_max_threads()};  // a linear layer's forward
+    gemm_key k = {0, 1, 64, 64, 64, 64, 64, 64, 1, 0, 0, omp_get_max_threads(), 1.0f};  // a linear layer's forward
     return gemm("bf16 kernel probe", &k, NULL, NULL, NULL, NULL, impl, cap);
 }

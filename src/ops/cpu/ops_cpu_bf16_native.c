@@ -7,11 +7,11 @@
 // allocation per call), and cross-entropy is staged a block of rows at a time (its logits are the
 // largest activation); attention_decode reads the bf16 KV cache in place (attention_decode.c), and
 // residual_forward, add_columns and take_columns read and write their storage in place
-// (elementwise_bf16.c), with the staged ops' bits. The composed ops are the emulation's compositions, except encoder_forward,
-// which reads its rows of the bf16 tables directly. Memory functions and optimizer passes are the CPU's. The ops are called from one thread at
+// (elementwise_bf16.c), with the staged ops' bits. The composed ops are the emulation's compositions, except
+// encoder_forward, which reads its rows of the bf16 tables directly, and the LoRA ops, four oneDNN bf16
+// matmuls each (lora_bf16.c) instead of the emulation's composition with rounded intermediates. Memory functions and optimizer passes are the CPU's. The ops are called from one thread at
 // a time (the model's), as the scratch buffers and the failure record assume.
 #include "ops/cpu/cpu_bf16.h"
-#include "ops/lora_compose.h"
 #include "shardlm/cpu_features.h"
 #include "shardlm/error.h"
 #include "shardlm/settings.h"
@@ -34,6 +34,12 @@ void cpu_bf16_record_failure(void) {
 }
 
 int cpu_bf16_failed(void) { return g_failed; }
+
+void cpu_bf16_region_report(const cpu_bf16_region_failure *f) {
+    if (!f->failed) return;
+    sl_errorf("%s", f->message);
+    cpu_bf16_record_failure();
+}
 
 static int native_synchronize(void) {
     if (cpu_synchronize()) return -1;  // a failure of an fp32 op it stages through
@@ -254,9 +260,18 @@ static void matrix_attention_backward(sl_act *dqkv, const sl_act *dout, const sl
     else staged_attention_backward(dqkv, dout, qkv, out, lse, B, T, NH, NKV, HD, window);
 }
 
-// LoRA's ops as the ops they are made of (lora_compose.h), each intermediate stored rounded,
-// through this table's oneDNN GEMMs and in-place column ops.
-SL_LORA_COMPOSED_OPS(sl_ops_cpu_bf16_native)
+// LoRA's ops: four oneDNN bf16 matmuls each, the adapter's output added inside the second (lora_bf16.c),
+// not the emulation's composition with its rounded intermediates.
+static void composed_lora_forward(sl_act *y, sl_act *u, sl_act *delta, const sl_act *x, const sl_act *A,
+                                  const sl_act *B, float scale, int N, int in, int r, int out, int ld, int col0) {
+    cpu_bf16_lora_forward(y, u, delta, x, A, B, scale, N, in, r, out, ld, col0);
+}
+
+static void composed_lora_backward(sl_act *dx, float *dA, float *dB, sl_act *du, sl_act *delta, sl_act *dh,
+                                   const sl_act *dy, const sl_act *x, const sl_act *u, const sl_act *A,
+                                   const sl_act *B, float scale, int N, int in, int r, int out, int ld, int col0) {
+    cpu_bf16_lora_backward(dx, dA, dB, du, delta, dh, dy, x, u, A, B, scale, N, in, r, out, ld, col0);
+}
 
 // Cross-entropy a block of rows at a time (its rows are independent), so the scratch holds about 512K
 // logits (2 MB, 10 rows of GPT-2's) instead of all N * Vp of them (206 MB for GPT-2 at B*T = 1024);

@@ -1,0 +1,102 @@
+// lora_bf16.c: the LoRA ops of ops_list.h on cpu-bf16-onednn (bf16 activations, the adapters' bf16
+// weight shadow) as four oneDNN bf16 matmuls, the scale as a product's output scale, each output
+// rounded to bf16 once: u = x A^T; y[:, slice] += scale u B^T; du = scale g B, dB += scale g^T u
+// (g the output gradient's slice), dA += du^T x, dx += du A. The composition the emulation and the
+// GPU run (ops/lora_compose.h) also stores u B^T, the scaled gradient slice and du A rounded to bf16
+// and passes over them again; here nothing but u and du is stored (the backward needs them), so y,
+// dx and the adapter gradients carry fewer roundings: the same values within bf16 rounding, not the
+// same bits (tests/unit/test_lora_bf16.c bounds each output by its one rounding).
+//
+// oneDNN 2.6 runs a product through its fast kernels (brgemm, AMX where the CPU has it) only when its
+// operands and output are dense; a column slice of a fused output (LLaMA's q/k/v in the qkv
+// activation, gate/up in gate|up) sends it to a generic kernel that output scales slow down 4-10x
+// (measured on an AMX Xeon: y += scale u B^T into a 768-column slice of 2304, 1.28 ms against
+// 0.20 ms dense). So a slice that is not a whole row is made dense first: the gradient slice is
+// copied exactly into scratch (no scaling, no rounding), and the forward's product goes, a block of
+// rows at a time, to fp32 scratch that is added into y's slice at once, rounding once, as the sum
+// post-op does for a whole row.
+// A and B gradients stay fp32 and accumulate.
+#include "ops/cpu/cpu_bf16.h"
+#include "shardlm/error.h"
+
+#include <omp.h>
+#include <string.h>
+
+#define BF16(p) ((const sl_bf16 *)(const void *)(p))
+
+// y[:, col0:col0+out] (rows ld apart) += scale * u @ B^T for a slice that is not whole rows: blocks of
+// SLICE_ROWS rows, each one thread's, its product into that thread's dense fp32 scratch (64 x out: in L2)
+// and added into y's slice at once, rounding once. A block's rows get the same bits whichever thread
+// takes it, so the result does not depend on the thread count.
+#define SLICE_ROWS 64
+
+static void slice_update(sl_bf16 *y, const sl_bf16 *u, const sl_bf16 *B, float scale, int N, int r, int out, int ld,
+                         int col0) {
+    int blocks = (N + SLICE_ROWS - 1) / SLICE_ROWS, threads = omp_get_max_threads();
+    float *scratch = cpu_bf16_scratch(0, (size_t)threads * SLICE_ROWS * out);
+    if (!scratch) return;
+    cpu_bf16_region_failure f = {0};
+#pragma omp parallel for schedule(static) if(blocks > 1)
+    for (int b = 0; b < blocks; b++) {
+        if (cpu_bf16_region_failed(&f)) continue;
+        int n0 = b * SLICE_ROWS, rows = N - n0 < SLICE_ROWS ? N - n0 : SLICE_ROWS;
+        float *t = scratch + (size_t)omp_get_thread_num() * SLICE_ROWS * out;
+        if (cpu_gemm_bf16_scaled_serial("lora_forward (y)", 0, 1, rows, out, r, scale, u + (size_t)n0 * r, r, B, r, t,
+                                        out, 1, 0)) {
+            cpu_bf16_region_fail(&f, sl_error());
+            continue;
+        }
+        for (int i = 0; i < rows; i++) {
+            sl_bf16 *o = y + (size_t)(n0 + i) * ld + col0;
+            const float *d = t + (size_t)i * out;
+#pragma omp simd
+            for (int j = 0; j < out; j++) o[j] = sl_bf16_round(sl_bf16_widen(o[j]) + d[j]);
+        }
+    }
+    cpu_bf16_region_report(&f);
+}
+
+void cpu_bf16_lora_forward(sl_act *y_, sl_act *u, sl_act *delta, const sl_act *x, const sl_act *A, const sl_act *B,
+                           float scale, int N, int in, int r, int out, int ld, int col0) {
+    (void)delta;
+    if (cpu_bf16_failed()) return;
+    sl_bf16 *y = bf16_of(y_);
+    // u (N,r) = x @ A^T
+    if (cpu_gemm_bf16_scaled("lora_forward (u)", 0, 1, N, r, in, 1.0f, BF16(x), in, BF16(A), in, u, r, 0, 0)) {
+        cpu_bf16_record_failure();
+        return;
+    }
+    if (ld == out) {  // y (N,out) += scale * u @ B^T, summed and rounded by the product
+        if (cpu_gemm_bf16_scaled("lora_forward (y)", 0, 1, N, out, r, scale, BF16(u), r, BF16(B), r, y, out, 0, 1))
+            cpu_bf16_record_failure();
+        return;
+    }
+    slice_update(y, BF16(u), BF16(B), scale, N, r, out, ld, col0);
+}
+
+// The output gradient's slice as a dense (N,out) matrix: dy itself when the slice is whole rows, else
+// an exact copy in scratch slot 1; NULL with the failure recorded when the heap is out.
+static const sl_bf16 *dense_slice(const sl_bf16 *dy, int N, int out, int ld, int col0) {
+    if (ld == out) return dy;
+    sl_bf16 *g = (sl_bf16 *)(void *)cpu_bf16_scratch(1, ((size_t)N * out + 1) / 2);
+    if (!g) return NULL;
+#pragma omp parallel for schedule(static) if((size_t)N * out >= SL_PAR_MIN_WORK)
+    for (int n = 0; n < N; n++) memcpy(g + (size_t)n * out, dy + (size_t)n * ld + col0, sizeof(sl_bf16) * (size_t)out);
+    return g;
+}
+
+void cpu_bf16_lora_backward(sl_act *dx, float *dA, float *dB, sl_act *du, sl_act *delta, sl_act *dh, const sl_act *dy,
+                            const sl_act *x, const sl_act *u, const sl_act *A, const sl_act *B, float scale, int N,
+                            int in, int r, int out, int ld, int col0) {
+    (void)delta;
+    (void)dh;
+    if (cpu_bf16_failed()) return;
+    const sl_bf16 *g = dense_slice(BF16(dy), N, out, ld, col0);
+    // dB (out,r) += scale * g^T @ u; du (N,r) = scale * g @ B; dA (r,in) += du^T @ x; dx (N,in) += du @ A
+    if (!g || cpu_gemm_bf16_scaled("lora_backward (dB)", 1, 0, out, r, N, scale, g, out, BF16(u), r, dB, r, 1, 1) ||
+        cpu_gemm_bf16_scaled("lora_backward (du)", 0, 0, N, r, out, scale, g, out, BF16(B), r, du, r, 0, 0) ||
+        cpu_gemm_bf16_scaled("lora_backward (dA)", 1, 0, r, in, N, 1.0f, BF16(du), r, BF16(x), in, dA, in, 1, 1) ||
+        (dx && cpu_gemm_bf16_scaled("lora_backward (dx)", 0, 0, N, in, r, 1.0f, BF16(du), r, BF16(A), in, dx, in, 0,
+                                    1)))
+        cpu_bf16_record_failure();
+}
