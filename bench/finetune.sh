@@ -162,39 +162,34 @@ for r in $(seq 1 "$ROUNDS"); do
     done
 done
 # 4. where the LoRA step's time goes: one profiled pass per side, model and precision (outside the rounds)
+profile_record() {  # impl model precision line: the JSON line of a profiled pass (bench_train's, or
+                   # torch_finetune.py's "profile") as a profile_of record, or a failed one
+    python3 - "$@" >>"$OUT_JSONL.tmp" <<'PYEOF'
+import json, sys
+impl, arch, precision, line = sys.argv[1:5]
+rec = {"profile_of": "lora", "impl": impl, "arch": arch, "precision": precision}
+try:
+    r = json.loads(line)
+    prof = r["profile"] if impl == "pytorch" else {
+        "step_ms": r["profiled_ms_per_step"], "breakdown": r["breakdown"], "steps": r["profile_steps"]}
+    rec.update(status="ok", **prof, other_load=r.get("other_load"))
+except (ValueError, KeyError):
+    rec.update(status="failed", error=f"{impl}'s profiled pass printed no profile (see finetune.log)")
+print(json.dumps(rec))
+PYEOF
+}
 profile_pair() {  # model precision
     local m=$1 pr=$2 out
     log "profile, $m $pr: load $(cut -d' ' -f1-3 /proc/loadavg)"
     out=$(env OMP_NUM_THREADS="$THREADS" build/bench_train --model "$WORK/$m" --batch "$B" --seq "$T" \
           --threads "$THREADS" --steps 1 --warmup "$WARMUP" --profile-steps 2 --lora-r "$LORA_R" --precision "$pr" \
           2>>"$WORK/finetune.log" | tail -1) || out=""
-    python3 - shardlm "$m" "$pr" "$out" >>"$OUT_JSONL.tmp" <<'PYEOF'
-import json, sys
-impl, arch, precision, line = sys.argv[1:5]
-rec = {"profile_of": "lora", "impl": impl, "arch": arch, "precision": precision}
-try:
-    r = json.loads(line)
-    rec.update(status="ok", step_ms=r["profiled_ms_per_step"], breakdown=r["breakdown"], steps=r["profile_steps"],
-               other_load=r.get("other_load"))
-except (ValueError, KeyError):
-    rec.update(status="failed", error="bench_train printed no profile (see finetune.log)")
-print(json.dumps(rec))
-PYEOF
+    profile_record shardlm "$m" "$pr" "$out"
     out=$(env OMP_NUM_THREADS="$THREADS" MKL_NUM_THREADS="$THREADS" "$PYTHON" bench/torch_finetune.py train \
           --model "$WORK/$m" --data "$WORK/data-$m/train_000000.bin" --mode lora --batch "$B" --seq "$T" \
           --threads "$THREADS" --steps 1 --warmup "$WARMUP" --profile-steps 2 --lora-r "$LORA_R" \
           --lora-alpha "$LORA_ALPHA" --precision "$pr" 2>>"$WORK/finetune.log" | tail -1) || out=""
-    python3 - pytorch "$m" "$pr" "$out" >>"$OUT_JSONL.tmp" <<'PYEOF'
-import json, sys
-impl, arch, precision, line = sys.argv[1:5]
-rec = {"profile_of": "lora", "impl": impl, "arch": arch, "precision": precision}
-try:
-    r = json.loads(line)
-    rec.update(status="ok", **r["profile"], other_load=r.get("other_load"))
-except (ValueError, KeyError):
-    rec.update(status="failed", error="torch_finetune.py printed no profile (see finetune.log)")
-print(json.dumps(rec))
-PYEOF
+    profile_record pytorch "$m" "$pr" "$out"
 }
 if [ "$PROFILE" = 1 ] && [[ " $ROWS " == *" shardlm-lora "* ]] && [[ " $ROWS " == *" pytorch-lora "* ]]; then
     for m in $MODELS; do

@@ -62,7 +62,7 @@ void cpu_bf16_lora_forward(sl_act *y_, sl_act *u, sl_act *delta, const sl_act *x
     if (cpu_bf16_failed()) return;
     sl_bf16 *y = bf16_of(y_);
     // u (N,r) = x @ A^T
-    if (cpu_gemm_bf16_scaled("lora_forward (u)", 0, 1, N, r, in, 1.0f, BF16(x), in, BF16(A), in, u, r, 0, 0)) {
+    if (cpu_gemm_bf16("lora_forward (u)", 0, 1, N, r, in, BF16(x), in, BF16(A), in, NULL, u, 0, 0)) {
         cpu_bf16_record_failure();
         return;
     }
@@ -95,8 +95,7 @@ void cpu_bf16_lora_backward(sl_act *dx, float *dA, float *dB, sl_act *du, sl_act
     // dB (out,r) += scale * g^T @ u; du (N,r) = scale * g @ B; dA (r,in) += du^T @ x; dx (N,in) += du @ A
     if (!g || cpu_gemm_bf16_scaled("lora_backward (dB)", 1, 0, out, r, N, scale, g, out, BF16(u), r, dB, r, 1, 1) ||
         cpu_gemm_bf16_scaled("lora_backward (du)", 0, 0, N, r, out, scale, g, out, BF16(B), r, du, r, 0, 0) ||
-        cpu_gemm_bf16_scaled("lora_backward (dA)", 1, 0, r, in, N, 1.0f, BF16(du), r, BF16(x), in, dA, in, 1, 1) ||
-        (dx && cpu_gemm_bf16_scaled("lora_backward (dx)", 0, 0, N, in, r, 1.0f, BF16(du), r, BF16(A), in, dx, in, 0,
-                                    1)))
+        cpu_gemm_bf16("lora_backward (dA)", 1, 0, r, in, N, BF16(du), r, BF16(x), in, NULL, dA, 1, 1) ||
+        (dx && cpu_gemm_bf16("lora_backward (dx)", 0, 0, N, in, r, BF16(du), r, BF16(A), in, NULL, dx, 0, 1)))
         cpu_bf16_record_failure();
 }
