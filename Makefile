@@ -68,7 +68,7 @@ endif
 # where sl_cuda_dlopen looks first (src/base/cuda_dlopen.c)
 $(B)/obj/src/base/cuda_dlopen.o: CPPFLAGS += -DSHARDLM_CUDA_LIBDIR='"$(CUDA_HOME)/lib64"'
 
-.PHONY: all test test-plain test-gpu test-gpu-suite bench bench-finetune bench-gpu demo clean fuzz
+.PHONY: all test test-plain test-gpu test-gpu-suite bench bench-finetune bench-gemm-libs bench-gpu demo clean fuzz
 all: $(B)/shardlm $(TEST_BIN)
 
 $(B)/obj/%.o: %.c
@@ -134,6 +134,10 @@ bench: all
 # needs PYTHON= an interpreter with torch, transformers, peft and bitsandbytes
 bench-finetune:
 	@bash bench/finetune.sh
+
+# fp32 GEMM library: OpenBLAS against oneDNN's sgemm in whole training steps (about 8 minutes on 2 cores)
+bench-gemm-libs: all
+	@bash bench/gemm_libs.sh
 
 # The GPU benchmark against PyTorch (one call on a GPU machine; bench/gpu.sh builds what it needs)
 bench-gpu:

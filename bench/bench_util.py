@@ -2,6 +2,9 @@
 `python3 bench/NAME.py`, so this directory is on their import path."""
 import json
 import os
+import platform
+import subprocess
+import time
 
 
 def machine_busy_seconds():
@@ -47,3 +50,28 @@ def read_jsonl(path):
     """The JSON objects of a results file, one a line; other lines (blank, text) are skipped."""
     with open(path) as f:
         return [json.loads(line) for line in f if line.strip().startswith("{")]
+
+
+def _sh(command):
+    """A shell command's output, stripped; "?" when it cannot run."""
+    try:
+        return subprocess.run(command, shell=True, capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "?"
+
+
+def machine_record(commit, **fields):
+    """The first line of a results file: {"meta": 1}, the date, `commit`, the machine (CPU model, cores,
+    memory, OS and kernel, compiler, Debian's OpenBLAS and oneDNN packages) and the load average, then
+    `fields` (the run's settings)."""
+    record = {"meta": 1, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "commit": commit,
+              "cpu": _sh("lscpu | sed -n 's/^Model name:[ \\t]*//p' | head -1"), "cores": os.cpu_count(),
+              "mem": _sh("free -h | awk '/^Mem:/{print $2}'"),
+              "os": _sh(". /etc/os-release && echo $PRETTY_NAME") + ", kernel " + platform.release(),
+              "gcc": _sh("${CC:-gcc} --version | head -1"),
+              "openblas_pkg": _sh("dpkg-query -W -f='${Version}' libopenblas0-openmp 2>/dev/null") or "?",
+              "onednn_pkg": _sh("dpkg-query -W -f='${Version}' libdnnl2 2>/dev/null") or "?"}
+    record.update(fields)
+    with open("/proc/loadavg") as f:
+        record["load_before"] = " ".join(f.read().split()[:3])
+    return record

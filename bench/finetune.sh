@@ -99,20 +99,13 @@ commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 if ! git diff --quiet HEAD -- src include 2>/dev/null; then commit="$commit+dirty"; fi
 python3 - "$commit" "$ROUNDS" "$WARMUP" "$STEPS" "$B" "$T" "$THREADS" "$LORA_R" "$LORA_ALPHA" "$ROWS" "$MODELS" "$PRECISIONS" \
     >"$OUT_JSONL.tmp" <<'PYEOF'
-import json, os, platform, subprocess, sys, time
-def sh(c):
-    try: return subprocess.run(c, shell=True, capture_output=True, text=True, timeout=30).stdout.strip()
-    except Exception: return "?"
+import json, sys
+sys.path.insert(0, "bench")
+from bench_util import machine_record
 a = sys.argv[1:]
-print(json.dumps({"meta": 1, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "commit": a[0],
-    "cpu": sh("lscpu | sed -n 's/^Model name:[ \\t]*//p' | head -1"), "cores": os.cpu_count(),
-    "mem": sh("free -h | awk '/^Mem:/{print $2}'"),
-    "os": sh(". /etc/os-release && echo $PRETTY_NAME") + ", kernel " + platform.release(),
-    "gcc": sh("${CC:-gcc} --version | head -1"),
-    "openblas_pkg": sh("dpkg-query -W -f='${Version}' libopenblas0-openmp 2>/dev/null") or "?",
-    "rounds": int(a[1]), "warmup": int(a[2]), "steps": int(a[3]), "B": int(a[4]), "T": int(a[5]),
-    "threads": int(a[6]), "lora_r": int(a[7]), "lora_alpha": float(a[8]), "rows": a[9].split(),
-    "models": a[10].split(), "precisions": a[11].split(), "load_before": " ".join(open("/proc/loadavg").read().split()[:3])}))
+print(json.dumps(machine_record(a[0], rounds=int(a[1]), warmup=int(a[2]), steps=int(a[3]), B=int(a[4]), T=int(a[5]),
+    threads=int(a[6]), lora_r=int(a[7]), lora_alpha=float(a[8]), rows=a[9].split(), models=a[10].split(),
+    precisions=a[11].split())))
 PYEOF
 
 # 3. measure
