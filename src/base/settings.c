@@ -25,7 +25,7 @@ static const struct { const char *name, *meaning; } variables[] = {
     {"SHARDLM_BF16_STORAGE", "0: --precision bf16 keeps fp32 activations, on the GPU and the CPU (default 1: bf16 storage)"},
     {"SHARDLM_EMULATE_BF16_STORAGE", "1: the CPU backend emulates the GPU's bf16 storage (tests; default 0)"},
     {"SHARDLM_CPU_BF16", "0: bf16 on the CPU acts as on a CPU without bf16 instructions (emulation; default 1)"},
-    {"SHARDLM_GEMM", "openblas or onednn: the CPU's fp32 GEMM library (default auto: oneDNN only where OpenBLAS lacks AVX2 kernels)"},
+    {"SHARDLM_GEMM", "openblas or onednn: the CPU's fp32 GEMM library (default auto: oneDNN where the CPU has AVX2, OpenBLAS otherwise)"},
     {"SHARDLM_LOG_LEVEL", "debug, info, warn or error: the lowest level logged (default info)"},
     {"SHARDLM_FAULT", "RANK:STEP:WHERE: that rank kills itself there (fault-injection tests; default none)"},
     {"SHARDLM_RESTART_COUNT", "restarts so far, set by shardlm launch (faults fire only before the first)"},

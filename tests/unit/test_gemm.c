@@ -1,7 +1,7 @@
 // test_gemm.c: both CPU GEMM libraries (gemm.c: OpenBLAS and oneDNN's sgemm) against a double-precision
 // product, for the three products a linear layer makes (forward A @ B^T, input gradient A @ B, weight
 // gradient A^T @ B accumulated with beta = 1) at odd row counts; each library is deterministic for
-// a given thread count. Also the CPU feature flags' consistency.
+// a given thread count. Also the automatic choice between them and the CPU feature flags' consistency.
 #include "test.h"
 
 #include "ops/cpu/cpu_ops.h"
@@ -70,6 +70,18 @@ TEST(onednn_matches_double_reference) { check_library(cpu_gemm_onednn, "oneDNN")
 TEST(chosen_gemm_is_described) {
     const char *d = sl_cpu_gemm_description();
     CHECK_MSG(d && (strstr(d, "OpenBLAS") || strstr(d, "oneDNN")), "description '%s'", d ? d : "(null)");
+}
+
+// The library the description names first: with SHARDLM_GEMM unset (auto), oneDNN's sgemm on a CPU
+// with AVX2 and OpenBLAS on one without; with SHARDLM_GEMM=openblas|onednn, that one.
+TEST(choice_follows_avx2_or_setting) {
+    const char *forced = getenv("SHARDLM_GEMM"), *want;
+    if (forced && !strcmp(forced, "openblas")) want = "OpenBLAS";
+    else if (forced && !strcmp(forced, "onednn")) want = "oneDNN";
+    else want = sl_cpu_features_get()->avx2 ? "oneDNN" : "OpenBLAS";
+    const char *d = sl_cpu_gemm_description();
+    CHECK_MSG(d && !strncmp(d, want, strlen(want)), "avx2 %d, SHARDLM_GEMM %s: description '%s', expected %s first",
+              sl_cpu_features_get()->avx2, forced ? forced : "(unset)", d ? d : "(null)", want);
 }
 
 TEST(cpu_features_are_consistent) {

@@ -1,11 +1,12 @@
-// gemm.c: the CPU backend's fp32 GEMM (cpu_sgemm) and the choice of library behind it. OpenBLAS is
-// the default. Debian's OpenBLAS picks its kernels by CPU model and can miss: on a CPU it does not
-// know it falls back to its SSE3 (Prescott) kernels, 4x slower than the CPU allows, while oneDNN
-// generates code for the instruction sets it finds. So when this CPU has AVX2 and OpenBLAS runs none
-// of its AVX2 / AVX-512 kernels, oneDNN's sgemm is used instead; SHARDLM_GEMM=openblas|onednn forces
-// either. The rule reads only cpuid and OpenBLAS's kernel name, never a clock: timing both at start
-// chose differently from run to run on a busy machine, and results are bit-reproducible only on one
-// library. `shardlm report` measures both (sl_cpu_gemm_measure) to show the choice is the right one.
+// gemm.c: the CPU backend's fp32 GEMM (cpu_sgemm) and the choice of library behind it. oneDNN's sgemm
+// is the default wherever the CPU has AVX2: it generates its kernels for the instruction sets it
+// finds. On an AMD EPYC (Zen 4, AVX-512) it trained 6-9% faster a step than OpenBLAS 0.3.21 on its own
+// AVX-512 (Cooperlake) kernels (bench/gemm_libs.sh, bench/RESULTS.md "CPU GEMM library"), and Debian's
+// OpenBLAS picks its kernels by CPU model: on a CPU it does not know it falls back to its SSE3
+// (Prescott) kernels, 4x slower than the CPU allows. Without AVX2 (older x86, other architectures)
+// OpenBLAS is used. SHARDLM_GEMM=openblas|onednn forces either. The rule reads only cpuid, never a
+// clock: timing both at start chose differently from run to run on a busy machine, and results are
+// bit-reproducible only on one library. `shardlm report` measures both (sl_cpu_gemm_measure).
 #include "ops/cpu/cpu_ops.h"
 #include "shardlm/cpu_features.h"
 #include "shardlm/settings.h"
@@ -43,26 +44,22 @@ static double seconds(void) {
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-// The best of 3 timed runs (after one untimed) of a linear layer's two GEMM shapes; GFLOP/s.
-static double probe(gemm_fn gemm, const float *x, const float *w, float *y, float *dw) {
-    enum { N = 384, IC = 1024, OC = 768 };
+// The best of 3 timed runs (after one untimed) of a linear layer's three GEMMs at a training step's
+// shape (512 rows, 768 -> 2304: GPT-2's qkv projection): forward, input gradient, weight gradient;
+// GFLOP/s.
+enum { PROBE_N = 512, PROBE_IC = 768, PROBE_OC = 2304 };
+static double probe(gemm_fn gemm, const float *x, const float *w, float *y, float *dx, float *dw) {
+    enum { N = PROBE_N, IC = PROBE_IC, OC = PROBE_OC };
     double best = 0;
     for (int rep = 0; rep < 4; rep++) {
         double t0 = seconds();
         gemm(0, 1, N, OC, IC, 1.0f, x, IC, w, IC, 0.0f, y, OC);   // y (N,OC) = x (N,IC) @ w^T
+        gemm(0, 0, N, IC, OC, 1.0f, y, OC, w, IC, 0.0f, dx, IC);  // dx (N,IC) = dy (N,OC) @ w
         gemm(1, 0, OC, IC, N, 1.0f, y, OC, x, IC, 0.0f, dw, IC);  // dw (OC,IC) = dy^T @ x
-        double rate = 4.0 * N * IC * OC / (seconds() - t0) / 1e9;
+        double rate = 6.0 * N * IC * OC / (seconds() - t0) / 1e9;
         if (rep > 0 && rate > best) best = rate;
     }
     return best;
-}
-
-// OpenBLAS kernels (openblas_get_corename) that use AVX2 or AVX-512.
-static int openblas_uses_avx2(const char *core) {
-    static const char *const wide[] = {"Haswell", "Zen", "SkylakeX", "Cooperlake", "SapphireRapids", "Excavator"};
-    for (size_t i = 0; core && i < sizeof wide / sizeof wide[0]; i++)
-        if (!strcmp(core, wide[i])) return 1;
-    return 0;
 }
 
 static void choose(void) {
@@ -78,28 +75,30 @@ static void choose(void) {
     if (forced != SL_GEMM_AUTO) {
         use_onednn = forced == SL_GEMM_ONEDNN;
         snprintf(description, sizeof description, "%s (SHARDLM_GEMM)", use_onednn ? onednn : openblas);
-    } else if (sl_cpu_features_get()->avx2 && !openblas_uses_avx2(core)) {
+    } else if (sl_cpu_features_get()->avx2) {
         use_onednn = 1;
-        snprintf(description, sizeof description, "%s (%s would not use this CPU's AVX2)", onednn, openblas);
+        snprintf(description, sizeof description, "%s (code for this CPU's AVX2 / AVX-512; %s with SHARDLM_GEMM)",
+                 onednn, openblas);
     } else {
         snprintf(description, sizeof description, "%s", openblas);
     }
 }
 
 void sl_cpu_gemm_measure(double *openblas, double *onednn) {
-    size_t nx = 384 * 1024, nw = 768 * 1024, ny = 384 * 768;
+    size_t nx = (size_t)PROBE_N * PROBE_IC, nw = (size_t)PROBE_OC * PROBE_IC, ny = (size_t)PROBE_N * PROBE_OC;
     float *x = malloc(nx * sizeof(float)), *w = malloc(nw * sizeof(float)), *y = malloc(ny * sizeof(float));
-    float *dw = malloc(nw * sizeof(float));
+    float *dx = malloc(nx * sizeof(float)), *dw = malloc(nw * sizeof(float));
     *openblas = *onednn = 0;
-    if (x && w && y && dw) {
-        for (size_t i = 0; i < nx; i++) x[i] = (float)(i % 13) * 0.01f;
-        for (size_t i = 0; i < nw; i++) w[i] = (float)(i % 7) * 0.01f;
-        *openblas = probe(cpu_gemm_openblas, x, w, y, dw);
-        *onednn = probe(cpu_gemm_onednn, x, w, y, dw);
+    if (x && w && y && dx && dw) {
+        for (size_t i = 0; i < nx; i++) x[i] = (float)(i % 13) * 0.01f - 0.06f;
+        for (size_t i = 0; i < nw; i++) w[i] = (float)(i % 7) * 0.01f - 0.03f;
+        *openblas = probe(cpu_gemm_openblas, x, w, y, dx, dw);
+        *onednn = probe(cpu_gemm_onednn, x, w, y, dx, dw);
     }
     free(x);
     free(w);
     free(y);
+    free(dx);
     free(dw);
 }
 
