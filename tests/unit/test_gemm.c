@@ -62,6 +62,15 @@ static void check_library(gemm_fn gemm, const char *name) {
         CHECK_MSG(fwd < 1e-5 && dinp < 1e-5 && dw < 1e-5, "%s, %d rows: relative errors %.2g %.2g %.2g (1.0: not "
                   "deterministic)", name, N, fwd, dinp, dw);
     }
+    // a forward deeper than wide (K 300 > N 260, at least 256 rows: oneDNN's is split by rows across
+    // threads), into fresh output and accumulated into it (beta 1), at a row count the threads
+    // cannot share evenly
+    static const int tall[] = {256, 1023};
+    for (int r = 0; r < 2; r++) {
+        double fresh = check(gemm, 0, 1, tall[r], 260, 300, 0.0f), acc = check(gemm, 0, 1, tall[r], 260, 300, 1.0f);
+        CHECK_MSG(fresh < 1e-5 && acc < 1e-5, "%s, %d rows, 300 -> 260: relative errors %.2g %.2g (1.0: not "
+                  "deterministic)", name, tall[r], fresh, acc);
+    }
 }
 
 TEST(openblas_matches_double_reference) { check_library(cpu_gemm_openblas, "OpenBLAS"); }

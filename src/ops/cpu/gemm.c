@@ -13,6 +13,7 @@
 
 #include <cblas.h>
 #include <dnnl.h>
+#include <omp.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,11 +30,38 @@ void cpu_gemm_openblas(int ta, int tb, int M, int N, int K, float alpha, const f
                 B, ldb, beta, C, ldc);
 }
 
-// oneDNN's sgemm is row-major like the calls above; a call it refuses goes to OpenBLAS.
-void cpu_gemm_onednn(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
-                        int ldb, float beta, float *C, int ldc) {
+static void onednn_or_openblas(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
+                               const float *B, int ldb, float beta, float *C, int ldc) {
     if (dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb, beta, C, ldc) != dnnl_success)
         cpu_gemm_openblas(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+// A linear layer's forward into a narrower output (out = inp @ W^T with depth K above width N: LLaMA's
+// down_proj 2048 -> 768, GPT-2's mlp c_proj 3072 -> 768) is where oneDNN 2.6's own plan for several
+// threads falls short: 164 GFLOP/s on 2 threads against 198 when each thread runs its own block of
+// rows alone (AMD EPYC Zen 4, 12 cold weights; bench/RESULTS.md "CPU GEMM library" shows the shape at
+// 0.85-0.94x OpenBLAS). So such a product is split by rows here. Not inside a parallel region (the
+// caller's threads are busy) and not for small products, where one plan is as good.
+static int split_rows(int ta, int tb, int M, int N, int K) {
+    return !ta && tb && K > N && N >= 256 && M >= 256 && !omp_in_parallel() && omp_get_max_threads() > 1;
+}
+
+// oneDNN's sgemm is row-major like the calls above; a call it refuses goes to OpenBLAS. Inside the
+// parallel region oneDNN runs each thread's rows on that thread alone.
+void cpu_gemm_onednn(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
+                        int ldb, float beta, float *C, int ldc) {
+    if (!split_rows(ta, tb, M, N, K)) {
+        onednn_or_openblas(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        return;
+    }
+#pragma omp parallel
+    {
+        int t = omp_get_thread_num(), nt = omp_get_num_threads();
+        int m0 = (int)((long)M * t / nt), m1 = (int)((long)M * (t + 1) / nt);
+        if (m1 > m0)
+            onednn_or_openblas(0, 1, m1 - m0, N, K, alpha, A + (size_t)m0 * lda, lda, B, ldb, beta,
+                               C + (size_t)m0 * ldc, ldc);
+    }
 }
 
 typedef void (*gemm_fn)(int, int, int, int, int, float, const float *, int, const float *, int, float, float *, int);
