@@ -52,13 +52,11 @@ def main():
         out += [f"{CONFIG_NAMES[c]}:", "", "| GEMM | calls/step | OpenBLAS GFLOP/s | oneDNN GFLOP/s | oneDNN/OpenBLAS |",
                 "|---|---|---|---|---|"]
         for sh in shapes:
-            rate, calls = {}, 0
-            for lib in LIBS:
-                v = [s["gflops"] for r in runs if r["config"] == c and r["lib"] == lib
-                     for s in r.get("matmul_shapes", []) if s["shape"] == sh]
-                calls = max([calls] + [s["calls"] for r in runs if r["config"] == c
-                                       for s in r.get("matmul_shapes", []) if s["shape"] == sh])
-                rate[lib] = statistics.median(v) if v else None
+            seen = [(r["lib"], s) for r in runs if r["config"] == c for s in r.get("matmul_shapes", [])
+                    if s["shape"] == sh]
+            calls = max(s["calls"] for _, s in seen)
+            rate = {lib: statistics.median([s["gflops"] for l, s in seen if l == lib]) if any(l == lib for l, _ in seen)
+                    else None for lib in LIBS}
             q = f"{rate['onednn'] / rate['openblas']:.2f}" if rate["openblas"] and rate["onednn"] else "n/a"
             out.append(f"| {sh} | {calls:g} | {rate['openblas'] or 0:.1f} | {rate['onednn'] or 0:.1f} | {q} |")
         out.append("")

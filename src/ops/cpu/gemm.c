@@ -17,7 +17,6 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 #include <time.h>
 
 static int use_onednn;
@@ -77,7 +76,7 @@ static double seconds(void) {
 // GFLOP/s.
 enum { PROBE_N = 512, PROBE_IC = 768, PROBE_OC = 2304 };
 static double probe(gemm_fn gemm, const float *x, const float *w, float *y, float *dx, float *dw) {
-    enum { N = PROBE_N, IC = PROBE_IC, OC = PROBE_OC };
+    const int N = PROBE_N, IC = PROBE_IC, OC = PROBE_OC;
     double best = 0;
     for (int rep = 0; rep < 4; rep++) {
         double t0 = seconds();
