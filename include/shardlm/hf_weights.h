@@ -29,9 +29,15 @@ int sl_hf_load_config(const char *dir, sl_model_config *cfg);
 // model.safetensors.index.json, or from a single .safetensors / .index.json path.
 // Accepts GPT-2 names with or without the "transformer." prefix, F32/F16/BF16/F64 data, and ignores
 // non-parameter buffers (*.attn.bias, *.attn.masked_bias, *rotary_emb.inv_freq) and a tied
-// lm_head.weight. Missing, unexpected or duplicated tensors, shape and dtype mismatches are errors
+// lm_head.weight equal to the embedding (sl_hf_check_tied_head; a different one is an error). Missing, unexpected or duplicated tensors, shape and dtype mismatches are errors
 // (named); all names and shapes are checked before params is written.
 int sl_hf_load(const char *dir, const sl_param_layout *L, float *params);
+
+// A tied model's file holding lm_head.weight too (file hf, tensor hi) beside the embedding (file ef,
+// tensor ei): 0 when the two are equal value for value (as fp32), else an error that names the first
+// difference and the way out (arch: SL_ARCH_*, for the advice). transformers 4.x drops such a tensor
+// and ties the head to the embedding, transformers 5 uses it as the head: equal, the two agree.
+int sl_hf_check_tied_head(const sl_st_file *hf, int hi, const sl_st_file *ef, int ei, int arch);
 
 // Receives tensor t's values (numel floats, (out, in), padded rows zero) for a tensor the layout holds
 // quantised; valid only during the call. Non-zero stops the load.

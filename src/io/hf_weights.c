@@ -1,6 +1,7 @@
 // hf_weights.c: Hugging Face weight directories <-> the flat parameter buffer (see hf_weights.h).
 // Owns the mapping between HF file tensors and layout.h tensors: name normalisation (GPT-2's
-// optional "transformer." prefix), which file tensors are ignored (buffers, tied lm_head), the
+// optional "transformer." prefix), which file tensors are ignored (buffers, a tied lm_head equal to the
+// embedding: tied_head.c), the
 // Conv1D transposition, and the padded-vocabulary rows.
 // Invariants: sl_hf_load validates every name, dtype and shape in every file before writing a
 // single float into params, so a failed load leaves params untouched; padded rows are zero after
@@ -285,6 +286,7 @@ static void append_name(char *list, size_t cap, int *count, const char *name) {
 static int match_tensors(const source *s, const sl_param_layout *L, tensor_ref *refs) {
     char unexpected[1024] = "";
     int n_unexpected = 0;
+    tensor_ref head = {-1, -1};   // a tied model's lm_head.weight, checked against the embedding below
     for (int k = 0; k < L->n_tensors; k++) refs[k].file = -1;
     for (int f = 0; f < s->n_files; f++) {
         const sl_st_file *F = &s->files[f];
@@ -298,7 +300,10 @@ static int match_tensors(const source *s, const sl_param_layout *L, tensor_ref *
             int k = sl_layout_find(L, name);
             if (k < 0) {
                 if (is_buffer(name)) continue;
-                if (strcmp(name, "lm_head.weight") == 0 && L->lm_head < 0) continue;   // tied to the embedding
+                if (strcmp(name, "lm_head.weight") == 0 && L->lm_head < 0) {   // tied to the embedding
+                    head = (tensor_ref){f, i};
+                    continue;
+                }
                 append_name(unexpected, sizeof unexpected, &n_unexpected, t->name);
                 continue;
             }
@@ -329,6 +334,10 @@ static int match_tensors(const source *s, const sl_param_layout *L, tensor_ref *
     if (n_missing)
         return sl_errorf("%d tensor%s missing: %s%s", n_missing, n_missing > 1 ? "s" : "", missing,
                          n_missing > 8 ? ", ..." : "");
+    if (head.file >= 0) {
+        tensor_ref e = refs[L->wte];
+        return sl_hf_check_tied_head(&s->files[head.file], head.idx, &s->files[e.file], e.idx, L->cfg.arch);
+    }
     return 0;
 }
 

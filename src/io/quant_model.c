@@ -282,10 +282,18 @@ static int load_all(bnb_file *b, sl_quant_model *qm, const sl_param_layout *L, f
         snprintf(what, sizeof what, "%s: %s", b->f.path, x->name);
         if (sl_qtensor_validate(q, what)) return -1;
     }
-    // every tensor of the file belongs to the model (a tied lm_head may be written and is skipped)
+    // every tensor of the file belongs to the model (a tied lm_head equal to the embedding may be
+    // written and is skipped)
     for (int i = 0; i < b->f.n_tensors; i++) {
         if (b->used[i]) continue;
-        if (L->lm_head < 0 && strcmp(b->f.tensors[i].name, "lm_head.weight") == 0) continue;
+        if (L->lm_head < 0 && strcmp(b->f.tensors[i].name, "lm_head.weight") == 0) {
+            const char *emb = L->tensors[L->wte].name;
+            int e = sl_st_find(&b->f, emb);
+            if (e < 0 && strncmp(emb, "transformer.", 12) == 0) e = sl_st_find(&b->f, emb + 12);
+            if (e < 0) return sl_errorf("%s: tensor \"%s\" is missing", b->f.path, emb);
+            if (sl_hf_check_tied_head(&b->f, i, &b->f, e, L->cfg.arch)) return -1;
+            continue;
+        }
         return sl_errorf("%s: unexpected tensor \"%s\" (not part of this %s model quantised as %s)", b->f.path,
                          b->f.tensors[i].name, L->cfg.arch == SL_ARCH_GPT2 ? "GPT-2" : "LLaMA-family",
                          sl_quant_name(qm->qc.type));

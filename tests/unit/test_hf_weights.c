@@ -286,6 +286,23 @@ TEST(errors_missing_extra_shape_and_tied_head) {
     p = write_gpt2_like("tied.safetensors", &m.L, NULL, "lm_head.weight", NULL, 100, 32);
     CHECK_MSG(sl_hf_load(p, &m.L, m.params) == 0, "%s", sl_error());
     unlink(p);
+    // one that differs from it is refused with its first difference (transformers 5 would use it as the head)
+    p = write_gpt2_like("tied-differs.safetensors", &m.L, NULL, "lm_head.weight", NULL, 100, 32);
+    sl_st_file f;
+    CHECK(sl_st_open(&f, p) == 0);
+    int head = sl_st_find(&f, "lm_head.weight");
+    uint64_t at = f.data_start + f.tensors[head].begin + (uint64_t)(2 * 32 + 5) * 4;
+    sl_st_close(&f);
+    float one = 1.0f;
+    FILE *fp = fopen(p, "r+b");
+    CHECK(fp && fseek(fp, (long)at, SEEK_SET) == 0 && fwrite(&one, 4, 1, fp) == 1);
+    if (fp) fclose(fp);
+    expect_load_error(p, &m.L, m.params, "\"lm_head.weight\" differs from the embedding",
+                      "row 2, column 5: 1 against 0");
+    unlink(p);
+    p = write_gpt2_like("tied-shape.safetensors", &m.L, NULL, "lm_head.weight", NULL, 100, 16);
+    expect_load_error(p, &m.L, m.params, "\"lm_head.weight\" has shape [100, 16]", "tie_word_embeddings");
+    unlink(p);
     // a model whose positions differ from the file: the one mismatching tensor is named
     sl_model_config cfg = m.L.cfg;
     cfg.max_seq_len = 32;
