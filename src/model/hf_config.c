@@ -44,6 +44,7 @@ static const char *const llama_known[] = {
     "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
     "num_key_value_heads", "hidden_act", "max_position_embeddings", "rms_norm_eps", "tie_word_embeddings",
     "head_dim", "rope_parameters", "rope_scaling", "rope_theta", "partial_rotary_factor", "pad_token_id",
+    "original_max_position_embeddings",
     "attention_dropout", "attention_bias", "mlp_bias", "pretraining_tp", "sliding_window",
     "use_sliding_window", "max_window_layers", "layer_types", "quantization_config", NULL};
 
@@ -251,13 +252,13 @@ static int parse_rope(sl_model_config *c, const cJSON *r, const char *w) {
     if (p5 && cJSON_IsNull(p5)) p5 = NULL;
     if (p4 && cJSON_IsNull(p4)) p4 = NULL;
     float thetas[3];
-    int n_theta = 0, given = 0, orig5 = 0, orig4 = 0;
+    int n_theta = 0, theta5 = 0, theta4 = 0, orig5 = 0, orig4 = 0;
     sl_rope_config a = {.type = SL_ROPE_DEFAULT}, b;
-    if (p5 && parse_rope_block(&a, &thetas[n_theta], &given, &orig5, p5, w, "rope_parameters")) return -1;
-    n_theta += given;
+    if (p5 && parse_rope_block(&a, &thetas[n_theta], &theta5, &orig5, p5, w, "rope_parameters")) return -1;
+    n_theta += theta5;
     if (p4) {
-        if (parse_rope_block(&b, &thetas[n_theta], &given, &orig4, p4, w, "rope_scaling")) return -1;
-        n_theta += given;
+        if (parse_rope_block(&b, &thetas[n_theta], &theta4, &orig4, p4, w, "rope_scaling")) return -1;
+        n_theta += theta4;
         if (p5 && (!rope_blocks_agree(&a, &b) || (orig5 && orig4 && a.original_max_position_embeddings !=
                                                                          b.original_max_position_embeddings)))
             return sl_errorf("%s: rope_parameters and rope_scaling describe different RoPE settings; keep one "
@@ -268,11 +269,19 @@ static int parse_rope(sl_model_config *c, const cJSON *r, const char *w) {
         }
     }
     const cJSON *th = cJSON_GetObjectItemCaseSensitive(r, "rope_theta");
-    if (th && !cJSON_IsNull(th)) {
+    int top_theta = th && !cJSON_IsNull(th);
+    if (top_theta) {
         if (!cJSON_IsNumber(th) || !(th->valuedouble > 0.0 && th->valuedouble <= 3.0e38))
             return sl_errorf("%s: rope_theta must be a positive number", w);
         thetas[n_theta++] = (float)th->valuedouble;
     }
+    // With both blocks, transformers (4.x, and 5, which then takes rope_scaling as rope_parameters)
+    // reads rope_scaling and the top-level keys only: a value found only in rope_parameters would be
+    // dropped there and used here, so it is refused.
+    if (p5 && p4 && theta5 && !theta4 && !top_theta)
+        return sl_errorf("%s: rope_theta %g is given only inside rope_parameters, but rope_scaling is there too, "
+                         "and transformers then reads rope_scaling and the top level (so theta 10000); keep one "
+                         "block, or give rope_theta at the top level", w, (double)thetas[0]);
     for (int i = 1; i < n_theta; i++)
         if (thetas[i] != thetas[0])
             return sl_errorf("%s: rope_theta is given twice with different values (%g and %g)", w,
@@ -283,6 +292,11 @@ static int parse_rope(sl_model_config *c, const cJSON *r, const char *w) {
     int top_orig = 0;
     if (sl_json_get_int(r, "original_max_position_embeddings", &top_orig, 0, 1, w)) return -1;
     if (a.type == SL_ROPE_LLAMA3 || a.type == SL_ROPE_YARN) {
+        if (p5 && p4 && orig5 && !orig4 && !top_orig)
+            return sl_errorf("%s: original_max_position_embeddings is given only inside rope_parameters, but "
+                             "rope_scaling is there too, and transformers then reads rope_scaling (where it is "
+                             "missing, so max_position_embeddings is used); keep one block, or add it to rope_scaling",
+                             w);
         if (top_orig && orig5 && top_orig != a.original_max_position_embeddings)
             return sl_errorf("%s: original_max_position_embeddings is %d at the top level and %d in the RoPE block", w,
                              top_orig, a.original_max_position_embeddings);
@@ -296,11 +310,32 @@ static int parse_rope(sl_model_config *c, const cJSON *r, const char *w) {
 // ---- the LLaMA family ---------------------------------------------------------------------------
 
 static int parse_sliding(sl_model_config *c, const cJSON *r, const char *w) {
-    int window = 0;
     const cJSON *sw = cJSON_GetObjectItemCaseSensitive(r, "sliding_window");
+    // MistralConfig's default window is 4096 (a file without the key gets it; null turns it off)
+    int window = c->family == SL_FAMILY_MISTRAL && !sw ? 4096 : 0;
     if (sw && !cJSON_IsNull(sw) && sl_json_get_int(r, "sliding_window", &window, 0, 1, w)) return -1;
+    const cJSON *lt = cJSON_GetObjectItemCaseSensitive(r, "layer_types");
+    if (lt && !cJSON_IsNull(lt) && !cJSON_IsArray(lt)) return sl_errorf("%s: layer_types must be a list", w);
+    if (lt && cJSON_IsNull(lt)) lt = NULL;
+    if (lt && cJSON_GetArraySize(lt) != c->n_layer)
+        return sl_errorf("%s: layer_types has %d entries for %d layers", w, cJSON_GetArraySize(lt), c->n_layer);
     if (c->family == SL_FAMILY_MISTRAL) {
-        c->sliding_window = window;
+        // transformers masks each layer by its layer_types entry: all "sliding_attention" is the window
+        // everywhere, all "full_attention" plain causal attention everywhere; a mix is not computed
+        int sliding = 0, full = 0;
+        for (const cJSON *it = lt ? lt->child : NULL; it; it = it->next) {
+            int is_sliding = cJSON_IsString(it) && !strcmp(it->valuestring, "sliding_attention");
+            if (!is_sliding && (!cJSON_IsString(it) || strcmp(it->valuestring, "full_attention")))
+                return sl_errorf("%s: layer_types: expected \"sliding_attention\" or \"full_attention\" entries", w);
+            sliding += is_sliding;
+            full += !is_sliding;
+        }
+        if (sliding && full)
+            return sl_errorf("%s: layer_types mixes sliding and full attention layers (%d and %d); only one kind "
+                             "for every layer is supported", w, sliding, full);
+        if (sliding && !window)
+            return sl_errorf("%s: layer_types asks for sliding attention, but sliding_window is null", w);
+        c->sliding_window = full ? 0 : window;
         return 0;
     }
     if (c->family == SL_FAMILY_QWEN2) {  // Qwen2 uses the window only with use_sliding_window
@@ -312,9 +347,7 @@ static int parse_sliding(sl_model_config *c, const cJSON *r, const char *w) {
         return sl_errorf("%s: sliding_window is not a LlamaConfig key (use model_type \"mistral\")", w);
     }
     // layer_types: every layer must be plain causal attention
-    const cJSON *lt = cJSON_GetObjectItemCaseSensitive(r, "layer_types");
-    if (lt && !cJSON_IsNull(lt)) {
-        if (!cJSON_IsArray(lt)) return sl_errorf("%s: layer_types must be a list", w);
+    if (lt) {
         for (const cJSON *it = lt->child; it; it = it->next)
             if (!cJSON_IsString(it) || strcmp(it->valuestring, "full_attention"))
                 return sl_errorf("%s: layer_types: only \"full_attention\" layers are supported", w);
@@ -347,6 +380,10 @@ static int parse_llama(sl_model_config *c, const cJSON *r, sl_family family, con
         token_id(r, "bos_token_id", &c->bos_token_id, w) || token_id(r, "eos_token_id", &c->eos_token_id, w) ||
         token_id(r, "pad_token_id", &c->pad_token_id, w))
         return -1;
+    // absent: the class default (MistralConfig 8, Qwen2Config 32, LlamaConfig the head count); null:
+    // the head count in every class
+    if (c->n_kv_head == -1 && !cJSON_GetObjectItemCaseSensitive(r, "num_key_value_heads"))
+        c->n_kv_head = family == SL_FAMILY_MISTRAL ? 8 : family == SL_FAMILY_QWEN2 ? 32 : c->n_head;
     if (c->n_kv_head == -1) c->n_kv_head = c->n_head;
     const cJSON *act = cJSON_GetObjectItemCaseSensitive(r, "hidden_act");
     if (act && (!cJSON_IsString(act) || strcmp(act->valuestring, "silu")))

@@ -191,6 +191,45 @@ TEST(both_layouts_read_the_same_rope_settings) {
     CHECK(sl_config_context(&a) == 256);
 }
 
+// Settings read differently from transformers 5.24 before (found by comparing logits): the config
+// classes' defaults for keys a file leaves out, Mistral's layer_types, and a value given only in
+// rope_parameters when rope_scaling is there too (transformers then reads rope_scaling alone).
+TEST(defaults_layer_types_and_two_rope_blocks_as_transformers_reads_them) {
+    sl_model_config a;
+    CHECK(parse_llama_with("mistral", "", &a) == 0 && a.sliding_window == 4096);   // MistralConfig's default
+    CHECK(parse_llama_with("mistral", "\"sliding_window\": null", &a) == 0 && a.sliding_window == 0);
+    CHECK(parse_llama_with("mistral", "\"sliding_window\": 8, \"layer_types\": [\"full_attention\"]", &a) == 0 &&
+          a.sliding_window == 0);
+    CHECK(parse_llama_with("mistral", "\"sliding_window\": 8, \"layer_types\": [\"sliding_attention\"]", &a) == 0 &&
+          a.sliding_window == 8);
+    const char *mixed = "{\"model_type\": \"mistral\", \"vocab_size\": 100, \"hidden_size\": 32, \"intermediate_size\": 40,"
+                        " \"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"sliding_window\": 8,"
+                        " \"layer_types\": [\"sliding_attention\", \"full_attention\"]}";
+    CHECK(sl_config_from_json_text(&a, mixed, "config.json") == -1 && strstr(sl_error(), "layer_types mixes"));
+    check_refused("mistral", "\"sliding_window\": null, \"layer_types\": [\"sliding_attention\"]", "layer_types");
+    check_refused("mistral", "\"layer_types\": [\"full_attention\", \"full_attention\"]", "layer_types has 2");
+    check_refused("llama", "\"layer_types\": [\"full_attention\", \"full_attention\"]", "layer_types has 2");
+    const char *no_kv = "{\"model_type\": \"%s\", \"vocab_size\": 100, \"hidden_size\": 64, \"intermediate_size\": 40,"
+                        " \"num_hidden_layers\": 1, \"num_attention_heads\": %d%s}";
+    char text[512];
+    struct { const char *type; int heads, kv; const char *extra; } kv[] = {
+        {"mistral", 16, 8, ""}, {"qwen2", 32, 32, ""}, {"llama", 16, 16, ""}, {"mistral", 16, 16, ", \"num_key_value_heads\": null"}};
+    for (size_t i = 0; i < sizeof kv / sizeof kv[0]; i++) {
+        snprintf(text, sizeof text, no_kv, kv[i].type, kv[i].heads, kv[i].extra);
+        CHECK_MSG(sl_config_from_json_text(&a, text, "config.json") == 0 && a.n_kv_head == kv[i].kv, "%s: %s", text,
+                  sl_error());
+    }
+    check_refused("llama", "\"rope_parameters\": {\"rope_type\": \"linear\", \"factor\": 4, \"rope_theta\": 500000},"
+                  " \"rope_scaling\": {\"rope_type\": \"linear\", \"factor\": 4}", "only inside rope_parameters");
+    check_refused("llama", "\"rope_parameters\": {\"rope_type\": \"yarn\", \"factor\": 4, "
+                  "\"original_max_position_embeddings\": 16}, \"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4}",
+                  "original_max_position_embeddings is given only inside rope_parameters");
+    // given where transformers reads it too, the same value: accepted
+    CHECK(parse_llama_with("llama", "\"rope_theta\": 500000, \"rope_parameters\": {\"rope_type\": \"linear\", "
+                           "\"factor\": 4, \"rope_theta\": 500000}, \"rope_scaling\": {\"rope_type\": \"linear\", \"factor\": 4}",
+                           &a) == 0 && a.rope.theta == 500000.0f);
+}
+
 TEST(written_config_keeps_every_rope_setting) {
     sl_model_config a, b;
     CHECK(parse_llama_with("llama", "\"rope_parameters\": {\"rope_type\": \"yarn\", \"rope_theta\": 20000, \"factor\": 4,"
