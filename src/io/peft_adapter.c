@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define PATH_CAP 4096
 
@@ -120,6 +121,12 @@ int sl_peft_read_weights(const char *dir, const sl_lora *lo, float *host) {
         join(path, dir, "adapter_model.safetensors"))
         return -1;
     sl_st_file f;
+    if (access(path, F_OK) != 0) {
+        char bin[PATH_CAP];
+        if (!join(bin, dir, "adapter_model.bin") && access(bin, F_OK) == 0)
+            return sl_errorf("%s: no adapter_model.safetensors, only adapter_model.bin (a pickle, which shardlm does "
+                             "not read); save the adapter with safe_serialization=True (PEFT's default)", dir);
+    }
     if (sl_st_open(&f, path)) return -1;
     int rc = check_tensors(&f, lo, path);
     for (int i = 0; rc == 0 && i < lo->n_tensors; i++) {

@@ -71,7 +71,8 @@ static int refuse_if_set(const cJSON *obj, const char *key, const char *what, co
     if (!v || cJSON_IsNull(v) || cJSON_IsFalse(v)) return 0;
     if ((cJSON_IsObject(v) || cJSON_IsArray(v)) && !v->child) return 0;
     if (cJSON_IsString(v) && v->valuestring[0] == '\0') return 0;
-    return sl_errorf("%s: \"%s\" is set, but shardlm computes plain LoRA without %s; remove it", where, key, what);
+    return sl_errorf("%s: \"%s\" is set, but shardlm computes plain LoRA without %s (the adapter would give "
+                     "other numbers here than in PEFT)", where, key, what);
 }
 
 // pattern compiled by PCRE2; NULL with PCRE2's reason ("... at offset N") in why.
@@ -438,9 +439,14 @@ int sl_lora_config_parse(sl_lora_config *cfg, const cJSON *obj, const char *wher
     if (sl_lora_bias_parse(cfg, bias, where)) return -1;
     const cJSON *targets = cJSON_GetObjectItemCaseSensitive(obj, "target_modules");
     if (targets && !cJSON_IsNull(targets) && parse_targets(cfg, targets, where)) return -1;
+    // PEFT LoraConfig keys for LoRA variants shardlm does not compute. aLoRA keeps the base model's output
+    // before the invocation tokens: ignored, every token would be adapted (and merged, which PEFT refuses).
     static const struct { const char *key, *what; } refused[] = {
         {"use_qalora", "QALoRA"}, {"layer_replication", "layer replication"},
         {"target_parameters", "adapters on parameters"},
+        {"alora_invocation_tokens", "activated LoRA (aLoRA: adapting only from the invocation tokens on)"},
+        {"arrow_config", "Arrow routing"}, {"use_bdlora", "block-diagonal LoRA"},
+        {"monteclora_config", "MonteCLoRA"}, {"velora_config", "VeLoRA"}, {"kasa_config", "KaSA"},
     };
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++)
         if (refuse_if_set(obj, refused[i].key, refused[i].what, where)) return -1;

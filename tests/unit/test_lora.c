@@ -1144,6 +1144,9 @@ TEST(bad_configs_are_refused_by_name) {
         {"{\"trainable_token_indices\": \"1,2\"}", "must be a list of token ids"},
         {"{\"init_lora_weights\": \"pissa\"}", "\"init_lora_weights\" 'pissa': shardlm computes true, false"},
         {"{\"target_modules\": [\"q_proj\", \"all-linear\"]}", "lists \"all-linear\", which PEFT reads only"},
+        // aLoRA adapts only from its invocation tokens on: read as plain LoRA it would adapt every token
+        {"{\"alora_invocation_tokens\": [42, 8]}", "\"alora_invocation_tokens\" is set, but shardlm computes plain"},
+        {"{\"use_bdlora\": {\"nblocks\": 2}}", "\"use_bdlora\" is set"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         cJSON *j = cJSON_Parse(bad[i][0]);
@@ -1186,6 +1189,10 @@ TEST(bad_adapters_are_refused_by_name) {
     // a missing file
     CHECK(unlink(path) == 0);
     CHECK(fails_with(sl_peft_load(dir, &llama, &sl_ops_cpu, &lo), "adapter_model.safetensors"));
+    // only the pickle: the reason is named
+    snprintf(path, sizeof path, "%s/adapter_model.bin", dir);
+    CHECK(sl_write_file_atomic(path, "PK", 2) == 0);
+    CHECK(fails_with(sl_peft_load(dir, &llama, &sl_ops_cpu, &lo), "only adapter_model.bin (a pickle"));
     sl_remove_tree(dir);
 }
 
