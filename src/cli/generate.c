@@ -32,7 +32,7 @@ static void usage(FILE *f) {
         "  --prompt TEXT         prompt (default: start from <|endoftext|>)\n"
         "  --prompt-ids LIST     the prompt as comma-separated token ids instead of text; the tokenizer is\n"
         "                        then optional, and without one the new tokens are printed as ids\n"
-        "  --max-new-tokens N    (default 128)\n"
+        "  --max-new-tokens N    (default 128; 0 with --logits-out: the prompt's logits only)\n"
         "  --temperature T       0 = greedy (default 0.8)\n"
         "  --top-k K             0 = off (default 40)\n"
         "  --top-p P             1 = off (default 0.95)\n"
@@ -179,7 +179,7 @@ int cmd_generate(int argc, char **argv) {
         if (sl_arg_str(&a, "--tokenizer", tok_dir, sizeof tok_dir)) continue;
         if (sl_arg_str(&a, "--prompt", prompt, sizeof prompt)) { have_prompt = 1; continue; }
         if (sl_arg_str(&a, "--prompt-ids", prompt_id_list, sizeof prompt_id_list)) continue;
-        if (sl_arg_int(&a, "--max-new-tokens", 1, SL_NO_MAX, &max_new)) continue;
+        if (sl_arg_int(&a, "--max-new-tokens", 0, SL_NO_MAX, &max_new)) continue;
         if (sl_arg_float(&a, "--temperature", 0, SL_FLOAT_MAX, 0, &sc.temperature)) continue;
         if (sl_arg_int(&a, "--top-k", 0, SL_NO_MAX, &sc.top_k)) continue;
         if (sl_arg_float(&a, "--top-p", 0, 1, SL_OPEN_LO, &sc.top_p)) continue;
@@ -260,18 +260,22 @@ int cmd_generate(int argc, char **argv) {
         prompt_ids[0] = tok && sl_tokenizer_eot_id(tok) >= 0 ? sl_tokenizer_eot_id(tok) : 0;
     }
     sl_generate_config gc = {max_new, sc, (uint64_t)seed, stop_eot};
-    if (max_new > sl_config_context(&src.cfg) - n_prompt) {
-        gc.max_new_tokens = sl_config_context(&src.cfg) - n_prompt;
-        if (gc.max_new_tokens < 1) { sl_errorf("the prompt (%d tokens) fills the model's %d positions", n_prompt, sl_config_context(&src.cfg)); goto done; }
-        fprintf(stderr, "note: max-new-tokens clipped to %d by the model's %d positions\n", gc.max_new_tokens, sl_config_context(&src.cfg));
+    int ctx = sl_config_context(&src.cfg);
+    if (n_prompt > ctx) { sl_errorf("the prompt (%d tokens) is longer than the model's %d positions", n_prompt, ctx); goto done; }
+    if (max_new == 0 && !logits_out[0]) { sl_errorf("--max-new-tokens 0 generates nothing: give --logits-out too"); goto done; }
+    if (max_new > ctx - n_prompt) {
+        // a prompt that fills every position still has logits (--logits-out), just no room to sample
+        gc.max_new_tokens = ctx - n_prompt;
+        if (gc.max_new_tokens < 1 && !logits_out[0]) { sl_errorf("the prompt (%d tokens) fills the model's %d positions", n_prompt, ctx); goto done; }
+        fprintf(stderr, "note: max-new-tokens clipped to %d by the model's %d positions\n", gc.max_new_tokens, ctx);
     }
     if (logits_out[0] && write_prompt_logits(&m, prompt_ids, n_prompt, logits_out)) goto done;
     if (have_prompt) fputs(prompt, stdout);
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     int produced = 0;
-    if (!tok && !(new_ids = malloc(sizeof(int) * (size_t)gc.max_new_tokens))) { sl_errorf("out of memory"); goto done; }
-    if (sl_generate(&m, tok, prompt_ids, n_prompt, &gc, new_ids, &produced, stdout)) goto done;
+    if (!tok && !(new_ids = malloc(sizeof(int) * (size_t)(gc.max_new_tokens + 1)))) { sl_errorf("out of memory"); goto done; }
+    if (gc.max_new_tokens > 0 && sl_generate(&m, tok, prompt_ids, n_prompt, &gc, new_ids, &produced, stdout)) goto done;
     for (int i = 0; !tok && i < produced; i++) printf("%s%d", i ? " " : "", new_ids[i]);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     double secs = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);

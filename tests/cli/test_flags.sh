@@ -60,7 +60,7 @@ refused generate_top_p_zero "error: flag --top-p expects a number in (0, 1], got
 refused generate_top_p_above_one "error: flag --top-p expects a number in (0, 1], got '1.5'" "${G[@]}" --top-p 1.5
 refused generate_temperature_negative "error: flag --temperature expects a finite number >= 0, got '-1'" "${G[@]}" --temperature -1
 refused generate_top_k_negative "error: flag --top-k expects an integer >= 0, got '-1'" "${G[@]}" --top-k -1
-refused generate_max_new_tokens_zero "error: flag --max-new-tokens expects an integer >= 1, got '0'" "${G[@]}" --max-new-tokens 0
+refused generate_max_new_tokens_negative "error: flag --max-new-tokens expects an integer >= 0, got '-1'" "${G[@]}" --max-new-tokens -1
 refused generate_dtype_unknown "error: --dtype: expected fp32 (float32) or bf16 (bfloat16), got 'fp16'" "${G[@]}" --dtype fp16
 refused generate_seed_negative "error: flag --seed expects an integer >= 0, got '-2'" "${G[@]}" --seed -2
 refused generate_device_unknown "error: --device 'tpu' is not a device: expected cpu, cuda or cuda:N (N = GPU index)" "${G[@]}" --device tpu

@@ -51,3 +51,19 @@ if "$BIN" generate --model "$dir" --prompt-ids 1,2,3 --max-new-tokens 2 --temper
 else
   fail unknown_key_is_a_notice "$(cat "$tmp/unknown.out")"
 fi
+
+# a prompt that fills every position: its logits with --logits-out (as transformers computes them), a clear
+# refusal without, and one token more is "longer than" the positions
+npos=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['max_position_embeddings'])" "$FIX/config.json")
+ids=$(seq -s, 1 "$npos")
+if "$BIN" generate --model "$FIX" --prompt-ids "$ids" --temperature 0 --logits-out "$tmp/full.json" >"$tmp/full.out" 2>&1 &&
+   python3 -c "import json,sys; d=json.load(open(sys.argv[1])); sys.exit(len(d['logits']) != int(sys.argv[2]))" \
+     "$tmp/full.json" "$npos" &&
+   ! "$BIN" generate --model "$FIX" --prompt-ids "$ids" --temperature 0 >"$tmp/full2.out" 2>&1 &&
+   grep -q "fills the model's $npos positions" "$tmp/full2.out" &&
+   ! "$BIN" generate --model "$FIX" --prompt-ids "$ids,1" --logits-out "$tmp/over.json" >"$tmp/over.out" 2>&1 &&
+   grep -q "is longer than the model's $npos positions" "$tmp/over.out" && [ ! -e "$tmp/over.json" ]; then
+  pass full_length_prompt_logits
+else
+  fail full_length_prompt_logits "$(cat "$tmp/full.out" "$tmp/full2.out" "$tmp/over.out" 2>/dev/null | tail -5)"
+fi
