@@ -29,8 +29,9 @@ int sl_hf_load_config(const char *dir, sl_model_config *cfg);
 // model.safetensors.index.json, or from a single .safetensors / .index.json path.
 // Accepts GPT-2 names with or without the "transformer." prefix, F32/F16/BF16/F64 data, and ignores
 // non-parameter buffers (*.attn.bias, *.attn.masked_bias, *rotary_emb.inv_freq) and a tied
-// lm_head.weight equal to the embedding (sl_hf_check_tied_head; a different one is an error). Missing, unexpected or duplicated tensors, shape and dtype mismatches are errors
-// (named); all names and shapes are checked before params is written.
+// lm_head.weight equal to the embedding (sl_hf_check_tied_head; a different one is an error).
+// Missing, unexpected or duplicated tensors, shape and dtype mismatches are errors (named); all names
+// and shapes are checked before params is written.
 int sl_hf_load(const char *dir, const sl_param_layout *L, float *params);
 
 // A tied model's file holding lm_head.weight too (file hf, tensor hi) beside the embedding (file ef,

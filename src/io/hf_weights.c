@@ -1,8 +1,7 @@
 // hf_weights.c: Hugging Face weight directories <-> the flat parameter buffer (see hf_weights.h).
 // Owns the mapping between HF file tensors and layout.h tensors: name normalisation (GPT-2's
-// optional "transformer." prefix), which file tensors are ignored (buffers, a tied lm_head equal to the
-// embedding: tied_head.c), the
-// Conv1D transposition, and the padded-vocabulary rows.
+// optional "transformer." prefix), which file tensors are ignored (buffers, a tied lm_head equal to
+// the embedding: tied_head.c), the Conv1D transposition, and the padded-vocabulary rows.
 // Invariants: sl_hf_load validates every name, dtype and shape in every file before writing a
 // single float into params, so a failed load leaves params untouched; padded rows are zero after
 // a successful load. sl_hf_save streams tensor by tensor (memory: one small transpose buffer).

@@ -287,10 +287,7 @@ static int load_all(bnb_file *b, sl_quant_model *qm, const sl_param_layout *L, f
     for (int i = 0; i < b->f.n_tensors; i++) {
         if (b->used[i]) continue;
         if (L->lm_head < 0 && strcmp(b->f.tensors[i].name, "lm_head.weight") == 0) {
-            const char *emb = L->tensors[L->wte].name;
-            int e = sl_st_find(&b->f, emb);
-            if (e < 0 && strncmp(emb, "transformer.", 12) == 0) e = sl_st_find(&b->f, emb + 12);
-            if (e < 0) return sl_errorf("%s: tensor \"%s\" is missing", b->f.path, emb);
+            int e = sl_st_find(&b->f, L->tensors[L->wte].name);   // there: load_float read it by this name
             if (sl_hf_check_tied_head(&b->f, i, &b->f, e, L->cfg.arch)) return -1;
             continue;
         }

@@ -26,28 +26,24 @@ int sl_hf_check_tied_head(const sl_st_file *hf, int hi, const sl_st_file *ef, in
     }
     float *x = malloc(2 * CHUNK * sizeof(float)), *y = x + CHUNK;
     if (!x) return sl_errorf("out of memory comparing %s with %s", h->name, e->name);
-    size_t cols = (size_t)h->shape[1], at = h->numel;
-    for (size_t done = 0; done < h->numel && at == h->numel;) {
-        size_t m = h->numel - done < CHUNK ? h->numel - done : CHUNK;
+    size_t cols = (size_t)h->shape[1];
+    int rc = 0;
+    for (size_t done = 0, m; done < h->numel && !rc; done += m) {
+        m = h->numel - done < CHUNK ? h->numel - done : CHUNK;
         if (sl_st_read_f32_range(hf, hi, done, m, x) || sl_st_read_f32_range(ef, ei, done, m, y)) {
-            free(x);
-            return -1;
+            rc = -1;
+            break;
         }
-        for (size_t i = 0; i < m && at == h->numel; i++)
-            if (x[i] != y[i] && !(isnan(x[i]) && isnan(y[i]))) at = done + i;
-        if (at == h->numel) done += m;
-        else {
-            free(x);
-            x = NULL;
-            float hv = 0.0f, ev = 0.0f;
-            if (sl_st_read_f32_range(hf, hi, at, 1, &hv) || sl_st_read_f32_range(ef, ei, at, 1, &ev)) return -1;
-            return sl_errorf("%s: tensor \"%s\" differs from the embedding \"%s\" (first at row %zu, column %zu: %g "
-                             "against %g), but config.json ties the head to the embedding (tie_word_embeddings "
-                             "true, its default when absent): transformers 5 would use this tensor as the head, 4.x "
-                             "the embedding; %s",
-                             hf->path, h->name, e->name, at / cols, at % cols, (double)hv, (double)ev, advice);
-        }
+        size_t i = 0;
+        while (i < m && (x[i] == y[i] || (isnan(x[i]) && isnan(y[i])))) i++;
+        if (i < m)
+            rc = sl_errorf("%s: tensor \"%s\" differs from the embedding \"%s\" (first at row %zu, column %zu: %g "
+                           "against %g), but config.json ties the head to the embedding (tie_word_embeddings true, "
+                           "its default when absent): transformers 5 would use this tensor as the head, 4.x the "
+                           "embedding; %s",
+                           hf->path, h->name, e->name, (done + i) / cols, (done + i) % cols, (double)x[i],
+                           (double)y[i], advice);
     }
     free(x);
-    return 0;
+    return rc;
 }

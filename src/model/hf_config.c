@@ -315,8 +315,8 @@ static int parse_sliding(sl_model_config *c, const cJSON *r, const char *w) {
     int window = c->family == SL_FAMILY_MISTRAL && !sw ? 4096 : 0;
     if (sw && !cJSON_IsNull(sw) && sl_json_get_int(r, "sliding_window", &window, 0, 1, w)) return -1;
     const cJSON *lt = cJSON_GetObjectItemCaseSensitive(r, "layer_types");
-    if (lt && !cJSON_IsNull(lt) && !cJSON_IsArray(lt)) return sl_errorf("%s: layer_types must be a list", w);
     if (lt && cJSON_IsNull(lt)) lt = NULL;
+    if (lt && !cJSON_IsArray(lt)) return sl_errorf("%s: layer_types must be a list", w);
     if (lt && cJSON_GetArraySize(lt) != c->n_layer)
         return sl_errorf("%s: layer_types has %d entries for %d layers", w, cJSON_GetArraySize(lt), c->n_layer);
     if (c->family == SL_FAMILY_MISTRAL) {
@@ -380,11 +380,11 @@ static int parse_llama(sl_model_config *c, const cJSON *r, sl_family family, con
         token_id(r, "bos_token_id", &c->bos_token_id, w) || token_id(r, "eos_token_id", &c->eos_token_id, w) ||
         token_id(r, "pad_token_id", &c->pad_token_id, w))
         return -1;
-    // absent: the class default (MistralConfig 8, Qwen2Config 32, LlamaConfig the head count); null:
-    // the head count in every class
-    if (c->n_kv_head == -1 && !cJSON_GetObjectItemCaseSensitive(r, "num_key_value_heads"))
-        c->n_kv_head = family == SL_FAMILY_MISTRAL ? 8 : family == SL_FAMILY_QWEN2 ? 32 : c->n_head;
-    if (c->n_kv_head == -1) c->n_kv_head = c->n_head;
+    if (c->n_kv_head == -1) {  // null: the head count in every class; absent: the class's default
+        c->n_kv_head = c->n_head;
+        if (!cJSON_GetObjectItemCaseSensitive(r, "num_key_value_heads") && family != SL_FAMILY_LLAMA)
+            c->n_kv_head = family == SL_FAMILY_MISTRAL ? 8 : 32;  // MistralConfig's, Qwen2Config's
+    }
     const cJSON *act = cJSON_GetObjectItemCaseSensitive(r, "hidden_act");
     if (act && (!cJSON_IsString(act) || strcmp(act->valuestring, "silu")))
         return sl_errorf("%s: hidden_act must be \"silu\"", w);
