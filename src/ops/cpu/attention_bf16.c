@@ -79,6 +79,15 @@ static int scores(float *s, const sl_bf16 *q, const sl_bf16 *k, int qn, int kn, 
     return cpu_gemm_bf16_serial("attention (scores)", 0, 1, qn, kn, HD, q, HD, k, HD, NULL, s, 1, 0);
 }
 
+// The 16-aligned span [*a, *e) of a block row that covers its keys [lo, hi], clipped to the row's kn:
+// the row loops below run over it whole, so they vectorise without a scalar remainder, and select 0
+// for the keys outside [lo, hi] (whose scores are finite products, exp clamps them).
+static inline void row_span(int lo, int hi, int kn, int *a, int *e) {
+    *a = lo & ~15;
+    *e = (hi + 16) & ~15;
+    if (*e > kn) *e = kn;
+}
+
 // Forward softmax of a block: s (qn, kn) raw scores -> p (bf16, normalised, 0 outside the row's keys),
 // lse[i] = log-sum-exp of the row's scaled scores; s is overwritten (e^(scaled score - row max)).
 static void softmax_rows(float *s, sl_bf16 *p, float *lse, int q0, int qn, int kb, int kn, float scale,
@@ -86,18 +95,27 @@ static void softmax_rows(float *s, sl_bf16 *p, float *lse, int q0, int qn, int k
     for (int i = 0; i < qn; i++) {
         float *row = s + (size_t)i * kn;
         sl_bf16 *prow = p + (size_t)i * kn;
-        int lo, hi;
+        int lo, hi, a, e;
         row_range(q0, i, kb, window, &lo, &hi);
+        row_span(lo, hi, kn, &a, &e);
         float mx = -INFINITY, sum = 0.0f;
 #pragma omp simd reduction(max : mx)
-        for (int j = lo; j <= hi; j++) mx = row[j] * scale > mx ? row[j] * scale : mx;
+        for (int j = a; j < e; j++) {
+            float v = row[j] * scale;
+            mx = j >= lo && j <= hi && v > mx ? v : mx;
+        }
 #pragma omp simd reduction(+ : sum)
-        for (int j = lo; j <= hi; j++) sum += (row[j] = vexpf(row[j] * scale - mx));
+        for (int j = a; j < e; j++) {
+            float x = vexpf(row[j] * scale - mx);
+            x = j >= lo && j <= hi ? x : 0.0f;
+            row[j] = x;
+            sum += x;
+        }
         float inv = 1.0f / sum;
-        memset(prow, 0, sizeof(sl_bf16) * (size_t)lo);
+        memset(prow, 0, sizeof(sl_bf16) * (size_t)a);
 #pragma omp simd
-        for (int j = lo; j <= hi; j++) prow[j] = sl_bf16_round(row[j] * inv);
-        memset(prow + hi + 1, 0, sizeof(sl_bf16) * (size_t)(kn - hi - 1));
+        for (int j = a; j < e; j++) prow[j] = sl_bf16_round(row[j] * inv);
+        memset(prow + e, 0, sizeof(sl_bf16) * (size_t)(kn - e));
         lse[i] = mx + logf(sum);
     }
 }
@@ -154,19 +172,21 @@ static void softmax_backward_rows(const float *s, const float *dp, sl_bf16 *pb, 
     for (int i = 0; i < qn; i++) {
         const float *srow = s + (size_t)i * kn, *dprow = dp + (size_t)i * kn;
         sl_bf16 *prow = pb + (size_t)i * kn, *dsrow = dsb + (size_t)i * kn;
-        int lo, hi;
+        int lo, hi, a, e;
         row_range(q0, i, kb, window, &lo, &hi);
+        row_span(lo, hi, kn, &a, &e);
         float li = lse[i], di = d[i];
-        memset(prow, 0, sizeof(sl_bf16) * (size_t)lo);
-        memset(dsrow, 0, sizeof(sl_bf16) * (size_t)lo);
+        memset(prow, 0, sizeof(sl_bf16) * (size_t)a);
+        memset(dsrow, 0, sizeof(sl_bf16) * (size_t)a);
 #pragma omp simd
-        for (int j = lo; j <= hi; j++) {
+        for (int j = a; j < e; j++) {
             float pj = vexpf(srow[j] * scale - li);
+            pj = j >= lo && j <= hi ? pj : 0.0f;
             prow[j] = sl_bf16_round(pj);
             dsrow[j] = sl_bf16_round(pj * (dprow[j] - di) * scale);
         }
-        memset(prow + hi + 1, 0, sizeof(sl_bf16) * (size_t)(kn - hi - 1));
-        memset(dsrow + hi + 1, 0, sizeof(sl_bf16) * (size_t)(kn - hi - 1));
+        memset(prow + e, 0, sizeof(sl_bf16) * (size_t)(kn - e));
+        memset(dsrow + e, 0, sizeof(sl_bf16) * (size_t)(kn - e));
     }
 }
 
@@ -200,9 +220,10 @@ static int backward_group(const batch_view *bv, int g, int T, int NH, int NKV, i
             gather_rows(qd, bv->qkv + (size_t)q0 * W + (size_t)h * HD, (size_t)W, qn, HD);
             gather_rows(dod, dO, (size_t)os, qn, HD);
             for (int i = 0; i < qn; i++) {  // D_i = dO_i . O_i (as stored)
+                const sl_bf16 *x = dod + (size_t)i * HD, *y = O + (size_t)i * os;
                 float acc = 0.0f;
-                for (int c = 0; c < HD; c++)
-                    acc += sl_bf16_widen(dO[(size_t)i * os + c]) * sl_bf16_widen(O[(size_t)i * os + c]);
+#pragma omp simd reduction(+ : acc)
+                for (int c = 0; c < HD; c++) acc += sl_bf16_widen(x[c]) * sl_bf16_widen(y[c]);
                 d[i] = acc;
             }
             // dp (qn, kn) = dO (qn, HD) @ v^T
