@@ -62,6 +62,11 @@ void cpu_bf16_lora_backward(sl_act *dx, float *dA, float *dB, sl_act *du, sl_act
                             const sl_act *x, const sl_act *u, const sl_act *A, const sl_act *B, float scale, int N,
                             int in, int r, int out, int ld, int col0);
 
+// norm_bf16.c: rmsnorm_backward on bf16 storage in place, with the staged op's bits (its contract as
+// ops.h states it).
+void cpu_bf16_rmsnorm_backward(sl_act *dinp, float *dw, const sl_act *dout, const sl_act *inp, const sl_act *w,
+                               const float *rstd, int N, int C);
+
 // attention_decode.c: attention_decode on bf16 storage, the cache read (and widened) in place: the
 // staged op's bits, without staging the cache.
 void cpu_bf16_attention_decode(sl_act *out, const sl_act *q, const sl_act *k_cache, const sl_act *v_cache,
@@ -74,7 +79,7 @@ void cpu_bf16_attention_forward(sl_act *out, float *lse, const sl_act *qkv, int 
 void cpu_bf16_attention_backward(sl_act *dqkv, const sl_act *dout, const sl_act *qkv, const sl_act *out,
                                  const float *lse, int B, int T, int NH, int NKV, int HD, int window);
 
-// elementwise_bf16.c: residual_forward, GELU, SwiGLU, add_columns and take_columns on bf16 storage in place, with the
+// elementwise_bf16.c: residual_forward, GELU, SwiGLU, RoPE, add_columns and take_columns on bf16 storage in place, with the
 // staged ops' bits (their contracts as ops.h states them).
 void cpu_bf16_residual_forward(sl_act *out, const sl_act *a, const sl_act *b, size_t n);
 void cpu_bf16_add_columns(sl_act *out, const sl_act *inp, float scale, int N, int W, int ld, int col0);
@@ -83,6 +88,10 @@ void cpu_bf16_gelu_forward(sl_act *out, const sl_act *inp, size_t n);
 void cpu_bf16_gelu_backward(sl_act *dinp, const sl_act *inp, const sl_act *dout, size_t n);
 void cpu_bf16_swiglu_forward(sl_act *out, const sl_act *inp, int N, int I);
 void cpu_bf16_swiglu_backward(sl_act *dinp, const sl_act *inp, const sl_act *dout, int N, int I);
+void cpu_bf16_rope_forward(sl_act *qkv, const float *cos_t, const float *sin_t, int B, int T, int NH, int NKV, int HD,
+                           int pos0);
+void cpu_bf16_rope_backward(sl_act *dqkv, const float *cos_t, const float *sin_t, int B, int T, int NH, int NKV,
+                            int HD);
 
 // The first failure of an OpenMP parallel region, kept by the thread that met it (sl_error()'s message
 // is per thread) until the region is over and report() records it for synchronize().

@@ -74,6 +74,12 @@ void cpu_gemv_f32(float *y, const float *W, const float *x, const float *bias, i
 // failure and clears it (as a failed GPU call is reported; the engine checks it every step).
 void cpu_record_failure(const char *op);
 
+// One row of RMSNorm's input gradient, dx (C) += ..., out of line (norm.c): the fp32 op and the bf16
+// table's in-place one (norm_bf16.c) run the same code on the same values.
+void cpu_rmsnorm_backward_row(float *dx, const float *dy, const float *x, const float *w, float r, int C);
+// dw (n) += dy * x * r elementwise: one row's share of RMSNorm's weight gradient (norm.c; shared the same way).
+void cpu_rmsnorm_weight_grad_row(float *dw, const float *dy, const float *x, float r, int n);
+
 // Splits [0, n) into the calling thread's contiguous share inside an omp parallel region.
 void cpu_thread_range(size_t n, size_t *begin, size_t *end);
 

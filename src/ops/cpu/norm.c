@@ -133,6 +133,23 @@ void cpu_residual_rmsnorm_forward(sl_act *resid_, sl_act *out_, float *rstd, con
     }
 }
 
+// dx (C) += RMSNorm's input gradient of one row. Out of line: the bf16 table's in-place backward
+// (norm_bf16.c) calls the same machine code on the same row values, so both give the same bits.
+__attribute__((noinline)) void cpu_rmsnorm_backward_row(float *dx, const float *dy, const float *x, const float *w,
+                                                        float r, int C) {
+    float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+    for (int c = 0; c < C; c++) dot += dy[c] * w[c] * x[c];
+    float k = dot * r * r * r / (float)C;
+#pragma omp simd
+    for (int c = 0; c < C; c++) dx[c] += dy[c] * w[c] * r - x[c] * k;
+}
+
+// dw (n) += one row's share of RMSNorm's weight gradient; out of line as the row above.
+__attribute__((noinline)) void cpu_rmsnorm_weight_grad_row(float *dw, const float *dy, const float *x, float r, int n) {
+    for (int c = 0; c < n; c++) dw[c] += dy[c] * x[c] * r;
+}
+
 void cpu_rmsnorm_backward(sl_act *dinp_, float *dw, const sl_act *dout_, const sl_act *inp_, const sl_act *w_,
                           const float *rstd, int N, int C) {
     float *dinp = cpu_f32(dinp_);
@@ -140,25 +157,15 @@ void cpu_rmsnorm_backward(sl_act *dinp_, float *dw, const sl_act *dout_, const s
     const float *inp = cpu_f32(inp_);
     const float *w = cpu_f32(w_);
 #pragma omp parallel for schedule(static) if((size_t)N * C >= SL_PAR_MIN_WORK)
-    for (int n = 0; n < N; n++) {
-        const float *x = inp + (size_t)n * C, *dy = dout + (size_t)n * C;
-        float *dx = dinp + (size_t)n * C;
-        float r = rstd[n], dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-        for (int c = 0; c < C; c++) dot += dy[c] * w[c] * x[c];
-        float k = dot * r * r * r / (float)C;
-#pragma omp simd
-        for (int c = 0; c < C; c++) dx[c] += dy[c] * w[c] * r - x[c] * k;
-    }
+    for (int n = 0; n < N; n++)
+        cpu_rmsnorm_backward_row(dinp + (size_t)n * C, dout + (size_t)n * C, inp + (size_t)n * C, w, rstd[n], C);
     if (!dw) return;  // frozen weight (LoRA): only the input's gradient
 #pragma omp parallel if((size_t)N * C >= SL_PAR_MIN_WORK)
     {
         size_t c0, c1;
         cpu_thread_range((size_t)C, &c0, &c1);
-        for (int n = 0; n < N; n++) {
-            const float *x = inp + (size_t)n * C, *dy = dout + (size_t)n * C;
-            float r = rstd[n];
-            for (size_t c = c0; c < c1; c++) dw[c] += dy[c] * x[c] * r;
-        }
+        for (int n = 0; n < N; n++)
+            cpu_rmsnorm_weight_grad_row(dw + c0, dout + (size_t)n * C + c0, inp + (size_t)n * C + c0, rstd[n],
+                                        (int)(c1 - c0));
     }
 }

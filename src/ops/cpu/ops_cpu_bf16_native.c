@@ -167,7 +167,8 @@ static void composed_matmul_backward_gelu(sl_act *dinp, float *dweight, float *d
 
 // ---- row-blocked staging ----------------------------------------------------------------------------
 
-// The norms and RoPE work row by row, so they are staged a block of rows at a time: the block's rows
+// The other norms work row by row, so they are staged a block of rows at a time (RMSNorm's backward
+// and RoPE run in place instead: norm_bf16.c, elementwise_bf16.c): the block's rows
 // widened into scratch that stays in cache (about 64K floats an argument) instead of whole tensors
 // streamed through memory three times. Each row gets the fp32 op's own code on the same values, and
 // the weight gradients' column sums still add the rows in order (norm.c), so the bits are the
@@ -200,35 +201,6 @@ static void blocked_rmsnorm_forward(sl_act *out, float *rstd, const sl_act *inp,
     staged_rmsnorm_forward(ROWS(out, r0, C), rstd + r0, ROWS(inp, r0, C), w, n, C, eps);
 }
 
-static void blocked_rmsnorm_backward(sl_act *dinp, float *dw, const sl_act *dout, const sl_act *inp, const sl_act *w,
-                                     const float *rstd, int N, int C) {
-    FOR_ROW_BLOCKS(N, C, NORM_BLOCK_FLOATS)
-    staged_rmsnorm_backward(ROWS(dinp, r0, C), dw, ROWS(dout, r0, C), ROWS(inp, r0, C), w, rstd + r0, n, C);
-}
-
-// RoPE a block of one sequence's rows at a time: its positions start at the block's, so the angle
-// tables are read from there (B = 1, the tables offset by the block's first position).
-static void blocked_rope(sl_act *qkv, const float *cos, const float *sin, int B, int T, int NH, int NKV, int HD,
-                         int pos0, int backward) {
-    int W = (NH + 2 * NKV) * HD, half = HD / 2;
-    for (int b = 0; b < B; b++)
-        FOR_ROW_BLOCKS(T, W, NORM_BLOCK_FLOATS) {
-            sl_act *block = ROWS(qkv, (size_t)b * T + r0, W);
-            const float *c = cos + (size_t)(pos0 + r0) * half, *s = sin + (size_t)(pos0 + r0) * half;
-            if (backward) staged_rope_backward(block, c, s, 1, n, NH, NKV, HD);
-            else staged_rope_forward(block, c, s, 1, n, NH, NKV, HD, 0);
-        }
-}
-
-static void blocked_rope_forward(sl_act *qkv, const float *cos, const float *sin, int B, int T, int NH, int NKV, int HD,
-                                 int pos0) {
-    blocked_rope(qkv, cos, sin, B, T, NH, NKV, HD, pos0, 0);
-}
-
-static void blocked_rope_backward(sl_act *dqkv, const float *cos, const float *sin, int B, int T, int NH, int NKV,
-                                  int HD) {
-    blocked_rope(dqkv, cos, sin, B, T, NH, NKV, HD, 0, 1);
-}
 
 // The fused residual norms: resid stored (rounded) first, the norm reads it back as stored.
 static void composed_residual_layernorm_forward(sl_act *resid, sl_act *out, float *mean, float *rstd, const sl_act *a,
@@ -341,9 +313,9 @@ const sl_ops sl_ops_cpu_bf16_native = {
     .layernorm_forward = blocked_layernorm_forward,
     .layernorm_backward = blocked_layernorm_backward,
     .rmsnorm_forward = blocked_rmsnorm_forward,
-    .rmsnorm_backward = blocked_rmsnorm_backward,
-    .rope_forward = blocked_rope_forward,
-    .rope_backward = blocked_rope_backward,
+    .rmsnorm_backward = cpu_bf16_rmsnorm_backward,
+    .rope_forward = cpu_bf16_rope_forward,
+    .rope_backward = cpu_bf16_rope_backward,
     .add_columns = cpu_bf16_add_columns,
     .take_columns = cpu_bf16_take_columns,
     .crossentropy_forward = blocked_crossentropy_forward,
