@@ -6,7 +6,7 @@
 // it checks every product on its own. Also: the columns of y outside the adapter's slice are left
 // alone, dx NULL leaves dx alone, the ops agree with the emulation's composition (ops/lora_compose.h,
 // which rounds three more intermediates) within bf16 rounding, and they are deterministic. Odd shapes,
-// a slice of a wider output (col0 > 0, ld > out), scale != 1.
+// a slice of a wider output (col0 > 0, ld > out), scale != 1, both ways of adding into the slice.
 #include "test.h"
 
 #include <math.h>
@@ -173,6 +173,14 @@ static void check(int with_dx) {
 
 TEST(bf16_lora_ops_round_each_output_once) { check(1); }
 TEST(bf16_lora_backward_without_dx) { check(0); }
+
+// The forward's other way into a column slice (a block of rows at a time through fp32 scratch), which
+// CPUs whose oneDNN has no brgemm kernel for a strided output take, holds the same bounds.
+TEST(bf16_lora_blocked_slice_update_rounds_once) {
+    cpu_bf16_lora_force_slice_blocks(1);
+    check(1);
+    cpu_bf16_lora_force_slice_blocks(0);
+}
 
 // A product oneDNN refuses (here a negative rank) is reported by synchronize() naming the op, and the
 // ops after it do nothing until then.

@@ -61,6 +61,9 @@ void cpu_bf16_lora_forward(sl_act *y, sl_act *u, sl_act *delta, const sl_act *x,
 void cpu_bf16_lora_backward(sl_act *dx, float *dA, float *dB, sl_act *du, sl_act *delta, sl_act *dh, const sl_act *dy,
                             const sl_act *x, const sl_act *u, const sl_act *A, const sl_act *B, float scale, int N,
                             int in, int r, int out, int ld, int col0);
+// Tests: 1 makes lora_forward take its blocked slice update for every column slice, as on CPUs with
+// AMX (0: by the CPU, the default).
+void cpu_bf16_lora_force_slice_blocks(int on);
 
 // norm_bf16.c: rmsnorm_backward on bf16 storage in place, with the staged op's bits (its contract as
 // ops.h states it).

@@ -14,9 +14,11 @@
 // 0.20 ms dense). So a slice that is not a whole row is made dense first: the gradient slice is
 // copied exactly into scratch (no scaling, no rounding), and the forward's product goes, a block of
 // rows at a time, to fp32 scratch that is added into y's slice at once, rounding once, as the sum
-// post-op does for a whole row.
+// post-op does for a whole row. Without AMX the generic kernel is the faster way for the forward's
+// product (slice_in_place below), so there it goes straight into the slice.
 // A and B gradients stay fp32 and accumulate.
 #include "ops/cpu/cpu_bf16.h"
+#include "shardlm/cpu_features.h"
 #include "shardlm/error.h"
 
 #include <omp.h>
@@ -56,6 +58,17 @@ static void slice_update(sl_bf16 *y, const sl_bf16 *u, const sl_bf16 *B, float s
     cpu_bf16_region_report(&f);
 }
 
+// 1 when the forward's product goes straight into a column slice (ld > out) through oneDNN's strided
+// kernel (gemm:jit): on AVX512_BF16 CPUs without AMX it is the faster way (an AMD EPYC Zen 4, 2 threads:
+// 0.12 ms at N=1024, out=768, ld=2304 against 0.16 ms through slice_update; 0.30 against 0.52 ms at
+// out=2048, ld=4096), while on AMX CPUs that kernel is 4-10x slower than AMX on dense operands (above).
+// A fixed rule by the CPU, so a machine always takes the same way (the same bits run to run).
+static int force_blocks;  // cpu_bf16_lora_force_slice_blocks: tests take slice_update on any CPU
+
+void cpu_bf16_lora_force_slice_blocks(int on) { force_blocks = on; }
+
+static int slice_in_place(void) { return !force_blocks && !sl_cpu_features_get()->amx_bf16; }
+
 void cpu_bf16_lora_forward(sl_act *y_, sl_act *u, sl_act *delta, const sl_act *x, const sl_act *A, const sl_act *B,
                            float scale, int N, int in, int r, int out, int ld, int col0) {
     (void)delta;
@@ -66,8 +79,8 @@ void cpu_bf16_lora_forward(sl_act *y_, sl_act *u, sl_act *delta, const sl_act *x
         cpu_bf16_record_failure();
         return;
     }
-    if (ld == out) {  // y (N,out) += scale * u @ B^T, summed and rounded by the product
-        if (cpu_gemm_bf16_scaled("lora_forward (y)", 0, 1, N, out, r, scale, BF16(u), r, BF16(B), r, y, out, 0, 1))
+    if (ld == out || slice_in_place()) {  // y[:, slice] += scale * u @ B^T, summed and rounded by the product
+        if (cpu_gemm_bf16_scaled("lora_forward (y)", 0, 1, N, out, r, scale, BF16(u), r, BF16(B), r, y + col0, ld, 0, 1))
             cpu_bf16_record_failure();
         return;
     }
