@@ -309,43 +309,68 @@ static int parse_rope(sl_model_config *c, const cJSON *r, const char *w) {
 
 // ---- the LLaMA family ---------------------------------------------------------------------------
 
+// How many layer_types entries are sliding and full attention; anything else is refused.
+static int count_layer_types(const cJSON *lt, int *sliding, int *full, const char *w) {
+    *sliding = *full = 0;
+    for (const cJSON *it = lt ? lt->child : NULL; it; it = it->next) {
+        int is_sliding = cJSON_IsString(it) && !strcmp(it->valuestring, "sliding_attention");
+        if (!is_sliding && (!cJSON_IsString(it) || strcmp(it->valuestring, "full_attention")))
+            return sl_errorf("%s: layer_types: expected \"sliding_attention\" or \"full_attention\" entries", w);
+        *sliding += is_sliding;
+        *full += !is_sliding;
+    }
+    return 0;
+}
+
+// Mistral and Qwen2: transformers masks each layer by its layer_types entry. All "sliding_attention" is
+// the window everywhere, all "full_attention" plain causal attention everywhere; a mix is not computed.
+// Qwen2Config keeps its window only with use_sliding_window, and without layer_types makes the layers
+// from max_window_layers (default 28) on sliding: so max_window_layers >= the layer count is full
+// attention everywhere, 0 the window everywhere.
+static int parse_sliding_layers(sl_model_config *c, const cJSON *r, const cJSON *lt, int window, const char *w) {
+    int sliding, full, from_layer = 28;
+    if (c->family == SL_FAMILY_QWEN2) {
+        int use = 0;
+        if (sl_json_get_bool(r, "use_sliding_window", &use, w) ||
+            sl_json_get_int(r, "max_window_layers", &from_layer, 0, 0, w))
+            return -1;
+        if (!use) window = 0;
+    }
+    if (lt) {
+        if (count_layer_types(lt, &sliding, &full, w)) return -1;
+    } else if (c->family == SL_FAMILY_QWEN2) {
+        int first = window ? (from_layer < c->n_layer ? from_layer : c->n_layer) : c->n_layer;
+        full = first;
+        sliding = c->n_layer - first;
+    } else {  // Mistral: the window (when there is one) on every layer
+        sliding = window ? c->n_layer : 0;
+        full = c->n_layer - sliding;
+    }
+    if (sliding && full)
+        return sl_errorf("%s: %s mixes sliding and full attention layers (%d and %d); only one kind for every layer "
+                         "is supported", w, lt ? "layer_types" : "max_window_layers", sliding, full);
+    if (sliding && !window)
+        return sl_errorf("%s: layer_types asks for sliding attention, but %s", w,
+                         c->family == SL_FAMILY_QWEN2 ? "use_sliding_window is false or sliding_window null"
+                                                      : "sliding_window is null");
+    c->sliding_window = sliding ? window : 0;
+    return 0;
+}
+
 static int parse_sliding(sl_model_config *c, const cJSON *r, const char *w) {
     const cJSON *sw = cJSON_GetObjectItemCaseSensitive(r, "sliding_window");
-    // MistralConfig's default window is 4096 (a file without the key gets it; null turns it off)
-    int window = c->family == SL_FAMILY_MISTRAL && !sw ? 4096 : 0;
+    // MistralConfig's and Qwen2Config's default window is 4096 (a file without the key gets it; null turns it off)
+    int windowed = c->family == SL_FAMILY_MISTRAL || c->family == SL_FAMILY_QWEN2;
+    int window = windowed && !sw ? 4096 : 0;
     if (sw && !cJSON_IsNull(sw) && sl_json_get_int(r, "sliding_window", &window, 0, 1, w)) return -1;
     const cJSON *lt = cJSON_GetObjectItemCaseSensitive(r, "layer_types");
     if (lt && cJSON_IsNull(lt)) lt = NULL;
     if (lt && !cJSON_IsArray(lt)) return sl_errorf("%s: layer_types must be a list", w);
     if (lt && cJSON_GetArraySize(lt) != c->n_layer)
         return sl_errorf("%s: layer_types has %d entries for %d layers", w, cJSON_GetArraySize(lt), c->n_layer);
-    if (c->family == SL_FAMILY_MISTRAL) {
-        // transformers masks each layer by its layer_types entry: all "sliding_attention" is the window
-        // everywhere, all "full_attention" plain causal attention everywhere; a mix is not computed
-        int sliding = 0, full = 0;
-        for (const cJSON *it = lt ? lt->child : NULL; it; it = it->next) {
-            int is_sliding = cJSON_IsString(it) && !strcmp(it->valuestring, "sliding_attention");
-            if (!is_sliding && (!cJSON_IsString(it) || strcmp(it->valuestring, "full_attention")))
-                return sl_errorf("%s: layer_types: expected \"sliding_attention\" or \"full_attention\" entries", w);
-            sliding += is_sliding;
-            full += !is_sliding;
-        }
-        if (sliding && full)
-            return sl_errorf("%s: layer_types mixes sliding and full attention layers (%d and %d); only one kind "
-                             "for every layer is supported", w, sliding, full);
-        if (sliding && !window)
-            return sl_errorf("%s: layer_types asks for sliding attention, but sliding_window is null", w);
-        c->sliding_window = full ? 0 : window;
-        return 0;
-    }
-    if (c->family == SL_FAMILY_QWEN2) {  // Qwen2 uses the window only with use_sliding_window
-        int use = 0;
-        if (sl_json_get_bool(r, "use_sliding_window", &use, w)) return -1;
-        if (use && window) return sl_errorf("%s: use_sliding_window=true (sliding attention in the layers past "
-                                            "max_window_layers) is not supported", w);
-    } else if (sw && !cJSON_IsNull(sw)) {
+    if (windowed) return parse_sliding_layers(c, r, lt, window, w);
+    if (sw && !cJSON_IsNull(sw))
         return sl_errorf("%s: sliding_window is not a LlamaConfig key (use model_type \"mistral\")", w);
-    }
     // layer_types: every layer must be plain causal attention
     if (lt) {
         for (const cJSON *it = lt->child; it; it = it->next)
@@ -504,9 +529,14 @@ static void write_llama(cJSON *r, const sl_model_config *c) {
     if (f == SL_FAMILY_LLAMA) {
         cJSON_AddFalseToObject(r, "attention_bias");
         cJSON_AddFalseToObject(r, "mlp_bias");
-    } else if (f == SL_FAMILY_QWEN2) {
-        cJSON_AddFalseToObject(r, "use_sliding_window");
-        cJSON_AddNullToObject(r, "sliding_window");
+    } else if (f == SL_FAMILY_QWEN2) {  // a window on every layer: Qwen2Config's layers from max_window_layers 0 on
+        cJSON_AddBoolToObject(r, "use_sliding_window", c->sliding_window > 0);
+        if (c->sliding_window) {
+            cJSON_AddNumberToObject(r, "sliding_window", c->sliding_window);
+            cJSON_AddNumberToObject(r, "max_window_layers", 0);
+        } else {
+            cJSON_AddNullToObject(r, "sliding_window");
+        }
     } else {
         if (c->sliding_window) cJSON_AddNumberToObject(r, "sliding_window", c->sliding_window);
         else cJSON_AddNullToObject(r, "sliding_window");

@@ -163,8 +163,7 @@ TEST(settings_that_change_numbers_are_refused_by_name) {
     check_refused("llama", "\"sliding_window\": 16", "sliding_window");
     check_refused("llama", "\"pad_token_id\": 100", "pad_token_id");
     check_refused("llama", "\"head_dim\": 7", "head_dim");
-    check_refused("qwen2", "\"use_sliding_window\": true, \"sliding_window\": 16", "use_sliding_window");
-    check_refused("qwen2", "\"layer_types\": [\"sliding_attention\"]", "layer_types");
+    check_refused("qwen2", "\"layer_types\": [\"sliding_attention\"]", "use_sliding_window is false");
     check_refused("gemma", "", "gemma");
     check_refused("mistral", "\"sliding_window\": -4", "sliding_window");
     check_refused("llama", "\"rope_theta\": 10000, \"rope_theta\": 500000", "rope_theta");  // a key given twice
@@ -207,6 +206,28 @@ TEST(defaults_layer_types_and_two_rope_blocks_as_transformers_reads_them) {
                         " \"layer_types\": [\"sliding_attention\", \"full_attention\"]}";
     CHECK(sl_config_from_json_text(&a, mixed, "config.json") == -1 && strstr(sl_error(), "layer_types mixes"));
     check_refused("mistral", "\"sliding_window\": null, \"layer_types\": [\"sliding_attention\"]", "layer_types");
+    // Qwen2: the window only with use_sliding_window, on the layers from max_window_layers (default 28) on
+    CHECK(parse_llama_with("qwen2", "\"use_sliding_window\": true, \"sliding_window\": 16", &a) == 0 &&
+          a.sliding_window == 0);  // one layer, below max_window_layers: full attention, as transformers
+    CHECK(parse_llama_with("qwen2", "\"use_sliding_window\": true, \"sliding_window\": 16, \"max_window_layers\": 0",
+                           &a) == 0 && a.sliding_window == 16);
+    CHECK(parse_llama_with("qwen2", "\"use_sliding_window\": true, \"max_window_layers\": 0", &a) == 0 &&
+          a.sliding_window == 4096);  // Qwen2Config's default window
+    CHECK(parse_llama_with("qwen2", "\"use_sliding_window\": false, \"sliding_window\": 16, \"max_window_layers\": 0",
+                           &a) == 0 && a.sliding_window == 0);
+    CHECK(parse_llama_with("qwen2", "\"use_sliding_window\": true, \"sliding_window\": 16, \"layer_types\": "
+                           "[\"sliding_attention\"]", &a) == 0 && a.sliding_window == 16);
+    const char *qwen_mixed = "{\"model_type\": \"qwen2\", \"vocab_size\": 100, \"hidden_size\": 32, \"intermediate_size\": 40,"
+                             " \"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"use_sliding_window\": true,"
+                             " \"sliding_window\": 8, \"max_window_layers\": 1}";
+    CHECK(sl_config_from_json_text(&a, qwen_mixed, "config.json") == -1 && strstr(sl_error(), "max_window_layers mixes"));
+    // written back as transformers reads it: the window on every layer
+    CHECK(parse_llama_with("qwen2", "\"use_sliding_window\": true, \"sliding_window\": 16, \"max_window_layers\": 0",
+                           &a) == 0);
+    char *written = sl_config_to_json_text(&a);
+    sl_model_config back;
+    CHECK(written && sl_config_from_json_text(&back, written, "written") == 0 && back.sliding_window == 16);
+    free(written);
     check_refused("mistral", "\"layer_types\": [\"full_attention\", \"full_attention\"]", "layer_types has 2");
     check_refused("llama", "\"layer_types\": [\"full_attention\", \"full_attention\"]", "layer_types has 2");
     const char *no_kv = "{\"model_type\": \"%s\", \"vocab_size\": 100, \"hidden_size\": 64, \"intermediate_size\": 40,"
