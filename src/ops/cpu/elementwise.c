@@ -104,11 +104,7 @@ static void rope_apply(float *qkv, const float *cos_t, const float *sin_t, int B
             for (int h = 0; h < NH + NKV; h++) {
                 float *x = qkv + ((size_t)b * T + t) * W + (size_t)h * HD;
 #pragma omp simd
-                for (int i = 0; i < half; i++) {
-                    float x1 = x[i], x2 = x[i + half], si = sign * s[i];
-                    x[i] = x1 * c[i] - x2 * si;
-                    x[i + half] = x2 * c[i] + x1 * si;
-                }
+                for (int i = 0; i < half; i++) rope_rotate(x[i], x[i + half], c[i], sign * s[i], &x[i], &x[i + half]);
             }
         }
 }

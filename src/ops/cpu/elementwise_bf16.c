@@ -1,8 +1,9 @@
 // elementwise_bf16.c: the elementwise ops of cpu-bf16-onednn that read and write bf16 storage in place
 // instead of being staged (ops_cpu_bf16_native.c): residual_forward, GELU and SwiGLU with their
-// gradients, RoPE and its transpose, and LoRA's add_columns / take_columns. Staging widens every argument whole into fp32
-// scratch, runs the CPU op and rounds what it wrote back: for GELU's backward at GPT-2's MLP width that
-// is five passes over fp32 copies of the activations where one over the bf16 ones does; for add_columns
+// gradients, RoPE and its transpose, and LoRA's add_columns / take_columns. Staging widens every
+// argument whole into fp32 scratch, runs the CPU op and rounds what it wrote back: for GELU's backward
+// at GPT-2's MLP width that is five passes over fp32 copies of the activations where one over the bf16
+// ones does; for add_columns
 // it is the whole fused q|k|v or gate|up output (N x ld) to touch one adapter's W columns, three or two
 // times per block. These widen each element as they read it, compute
 // the CPU op's fp32 expression in its order (-ffp-contract=off: no fused multiply-add) and round once
@@ -94,9 +95,9 @@ void cpu_bf16_swiglu_backward(sl_act *dinp_, const sl_act *inp_, const sl_act *d
     }
 }
 
-// RoPE on the q and k heads of each row, as elementwise.c's rope_apply computes it (sign -1: the
-// transpose, for the backward); v is not touched (staging rewrote the whole fused row). One (row,
-// head) pair per iteration: a row's position is row % T.
+// RoPE on the q and k heads of each row, vec_math.h's rotation as elementwise.c's rope_apply uses it
+// (sign -1: the transpose, for the backward); v is not touched (staging rewrote the whole fused row).
+// One (row, head) pair per iteration: a row's position is row % T.
 static void rope_apply_bf16(sl_bf16 *qkv, const float *cos_t, const float *sin_t, int B, int T, int NH, int NKV,
                             int HD, int pos0, float sign) {
     size_t W = (size_t)(NH + 2 * NKV) * HD, heads = (size_t)NH + NKV, pairs = (size_t)B * T * heads;
@@ -109,9 +110,10 @@ static void rope_apply_bf16(sl_bf16 *qkv, const float *cos_t, const float *sin_t
         sl_bf16 *lo = qkv + row * W + (p % heads) * HD, *hi = lo + half;
 #pragma omp simd
         for (int i = 0; i < half; i++) {
-            float x1 = sl_bf16_widen(lo[i]), x2 = sl_bf16_widen(hi[i]), si = sign * s[i];
-            lo[i] = sl_bf16_round(x1 * c[i] - x2 * si);
-            hi[i] = sl_bf16_round(x2 * c[i] + x1 * si);
+            float y1, y2;
+            rope_rotate(sl_bf16_widen(lo[i]), sl_bf16_widen(hi[i]), c[i], sign * s[i], &y1, &y2);
+            lo[i] = sl_bf16_round(y1);
+            hi[i] = sl_bf16_round(y2);
         }
     }
 }

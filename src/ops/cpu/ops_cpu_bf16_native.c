@@ -201,7 +201,6 @@ static void blocked_rmsnorm_forward(sl_act *out, float *rstd, const sl_act *inp,
     staged_rmsnorm_forward(ROWS(out, r0, C), rstd + r0, ROWS(inp, r0, C), w, n, C, eps);
 }
 
-
 // The fused residual norms: resid stored (rounded) first, the norm reads it back as stored.
 static void composed_residual_layernorm_forward(sl_act *resid, sl_act *out, float *mean, float *rstd, const sl_act *a,
                                                 const sl_act *b, const sl_act *w, const sl_act *bias, int N, int C,

@@ -54,4 +54,11 @@ static inline void swiglu_grad(float g, float u, float d, float *dg, float *du) 
     *du = d * g * s;
 }
 
+// RoPE's rotation of one pair (x1, x2) by the angle with cosine c and sine s (s negated: its transpose,
+// for the backward).
+static inline void rope_rotate(float x1, float x2, float c, float s, float *y1, float *y2) {
+    *y1 = x1 * c - x2 * s;
+    *y2 = x2 * c + x1 * s;
+}
+
 #endif
