@@ -41,10 +41,8 @@ int train_lora_flag(sl_args *a, sl_train_config *c) {
         size_t k = 0, n = sizeof word_flags / sizeof word_flags[0];
         while (k < n && !sl_arg_str(a, word_flags[k].flag, value, sizeof value)) k++;
         if (k == n) return 0;
-        if (!a->error && word_flags[k].set(&c->lora, value, word_flags[k].flag)) {
-            fprintf(stderr, "error: %s\n", sl_error());
-            a->error = 1;
-        }
+        if (!a->error && word_flags[k].set(&c->lora, value, word_flags[k].flag))
+            a->error = 1;  // the message stays in sl_error, which cmd_train prints
     }
     c->lora_enabled = 1;
     return 1;

@@ -408,6 +408,8 @@ bad lora_token_past_the_vocabulary_is_refused "trainable_token_indices: token 51
   --lora-r 4 --lora-trainable-tokens 3,512
 bad lora_bias_with_dora_is_refused "\"bias\" \"all\" with use_dora" "${run[@]}" --lora-dora --lora-bias all
 bad lora_init_pissa_is_refused "init_lora_weights\" 'pissa'" "${run[@]}" --lora-init pissa
+if [ "$(grep -c "init_lora_weights\" 'pissa'" "$tmp/bad.out")" = 1 ]; then pass lora_word_flag_error_printed_once
+else fail lora_word_flag_error_printed_once "$(grep -c 'pissa' "$tmp/bad.out") lines"; fi
 bad lora_b_bias_with_dora_is_refused "lora_bias with use_dora: PEFT does not support" "${run[@]}" --lora-dora --lora-b-bias
 bad lora_embedding_with_dora_is_refused "DoRA \(use_dora\) on the embedding \(transformer.wte\) is not computed" \
   "${run[@]}" --lora-dora --lora-targets wte,c_attn
