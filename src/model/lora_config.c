@@ -205,6 +205,10 @@ static int parse_targets(sl_lora_config *cfg, const cJSON *v, const char *where)
         return 0;
     }
     if (!cJSON_IsArray(v)) return sl_errorf("%s: \"target_modules\" must be a list of module names", where);
+    // PEFT refuses an empty list (no module matches it); null or no key at all gives its defaults
+    if (cJSON_GetArraySize(v) == 0)
+        return sl_errorf("%s: \"target_modules\" is an empty list, which adapts no module (PEFT refuses it too); "
+                         "leave the key out for PEFT's defaults (q_proj, v_proj / c_attn)", where);
     const cJSON *item;
     cJSON_ArrayForEach(item, v) {
         if (!cJSON_IsString(item)) return sl_errorf("%s: \"target_modules\" must hold strings", where);
@@ -527,9 +531,11 @@ static cJSON *name_list(const char *joined) {
 }
 
 int sl_lora_config_to_json(const sl_lora_config *cfg, cJSON *obj) {
-    cJSON *targets = cfg->all_linear     ? cJSON_CreateString("all-linear")
-                     : cfg->target_regex ? cJSON_CreateString(cfg->target_modules)
-                                         : name_list(cfg->target_modules);
+    // no targets: null, PEFT's None (the architecture's defaults), never the empty list PEFT refuses
+    cJSON *targets = cfg->all_linear            ? cJSON_CreateString("all-linear")
+                     : cfg->target_regex        ? cJSON_CreateString(cfg->target_modules)
+                     : cfg->target_modules[0]   ? name_list(cfg->target_modules)
+                                                : cJSON_CreateNull();
     if (!targets || !cJSON_AddStringToObject(obj, "peft_type", "LORA") ||
         !cJSON_AddStringToObject(obj, "task_type", "CAUSAL_LM") || !cJSON_AddNumberToObject(obj, "r", cfg->r) ||
         !cJSON_AddNumberToObject(obj, "lora_alpha", cfg->lora_alpha) ||

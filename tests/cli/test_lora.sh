@@ -410,6 +410,8 @@ bad lora_bias_with_dora_is_refused "\"bias\" \"all\" with use_dora" "${run[@]}" 
 bad lora_init_pissa_is_refused "init_lora_weights\" 'pissa'" "${run[@]}" --lora-init pissa
 if [ "$(grep -c "init_lora_weights\" 'pissa'" "$tmp/bad.out")" = 1 ]; then pass lora_word_flag_error_printed_once
 else fail lora_word_flag_error_printed_once "$(grep -c 'pissa' "$tmp/bad.out") lines"; fi
+echo '{"lora": {"r": 4, "target_modules": []}}' >"$tmp/notargets.json"
+bad lora_empty_target_list_is_refused "\"target_modules\" is an empty list" "${run[@]}" --config "$tmp/notargets.json"
 bad lora_b_bias_with_dora_is_refused "lora_bias with use_dora: PEFT does not support" "${run[@]}" --lora-dora --lora-b-bias
 bad lora_embedding_with_dora_is_refused "DoRA \(use_dora\) on the embedding \(transformer.wte\) is not computed" \
   "${run[@]}" --lora-dora --lora-targets wte,c_attn

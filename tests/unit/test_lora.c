@@ -226,6 +226,15 @@ TEST(regex_targets_pick_whole_paths) {
     cJSON_Delete(out);
     // a list again clears the regular expression
     CHECK(sl_lora_config_set_targets(&lc, "q_proj", "test") == 0 && lc.target_regex == 0);
+    // no targets go back as null (PEFT's None: the defaults), never as the empty list PEFT refuses
+    sl_lora_config_defaults(&lc);
+    out = cJSON_CreateObject();
+    CHECK(out && sl_lora_config_to_json(&lc, out) == 0);
+    CHECK(cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(out, "target_modules")));
+    static sl_lora_config back;  // ~150 KiB of names and pattern keys: off the stack
+    sl_lora_config_defaults(&back);
+    CHECK(sl_lora_config_parse(&back, out, "written") == 0 && back.n_targets == 0 && !back.all_linear);
+    cJSON_Delete(out);
 }
 
 // layers_to_transform picks blocks for the names a path ends with (a whole path listed is adapted
@@ -1144,6 +1153,7 @@ TEST(bad_configs_are_refused_by_name) {
         {"{\"trainable_token_indices\": \"1,2\"}", "must be a list of token ids"},
         {"{\"init_lora_weights\": \"pissa\"}", "\"init_lora_weights\" 'pissa': shardlm computes true, false"},
         {"{\"target_modules\": [\"q_proj\", \"all-linear\"]}", "lists \"all-linear\", which PEFT reads only"},
+        {"{\"target_modules\": []}", "\"target_modules\" is an empty list, which adapts no module"},
         // aLoRA adapts only from its invocation tokens on: read as plain LoRA it would adapt every token
         {"{\"alora_invocation_tokens\": [42, 8]}", "\"alora_invocation_tokens\" is set, but shardlm computes plain"},
         {"{\"use_bdlora\": {\"nblocks\": 2}}", "\"use_bdlora\" is set"},
