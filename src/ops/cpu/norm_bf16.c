@@ -8,61 +8,49 @@
 // traffic.
 #include "ops/cpu/cpu_bf16.h"
 
-#include <stdlib.h>
+#include <omp.h>
 
 void cpu_bf16_rmsnorm_backward(sl_act *dinp_, float *dw, const sl_act *dout_, const sl_act *inp_, const sl_act *w_,
                                const float *rstd, int N, int C) {
     if (cpu_bf16_failed()) return;
     sl_bf16 *dinp = bf16_of(dinp_);
     const sl_bf16 *dout = cbf16_of(dout_), *inp = cbf16_of(inp_);
-    float *w = cpu_bf16_scratch(0, (size_t)C);
-    if (!w) return;
+    // the weight widened, then each thread's three rows (the table's scratch, kept across calls)
+    size_t per_thread = 3 * (size_t)C;
+    float *w = cpu_bf16_scratch(0, (size_t)C), *rows = cpu_bf16_scratch(1, (size_t)omp_get_max_threads() * per_thread);
+    if (!w || !rows) return;
     sl_bf16_to_f32_array(cbf16_of(w_), w, (size_t)C);
-    cpu_bf16_region_failure f = {0};
-#pragma omp parallel if((size_t)N * C >= SL_PAR_MIN_WORK)
-    {
-        float *row = malloc(sizeof(float) * 3 * (size_t)C);
-        if (!row) cpu_bf16_region_fail(&f, "rmsnorm_backward: out of memory for a thread's row buffers");
-#pragma omp for schedule(static)
-        for (int n = 0; n < N; n++) {
-            if (!row) continue;
-            float *dx = row, *dy = row + C, *x = row + 2 * (size_t)C;
-            sl_bf16 *d = dinp + (size_t)n * C;
-            const sl_bf16 *g = dout + (size_t)n * C, *in = inp + (size_t)n * C;
+#pragma omp parallel for schedule(static) if((size_t)N * C >= SL_PAR_MIN_WORK)
+    for (int n = 0; n < N; n++) {
+        float *dx = rows + (size_t)omp_get_thread_num() * per_thread, *dy = dx + C, *x = dy + C;
+        sl_bf16 *d = dinp + (size_t)n * C;
+        const sl_bf16 *g = dout + (size_t)n * C, *in = inp + (size_t)n * C;
 #pragma omp simd
-            for (int c = 0; c < C; c++) {
-                dx[c] = sl_bf16_widen(d[c]);
-                dy[c] = sl_bf16_widen(g[c]);
-                x[c] = sl_bf16_widen(in[c]);
-            }
-            cpu_rmsnorm_backward_row(dx, dy, x, w, rstd[n], C);
-#pragma omp simd
-            for (int c = 0; c < C; c++) d[c] = sl_bf16_round(dx[c]);
+        for (int c = 0; c < C; c++) {
+            dx[c] = sl_bf16_widen(d[c]);
+            dy[c] = sl_bf16_widen(g[c]);
+            x[c] = sl_bf16_widen(in[c]);
         }
-        free(row);
+        cpu_rmsnorm_backward_row(dx, dy, x, w, rstd[n], C);
+#pragma omp simd
+        for (int c = 0; c < C; c++) d[c] = sl_bf16_round(dx[c]);
     }
-    if (!dw || f.failed) {  // frozen weight (LoRA), or no row buffers: nothing more
-        cpu_bf16_region_report(&f);
-        return;
-    }
+    if (!dw) return;  // frozen weight (LoRA): only the input's gradient
     // the weight gradient: each thread's columns, the rows in order, widened a row at a time
 #pragma omp parallel if((size_t)N * C >= SL_PAR_MIN_WORK)
     {
         size_t c0, c1;
         cpu_thread_range((size_t)C, &c0, &c1);
         int n_cols = (int)(c1 - c0);
-        float *row = n_cols > 0 ? malloc(sizeof(float) * 2 * (size_t)n_cols) : NULL;
-        if (n_cols > 0 && !row) cpu_bf16_region_fail(&f, "rmsnorm_backward: out of memory for a thread's row buffers");
-        for (int n = 0; row && n < N; n++) {
+        float *dy = rows + (size_t)omp_get_thread_num() * per_thread, *x = dy + n_cols;
+        for (int n = 0; n_cols > 0 && n < N; n++) {
             const sl_bf16 *g = dout + (size_t)n * C + c0, *in = inp + (size_t)n * C + c0;
 #pragma omp simd
             for (int c = 0; c < n_cols; c++) {
-                row[c] = sl_bf16_widen(g[c]);
-                row[n_cols + c] = sl_bf16_widen(in[c]);
+                dy[c] = sl_bf16_widen(g[c]);
+                x[c] = sl_bf16_widen(in[c]);
             }
-            cpu_rmsnorm_weight_grad_row(dw + c0, row, row + n_cols, rstd[n], n_cols);
+            cpu_rmsnorm_weight_grad_row(dw + c0, dy, x, rstd[n], n_cols);
         }
-        free(row);
     }
-    cpu_bf16_region_report(&f);
 }
