@@ -532,10 +532,10 @@ static cJSON *name_list(const char *joined) {
 
 int sl_lora_config_to_json(const sl_lora_config *cfg, cJSON *obj) {
     // no targets: null, PEFT's None (the architecture's defaults), never the empty list PEFT refuses
-    cJSON *targets = cfg->all_linear            ? cJSON_CreateString("all-linear")
-                     : cfg->target_regex        ? cJSON_CreateString(cfg->target_modules)
-                     : cfg->target_modules[0]   ? name_list(cfg->target_modules)
-                                                : cJSON_CreateNull();
+    cJSON *targets = cfg->all_linear          ? cJSON_CreateString("all-linear")
+                     : cfg->target_regex      ? cJSON_CreateString(cfg->target_modules)
+                     : cfg->target_modules[0] ? name_list(cfg->target_modules)
+                                              : cJSON_CreateNull();
     if (!targets || !cJSON_AddStringToObject(obj, "peft_type", "LORA") ||
         !cJSON_AddStringToObject(obj, "task_type", "CAUSAL_LM") || !cJSON_AddNumberToObject(obj, "r", cfg->r) ||
         !cJSON_AddNumberToObject(obj, "lora_alpha", cfg->lora_alpha) ||
