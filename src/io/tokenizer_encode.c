@@ -1,0 +1,643 @@
+// tokenizer_encode.c: text -> ids and ids -> text for every tokenizer the loaders build, following
+// Hugging Face tokenizers' pipeline: added tokens are cut out of the text (leftmost, then longest);
+// the rest is normalized, split into words by the pre-tokenizer's steps, and each word is turned into
+// ids by byte-pair merging, lowest merge rank first and leftmost among equals (a heap over the word's
+// adjacent pairs, so a long word, e.g. a whole SentencePiece-style line, costs n log n).
+// Each encode call keeps its own word cache, scratch and PCRE2 match data: the tokenizer is read-only.
+#include "io/tokenizer_internal.h"
+#include "shardlm/error.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct { int32_t *p; size_t n, cap; } id_buf;
+
+static int id_push(id_buf *b, const int32_t *ids, size_t n) {
+    if (b->n + n > b->cap) {
+        size_t cap = b->cap ? b->cap : 1024;
+        while (cap < b->n + n) cap *= 2;
+        int32_t *p = realloc(b->p, cap * sizeof *p);
+        if (!p) return sl_errorf("out of memory growing the token id buffer to %zu ids", cap);
+        b->p = p; b->cap = cap;
+    }
+    if (n) memcpy(b->p + b->n, ids, n * sizeof *ids);
+    b->n += n;
+    return 0;
+}
+
+// A growable byte buffer for normalized and rewritten text.
+typedef struct { char *p; size_t n, cap; } byte_buf;
+
+static int bytes_push(byte_buf *b, const char *p, size_t n) {
+    if (b->n + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap < b->n + n + 1) cap *= 2;
+        char *q = realloc(b->p, cap);
+        if (!q) return sl_errorf("out of memory growing a text buffer to %zu bytes", cap);
+        b->p = q; b->cap = cap;
+    }
+    if (n) memcpy(b->p + b->n, p, n);
+    b->n += n;
+    return 0;
+}
+
+// One encode call's cache: word bytes -> the ids BPE made of them. Words repeat a lot in text, so
+// most are looked up rather than merged.
+typedef struct { uint64_t hash; size_t key_off; uint32_t key_len; size_t ids_off; uint32_t ids_len; } cache_entry;
+typedef struct {
+    cache_entry *slots;  // (cap) key_len == UINT32_MAX marks empty
+    size_t cap, count;
+    char *keys; size_t keys_n, keys_cap;
+    id_buf ids;
+} word_cache;
+
+typedef struct { int32_t id; int prev, next; } symbol;                  // next == -1: the last
+typedef struct { int32_t rank; int pos; int32_t a, b, m; } candidate;  // a merge of pos and its next
+
+typedef struct {
+    const sl_tokenizer *tok;
+    id_buf out;
+    id_buf scratch;  // the ids of the word just merged
+    word_cache cache;
+    symbol *sym; size_t sym_cap;
+    candidate *heap; size_t heap_n, heap_cap;
+    pcre2_match_data *md;
+} encoder;
+
+static int cache_grow(word_cache *c) {
+    size_t cap = c->cap ? c->cap * 2 : 4096;
+    cache_entry *s = sl_malloc(cap * sizeof *s, "word cache");
+    if (!s) return -1;
+    for (size_t i = 0; i < cap; i++) s[i].key_len = UINT32_MAX;
+    for (size_t i = 0; i < c->cap; i++) {
+        if (c->slots[i].key_len == UINT32_MAX) continue;
+        size_t j = c->slots[i].hash & (cap - 1);
+        while (s[j].key_len != UINT32_MAX) j = (j + 1) & (cap - 1);
+        s[j] = c->slots[i];
+    }
+    free(c->slots);
+    c->slots = s; c->cap = cap;
+    return 0;
+}
+
+// ---------------------------------------------------------------- byte-pair merging
+
+static int cand_less(const candidate *x, const candidate *y) {
+    return x->rank != y->rank ? x->rank < y->rank : x->pos < y->pos;
+}
+
+static int heap_push(encoder *e, candidate c) {
+    if (e->heap_n == e->heap_cap) {
+        size_t cap = e->heap_cap ? e->heap_cap * 2 : 256;
+        candidate *h = realloc(e->heap, cap * sizeof *h);
+        if (!h) return sl_errorf("out of memory growing the merge queue to %zu entries", cap);
+        e->heap = h; e->heap_cap = cap;
+    }
+    size_t i = e->heap_n++;
+    while (i > 0 && cand_less(&c, &e->heap[(i - 1) / 2])) {
+        e->heap[i] = e->heap[(i - 1) / 2];
+        i = (i - 1) / 2;
+    }
+    e->heap[i] = c;
+    return 0;
+}
+
+static candidate heap_pop(encoder *e) {
+    candidate top = e->heap[0], last = e->heap[--e->heap_n];
+    size_t i = 0, n = e->heap_n;
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= n) break;
+        if (c + 1 < n && cand_less(&e->heap[c + 1], &e->heap[c])) c++;
+        if (!cand_less(&e->heap[c], &last)) break;
+        e->heap[i] = e->heap[c];
+        i = c;
+    }
+    if (n) e->heap[i] = last;
+    return top;
+}
+
+// Queues the merge of symbol pos with its next, if the pair is a merge.
+static int queue_pair(encoder *e, int pos) {
+    const sl_tokenizer *t = e->tok;
+    int nx = pos < 0 ? -1 : e->sym[pos].next;
+    if (nx < 0) return 0;
+    uint64_t key = (uint64_t)(uint32_t)e->sym[pos].id << 32 | (uint32_t)e->sym[nx].id;
+    size_t slot = tok_merge_slot(t, key);
+    if (t->merge_keys[slot] != key) return 0;
+    return heap_push(e, (candidate){t->merge_rank[slot], pos, e->sym[pos].id, e->sym[nx].id, t->merge_id[slot]});
+}
+
+static int sym_push(encoder *e, size_t *n, int32_t id) {
+    if (*n == e->sym_cap) {
+        size_t cap = e->sym_cap ? e->sym_cap * 2 : 256;
+        symbol *s = realloc(e->sym, cap * sizeof *s);
+        if (!s) return sl_errorf("out of memory growing a word's symbols to %zu", cap);
+        e->sym = s; e->sym_cap = cap;
+    }
+    e->sym[*n] = (symbol){id, (int)*n - 1, -1};
+    if (*n) e->sym[*n - 1].next = (int)*n;
+    (*n)++;
+    return 0;
+}
+
+static size_t utf8_char_len(const char *p, size_t n) {
+    const unsigned char *c = (const unsigned char *)p;
+    size_t len = c[0] < 0x80 ? 1 : (c[0] & 0xE0) == 0xC0 ? 2 : (c[0] & 0xF0) == 0xE0 ? 3 : (c[0] & 0xF8) == 0xF0 ? 4 : 1;
+    if (len > n) return 1;
+    for (size_t k = 1; k < len; k++)
+        if ((c[k] & 0xC0) != 0x80) return 1;
+    return len;
+}
+
+// The word's first symbols: its bytes (byte-level), or its characters, each the vocab's token, else
+// its bytes' <0xXX> tokens (byte_fallback), else the unknown token (consecutive ones fused with
+// fuse_unk; dropped when there is none, as tokenizers does).
+static int word_symbols(encoder *e, const char *p, size_t n, size_t *count) {
+    const sl_tokenizer *t = e->tok;
+    *count = 0;
+    if (t->kind == TOK_BYTE_LEVEL) {
+        for (size_t i = 0; i < n; i++)
+            if (sym_push(e, count, t->byte_id[(unsigned char)p[i]])) return -1;
+        return 0;
+    }
+    int last_unk = 0;
+    for (size_t i = 0; i < n;) {
+        size_t cl = utf8_char_len(p + i, n - i);
+        int id = tok_vocab_find(t, p + i, cl);
+        int fallback = id < 0 && t->byte_fallback;
+        for (size_t k = 0; fallback && k < cl; k++) fallback = t->byte_id[(unsigned char)p[i + k]] >= 0;
+        if (id >= 0 || fallback) {
+            for (size_t k = 0; k < (id >= 0 ? 1 : cl); k++)
+                if (sym_push(e, count, id >= 0 ? id : t->byte_id[(unsigned char)p[i + k]])) return -1;
+            last_unk = 0;
+        } else if (t->unk_id >= 0 && !(t->fuse_unk && last_unk)) {
+            if (sym_push(e, count, t->unk_id)) return -1;
+            last_unk = 1;
+        }
+        i += cl;
+    }
+    return 0;
+}
+
+// A short word (most of them) is merged by rescanning its pairs after each merge, which looks up
+// fewer distinct pairs than the heap; the same merges in the same order: the lowest rank, every
+// occurrence left to right (a pair's occurrences are consecutive in the heap's order too, since a
+// merge never creates a pair of lower rank than its own in a BPE vocabulary).
+enum { SHORT_WORD = 48 };
+static int merge_short(encoder *e, size_t len) {
+    const sl_tokenizer *t = e->tok;
+    int32_t s[SHORT_WORD];
+    for (size_t i = 0; i < len; i++) s[i] = e->sym[i].id;
+    while (len > 1) {
+        int32_t best_rank = INT32_MAX, best_id = -1;
+        uint64_t best_key = 0;
+        for (size_t i = 0; i + 1 < len; i++) {
+            uint64_t key = (uint64_t)(uint32_t)s[i] << 32 | (uint32_t)s[i + 1];
+            size_t slot = tok_merge_slot(t, key);
+            if (t->merge_keys[slot] == key && t->merge_rank[slot] < best_rank) {
+                best_rank = t->merge_rank[slot]; best_id = t->merge_id[slot]; best_key = key;
+            }
+        }
+        if (best_id < 0) break;
+        int32_t a = (int32_t)(best_key >> 32), b = (int32_t)(uint32_t)best_key;
+        size_t w = 0;
+        for (size_t i = 0; i < len;) {
+            if (i + 1 < len && s[i] == a && s[i + 1] == b) { s[w++] = best_id; i += 2; }
+            else s[w++] = s[i++];
+        }
+        len = w;
+    }
+    return id_push(&e->scratch, s, len);
+}
+
+// Byte-pair merging of one word into e->scratch.
+static int bpe_word(encoder *e, const char *p, size_t n) {
+    const sl_tokenizer *t = e->tok;
+    e->scratch.n = 0;
+    if (t->ignore_merges) {  // a word the vocab holds whole is that token (LLaMA 3)
+        int32_t id = tok_vocab_find(t, p, n);
+        if (id >= 0) return id_push(&e->scratch, &id, 1);
+    }
+    size_t count;
+    if (word_symbols(e, p, n, &count)) return -1;
+    if (count <= SHORT_WORD) return merge_short(e, count);
+    e->heap_n = 0;
+    for (size_t i = 0; i + 1 < count; i++)
+        if (queue_pair(e, (int)i)) return -1;
+    while (e->heap_n) {
+        candidate c = heap_pop(e);
+        symbol *s = &e->sym[c.pos];
+        if (s->id != c.a || s->next < 0 || e->sym[s->next].id != c.b) continue;  // stale
+        symbol *r = &e->sym[s->next];
+        s->id = c.m;
+        s->next = r->next;
+        if (r->next >= 0) e->sym[r->next].prev = c.pos;
+        r->id = -1;  // gone: never the left of a live pair again
+        if (queue_pair(e, s->prev) || queue_pair(e, c.pos)) return -1;
+    }
+    for (int i = count ? 0 : -1; i >= 0; i = e->sym[i].next)
+        if (id_push(&e->scratch, &e->sym[i].id, 1)) return -1;
+    return 0;
+}
+
+static int encode_word(encoder *e, const char *p, size_t n) {
+    if (n == 0) return 0;
+    word_cache *c = &e->cache;
+    if ((c->count + 1) * 2 > c->cap && cache_grow(c)) return -1;
+    uint64_t h = tok_hash_bytes(p, n);
+    size_t j = h & (c->cap - 1);
+    for (;; j = (j + 1) & (c->cap - 1)) {
+        cache_entry *ce = &c->slots[j];
+        if (ce->key_len == UINT32_MAX) break;
+        if (ce->hash == h && ce->key_len == n && memcmp(c->keys + ce->key_off, p, n) == 0)
+            return id_push(&e->out, c->ids.p + ce->ids_off, ce->ids_len);
+    }
+    if (bpe_word(e, p, n)) return -1;
+    if (c->keys_n + n > c->keys_cap) {
+        size_t cap = c->keys_cap ? c->keys_cap : 65536;
+        while (cap < c->keys_n + n) cap *= 2;
+        char *k = realloc(c->keys, cap);
+        if (!k) return sl_errorf("out of memory growing the word cache to %zu bytes", cap);
+        c->keys = k; c->keys_cap = cap;
+    }
+    memcpy(c->keys + c->keys_n, p, n);
+    c->slots[j] = (cache_entry){h, c->keys_n, (uint32_t)n, c->ids.n, (uint32_t)e->scratch.n};
+    c->keys_n += n;
+    c->count++;
+    if (id_push(&c->ids, e->scratch.p, e->scratch.n)) return -1;
+    return id_push(&e->out, e->scratch.p, e->scratch.n);
+}
+
+// ---------------------------------------------------------------- pre-tokenizer
+
+typedef struct { size_t s, e; int match; } span;
+typedef struct { span *p; size_t n, cap; } span_buf;
+
+static int span_push(span_buf *b, size_t s, size_t e, int match) {
+    if (b->n == b->cap) {
+        size_t cap = b->cap ? b->cap * 2 : 64;
+        span *q = realloc(b->p, cap * sizeof *q);
+        if (!q) return sl_errorf("out of memory splitting text into %zu pieces", cap);
+        b->p = q; b->cap = cap;
+    }
+    b->p[b->n++] = (span){s, e, match};
+    return 0;
+}
+
+// The matches of re in text and the gaps between them, in order, tiling the text.
+static int regex_spans(encoder *e, const pcre2_code *re, const char *text, size_t len, span_buf *out) {
+    if (!e->md && !(e->md = pcre2_match_data_create(32, NULL))) return sl_errorf("out of memory creating PCRE2 match data");
+    size_t off = 0, prev = 0;
+    while (off <= len) {
+        int rc = pcre2_match(re, (PCRE2_SPTR)text, len, off, 0, e->md, NULL);
+        if (rc == PCRE2_ERROR_NOMATCH) break;
+        if (rc < 0) {
+            PCRE2_UCHAR msg[256];
+            pcre2_get_error_message(rc, msg, sizeof msg);
+            return sl_errorf("pre-tokenising at byte %zu: PCRE2 match error: %s", off, msg);
+        }
+        PCRE2_SIZE *ov = pcre2_get_ovector_pointer(e->md);
+        size_t s = ov[0], m = ov[1];
+        if (m == s) {  // an empty match splits nothing: look again one character on
+            if (s >= len) break;
+            off = s + utf8_char_len(text + s, len - s);
+            continue;
+        }
+        if (s > prev && span_push(out, prev, s, 0)) return -1;
+        if (span_push(out, s, m, 1)) return -1;
+        prev = off = m;
+    }
+    return prev < len ? span_push(out, prev, len, 0) : 0;
+}
+
+// Digits: each ASCII digit a match.
+static int digit_spans(const char *text, size_t len, span_buf *out) {
+    size_t prev = 0;
+    for (size_t i = 0; i < len; i++) {
+        if (text[i] < '0' || text[i] > '9') continue;
+        if (i > prev && span_push(out, prev, i, 0)) return -1;
+        if (span_push(out, i, i + 1, 1)) return -1;
+        prev = i + 1;
+    }
+    return prev < len ? span_push(out, prev, len, 0) : 0;
+}
+
+// tokenizers' SplitDelimiterBehavior, applied to spans in place (matches flipped first with invert).
+static void apply_behavior(span_buf *b, int behavior, int invert) {
+    if (invert)
+        for (size_t i = 0; i < b->n; i++) b->p[i].match = !b->p[i].match;
+    size_t w = 0;
+    int prev_match = 0;
+    switch (behavior) {
+    case SPLIT_ISOLATED: return;
+    case SPLIT_REMOVED:
+        for (size_t i = 0; i < b->n; i++)
+            if (!b->p[i].match) b->p[w++] = b->p[i];
+        break;
+    case SPLIT_MERGED_PREVIOUS:
+        for (size_t i = 0; i < b->n; i++) {
+            span s = b->p[i];
+            if (s.match && !prev_match && w) b->p[w - 1].e = s.e;
+            else b->p[w++] = s;
+            prev_match = s.match;
+        }
+        break;
+    case SPLIT_MERGED_NEXT: {  // from the end: a delimiter joins the piece after it
+        size_t r = b->n;
+        for (size_t i = b->n; i-- > 0;) {
+            span s = b->p[i];
+            if (s.match && !prev_match && r < b->n) b->p[r].s = s.s;
+            else b->p[--r] = s;
+            prev_match = s.match;
+        }
+        memmove(b->p, b->p + r, (b->n - r) * sizeof *b->p);
+        w = b->n - r;
+        break;
+    }
+    case SPLIT_CONTIGUOUS:
+        for (size_t i = 0; i < b->n; i++) {
+            span s = b->p[i];
+            if (s.match == prev_match && w) b->p[w - 1].e = s.e;
+            else b->p[w++] = s;
+            prev_match = s.match;
+        }
+        break;
+    }
+    b->n = w;
+}
+
+static int pre_run(encoder *e, int step, const char *p, size_t n, int at0);
+
+// Splits p into spans by one step's rule and runs the next step on each non-empty piece.
+static int pre_split(encoder *e, int step, const char *p, size_t n, int at0, int behavior, int invert,
+                     const pcre2_code *re) {
+    span_buf b = {0};
+    int rc = re ? regex_spans(e, re, p, n, &b) : digit_spans(p, n, &b);
+    if (rc == 0) apply_behavior(&b, behavior, invert);
+    for (size_t i = 0; i < b.n && rc == 0; i++)
+        if (b.p[i].e > b.p[i].s) rc = pre_run(e, step + 1, p + b.p[i].s, b.p[i].e - b.p[i].s, at0 && b.p[i].s == 0);
+    free(b.p);
+    return rc;
+}
+
+// Metaspace: spaces become the replacement, which is prepended per the scheme, then (split) each
+// replacement starts a new word.
+static int pre_metaspace(encoder *e, int step, const tok_pre *m, const char *p, size_t n, int at0) {
+    size_t rn = (size_t)m->repl_n;
+    int starts = n > 0 && p[0] == ' ';  // after the replacement the text starts with it
+    if (!starts && n >= rn) starts = memcmp(p, m->repl, rn) == 0;
+    int prepend = !starts && (m->prepend == PREPEND_ALWAYS || (m->prepend == PREPEND_FIRST && at0));
+    byte_buf b = {0};
+    int rc = prepend ? bytes_push(&b, m->repl, rn) : 0;
+    for (size_t i = 0; i < n && rc == 0; i++) rc = p[i] == ' ' ? bytes_push(&b, m->repl, rn) : bytes_push(&b, p + i, 1);
+    if (rc == 0 && !m->split) rc = pre_run(e, step + 1, b.p, b.n, at0);
+    else if (rc == 0) {
+        span_buf s = {0};
+        size_t prev = 0;
+        for (size_t i = 0; i + (size_t)m->repl_n <= b.n && rc == 0; i++) {
+            if (memcmp(b.p + i, m->repl, (size_t)m->repl_n) != 0) continue;
+            if (i > prev) rc = span_push(&s, prev, i, 0);
+            if (rc == 0) rc = span_push(&s, i, i + (size_t)m->repl_n, 1);
+            prev = i + (size_t)m->repl_n;
+            i = prev - 1;
+        }
+        if (rc == 0 && prev < b.n) rc = span_push(&s, prev, b.n, 0);
+        if (rc == 0) apply_behavior(&s, SPLIT_MERGED_NEXT, 0);
+        for (size_t i = 0; i < s.n && rc == 0; i++)
+            if (s.p[i].e > s.p[i].s) rc = pre_run(e, step + 1, b.p + s.p[i].s, s.p[i].e - s.p[i].s, at0 && s.p[i].s == 0);
+        free(s.p);
+    }
+    free(b.p);
+    return rc;
+}
+
+static int pre_run(encoder *e, int step, const char *p, size_t n, int at0) {
+    const sl_tokenizer *t = e->tok;
+    if (step == t->n_pre) return encode_word(e, p, n);
+    const tok_pre *s = &t->pre[step];
+    switch (s->kind) {
+    case PRE_SPLIT: return pre_split(e, step, p, n, at0, s->behavior, s->invert, s->re);
+    case PRE_DIGITS:
+        return pre_split(e, step, p, n, at0, s->individual ? SPLIT_ISOLATED : SPLIT_CONTIGUOUS, 0, NULL);
+    case PRE_METASPACE: return pre_metaspace(e, step, s, p, n, at0);
+    default: break;
+    }
+    if (s->add_prefix_space && (n == 0 || p[0] != ' ')) {  // ByteLevel(add_prefix_space)
+        byte_buf b = {0};
+        int rc = bytes_push(&b, " ", 1) || bytes_push(&b, p, n) ? -1 : 0;
+        if (rc == 0)
+            rc = s->re ? pre_split(e, step, b.p, b.n, at0, SPLIT_ISOLATED, 0, s->re) : pre_run(e, step + 1, b.p, b.n, at0);
+        free(b.p);
+        return rc;
+    }
+    return s->re ? pre_split(e, step, p, n, at0, SPLIT_ISOLATED, 0, s->re) : pre_run(e, step + 1, p, n, at0);
+}
+
+// ---------------------------------------------------------------- normalizer and added tokens
+
+static int normalize(const sl_tokenizer *t, const char *p, size_t n, byte_buf *out) {
+    out->n = 0;
+    if (bytes_push(out, p, n)) return -1;
+    byte_buf tmp = {0};
+    int rc = 0;
+    for (int k = 0; k < t->n_norm && rc == 0; k++) {
+        const tok_norm *s = &t->norm[k];
+        tmp.n = 0;
+        if (s->kind == NORM_PREPEND) {
+            if (out->n == 0) continue;  // an empty text stays empty
+            rc = bytes_push(&tmp, s->to, s->to_n) || bytes_push(&tmp, out->p, out->n) ? -1 : 0;
+        } else {
+            for (size_t i = 0; i < out->n && rc == 0;) {
+                if (s->from_n && i + s->from_n <= out->n && memcmp(out->p + i, s->from, s->from_n) == 0) {
+                    rc = bytes_push(&tmp, s->to, s->to_n);
+                    i += s->from_n;
+                } else {
+                    rc = bytes_push(&tmp, out->p + i, 1);
+                    i++;
+                }
+            }
+        }
+        byte_buf x = *out; *out = tmp; tmp = x;
+    }
+    free(tmp.p);
+    return rc;
+}
+
+// Rust's char::is_whitespace, on the UTF-8 character at p (length in *cl).
+static int is_space_at(const char *p, size_t n, size_t *cl) {
+    const unsigned char *c = (const unsigned char *)p;
+    *cl = utf8_char_len(p, n);
+    if (*cl == 1) return (c[0] >= 0x09 && c[0] <= 0x0D) || c[0] == 0x20;
+    unsigned cp = *cl == 2 ? (c[0] & 0x1Fu) << 6 | (c[1] & 0x3Fu)
+                : *cl == 3 ? (c[0] & 0x0Fu) << 12 | (c[1] & 0x3Fu) << 6 | (c[2] & 0x3Fu) : 0;
+    return cp == 0x85 || cp == 0xA0 || cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 ||
+           cp == 0x2029 || cp == 0x202F || cp == 0x205F || cp == 0x3000;
+}
+
+static size_t space_before(const char *p, size_t from, size_t at) {  // whitespace ending at `at`, not before `from`
+    size_t s = at;
+    while (s > from) {
+        size_t b = s - 1, cl;
+        while (b > from && ((unsigned char)p[b] & 0xC0) == 0x80) b--;
+        if (!is_space_at(p + b, s - b, &cl) || b + cl != s) break;
+        s = b;
+    }
+    return s;
+}
+
+static size_t space_after(const char *p, size_t at, size_t len) {
+    size_t e = at, cl;
+    while (e < len && is_space_at(p + e, len - e, &cl)) e += cl;
+    return e;
+}
+
+// The leftmost added token in p[from, len) (the longest at that place) of the stage's kind; SIZE_MAX if
+// none. *s, *e: the text it takes (with lstrip / rstrip's whitespace).
+static int find_added(const sl_tokenizer *t, const char *p, size_t from, size_t len, int normalized_stage,
+                      int with_special, size_t *s, size_t *e) {
+    for (size_t i = from; i < len; i++) {
+        int best = -1;
+        for (int k = 0; k < t->n_added; k++) {
+            const tok_added *a = &t->added[k];
+            int stage = t->n_norm > 0 && a->normalized;
+            if (stage != normalized_stage || (a->special && !with_special) || a->len == 0) continue;
+            if ((unsigned char)a->content[0] != (unsigned char)p[i] || a->len > len - i) continue;
+            if (memcmp(p + i, a->content, a->len) != 0) continue;
+            if (best < 0 || a->len > t->added[best].len) best = k;
+        }
+        if (best < 0) continue;
+        const tok_added *a = &t->added[best];
+        *s = a->lstrip ? space_before(p, from, i) : i;
+        *e = a->rstrip ? space_after(p, i + a->len, len) : i + a->len;
+        return best;
+    }
+    return -1;
+}
+
+static int encode_normalized(encoder *e, const char *p, size_t n, int at0, int with_special) {
+    size_t from = 0, s, end;
+    int k;
+    while ((k = find_added(e->tok, p, from, n, 1, with_special, &s, &end)) >= 0) {
+        if (s > from && pre_run(e, 0, p + from, s - from, at0 && from == 0)) return -1;
+        if (id_push(&e->out, &e->tok->added[k].id, 1)) return -1;
+        from = end;
+    }
+    return from < n ? pre_run(e, 0, p + from, n - from, at0 && from == 0) : 0;
+}
+
+static int encode_segment(encoder *e, byte_buf *norm, const char *p, size_t n, int at0, int with_special) {
+    if (n == 0) return 0;
+    if (e->tok->n_norm == 0) return encode_normalized(e, p, n, at0, with_special);
+    if (normalize(e->tok, p, n, norm)) return -1;
+    return encode_normalized(e, norm->p, norm->n, at0, with_special);
+}
+
+static int encode_text(encoder *e, const char *text, size_t len, int with_special) {
+    byte_buf norm = {0};
+    size_t from = 0, s, end;
+    int k, rc = 0;
+    while (rc == 0 && (k = find_added(e->tok, text, from, len, 0, with_special, &s, &end)) >= 0) {
+        rc = encode_segment(e, &norm, text + from, s - from, from == 0, with_special);
+        if (rc == 0) rc = id_push(&e->out, &e->tok->added[k].id, 1);
+        from = end;
+    }
+    if (rc == 0) rc = encode_segment(e, &norm, text + from, len - from, from == 0, with_special);
+    free(norm.p);
+    return rc;
+}
+
+static int encode_impl(const sl_tokenizer *t, const char *text, size_t len, int with_special, int template,
+                       int32_t **ids, size_t *n_ids) {
+    *ids = NULL;
+    *n_ids = 0;
+    encoder e = {.tok = t};
+    int rc = template ? id_push(&e.out, t->prefix, (size_t)t->n_prefix) : 0;
+    if (rc == 0) rc = encode_text(&e, text, len, with_special);
+    if (rc == 0 && template) rc = id_push(&e.out, t->suffix, (size_t)t->n_suffix);
+    free(e.scratch.p);
+    free(e.cache.slots);
+    free(e.cache.keys);
+    free(e.cache.ids.p);
+    free(e.sym);
+    free(e.heap);
+    if (e.md) pcre2_match_data_free(e.md);
+    if (rc == 0 && !e.out.p) {
+        e.out.p = sl_malloc(sizeof(int32_t), "token ids");
+        if (!e.out.p) rc = -1;
+    }
+    if (rc != 0) { free(e.out.p); return -1; }
+    *ids = e.out.p;
+    *n_ids = e.out.n;
+    return 0;
+}
+
+int sl_tokenizer_encode(const sl_tokenizer *t, const char *text, size_t len, int32_t **ids, size_t *n_ids) {
+    return encode_impl(t, text, len, 1, 0, ids, n_ids);
+}
+
+int sl_tokenizer_encode_ordinary(const sl_tokenizer *t, const char *text, size_t len, int32_t **ids,
+                                 size_t *n_ids) {
+    return encode_impl(t, text, len, 0, 0, ids, n_ids);
+}
+
+int sl_tokenizer_encode_special(const sl_tokenizer *t, const char *text, size_t len, int32_t **ids, size_t *n_ids) {
+    return encode_impl(t, text, len, 1, 1, ids, n_ids);
+}
+
+int sl_tokenizer_template(const sl_tokenizer *t, const int32_t **prefix, int *n_prefix, const int32_t **suffix,
+                          int *n_suffix) {
+    if (prefix) *prefix = t->prefix;
+    if (n_prefix) *n_prefix = t->n_prefix;
+    if (suffix) *suffix = t->suffix;
+    if (n_suffix) *n_suffix = t->n_suffix;
+    return t->n_prefix + t->n_suffix;
+}
+
+// ---------------------------------------------------------------- decoding
+
+const char *sl_tokenizer_token_bytes(const sl_tokenizer *t, int32_t id, size_t *len) {
+    if (id < 0 || id >= t->n_vocab) { *len = 0; return NULL; }
+    *len = t->dec_len[id];
+    return t->dec_bytes[id];
+}
+
+// The Metaspace decoder drops its replacement character wherever it stands in the first token (a
+// token holding it is neither a byte nor an added token). Writes that token into out; 0 if it does not
+// apply.
+static int first_token_drop(const sl_tokenizer *t, int32_t id, char *out, size_t *o) {
+    size_t rn = (size_t)t->first_drop_n, len = t->tok_len[id];
+    const char *s = t->tok_bytes[id];
+    if (!rn || !memmem(s, len, t->first_drop, rn)) return 0;
+    for (size_t i = 0; i < len;) {
+        if (i + rn <= len && memcmp(s + i, t->first_drop, rn) == 0) { i += rn; continue; }
+        out[(*o)++] = s[i++];
+    }
+    return 1;
+}
+
+int sl_tokenizer_decode(const sl_tokenizer *t, const int32_t *ids, size_t n, char **text, size_t *len) {
+    *text = NULL;
+    size_t total = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (ids[i] < 0 || ids[i] >= t->n_vocab)
+            return sl_errorf("decode: id %d at position %zu is outside the vocab [0, %d)", ids[i], i, t->n_vocab);
+        total += t->dec_len[ids[i]];
+    }
+    char *out = sl_malloc(total + 1, "decoded text");
+    if (!out) return -1;
+    size_t o = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (i == 0 && first_token_drop(t, ids[0], out, &o)) continue;
+        memcpy(out + o, t->dec_bytes[ids[i]], t->dec_len[ids[i]]);
+        o += t->dec_len[ids[i]];
+    }
+    size_t skip = 0;  // the decoder's Strip / Metaspace: leading spaces of the whole text
+    while (skip < (size_t)t->strip_left && skip < o && out[skip] == ' ') skip++;
+    memmove(out, out + skip, o - skip);
+    o -= skip;
+    out[o] = '\0';
+    *text = out;
+    if (len) *len = o;
+    return 0;
+}
