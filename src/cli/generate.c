@@ -27,9 +27,10 @@ static void usage(FILE *f) {
         "usage: shardlm generate --model PATH [flags]\n\n"
         "Samples text from a shardlm checkpoint (root or tag directory) or a Hugging Face model directory.\n\n"
         "  --model PATH          checkpoint root / tag directory / HF directory (default runs/demo)\n"
-        "  --tokenizer DIR       vocab.json + merges.txt (default: the model directory, else the tokenizer of\n"
-        "                        the data the checkpoint was trained on)\n"
-        "  --prompt TEXT         prompt (default: start from <|endoftext|>)\n"
+        "  --tokenizer DIR       tokenizer.json, or vocab.json + merges.txt (default: the model directory, else\n"
+        "                        the tokenizer of the data the checkpoint was trained on)\n"
+        "  --prompt TEXT         prompt, encoded as transformers' tokenizer(TEXT) (LLaMA's <s> first)\n"
+        "                        (default: start from the bos token, else <|endoftext|>)\n"
         "  --prompt-ids LIST     the prompt as comma-separated token ids instead of text; the tokenizer is\n"
         "                        then optional, and without one the new tokens are printed as ids\n"
         "  --max-new-tokens N    (default 128; 0 with --logits-out: the prompt's logits only)\n"
@@ -69,8 +70,11 @@ static int file_exists(const char *p) {
 static int load_tokenizer(sl_tokenizer **tok, const char *flag, const char *model_dir) {
     if (flag[0]) return sl_tokenizer_load_dir(tok, flag);
     char p[4400];
-    snprintf(p, sizeof p, "%s/vocab.json", model_dir);
-    if (file_exists(p)) return sl_tokenizer_load_dir(tok, model_dir);
+    static const char *const names[] = {"tokenizer.json", "vocab.json"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(p, sizeof p, "%s/%s", model_dir, names[i]);
+        if (file_exists(p)) return sl_tokenizer_load_dir(tok, model_dir);
+    }
     snprintf(p, sizeof p, "%s/trainer_state.json", model_dir);
     cJSON *root = NULL;
     if (file_exists(p) && !(root = sl_json_read_strict(p))) return -1;
@@ -85,7 +89,8 @@ static int load_tokenizer(sl_tokenizer **tok, const char *flag, const char *mode
         snprintf(p, sizeof p, "%s/tokenizer", data->valuestring);
         rc = sl_tokenizer_load_dir(tok, p);
     } else {
-        rc = sl_errorf("%s: no tokenizer found (pass --tokenizer DIR with vocab.json and merges.txt)", model_dir);
+        rc = sl_errorf("%s: no tokenizer found (pass --tokenizer DIR with tokenizer.json, or vocab.json and "
+                       "merges.txt)", model_dir);
     }
     cJSON_Delete(root);
     return rc;
@@ -246,7 +251,7 @@ int cmd_generate(int argc, char **argv) {
         goto done;
     size_t n = 0;
     if (have_prompt && prompt[0]) {
-        if (sl_tokenizer_encode(tok, prompt, strlen(prompt), &ids, &n)) goto done;
+        if (sl_tokenizer_encode_special(tok, prompt, strlen(prompt), &ids, &n)) goto done;
     }
     int n_prompt = n > 0 ? (int)n : 1;
     if (from_ids) n_prompt = (int)(strlen(prompt_id_list) / 2 + 1);
@@ -257,7 +262,8 @@ int cmd_generate(int argc, char **argv) {
     } else if (n > 0) {
         for (size_t i = 0; i < n; i++) prompt_ids[i] = ids[i];
     } else {
-        prompt_ids[0] = tok && sl_tokenizer_eot_id(tok) >= 0 ? sl_tokenizer_eot_id(tok) : 0;
+        prompt_ids[0] = tok && sl_tokenizer_bos_id(tok) >= 0   ? sl_tokenizer_bos_id(tok)
+                        : tok && sl_tokenizer_eot_id(tok) >= 0 ? sl_tokenizer_eot_id(tok) : 0;
     }
     sl_generate_config gc = {max_new, sc, (uint64_t)seed, stop_eot};
     int ctx = sl_config_context(&src.cfg);

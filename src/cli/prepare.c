@@ -1,7 +1,8 @@
 // prepare.c: `shardlm prepare`: text files -> token shards (+ the tokenizer they were made with).
 // Owns the document list, the split into train/val, and the output directory layout:
 //   OUT/train_000000.bin ...   OUT/val_000000.bin ...   (llm.c shards, see shard.h)
-//   OUT/tokenizer/vocab.json + merges.txt                 (the tokenizer used, copied or trained)
+//   OUT/tokenizer/vocab.json + merges.txt, or tokenizer.json (+ tokenizer_config.json)
+//                                                         (the tokenizer used, copied or trained)
 //   OUT/prepare.json                                      (what was done: inputs, counts, shard names)
 // Invariants: one input file is one document and every document is preceded by <|endoftext|>; the
 // documents are taken in sorted file-name order and the val documents are chosen by index alone, so the
@@ -38,7 +39,8 @@ static void usage(FILE *f) {
             "  --input PATH            a text file or a directory of .txt files (default ../shared/data/sotu)\n"
             "  --output DIR            where shards go (default data/sotu): DIR/train_000000.bin, DIR/val_000000.bin,\n"
             "                          DIR/tokenizer/{vocab.json,merges.txt}, DIR/prepare.json\n"
-            "  --tokenizer DIR         GPT-2 style tokenizer: vocab.json+merges.txt or encoder.json+vocab.bpe\n"
+            "  --tokenizer DIR         a Hugging Face tokenizer.json (+ tokenizer_config.json), or GPT-2's\n"
+            "                          vocab.json+merges.txt or encoder.json+vocab.bpe (e.g. a model directory)\n"
             "                          (default ../shared/data/gpt2)\n"
             "  --vocab F --merges F    tokenizer files given one by one\n"
             "  --train-tokenizer N     first train a byte-level BPE of N tokens on the input, into DIR/tokenizer\n"
@@ -186,6 +188,26 @@ static int copy_file(const char *from, const char *to) {
     return rc;
 }
 
+// OUT/tokenizer holds one tokenizer: files of the other kind a previous run left there would be read
+// instead (tokenizer.json comes first) or beside it.
+static void drop_stale_tokenizer(const char *tok_dir, int json, int has_cfg) {
+    const char *stale[3];
+    int n = 0;
+    if (json) {
+        stale[n++] = "vocab.json";
+        stale[n++] = "merges.txt";
+        if (!has_cfg) stale[n++] = "tokenizer_config.json";
+    } else {
+        stale[n++] = "tokenizer.json";
+        stale[n++] = "tokenizer_config.json";
+    }
+    char p[4200];
+    for (int i = 0; i < n; i++) {
+        snprintf(p, sizeof p, "%s/%s", tok_dir, stale[i]);
+        (void)unlink(p);
+    }
+}
+
 // Writes SPLIT_000000.bin ... and records their names in `names`; then removes older shards of this
 // split with higher numbers (left by a previous run), so the loader's glob sees only this run.
 static int write_split(const char *out, const char *split, const stream *s, long long per_shard, int vocab,
@@ -230,6 +252,7 @@ static int run(const prepare_args *a) {
         printf("prepare: training a %ld-token byte-level BPE into %s\n", a->train_vocab, tok_dir);
         if (sl_bpe_train((const char *const *)docs.texts, docs.lens, docs.n, (int)a->train_vocab, tok_dir, 1) != 0)
             goto done;
+        drop_stale_tokenizer(tok_dir, 0, 0);
         if (sl_tokenizer_load(&tok, vpath, mpath) != 0) goto done;
     } else {
         if (a->vocab) rc = sl_tokenizer_load(&tok, a->vocab, a->merges);
@@ -246,15 +269,30 @@ static int run(const prepare_args *a) {
                 snprintf(src_m, sizeof src_m, "%s/vocab.bpe", a->tokenizer_dir);
             }
         }
+        char src_j[4096], src_c[4096];  // a tokenizer.json is what sl_tokenizer_load_dir read, if there is one
+        snprintf(src_j, sizeof src_j, "%s/tokenizer.json", a->tokenizer_dir);
+        snprintf(src_c, sizeof src_c, "%s/tokenizer_config.json", a->tokenizer_dir);
+        int json = !a->vocab && access(src_j, R_OK) == 0, has_cfg = json && access(src_c, R_OK) == 0;
+        if (json) {
+            snprintf(src_v, sizeof src_v, "%s", src_j);
+            snprintf(src_m, sizeof src_m, "%s", has_cfg ? src_c : "(no tokenizer_config.json)");
+            snprintf(vpath, sizeof vpath, "%s/tokenizer.json", tok_dir);
+            snprintf(mpath, sizeof mpath, "%s/tokenizer_config.json", tok_dir);
+        }
         if (sl_mkdirs(tok_dir) != 0) goto done;
         struct stat s1, s2;  // copying a file onto itself (OUT/tokenizer given as --tokenizer) is a no-op
         int same = stat(src_v, &s1) == 0 && stat(vpath, &s2) == 0 && s1.st_ino == s2.st_ino && s1.st_dev == s2.st_dev;
-        if (!same && (copy_file(src_v, vpath) != 0 || copy_file(src_m, mpath) != 0)) goto done;
+        if (!same && (copy_file(src_v, vpath) != 0 || ((!json || has_cfg) && copy_file(src_m, mpath) != 0))) goto done;
+        if (!same) drop_stale_tokenizer(tok_dir, json, has_cfg);
         printf("prepare: tokenizer %s + %s (%d tokens) copied to %s\n", src_v, src_m, sl_tokenizer_vocab_size(tok),
                tok_dir);
     }
     int vocab = sl_tokenizer_vocab_size(tok), eot = sl_tokenizer_eot_id(tok);
-    if (eot < 0) { sl_errorf("%s: tokenizer has no <|endoftext|> token to separate documents", tok_dir); goto done; }
+    if (eot < 0) {
+        sl_errorf("%s: tokenizer has no end-of-text token to separate documents (expected <|endoftext|> or "
+                  "tokenizer_config.json's eos_token)", tok_dir);
+        goto done;
+    }
 
     ids = calloc(docs.n, sizeof *ids);
     n_ids = calloc(docs.n, sizeof *n_ids);
@@ -263,7 +301,7 @@ static int run(const prepare_args *a) {
     char fail_msg[2048] = "";
     #pragma omp parallel for schedule(dynamic, 1)
     for (size_t i = 0; i < docs.n; i++) {
-        if (sl_tokenizer_encode(tok, docs.texts[i], docs.lens[i], &ids[i], &n_ids[i]) != 0) {
+        if (sl_tokenizer_encode_special(tok, docs.texts[i], docs.lens[i], &ids[i], &n_ids[i]) != 0) {
             #pragma omp critical
             {
                 if (!failed) snprintf(fail_msg, sizeof fail_msg, "%s: %s", docs.paths[i], sl_error());

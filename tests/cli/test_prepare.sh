@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # test_prepare.sh: `shardlm prepare` end to end on a small temporary corpus: shard files and headers,
 # the tokenizer copy, prepare.json, sharding by --shard-tokens (and removal of stale shards),
-# determinism, --train-tokenizer, a single-file input, and bad inputs (missing path, empty directory,
+# determinism, --train-tokenizer, a single-file input, a Hugging Face tokenizer.json through prepare, train
+# and generate, and bad inputs (missing path, empty directory,
 # unreadable file, bad flags) exiting non-zero with a message. Prints PASS/FAIL lines for tests/run.sh.
 # Skips silently (exit 0) while "$SHARDLM_BIN" is not an executable.
 set -u
@@ -69,7 +70,28 @@ check reuse_trained_tokenizer cmp "$tmp/out_bpe/train_000000.bin" "$tmp/out_reus
 "$BIN" prepare --input "$tmp/corpus/doc7.txt" --output "$tmp/out_one" --vocab "$DATA/gpt2/encoder.json" --merges "$DATA/gpt2/vocab.bpe" >/dev/null 2>&1; rc=$?
 check single_file_input test $rc -eq 0 -a -s "$tmp/out_one/train_000000.bin" -a -s "$tmp/out_one/val_000000.bin"
 
-# 6. Bad inputs: non-zero exit and a message naming the problem.
+# 6. A Hugging Face tokenizer.json (LLaMA 2's SentencePiece BPE layout, ids checked against `tokenizers`
+# in test_tokenizer_json): copied with its tokenizer_config.json, each document as "</s> <s> ids" (the
+# eos separator, then tokenizer(doc)'s template), a tiny LLaMA trained on it and prompted with text.
+TJ=tests/fixtures/tokenizer_json/spm-llama2
+"$BIN" prepare --input "$tmp/corpus" --output "$tmp/out_tj" --tokenizer "$TJ" --val-fraction 0 >"$tmp/tj.txt" 2>&1; rc=$?
+check tokenizer_json_prepares test $rc -eq 0 -a -s "$tmp/out_tj/tokenizer/tokenizer.json" \
+  -a -s "$tmp/out_tj/tokenizer/tokenizer_config.json" -a ! -e "$tmp/out_tj/tokenizer/vocab.json"
+check tokenizer_json_eos_separates grep -q '"eot_id":[[:space:]]*2,' "$tmp/out_tj/prepare.json"
+first=$(od -An -t u2 -j 1024 -N 4 "$tmp/out_tj/train_000000.bin" | tr -s ' ')
+check tokenizer_json_document_starts_eos_bos test "$first" = " 2 1"
+"$BIN" train --model llama-tiny --data "$tmp/out_tj" --steps 2 --batch-size 2 --seq-len 32 --sample-tokens 4 \
+  --save-dir "$tmp/ck_tj" >"$tmp/tj_train.txt" 2>&1; rc=$?
+check tokenizer_json_trains test $rc -eq 0
+"$BIN" generate --model "$tmp/ck_tj" --prompt "Hello world" --max-new-tokens 0 --logits-out "$tmp/tj_logits.json" \
+  >"$tmp/tj_gen.txt" 2>&1; rc=$?
+check tokenizer_json_prompt_is_tokenizers_ids grep -q '"input_ids":[[:space:]]*\[1,[[:space:]]*623,[[:space:]]*310,[[:space:]]*366,[[:space:]]*320,[[:space:]]*344,[[:space:]]*359,[[:space:]]*467\]' "$tmp/tj_logits.json"
+"$BIN" prepare --input "$tmp/corpus" --output "$tmp/out_tj" --vocab "$DATA/gpt2/encoder.json" --merges "$DATA/gpt2/vocab.bpe" \
+  >/dev/null 2>&1; rc=$?
+check two_files_replace_a_tokenizer_json test $rc -eq 0 -a ! -e "$tmp/out_tj/tokenizer/tokenizer.json" \
+  -a ! -e "$tmp/out_tj/tokenizer/tokenizer_config.json" -a -s "$tmp/out_tj/tokenizer/vocab.json"
+
+# 7. Bad inputs: non-zero exit and a message naming the problem.
 expect_fail() {  # expect_fail NAME PATTERN ARGS...
   local name=$1 pattern=$2; shift 2
   "$BIN" prepare "$@" >"$tmp/bad.txt" 2>&1; local rc=$?
