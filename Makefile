@@ -14,7 +14,7 @@ CPPFLAGS := -Iinclude -Isrc -I$(BLAS_INC) $(MPI_CFLAGS)
 # (OpenBLAS, oneDNN) pick their kernels at run time either way.
 ARCH    ?= native
 OPT     ?= -O3 -march=$(ARCH) -fno-fast-math -fno-math-errno -fno-trapping-math
-LDLIBS  := -L$(BLAS_DIR) -Wl,-rpath,$(BLAS_DIR) -lopenblas -ldnnl -lcjson -lpcre2-8 $(MPI_LIBS) -lm
+LDLIBS  := -L$(BLAS_DIR) -Wl,-rpath,$(BLAS_DIR) -lopenblas -ldnnl -lcjson -lpcre2-8 -lutf8proc $(MPI_LIBS) -lm
 B       ?= build
 
 LIB_SRC  := $(shell find src -name '*.c' -not -path 'src/cli/*' | sort)

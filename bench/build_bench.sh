@@ -24,5 +24,5 @@ for prog in bench_train bench_gemm bench_decode; do
     # shellcheck disable=SC2086
     ${CC:-gcc} -Iinclude -Isrc -I"$BLAS_INC" $MPI_CFLAGS -std=c17 -Wall -Wextra -Werror -D_GNU_SOURCE -O3 \
         -march=native -fno-fast-math -fno-math-errno -fopenmp "bench/$prog.c" "$B/libshardlm.a" -o "$B/$prog" \
-        -L"$BLAS_DIR" -Wl,-rpath,"$BLAS_DIR" -lopenblas -ldnnl -lcjson -lpcre2-8 $MPI_LIBS $CUDA_LIBS -lm
+        -L"$BLAS_DIR" -Wl,-rpath,"$BLAS_DIR" -lopenblas -ldnnl -lcjson -lpcre2-8 -lutf8proc $MPI_LIBS $CUDA_LIBS -lm
 done

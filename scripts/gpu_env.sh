@@ -14,9 +14,10 @@
 
 gpu_deps_present() {
     [[ -f "${BLAS_INC:-/usr/include/x86_64-linux-gnu/openblas-openmp}/cblas.h" ]] && command -v mpicc >/dev/null &&
-        printf '#include <cjson/cJSON.h>\n#define PCRE2_CODE_UNIT_WIDTH 8\n#include <pcre2.h>\n#include <dnnl.h>\n' |
+        printf '#include <cjson/cJSON.h>\n#define PCRE2_CODE_UNIT_WIDTH 8\n#include <pcre2.h>\n#include <utf8proc.h>\n#include <dnnl.h>\n' |
             ${CC:-gcc} -E -x c - >/dev/null 2>&1 &&
-        ldconfig -p | grep -q 'libcjson.so ' && ldconfig -p | grep -q 'libpcre2-8.so ' && ldconfig -p | grep -q 'libdnnl.so '
+        ldconfig -p | grep -q 'libcjson.so ' && ldconfig -p | grep -q 'libpcre2-8.so ' && ldconfig -p | grep -q 'libutf8proc.so ' &&
+        ldconfig -p | grep -q 'libdnnl.so '
 }
 
 gpu_use_carried_deps() {  # gpu_use_carried_deps LOG
@@ -54,7 +55,7 @@ gpu_env_setup() {  # gpu_env_setup LOG
     local rc=0
     GPU_ENV_MSG="build dependencies present"
     if [[ -z "${GPU_ENV_DONE:-}" ]] && ! gpu_deps_present && ! gpu_use_carried_deps "$1"; then
-        GPU_ENV_MSG="missing build dependencies (OpenBLAS-openmp / cJSON / PCRE2 / Open MPI / oneDNN headers or libraries) and"
+        GPU_ENV_MSG="missing build dependencies (OpenBLAS-openmp / cJSON / PCRE2 / utf8proc / Open MPI / oneDNN headers or libraries) and"
         GPU_ENV_MSG+=" no carried .debs in ${GPU_DEPS_DIR:-build/gpu-deps} (make them with bench/gpu_deps.sh, carry that folder)"
         rc=1
     fi

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # scripts/setup.sh: installs the Debian packages shardlm builds against (compiler, OpenBLAS with
-# OpenMP threading, oneDNN, cJSON, PCRE2, Open MPI). Skips apt-get when everything is already present.
+# OpenMP threading, oneDNN, cJSON, PCRE2, utf8proc, Open MPI). Skips apt-get when everything is already present.
 set -eu
-pkgs="build-essential libopenblas-openmp-dev libcjson-dev libpcre2-dev libopenmpi-dev openmpi-bin libdnnl-dev"
+pkgs="build-essential libopenblas-openmp-dev libcjson-dev libpcre2-dev libutf8proc-dev libopenmpi-dev openmpi-bin libdnnl-dev"
 # clang with libFuzzer and its OpenMP runtime: the fuzz targets of `make test` (tests/fuzz)
 pkgs="$pkgs clang libclang-rt-dev libomp-dev"
 missing=""

@@ -9,6 +9,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <utf8proc.h>
 
 typedef struct { int32_t *p; size_t n, cap; } id_buf;
 
@@ -436,7 +437,32 @@ static int pre_run(encoder *e, int step, const char *p, size_t n, int at0) {
 
 // ---------------------------------------------------------------- normalizer and added tokens
 
-static int normalize(const sl_tokenizer *t, const char *p, size_t n, byte_buf *out) {
+// Unicode normalization (utf8proc) of each run of valid UTF-8; a byte that is not UTF-8 stays as it is
+// (Hugging Face never sees one: Python strings are Unicode).
+static int unicode_normalize(int options, const char *p, size_t n, byte_buf *out) {
+    for (size_t i = 0; i < n;) {
+        size_t j = i;
+        while (j < n) {
+            size_t cl = utf8_char_len(p + j, n - j);
+            if (cl == 1 && (unsigned char)p[j] >= 0x80) break;
+            j += cl;
+        }
+        if (j > i) {
+            utf8proc_uint8_t *dst = NULL;
+            utf8proc_ssize_t m = utf8proc_map((const utf8proc_uint8_t *)p + i, (utf8proc_ssize_t)(j - i), &dst,
+                                              (utf8proc_option_t)options);
+            int rc = m < 0 ? sl_errorf("normalizing text at byte %zu: %s", i, utf8proc_errmsg(m))
+                           : bytes_push(out, (const char *)dst, (size_t)m);
+            free(dst);
+            if (rc) return -1;
+        }
+        if (j < n && bytes_push(out, p + j, 1)) return -1;  // the byte that is not UTF-8
+        i = j < n ? j + 1 : n;
+    }
+    return 0;
+}
+
+static int normalize_into(const sl_tokenizer *t, const char *p, size_t n, byte_buf *out) {
     out->n = 0;
     if (bytes_push(out, p, n)) return -1;
     byte_buf tmp = {0};
@@ -447,6 +473,8 @@ static int normalize(const sl_tokenizer *t, const char *p, size_t n, byte_buf *o
         if (s->kind == NORM_PREPEND) {
             if (out->n == 0) continue;  // an empty text stays empty
             rc = bytes_push(&tmp, s->to, s->to_n) || bytes_push(&tmp, out->p, out->n) ? -1 : 0;
+        } else if (s->kind == NORM_UNICODE) {
+            rc = unicode_normalize(s->unicode, out->p, out->n, &tmp);
         } else {
             for (size_t i = 0; i < out->n && rc == 0;) {
                 if (s->from_n && i + s->from_n <= out->n && memcmp(out->p + i, s->from, s->from_n) == 0) {
@@ -462,6 +490,15 @@ static int normalize(const sl_tokenizer *t, const char *p, size_t n, byte_buf *o
     }
     free(tmp.p);
     return rc;
+}
+
+int tok_normalize(const sl_tokenizer *t, const char *p, size_t n, char **out, size_t *out_n) {
+    byte_buf b = {0};
+    if (normalize_into(t, p, n, &b) || bytes_push(&b, "", 0)) { free(b.p); return -1; }
+    b.p[b.n] = '\0';
+    *out = b.p;
+    *out_n = b.n;
+    return 0;
 }
 
 // Rust's char::is_whitespace, on the UTF-8 character at p (length in *cl).
@@ -529,7 +566,7 @@ static int encode_normalized(encoder *e, const char *p, size_t n, int at0, int w
 static int encode_segment(encoder *e, byte_buf *norm, const char *p, size_t n, int at0, int with_special) {
     if (n == 0) return 0;
     if (e->tok->n_norm == 0) return encode_normalized(e, p, n, at0, with_special);
-    if (normalize(e->tok, p, n, norm)) return -1;
+    if (normalize_into(e->tok, p, n, norm)) return -1;
     return encode_normalized(e, norm->p, norm->n, at0, with_special);
 }
 

@@ -31,9 +31,10 @@ typedef struct {
     int special, normalized, lstrip, rstrip;
 } tok_added;
 
-enum { NORM_PREPEND, NORM_REPLACE };
+enum { NORM_PREPEND, NORM_REPLACE, NORM_UNICODE };
 typedef struct {
     int kind;
+    int unicode;      // UNICODE: utf8proc's options for NFC / NFD / NFKC / NFKD
     char *from, *to;  // PREPEND: to = the prefix; REPLACE: from -> to (literal strings)
     size_t from_n, to_n;
 } tok_norm;
@@ -115,5 +116,7 @@ pcre2_code *tok_gpt2_regex(void);
 void tok_init_byte_tables(void);
 
 int tok_load_json(sl_tokenizer *t, const char *path, const char *config_path);
+// Runs the normalizer's steps over p[0, n): a malloc'd result in *out (*out_n bytes, NUL after them).
+int tok_normalize(const sl_tokenizer *t, const char *p, size_t n, char **out, size_t *out_n);
 
 #endif

@@ -2,7 +2,8 @@
 // tokenizers read) for BPE models: GPT-2, LLaMA 3, Qwen-style byte-level BPE and the SentencePiece BPE
 // of LLaMA 2 / Mistral as transformers converts it (character symbols, byte_fallback, the "▁" space).
 // What is read: model (BPE: vocab, merges as "A B" strings or [A, B] pairs, byte_fallback, unk_token,
-// fuse_unk, ignore_merges), added_tokens, normalizer (Prepend, Replace with a string, Sequence),
+// fuse_unk, ignore_merges), added_tokens, normalizer (NFC / NFD / NFKC / NFKD through utf8proc,
+// Prepend, Replace with a string, Sequence),
 // pre_tokenizer (ByteLevel, Split, Metaspace, Digits, Sequence), post_processor (TemplateProcessing's
 // single template, ByteLevel, Sequence) and decoder (ByteLevel, Metaspace, Replace with a string,
 // ByteFallback, Fuse, Strip of leading spaces, Sequence). Anything else is refused by name rather
@@ -14,6 +15,7 @@
 
 #include <cjson/cJSON.h>
 #include <math.h>
+#include <utf8proc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -100,6 +102,16 @@ static int read_normalizer(loader *L, const cJSON *o, const char *where) {
         const char *p = string_field(L, o, "prepend", where);
         return p ? add_norm(L, NORM_PREPEND, NULL, p) : -1;
     }
+    static const struct { const char *name; int options; } forms[] = {
+        {"NFC", UTF8PROC_STABLE | UTF8PROC_COMPOSE}, {"NFD", UTF8PROC_STABLE | UTF8PROC_DECOMPOSE},
+        {"NFKC", UTF8PROC_STABLE | UTF8PROC_COMPOSE | UTF8PROC_COMPAT},
+        {"NFKD", UTF8PROC_STABLE | UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT}};
+    for (int i = 0; i < 4; i++) {
+        if (strcmp(ty, forms[i].name) != 0) continue;
+        if (add_norm(L, NORM_UNICODE, NULL, "")) return -1;
+        L->t->norm[L->t->n_norm - 1].unicode = forms[i].options;
+        return 0;
+    }
     if (strcmp(ty, "Replace") == 0) {
         int is_regex;
         const char *from = pattern_of(L, o, where, &is_regex);
@@ -110,9 +122,9 @@ static int read_normalizer(loader *L, const cJSON *o, const char *where) {
                              "non-empty String)", L->path, where, is_regex ? "Regex" : "empty");
         return add_norm(L, NORM_REPLACE, from, to);
     }
-    return sl_errorf("%s: %s: normalizer \"%s\" is not supported (supported: Prepend, Replace with a String "
-                     "pattern, Sequence of them); its text would not be encoded as Hugging Face does", L->path,
-                     where, ty);
+    return sl_errorf("%s: %s: normalizer \"%s\" is not supported (supported: NFC, NFD, NFKC, NFKD, Prepend, "
+                     "Replace with a String pattern, Sequence of them); its text would not be encoded as Hugging "
+                     "Face does", L->path, where, ty);
 }
 
 // ---------------------------------------------------------------- pre-tokenizer
@@ -652,29 +664,12 @@ static int normalize_added(sl_tokenizer *t) {
     for (int i = 0; i < t->n_added && t->n_norm; i++) {
         tok_added *a = &t->added[i];
         if (!a->normalized) continue;
-        for (int k = 0; k < t->n_norm; k++) {
-            const tok_norm *s = &t->norm[k];
-            size_t cap = a->len * (s->to_n + 1) + s->to_n + 1, o = 0;
-            char *out = sl_malloc(cap, "added token");
-            if (!out) return -1;
-            if (s->kind == NORM_PREPEND) {
-                memcpy(out, s->to, s->to_n);
-                memcpy(out + s->to_n, a->content, a->len);
-                o = s->to_n + a->len;
-            } else {
-                for (size_t j = 0; j < a->len;) {
-                    if (j + s->from_n <= a->len && memcmp(a->content + j, s->from, s->from_n) == 0) {
-                        memcpy(out + o, s->to, s->to_n);
-                        o += s->to_n;
-                        j += s->from_n;
-                    } else out[o++] = a->content[j++];
-                }
-            }
-            out[o] = '\0';
-            free(a->content);
-            a->content = out;
-            a->len = (uint32_t)o;
-        }
+        char *out;
+        size_t n;
+        if (tok_normalize(t, a->content, a->len, &out, &n)) return -1;
+        free(a->content);
+        a->content = out;
+        a->len = (uint32_t)n;
     }
     return 0;
 }

@@ -24,7 +24,7 @@ case "$bdir" in
   *asan*) flags="$flags -O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined" ;;
   *) flags="$flags -O2" ;;
 esac
-libs="-L$BLAS_DIR -Wl,-rpath,$BLAS_DIR -lopenblas -lcjson -lpcre2-8 $(mpicc --showme:link) -lm"
+libs="-L$BLAS_DIR -Wl,-rpath,$BLAS_DIR -lopenblas -lcjson -lpcre2-8 -lutf8proc $(mpicc --showme:link) -lm"
 progs="test_comm_mpi test_comm_v_mpi"
 for prog in $progs; do
   # shellcheck disable=SC2086

@@ -117,7 +117,7 @@ MPI_CFLAGS=${MPI_CFLAGS-$(mpicc --showme:compile 2>/dev/null)}
 MPI_LIBS=${MPI_LIBS-$(mpicc --showme:link 2>/dev/null)}
 flags="-std=c17 -Wall -Wextra -Werror -D_GNU_SOURCE -fopenmp -g -O1 -Iinclude -Isrc -I$BLAS_INC $MPI_CFLAGS"
 grep -q ' U __asan_' "$tmp/nm.txt" && flags="$flags -fsanitize=address,undefined"  # the ASan build's library
-libs="-L$BLAS_DIR -Wl,-rpath,$BLAS_DIR -lopenblas -ldnnl -lcjson -lpcre2-8 $MPI_LIBS -L$CUDA_HOME/lib64 -lcudart_static -ldl -lrt -lpthread -lstdc++ -lm"
+libs="-L$BLAS_DIR -Wl,-rpath,$BLAS_DIR -lopenblas -ldnnl -lcjson -lpcre2-8 -lutf8proc $MPI_LIBS -L$CUDA_HOME/lib64 -lcudart_static -ldl -lrt -lpthread -lstdc++ -lm"
 # shellcheck disable=SC2086
 check cuda_table_program_links ${CC:-gcc} $flags "$tmp/table.c" "$lib" -o "$tmp/table" $libs
 gpu_arg=nogpu

@@ -13,5 +13,5 @@ done
 rm -rf build/gpu-data
 mkdir -p build/gpu-data
 cp -r "$src/sotu" "$src/gpt2" build/gpu-data/
-ls build/gpu-deps/libdnnl2_*.deb >/dev/null 2>&1 || bash bench/gpu_deps.sh build/gpu-deps >/dev/null
+{ ls build/gpu-deps/libdnnl2_*.deb && ls build/gpu-deps/libutf8proc2_*.deb; } >/dev/null 2>&1 || bash bench/gpu_deps.sh build/gpu-deps >/dev/null
 du -sh build/gpu-data build/gpu-deps

