@@ -328,6 +328,7 @@ static int read_added(loader *L, const cJSON *list, int *max_id) {
         const char *content = cJSON_IsObject(a) ? string_field(L, a, "content", w) : NULL;
         if (!content) return cJSON_IsObject(a) ? -1 : sl_errorf("%s: %s: expected an object", L->path, w);
         if (sl_json_get_int(a, "id", &id, 1, 0, w)) return sl_error_context("%s", L->path);
+        if (id >= 1 << 30) return sl_errorf("%s: %s: id %d is beyond any vocabulary (expected below 2^30)", L->path, w, id);
         int special = bool_field(L, a, "special", 0, w), norm = bool_field(L, a, "normalized", 1, w);
         int ls = bool_field(L, a, "lstrip", 0, w), rs = bool_field(L, a, "rstrip", 0, w);
         int sw = bool_field(L, a, "single_word", 0, w);

@@ -246,6 +246,7 @@ TEST(unsupported_or_broken_files_are_refused_by_name) {
                   (const char *const[]){"post_processor", "5000", NULL}));
     CHECK(refused("\"added_tokens\"", "\"added_tokens\": 7, \"x\"", (const char *const[]){"added_tokens", "array", NULL}));
     CHECK(refused("{", "[", (const char *const[]){"tokenizer.json", NULL}));
+    CHECK(refused("\"id\": 2,", "\"id\": 2147483647,", (const char *const[]){"added_tokens[2]", "2147483647", NULL}));
     char path[512];
     snprintf(path, sizeof path, "%s/tokenizer.json", tmp);
     unlink(path);
