@@ -200,6 +200,8 @@ void sl_tokenizer_free(sl_tokenizer *t) {
     free(t->tok_len);
     free(t->dec_bytes);
     free(t->dec_len);
+    free(t->first_bytes);
+    free(t->first_len);
     free(t->bytes_pool);
     free(t->dec_pool);
     free(t->tok_names);
@@ -220,6 +222,12 @@ void sl_tokenizer_free(sl_tokenizer *t) {
     free(t);
 }
 
+void tok_index_added(sl_tokenizer *t) {
+    memset(t->added_first, 0, sizeof t->added_first);
+    for (int i = 0; i < t->n_added; i++)
+        if (t->added[i].len) t->added_first[(unsigned char)t->added[i].content[0]] = 1;
+}
+
 int tok_merges_alloc(sl_tokenizer *t, size_t n) {
     t->merge_cap = tok_pow2_at_least(n * 2 + 1);
     t->merge_keys = sl_malloc(t->merge_cap * sizeof(uint64_t), "merge table");
@@ -233,11 +241,9 @@ int tok_merges_alloc(sl_tokenizer *t, size_t n) {
 void tok_merge_add(sl_tokenizer *t, int a, int b, int m) {
     uint64_t key = (uint64_t)(uint32_t)a << 32 | (uint32_t)b;
     size_t s = tok_merge_slot(t, key);
-    if (t->merge_keys[s] == UINT64_MAX) {
-        t->merge_keys[s] = key;
-        t->merge_rank[s] = t->n_merges;
-        t->merge_id[s] = m;
-    }
+    t->merge_keys[s] = key;  // a merge listed twice keeps its last rank, as tokenizers' map does
+    t->merge_rank[s] = t->n_merges;
+    t->merge_id[s] = m;
     t->n_merges++;
 }
 
@@ -390,6 +396,7 @@ static int gpt2_pipeline(sl_tokenizer *t) {
     memcpy(c, SL_EOT_STRING, sizeof SL_EOT_STRING);
     t->added[0] = (tok_added){.content = c, .len = sizeof SL_EOT_STRING - 1, .id = t->eot_id, .special = 1};
     t->n_added = 1;
+    tok_index_added(t);
     return 0;
 }
 

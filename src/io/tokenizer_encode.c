@@ -162,29 +162,34 @@ static int word_symbols(encoder *e, const char *p, size_t n, size_t *count) {
             if (sym_push(e, count, t->byte_id[(unsigned char)p[i]])) return -1;
         return 0;
     }
-    int last_unk = 0;
+    int pending_unk = 0;  // tokenizers holds an unknown back until a vocab character (or the end) comes,
+                          // fusing later ones into it, while byte-fallback tokens go out at once
     for (size_t i = 0; i < n;) {
         size_t cl = utf8_char_len(p + i, n - i);
         int id = tok_vocab_find(t, p + i, cl);
         int fallback = id < 0 && t->byte_fallback;
         for (size_t k = 0; fallback && k < cl; k++) fallback = t->byte_id[(unsigned char)p[i + k]] >= 0;
-        if (id >= 0 || fallback) {
-            for (size_t k = 0; k < (id >= 0 ? 1 : cl); k++)
-                if (sym_push(e, count, id >= 0 ? id : t->byte_id[(unsigned char)p[i + k]])) return -1;
-            last_unk = 0;
-        } else if (t->unk_id >= 0 && !(t->fuse_unk && last_unk)) {
-            if (sym_push(e, count, t->unk_id)) return -1;
-            last_unk = 1;
+        if (id >= 0) {
+            if (pending_unk && sym_push(e, count, t->unk_id)) return -1;
+            pending_unk = 0;
+            if (sym_push(e, count, id)) return -1;
+        } else if (fallback) {
+            for (size_t k = 0; k < cl; k++)
+                if (sym_push(e, count, t->byte_id[(unsigned char)p[i + k]])) return -1;
+        } else if (t->unk_id >= 0) {
+            if (pending_unk && !t->fuse_unk && sym_push(e, count, t->unk_id)) return -1;
+            pending_unk = 1;
         }
         i += cl;
     }
+    if (pending_unk && sym_push(e, count, t->unk_id)) return -1;
     return 0;
 }
 
 // A short word (most of them) is merged by rescanning its pairs after each merge, which looks up
-// fewer distinct pairs than the heap; the same merges in the same order: the lowest rank, every
-// occurrence left to right (a pair's occurrences are consecutive in the heap's order too, since a
-// merge never creates a pair of lower rank than its own in a BPE vocabulary).
+// fewer distinct pairs than the heap; the same merges in the same order: each time the leftmost pair
+// of the lowest rank (a merge may make a pair of lower rank than the next occurrence of its own:
+// merges converted from SentencePiece do).
 enum { SHORT_WORD = 48 };
 static int merge_short(encoder *e, size_t len) {
     const sl_tokenizer *t = e->tok;
@@ -192,22 +197,18 @@ static int merge_short(encoder *e, size_t len) {
     for (size_t i = 0; i < len; i++) s[i] = e->sym[i].id;
     while (len > 1) {
         int32_t best_rank = INT32_MAX, best_id = -1;
-        uint64_t best_key = 0;
+        size_t at = 0;
         for (size_t i = 0; i + 1 < len; i++) {
             uint64_t key = (uint64_t)(uint32_t)s[i] << 32 | (uint32_t)s[i + 1];
             size_t slot = tok_merge_slot(t, key);
             if (t->merge_keys[slot] == key && t->merge_rank[slot] < best_rank) {
-                best_rank = t->merge_rank[slot]; best_id = t->merge_id[slot]; best_key = key;
+                best_rank = t->merge_rank[slot]; best_id = t->merge_id[slot]; at = i;
             }
         }
         if (best_id < 0) break;
-        int32_t a = (int32_t)(best_key >> 32), b = (int32_t)(uint32_t)best_key;
-        size_t w = 0;
-        for (size_t i = 0; i < len;) {
-            if (i + 1 < len && s[i] == a && s[i + 1] == b) { s[w++] = best_id; i += 2; }
-            else s[w++] = s[i++];
-        }
-        len = w;
+        s[at] = best_id;
+        memmove(s + at + 1, s + at + 2, (len - at - 2) * sizeof *s);
+        len--;
     }
     return id_push(&e->scratch, s, len);
 }
@@ -312,14 +313,27 @@ static int regex_spans(encoder *e, const pcre2_code *re, const char *text, size_
     return prev < len ? span_push(out, prev, len, 0) : 0;
 }
 
-// Digits: each ASCII digit a match.
+// The UTF-8 character at p: its length (1 for a byte that is not UTF-8, then *cp = -1).
+static size_t next_char(const char *p, size_t n, utf8proc_int32_t *cp) {
+    utf8proc_ssize_t l = utf8proc_iterate((const utf8proc_uint8_t *)p, (utf8proc_ssize_t)n, cp);
+    if (l > 0) return (size_t)l;
+    *cp = -1;
+    return 1;
+}
+
+// Digits: each numeric character a match (Rust's char::is_numeric: categories Nd, Nl, No).
 static int digit_spans(const char *text, size_t len, span_buf *out) {
     size_t prev = 0;
-    for (size_t i = 0; i < len; i++) {
-        if (text[i] < '0' || text[i] > '9') continue;
-        if (i > prev && span_push(out, prev, i, 0)) return -1;
-        if (span_push(out, i, i + 1, 1)) return -1;
-        prev = i + 1;
+    for (size_t i = 0; i < len;) {
+        utf8proc_int32_t cp;
+        size_t cl = next_char(text + i, len - i, &cp);
+        utf8proc_category_t c = cp < 0 ? UTF8PROC_CATEGORY_CN : utf8proc_category(cp);
+        if (c == UTF8PROC_CATEGORY_ND || c == UTF8PROC_CATEGORY_NL || c == UTF8PROC_CATEGORY_NO) {
+            if (i > prev && span_push(out, prev, i, 0)) return -1;
+            if (span_push(out, i, i + cl, 1)) return -1;
+            prev = i + cl;
+        }
+        i += cl;
     }
     return prev < len ? span_push(out, prev, len, 0) : 0;
 }
@@ -443,8 +457,9 @@ static int unicode_normalize(int options, const char *p, size_t n, byte_buf *out
     for (size_t i = 0; i < n;) {
         size_t j = i;
         while (j < n) {
-            size_t cl = utf8_char_len(p + j, n - j);
-            if (cl == 1 && (unsigned char)p[j] >= 0x80) break;
+            utf8proc_int32_t cp;
+            size_t cl = next_char(p + j, n - j, &cp);
+            if (cp < 0) break;
             j += cl;
         }
         if (j > i) {
@@ -529,57 +544,65 @@ static size_t space_after(const char *p, size_t at, size_t len) {
     return e;
 }
 
-// The leftmost added token in p[from, len) (the longest at that place) of the stage's kind; SIZE_MAX if
-// none. *s, *e: the text it takes (with lstrip / rstrip's whitespace).
-static int find_added(const sl_tokenizer *t, const char *p, size_t from, size_t len, int normalized_stage,
-                      int with_special, size_t *s, size_t *e) {
+// The leftmost added token of the stage (0: matched in the raw text, 1: `normalized` ones, matched in
+// the normalized text) in p[from, len), the longest at that place; -1 if none. *s, *e: the text it takes
+// (with lstrip / rstrip's whitespace, not before `floor`).
+static int find_added(const sl_tokenizer *t, const char *p, size_t floor, size_t from, size_t len, int stage,
+                      size_t *s, size_t *e) {
     for (size_t i = from; i < len; i++) {
+        if (!t->added_first[(unsigned char)p[i]]) continue;
         int best = -1;
         for (int k = 0; k < t->n_added; k++) {
             const tok_added *a = &t->added[k];
-            int stage = t->n_norm > 0 && a->normalized;
-            if (stage != normalized_stage || (a->special && !with_special) || a->len == 0) continue;
-            if ((unsigned char)a->content[0] != (unsigned char)p[i] || a->len > len - i) continue;
+            if (a->normalized != stage || (unsigned char)a->content[0] != (unsigned char)p[i] || a->len > len - i)
+                continue;
             if (memcmp(p + i, a->content, a->len) != 0) continue;
             if (best < 0 || a->len > t->added[best].len) best = k;
         }
         if (best < 0) continue;
         const tok_added *a = &t->added[best];
-        *s = a->lstrip ? space_before(p, from, i) : i;
+        *s = a->lstrip ? space_before(p, floor, i) : i;
         *e = a->rstrip ? space_after(p, i + a->len, len) : i + a->len;
         return best;
     }
     return -1;
 }
 
-static int encode_normalized(encoder *e, const char *p, size_t n, int at0, int with_special) {
-    size_t from = 0, s, end;
+typedef int (*segment_fn)(encoder *e, byte_buf *norm, const char *p, size_t n, int at0, int with_special);
+
+// Cuts the stage's added tokens out of p[0, n): each becomes its id, the text between goes to `rest`.
+// Without with_special a special token's match stays in the text (tokenizers matches every added token
+// and then leaves the special ones as text, so no other token is found inside one).
+static int split_added(encoder *e, byte_buf *norm, const char *p, size_t n, int at0, int with_special, int stage,
+                       segment_fn rest) {
+    size_t seg = 0, from = 0, s, end;
     int k;
-    while ((k = find_added(e->tok, p, from, n, 1, with_special, &s, &end)) >= 0) {
-        if (s > from && pre_run(e, 0, p + from, s - from, at0 && from == 0)) return -1;
-        if (id_push(&e->out, &e->tok->added[k].id, 1)) return -1;
+    while ((k = find_added(e->tok, p, seg, from, n, stage, &s, &end)) >= 0) {
         from = end;
+        if (e->tok->added[k].special && !with_special) continue;
+        if (s > seg && rest(e, norm, p + seg, s - seg, at0 && seg == 0, with_special)) return -1;
+        if (id_push(&e->out, &e->tok->added[k].id, 1)) return -1;
+        seg = end;
     }
-    return from < n ? pre_run(e, 0, p + from, n - from, at0 && from == 0) : 0;
+    return seg < n ? rest(e, norm, p + seg, n - seg, at0 && seg == 0, with_special) : 0;
+}
+
+static int pre_segment(encoder *e, byte_buf *norm, const char *p, size_t n, int at0, int with_special) {
+    (void)norm;
+    (void)with_special;
+    return pre_run(e, 0, p, n, at0);
 }
 
 static int encode_segment(encoder *e, byte_buf *norm, const char *p, size_t n, int at0, int with_special) {
     if (n == 0) return 0;
-    if (e->tok->n_norm == 0) return encode_normalized(e, p, n, at0, with_special);
+    if (e->tok->n_norm == 0) return split_added(e, NULL, p, n, at0, with_special, 1, pre_segment);
     if (normalize_into(e->tok, p, n, norm)) return -1;
-    return encode_normalized(e, norm->p, norm->n, at0, with_special);
+    return split_added(e, NULL, norm->p, norm->n, at0, with_special, 1, pre_segment);
 }
 
 static int encode_text(encoder *e, const char *text, size_t len, int with_special) {
     byte_buf norm = {0};
-    size_t from = 0, s, end;
-    int k, rc = 0;
-    while (rc == 0 && (k = find_added(e->tok, text, from, len, 0, with_special, &s, &end)) >= 0) {
-        rc = encode_segment(e, &norm, text + from, s - from, from == 0, with_special);
-        if (rc == 0) rc = id_push(&e->out, &e->tok->added[k].id, 1);
-        from = end;
-    }
-    if (rc == 0) rc = encode_segment(e, &norm, text + from, len - from, from == 0, with_special);
+    int rc = split_added(e, &norm, text, len, 1, with_special, 0, encode_segment);
     free(norm.p);
     return rc;
 }
@@ -639,35 +662,23 @@ const char *sl_tokenizer_token_bytes(const sl_tokenizer *t, int32_t id, size_t *
     return t->dec_bytes[id];
 }
 
-// The Metaspace decoder drops its replacement character wherever it stands in the first token (a
-// token holding it is neither a byte nor an added token). Writes that token into out; 0 if it does not
-// apply.
-static int first_token_drop(const sl_tokenizer *t, int32_t id, char *out, size_t *o) {
-    size_t rn = (size_t)t->first_drop_n, len = t->tok_len[id];
-    const char *s = t->tok_bytes[id];
-    if (!rn || !memmem(s, len, t->first_drop, rn)) return 0;
-    for (size_t i = 0; i < len;) {
-        if (i + rn <= len && memcmp(s + i, t->first_drop, rn) == 0) { i += rn; continue; }
-        out[(*o)++] = s[i++];
-    }
-    return 1;
-}
-
 int sl_tokenizer_decode(const sl_tokenizer *t, const int32_t *ids, size_t n, char **text, size_t *len) {
     *text = NULL;
     size_t total = 0;
     for (size_t i = 0; i < n; i++) {
         if (ids[i] < 0 || ids[i] >= t->n_vocab)
             return sl_errorf("decode: id %d at position %zu is outside the vocab [0, %d)", ids[i], i, t->n_vocab);
-        total += t->dec_len[ids[i]];
+        total += (i == 0 && t->first_len ? t->first_len[ids[0]] : t->dec_len[ids[i]]) + (size_t)t->join_space;
     }
     char *out = sl_malloc(total + 1, "decoded text");
     if (!out) return -1;
     size_t o = 0;
     for (size_t i = 0; i < n; i++) {
-        if (i == 0 && first_token_drop(t, ids[0], out, &o)) continue;
-        memcpy(out + o, t->dec_bytes[ids[i]], t->dec_len[ids[i]]);
-        o += t->dec_len[ids[i]];
+        if (i && t->join_space) out[o++] = ' ';
+        int first = i == 0 && t->first_len;
+        memcpy(out + o, first ? t->first_bytes[ids[0]] : t->dec_bytes[ids[i]],
+               first ? t->first_len[ids[0]] : t->dec_len[ids[i]]);
+        o += first ? t->first_len[ids[0]] : t->dec_len[ids[i]];
     }
     size_t skip = 0;  // the decoder's Strip / Metaspace: leading spaces of the whole text
     while (skip < (size_t)t->strip_left && skip < o && out[skip] == ' ') skip++;

@@ -75,6 +75,7 @@ struct sl_tokenizer {
     pcre2_code *re;        // GPT-2's pre-tokenisation regex
     tok_added *added;      // (n_added)
     int n_added;
+    unsigned char added_first[256];  // 1 for each byte an added token starts with (tok_index_added)
     tok_norm *norm;        // (n_norm) the normalizer's steps in order
     int n_norm;
     tok_pre *pre;          // (n_pre) the pre-tokenizer's steps in order
@@ -82,8 +83,10 @@ struct sl_tokenizer {
     int32_t *prefix, *suffix;  // the post-processor's ids around a single sequence
     int n_prefix, n_suffix;
     int strip_left;        // the decoder removes this many leading spaces from the decoded text
-    char first_drop[8];    // Metaspace decoder: the replacement, dropped wherever it is in the first token
-    int first_drop_n;
+    int join_space;        // no decoder: tokens are joined with spaces (as tokenizers does)
+    int first_drop_n;      // Metaspace decoder: its replacement is dropped wherever it is in the first token,
+    char **first_bytes;    // (n_vocab, when first_drop_n) so a text's first token decodes to this form
+    uint32_t *first_len;
 };
 
 uint64_t tok_hash_bytes(const char *p, size_t n);
@@ -105,7 +108,7 @@ static inline size_t tok_merge_slot(const sl_tokenizer *t, uint64_t key) {
 }
 // Allocates the merge table for up to `n` merges (all slots empty).
 int tok_merges_alloc(sl_tokenizer *t, size_t n);
-// Records merge (a, b) -> m at the next rank; a duplicate keeps its first (best) rank.
+// Records merge (a, b) -> m at the next rank; a merge listed again takes the later rank.
 void tok_merge_add(sl_tokenizer *t, int a, int b, int m);
 // Decodes a string of bytes_to_unicode code points into raw bytes (out: capacity >= n); -1 if s holds
 // something else (then *bad_at / *bad_cp say where and what, -1: invalid UTF-8).
@@ -116,6 +119,8 @@ pcre2_code *tok_gpt2_regex(void);
 void tok_init_byte_tables(void);
 
 int tok_load_json(sl_tokenizer *t, const char *path, const char *config_path);
+// Fills added_first once the added tokens are final.
+void tok_index_added(sl_tokenizer *t);
 // Runs the normalizer's steps over p[0, n): a malloc'd result in *out (*out_n bytes, NUL after them).
 int tok_normalize(const sl_tokenizer *t, const char *p, size_t n, char **out, size_t *out_n);
 

@@ -25,8 +25,8 @@ typedef struct {
     const char *path;
     int has_byte_level;              // a ByteLevel pre-tokenizer or decoder: byte-level symbols
     int dec_byte_fallback;           // the decoder turns <0xXX> into the byte
-    char *dec_from[4], *dec_to[4];   // the decoder's Replace / Metaspace steps (literal strings)
-    int n_dec_replace;
+    char *dec_from, *dec_to;         // the decoder's one Replace or Metaspace step (literal strings)
+    int dec_fused;                   // a Fuse step came: a Strip after it strips the whole text
 } loader;
 
 static const char *type_of(const cJSON *o) {
@@ -164,7 +164,9 @@ static int metaspace_replacement(const loader *L, const cJSON *o, const char *wh
     const char *r = string_field(L, o, "replacement", where);
     if (!r) return -1;
     size_t len = strlen(r);
-    if (len == 0 || len > 4) return sl_errorf("%s: %s.replacement: expected one character", L->path, where);
+    utf8proc_int32_t cp;
+    if (len == 0 || len > 4 || utf8proc_iterate((const utf8proc_uint8_t *)r, (utf8proc_ssize_t)len, &cp) != (utf8proc_ssize_t)len)
+        return sl_errorf("%s: %s.replacement: expected one character", L->path, where);
     memcpy(out, r, len);
     *n = (int)len;
     return 0;
@@ -185,6 +187,9 @@ static int read_pre(loader *L, const cJSON *o, const char *where) {
         }
         return 0;
     }
+    if (L->t->n_pre && L->t->pre[L->t->n_pre - 1].kind == PRE_BYTE_LEVEL)
+        return sl_errorf("%s: %s: a pre-tokenizer step after ByteLevel is not supported (it would see ByteLevel's "
+                         "characters)", L->path, where);
     if (strcmp(ty, "ByteLevel") == 0) {
         int aps = bool_field(L, o, "add_prefix_space", 0, where), rx = bool_field(L, o, "use_regex", 1, where);
         if (aps < 0 || rx < 0) return -1;
@@ -212,6 +217,11 @@ static int read_pre(loader *L, const cJSON *o, const char *where) {
             if (!re) sl_errorf("compiling %s failed", what);
         }
         if (!re) return -1;
+        uint32_t min_len = 1;
+        if (pcre2_pattern_info(re, PCRE2_INFO_MINLENGTH, &min_len) != 0 || min_len == 0) {
+            pcre2_code_free(re);
+            return sl_errorf("%s: %s.pattern may match empty text, which is not supported", L->path, where);
+        }
         tok_pre *p = add_pre(L, PRE_SPLIT);
         if (!p) { pcre2_code_free(re); return -1; }
         p->re = re;
@@ -245,12 +255,15 @@ static int read_pre(loader *L, const cJSON *o, const char *where) {
 // ---------------------------------------------------------------- decoder
 
 static int add_dec_replace(loader *L, const char *from, const char *to, const char *where) {
-    if (L->n_dec_replace == 4) return sl_errorf("%s: %s: more than 4 Replace steps in the decoder", L->path, where);
+    if (L->dec_from) return sl_errorf("%s: %s: a second Replace / Metaspace step in the decoder is not supported",
+                                      L->path, where);
     if (!from[0]) return sl_errorf("%s: %s: an empty Replace pattern", L->path, where);
-    L->dec_from[L->n_dec_replace] = dup_str(from);
-    L->dec_to[L->n_dec_replace] = dup_str(to);
-    L->n_dec_replace++;
-    return L->dec_from[L->n_dec_replace - 1] && L->dec_to[L->n_dec_replace - 1] ? 0 : -1;
+    if (strlen(to) > 4 * strlen(from))
+        return sl_errorf("%s: %s: a Replace that makes its text more than 4 times longer is not supported", L->path,
+                         where);
+    L->dec_from = dup_str(from);
+    L->dec_to = dup_str(to);
+    return L->dec_from && L->dec_to ? 0 : -1;
 }
 
 static int read_decoder(loader *L, const cJSON *o, const char *where) {
@@ -270,7 +283,7 @@ static int read_decoder(loader *L, const cJSON *o, const char *where) {
     }
     if (strcmp(ty, "ByteLevel") == 0) { L->has_byte_level = 1; return 0; }
     if (strcmp(ty, "ByteFallback") == 0) { L->dec_byte_fallback = 1; return 0; }
-    if (strcmp(ty, "Fuse") == 0) return 0;  // decoding concatenates anyway
+    if (strcmp(ty, "Fuse") == 0) { L->dec_fused = 1; return 0; }  // decoding concatenates anyway
     if (strcmp(ty, "Replace") == 0) {
         int is_regex;
         const char *from = pattern_of(L, o, where, &is_regex);
@@ -284,10 +297,10 @@ static int read_decoder(loader *L, const cJSON *o, const char *where) {
         int start = 0, stop = 0;
         if (!c || sl_json_get_int(o, "start", &start, 0, 0, where) || sl_json_get_int(o, "stop", &stop, 0, 0, where))
             return -1;
-        if (strcmp(c, " ") != 0 || stop != 0)
-            return sl_errorf("%s: %s: only a Strip of leading spaces is supported (content \" \", stop 0)", L->path,
-                             where);
-        L->t->strip_left += start;
+        if (strcmp(c, " ") != 0 || stop != 0 || start > 64 || !L->dec_fused || L->t->strip_left)
+            return sl_errorf("%s: %s: only one Strip of up to 64 leading spaces after Fuse is supported (content "
+                             "\" \", stop 0)", L->path, where);
+        L->t->strip_left = start;
         return 0;
     }
     if (strcmp(ty, "Metaspace") == 0) {
@@ -295,7 +308,6 @@ static int read_decoder(loader *L, const cJSON *o, const char *where) {
         int rn = 0, scheme = prepend_scheme(L, o, where);
         if (scheme < 0 || metaspace_replacement(L, o, where, r, &rn) || add_dec_replace(L, r, " ", where)) return -1;
         if (scheme != PREPEND_NEVER) {
-            memcpy(L->t->first_drop, r, (size_t)rn);
             L->t->first_drop_n = rn;
         }
         return 0;
@@ -374,6 +386,9 @@ static int read_vocab(loader *L, const cJSON *vocab, int max_added) {
         pool += strlen(e->string) + 1;
     }
     for (int i = 0; i < t->n_added; i++) pool += t->added[i].len + 1;
+    if ((size_t)n > (size_t)cJSON_GetArraySize(vocab) + (size_t)t->n_added)  // before allocating n of anything
+        return sl_errorf("%s: ids run to %d but model.vocab and added_tokens hold %d and %d: expected every id from 0 up",
+                         L->path, n - 1, cJSON_GetArraySize(vocab), t->n_added);
     t->n_vocab = n;
     t->tok_bytes = sl_calloc((size_t)n, sizeof(char *), "token table");
     t->tok_len = sl_calloc((size_t)n, sizeof(uint32_t), "token lengths");
@@ -592,46 +607,59 @@ static int read_post(loader *L, const cJSON *o, const char *where) {
 
 // ---------------------------------------------------------------- what decoding writes
 
+// One token's decoded bytes into out: the byte of a <0xXX> token (ByteFallback), an added token's or a
+// byte-level token's own bytes, else the string with the decoder's Replace / Metaspace applied (the
+// replacement dropped instead where `drop`: the Metaspace decoder's first token). Returns the length.
+static size_t decode_token(const loader *L, int id, int special, int drop, char *out) {
+    const sl_tokenizer *t = L->t;
+    const char *s = t->tok_bytes[id];
+    size_t len = t->tok_len[id], o = 0;
+    char name[8];
+    int fb = L->dec_byte_fallback && len == 6 ? (memcpy(name, s, 6), name[6] = '\0', byte_of_fallback(name)) : -1;
+    if (fb >= 0 && !special) {
+        out[0] = (char)fb;
+        return 1;
+    }
+    if (special || L->has_byte_level || !L->dec_from) {
+        memcpy(out, s, len);
+        return len;
+    }
+    size_t fl = strlen(L->dec_from), tl = drop ? 0 : strlen(L->dec_to);
+    for (size_t i = 0; i < len;) {
+        if (i + fl <= len && memcmp(s + i, L->dec_from, fl) == 0) {
+            memcpy(out + o, L->dec_to, tl);
+            o += tl;
+            i += fl;
+        } else out[o++] = s[i++];
+    }
+    return o;
+}
+
 static int decoded_tokens(loader *L) {
     sl_tokenizer *t = L->t;
-    int n = t->n_vocab;
+    int n = t->n_vocab, first = t->first_drop_n > 0;
+    unsigned char *is_added = sl_calloc((size_t)n, 1, "added token flags");
     t->dec_bytes = sl_calloc((size_t)n, sizeof(char *), "decoded tokens");
     t->dec_len = sl_calloc((size_t)n, sizeof(uint32_t), "decoded token lengths");
+    t->first_bytes = first ? sl_calloc((size_t)n, sizeof(char *), "first-token forms") : NULL;
+    t->first_len = first ? sl_calloc((size_t)n, sizeof(uint32_t), "first-token lengths") : NULL;
     size_t pool = 1;
-    for (int id = 0; id < n; id++) pool += t->tok_len[id] * 4 + 1;  // a Replace may lengthen a token
+    for (int id = 0; id < n; id++) pool += t->tok_len[id] * (first ? 5 : 4) + 1;  // a Replace may lengthen a token
     t->dec_pool = sl_malloc(pool, "decoded token bytes");
-    if (!t->dec_bytes || !t->dec_len || !t->dec_pool) return -1;
+    int rc = !is_added || !t->dec_bytes || !t->dec_len || !t->dec_pool || (first && (!t->first_bytes || !t->first_len));
+    for (int i = 0; i < t->n_added && !rc; i++) is_added[t->added[i].id] = 1;
     size_t used = 0;
-    for (int id = 0; id < n; id++) {
-        const char *s = t->tok_bytes[id];
-        size_t len = t->tok_len[id], o = 0;
-        char *out = t->dec_pool + used;
-        int special = 0;
-        for (int i = 0; i < t->n_added; i++) special |= t->added[i].id == id;
-        char name[8];
-        int fb = L->dec_byte_fallback && len == 6 ? (memcpy(name, s, 6), name[6] = '\0', byte_of_fallback(name)) : -1;
-        if (fb >= 0 && !special) out[o++] = (char)fb;
-        else if (special || L->has_byte_level) { memcpy(out, s, len); o = len; }
-        else {
-            for (size_t i = 0; i < len;) {
-                int hit = -1;
-                for (int r = 0; r < L->n_dec_replace && hit < 0; r++) {
-                    size_t fl = strlen(L->dec_from[r]);
-                    if (i + fl <= len && memcmp(s + i, L->dec_from[r], fl) == 0) hit = r;
-                }
-                if (hit < 0) { out[o++] = s[i++]; continue; }
-                size_t tl = strlen(L->dec_to[hit]);
-                if (tl > 4 * strlen(L->dec_from[hit])) return sl_errorf("%s: decoder: a Replace lengthens too much", L->path);
-                memcpy(out + o, L->dec_to[hit], tl);
-                o += tl;
-                i += strlen(L->dec_from[hit]);
-            }
-        }
-        t->dec_bytes[id] = out;
-        t->dec_len[id] = (uint32_t)o;
-        used += o;
+    for (int id = 0; id < n && !rc; id++) {
+        t->dec_bytes[id] = t->dec_pool + used;
+        t->dec_len[id] = (uint32_t)decode_token(L, id, is_added[id], 0, t->dec_bytes[id]);
+        used += t->dec_len[id];
+        if (!first) continue;
+        t->first_bytes[id] = t->dec_pool + used;
+        t->first_len[id] = (uint32_t)decode_token(L, id, is_added[id], 1, t->first_bytes[id]);
+        used += t->first_len[id];
     }
-    return 0;
+    free(is_added);
+    return rc ? -1 : 0;
 }
 
 // ---------------------------------------------------------------- tokenizer_config.json
@@ -690,10 +718,13 @@ int tok_load_json(sl_tokenizer *t, const char *path, const char *config_path) {
         read_added(&L, cJSON_GetObjectItemCaseSensitive(root, "added_tokens"), &max_added))
         goto done;
     t->kind = L.has_byte_level ? TOK_BYTE_LEVEL : TOK_CHARS;
+    const cJSON *dec = cJSON_GetObjectItemCaseSensitive(root, "decoder");
+    t->join_space = !dec || cJSON_IsNull(dec);  // tokenizers without a decoder joins the tokens with spaces
     if (read_model(&L, cJSON_GetObjectItemCaseSensitive(root, "model"), max_added) ||
         read_post(&L, cJSON_GetObjectItemCaseSensitive(root, "post_processor"), "post_processor") ||
         decoded_tokens(&L) || normalize_added(t) || read_config(t, config_path))
         goto done;
+    tok_index_added(t);
     for (int i = 0; i < t->n_prefix + t->n_suffix; i++) {
         int id = i < t->n_prefix ? t->prefix[i] : t->suffix[i - t->n_prefix];
         if (id < 0 || id >= t->n_vocab) {
@@ -705,7 +736,8 @@ int tok_load_json(sl_tokenizer *t, const char *path, const char *config_path) {
 done:
     free(t->tok_names);  // they point into the tree
     t->tok_names = NULL;
-    for (int i = 0; i < L.n_dec_replace; i++) { free(L.dec_from[i]); free(L.dec_to[i]); }
+    free(L.dec_from);
+    free(L.dec_to);
     cJSON_Delete(root);
     return rc;
 }

@@ -453,6 +453,79 @@ def make_spm(lines):
     return out
 
 
+# ---------------------------------------------------------------- edges.json: small hand-made files
+# Each one pins a rule where an implementation could plausibly differ from tokenizers: the merge order
+# when a merge makes a pair of lower rank (SentencePiece-converted merges), a merge listed twice,
+# Digits on Unicode numbers, the two passes of added tokens, special tokens left as text, unknown
+# characters around byte fallback, Split's behaviours, lstrip / rstrip, a file without a decoder.
+
+
+def tj(vocab, merges, pre=None, norm=None, dec=None, post=None, added=(), **model):
+    m = {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+         "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+         "vocab": vocab, "merges": merges}
+    m.update(model)
+    at = []
+    for a in added:
+        d = {"id": a[0], "content": a[1], "single_word": False, "lstrip": False, "rstrip": False,
+             "normalized": False, "special": True}
+        d.update(a[2] if len(a) > 2 else {})
+        at.append(d)
+    return {"version": "1.0", "truncation": None, "padding": None, "added_tokens": at, "normalizer": norm,
+            "pre_tokenizer": pre, "post_processor": post, "decoder": dec, "model": m}
+
+
+def edge_files():
+    fuse = {"type": "Fuse"}
+    chars = {c: i for i, c in enumerate("abcdxyz -<>")}
+    yield "merge_order", tj({"a": 0, "b": 1, "ba": 2, "bab": 3}, ["ba b", "b a"]), ["baba", "baba" * 13, "bababa"]
+    yield "merge_twice", tj({"a": 0, "b": 1, "c": 2, "ab": 3, "bc": 4}, ["a b", "b c", "a b"]), ["abc", "abcab"]
+    v = {c: i for i, c in enumerate("0123456789x²١٢½")}
+    for piece in ("x²", "١٢", "x١", "12"):
+        v[piece] = len(v)
+    merges = ["x ²", "١ ٢", "x ١", "1 2"]
+    for ind in (False, True):
+        yield ("digits_individual" if ind else "digits"), \
+            tj(v, merges, pre={"type": "Digits", "individual_digits": ind}, dec=fuse), \
+            ["x²x", "x١٢", "x½", "x12x", "12"]
+    n = len(chars)
+    added = [(n, "bc", {"normalized": False, "special": False}), (n + 1, "abcd", {"normalized": True, "special": False})]
+    yield "added_two_passes", tj(chars, [], added=added, dec=fuse), ["abcd", "xabcdx", "bcd"]
+    added = [(n, "<ab>", {"special": True}), (n + 1, "b>x", {"special": False})]
+    yield "special_left_as_text", tj(chars, [], added=added, dec=fuse), ["<ab>x", "a<ab>b>x"]
+    added = [(n, "<m>", {"special": True, "lstrip": True, "rstrip": True})]
+    yield "lstrip_rstrip", tj(chars, [], added=added, dec=fuse), ["a <m> b", "a\u3000 <m>\t\nb", "<m>  a"]
+    v = {"<unk>": 0, "a": 1, "<0xC3>": 2, "<0xA9>": 3}
+    for fu in (False, True):
+        dec = {"type": "Sequence", "decoders": [{"type": "ByteFallback"}, fuse]}
+        yield ("unk_fused" if fu else "unk"), tj(v, [], unk_token="<unk>", byte_fallback=True, fuse_unk=fu, dec=dec), \
+            ["üéa", "üéüa", "aüé", "üü"]
+    for beh in ("Isolated", "Removed", "MergedWithPrevious", "MergedWithNext", "Contiguous"):
+        for inv in (False, True):
+            pre = {"type": "Split", "pattern": {"String": "-"}, "behavior": beh, "invert": inv}
+            yield "split_%s%s" % (beh, "_invert" if inv else ""), tj(chars, [], pre=pre), \
+                ["a-b--c-", "-a", "--", "ab"]
+
+
+def write_edges():
+    out = []
+    for name, obj, texts in edge_files():
+        tok = Tokenizer.from_str(json.dumps(obj))
+        cases = []
+        for t in texts:
+            ids = tok.encode(t, add_special_tokens=False).ids
+            tok.encode_special_tokens = True
+            ordinary = tok.encode(t, add_special_tokens=False).ids
+            tok.encode_special_tokens = False
+            cases.append({"text": t, "ids": ids, "ids_ordinary": ordinary,
+                          "ids_special": tok.encode(t).ids, "decoded": tok.decode(ids, skip_special_tokens=False)})
+        out.append({"name": name, "tokenizer": obj, "cases": cases})
+    with open(os.path.join(OUT, "edges.json"), "w") as f:
+        json.dump(out, f, ensure_ascii=True, indent=1, sort_keys=True)
+        f.write("\n")
+    return len(out)
+
+
 def main():
     lines = training_lines()
     if os.path.isdir(OUT):
@@ -470,6 +543,7 @@ def main():
         nc = write_cases(name, tok, texts)
         nl = write_corpus(name, tok)
         print("%s: vocab %d, %d cases, %d corpus lines" % (name, tok.get_vocab_size(), nc, nl), file=sys.stderr)
+    print("edges.json: %d tokenizers" % write_edges(), file=sys.stderr)
 
 
 if __name__ == "__main__":

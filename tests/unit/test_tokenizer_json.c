@@ -1,6 +1,7 @@
 // test_tokenizer_json.c: Hugging Face tokenizer.json files (GPT-2, LLaMA 3 byte-level BPE; LLaMA 2
-// SentencePiece BPE with the Prepend normalizer or the Metaspace pre-tokenizer) against the ids,
-// templates and decoded text the `tokenizers` library gives for them (fixtures made by
+// SentencePiece BPE with the Prepend normalizer or the Metaspace pre-tokenizer; Qwen 2 with NFC, NFKC,
+// NFD; small hand-made files for single rules) against the ids, templates and decoded text the
+// `tokenizers` library gives for them (fixtures made by
 // tests/reference/make_tokenizer_json_fixtures.py), and the errors for what is not supported.
 #include "shardlm/error.h"
 #include "shardlm/fileio.h"
@@ -196,13 +197,59 @@ TEST(gpt2_two_files_equal_its_tokenizer_json) {
     sl_tokenizer_free(two);
 }
 
+// edges.json: small hand-made tokenizers, each pinning one rule (the generator says which), with what
+// tokenizers gives for encode, encode with special tokens left as text, the template and decode.
+TEST(edge_rules_match_tokenizers) {
+    cJSON *edges = sl_json_read_strict(FIX_DIR "/edges.json");
+    CHECK_MSG(cJSON_IsArray(edges), "%s", sl_error());
+    char dir[] = "/tmp/shardlm_test_tokedge_XXXXXX", path[64];
+    CHECK(mkdtemp(dir) != NULL);
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    int n_edges = 0;
+    for (const cJSON *ed = edges ? edges->child : NULL; ed; ed = ed->next, n_edges++) {
+        const char *name = cJSON_GetObjectItem(ed, "name")->valuestring;
+        char *text = cJSON_PrintUnformatted(cJSON_GetObjectItem(ed, "tokenizer"));
+        FILE *f = fopen(path, "wb");
+        if (f) { fputs(text, f); fclose(f); }
+        free(text);
+        sl_tokenizer *tok = NULL;
+        CHECK_MSG(sl_tokenizer_load_json(&tok, path, NULL) == 0, "%s: %s", name, sl_error());
+        if (!tok) continue;
+        for (const cJSON *c = cJSON_GetObjectItem(ed, "cases")->child; c; c = c->next) {
+            const char *t = cJSON_GetObjectItem(c, "text")->valuestring;
+            int32_t *a = NULL, *o = NULL, *sp = NULL;
+            size_t na = 0, no = 0, ns = 0;
+            int ok = sl_tokenizer_encode(tok, t, strlen(t), &a, &na) == 0 &&
+                     sl_tokenizer_encode_ordinary(tok, t, strlen(t), &o, &no) == 0 &&
+                     sl_tokenizer_encode_special(tok, t, strlen(t), &sp, &ns) == 0;
+            int enc = ok && ids_equal(a, na, cJSON_GetObjectItem(c, "ids"));
+            int ord = ok && ids_equal(o, no, cJSON_GetObjectItem(c, "ids_ordinary"));
+            int tpl = ok && ids_equal(sp, ns, cJSON_GetObjectItem(c, "ids_special"));
+            int dec = enc && decoded_equal(tok, a, na, cJSON_GetObjectItem(c, "decoded"));
+            CHECK_MSG(enc && ord && tpl && dec, "%s \"%s\": encode %d, ordinary %d, template %d, decode %d", name, t,
+                      enc, ord, tpl, dec);
+            if (!enc && ok) print_ids("got", a, na);
+            free(a);
+            free(o);
+            free(sp);
+        }
+        sl_tokenizer_free(tok);
+    }
+    CHECK(n_edges >= 19);
+    cJSON_Delete(edges);
+    unlink(path);
+    rmdir(dir);
+}
+
 static char tmp[256];
 
-// Writes fixture spm-llama2's tokenizer.json with `from` replaced by `to` into tmp/tokenizer.json
+// Writes fixture LAYOUT's tokenizer.json with `from` replaced by `to` into tmp/tokenizer.json
 // and returns whether loading it failed with a message holding every one of the NULL-ended words.
-static int refused(const char *from, const char *to, const char *const *words) {
+static int refused_in(const char *layout, const char *from, const char *to, const char *const *words) {
     size_t len;
-    char *text = sl_read_text_file(FIX_DIR "/spm-llama2/tokenizer.json", &len);
+    char src[256];
+    snprintf(src, sizeof src, FIX_DIR "/%s/tokenizer.json", layout);
+    char *text = sl_read_text_file(src, &len);
     char *hit = text ? strstr(text, from) : NULL;
     CHECK_MSG(hit != NULL, "fixture has no \"%s\"", from);
     if (!hit) { free(text); return 0; }
@@ -221,6 +268,10 @@ static int refused(const char *from, const char *to, const char *const *words) {
     if (!ok) fprintf(stderr, "  replacing %s by %s: rc %d, message: %s\n", from, to, rc, sl_error());
     if (rc == 0) sl_tokenizer_free(tok);
     return ok;
+}
+
+static int refused(const char *from, const char *to, const char *const *words) {
+    return refused_in("spm-llama2", from, to, words);
 }
 
 TEST(unsupported_or_broken_files_are_refused_by_name) {
@@ -247,6 +298,17 @@ TEST(unsupported_or_broken_files_are_refused_by_name) {
     CHECK(refused("\"added_tokens\"", "\"added_tokens\": 7, \"x\"", (const char *const[]){"added_tokens", "array", NULL}));
     CHECK(refused("{", "[", (const char *const[]){"tokenizer.json", NULL}));
     CHECK(refused("\"id\": 2,", "\"id\": 2147483647,", (const char *const[]){"added_tokens[2]", "2147483647", NULL}));
+    CHECK(refused("\"id\": 2,", "\"id\": 1073741823,", (const char *const[]){"ids run to 1073741823", NULL}));
+    CHECK(refused("\"type\": \"Fuse\"", "\"type\": \"Replace\", \"pattern\": {\"String\": \"x\"}, \"content\": \"y\"",
+                  (const char *const[]){"decoder.decoders[2]", "second Replace", NULL}));
+    CHECK(refused("\"type\": \"Fuse\"", "\"type\": \"ByteFallback\"",
+                  (const char *const[]){"decoder.decoders[3]", "Strip", "after Fuse", NULL}));
+    CHECK(refused_in("metaspace-llama", "\"replacement\": \"\u2581\",", "\"replacement\": \"ab\",",
+                     (const char *const[]){"pre_tokenizer.replacement", "one character", NULL}));
+    CHECK(refused_in("bytelevel-llama3", "\"use_regex\": false\n      }", "\"use_regex\": false\n      }, {\"type\": \"Digits\"}",
+                     (const char *const[]){"pre_tokenizer.pretokenizers[2]", "after ByteLevel", NULL}));
+    CHECK(refused_in("bytelevel-llama3", "\"Regex\": \"(?i:", "\"Regex\": \"x*|(?i:",
+                     (const char *const[]){"pre_tokenizer.pretokenizers[0].pattern", "empty", NULL}));
     char path[512];
     snprintf(path, sizeof path, "%s/tokenizer.json", tmp);
     unlink(path);
