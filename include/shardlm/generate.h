@@ -14,7 +14,9 @@ typedef struct {
     int max_new_tokens;
     sl_sampler_config sampler;
     uint64_t seed;
-    int stop_at_eot;          // stop after sampling the end-of-text token
+    int stop_at_eot;          // stop after sampling the end-of-text token (the tokenizer's eos) or
+    const int *stop_ids;      // any of these (the model's eos_token_id list: LLaMA 3 Instruct's <|eot_id|>)
+    int n_stop_ids;
 } sl_generate_config;
 
 // Generates after `prompt` (n_prompt >= 1 ids). New ids go to out_ids (capacity max_new_tokens;

@@ -38,7 +38,8 @@ static void usage(FILE *f) {
         "  --top-k K             0 = off (default 40)\n"
         "  --top-p P             1 = off (default 0.95)\n"
         "  --seed S              (default 0)\n"
-        "  --stop-at-eot         stop when <|endoftext|> is sampled\n"
+        "  --stop-at-eot         stop when an end-of-text token is sampled: the tokenizer's eos, or any\n"
+        "                        eos_token_id of the model's config.json / generation_config.json\n"
         "  --threads N           CPU threads\n"
         "  --device D            cpu | cuda | cuda:N (default cpu). cuda: the weights, the KV cache and the\n"
         "                        activations stay on the GPU (cuda: GPU 0 of CUDA_VISIBLE_DEVICES); each new\n"
@@ -91,6 +92,32 @@ static int load_tokenizer(sl_tokenizer **tok, const char *flag, const char *mode
     } else {
         rc = sl_errorf("%s: no tokenizer found (pass --tokenizer DIR with tokenizer.json, or vocab.json and "
                        "merges.txt)", model_dir);
+    }
+    cJSON_Delete(root);
+    return rc;
+}
+
+// --stop-at-eot's ids besides the tokenizer's eos: every eos_token_id (an integer or a list) of DIR/NAME,
+// as transformers' generate stops on each (LLaMA 3 Instruct: <|end_of_text|> and <|eot_id|>). A missing
+// file adds nothing; a malformed one is an error naming it; an id past the vocabulary, a warning.
+enum { MAX_STOP_IDS = 16 };
+static int eos_ids_from(const char *dir, const char *name, int vocab, int *ids, int *n) {
+    char p[4400];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    if (!file_exists(p)) return 0;
+    cJSON *root = sl_json_read_strict(p);
+    if (!root) return -1;
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, "eos_token_id");
+    int rc = 0;
+    for (const cJSON *e = cJSON_IsArray(v) ? v->child : v; e && rc == 0; e = cJSON_IsArray(v) ? e->next : NULL) {
+        if (cJSON_IsNull(e)) continue;
+        if (!cJSON_IsNumber(e) || e->valuedouble != (double)e->valueint || e->valueint < 0)
+            rc = sl_errorf("%s: eos_token_id: expected token ids (an integer or a list of them)", p);
+        else if (e->valueint >= vocab)  // transformers accepts it too: such a token is never sampled
+            fprintf(stderr, "warning: %s: eos_token_id %d is outside the vocabulary [0, %d); ignored\n", p,
+                    e->valueint, vocab);
+        else if (*n < MAX_STOP_IDS)
+            ids[(*n)++] = e->valueint;
     }
     cJSON_Delete(root);
     return rc;
@@ -265,7 +292,12 @@ int cmd_generate(int argc, char **argv) {
         prompt_ids[0] = tok && sl_tokenizer_bos_id(tok) >= 0   ? sl_tokenizer_bos_id(tok)
                         : tok && sl_tokenizer_eot_id(tok) >= 0 ? sl_tokenizer_eot_id(tok) : 0;
     }
-    sl_generate_config gc = {max_new, sc, (uint64_t)seed, stop_eot};
+    int stop_ids[MAX_STOP_IDS], n_stop = 0;
+    if (stop_eot && src.cfg.eos_token_id >= 0) stop_ids[n_stop++] = src.cfg.eos_token_id;
+    if (stop_eot && (eos_ids_from(src.weights_dir, "config.json", src.cfg.vocab_size, stop_ids, &n_stop) ||
+                     eos_ids_from(src.weights_dir, "generation_config.json", src.cfg.vocab_size, stop_ids, &n_stop)))
+        goto done;
+    sl_generate_config gc = {max_new, sc, (uint64_t)seed, stop_eot, stop_ids, n_stop};
     int ctx = sl_config_context(&src.cfg);
     if (n_prompt > ctx) { sl_errorf("the prompt (%d tokens) is longer than the model's %d positions", n_prompt, ctx); goto done; }
     if (max_new == 0 && !logits_out[0]) { sl_errorf("--max-new-tokens 0 generates nothing: give --logits-out too"); goto done; }

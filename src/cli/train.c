@@ -533,7 +533,7 @@ static int run(sl_train_config *c, sl_comm *world) {
     if (c->sample_tokens > 0 && tok && is_rank0) {
         int prompt = sl_tokenizer_bos_id(tok) >= 0 ? sl_tokenizer_bos_id(tok)
                      : sl_tokenizer_eot_id(tok) >= 0 ? sl_tokenizer_eot_id(tok) : 0;
-        sl_generate_config gc = {c->sample_tokens, {1.0f, 40, 1.0f}, c->seed, 0};
+        sl_generate_config gc = {c->sample_tokens, {1.0f, 40, 1.0f}, c->seed, 0, NULL, 0};
         if (c->sample_tokens > sl_config_context(&model.cfg) - 1) gc.max_new_tokens = sl_config_context(&model.cfg) - 1;
         printf("sample (%d tokens, temperature 1.0, top-k 40):\n---\n", gc.max_new_tokens);
         // token-by-token decoding runs on the CPU in fp32: a GPU model (or one with bf16 activation

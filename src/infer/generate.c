@@ -21,7 +21,9 @@ int sl_generate(sl_model *m, const sl_tokenizer *tok, const int *prompt, int n_p
         if (next < 0) { rc = -1; break; }
         if (out_ids) out_ids[i] = next;
         if (n_out) *n_out = i + 1;
-        if (cfg->stop_at_eot && next == eot) break;
+        int stop = next == eot;
+        for (int k = 0; k < cfg->n_stop_ids; k++) stop |= next == cfg->stop_ids[k];
+        if (cfg->stop_at_eot && stop) break;
         if (stream && tok) {
             size_t len;
             const char *bytes = sl_tokenizer_token_bytes(tok, next, &len);

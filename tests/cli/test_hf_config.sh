@@ -52,6 +52,28 @@ else
   fail unknown_key_is_a_notice "$(cat "$tmp/unknown.out")"
 fi
 
+# --stop-at-eot stops on every eos_token_id of config.json and generation_config.json (an integer or a
+# list, as LLaMA 3 Instruct's), and a malformed one is an error naming the file
+dir=$tmp/stop
+mkdir -p "$dir" && cp "$FIX/model.safetensors" "$FIX/config.json" "$dir/"
+greedy() { "$BIN" generate --model "$dir" --prompt-ids 1,2,3 --max-new-tokens 4 --temperature 0 "$@" 2>"$tmp/stop.err"; }
+read -r t1 t2 t3 t4 <<<"$(greedy)"
+echo "{\"eos_token_id\": [4000, $t3]}" >"$dir/generation_config.json"
+out3=$(greedy --stop-at-eot)
+sed -i "s/\"eos_token_id\": 4,/\"eos_token_id\": [4, $t2],/" "$dir/config.json"
+out2=$(greedy --stop-at-eot)
+if [ -n "${t4:-}" ] && [ "$out3" = "$t1 $t2 $t3" ] && [ "$out2" = "$t1 $t2" ] && [ "$(greedy)" = "$t1 $t2 $t3 $t4" ]; then
+  pass stop_at_eot_takes_every_eos_token_id
+else
+  fail stop_at_eot_takes_every_eos_token_id "greedy $t1 $t2 $t3 $t4; with generation_config [$out3]; with config [$out2]"
+fi
+echo '{"eos_token_id": "x"}' >"$dir/generation_config.json"
+if ! greedy --stop-at-eot >/dev/null && grep -q "generation_config.json: eos_token_id" "$tmp/stop.err"; then
+  pass stop_ids_malformed_refused
+else
+  fail stop_ids_malformed_refused "$(cat "$tmp/stop.err")"
+fi
+
 # a prompt that fills every position: its logits with --logits-out (as transformers computes them), a clear
 # refusal without, and one token more is "longer than" the positions
 npos=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['max_position_embeddings'])" "$FIX/config.json")

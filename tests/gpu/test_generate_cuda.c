@@ -93,7 +93,7 @@ static double decode_pair(sl_model *ref, sl_model *gpu, const int *prompt, doubl
 
 // The greedy generation through sl_generate (the path `shardlm generate` takes) on m.
 static int generate_greedy(sl_model *m, const int *prompt, int *ids) {
-    sl_generate_config gc = {N_NEW, {0.0f, 0, 1.0f}, 1, 0};
+    sl_generate_config gc = {N_NEW, {0.0f, 0, 1.0f}, 1, 0, NULL, 0};
     int n = 0;
     if (sl_generate(m, NULL, prompt, N_PROMPT, &gc, ids, &n, NULL) || n != N_NEW) return -1;
     return 0;
