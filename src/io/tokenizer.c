@@ -117,11 +117,11 @@ void tok_vocab_insert(sl_tokenizer *t, int id) {
 
 // ---------------------------------------------------------------- regex
 
-pcre2_code *tok_compile_regex(const char *pattern, size_t len, const char *what) {
+pcre2_code *tok_compile_regex(const char *pattern, size_t len, uint32_t options, const char *what) {
     int err;
     PCRE2_SIZE off;
-    pcre2_code *re = pcre2_compile((PCRE2_SPTR)pattern, len, PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &err,
-                                   &off, NULL);
+    pcre2_code *re = pcre2_compile((PCRE2_SPTR)pattern, len, PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF | options,
+                                   &err, &off, NULL);
     if (!re) {
         PCRE2_UCHAR msg[256];
         pcre2_get_error_message(err, msg, sizeof msg);
@@ -133,7 +133,7 @@ pcre2_code *tok_compile_regex(const char *pattern, size_t len, const char *what)
 }
 
 pcre2_code *tok_gpt2_regex(void) {
-    return tok_compile_regex(GPT2_PATTERN, sizeof GPT2_PATTERN - 1, "the GPT-2 pre-tokenisation regex");
+    return tok_compile_regex(GPT2_PATTERN, sizeof GPT2_PATTERN - 1, 0, "the GPT-2 pre-tokenisation regex");
 }
 
 // Pre-tokenises text[0..len) with the compiled regex (no special-token handling).

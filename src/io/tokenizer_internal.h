@@ -114,7 +114,7 @@ void tok_merge_add(sl_tokenizer *t, int a, int b, int m);
 // something else (then *bad_at / *bad_cp say where and what, -1: invalid UTF-8).
 long tok_unicode_to_bytes(const char *s, size_t n, char *out, size_t *bad_at, long *bad_cp);
 const char *tok_for_message(const char *s, char *buf, size_t cap);
-pcre2_code *tok_compile_regex(const char *pattern, size_t len, const char *what);
+pcre2_code *tok_compile_regex(const char *pattern, size_t len, uint32_t options, const char *what);
 pcre2_code *tok_gpt2_regex(void);
 void tok_init_byte_tables(void);
 

@@ -208,7 +208,14 @@ static int read_pre(loader *L, const cJSON *o, const char *where) {
         char what[128];
         snprintf(what, sizeof what, "%s.pattern of %s", where, L->path);
         pcre2_code *re;
-        if (is_regex) re = tok_compile_regex(pat, strlen(pat), what);
+        for (const char *c = pat; is_regex && *c; c++) {  // Oniguruma's \h is a hex digit, PCRE2's a blank
+            if (*c == '\\' && (c[1] == 'h' || c[1] == 'H'))
+                return sl_errorf("%s: %s.pattern: \\%c means a hex digit to tokenizers (Oniguruma) and a "
+                                 "horizontal space to PCRE2; not supported", L->path, where, c[1]);
+            if (*c == '\\' && c[1]) c++;
+        }
+        // tokenizers' Oniguruma (Ruby syntax) reads ^ and $ at every line: PCRE2's multiline mode
+        if (is_regex) re = tok_compile_regex(pat, strlen(pat), PCRE2_MULTILINE, what);
         else {
             int err;
             PCRE2_SIZE off;

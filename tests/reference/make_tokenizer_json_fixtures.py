@@ -500,6 +500,11 @@ def edge_files():
         dec = {"type": "Sequence", "decoders": [{"type": "ByteFallback"}, fuse]}
         yield ("unk_fused" if fu else "unk"), tj(v, [], unk_token="<unk>", byte_fallback=True, fuse_unk=fu, dec=dec), \
             ["üéa", "üéüa", "aüé", "üü"]
+    lines = {c: i for i, c in enumerate("abcdxy \n")}
+    lines.update({"ab": 8, "cd": 9, "b\n": 10})
+    for name, pattern in (("regex_line_end", r"\w+$"), ("regex_line_start", r"^\w"), ("regex_class_caret", r"[^a]$")):
+        pre = {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": False}
+        yield name, tj(lines, ["a b", "c d", "b \n"], pre=pre, dec=fuse), ["ab\ncd", "ab\ncd\n", "xab\n", "ab cd"]
     for beh in ("Isolated", "Removed", "MergedWithPrevious", "MergedWithNext", "Contiguous"):
         for inv in (False, True):
             pre = {"type": "Split", "pattern": {"String": "-"}, "behavior": beh, "invert": inv}

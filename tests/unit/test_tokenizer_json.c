@@ -309,6 +309,8 @@ TEST(unsupported_or_broken_files_are_refused_by_name) {
                      (const char *const[]){"pre_tokenizer.pretokenizers[2]", "after ByteLevel", NULL}));
     CHECK(refused_in("bytelevel-llama3", "\"Regex\": \"(?i:", "\"Regex\": \"x*|(?i:",
                      (const char *const[]){"pre_tokenizer.pretokenizers[0].pattern", "empty", NULL}));
+    CHECK(refused_in("bytelevel-llama3", "\"Regex\": \"(?i:", "\"Regex\": \"\\\\h|(?i:",
+                     (const char *const[]){"pre_tokenizer.pretokenizers[0].pattern", "hex digit", NULL}));
     char path[512];
     snprintf(path, sizeof path, "%s/tokenizer.json", tmp);
     unlink(path);
