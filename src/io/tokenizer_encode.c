@@ -1,8 +1,8 @@
 // tokenizer_encode.c: text -> ids and ids -> text for every tokenizer the loaders build, following
 // Hugging Face tokenizers' pipeline: added tokens are cut out of the text (leftmost, then longest);
 // the rest is normalized, split into words by the pre-tokenizer's steps, and each word is turned into
-// ids by byte-pair merging, lowest merge rank first and leftmost among equals (a heap over the word's
-// adjacent pairs, so a long word, e.g. a whole SentencePiece-style line, costs n log n).
+// ids by byte-pair merging, lowest merge rank first and leftmost among equals (a rescan of a short
+// word's pairs; a heap over a long word's, so a whole SentencePiece-style line costs n log n).
 // Each encode call keeps its own word cache, scratch and PCRE2 match data: the tokenizer is read-only.
 #include "io/tokenizer_internal.h"
 #include "shardlm/error.h"
@@ -63,6 +63,7 @@ typedef struct {
     symbol *sym; size_t sym_cap;
     candidate *heap; size_t heap_n, heap_cap;
     pcre2_match_data *md;
+    byte_buf norm;   // the normalized text of the piece being encoded
 } encoder;
 
 static int cache_grow(word_cache *c) {
@@ -142,13 +143,12 @@ static int sym_push(encoder *e, size_t *n, int32_t id) {
     return 0;
 }
 
-static size_t utf8_char_len(const char *p, size_t n) {
-    const unsigned char *c = (const unsigned char *)p;
-    size_t len = c[0] < 0x80 ? 1 : (c[0] & 0xE0) == 0xC0 ? 2 : (c[0] & 0xF0) == 0xE0 ? 3 : (c[0] & 0xF8) == 0xF0 ? 4 : 1;
-    if (len > n) return 1;
-    for (size_t k = 1; k < len; k++)
-        if ((c[k] & 0xC0) != 0x80) return 1;
-    return len;
+// The UTF-8 character at p: its length (1 for a byte that is not UTF-8, then *cp = -1).
+static size_t next_char(const char *p, size_t n, utf8proc_int32_t *cp) {
+    utf8proc_ssize_t l = utf8proc_iterate((const utf8proc_uint8_t *)p, (utf8proc_ssize_t)n, cp);
+    if (l > 0) return (size_t)l;
+    *cp = -1;
+    return 1;
 }
 
 // The word's first symbols: its bytes (byte-level), or its characters, each the vocab's token, else
@@ -165,7 +165,8 @@ static int word_symbols(encoder *e, const char *p, size_t n, size_t *count) {
     int pending_unk = 0;  // tokenizers holds an unknown back until a vocab character (or the end) comes,
                           // fusing later ones into it, while byte-fallback tokens go out at once
     for (size_t i = 0; i < n;) {
-        size_t cl = utf8_char_len(p + i, n - i);
+        utf8proc_int32_t cp;
+        size_t cl = next_char(p + i, n - i, &cp);
         int id = tok_vocab_find(t, p + i, cl);
         int fallback = id < 0 && t->byte_fallback;
         for (size_t k = 0; fallback && k < cl; k++) fallback = t->byte_id[(unsigned char)p[i + k]] >= 0;
@@ -303,7 +304,8 @@ static int regex_spans(encoder *e, const pcre2_code *re, const char *text, size_
         size_t s = ov[0], m = ov[1];
         if (m == s) {  // an empty match splits nothing: look again one character on
             if (s >= len) break;
-            off = s + utf8_char_len(text + s, len - s);
+            utf8proc_int32_t cp;
+            off = s + next_char(text + s, len - s, &cp);
             continue;
         }
         if (s > prev && span_push(out, prev, s, 0)) return -1;
@@ -311,14 +313,6 @@ static int regex_spans(encoder *e, const pcre2_code *re, const char *text, size_
         prev = off = m;
     }
     return prev < len ? span_push(out, prev, len, 0) : 0;
-}
-
-// The UTF-8 character at p: its length (1 for a byte that is not UTF-8, then *cp = -1).
-static size_t next_char(const char *p, size_t n, utf8proc_int32_t *cp) {
-    utf8proc_ssize_t l = utf8proc_iterate((const utf8proc_uint8_t *)p, (utf8proc_ssize_t)n, cp);
-    if (l > 0) return (size_t)l;
-    *cp = -1;
-    return 1;
 }
 
 // Digits: each numeric character a match (Rust's char::is_numeric: categories Nd, Nl, No).
@@ -410,11 +404,11 @@ static int pre_metaspace(encoder *e, int step, const tok_pre *m, const char *p, 
     else if (rc == 0) {
         span_buf s = {0};
         size_t prev = 0;
-        for (size_t i = 0; i + (size_t)m->repl_n <= b.n && rc == 0; i++) {
-            if (memcmp(b.p + i, m->repl, (size_t)m->repl_n) != 0) continue;
+        for (size_t i = 0; i + rn <= b.n && rc == 0; i++) {
+            if (memcmp(b.p + i, m->repl, rn) != 0) continue;
             if (i > prev) rc = span_push(&s, prev, i, 0);
-            if (rc == 0) rc = span_push(&s, i, i + (size_t)m->repl_n, 1);
-            prev = i + (size_t)m->repl_n;
+            if (rc == 0) rc = span_push(&s, i, i + rn, 1);
+            prev = i + rn;
             i = prev - 1;
         }
         if (rc == 0 && prev < b.n) rc = span_push(&s, prev, b.n, 0);
@@ -438,15 +432,15 @@ static int pre_run(encoder *e, int step, const char *p, size_t n, int at0) {
     case PRE_METASPACE: return pre_metaspace(e, step, s, p, n, at0);
     default: break;
     }
-    if (s->add_prefix_space && (n == 0 || p[0] != ' ')) {  // ByteLevel(add_prefix_space)
-        byte_buf b = {0};
-        int rc = bytes_push(&b, " ", 1) || bytes_push(&b, p, n) ? -1 : 0;
-        if (rc == 0)
-            rc = s->re ? pre_split(e, step, b.p, b.n, at0, SPLIT_ISOLATED, 0, s->re) : pre_run(e, step + 1, b.p, b.n, at0);
-        free(b.p);
-        return rc;
+    byte_buf b = {0};  // ByteLevel: a space first (add_prefix_space), then GPT-2's regex (use_regex)
+    if (s->add_prefix_space && (n == 0 || p[0] != ' ')) {
+        if (bytes_push(&b, " ", 1) || bytes_push(&b, p, n)) { free(b.p); return -1; }
+        p = b.p;
+        n = b.n;
     }
-    return s->re ? pre_split(e, step, p, n, at0, SPLIT_ISOLATED, 0, s->re) : pre_run(e, step + 1, p, n, at0);
+    int rc = s->re ? pre_split(e, step, p, n, at0, SPLIT_ISOLATED, 0, s->re) : pre_run(e, step + 1, p, n, at0);
+    free(b.p);
+    return rc;
 }
 
 // ---------------------------------------------------------------- normalizer and added tokens
@@ -518,13 +512,11 @@ int tok_normalize(const sl_tokenizer *t, const char *p, size_t n, char **out, si
 
 // Rust's char::is_whitespace, on the UTF-8 character at p (length in *cl).
 static int is_space_at(const char *p, size_t n, size_t *cl) {
-    const unsigned char *c = (const unsigned char *)p;
-    *cl = utf8_char_len(p, n);
-    if (*cl == 1) return (c[0] >= 0x09 && c[0] <= 0x0D) || c[0] == 0x20;
-    unsigned cp = *cl == 2 ? (c[0] & 0x1Fu) << 6 | (c[1] & 0x3Fu)
-                : *cl == 3 ? (c[0] & 0x0Fu) << 12 | (c[1] & 0x3Fu) << 6 | (c[2] & 0x3Fu) : 0;
-    return cp == 0x85 || cp == 0xA0 || cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 ||
-           cp == 0x2029 || cp == 0x202F || cp == 0x205F || cp == 0x3000;
+    utf8proc_int32_t cp;
+    *cl = next_char(p, n, &cp);
+    return (cp >= 0x09 && cp <= 0x0D) || cp == 0x20 || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
+           (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F || cp == 0x205F ||
+           cp == 0x3000;
 }
 
 static size_t space_before(const char *p, size_t from, size_t at) {  // whitespace ending at `at`, not before `from`
@@ -568,43 +560,36 @@ static int find_added(const sl_tokenizer *t, const char *p, size_t floor, size_t
     return -1;
 }
 
-typedef int (*segment_fn)(encoder *e, byte_buf *norm, const char *p, size_t n, int at0, int with_special);
+typedef int (*segment_fn)(encoder *e, const char *p, size_t n, int at0, int with_special);
 
 // Cuts the stage's added tokens out of p[0, n): each becomes its id, the text between goes to `rest`.
 // Without with_special a special token's match stays in the text (tokenizers matches every added token
 // and then leaves the special ones as text, so no other token is found inside one).
-static int split_added(encoder *e, byte_buf *norm, const char *p, size_t n, int at0, int with_special, int stage,
+static int split_added(encoder *e, const char *p, size_t n, int at0, int with_special, int stage,
                        segment_fn rest) {
     size_t seg = 0, from = 0, s, end;
     int k;
     while ((k = find_added(e->tok, p, seg, from, n, stage, &s, &end)) >= 0) {
         from = end;
         if (e->tok->added[k].special && !with_special) continue;
-        if (s > seg && rest(e, norm, p + seg, s - seg, at0 && seg == 0, with_special)) return -1;
+        if (s > seg && rest(e, p + seg, s - seg, at0 && seg == 0, with_special)) return -1;
         if (id_push(&e->out, &e->tok->added[k].id, 1)) return -1;
         seg = end;
     }
-    return seg < n ? rest(e, norm, p + seg, n - seg, at0 && seg == 0, with_special) : 0;
+    return seg < n ? rest(e, p + seg, n - seg, at0 && seg == 0, with_special) : 0;
 }
 
-static int pre_segment(encoder *e, byte_buf *norm, const char *p, size_t n, int at0, int with_special) {
-    (void)norm;
+static int pre_segment(encoder *e, const char *p, size_t n, int at0, int with_special) {
     (void)with_special;
     return pre_run(e, 0, p, n, at0);
 }
 
-static int encode_segment(encoder *e, byte_buf *norm, const char *p, size_t n, int at0, int with_special) {
+// Text between raw-matched added tokens: normalized, then cut at the `normalized` ones.
+static int encode_segment(encoder *e, const char *p, size_t n, int at0, int with_special) {
     if (n == 0) return 0;
-    if (e->tok->n_norm == 0) return split_added(e, NULL, p, n, at0, with_special, 1, pre_segment);
-    if (normalize_into(e->tok, p, n, norm)) return -1;
-    return split_added(e, NULL, norm->p, norm->n, at0, with_special, 1, pre_segment);
-}
-
-static int encode_text(encoder *e, const char *text, size_t len, int with_special) {
-    byte_buf norm = {0};
-    int rc = split_added(e, &norm, text, len, 1, with_special, 0, encode_segment);
-    free(norm.p);
-    return rc;
+    if (e->tok->n_norm == 0) return split_added(e, p, n, at0, with_special, 1, pre_segment);
+    if (normalize_into(e->tok, p, n, &e->norm)) return -1;
+    return split_added(e, e->norm.p, e->norm.n, at0, with_special, 1, pre_segment);
 }
 
 static int encode_impl(const sl_tokenizer *t, const char *text, size_t len, int with_special, int template,
@@ -613,7 +598,7 @@ static int encode_impl(const sl_tokenizer *t, const char *text, size_t len, int 
     *n_ids = 0;
     encoder e = {.tok = t};
     int rc = template ? id_push(&e.out, t->prefix, (size_t)t->n_prefix) : 0;
-    if (rc == 0) rc = encode_text(&e, text, len, with_special);
+    if (rc == 0) rc = split_added(&e, text, len, 1, with_special, 0, encode_segment);
     if (rc == 0 && template) rc = id_push(&e.out, t->suffix, (size_t)t->n_suffix);
     free(e.scratch.p);
     free(e.cache.slots);
@@ -621,6 +606,7 @@ static int encode_impl(const sl_tokenizer *t, const char *text, size_t len, int 
     free(e.cache.ids.p);
     free(e.sym);
     free(e.heap);
+    free(e.norm.p);
     if (e.md) pcre2_match_data_free(e.md);
     if (rc == 0 && !e.out.p) {
         e.out.p = sl_malloc(sizeof(int32_t), "token ids");
@@ -662,23 +648,30 @@ const char *sl_tokenizer_token_bytes(const sl_tokenizer *t, int32_t id, size_t *
     return t->dec_bytes[id];
 }
 
+// What the i-th of ids decodes to: the first token's own form under a Metaspace decoder.
+static const char *decoded_at(const sl_tokenizer *t, const int32_t *ids, size_t i, size_t *len) {
+    int first = i == 0 && t->first_len;
+    *len = first ? t->first_len[ids[0]] : t->dec_len[ids[i]];
+    return first ? t->first_bytes[ids[0]] : t->dec_bytes[ids[i]];
+}
+
 int sl_tokenizer_decode(const sl_tokenizer *t, const int32_t *ids, size_t n, char **text, size_t *len) {
     *text = NULL;
-    size_t total = 0;
+    size_t total = 0, l;
     for (size_t i = 0; i < n; i++) {
         if (ids[i] < 0 || ids[i] >= t->n_vocab)
             return sl_errorf("decode: id %d at position %zu is outside the vocab [0, %d)", ids[i], i, t->n_vocab);
-        total += (i == 0 && t->first_len ? t->first_len[ids[0]] : t->dec_len[ids[i]]) + (size_t)t->join_space;
+        decoded_at(t, ids, i, &l);
+        total += l + (size_t)t->join_space;
     }
     char *out = sl_malloc(total + 1, "decoded text");
     if (!out) return -1;
     size_t o = 0;
     for (size_t i = 0; i < n; i++) {
         if (i && t->join_space) out[o++] = ' ';
-        int first = i == 0 && t->first_len;
-        memcpy(out + o, first ? t->first_bytes[ids[0]] : t->dec_bytes[ids[i]],
-               first ? t->first_len[ids[0]] : t->dec_len[ids[i]]);
-        o += first ? t->first_len[ids[0]] : t->dec_len[ids[i]];
+        const char *b = decoded_at(t, ids, i, &l);
+        memcpy(out + o, b, l);
+        o += l;
     }
     size_t skip = 0;  // the decoder's Strip / Metaspace: leading spaces of the whole text
     while (skip < (size_t)t->strip_left && skip < o && out[skip] == ' ') skip++;
