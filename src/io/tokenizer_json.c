@@ -67,6 +67,25 @@ static const char *pattern_of(const loader *L, const cJSON *o, const char *where
     return NULL;
 }
 
+// A normalizer, pre-tokenizer, decoder or post-processor: null (none), one step, or a Sequence whose
+// array `list` holds steps (Sequences again allowed); `step` reads one of `type` at `where`.
+typedef int (*step_fn)(loader *L, const cJSON *o, const char *type, const char *where);
+static int read_steps(loader *L, const cJSON *o, const char *list, const char *where, step_fn step) {
+    if (!o || cJSON_IsNull(o)) return 0;
+    const char *ty = type_of(o);
+    if (!cJSON_IsObject(o) || !ty) return sl_errorf("%s: %s: expected an object with a \"type\"", L->path, where);
+    if (strcmp(ty, "Sequence") != 0) return step(L, o, ty, where);
+    const cJSON *items = cJSON_GetObjectItemCaseSensitive(o, list);
+    if (!cJSON_IsArray(items)) return sl_errorf("%s: %s.%s: expected an array", L->path, where, list);
+    int i = 0;
+    for (const cJSON *c = items->child; c; c = c->next, i++) {
+        char w[160];  // a nesting too deep for it is named cut short
+        if (snprintf(w, sizeof w, "%s.%s[%d]", where, list, i) >= (int)sizeof w) memcpy(w + sizeof w - 4, "...", 4);
+        if (read_steps(L, c, list, w, step)) return -1;
+    }
+    return 0;
+}
+
 // ---------------------------------------------------------------- normalizer
 
 static int add_norm(loader *L, int kind, const char *from, const char *to) {
@@ -83,21 +102,7 @@ static int add_norm(loader *L, int kind, const char *from, const char *to) {
     return 0;
 }
 
-static int read_normalizer(loader *L, const cJSON *o, const char *where) {
-    if (!o || cJSON_IsNull(o)) return 0;
-    const char *ty = type_of(o);
-    if (!cJSON_IsObject(o) || !ty) return sl_errorf("%s: %s: expected an object with a \"type\"", L->path, where);
-    if (strcmp(ty, "Sequence") == 0) {
-        const cJSON *list = cJSON_GetObjectItemCaseSensitive(o, "normalizers");
-        if (!cJSON_IsArray(list)) return sl_errorf("%s: %s.normalizers: expected an array", L->path, where);
-        int i = 0;
-        for (const cJSON *c = list->child; c; c = c->next, i++) {
-            char w[96];
-            snprintf(w, sizeof w, "%s.normalizers[%d]", where, i);
-            if (read_normalizer(L, c, w)) return -1;
-        }
-        return 0;
-    }
+static int read_normalizer(loader *L, const cJSON *o, const char *ty, const char *where) {
     if (strcmp(ty, "Prepend") == 0) {
         const char *p = string_field(L, o, "prepend", where);
         return p ? add_norm(L, NORM_PREPEND, NULL, p) : -1;
@@ -172,21 +177,7 @@ static int metaspace_replacement(const loader *L, const cJSON *o, const char *wh
     return 0;
 }
 
-static int read_pre(loader *L, const cJSON *o, const char *where) {
-    if (!o || cJSON_IsNull(o)) return 0;
-    const char *ty = type_of(o);
-    if (!cJSON_IsObject(o) || !ty) return sl_errorf("%s: %s: expected an object with a \"type\"", L->path, where);
-    if (strcmp(ty, "Sequence") == 0) {
-        const cJSON *list = cJSON_GetObjectItemCaseSensitive(o, "pretokenizers");
-        if (!cJSON_IsArray(list)) return sl_errorf("%s: %s.pretokenizers: expected an array", L->path, where);
-        int i = 0;
-        for (const cJSON *c = list->child; c; c = c->next, i++) {
-            char w[96];
-            snprintf(w, sizeof w, "%s.pretokenizers[%d]", where, i);
-            if (read_pre(L, c, w)) return -1;
-        }
-        return 0;
-    }
+static int read_pre(loader *L, const cJSON *o, const char *ty, const char *where) {
     if (L->t->n_pre && L->t->pre[L->t->n_pre - 1].kind == PRE_BYTE_LEVEL)
         return sl_errorf("%s: %s: a pre-tokenizer step after ByteLevel is not supported (it would see ByteLevel's "
                          "characters)", L->path, where);
@@ -273,21 +264,7 @@ static int add_dec_replace(loader *L, const char *from, const char *to, const ch
     return L->dec_from && L->dec_to ? 0 : -1;
 }
 
-static int read_decoder(loader *L, const cJSON *o, const char *where) {
-    if (!o || cJSON_IsNull(o)) return 0;
-    const char *ty = type_of(o);
-    if (!cJSON_IsObject(o) || !ty) return sl_errorf("%s: %s: expected an object with a \"type\"", L->path, where);
-    if (strcmp(ty, "Sequence") == 0) {
-        const cJSON *list = cJSON_GetObjectItemCaseSensitive(o, "decoders");
-        if (!cJSON_IsArray(list)) return sl_errorf("%s: %s.decoders: expected an array", L->path, where);
-        int i = 0;
-        for (const cJSON *c = list->child; c; c = c->next, i++) {
-            char w[96];
-            snprintf(w, sizeof w, "%s.decoders[%d]", where, i);
-            if (read_decoder(L, c, w)) return -1;
-        }
-        return 0;
-    }
+static int read_decoder(loader *L, const cJSON *o, const char *ty, const char *where) {
     if (strcmp(ty, "ByteLevel") == 0) { L->has_byte_level = 1; return 0; }
     if (strcmp(ty, "ByteFallback") == 0) { L->dec_byte_fallback = 1; return 0; }
     if (strcmp(ty, "Fuse") == 0) { L->dec_fused = 1; return 0; }  // decoding concatenates anyway
@@ -591,21 +568,7 @@ static int read_template(loader *L, const cJSON *o, const char *where) {
     return 0;
 }
 
-static int read_post(loader *L, const cJSON *o, const char *where) {
-    if (!o || cJSON_IsNull(o)) return 0;
-    const char *ty = type_of(o);
-    if (!cJSON_IsObject(o) || !ty) return sl_errorf("%s: %s: expected an object with a \"type\"", L->path, where);
-    if (strcmp(ty, "Sequence") == 0) {
-        const cJSON *list = cJSON_GetObjectItemCaseSensitive(o, "processors");
-        if (!cJSON_IsArray(list)) return sl_errorf("%s: %s.processors: expected an array", L->path, where);
-        int i = 0;
-        for (const cJSON *c = list->child; c; c = c->next, i++) {
-            char w[96];
-            snprintf(w, sizeof w, "%s.processors[%d]", where, i);
-            if (read_post(L, c, w)) return -1;
-        }
-        return 0;
-    }
+static int read_post(loader *L, const cJSON *o, const char *ty, const char *where) {
     if (strcmp(ty, "ByteLevel") == 0) return 0;  // offsets only
     if (strcmp(ty, "TemplateProcessing") == 0) return read_template(L, o, where);
     return sl_errorf("%s: %s: post-processor \"%s\" is not supported (supported: TemplateProcessing, ByteLevel, "
@@ -719,16 +682,19 @@ int tok_load_json(sl_tokenizer *t, const char *path, const char *config_path) {
         sl_errorf("%s: expected a JSON object (a Hugging Face tokenizer.json)", path);
         goto done;
     }
-    if (read_pre(&L, cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer"), "pre_tokenizer") ||
-        read_decoder(&L, cJSON_GetObjectItemCaseSensitive(root, "decoder"), "decoder") ||
-        read_normalizer(&L, cJSON_GetObjectItemCaseSensitive(root, "normalizer"), "normalizer") ||
+    if (read_steps(&L, cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer"), "pretokenizers", "pre_tokenizer",
+                   read_pre) ||
+        read_steps(&L, cJSON_GetObjectItemCaseSensitive(root, "decoder"), "decoders", "decoder", read_decoder) ||
+        read_steps(&L, cJSON_GetObjectItemCaseSensitive(root, "normalizer"), "normalizers", "normalizer",
+                   read_normalizer) ||
         read_added(&L, cJSON_GetObjectItemCaseSensitive(root, "added_tokens"), &max_added))
         goto done;
     t->kind = L.has_byte_level ? TOK_BYTE_LEVEL : TOK_CHARS;
     const cJSON *dec = cJSON_GetObjectItemCaseSensitive(root, "decoder");
     t->join_space = !dec || cJSON_IsNull(dec);  // tokenizers without a decoder joins the tokens with spaces
     if (read_model(&L, cJSON_GetObjectItemCaseSensitive(root, "model"), max_added) ||
-        read_post(&L, cJSON_GetObjectItemCaseSensitive(root, "post_processor"), "post_processor") ||
+        read_steps(&L, cJSON_GetObjectItemCaseSensitive(root, "post_processor"), "processors", "post_processor",
+                   read_post) ||
         decoded_tokens(&L) || normalize_added(t) || read_config(t, config_path))
         goto done;
     tok_index_added(t);
