@@ -4,7 +4,10 @@
 #ifndef SHARDLM_TEST_H
 #define SHARDLM_TEST_H
 
+#include "shardlm/fileio.h"
+
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -59,6 +62,19 @@ static int test_failed_checks;
     _Generic((p), float *: (sl_act *)(void *)(p),                \
              const float *: (const sl_act *)(const void *)(p),   \
              void *: (sl_act *)(p), const void *: (const sl_act *)(p))
+
+// FNV-1a 64 (fileio.h's sl_fnv1a64) over token ids written as little-endian uint32: how the tokenizer
+// fixtures (tests/reference/make_tokenizer*_fixtures.py) fingerprint a whole file's ids.
+static inline uint64_t test_fnv1a_ids(const int32_t *ids, size_t n) {
+    unsigned long long h = SL_FNV1A64_INIT;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t v = (uint32_t)ids[i];
+        const unsigned char le[4] = {(unsigned char)v, (unsigned char)(v >> 8), (unsigned char)(v >> 16),
+                                     (unsigned char)(v >> 24)};
+        h = sl_fnv1a64(h, le, 4);
+    }
+    return h;
+}
 
 // Where shared test inputs live: ../shared/data relative to the repository root.
 static inline const char *test_data_dir(void) {

@@ -18,15 +18,6 @@ static double now_s(void) {
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-static uint64_t fnv1a_ids(const int32_t *ids, size_t n) {
-    uint64_t h = 0xcbf29ce484222325ULL;
-    for (size_t i = 0; i < n; i++) {
-        uint32_t v = (uint32_t)ids[i];
-        for (int k = 0; k < 4; k++) { h ^= (v >> (8 * k)) & 0xFF; h *= 0x100000001b3ULL; }
-    }
-    return h;
-}
-
 static sl_tokenizer *gpt2(void) {
     static sl_tokenizer *tok;
     if (!tok) {
@@ -133,7 +124,7 @@ TEST(gpt2_matches_hf_on_whole_corpus_and_round_trips) {
         size_t nf = parse_ids(first, want_first, 64);
         size_t k = 0;
         while (k < nf && k < n && ids[k] == want_first[k]) k++;
-        int ok = n == want_n && fnv1a_ids(ids, n) == want_h;
+        int ok = n == want_n && test_fnv1a_ids(ids, n) == want_h;
         if (!ok) {
             mismatched++;
             if (k < nf) CHECK_MSG(0, "%s: %zu ids (HF %zu); first difference at position %zu: %d vs HF %d", name, n,

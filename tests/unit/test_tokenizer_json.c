@@ -20,15 +20,6 @@ static const char *const LAYOUTS[] = {"bytelevel-gpt2", "bytelevel-llama3", "spm
                                       "metaspace-split", "bytelevel-qwen2",  "bytelevel-nfkc", "bytelevel-nfd"};
 enum { N_LAYOUTS = 8 };
 
-static uint64_t fnv1a_ids(const int32_t *ids, size_t n) {
-    uint64_t h = 0xcbf29ce484222325ULL;
-    for (size_t i = 0; i < n; i++) {
-        uint32_t v = (uint32_t)ids[i];
-        for (int k = 0; k < 4; k++) { h ^= (v >> (8 * k)) & 0xFF; h *= 0x100000001b3ULL; }
-    }
-    return h;
-}
-
 static sl_tokenizer *load_layout(const char *name) {
     char dir[512];
     snprintf(dir, sizeof dir, FIX_DIR "/%s", name);
@@ -120,7 +111,7 @@ static void check_corpus(const char *name, sl_tokenizer *tok, size_t *bytes, dou
         *seconds += (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
         *bytes += len;
         char got[32];
-        snprintf(got, sizeof got, "%016llx", (unsigned long long)fnv1a_ids(ids, n));
+        snprintf(got, sizeof got, "%016llx", (unsigned long long)test_fnv1a_ids(ids, n));
         CHECK_MSG(n == want_n && strcmp(got, hex) == 0, "%s %s: %zu ids (hash %s), expected %zu (%s)", name, file, n,
                   got, want_n, hex);
         char *back = NULL;
