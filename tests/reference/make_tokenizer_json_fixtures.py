@@ -37,7 +37,7 @@ Writes, under tests/fixtures/tokenizer_json/<name>/:
                ids written as little-endian uint32 (as in make_tokenizer_fixtures.py).
 
 Run from the repository root:
-  HF_HUB_OFFLINE=1 /work/venv/bin/python tests/reference/make_tokenizer_json_fixtures.py
+  HF_HUB_OFFLINE=1 python3 tests/reference/make_tokenizer_json_fixtures.py   (tokenizers + transformers installed)
 Corpus directory from $SHARDLM_DATA (default ../shared/data); text in $SHARDLM_DATA/sotu/*.txt.
 Tested with tokenizers 0.23.3, transformers 5.24.0. Output is deterministic (run twice, compare).
 """
