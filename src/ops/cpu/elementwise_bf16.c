@@ -3,9 +3,8 @@
 // gradients, RoPE and its transpose, and LoRA's add_columns / take_columns. Staging widens every
 // argument whole into fp32 scratch, runs the CPU op and rounds what it wrote back: for GELU's backward
 // at GPT-2's MLP width that is five passes over fp32 copies of the activations where one over the bf16
-// ones does; for add_columns
-// it is the whole fused q|k|v or gate|up output (N x ld) to touch one adapter's W columns, three or two
-// times per block. These widen each element as they read it, compute
+// ones does; for add_columns it is the whole fused q|k|v or gate|up output (N x ld) to touch one
+// adapter's W columns, three or two times per block. These widen each element as they read it, compute
 // the CPU op's fp32 expression in its order (-ffp-contract=off: no fused multiply-add) and round once
 // to nearest even, so they give the staged op's bits; untouched columns are not rewritten (staging
 // rewrote them with their own bits). No reductions: the same bits for any thread count.
