@@ -68,6 +68,20 @@ done
 note "-- ncu (full set): $((SECONDS - start))s"
 
 # 3. compute-sanitizer on two bf16 steps, each attention mode (about 35 s a run on an H200)
+# racecheck_ok LOG RC: 1 when racecheck's run in LOG ended with its summary, the tool did not fault, and
+# every hazard it printed lies in cuBLASLt's Hopper GEMMs (nvjet_*: their mbarrier / TMA synchronisation
+# is not ours to judge; 20 hazards a run on 2026-11-27), else 0. Those kernels are not left out with
+# --kernel-name-exclude: on 2026-11-28 (H200) the uninstrumented GEMM then faulted under the tool
+# ("Internal Sanitizer Error: ... failed to handle a hardware exception").
+racecheck_ok() {
+  local log=$1 rc=$2
+  grep -q 'RACECHECK SUMMARY' "$log" || { echo 0; return; }
+  grep -qE 'Internal Sanitizer Error|Target application returned an error' "$log" && { echo 0; return; }
+  [ "$rc" -eq 0 ] && { echo 1; return; }
+  # rc 99: hazards; their sites are the "... access at KERNEL+0xOFFSET" lines
+  [ "$rc" -eq 99 ] && ! grep -E 'access at ' "$log" | grep -vq 'access at nvjet_' && { echo 1; return; }
+  echo 0
+}
 cs=$(command -v compute-sanitizer || echo "$CUDA_HOME/bin/compute-sanitizer")
 start=$SECONDS
 for model in gpt2-demo llama-demo; do
@@ -77,16 +91,17 @@ for model in gpt2-demo llama-demo; do
       [ "$mode" != default ] && [ "$model" = llama-demo ] && [ "$mode" != SHARDLM_ATTENTION_DQ=ordered ] && continue
       tag=${model}_${tool}_$(echo "${mode#SHARDLM_}" | tr 'A-Z=' 'a-z_')
       left 30 "sanitizer_$tag" || break 3
-      # cuBLASLt's Hopper GEMMs (nvjet_*) are left out: racecheck reports hazards inside them (20 a run on
-      # 2026-11-27, H200), none in shardlm's kernels; their mbarrier / TMA synchronisation is not ours to judge
       env ${mode/default/SHARDLM_PROBE=1} timeout -k 10 90 "$cs" --tool "$tool" --error-exitcode 99 \
-        --kernel-name-exclude kns=nvjet \
         "$B/bench_train" --model "$model" --device cuda --precision bf16 --seq 256 --batch 2 --steps 2 --warmup 0 \
         >"$logdir/sanitizer_$tag.txt" 2>&1
       rc=$?
-      want="ERROR SUMMARY: 0 errors"
-      [ "$tool" = racecheck ] && want="RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)"
-      if [ $rc -eq 0 ] && grep -qF "$want" "$logdir/sanitizer_$tag.txt"; then
+      ok=0
+      if [ "$tool" = memcheck ]; then
+        [ $rc -eq 0 ] && grep -qF "ERROR SUMMARY: 0 errors" "$logdir/sanitizer_$tag.txt" && ok=1
+      else
+        ok=$(racecheck_ok "$logdir/sanitizer_$tag.txt" $rc)
+      fi
+      if [ "$ok" = 1 ]; then
         note "PASS sanitizer_$tag"; passed=$((passed + 1))
       else
         note "FAIL sanitizer_$tag: exit $rc ($(grep -m2 -E 'SUMMARY|Invalid|Race|hazard|rror' "$logdir/sanitizer_$tag.txt" | tr '\n' ' '))"
