@@ -207,12 +207,16 @@ def render_fused(w, runs, split):
     rows = default_then_variants(runs, split)
     if not rows:
         return
-    ops = ("layernorm_backward", "rmsnorm_backward", "crossentropy_fused", "crossentropy_forward",
+    ops = ("residual_layernorm_forward", "residual_rmsnorm_forward", "layernorm_backward", "rmsnorm_backward",
+           "crossentropy_fused", "crossentropy_forward",
            "crossentropy_backward", "matmul_backward_gelu", "matmul_gelu_backward")
     shown = [k for k in ops if any(k in r.get("breakdown", {}) for r, _ in rows)]
     w("### Fused kernels against the separate ones (bf16, profiled step)\n")
-    w("The norm backward (src/ops/cuda/norm_backward.cu) and the fused classifier (crossentropy_fused, "
-      "src/ops/cuda/crossentropy.cu) against `SHARDLM_FUSED_KERNELS=0` (the earlier separate kernels, and "
+    w("The norm backward (src/ops/cuda/norm_backward.cu), the norm forwards with each row held in registers "
+      "(src/ops/cuda/norm.cu; in runs of commits before 2026-11-28's norm.cu change both rows ran the loop kernels) "
+      "and the fused classifier (crossentropy_fused, "
+      "src/ops/cuda/crossentropy.cu) against `SHARDLM_FUSED_KERNELS=0` (the earlier separate kernels, the norm "
+      "forwards' loop kernels, and "
       "crossentropy_forward + crossentropy_backward), and GPT-2's MLP backward with the GELU gradient in the "
       "c_proj dinp GEMM's DGELU epilogue (matmul_backward_gelu, then a plain matmul_backward for c_fc) against "
       "the GELU gradient in c_fc's bias-gradient pass (matmul_backward, then matmul_gelu_backward): compare the "

@@ -38,7 +38,7 @@ typedef struct {
     int attention_grid;        // SHARDLM_ATTENTION_GRID=tiles|heads: the mma.sync attention's block order (default tiles)
     int attention_dq;          // SHARDLM_ATTENTION_DQ=split|atomic|ordered: its backward's dQ (SL_ATTENTION_DQ_*; default split)
     int ce_row_smem;           // SHARDLM_CE_ROW_SMEM: the GPU's fused classifier holds each row in shared memory (default 1)
-    int fused_kernels;         // SHARDLM_FUSED_KERNELS=0: the GPU's norm backward and loss as the earlier separate kernels (default 1)
+    int fused_kernels;         // SHARDLM_FUSED_KERNELS=0: the GPU's norms and loss as the earlier kernels (default 1)
     int gemm_autotune;         // SHARDLM_GEMM_AUTOTUNE=1: time cuBLASLt's candidate algorithms once per GEMM shape (default 0)
     int bf16_storage;          // SHARDLM_BF16_STORAGE=0: bf16 runs (GPU and CPU) keep fp32 activations (default 1)
     int emulate_bf16_storage;  // SHARDLM_EMULATE_BF16_STORAGE=1: the CPU emulates bf16 storage (tests; default 0)

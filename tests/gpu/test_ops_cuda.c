@@ -1470,10 +1470,16 @@ int main(int argc, char **argv) {
         test_norms("split_small", 37, 100);
         test_norms("split_gpt2", 1024, 768);
         set_switch("SHARDLM_FUSED_KERNELS", NULL);
-        test_residual_norms("small", 37, 100);
-        test_residual_norms("gpt2", 1024, 768);
-        test_residual_norm_fusion_exact("small", 37, 100);
-        test_residual_norm_fusion_exact("gpt2", 1024, 768);
+        // fp32 rows of 100 and 768 (the register path, 1 and 6 vectors a lane), 1024 (8), 4096 (the
+        // vector loop), 771 (single elements); and with SHARDLM_FUSED_KERNELS=0 (the loop kernels)
+        for (int i = 0; i < N_NORM_SHAPES; i++) {
+            test_residual_norms(NORM_SHAPES[i].tag, NORM_SHAPES[i].N, NORM_SHAPES[i].C);
+            test_residual_norm_fusion_exact(NORM_SHAPES[i].tag, NORM_SHAPES[i].N, NORM_SHAPES[i].C);
+        }
+        set_switch("SHARDLM_FUSED_KERNELS", "0");
+        test_residual_norms("split_gpt2", 1024, 768);
+        test_residual_norm_fusion_exact("split_gpt2", 1024, 768);
+        set_switch("SHARDLM_FUSED_KERNELS", NULL);
     }
 
     if (group("elementwise")) {

@@ -2,46 +2,123 @@
 // the residual add before them (ops.h residual_layernorm_forward / residual_rmsnorm_forward); the
 // backwards are in norm_backward.cu.
 //
-// One warp per row (8 rows per 256-thread block). Each lane sums columns lane, lane+32, ... in order,
-// then warp_sum's fixed butterfly combines the lanes; the CPU's two-pass formulas are kept (mean
-// first, then the variance about it; rstd = 1/sqrt(var+eps)), and every elementwise expression is
-// written with _rn intrinsics in the CPU's evaluation order, so nvcc cannot contract it differently.
-// Invariants: no atomics; all reductions in a fixed order; mean/rstd saved exactly as computed; all
-// work queued on sl_cuda_stream().
-// Cost: forward reads a row 3x (LN) / 2x (RMS) (cache-resident re-reads) and writes it once.
+// One warp per row (8 rows per 256-thread block). Lane l takes the VEC-wide vectors l, l + 32, ... of
+// the row (VEC = 16 bytes of storage, 8 bf16 / 4 fp32, when C is a multiple of VEC and every pointer
+// is 16-byte aligned; else VEC = 1, single elements). Two paths by row width:
+//   registers (the default, C <= 32 * VEC * 8): the lane issues all its loads of the row (NV vectors,
+//     NV = 1..8 rounded up to 1, 2, 3, 4, 6, 8) before it uses any, keeps them in registers, and the
+//     mean, variance and output passes read the registers: the row is read from memory once, with
+//     one round trip. The fused residual loads a's and b's vectors, then stores resid = a + b and
+//     keeps the rounded sums as the row.
+//   loop (wider rows, unaligned rows, or SHARDLM_FUSED_KERNELS=0: the earlier kernels, for A/B
+//     timing): each pass walks the row again (re-reads from L1 / L2); the fused residual writes its
+//     row first and the norm reads it back.
+// Each lane sums its columns in its order (vector by vector, element by element), then warp_sum's
+// fixed butterfly combines the lanes; the CPU's two-pass formulas are kept (mean first, then the
+// variance about it; rstd = 1/sqrt(var+eps)), and every elementwise expression is written with _rn
+// intrinsics in the CPU's evaluation order, so nvcc cannot contract it differently.
+// Invariants: no atomics; all reductions in a fixed order (a function of C, VEC and the path); mean /
+// rstd saved exactly as computed; all work queued on sl_cuda_stream(). resid may be a or b: every
+// element is read and then written by the same lane.
+// Fused residual + norm == residual_forward + the norm forward, bit for bit: both take the same path
+// for the same C and pointers, and the fused row is the rounded resid, as stored and read back.
 // Row sums are not bit-identical to the CPU's (OpenMP simd order); the elementwise maths is.
-// Fused residual + norm: the same warp first writes its row of resid = a + b (each lane its columns
-// lane, lane+32, ...), then runs the very row function of the plain forward on it (each lane re-reads
-// only what it wrote, from L1/L2), so fused == residual_forward + norm forward, bit for bit, and the
-// separate residual pass (read a and b, write resid, read resid again) disappears.
 // Storage: inp, out, a, b and resid are activations, and w, b the model's parameter copy (T = floatX:
-// with bf16 storage the bf16 shadow of the parameters, and the norm reads resid back rounded, as
-// stored); mean and rstd are fp32.
+// with bf16 storage the bf16 shadow of the parameters); mean and rstd are fp32.
 #include "ops/cuda/cuda_common.cuh"
+#include "shardlm/settings.h"
+
+#include <initializer_list>
+#include <type_traits>
 
 #define NORM_THREADS 256
 #define NORM_ROWS_PER_BLOCK (NORM_THREADS / 32)
+#define NORM_MAX_NV 8  // vectors a lane holds on the register path
 
-// ---- LayerNorm -----------------------------------------------------------------------------------
+// ---- the elementwise maths of both paths ------------------------------------------------------------
 
-// One row of LayerNorm by one warp (lane 0..31): y (C) = (x - mean) * rstd * w + b; lane 0 saves the
-// row's mean and rstd.
-template <typename T>
-__device__ __forceinline__ void layernorm_row(T *y, float *mean, float *rstd, const T *x, const T *w, const T *b,
-                                              int C, float eps, int lane) {
-    float s = 0.0f;
-    for (int c = lane; c < C; c += 32) s = __fadd_rn(s, to_f32(x[c]));
-    float m = __fdiv_rn(warp_sum(s), (float)C);
-    float v = 0.0f;
-    for (int c = lane; c < C; c += 32) {
-        float d = __fsub_rn(to_f32(x[c]), m);
-        v = __fadd_rn(v, __fmul_rn(d, d));
+// LayerNorm's output for one element: (x - mean) * rstd * w + b, in the CPU's order.
+__device__ __forceinline__ float layernorm_out(float x, float m, float r, float w, float b) {
+    return __fadd_rn(__fmul_rn(__fmul_rn(__fsub_rn(x, m), r), w), b);
+}
+// RMSNorm's: w * (x * rstd) (transformers computes x * rstd first, then multiplies by the weight).
+__device__ __forceinline__ float rmsnorm_out(float x, float r, float w) { return __fmul_rn(w, __fmul_rn(x, r)); }
+// rstd from the mean of squares (LN: the variance): 1 / sqrt(ms + eps).
+__device__ __forceinline__ float norm_rstd(float ms, float eps) {
+    return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(ms, eps)));
+}
+
+// ---- register path: a lane's NV vectors of the row, loaded at once ----------------------------------------
+
+template <typename T, int VEC, int NV> struct row_regs {
+    sl_vec<T, VEC> v[NV];  // vector i: columns (i * 32 + lane) * VEC ... + VEC - 1 (unused at or past C)
+};
+
+// The lane's vectors of row x, every load issued before any is used.
+template <typename T, int VEC, int NV>
+__device__ __forceinline__ void regs_load(row_regs<T, VEC, NV> &r, const T *x, int C, int lane) {
+#pragma unroll
+    for (int i = 0; i < NV; i++) {
+        const int c = (i * 32 + lane) * VEC;
+        if (c < C) r.v[i] = *reinterpret_cast<const sl_vec<T, VEC> *>(x + c);
     }
-    v = __fdiv_rn(warp_sum(v), (float)C);
-    float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(v, eps)));
-    for (int c = lane; c < C; c += 32) {
-        float xhat_r = __fmul_rn(__fsub_rn(to_f32(x[c]), m), r);
-        y[c] = from_f32<T>(__fadd_rn(__fmul_rn(xhat_r, to_f32(w[c])), to_f32(b[c])));
+}
+
+// x = a + b rounded to T, stored to resid: every vector of a and b is loaded before the first store
+// (resid may be a or b; each element is read and written by this lane only).
+template <typename T, int VEC, int NV>
+__device__ __forceinline__ void regs_residual(row_regs<T, VEC, NV> &x, T *resid, const T *a, const T *b, int C,
+                                              int lane) {
+    row_regs<T, VEC, NV> y;
+    regs_load(x, a, C, lane);
+    regs_load(y, b, C, lane);
+#pragma unroll
+    for (int i = 0; i < NV; i++) {
+        const int c = (i * 32 + lane) * VEC;
+        if (c >= C) continue;
+#pragma unroll
+        for (int j = 0; j < VEC; j++) x.v[i].v[j] = from_f32<T>(__fadd_rn(to_f32(x.v[i].v[j]), to_f32(y.v[i].v[j])));
+        *reinterpret_cast<sl_vec<T, VEC> *>(resid + c) = x.v[i];
+    }
+}
+
+// The lane's sum of f(x) over its columns, in its order; the warp's total by warp_sum.
+template <typename T, int VEC, int NV, typename F>
+__device__ __forceinline__ float regs_sum(const row_regs<T, VEC, NV> &r, int C, int lane, F f) {
+    float s = 0.0f;
+#pragma unroll
+    for (int i = 0; i < NV; i++) {
+        if ((i * 32 + lane) * VEC >= C) continue;
+#pragma unroll
+        for (int j = 0; j < VEC; j++) s = __fadd_rn(s, f(to_f32(r.v[i].v[j])));
+    }
+    return warp_sum(s);
+}
+
+// y = LayerNorm of the row in registers; lane 0 saves mean and rstd. y is never w or b (restrict: the
+// loads of w and b may move ahead of the stores). w and b are loaded after the statistics, not with
+// the row: held through them, they took GPT-2's bf16 row (NV 3) from 56 to 92 registers.
+template <typename T, int VEC, int NV>
+__device__ __forceinline__ void regs_layernorm(T *__restrict__ y, float *mean, float *rstd,
+                                               const row_regs<T, VEC, NV> &x, const T *__restrict__ w,
+                                               const T *__restrict__ b, int C, float eps, int lane) {
+    const float m = __fdiv_rn(regs_sum(x, C, lane, [](float v) { return v; }), (float)C);
+    const float var = __fdiv_rn(regs_sum(x, C, lane, [m](float v) {
+                                    const float d = __fsub_rn(v, m);
+                                    return __fmul_rn(d, d);
+                                }),
+                                (float)C);
+    const float r = norm_rstd(var, eps);
+#pragma unroll
+    for (int i = 0; i < NV; i++) {
+        const int c = (i * 32 + lane) * VEC;
+        if (c >= C) continue;
+        float wv[VEC], bv[VEC], o[VEC];
+        load_vec<T, VEC>(wv, w + c);
+        load_vec<T, VEC>(bv, b + c);
+#pragma unroll
+        for (int j = 0; j < VEC; j++) o[j] = layernorm_out(to_f32(x.v[i].v[j]), m, r, wv[j], bv[j]);
+        store_vec<T, VEC>(y + c, o);
     }
     if (lane == 0) {
         *mean = m;
@@ -49,85 +126,232 @@ __device__ __forceinline__ void layernorm_row(T *y, float *mean, float *rstd, co
     }
 }
 
-// resid (C) = a + b for one row by one warp, each lane its columns lane, lane+32, ... (resid may be a or b).
-template <typename T>
-__device__ __forceinline__ void residual_row(T *resid, const T *a, const T *b, int C, int lane) {
-    for (int c = lane; c < C; c += 32) resid[c] = from_f32<T>(__fadd_rn(to_f32(a[c]), to_f32(b[c])));
-}
-
-// out (N,C) = (inp - mean) * rstd * w + b; mean, rstd (N). One warp per row.
-template <typename T>
-__global__ void layernorm_forward_kernel(T *out, float *mean, float *rstd, const T *inp, const T *w, const T *b,
-                                         int N, int C, float eps) {
-    int lane = threadIdx.x % 32;
-    int n = blockIdx.x * NORM_ROWS_PER_BLOCK + threadIdx.x / 32;
-    if (n >= N) return;  // whole warps leave together
-    size_t row = (size_t)n * C;
-    layernorm_row<T>(out + row, mean + n, rstd + n, inp + row, w, b, C, eps, lane);
-}
-
-// resid (N,C) = a + b, then out = LayerNorm(resid) as above. One warp per row.
-template <typename T>
-__global__ void residual_layernorm_forward_kernel(T *resid, T *out, float *mean, float *rstd, const T *a, const T *b,
-                                                  const T *w, const T *bias, int N, int C, float eps) {
-    int lane = threadIdx.x % 32;
-    int n = blockIdx.x * NORM_ROWS_PER_BLOCK + threadIdx.x / 32;
-    if (n >= N) return;
-    size_t row = (size_t)n * C;
-    residual_row<T>(resid + row, a + row, b + row, C, lane);
-    layernorm_row<T>(out + row, mean + n, rstd + n, resid + row, w, bias, C, eps, lane);
-}
-
-// ---- RMSNorm -------------------------------------------------------------------------------------
-
-// One row of RMSNorm by one warp: y (C) = w * (x * rstd); lane 0 saves rstd.
-template <typename T>
-__device__ __forceinline__ void rmsnorm_row(T *y, float *rstd, const T *x, const T *w, int C, float eps, int lane) {
-    float ss = 0.0f;
-    for (int c = lane; c < C; c += 32) {
-        float xc = to_f32(x[c]);
-        ss = __fadd_rn(ss, __fmul_rn(xc, xc));
+// y = RMSNorm of the row in registers; lane 0 saves rstd (y is never w, as above).
+template <typename T, int VEC, int NV>
+__device__ __forceinline__ void regs_rmsnorm(T *__restrict__ y, float *rstd, const row_regs<T, VEC, NV> &x,
+                                             const T *__restrict__ w, int C, float eps, int lane) {
+    const float ss = regs_sum(x, C, lane, [](float v) { return __fmul_rn(v, v); });
+    const float r = norm_rstd(__fdiv_rn(ss, (float)C), eps);
+#pragma unroll
+    for (int i = 0; i < NV; i++) {
+        const int c = (i * 32 + lane) * VEC;
+        if (c >= C) continue;
+        float wv[VEC], o[VEC];
+        load_vec<T, VEC>(wv, w + c);
+#pragma unroll
+        for (int j = 0; j < VEC; j++) o[j] = rmsnorm_out(to_f32(x.v[i].v[j]), r, wv[j]);
+        store_vec<T, VEC>(y + c, o);
     }
-    float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(warp_sum(ss), (float)C), eps)));
-    // transformers computes (x * rstd) first, then multiplies by the weight
-    for (int c = lane; c < C; c += 32) y[c] = from_f32<T>(__fmul_rn(to_f32(w[c]), __fmul_rn(to_f32(x[c]), r)));
     if (lane == 0) *rstd = r;
 }
 
-// out (N,C) = w * (inp * rstd); rstd (N). One warp per row.
-template <typename T>
-__global__ void rmsnorm_forward_kernel(T *out, float *rstd, const T *inp, const T *w, int N, int C, float eps) {
-    int lane = threadIdx.x % 32;
-    int n = blockIdx.x * NORM_ROWS_PER_BLOCK + threadIdx.x / 32;
+// The four kernels of the register path: one warp per row (whole warps leave together).
+template <typename T, int VEC, int NV>
+__global__ void layernorm_forward_regs_kernel(T *out, float *mean, float *rstd, const T *inp, const T *w, const T *b,
+                                              int N, int C, float eps) {
+    const int lane = threadIdx.x % 32, n = blockIdx.x * NORM_ROWS_PER_BLOCK + threadIdx.x / 32;
     if (n >= N) return;
-    size_t row = (size_t)n * C;
-    rmsnorm_row<T>(out + row, rstd + n, inp + row, w, C, eps, lane);
+    const size_t row = (size_t)n * C;
+    row_regs<T, VEC, NV> x;
+    regs_load(x, inp + row, C, lane);
+    regs_layernorm(out + row, mean + n, rstd + n, x, w, b, C, eps, lane);
 }
 
-// resid (N,C) = a + b, then out = RMSNorm(resid). One warp per row.
-template <typename T>
+template <typename T, int VEC, int NV>
+__global__ void residual_layernorm_forward_regs_kernel(T *resid, T *out, float *mean, float *rstd, const T *a,
+                                                       const T *b, const T *w, const T *bias, int N, int C, float eps) {
+    const int lane = threadIdx.x % 32, n = blockIdx.x * NORM_ROWS_PER_BLOCK + threadIdx.x / 32;
+    if (n >= N) return;
+    const size_t row = (size_t)n * C;
+    row_regs<T, VEC, NV> x;
+    regs_residual(x, resid + row, a + row, b + row, C, lane);
+    regs_layernorm(out + row, mean + n, rstd + n, x, w, bias, C, eps, lane);
+}
+
+template <typename T, int VEC, int NV>
+__global__ void rmsnorm_forward_regs_kernel(T *out, float *rstd, const T *inp, const T *w, int N, int C, float eps) {
+    const int lane = threadIdx.x % 32, n = blockIdx.x * NORM_ROWS_PER_BLOCK + threadIdx.x / 32;
+    if (n >= N) return;
+    const size_t row = (size_t)n * C;
+    row_regs<T, VEC, NV> x;
+    regs_load(x, inp + row, C, lane);
+    regs_rmsnorm(out + row, rstd + n, x, w, C, eps, lane);
+}
+
+template <typename T, int VEC, int NV>
+__global__ void residual_rmsnorm_forward_regs_kernel(T *resid, T *out, float *rstd, const T *a, const T *b,
+                                                     const T *w, int N, int C, float eps) {
+    const int lane = threadIdx.x % 32, n = blockIdx.x * NORM_ROWS_PER_BLOCK + threadIdx.x / 32;
+    if (n >= N) return;
+    const size_t row = (size_t)n * C;
+    row_regs<T, VEC, NV> x;
+    regs_residual(x, resid + row, a + row, b + row, C, lane);
+    regs_rmsnorm(out + row, rstd + n, x, w, C, eps, lane);
+}
+
+// ---- loop path: each pass walks the row (vectors of VEC, or single elements) ------------------------------
+
+// One row of LayerNorm by one warp: y (C) = (x - mean) * rstd * w + b; lane 0 saves mean and rstd.
+template <typename T, int VEC>
+__device__ __forceinline__ void layernorm_row(T *y, float *mean, float *rstd, const T *x, const T *w, const T *b,
+                                              int C, float eps, int lane) {
+    float s = 0.0f;
+    for (int c = lane * VEC; c < C; c += 32 * VEC) {
+        float xv[VEC];
+        load_vec<T, VEC>(xv, x + c);
+#pragma unroll
+        for (int j = 0; j < VEC; j++) s = __fadd_rn(s, xv[j]);
+    }
+    const float m = __fdiv_rn(warp_sum(s), (float)C);
+    float v = 0.0f;
+    for (int c = lane * VEC; c < C; c += 32 * VEC) {
+        float xv[VEC];
+        load_vec<T, VEC>(xv, x + c);
+#pragma unroll
+        for (int j = 0; j < VEC; j++) {
+            const float d = __fsub_rn(xv[j], m);
+            v = __fadd_rn(v, __fmul_rn(d, d));
+        }
+    }
+    const float r = norm_rstd(__fdiv_rn(warp_sum(v), (float)C), eps);
+    for (int c = lane * VEC; c < C; c += 32 * VEC) {
+        float xv[VEC], wv[VEC], bv[VEC], o[VEC];
+        load_vec<T, VEC>(xv, x + c);
+        load_vec<T, VEC>(wv, w + c);
+        load_vec<T, VEC>(bv, b + c);
+#pragma unroll
+        for (int j = 0; j < VEC; j++) o[j] = layernorm_out(xv[j], m, r, wv[j], bv[j]);
+        store_vec<T, VEC>(y + c, o);
+    }
+    if (lane == 0) {
+        *mean = m;
+        *rstd = r;
+    }
+}
+
+// resid (C) = a + b for one row by one warp, each lane its vectors (resid may be a or b).
+template <typename T, int VEC>
+__device__ __forceinline__ void residual_row(T *resid, const T *a, const T *b, int C, int lane) {
+    for (int c = lane * VEC; c < C; c += 32 * VEC) {
+        float av[VEC], bv[VEC];
+        load_vec<T, VEC>(av, a + c);
+        load_vec<T, VEC>(bv, b + c);
+#pragma unroll
+        for (int j = 0; j < VEC; j++) av[j] = __fadd_rn(av[j], bv[j]);
+        store_vec<T, VEC>(resid + c, av);
+    }
+}
+
+// One row of RMSNorm by one warp: y (C) = w * (x * rstd); lane 0 saves rstd.
+template <typename T, int VEC>
+__device__ __forceinline__ void rmsnorm_row(T *y, float *rstd, const T *x, const T *w, int C, float eps, int lane) {
+    float ss = 0.0f;
+    for (int c = lane * VEC; c < C; c += 32 * VEC) {
+        float xv[VEC];
+        load_vec<T, VEC>(xv, x + c);
+#pragma unroll
+        for (int j = 0; j < VEC; j++) ss = __fadd_rn(ss, __fmul_rn(xv[j], xv[j]));
+    }
+    const float r = norm_rstd(__fdiv_rn(warp_sum(ss), (float)C), eps);
+    for (int c = lane * VEC; c < C; c += 32 * VEC) {
+        float xv[VEC], wv[VEC], o[VEC];
+        load_vec<T, VEC>(xv, x + c);
+        load_vec<T, VEC>(wv, w + c);
+#pragma unroll
+        for (int j = 0; j < VEC; j++) o[j] = rmsnorm_out(xv[j], r, wv[j]);
+        store_vec<T, VEC>(y + c, o);
+    }
+    if (lane == 0) *rstd = r;
+}
+
+template <typename T, int VEC>
+__global__ void layernorm_forward_kernel(T *out, float *mean, float *rstd, const T *inp, const T *w, const T *b,
+                                         int N, int C, float eps) {
+    const int lane = threadIdx.x % 32, n = blockIdx.x * NORM_ROWS_PER_BLOCK + threadIdx.x / 32;
+    if (n >= N) return;
+    const size_t row = (size_t)n * C;
+    layernorm_row<T, VEC>(out + row, mean + n, rstd + n, inp + row, w, b, C, eps, lane);
+}
+
+template <typename T, int VEC>
+__global__ void residual_layernorm_forward_kernel(T *resid, T *out, float *mean, float *rstd, const T *a, const T *b,
+                                                  const T *w, const T *bias, int N, int C, float eps) {
+    const int lane = threadIdx.x % 32, n = blockIdx.x * NORM_ROWS_PER_BLOCK + threadIdx.x / 32;
+    if (n >= N) return;
+    const size_t row = (size_t)n * C;
+    residual_row<T, VEC>(resid + row, a + row, b + row, C, lane);
+    layernorm_row<T, VEC>(out + row, mean + n, rstd + n, resid + row, w, bias, C, eps, lane);
+}
+
+template <typename T, int VEC>
+__global__ void rmsnorm_forward_kernel(T *out, float *rstd, const T *inp, const T *w, int N, int C, float eps) {
+    const int lane = threadIdx.x % 32, n = blockIdx.x * NORM_ROWS_PER_BLOCK + threadIdx.x / 32;
+    if (n >= N) return;
+    const size_t row = (size_t)n * C;
+    rmsnorm_row<T, VEC>(out + row, rstd + n, inp + row, w, C, eps, lane);
+}
+
+template <typename T, int VEC>
 __global__ void residual_rmsnorm_forward_kernel(T *resid, T *out, float *rstd, const T *a, const T *b, const T *w,
                                                 int N, int C, float eps) {
-    int lane = threadIdx.x % 32;
-    int n = blockIdx.x * NORM_ROWS_PER_BLOCK + threadIdx.x / 32;
+    const int lane = threadIdx.x % 32, n = blockIdx.x * NORM_ROWS_PER_BLOCK + threadIdx.x / 32;
     if (n >= N) return;
-    size_t row = (size_t)n * C;
-    residual_row<T>(resid + row, a + row, b + row, C, lane);
-    rmsnorm_row<T>(out + row, rstd + n, resid + row, w, C, eps, lane);
+    const size_t row = (size_t)n * C;
+    residual_row<T, VEC>(resid + row, a + row, b + row, C, lane);
+    rmsnorm_row<T, VEC>(out + row, rstd + n, resid + row, w, C, eps, lane);
 }
 
 // ---- entry points (cuda_ops.cuh) ------------------------------------------------------------------
 
 static unsigned int row_blocks(int N) { return ceil_div_u((size_t)N, NORM_ROWS_PER_BLOCK); }
 
+// Which path and width a call takes: a function of C, the pointers' alignment and the switch only.
+// nv > 0: the register path with nv vectors a lane; else the loop path with vectors (vec) or not.
+struct norm_plan {
+    bool vec;
+    int nv;
+};
+template <typename T> static norm_plan plan_norm(int C, std::initializer_list<const void *> ptrs) {
+    constexpr int VEC = 16 / sizeof(T);
+    norm_plan p = {C % VEC == 0, 0};
+    for (const void *q : ptrs) p.vec = p.vec && sl_aligned16(q);
+    if (!p.vec || !sl_settings_get()->fused_kernels) return {p.vec && sl_settings_get()->fused_kernels, 0};
+    const int k = (C + 32 * VEC - 1) / (32 * VEC);  // vectors of the widest lane
+    p.nv = k <= 4 ? k : k <= 6 ? 6 : k <= NORM_MAX_NV ? NORM_MAX_NV : 0;
+    return p;
+}
+
+// The kernel a plan picks, launched on N rows: regs(std::integral_constant<int, NV>) gives the
+// register-path kernel for NV (1, 2, 3, 4, 6 or 8), loop(std::integral_constant<int, VEC>) the loop
+// kernel for VEC (16 / sizeof(T), or 1); all take the same arguments.
+template <typename T, typename R, typename L, typename... A>
+static void launch_norm(const norm_plan &p, int N, R regs, L loop, A... args) {
+    constexpr int VEC = 16 / sizeof(T);
+    cudaStream_t s = sl_cuda_stream();
+    auto go = [&](auto kernel) { kernel<<<row_blocks(N), NORM_THREADS, 0, s>>>(args...); };
+    switch (p.nv) {
+    case 0: p.vec ? go(loop(std::integral_constant<int, VEC>())) : go(loop(std::integral_constant<int, 1>())); break;
+    case 1: go(regs(std::integral_constant<int, 1>())); break;
+    case 2: go(regs(std::integral_constant<int, 2>())); break;
+    case 3: go(regs(std::integral_constant<int, 3>())); break;
+    case 4: go(regs(std::integral_constant<int, 4>())); break;
+    case 6: go(regs(std::integral_constant<int, 6>())); break;
+    default: go(regs(std::integral_constant<int, NORM_MAX_NV>())); break;
+    }
+    CUDA_LAUNCH_CHECK();
+}
+
 template <typename floatX>
 void cuda_layernorm_forward(sl_act *out, float *mean, float *rstd, const sl_act *inp, const sl_act *w,
                             const sl_act *b, int N, int C, float eps) {
     if (N <= 0 || C <= 0) return;
-    layernorm_forward_kernel<floatX><<<row_blocks(N), NORM_THREADS, 0, sl_cuda_stream()>>>(
-        as_storage<floatX>(out), mean, rstd, as_storage<floatX>(inp), as_storage<floatX>(w), as_storage<floatX>(b), N, C,
-        eps);
-    CUDA_LAUNCH_CHECK();
+    floatX *o = as_storage<floatX>(out);
+    const floatX *x = as_storage<floatX>(inp), *wt = as_storage<floatX>(w), *bs = as_storage<floatX>(b);
+    launch_norm<floatX>(
+        plan_norm<floatX>(C, {o, x, wt, bs}), N,
+        [](auto nv) { return layernorm_forward_regs_kernel<floatX, 16 / sizeof(floatX), decltype(nv)::value>; },
+        [](auto vec) { return layernorm_forward_kernel<floatX, decltype(vec)::value>; }, o, mean, rstd, x, wt, bs, N,
+        C, eps);
 }
 
 template <typename floatX>
@@ -135,28 +359,40 @@ void cuda_residual_layernorm_forward(sl_act *resid, sl_act *out, float *mean, fl
                                      const sl_act *b, const sl_act *w, const sl_act *bias, int N, int C,
                                      float eps) {
     if (N <= 0 || C <= 0) return;
-    residual_layernorm_forward_kernel<floatX><<<row_blocks(N), NORM_THREADS, 0, sl_cuda_stream()>>>(
-        as_storage<floatX>(resid), as_storage<floatX>(out), mean, rstd, as_storage<floatX>(a), as_storage<floatX>(b),
-        as_storage<floatX>(w), as_storage<floatX>(bias), N, C, eps);
-    CUDA_LAUNCH_CHECK();
+    floatX *r = as_storage<floatX>(resid), *o = as_storage<floatX>(out);
+    const floatX *xa = as_storage<floatX>(a), *xb = as_storage<floatX>(b);
+    const floatX *wt = as_storage<floatX>(w), *bs = as_storage<floatX>(bias);
+    launch_norm<floatX>(
+        plan_norm<floatX>(C, {r, o, xa, xb, wt, bs}), N,
+        [](auto nv) {
+            return residual_layernorm_forward_regs_kernel<floatX, 16 / sizeof(floatX), decltype(nv)::value>;
+        },
+        [](auto vec) { return residual_layernorm_forward_kernel<floatX, decltype(vec)::value>; }, r, o, mean, rstd, xa,
+        xb, wt, bs, N, C, eps);
 }
 
 template <typename floatX>
 void cuda_rmsnorm_forward(sl_act *out, float *rstd, const sl_act *inp, const sl_act *w, int N, int C, float eps) {
     if (N <= 0 || C <= 0) return;
-    rmsnorm_forward_kernel<floatX><<<row_blocks(N), NORM_THREADS, 0, sl_cuda_stream()>>>(
-        as_storage<floatX>(out), rstd, as_storage<floatX>(inp), as_storage<floatX>(w), N, C, eps);
-    CUDA_LAUNCH_CHECK();
+    floatX *o = as_storage<floatX>(out);
+    const floatX *x = as_storage<floatX>(inp), *wt = as_storage<floatX>(w);
+    launch_norm<floatX>(
+        plan_norm<floatX>(C, {o, x, wt}), N,
+        [](auto nv) { return rmsnorm_forward_regs_kernel<floatX, 16 / sizeof(floatX), decltype(nv)::value>; },
+        [](auto vec) { return rmsnorm_forward_kernel<floatX, decltype(vec)::value>; }, o, rstd, x, wt, N, C, eps);
 }
 
 template <typename floatX>
 void cuda_residual_rmsnorm_forward(sl_act *resid, sl_act *out, float *rstd, const sl_act *a, const sl_act *b,
                                    const sl_act *w, int N, int C, float eps) {
     if (N <= 0 || C <= 0) return;
-    residual_rmsnorm_forward_kernel<floatX><<<row_blocks(N), NORM_THREADS, 0, sl_cuda_stream()>>>(
-        as_storage<floatX>(resid), as_storage<floatX>(out), rstd, as_storage<floatX>(a), as_storage<floatX>(b),
-        as_storage<floatX>(w), N, C, eps);
-    CUDA_LAUNCH_CHECK();
+    floatX *r = as_storage<floatX>(resid), *o = as_storage<floatX>(out);
+    const floatX *xa = as_storage<floatX>(a), *xb = as_storage<floatX>(b), *wt = as_storage<floatX>(w);
+    launch_norm<floatX>(
+        plan_norm<floatX>(C, {r, o, xa, xb, wt}), N,
+        [](auto nv) { return residual_rmsnorm_forward_regs_kernel<floatX, 16 / sizeof(floatX), decltype(nv)::value>; },
+        [](auto vec) { return residual_rmsnorm_forward_kernel<floatX, decltype(vec)::value>; }, r, o, rstd, xa, xb, wt,
+        N, C, eps);
 }
 
 SL_CUDA_STORAGE_INSTANCES(cuda_layernorm_forward)
