@@ -13,7 +13,10 @@
 //        the same row (from L1) writes dinp;
 //     2. thread t adds, for each of its columns c = t, t + 256, ... and each of the tile's rows in
 //        order, dout * xhat (and dout) to the block's column sums in shared memory (acc_w, acc_b:
-//        C floats each). The tile's rows were just read in step 1, so these loads hit L1 / L2.
+//        C floats each). The tile's rows were just read in step 1, so these loads hit L1 / L2; a
+//        column's 16 loads (8 rows of dout and inp) are issued together, then summed in row order.
+//   Step 1's second pass reads dinp's row for the first time; the lane prefetches it into L1 before
+//   the first pass (vector path), so its latency overlaps x's and dout's.
 //   At the end thread t writes its columns of acc_w / acc_b to row blockIdx.x of the partials.
 //   norm_param_reduce_kernel: (32 columns x 8) threads a block; thread (x, y) sums partial rows
 //   y, y + 8, ... in order, then y = 0 adds the 8 sums in y order and ACCUMULATES: dw[c] += sum.
@@ -56,37 +59,65 @@ static void norm_chunking(int N, int *rows_per_chunk, int *n_chunks) {
 
 // ---- per-row and per-element maths (both paths) ----------------------------------------------------
 
-// dinp (C) += the input gradient of one row, by one warp (lane 0..31, columns of vectors lane,
-// lane + 32, ...). LayerNorm (LN): g = ((dnorm - mean(dnorm)) - xhat * mean(dnorm * xhat)) * r with
-// dnorm = dy * w, xhat = (x - m) * r. RMSNorm: g = dy * w * r - x * (sum(dy * w * x) * r^3 / C).
-template <typename T, int VEC, bool LN>
-__device__ __forceinline__ void norm_backward_row(T *dx, const T *dy, const T *x, const T *w, float m, float r, int C,
-                                                  int lane) {
-    float s1 = 0.0f, s2 = 0.0f;  // LN: sum dnorm, sum dnorm * xhat; RMS: s1 = sum dnorm * x
-    for (int c = lane * VEC; c < C; c += 32 * VEC) {
-        float xv[VEC], dyv[VEC], wv[VEC];
-        load_vec<T, VEC>(xv, x + c);
-        load_vec<T, VEC>(dyv, dy + c);
-        load_vec<T, VEC>(wv, w + c);
-#pragma unroll
-        for (int j = 0; j < VEC; j++) {
-            float dnorm = __fmul_rn(dyv[j], wv[j]);
-            if (LN) {
-                s1 = __fadd_rn(s1, dnorm);
-                s2 = __fadd_rn(s2, __fmul_rn(__fmul_rn(dnorm, __fsub_rn(xv[j], m)), r));
-            } else {
-                s1 = __fadd_rn(s1, __fmul_rn(dnorm, xv[j]));
-            }
-        }
+// The per-element maths of a row's input gradient. LayerNorm (LN): g = ((dnorm - mean(dnorm)) - xhat *
+// mean(dnorm * xhat)) * r with dnorm = dy * w, xhat = (x - m) * r. RMSNorm: g = dy * w * r - x *
+// (sum(dy * w * x) * r^3 / C).
+// One element's terms of the row sums: LN s1 += dnorm, s2 += dnorm * xhat; RMS s1 += dnorm * x.
+template <bool LN>
+__device__ __forceinline__ void norm_bwd_sums(float &s1, float &s2, float x, float dy, float w, float m, float r) {
+    const float dnorm = __fmul_rn(dy, w);
+    if (LN) {
+        s1 = __fadd_rn(s1, dnorm);
+        s2 = __fadd_rn(s2, __fmul_rn(__fmul_rn(dnorm, __fsub_rn(x, m)), r));
+    } else {
+        s1 = __fadd_rn(s1, __fmul_rn(dnorm, x));
     }
-    // LN: a = mean(dnorm), k = mean(dnorm * xhat); RMS: k = dot * r^3 / C
-    float a = 0.0f, k;
+}
+// The row's coefficients from the lanes' sums: LN a = mean(dnorm), k = mean(dnorm * xhat); RMS
+// k = dot * r^3 / C (a unused).
+template <bool LN> __device__ __forceinline__ void norm_bwd_coefs(float s1, float s2, float r, int C, float &a, float &k) {
+    a = 0.0f;
     if (LN) {
         a = __fdiv_rn(warp_sum(s1), (float)C);
         k = __fdiv_rn(warp_sum(s2), (float)C);
     } else {
         k = __fdiv_rn(__fmul_rn(__fmul_rn(__fmul_rn(warp_sum(s1), r), r), r), (float)C);
     }
+}
+// One element's dinp: dx + g.
+template <bool LN>
+__device__ __forceinline__ float norm_bwd_dx(float dx, float x, float dy, float w, float m, float r, float a, float k) {
+    const float dnorm = __fmul_rn(dy, w);
+    float g;
+    if (LN) {
+        const float xhat = __fmul_rn(__fsub_rn(x, m), r);
+        g = __fmul_rn(__fsub_rn(__fsub_rn(dnorm, a), __fmul_rn(xhat, k)), r);
+    } else {
+        g = __fsub_rn(__fmul_rn(dnorm, r), __fmul_rn(x, k));
+    }
+    return __fadd_rn(dx, g);
+}
+
+// dinp (C) += the input gradient of one row, by one warp (lane 0..31, columns of vectors lane,
+// lane + 32, ...): two passes over the row (the second from L1). dx's row is first-read in the
+// second pass, after each vector's store of the one before (the compiler orders them: see the
+// kernel's restrict), so with vectors the lane prefetches its dx vectors into L1 before the first
+// pass: their memory latency overlaps x's and dy's instead of following it.
+template <typename T, int VEC, bool LN>
+__device__ __forceinline__ void norm_backward_row(T *__restrict__ dx, const T *__restrict__ dy, const T *__restrict__ x,
+                                                  const T *__restrict__ w, float m, float r, int C, int lane) {
+    if (VEC > 1)
+        for (int c = lane * VEC; c < C; c += 32 * VEC) asm volatile("prefetch.global.L1 [%0];" ::"l"(dx + c));
+    float s1 = 0.0f, s2 = 0.0f, a, k;
+    for (int c = lane * VEC; c < C; c += 32 * VEC) {
+        float xv[VEC], dyv[VEC], wv[VEC];
+        load_vec<T, VEC>(xv, x + c);
+        load_vec<T, VEC>(dyv, dy + c);
+        load_vec<T, VEC>(wv, w + c);
+#pragma unroll
+        for (int j = 0; j < VEC; j++) norm_bwd_sums<LN>(s1, s2, xv[j], dyv[j], wv[j], m, r);
+    }
+    norm_bwd_coefs<LN>(s1, s2, r, C, a, k);
     for (int c = lane * VEC; c < C; c += 32 * VEC) {
         float xv[VEC], dyv[VEC], wv[VEC], dxv[VEC];
         load_vec<T, VEC>(xv, x + c);
@@ -94,16 +125,7 @@ __device__ __forceinline__ void norm_backward_row(T *dx, const T *dy, const T *x
         load_vec<T, VEC>(wv, w + c);
         load_vec<T, VEC>(dxv, dx + c);
 #pragma unroll
-        for (int j = 0; j < VEC; j++) {
-            float dnorm = __fmul_rn(dyv[j], wv[j]), g;
-            if (LN) {
-                float xhat = __fmul_rn(__fsub_rn(xv[j], m), r);
-                g = __fmul_rn(__fsub_rn(__fsub_rn(dnorm, a), __fmul_rn(xhat, k)), r);
-            } else {
-                g = __fsub_rn(__fmul_rn(dnorm, r), __fmul_rn(xv[j], k));
-            }
-            dxv[j] = __fadd_rn(dxv[j], g);
-        }
+        for (int j = 0; j < VEC; j++) dxv[j] = norm_bwd_dx<LN>(dxv[j], xv[j], dyv[j], wv[j], m, r, a, k);
         store_vec<T, VEC>(dx + c, dxv);
     }
 }
@@ -120,8 +142,12 @@ template <bool LN> __device__ __forceinline__ float norm_dw_term(float dy, float
 // C floats (RMS) or 2 C (LN) when part_w is given, else none. See the top comment.
 template <typename T, int VEC, bool LN>
 __global__ void __launch_bounds__(NB_THREADS)
-    norm_backward_fused_kernel(T *dinp, float *part_w, float *part_b, const T *dout, const T *inp, const T *w,
-                               const float *mean, const float *rstd, int N, int C, int rows_per_chunk) {
+    norm_backward_fused_kernel(T *__restrict__ dinp, float *part_w, float *part_b, const T *__restrict__ dout,
+                               const T *__restrict__ inp, const T *__restrict__ w, const float *mean,
+                               const float *rstd, int N, int C, int rows_per_chunk) {
+    // restrict: dinp is never dout, inp or w (the model's buffers), so the loads of a row's second
+    // pass may go ahead of its stores (unrolled two vectors at a time) and dout / inp / w take the
+    // read-only path
     extern __shared__ float acc[];  // acc_w (C), then acc_b (C, LN): this block's column sums
     float *acc_w = acc, *acc_b = acc + C;
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
@@ -147,14 +173,20 @@ __global__ void __launch_bounds__(NB_THREADS)
             tr[i] = i < rows ? rstd[t0 + i] : 0.0f;
         }
         for (int c = tid; c < C; c += NB_THREADS) {
-            float aw = acc_w[c], ab = LN ? acc_b[c] : 0.0f;
+            float aw = acc_w[c], ab = LN ? acc_b[c] : 0.0f, dy[NB_WARPS], x[NB_WARPS];
+            // every row's loads first (predicated, not behind a break: they issue together), then the
+            // sums in row order
+#pragma unroll
+            for (int i = 0; i < NB_WARPS; i++) {
+                const size_t at = (size_t)(t0 + i) * C + c;
+                dy[i] = i < rows ? to_f32(dout[at]) : 0.0f;
+                x[i] = i < rows ? to_f32(inp[at]) : 0.0f;
+            }
 #pragma unroll
             for (int i = 0; i < NB_WARPS; i++) {
                 if (i >= rows) break;
-                const size_t at = (size_t)(t0 + i) * C + c;
-                const float dy = to_f32(dout[at]);
-                aw = __fadd_rn(aw, norm_dw_term<LN>(dy, to_f32(inp[at]), tm[i], tr[i]));
-                if (LN) ab = __fadd_rn(ab, dy);
+                aw = __fadd_rn(aw, norm_dw_term<LN>(dy[i], x[i], tm[i], tr[i]));
+                if (LN) ab = __fadd_rn(ab, dy[i]);
             }
             acc_w[c] = aw;
             if (LN) acc_b[c] = ab;
