@@ -257,7 +257,8 @@ template <int D> __device__ __forceinline__ void mma_tile_rows(float (*acc)[4], 
 // of the B tiles with lo <= nt < hi (the other blocks stay 0; nt0, N, lo and hi even, so the blocks go
 // in pairs): s[n] = A1's rows m0 .. m0+15 times B1's rows 8 nt .. 8 nt + 7 transposed, and t[n] the same
 // for A2 and B2 (S = Q K^T with dP = dO V^T, or their transposes S^T = K Q^T with dP^T = V dO^T).
-template <int D, int N>
+// WHOLE: every block is in range (a tile off the diagonal), and the code has no test (see mma_steps).
+template <int D, int N, bool WHOLE = false>
 __device__ __forceinline__ void two_scores(float (*s)[4], float (*t)[4], const bf16 *a1, const bf16 *a2,
                                            const bf16 *b1, const bf16 *b2, int m0, int nt0, int lo, int hi) {
     static_assert(N % 2 == 0, "two_scores takes its 8-row blocks in pairs");
@@ -273,7 +274,7 @@ __device__ __forceinline__ void two_scores(float (*s)[4], float (*t)[4], const b
 #pragma unroll
         for (int n = 0; n < N; n += 2) {
             const int nt = nt0 + n;
-            if (nt < lo || nt >= hi) continue;
+            if (!WHOLE && (nt < lo || nt >= hi)) continue;
             uint32_t x[4], y[4];
             load_b_pair(x, b1, Geom<D>::DS, nt * 8, kk * 16);
             load_b_pair(y, b2, Geom<D>::DS, nt * 8, kk * 16);
@@ -281,6 +282,40 @@ __device__ __forceinline__ void two_scores(float (*s)[4], float (*t)[4], const b
             mma(s[n + 1], f1, x[2], x[3]);
             mma(t[n], f2, y[0], y[1]);
             mma(t[n + 1], f2, y[2], y[3]);
+        }
+    }
+}
+
+// acc += frags[kk] times rows 16 kk .. 16 kk + 15 of a row-major (64, D) tile, for the 16-deep steps
+// kk < end (P V in the forward, dS K for dQ). WHOLE: every step (a tile off the diagonal), with no
+// test in the code. The probe of 2026-11-28 (H200) found the products stalled on the ldmatrix just
+// before each (short scoreboard: 23-50% of the kernels' stall samples): a test inside the unrolled
+// loop puts each step's ldmatrix and products in a region of their own (a WARPSYNC before, no loads
+// moved across), so off the diagonal, almost every tile, the loops run without one. The same products
+// in the same order: the same bits.
+template <int D, bool WHOLE>
+__device__ __forceinline__ void mma_steps(float (*acc)[4], const uint32_t (*frags)[4], const bf16 *tile, int end) {
+#pragma unroll
+    for (int kk = 0; kk < KT; kk++)
+        if (WHOLE || kk < end) mma_tile_rows<D>(acc, frags[kk], tile, kk * 16);
+}
+
+// The forward's S = Q K^T for this warp's 16 rows: qf its Q fragments (KD k-steps), Ks the key tile,
+// over the 8-key blocks nt < end (in pairs: end even; the other blocks 0). WHOLE: every block, no test.
+template <int D, bool WHOLE>
+__device__ __forceinline__ void q_k_scores(float (*s)[4], const uint32_t (*qf)[4], const bf16 *Ks, int end) {
+#pragma unroll
+    for (int nt = 0; nt < NT; nt += 2) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) s[nt][e] = s[nt + 1][e] = 0.0f;
+        if (WHOLE || nt < end) {
+#pragma unroll
+            for (int kk = 0; kk < Geom<D>::KD; kk++) {
+                uint32_t kf[4];
+                load_b_pair(kf, Ks, Geom<D>::DS, nt * 8, kk * 16);
+                mma(s[nt], qf[kk], kf[0], kf[1]);
+                mma(s[nt + 1], qf[kk], kf[2], kf[3]);
+            }
         }
     }
 }
@@ -356,20 +391,8 @@ __global__ void __launch_bounds__(THREADS, Geom<D>::forward_blocks)
         // S = Q K^T over the 8-key blocks holding a key one of this warp's rows sees (in pairs: nt_end even)
         const int nt_end = diag ? 2 * (warp + 1) : NT;
         float s[NT][4];
-#pragma unroll
-        for (int nt = 0; nt < NT; nt += 2) {
-#pragma unroll
-            for (int e = 0; e < 4; e++) s[nt][e] = s[nt + 1][e] = 0.0f;
-            if (nt < nt_end) {
-#pragma unroll
-                for (int kk = 0; kk < G::KD; kk++) {
-                    uint32_t kf[4];
-                    load_b_pair(kf, Ks, G::DS, nt * 8, kk * 16);
-                    mma(s[nt], qf[kk], kf[0], kf[1]);
-                    mma(s[nt + 1], qf[kk], kf[2], kf[3]);
-                }
-            }
-        }
+        if (diag) q_k_scores<D, false>(s, qf, Ks, nt_end);
+        else q_k_scores<D, true>(s, qf, Ks, NT);
         // scale (in log2 units: m and the scores are log2(e) times the natural ones), causal mask (only
         // on the diagonal tile: every key of an earlier tile precedes every query of this one), the rows'
         // maxima over their 4 lanes
@@ -429,10 +452,8 @@ __global__ void __launch_bounds__(THREADS, Geom<D>::forward_blocks)
             o[nd][3] *= corr[1];
         }
         // O += P V over the 16-key steps holding a key this warp sees
-        const int kt_end = diag ? warp + 1 : KT;
-#pragma unroll
-        for (int kk = 0; kk < KT; kk++)
-            if (kk < kt_end) mma_tile_rows<D>(o, pf[kk], Vs, kk * 16);
+        if (diag) mma_steps<D, false>(o, pf, Vs, warp + 1);
+        else mma_steps<D, true>(o, pf, Vs, KT);
         __syncthreads();  // every warp is done with this buffer before tile j + 2 is loaded into it
     }
     if (tq == 0) {  // natural log-sum-exp: m2 ln 2 + ln l
@@ -542,7 +563,8 @@ __global__ void __launch_bounds__(THREADS, Geom<D>::backward_blocks)
                 continue;
             }
             float s[4][4], dp[4][4];  // S^T = K Q^T, dP^T = V dO^T
-            two_scores<D, 4>(s, dp, Ks, Vs, Qs, dOs, warp * 16, 4 * half, nt_begin, NT);
+            if (q0 == k0) two_scores<D, 4>(s, dp, Ks, Vs, Qs, dOs, warp * 16, 4 * half, nt_begin, NT);
+            else two_scores<D, 4, true>(s, dp, Ks, Vs, Qs, dOs, warp * 16, 4 * half, 0, NT);
             uint32_t pf[2][4], dsf[2][4];  // A fragments over this half's two 16-query steps
 #pragma unroll
             for (int n = 0; n < 4; n++) {
@@ -676,7 +698,8 @@ __global__ void __launch_bounds__(THREADS, Geom<D>::backward_blocks)
         const bool diag = j == qt;
         const int nt_end = diag ? 2 * (warp + 1) : NT;
         float s[NT][4], dp[NT][4];  // S = Q K^T, dP = dO V^T
-        two_scores<D, NT>(s, dp, Qs, dOs, Ks, Vs, warp * 16, 0, 0, nt_end);
+        if (diag) two_scores<D, NT>(s, dp, Qs, dOs, Ks, Vs, warp * 16, 0, 0, nt_end);
+        else two_scores<D, NT, true>(s, dp, Qs, dOs, Ks, Vs, warp * 16, 0, 0, NT);
         uint32_t dsf[KT][4];
         const bool full = !diag && q0 + TILE <= T;  // no key masked for any row (every key precedes them)
 #pragma unroll
@@ -701,10 +724,8 @@ __global__ void __launch_bounds__(THREADS, Geom<D>::backward_blocks)
             }
             to_a(dsf[nt / 2], nt % 2, ds);
         }
-        const int kt_end = diag ? warp + 1 : KT;
-#pragma unroll
-        for (int kk = 0; kk < KT; kk++)
-            if (kk < kt_end) mma_tile_rows<D>(dq, dsf[kk], Ks, kk * 16);
+        if (diag) mma_steps<D, false>(dq, dsf, Ks, warp + 1);
+        else mma_steps<D, true>(dq, dsf, Ks, KT);
         __syncthreads();
     }
     bf16 *dst = dqkv + (size_t)b * T * W + (size_t)h * D + 2 * tq;
