@@ -3,8 +3,8 @@
 # attention kernels' next step (docs/gpu.md, "Next GPU session"): why they run below the tensor pipe's
 # rate, and whether the kernels written since the last compute-sanitizer run are race free.
 #   1. build (tests/gpu/suite.sh build);
-#   2. Nsight Compute's full set on one launch each of mma_forward_kernel, mma_dkdv_kernel, mma_dq_kernel
-#      and the dK/dV kernel with dQ in key-tile order (SHARDLM_ATTENTION_DQ=ordered), GPT-2 124M bf16 B=64 (the
+#   2. Nsight Compute's full set on one launch each of mma_forward_kernel, mma_dkdv_kernel, mma_dq_kernel,
+#      the fused classifier, the residual + layernorm forward and the norm backward, GPT-2 124M bf16 B=64 (the
 #      benchmark's step), clocks left alone (--clock-control none): $OUT/ncu_details.csv (every section,
 #      warp stall reasons included), $OUT/ncu_raw.csv (every metric) and $OUT/sass_KERNEL.csv (the
 #      source page: each SASS instruction with its executed count and stall samples);
@@ -48,7 +48,10 @@ note "-- build: $((SECONDS - start))s"
 ncu=$(command -v ncu || echo "$CUDA_HOME/bin/ncu")
 step=(--model gpt2 --device cuda --precision bf16 --seq 1024 --batch 64 --steps 1 --warmup 0)
 start=$SECONDS
-for spec in mma_dkdv_kernel:split mma_dq_kernel:split mma_dkdv_kernel:ordered mma_forward_kernel:split; do
+# the attention kernels, then the memory-bound ones of the same step (their bytes against the copy rate):
+# the fused classifier, the residual + layernorm forward and the norm backward
+for spec in mma_dkdv_kernel:split mma_dq_kernel:split mma_forward_kernel:split crossentropy_fused_smem_kernel:split \
+    residual_layernorm_forward_regs_kernel:split norm_backward_fused_kernel:split; do
   k=${spec%%:*} dq=${spec##*:} name=${spec%%:*}_${spec##*:}
   left 60 "ncu_$name" || break
   SHARDLM_ATTENTION_DQ=$dq timeout -k 10 90 "$ncu" --kernel-name "regex:$k" --launch-count 1 --set full \
@@ -84,9 +87,10 @@ racecheck_ok() {
 }
 cs=$(command -v compute-sanitizer || echo "$CUDA_HOME/bin/compute-sanitizer")
 start=$SECONDS
-for model in gpt2-demo llama-demo; do
-  for mode in default SHARDLM_ATTENTION_DQ=ordered SHARDLM_ATTENTION_DQ=atomic SHARDLM_ATTENTION_GRID=heads \
-      SHARDLM_CE_ROW_SMEM=0; do
+# the default kernels on both models first, then the opt-in modes (as many as the budget holds)
+for mode in default SHARDLM_ATTENTION_DQ=ordered SHARDLM_ATTENTION_DQ=atomic SHARDLM_ATTENTION_GRID=heads \
+    SHARDLM_CE_ROW_SMEM=0; do
+  for model in gpt2-demo llama-demo; do
     for tool in racecheck memcheck; do
       [ "$mode" != default ] && [ "$model" = llama-demo ] && [ "$mode" != SHARDLM_ATTENTION_DQ=ordered ] && continue
       tag=${model}_${tool}_$(echo "${mode#SHARDLM_}" | tr 'A-Z=' 'a-z_')
