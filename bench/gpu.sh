@@ -22,7 +22,8 @@
 #      and cross-entropy as the earlier separate kernels, the MLP's GELU gradient outside the GEMM
 #      epilogue), for the before / after table of the fused kernels (GPU_SPLIT=0: not run), with
 #      SHARDLM_CE_ROW_SMEM=0 (the fused classifier reading each row twice, the default's rows in shared
-#      memory left out; GPU_CE_SMEM=0: not run), and with
+#      memory left out) and =2 (two rows a block, the next one's copy in flight; GPU_CE_SMEM=0: neither
+#      run), and with
 #      SHARDLM_GEMM_AUTOTUNE=1 (each GEMM shape's algorithms timed once; GPU_AUTOTUNE=0: not run);
 #   7. renders the "GPU" section of bench/RESULTS.md (bench/gpu_render.py) after every model, so a
 #      run cut short still leaves its finished rows.
@@ -49,7 +50,7 @@
 #   GPU_WMMA=1 (0: no WMMA attention rows)  GPU_ATT_GRID=1 (0: no attention-grid rows)
 #   GPU_ATT_DQ=1 (0: no atomic-dQ attention rows)
 #   GPU_SPLIT=1 (0: no separate-kernel rows)  GPU_AUTOTUNE=1 (0: no autotuned-GEMM rows)
-#   GPU_CE_SMEM=1 (0: no classifier rows with SHARDLM_CE_ROW_SMEM=0)  GPU_BUILD=build/gpu  GPU_COMMIT (when git is not there)
+#   GPU_CE_SMEM=1 (0: no classifier rows with SHARDLM_CE_ROW_SMEM=0 / 2)  GPU_BUILD=build/gpu  GPU_COMMIT (when git is not there)
 #   PYTHON=python3
 #   GPU_DEVICE=cuda; GPU_DEVICE=cpu is a dry run of this script's logic on a machine without a GPU (with
 #   GPU_MODELS=gpt2-tiny GPU_SEQ=64 GPU_MAX_BATCH=8 GPU_OUT_DIR=/tmp/somewhere: it measures nothing useful)
@@ -286,6 +287,7 @@ variant_rows GPU_ATT_DQ shardlm-attorder SHARDLM_ATTENTION_DQ=ordered \
 # kernels, for the before / after table
 variant_rows GPU_SPLIT shardlm-split SHARDLM_FUSED_KERNELS=0 "separate norm-backward, cross-entropy and GELU-gradient kernels"
 variant_rows GPU_CE_SMEM shardlm-cetwice SHARDLM_CE_ROW_SMEM=0 "the classifier reading each row twice"
+variant_rows GPU_CE_SMEM shardlm-cetwo SHARDLM_CE_ROW_SMEM=2 "the classifier with two rows a block in shared memory"
 # the GEMMs: each shape's cuBLASLt algorithms timed once against the heuristic's first
 variant_rows GPU_AUTOTUNE shardlm-autotune SHARDLM_GEMM_AUTOTUNE=1 "GEMM algorithms timed per shape"
 say "finished in ${SECONDS}s"

@@ -237,7 +237,8 @@ def render_fused(w, runs, split):
 
 
 # the classifier's comparison rows by tag: SHARDLM_CE_ROW_SMEM=0 since it became the default, =1 before
-CE_TAGS_WHAT = (("shardlm-cetwice:", "fused, each row read twice"), ("shardlm-cesmem:", "fused, rows in shared memory"))
+CE_TAGS_WHAT = (("shardlm-cetwice:", "fused, each row read twice"), ("shardlm-cesmem:", "fused, rows in shared memory"),
+                ("shardlm-cetwo:", "fused, two rows a block in shared memory"))
 CE_TAGS = tuple(t for t, _ in CE_TAGS_WHAT)
 
 ATTENTION_KERNELS = {"mma": "mma.sync, registers (mma)", "tc": "tensor cores, WMMA (tc)", "simt": "CUDA cores (simt)"}

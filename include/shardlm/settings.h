@@ -37,7 +37,7 @@ typedef struct {
     int attention;             // SHARDLM_ATTENTION=tc|simt|mma: the bf16 attention kernels (SL_ATTENTION_*; default mma)
     int attention_grid;        // SHARDLM_ATTENTION_GRID=tiles|heads: the mma.sync attention's block order (default tiles)
     int attention_dq;          // SHARDLM_ATTENTION_DQ=split|atomic|ordered: its backward's dQ (SL_ATTENTION_DQ_*; default split)
-    int ce_row_smem;           // SHARDLM_CE_ROW_SMEM: the GPU's fused classifier holds each row in shared memory (default 1)
+    int ce_row_smem;           // SHARDLM_CE_ROW_SMEM: rows the GPU's fused classifier holds in shared memory (0-2; default 1)
     int fused_kernels;         // SHARDLM_FUSED_KERNELS=0: the GPU's norms and loss as the earlier kernels (default 1)
     int gemm_autotune;         // SHARDLM_GEMM_AUTOTUNE=1: time cuBLASLt's candidate algorithms once per GEMM shape (default 0)
     int bf16_storage;          // SHARDLM_BF16_STORAGE=0: bf16 runs (GPU and CPU) keep fp32 activations (default 1)

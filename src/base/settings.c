@@ -19,7 +19,7 @@ static const struct { const char *name, *meaning; } variables[] = {
     {"SHARDLM_ATTENTION", "mma (default): on the GPU the mma.sync tensor-core kernels with fragments in registers; tc: the WMMA tensor-core kernels; simt: the CUDA-core kernels; on the CPU simt is the staged fp32 attention, tc and mma oneDNN bf16 matmuls"},
     {"SHARDLM_ATTENTION_GRID", "heads: the GPU's mma.sync attention kernels take their blocks in chunks of heads that fit a share of L2 (longest tiles first in each), so the blocks running at once share K and V through L2; tiles (default): every head's longest tile first. The same bits either way (A/B timing, not yet run on a GPU)"},
     {"SHARDLM_ATTENTION_DQ", "atomic: the GPU's mma.sync attention backward adds dQ inside the dK/dV kernel with fp32 atomics (head dims up to 64; two tile products fewer, but dQ is not bit-reproducible run to run; H200: backward 35.8 -> 30.8 ms a GPT-2 124M B=64 step); ordered: the same, each dQ sum taking its key tiles in order, so bit-reproducible (not yet run on a GPU); split (default): dQ by a kernel of its own, deterministic"},
-    {"SHARDLM_CE_ROW_SMEM", "0: the GPU's fused classifier reads each row of logits twice, once from memory and once from L2 (A/B timing); default 1: it copies each row into shared memory where one fits and reads it from there (the same bits; H200 2026-11-27: 7.66 -> 6.96 ms a GPT-2 124M B=64 step)"},
+    {"SHARDLM_CE_ROW_SMEM", "0: the GPU's fused classifier reads each row of logits twice, once from memory and once from L2 (A/B timing); default 1: it copies each row into shared memory where one fits and reads it from there (the same bits; H200 2026-11-27: 7.66 -> 6.96 ms a GPT-2 124M B=64 step); 2: two rows a block where two fit, the next row's copy in flight while one is used (the same bits; not yet run on a GPU)"},
     {"SHARDLM_FUSED_KERNELS", "0: the GPU's norm backward, cross-entropy and GELU gradient as the earlier separate kernels (A/B timing; default 1)"},
     {"SHARDLM_GEMM_AUTOTUNE", "1: each GPU GEMM shape times cuBLASLt's candidate algorithms once and keeps the fastest (default 0: the heuristic's first, the same in every run)"},
     {"SHARDLM_BF16_STORAGE", "0: --precision bf16 keeps fp32 activations, on the GPU and the CPU (default 1: bf16 storage)"},
@@ -113,7 +113,9 @@ int sl_settings_load(void) {
     read_word("SHARDLM_ATTENTION_GRID", grid_words, grid_v, 2, &s.attention_grid, "tiles or heads");
     static const int dq_v[] = {SL_ATTENTION_DQ_SPLIT, SL_ATTENTION_DQ_ATOMIC, SL_ATTENTION_DQ_ORDERED};
     read_word("SHARDLM_ATTENTION_DQ", dq_words, dq_v, 3, &s.attention_dq, "split, atomic or ordered");
-    read_switch("SHARDLM_CE_ROW_SMEM", &s.ce_row_smem);
+    static const char *const ce_rows[] = {"0", "1", "2"};  // rows of logits a block holds in shared memory
+    static const int ce_rows_v[] = {0, 1, 2};
+    read_word("SHARDLM_CE_ROW_SMEM", ce_rows, ce_rows_v, 3, &s.ce_row_smem, "0, 1 or 2");
     read_switch("SHARDLM_FUSED_KERNELS", &s.fused_kernels);
     read_switch("SHARDLM_GEMM_AUTOTUNE", &s.gemm_autotune);
     read_switch("SHARDLM_BF16_STORAGE", &s.bf16_storage);

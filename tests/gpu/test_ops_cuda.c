@@ -1341,16 +1341,18 @@ static void test_attention_dq_ordered(const char *tag, int B, int T, int NH, int
 
 // Every CE_SHAPES entry through check (against the CPU) and test_crossentropy_fusion_exact, with the
 // fused classifier reading each row twice (SHARDLM_CE_ROW_SMEM=0), then with each row in shared memory (=1,
-// the default).
+// the default), then with two rows a block (=2: the next row's copy in flight; one row where two do not
+// fit, still the shared-memory kernel).
 // That kernel must run exactly where it applies: 3 launches a shape (check runs the fused op twice,
 // the exact test once) where it takes the rows (cuda_crossentropy_smem_takes: 16-byte vectors, and a
 // row fits this GPU's shared memory), none otherwise (odd_vp97).
 static void crossentropy_cases(void (*check)(const char *tag, int N, int V, int Vp)) {
-    for (int smem = 0; smem < 2; smem++) {
-        set_switch("SHARDLM_CE_ROW_SMEM", smem ? "1" : "0");
+    static const char *const modes[3] = {"0", "1", "2"}, *const prefix[3] = {"", "smem_", "smem2_"};
+    for (int smem = 0; smem < 3; smem++) {
+        set_switch("SHARDLM_CE_ROW_SMEM", modes[smem]);
         for (int i = 0; i < N_CE_SHAPES; i++) {
             char tag[64];
-            snprintf(tag, sizeof tag, "%s%s", smem ? "smem_" : "", CE_SHAPES[i].tag);
+            snprintf(tag, sizeof tag, "%s%s", prefix[smem], CE_SHAPES[i].tag);
             const unsigned long before = cuda_crossentropy_smem_launches();
             check(tag, CE_SHAPES[i].N, CE_SHAPES[i].V, CE_SHAPES[i].Vp);
             test_crossentropy_fusion_exact(tag, CE_SHAPES[i].N, CE_SHAPES[i].V, CE_SHAPES[i].Vp);

@@ -184,22 +184,40 @@ __global__ void __launch_bounds__(CE_THREADS) crossentropy_fused_kernel(float *l
 // the row comes from memory once and never through L2 again; cp.async keeps every thread's 16-byte
 // copies in flight at once. The same device functions on the same values as crossentropy_fused_kernel:
 // the same bits. Rows n = blockIdx.x, + gridDim.x, ... (as many blocks as fit an SM, times the SMs).
-template <typename T, int VEC>
+// TWO (SHARDLM_CE_ROW_SMEM=2, where two rows fit): two row buffers a block, and the copy of the block's
+// next row is in flight while this one is used, so a block's memory traffic no longer stops while it
+// computes (GPT-2's bf16 rows: one block an SM, 201 KB, against two of one row). The same bits.
+template <typename T, int VEC, bool TWO>
 __global__ void __launch_bounds__(CE_THREADS) crossentropy_fused_smem_kernel(float *lse, double *row_loss, T *logits,
                                                                              const int *targets, int N, int V, int Vp,
                                                                              float dloss) {
     __shared__ float red[CE_RED];
     extern __shared__ __align__(16) unsigned char row_smem[];
-    T *row = reinterpret_cast<T *>(row_smem);
-    const int chunks = Vp / VEC;  // 16-byte chunks of a row
-    for (int n = blockIdx.x; n < N; n += gridDim.x) {
-        T *x = logits + (size_t)n * Vp;
-        __syncthreads();  // every thread is done reading the previous row's copy
+    T *rows = reinterpret_cast<T *>(row_smem);  // TWO: the block's k-th row in rows + (k % 2) Vp
+    const int chunks = Vp / VEC;                // 16-byte chunks of a row
+    // dst <- row n of the logits, every thread's chunks in flight at once, as one cp.async group
+    auto copy_row = [&](T *dst, int n) {
+        const T *src = logits + (size_t)n * Vp;
         for (int c = threadIdx.x; c < chunks; c += CE_THREADS) {
-            const uint32_t dst = (uint32_t)__cvta_generic_to_shared(row + (size_t)c * VEC);
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(x + (size_t)c * VEC) : "memory");
+            const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst + (size_t)c * VEC);
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src + (size_t)c * VEC) : "memory");
         }
-        asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
+        asm volatile("cp.async.commit_group;\n" ::: "memory");
+    };
+    if (TWO && (int)blockIdx.x < N) copy_row(rows, blockIdx.x);  // the first row, ahead of the loop
+    for (int n = blockIdx.x, k = 0; n < N; n += gridDim.x, k++) {
+        T *x = logits + (size_t)n * Vp;
+        T *row = rows + (TWO ? (size_t)(k & 1) * Vp : 0);
+        __syncthreads();  // every thread is done reading the buffer the copy below fills (the previous row's)
+        if (!TWO) {
+            copy_row(row, n);
+            asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+        } else if (n + (int)gridDim.x < N) {
+            copy_row(rows + (size_t)((k + 1) & 1) * Vp, n + (int)gridDim.x);
+            asm volatile("cp.async.wait_group 1;\n" ::: "memory");  // this row's group landed; the next in flight
+        } else {
+            asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+        }
         __syncthreads();  // the copy landed for every thread
         int target = targets[n];
         float x_target = threadIdx.x == 0 && target >= 0 ? to_f32(row[target]) : 0.0f;
@@ -233,15 +251,16 @@ template <typename T> static bool ce_vectors(const void *logits, int Vp) {
     return Vp % (int)(16 / sizeof(T)) == 0 && sl_aligned16(logits);
 }
 
-// Whether the shared-memory row kernel takes rows of Vp elements of elem bytes: 16-byte vectors, and a
-// row fits one block's shared memory beside its static red array, on this GPU (the logits' 16-byte
-// alignment is checked apart, by ce_vectors).
-static bool ce_row_kernel_takes(int Vp, size_t elem) {
+// Whether the shared-memory row kernel takes rows of Vp elements of elem bytes, `rows` rows a block:
+// 16-byte vectors, and the rows fit one block's shared memory beside its static red array, on this GPU
+// (the logits' 16-byte alignment is checked apart, by ce_vectors).
+static bool ce_row_kernel_takes(int Vp, size_t elem, int rows) {
     const cudaDeviceProp *p = sl_cuda_device_props();
-    return Vp % (int)(16 / elem) == 0 && p && (size_t)Vp * elem + CE_RED * sizeof(float) <= p->sharedMemPerBlockOptin;
+    return Vp % (int)(16 / elem) == 0 && p &&
+           (size_t)Vp * elem * (size_t)rows + CE_RED * sizeof(float) <= p->sharedMemPerBlockOptin;
 }
 
-extern "C" int cuda_crossentropy_smem_takes(int Vp, int bf16) { return ce_row_kernel_takes(Vp, bf16 ? 2 : 4); }
+extern "C" int cuda_crossentropy_smem_takes(int Vp, int bf16) { return ce_row_kernel_takes(Vp, bf16 ? 2 : 4, 1); }
 
 // Sums the N row losses queued before it and waits for the total (NaN when something failed).
 static double ce_total(double *row_loss, int N) {
@@ -299,15 +318,20 @@ double cuda_crossentropy_fused(float *lse, sl_act *logits, const int *targets, i
     const cudaDeviceProp *p = sl_cuda_device_props();
     const int sms = p ? p->multiProcessorCount : 132;
     const size_t row_bytes = (size_t)Vp * sizeof(floatX);
-    // SHARDLM_CE_ROW_SMEM=1: rows in shared memory where that kernel takes them
-    if (sl_settings_get()->ce_row_smem && ce_vectors<floatX>(x, Vp) && ce_row_kernel_takes(Vp, sizeof(floatX))) {
-        auto kernel = crossentropy_fused_smem_kernel<floatX, 16 / sizeof(floatX)>;
-        if (!sl_cuda_allow_smem(kernel, row_bytes)) return NAN;
+    // SHARDLM_CE_ROW_SMEM=1: rows in shared memory where that kernel takes them; =2: two rows a block
+    // where two fit (else one)
+    const int smem_rows = sl_settings_get()->ce_row_smem;
+    if (smem_rows && ce_vectors<floatX>(x, Vp) && ce_row_kernel_takes(Vp, sizeof(floatX), 1)) {
+        const bool two = smem_rows == 2 && ce_row_kernel_takes(Vp, sizeof(floatX), 2);
+        auto kernel = two ? crossentropy_fused_smem_kernel<floatX, 16 / sizeof(floatX), true>
+                          : crossentropy_fused_smem_kernel<floatX, 16 / sizeof(floatX), false>;
+        const size_t smem = (two ? 2 : 1) * row_bytes;
+        if (!sl_cuda_allow_smem(kernel, smem)) return NAN;
         int per_sm = 0;
-        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, CE_THREADS, row_bytes));
+        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, CE_THREADS, smem));
         const int blocks = (per_sm > 0 ? per_sm : 1) * sms;
-        kernel<<<(unsigned int)(N < blocks ? N : blocks), CE_THREADS, row_bytes, s>>>(lse, row_loss, x, targets, N, V,
-                                                                                       Vp, dloss);
+        kernel<<<(unsigned int)(N < blocks ? N : blocks), CE_THREADS, smem, s>>>(lse, row_loss, x, targets, N, V, Vp,
+                                                                                  dloss);
         CUDA_LAUNCH_CHECK();
         smem_launches++;
         return ce_total(row_loss, N);
