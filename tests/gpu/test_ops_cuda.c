@@ -555,34 +555,48 @@ static void test_residual_norms(const char *tag, int N, int C) {
     free(x); free(y); free(w); free(b); free(resid); free(out); free(mean); free(rstd);
 }
 
+static void *to_bf16(float *f, size_t n);
+
 // On the GPU, the fused residual + norm (in place, as the model calls it) gives the bits of
-// residual_forward followed by the norm: resid, out, mean (layernorm) and rstd.
-static void test_residual_norm_fusion_exact(const char *tag, int N, int C) {
-    size_t n = (size_t)N * C, sizes[8] = {F(n), F(n), F(C), F(C), F(n), F(n), F(N), F(N)};
-    float *hx = frand(n, 1.0f), *hy = frand(n, 1.0f), *hw = frand(C, 1.0f), *hb = frand(C, 0.1f);
+// residual_forward followed by the norm: resid, out, mean (layernorm) and rstd. b_shift 1: b starts one
+// element into its buffer, not 16-byte aligned (an fp32 arena can place buffers at 8 mod 16): the fused
+// call then reads its rows element by element and the separate norm (all pointers aligned) in vectors,
+// the same columns in the same order. Buffers of the table's storage type (bf16 in the bf16 group).
+static void test_residual_norm_fusion_exact(const char *tag, int N, int C, int b_shift) {
+    const int bf16 = gpu->act_bf16 != 0;
+    const size_t es = bf16 ? sizeof(sl_bf16) : sizeof(float), n = (size_t)N * C;
+    const size_t sizes[8] = {es * n, es * (n + 1), es * C, es * C, es * n, es * n, F(N), F(N)};
+    const size_t counts[4] = {n, n + 1, (size_t)C, (size_t)C};
+    const float scales[4] = {1.0f, 1.0f, 1.0f, 0.1f};
+    void *host[4];  // x (a), y (b, one element longer), w, bias in the storage type
+    for (int i = 0; i < 4; i++) {
+        float *f = frand(counts[i], scales[i]);
+        host[i] = bf16 ? to_bf16(f, counts[i]) : f;
+    }
     for (int rms = 0; rms < 2; rms++) {
-        char name[128];
-        snprintf(name, sizeof name, "residual_%s_fused_equals_unfused_bits_%s", rms ? "rmsnorm" : "layernorm", tag);
+        char name[160];
+        snprintf(name, sizeof name, "residual_%s_fused_equals_unfused_bits_%s%s%s", rms ? "rmsnorm" : "layernorm",
+                 bf16 ? "bf16_storage_" : "", tag, b_shift ? "_b_unaligned" : "");
         // per side (0: separate ops, 1: fused): x (a, and resid of the fused side), y (b), w, bias,
         // resid (separate side), out, mean, rstd
         void *d[2][8] = {{0}};
-        float *h[2][4];
+        void *h[2][4];
         int ok = 1;
         for (int k = 0; k < 2; k++)
             for (int i = 0; i < 8; i++) ok = ok && (d[k][i] = gpu->alloc(sizes[i], "fusion test buffer"));
         if (!ok) fail(name, "alloc: %s", sl_error());
         for (int k = 0; k < 2 && ok; k++) {
             void **b = d[k];
-            gpu->upload(b[0], hx, F(n)); gpu->upload(b[1], hy, F(n));
-            gpu->upload(b[2], hw, F(C)); gpu->upload(b[3], hb, F(C));
+            for (int i = 0; i < 4; i++) gpu->upload(b[i], host[i], sizes[i]);
+            void *yb = (char *)b[1] + (size_t)b_shift * es;
             if (k == 0) {
-                gpu->residual_forward(b[4], b[0], b[1], n);
+                gpu->residual_forward(b[4], b[0], yb, n);
                 if (rms) gpu->rmsnorm_forward(b[5], b[7], b[4], b[2], N, C, 1e-6f);
                 else gpu->layernorm_forward(b[5], b[6], b[7], b[4], b[2], b[3], N, C, 1e-5f);
             } else if (rms) {
-                gpu->residual_rmsnorm_forward(b[0], b[5], b[7], b[0], b[1], b[2], N, C, 1e-6f);
+                gpu->residual_rmsnorm_forward(b[0], b[5], b[7], b[0], yb, b[2], N, C, 1e-6f);
             } else {
-                gpu->residual_layernorm_forward(b[0], b[5], b[6], b[7], b[0], b[1], b[2], b[3], N, C, 1e-5f);
+                gpu->residual_layernorm_forward(b[0], b[5], b[6], b[7], b[0], yb, b[2], b[3], N, C, 1e-5f);
             }
             void *src[4] = {k == 0 ? b[4] : b[0], b[5], b[6], b[7]};
             for (int j = 0; j < 4; j++) {
@@ -602,7 +616,7 @@ static void test_residual_norm_fusion_exact(const char *tag, int N, int C) {
         for (int k = 0; k < 2; k++)
             for (int i = 0; i < 8; i++) gpu->dealloc(d[k][i]);
     }
-    free(hx); free(hy); free(hw); free(hb);
+    for (int i = 0; i < 4; i++) free(host[i]);
 }
 
 static void test_norms(const char *tag, int N, int C) {
@@ -1179,6 +1193,9 @@ static void set_switch(const char *name, const char *value) {
 static const struct { const char *tag; int N, C; } NORM_SHAPES[] = {
     {"small", 37, 100},  {"gpt2", 1024, 768},     {"one_row_c5", 1, 5}, {"odd_c771", 1003, 771},
     {"n4099_c768", 4099, 768}, {"c1024", 515, 1024}, {"c4096", 77, 4096},
+    // the norm forwards' register path at every vector count (norm.cu: fp32 256 -> 2 vectors a lane,
+    // 384 -> 3, 512 -> 4; bf16 256 -> 1, 512 -> 2, 1536 -> 6, 2048 -> 8; fp32 1536 and 2048: the loop)
+    {"c256", 99, 256}, {"c384", 50, 384}, {"c512", 67, 512}, {"c1536", 45, 1536}, {"c2048", 33, 2048},
 };
 #define N_NORM_SHAPES ((int)(sizeof NORM_SHAPES / sizeof NORM_SHAPES[0]))
 
@@ -1472,15 +1489,17 @@ int main(int argc, char **argv) {
         test_norms("split_small", 37, 100);
         test_norms("split_gpt2", 1024, 768);
         set_switch("SHARDLM_FUSED_KERNELS", NULL);
-        // fp32 rows of 100 and 768 (the register path, 1 and 6 vectors a lane), 1024 (8), 4096 (the
-        // vector loop), 771 (single elements); and with SHARDLM_FUSED_KERNELS=0 (the loop kernels)
+        // every NORM_SHAPES width (fp32: the register path at 1, 2, 3, 4, 6 and 8 vectors a lane, the
+        // vector loop from 1536, single elements at 5 and 771), b aligned and not; and with
+        // SHARDLM_FUSED_KERNELS=0 (the earlier scalar kernels)
         for (int i = 0; i < N_NORM_SHAPES; i++) {
             test_residual_norms(NORM_SHAPES[i].tag, NORM_SHAPES[i].N, NORM_SHAPES[i].C);
-            test_residual_norm_fusion_exact(NORM_SHAPES[i].tag, NORM_SHAPES[i].N, NORM_SHAPES[i].C);
+            for (int shift = 0; shift < 2; shift++)
+                test_residual_norm_fusion_exact(NORM_SHAPES[i].tag, NORM_SHAPES[i].N, NORM_SHAPES[i].C, shift);
         }
         set_switch("SHARDLM_FUSED_KERNELS", "0");
         test_residual_norms("split_gpt2", 1024, 768);
-        test_residual_norm_fusion_exact("split_gpt2", 1024, 768);
+        test_residual_norm_fusion_exact("split_gpt2", 1024, 768, 0);
         set_switch("SHARDLM_FUSED_KERNELS", NULL);
     }
 
@@ -1536,8 +1555,11 @@ int main(int argc, char **argv) {
             test_bf16_matmul("small_bias", 37, 19, 23);       // matmul_gelu: the unfused fallback (OC % 8 != 0)
             test_bf16_matmul("small_epilogue", 37, 19, 24);   // matmul_gelu: the GELU_AUX_BIAS epilogue
             test_bf16_matmul("gpt2_fc", 1024, 768, 3072);
-            for (int i = 0; i < N_NORM_SHAPES; i++)
+            for (int i = 0; i < N_NORM_SHAPES; i++) {
                 test_bf16_norms(NORM_SHAPES[i].tag, NORM_SHAPES[i].N, NORM_SHAPES[i].C);
+                for (int shift = 0; shift < 2; shift++)  // bf16: the register path at 1, 2, 3, 4, 6 and 8 vectors
+                    test_residual_norm_fusion_exact(NORM_SHAPES[i].tag, NORM_SHAPES[i].N, NORM_SHAPES[i].C, shift);
+            }
             set_switch("SHARDLM_FUSED_KERNELS", "0");
             test_bf16_norms("split_small", 37, 100);
             test_bf16_norms("split_gpt2", 1024, 768);

@@ -3,16 +3,17 @@
 // backwards are in norm_backward.cu.
 //
 // One warp per row (8 rows per 256-thread block). Lane l takes the VEC-wide vectors l, l + 32, ... of
-// the row (VEC = 16 bytes of storage, 8 bf16 / 4 fp32, when C is a multiple of VEC and every pointer
-// is 16-byte aligned; else VEC = 1, single elements). Two paths by row width:
-//   registers (the default, C <= 32 * VEC * 8): the lane issues all its loads of the row (NV vectors,
+// the row (VEC = 16 bytes of storage, 8 bf16 / 4 fp32, when C is a multiple of VEC, else VEC = 1,
+// single elements; with a pointer not 16-byte aligned the same columns are read element by element,
+// so the bits never depend on alignment). Two paths by row width:
+//   registers (the default, aligned, C <= 32 * VEC * 8): the lane issues all its loads of the row (NV vectors,
 //     NV = 1..8 rounded up to 1, 2, 3, 4, 6, 8) before it uses any, keeps them in registers, and the
 //     mean, variance and output passes read the registers: the row is read from memory once, with
 //     one round trip. The fused residual loads a's and b's vectors, then stores resid = a + b and
 //     keeps the rounded sums as the row.
-//   loop (wider rows, unaligned rows, or SHARDLM_FUSED_KERNELS=0: the earlier kernels, for A/B
+//   loop (wider or unaligned rows, or SHARDLM_FUSED_KERNELS=0: the earlier scalar kernels, for A/B
 //     timing): each pass walks the row again (re-reads from L1 / L2); the fused residual writes its
-//     row first and the norm reads it back.
+//     row first and the norm reads it back. The register path sums in the vector loop's order.
 // Each lane sums its columns in its order (vector by vector, element by element), then warp_sum's
 // fixed butterfly combines the lanes; the CPU's two-pass formulas are kept (mean first, then the
 // variance about it; rstd = 1/sqrt(var+eps)), and every elementwise expression is written with _rn
@@ -20,8 +21,8 @@
 // Invariants: no atomics; all reductions in a fixed order (a function of C, VEC and the path); mean /
 // rstd saved exactly as computed; all work queued on sl_cuda_stream(). resid may be a or b: every
 // element is read and then written by the same lane.
-// Fused residual + norm == residual_forward + the norm forward, bit for bit: both take the same path
-// for the same C and pointers, and the fused row is the rounded resid, as stored and read back.
+// Fused residual + norm == residual_forward + the norm forward, bit for bit: the column order is a
+// function of C (and the switch) alone, and the fused row is the rounded resid, as stored and read back.
 // Row sums are not bit-identical to the CPU's (OpenMP simd order); the elementwise maths is.
 // Storage: inp, out, a, b and resid are activations, and w, b the model's parameter copy (T = floatX:
 // with bf16 storage the bf16 shadow of the parameters); mean and rstd are fp32.
@@ -191,14 +192,35 @@ __global__ void residual_rmsnorm_forward_regs_kernel(T *resid, T *out, float *rs
 
 // ---- loop path: each pass walks the row (vectors of VEC, or single elements) ------------------------------
 
+// VEC elements at p, widened: one 16-byte access when every pointer of the call is aligned (AL), else
+// VEC element accesses. The same values in the same columns either way, so a call's sums depend on C
+// alone, not on where its buffers start (the fused residual norm and residual_forward + the norm
+// forward must agree whatever the alignment of a and b: an fp32 arena puts buffers at 8 mod 16).
+template <typename T, int VEC, bool AL> __device__ __forceinline__ void row_load(float *f, const T *p) {
+    if constexpr (AL) {
+        load_vec<T, VEC>(f, p);
+    } else {
+#pragma unroll
+        for (int j = 0; j < VEC; j++) f[j] = to_f32(p[j]);
+    }
+}
+template <typename T, int VEC, bool AL> __device__ __forceinline__ void row_store(T *p, const float *f) {
+    if constexpr (AL) {
+        store_vec<T, VEC>(p, f);
+    } else {
+#pragma unroll
+        for (int j = 0; j < VEC; j++) p[j] = from_f32<T>(f[j]);
+    }
+}
+
 // One row of LayerNorm by one warp: y (C) = (x - mean) * rstd * w + b; lane 0 saves mean and rstd.
-template <typename T, int VEC>
+template <typename T, int VEC, bool AL>
 __device__ __forceinline__ void layernorm_row(T *y, float *mean, float *rstd, const T *x, const T *w, const T *b,
                                               int C, float eps, int lane) {
     float s = 0.0f;
     for (int c = lane * VEC; c < C; c += 32 * VEC) {
         float xv[VEC];
-        load_vec<T, VEC>(xv, x + c);
+        row_load<T, VEC, AL>(xv, x + c);
 #pragma unroll
         for (int j = 0; j < VEC; j++) s = __fadd_rn(s, xv[j]);
     }
@@ -206,7 +228,7 @@ __device__ __forceinline__ void layernorm_row(T *y, float *mean, float *rstd, co
     float v = 0.0f;
     for (int c = lane * VEC; c < C; c += 32 * VEC) {
         float xv[VEC];
-        load_vec<T, VEC>(xv, x + c);
+        row_load<T, VEC, AL>(xv, x + c);
 #pragma unroll
         for (int j = 0; j < VEC; j++) {
             const float d = __fsub_rn(xv[j], m);
@@ -216,12 +238,12 @@ __device__ __forceinline__ void layernorm_row(T *y, float *mean, float *rstd, co
     const float r = norm_rstd(__fdiv_rn(warp_sum(v), (float)C), eps);
     for (int c = lane * VEC; c < C; c += 32 * VEC) {
         float xv[VEC], wv[VEC], bv[VEC], o[VEC];
-        load_vec<T, VEC>(xv, x + c);
-        load_vec<T, VEC>(wv, w + c);
-        load_vec<T, VEC>(bv, b + c);
+        row_load<T, VEC, AL>(xv, x + c);
+        row_load<T, VEC, AL>(wv, w + c);
+        row_load<T, VEC, AL>(bv, b + c);
 #pragma unroll
         for (int j = 0; j < VEC; j++) o[j] = layernorm_out(xv[j], m, r, wv[j], bv[j]);
-        store_vec<T, VEC>(y + c, o);
+        row_store<T, VEC, AL>(y + c, o);
     }
     if (lane == 0) {
         *mean = m;
@@ -230,107 +252,118 @@ __device__ __forceinline__ void layernorm_row(T *y, float *mean, float *rstd, co
 }
 
 // resid (C) = a + b for one row by one warp, each lane its vectors (resid may be a or b).
-template <typename T, int VEC>
+template <typename T, int VEC, bool AL>
 __device__ __forceinline__ void residual_row(T *resid, const T *a, const T *b, int C, int lane) {
     for (int c = lane * VEC; c < C; c += 32 * VEC) {
         float av[VEC], bv[VEC];
-        load_vec<T, VEC>(av, a + c);
-        load_vec<T, VEC>(bv, b + c);
+        row_load<T, VEC, AL>(av, a + c);
+        row_load<T, VEC, AL>(bv, b + c);
 #pragma unroll
         for (int j = 0; j < VEC; j++) av[j] = __fadd_rn(av[j], bv[j]);
-        store_vec<T, VEC>(resid + c, av);
+        row_store<T, VEC, AL>(resid + c, av);
     }
 }
 
 // One row of RMSNorm by one warp: y (C) = w * (x * rstd); lane 0 saves rstd.
-template <typename T, int VEC>
+template <typename T, int VEC, bool AL>
 __device__ __forceinline__ void rmsnorm_row(T *y, float *rstd, const T *x, const T *w, int C, float eps, int lane) {
     float ss = 0.0f;
     for (int c = lane * VEC; c < C; c += 32 * VEC) {
         float xv[VEC];
-        load_vec<T, VEC>(xv, x + c);
+        row_load<T, VEC, AL>(xv, x + c);
 #pragma unroll
         for (int j = 0; j < VEC; j++) ss = __fadd_rn(ss, __fmul_rn(xv[j], xv[j]));
     }
     const float r = norm_rstd(__fdiv_rn(warp_sum(ss), (float)C), eps);
     for (int c = lane * VEC; c < C; c += 32 * VEC) {
         float xv[VEC], wv[VEC], o[VEC];
-        load_vec<T, VEC>(xv, x + c);
-        load_vec<T, VEC>(wv, w + c);
+        row_load<T, VEC, AL>(xv, x + c);
+        row_load<T, VEC, AL>(wv, w + c);
 #pragma unroll
         for (int j = 0; j < VEC; j++) o[j] = rmsnorm_out(xv[j], r, wv[j]);
-        store_vec<T, VEC>(y + c, o);
+        row_store<T, VEC, AL>(y + c, o);
     }
     if (lane == 0) *rstd = r;
 }
 
-template <typename T, int VEC>
+template <typename T, int VEC, bool AL>
 __global__ void layernorm_forward_kernel(T *out, float *mean, float *rstd, const T *inp, const T *w, const T *b,
                                          int N, int C, float eps) {
     const int lane = threadIdx.x % 32, n = blockIdx.x * NORM_ROWS_PER_BLOCK + threadIdx.x / 32;
     if (n >= N) return;
     const size_t row = (size_t)n * C;
-    layernorm_row<T, VEC>(out + row, mean + n, rstd + n, inp + row, w, b, C, eps, lane);
+    layernorm_row<T, VEC, AL>(out + row, mean + n, rstd + n, inp + row, w, b, C, eps, lane);
 }
 
-template <typename T, int VEC>
+template <typename T, int VEC, bool AL>
 __global__ void residual_layernorm_forward_kernel(T *resid, T *out, float *mean, float *rstd, const T *a, const T *b,
                                                   const T *w, const T *bias, int N, int C, float eps) {
     const int lane = threadIdx.x % 32, n = blockIdx.x * NORM_ROWS_PER_BLOCK + threadIdx.x / 32;
     if (n >= N) return;
     const size_t row = (size_t)n * C;
-    residual_row<T, VEC>(resid + row, a + row, b + row, C, lane);
-    layernorm_row<T, VEC>(out + row, mean + n, rstd + n, resid + row, w, bias, C, eps, lane);
+    residual_row<T, VEC, AL>(resid + row, a + row, b + row, C, lane);
+    layernorm_row<T, VEC, AL>(out + row, mean + n, rstd + n, resid + row, w, bias, C, eps, lane);
 }
 
-template <typename T, int VEC>
+template <typename T, int VEC, bool AL>
 __global__ void rmsnorm_forward_kernel(T *out, float *rstd, const T *inp, const T *w, int N, int C, float eps) {
     const int lane = threadIdx.x % 32, n = blockIdx.x * NORM_ROWS_PER_BLOCK + threadIdx.x / 32;
     if (n >= N) return;
     const size_t row = (size_t)n * C;
-    rmsnorm_row<T, VEC>(out + row, rstd + n, inp + row, w, C, eps, lane);
+    rmsnorm_row<T, VEC, AL>(out + row, rstd + n, inp + row, w, C, eps, lane);
 }
 
-template <typename T, int VEC>
+template <typename T, int VEC, bool AL>
 __global__ void residual_rmsnorm_forward_kernel(T *resid, T *out, float *rstd, const T *a, const T *b, const T *w,
                                                 int N, int C, float eps) {
     const int lane = threadIdx.x % 32, n = blockIdx.x * NORM_ROWS_PER_BLOCK + threadIdx.x / 32;
     if (n >= N) return;
     const size_t row = (size_t)n * C;
-    residual_row<T, VEC>(resid + row, a + row, b + row, C, lane);
-    rmsnorm_row<T, VEC>(out + row, rstd + n, resid + row, w, C, eps, lane);
+    residual_row<T, VEC, AL>(resid + row, a + row, b + row, C, lane);
+    rmsnorm_row<T, VEC, AL>(out + row, rstd + n, resid + row, w, C, eps, lane);
 }
 
 // ---- entry points (cuda_ops.cuh) ------------------------------------------------------------------
 
 static unsigned int row_blocks(int N) { return ceil_div_u((size_t)N, NORM_ROWS_PER_BLOCK); }
 
-// Which path and width a call takes: a function of C, the pointers' alignment and the switch only.
-// nv > 0: the register path with nv vectors a lane; else the loop path with vectors (vec) or not.
+// Which path and width a call takes. vec: VEC (16 bytes of storage) when C is a multiple, so the
+// lanes take their columns in vectors and sum them in that order, else 1 (single elements); aligned:
+// every pointer 16-byte aligned (16-byte loads; else element loads in the same order: the same bits);
+// nv > 0: the register path with nv vectors a lane (aligned rows up to NORM_MAX_NV vectors a lane).
+// SHARDLM_FUSED_KERNELS=0: the earlier kernels (single elements). A function of C and the switch for
+// the bits, of the pointers only for the loads.
 struct norm_plan {
-    bool vec;
+    int vec;
+    bool aligned;
     int nv;
 };
 template <typename T> static norm_plan plan_norm(int C, std::initializer_list<const void *> ptrs) {
     constexpr int VEC = 16 / sizeof(T);
-    norm_plan p = {C % VEC == 0, 0};
-    for (const void *q : ptrs) p.vec = p.vec && sl_aligned16(q);
-    if (!p.vec || !sl_settings_get()->fused_kernels) return {p.vec && sl_settings_get()->fused_kernels, 0};
+    if (!sl_settings_get()->fused_kernels || C % VEC != 0) return {1, true, 0};
+    bool aligned = true;
+    for (const void *q : ptrs) aligned = aligned && sl_aligned16(q);
+    if (!aligned) return {VEC, false, 0};
     const int k = (C + 32 * VEC - 1) / (32 * VEC);  // vectors of the widest lane
-    p.nv = k <= 4 ? k : k <= 6 ? 6 : k <= NORM_MAX_NV ? NORM_MAX_NV : 0;
-    return p;
+    return {VEC, true, k <= 4 ? k : k <= 6 ? 6 : k <= NORM_MAX_NV ? NORM_MAX_NV : 0};
 }
 
 // The kernel a plan picks, launched on N rows: regs(std::integral_constant<int, NV>) gives the
-// register-path kernel for NV (1, 2, 3, 4, 6 or 8), loop(std::integral_constant<int, VEC>) the loop
-// kernel for VEC (16 / sizeof(T), or 1); all take the same arguments.
+// register-path kernel for NV (1, 2, 3, 4, 6 or 8), loop(std::integral_constant<int, VEC>,
+// std::bool_constant<AL>) the loop kernel; all take the same arguments.
 template <typename T, typename R, typename L, typename... A>
 static void launch_norm(const norm_plan &p, int N, R regs, L loop, A... args) {
     constexpr int VEC = 16 / sizeof(T);
     cudaStream_t s = sl_cuda_stream();
     auto go = [&](auto kernel) { kernel<<<row_blocks(N), NORM_THREADS, 0, s>>>(args...); };
+    using one = std::integral_constant<int, 1>;
+    using vec = std::integral_constant<int, VEC>;
     switch (p.nv) {
-    case 0: p.vec ? go(loop(std::integral_constant<int, VEC>())) : go(loop(std::integral_constant<int, 1>())); break;
+    case 0:
+        if (p.vec == 1) go(loop(one(), std::true_type()));
+        else if (p.aligned) go(loop(vec(), std::true_type()));
+        else go(loop(vec(), std::false_type()));
+        break;
     case 1: go(regs(std::integral_constant<int, 1>())); break;
     case 2: go(regs(std::integral_constant<int, 2>())); break;
     case 3: go(regs(std::integral_constant<int, 3>())); break;
@@ -341,17 +374,20 @@ static void launch_norm(const norm_plan &p, int N, R regs, L loop, A... args) {
     CUDA_LAUNCH_CHECK();
 }
 
+// The loop kernel of each op, for launch_norm.
+#define NORM_LOOP(kernel) \
+    [](auto vec, auto al) { return kernel<floatX, decltype(vec)::value, decltype(al)::value>; }
+#define NORM_REGS(kernel) \
+    [](auto nv) { return kernel<floatX, 16 / sizeof(floatX), decltype(nv)::value>; }
+
 template <typename floatX>
 void cuda_layernorm_forward(sl_act *out, float *mean, float *rstd, const sl_act *inp, const sl_act *w,
                             const sl_act *b, int N, int C, float eps) {
     if (N <= 0 || C <= 0) return;
     floatX *o = as_storage<floatX>(out);
     const floatX *x = as_storage<floatX>(inp), *wt = as_storage<floatX>(w), *bs = as_storage<floatX>(b);
-    launch_norm<floatX>(
-        plan_norm<floatX>(C, {o, x, wt, bs}), N,
-        [](auto nv) { return layernorm_forward_regs_kernel<floatX, 16 / sizeof(floatX), decltype(nv)::value>; },
-        [](auto vec) { return layernorm_forward_kernel<floatX, decltype(vec)::value>; }, o, mean, rstd, x, wt, bs, N,
-        C, eps);
+    launch_norm<floatX>(plan_norm<floatX>(C, {o, x, wt, bs}), N, NORM_REGS(layernorm_forward_regs_kernel),
+                        NORM_LOOP(layernorm_forward_kernel), o, mean, rstd, x, wt, bs, N, C, eps);
 }
 
 template <typename floatX>
@@ -362,13 +398,9 @@ void cuda_residual_layernorm_forward(sl_act *resid, sl_act *out, float *mean, fl
     floatX *r = as_storage<floatX>(resid), *o = as_storage<floatX>(out);
     const floatX *xa = as_storage<floatX>(a), *xb = as_storage<floatX>(b);
     const floatX *wt = as_storage<floatX>(w), *bs = as_storage<floatX>(bias);
-    launch_norm<floatX>(
-        plan_norm<floatX>(C, {r, o, xa, xb, wt, bs}), N,
-        [](auto nv) {
-            return residual_layernorm_forward_regs_kernel<floatX, 16 / sizeof(floatX), decltype(nv)::value>;
-        },
-        [](auto vec) { return residual_layernorm_forward_kernel<floatX, decltype(vec)::value>; }, r, o, mean, rstd, xa,
-        xb, wt, bs, N, C, eps);
+    launch_norm<floatX>(plan_norm<floatX>(C, {r, o, xa, xb, wt, bs}), N,
+                        NORM_REGS(residual_layernorm_forward_regs_kernel), NORM_LOOP(residual_layernorm_forward_kernel),
+                        r, o, mean, rstd, xa, xb, wt, bs, N, C, eps);
 }
 
 template <typename floatX>
@@ -376,10 +408,8 @@ void cuda_rmsnorm_forward(sl_act *out, float *rstd, const sl_act *inp, const sl_
     if (N <= 0 || C <= 0) return;
     floatX *o = as_storage<floatX>(out);
     const floatX *x = as_storage<floatX>(inp), *wt = as_storage<floatX>(w);
-    launch_norm<floatX>(
-        plan_norm<floatX>(C, {o, x, wt}), N,
-        [](auto nv) { return rmsnorm_forward_regs_kernel<floatX, 16 / sizeof(floatX), decltype(nv)::value>; },
-        [](auto vec) { return rmsnorm_forward_kernel<floatX, decltype(vec)::value>; }, o, rstd, x, wt, N, C, eps);
+    launch_norm<floatX>(plan_norm<floatX>(C, {o, x, wt}), N, NORM_REGS(rmsnorm_forward_regs_kernel),
+                        NORM_LOOP(rmsnorm_forward_kernel), o, rstd, x, wt, N, C, eps);
 }
 
 template <typename floatX>
@@ -388,11 +418,8 @@ void cuda_residual_rmsnorm_forward(sl_act *resid, sl_act *out, float *rstd, cons
     if (N <= 0 || C <= 0) return;
     floatX *r = as_storage<floatX>(resid), *o = as_storage<floatX>(out);
     const floatX *xa = as_storage<floatX>(a), *xb = as_storage<floatX>(b), *wt = as_storage<floatX>(w);
-    launch_norm<floatX>(
-        plan_norm<floatX>(C, {r, o, xa, xb, wt}), N,
-        [](auto nv) { return residual_rmsnorm_forward_regs_kernel<floatX, 16 / sizeof(floatX), decltype(nv)::value>; },
-        [](auto vec) { return residual_rmsnorm_forward_kernel<floatX, decltype(vec)::value>; }, r, o, rstd, xa, xb, wt,
-        N, C, eps);
+    launch_norm<floatX>(plan_norm<floatX>(C, {r, o, xa, xb, wt}), N, NORM_REGS(residual_rmsnorm_forward_regs_kernel),
+                        NORM_LOOP(residual_rmsnorm_forward_kernel), r, o, rstd, xa, xb, wt, N, C, eps);
 }
 
 SL_CUDA_STORAGE_INSTANCES(cuda_layernorm_forward)
