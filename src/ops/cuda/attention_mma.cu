@@ -320,6 +320,21 @@ __device__ __forceinline__ void q_k_scores(float (*s)[4], const uint32_t (*qf)[4
     }
 }
 
+// dK / dV's products for one half (32 queries) of a query tile: dV += P^T dO and dK += dS^T Q over its
+// two 16-query steps, leaving out a step whose queries all precede the warp's keys (nt_begin: only on
+// the diagonal). WHOLE: no step left out, no test in the code (as mma_steps).
+template <int D, bool WHOLE>
+__device__ __forceinline__ void dkdv_steps(float (*dv)[4], float (*dk)[4], const uint32_t (*pf)[4],
+                                           const uint32_t (*dsf)[4], const bf16 *dOs, const bf16 *Qs, int half,
+                                           int nt_begin) {
+#pragma unroll
+    for (int kq = 0; kq < 2; kq++) {
+        if (!WHOLE && 2 * (2 * half + kq) + 1 < nt_begin) continue;  // the whole 16-query step masked
+        mma_tile_rows<D>(dv, pf[kq], dOs, (2 * half + kq) * 16);
+        mma_tile_rows<D>(dk, dsf[kq], Qs, (2 * half + kq) * 16);
+    }
+}
+
 // The K and V tiles of key tile j (kv head g of batch row base) into buffer j % 2 of KV (K, V at tiles
 // 2 (j % 2) and 2 (j % 2) + 1), asynchronously.
 template <int D>
@@ -599,12 +614,8 @@ __global__ void __launch_bounds__(THREADS, Geom<D>::backward_blocks)
                     *reinterpret_cast<uint32_t *>(dSt + (r0 + 8) * SS + c) = dsf[n / 2][2 * (n % 2) + 1];
                 }
             }
-#pragma unroll
-            for (int kq = 0; kq < 2; kq++) {
-                if (2 * (2 * half + kq) + 1 < nt_begin) continue;  // the whole 16-query step masked
-                mma_tile_rows<D>(dv, pf[kq], dOs, (2 * half + kq) * 16);
-                mma_tile_rows<D>(dk, dsf[kq], Qs, (2 * half + kq) * 16);
-            }
+            if (q0 == k0) dkdv_steps<D, false>(dv, dk, pf, dsf, dOs, Qs, half, nt_begin);
+            else dkdv_steps<D, true>(dv, dk, pf, dsf, dOs, Qs, half, 0);
         }
         if constexpr (DQ != DQ_SPLIT) {
             __syncthreads();  // dS^T complete

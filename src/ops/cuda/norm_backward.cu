@@ -107,7 +107,8 @@ template <typename T, int VEC, bool LN>
 __device__ __forceinline__ void norm_backward_row(T *__restrict__ dx, const T *__restrict__ dy, const T *__restrict__ x,
                                                   const T *__restrict__ w, float m, float r, int C, int lane) {
     if (VEC > 1)
-        for (int c = lane * VEC; c < C; c += 32 * VEC) asm volatile("prefetch.global.L1 [%0];" ::"l"(dx + c));
+        for (int c = lane * VEC; c < C; c += 32 * VEC)
+            asm volatile("prefetch.global.L1 [%0];" ::"l"(__cvta_generic_to_global(dx + c)));
     float s1 = 0.0f, s2 = 0.0f, a, k;
     for (int c = lane * VEC; c < C; c += 32 * VEC) {
         float xv[VEC], dyv[VEC], wv[VEC];
