@@ -48,8 +48,8 @@ def render(rows):
     # keyed by precision and buffer type; lines from before bench_gemm had --storage measured fp32 buffers
     sgemm = {(r["precision"], r.get("storage", "fp32")): r for r in rows if r["impl"] == "shardlm-gemm"}
     # the fused kernels' rows: the separate kernels (SHARDLM_FUSED_KERNELS=0), the classifier reading each
-    # row twice (SHARDLM_CE_ROW_SMEM=0, the default since 2026-11-27), or, in runs before that, its rows
-    # in shared memory (SHARDLM_CE_ROW_SMEM=1, then opt-in)
+    # row twice (SHARDLM_CE_ROW_SMEM=0; =1 is the default since 2026-11-27), or, in runs before that, its
+    # rows in shared memory (SHARDLM_CE_ROW_SMEM=1, then opt-in), or two rows a block (=2)
     split = [r for r in rows if r.get("tag", "").startswith(CE_TAGS + ("shardlm-split:",))]
     tuned = [r for r in rows if r.get("tag", "").startswith("shardlm-autotune:")]
     # the attention kernels' rows: SHARDLM_ATTENTION=simt, and whichever tensor-core kernels were not the default

@@ -1204,6 +1204,7 @@ static const struct { const char *tag; int N, C; } NORM_SHAPES[] = {
 static const struct { const char *tag; int N, V, Vp; } CE_SHAPES[] = {
     {"small", 37, 100, 128}, {"odd_vp97", 5, 97, 97}, {"one_row_gpt2", 1, 50257, 50304}, {"gpt2", 64, 50257, 50304},
     {"rows1100", 1100, 100, 128},  // more rows than the fused kernels' grids: each block walks several
+    {"gpt2_rows300", 300, 50257, 50304},  // GPT-2's rows, more than an SM count: the two-row form alternates
 };
 #define N_CE_SHAPES ((int)(sizeof CE_SHAPES / sizeof CE_SHAPES[0]))
 
@@ -1362,7 +1363,8 @@ static void test_attention_dq_ordered(const char *tag, int B, int T, int NH, int
 // fit, still the shared-memory kernel).
 // That kernel must run exactly where it applies: 3 launches a shape (check runs the fused op twice,
 // the exact test once) where it takes the rows (cuda_crossentropy_smem_takes: 16-byte vectors, and a
-// row fits this GPU's shared memory), none otherwise (odd_vp97).
+// row fits this GPU's shared memory), none otherwise (odd_vp97); under =2 its two-row form exactly
+// where two rows fit (GPT-2's bf16 rows, not its fp32 ones).
 static void crossentropy_cases(void (*check)(const char *tag, int N, int V, int Vp)) {
     static const char *const modes[3] = {"0", "1", "2"}, *const prefix[3] = {"", "smem_", "smem2_"};
     for (int smem = 0; smem < 3; smem++) {
@@ -1371,15 +1373,19 @@ static void crossentropy_cases(void (*check)(const char *tag, int N, int V, int 
             char tag[64];
             snprintf(tag, sizeof tag, "%s%s", prefix[smem], CE_SHAPES[i].tag);
             const unsigned long before = cuda_crossentropy_smem_launches();
+            const unsigned long before2 = cuda_crossentropy_smem2_launches();
             check(tag, CE_SHAPES[i].N, CE_SHAPES[i].V, CE_SHAPES[i].Vp);
             test_crossentropy_fusion_exact(tag, CE_SHAPES[i].N, CE_SHAPES[i].V, CE_SHAPES[i].Vp);
             const unsigned long ran = cuda_crossentropy_smem_launches() - before;
+            const unsigned long ran2 = cuda_crossentropy_smem2_launches() - before2;
             const int Vp = CE_SHAPES[i].Vp, bf16 = gpu->act_bf16 != 0;
-            const unsigned long want = smem && cuda_crossentropy_smem_takes(Vp, bf16) ? 3 : 0;
+            const unsigned long want = smem && cuda_crossentropy_smem_takes(Vp, bf16, 1) ? 3 : 0;
+            const unsigned long want2 = smem == 2 && cuda_crossentropy_smem_takes(Vp, bf16, 2) ? 3 : 0;
             char name[128];
             snprintf(name, sizeof name, "crossentropy_smem_launches_%s%s", bf16 ? "bf16_storage_" : "", tag);
-            if (ran == want) pass(name, 0.0);
-            else fail(name, "%lu launches of the shared-memory row kernel, expected %lu", ran, want);
+            if (ran == want && ran2 == want2) pass(name, 0.0);
+            else fail(name, "%lu launches of the shared-memory row kernel (%lu of its two-row form), expected %lu (%lu)",
+                      ran, ran2, want, want2);
         }
     }
     set_switch("SHARDLM_CE_ROW_SMEM", NULL);

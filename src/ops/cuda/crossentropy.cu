@@ -44,9 +44,10 @@
 #define CE_FUSED_BLOCKS_PER_SM 2  // the fused kernel's grid: rows in flight (see crossentropy_fused_kernel)
 
 static sl_cuda_scratch crossentropy_buf;  // grow-only scratch (cuda_common.cuh)
-static unsigned long smem_launches;       // cuda_crossentropy_smem_launches; one host thread
+static unsigned long smem_launches, smem2_launches;  // cuda_crossentropy_smem(2)_launches; one host thread
 
 extern "C" unsigned long cuda_crossentropy_smem_launches(void) { return smem_launches; }
+extern "C" unsigned long cuda_crossentropy_smem2_launches(void) { return smem2_launches; }
 
 // ---- row statistics ---------------------------------------------------------------------------------
 
@@ -260,7 +261,9 @@ static bool ce_row_kernel_takes(int Vp, size_t elem, int rows) {
            (size_t)Vp * elem * (size_t)rows + CE_RED * sizeof(float) <= p->sharedMemPerBlockOptin;
 }
 
-extern "C" int cuda_crossentropy_smem_takes(int Vp, int bf16) { return ce_row_kernel_takes(Vp, bf16 ? 2 : 4, 1); }
+extern "C" int cuda_crossentropy_smem_takes(int Vp, int bf16, int rows) {
+    return ce_row_kernel_takes(Vp, bf16 ? 2 : 4, rows);
+}
 
 // Sums the N row losses queued before it and waits for the total (NaN when something failed).
 static double ce_total(double *row_loss, int N) {
@@ -334,6 +337,7 @@ double cuda_crossentropy_fused(float *lse, sl_act *logits, const int *targets, i
                                                                                   dloss);
         CUDA_LAUNCH_CHECK();
         smem_launches++;
+        smem2_launches += two;
         return ce_total(row_loss, N);
     }
     int blocks = CE_FUSED_BLOCKS_PER_SM * sms;

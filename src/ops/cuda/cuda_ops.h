@@ -46,10 +46,12 @@ unsigned long cuda_attention_mma_launches(void);
 // The L2 share its SHARDLM_ATTENTION_GRID=heads launches size their chunks of heads to on the current
 // device (attention_grid.h sl_grid_l2_share of the device's L2), for the tests to size theirs alike.
 size_t cuda_attention_grid_share(void);
-// Calls of crossentropy_fused that ran the shared-memory row kernel (SHARDLM_CE_ROW_SMEM=1), for tests.
+// Calls of crossentropy_fused that ran the shared-memory row kernel (SHARDLM_CE_ROW_SMEM=1 or 2), and of
+// those the two-row form (=2), for tests.
 unsigned long cuda_crossentropy_smem_launches(void);
-// Whether that kernel takes rows of Vp logits (bf16, else fp32) on this GPU: 16-byte vectors, and a row
-// fits its shared memory (16-byte aligned logits assumed).
-int cuda_crossentropy_smem_takes(int Vp, int bf16);
+unsigned long cuda_crossentropy_smem2_launches(void);
+// Whether that kernel takes rows of Vp logits (bf16, else fp32) on this GPU, `rows` (1 or 2) rows a
+// block: 16-byte vectors, and the rows fit its shared memory (16-byte aligned logits assumed).
+int cuda_crossentropy_smem_takes(int Vp, int bf16, int rows);
 
 #endif
