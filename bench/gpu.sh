@@ -96,8 +96,11 @@ publish() {  # render, then copy everything to $OUT
 }
 
 # run_json TAG LIMIT_S [ENV=V ...] COMMAND...: runs COMMAND under a timeout of min(LIMIT_S, what the
-# budget leaves less 20 s), sampling the GPU's used memory (nvidia-smi) meanwhile; every JSON line it
-# prints goes to $JSONL with "tag", "wall_s" and "smi_peak_mib" added. LAST holds the last line.
+# budget leaves less 20 s), sampling the GPU (nvidia-smi, every 200 ms: used memory, SM clock, power,
+# utilisation) meanwhile; every JSON line it prints goes to $JSONL with "tag", "wall_s", "smi_peak_mib"
+# and "smi_sm_mhz" / "smi_power_w" (medians over the samples at >= 90% utilisation: the clock and power
+# the card ran the steps at, which a power-limited card lowers as its kernels get busier) added. LAST
+# holds the last line.
 run_json() {
     local tag=$1 limit=$2; shift 2
     local room=$(($(left) - 20))
@@ -107,15 +110,22 @@ run_json() {
     say "run $tag (limit ${limit}s): $*"
     local smi=/tmp/gpu_sh_smi.$$ out=/tmp/gpu_sh_out.$$ t0=$SECONDS rc smi_pid=""
     if command -v nvidia-smi >/dev/null; then
-        nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 > "$smi" 2>/dev/null &
+        nvidia-smi --query-gpu=memory.used,clocks.sm,power.draw,utilization.gpu --format=csv,noheader,nounits \
+            -lms 200 > "$smi" 2>/dev/null &
         smi_pid=$!
     fi
     timeout --kill-after=10 "$limit" env "$@" > "$out" 2>> "$LOG"
     rc=$?
     [[ -n "$smi_pid" ]] && kill "$smi_pid" 2>/dev/null && wait "$smi_pid" 2>/dev/null
-    local peak wall=$((SECONDS - t0))
-    peak=$(sort -n "$smi" 2>/dev/null | tail -1)
+    local peak mhz watts wall=$((SECONDS - t0))
+    peak=$(cut -d, -f1 "$smi" 2>/dev/null | tr -d ' ' | sort -n | tail -1)
     [[ "$peak" =~ ^[0-9]+$ ]] || peak=null
+    # the median of a column over the busy samples (utilisation >= 90%), or null
+    busy_median() {
+        awk -F', *' -v c="$1" '$4 + 0 >= 90 && $c ~ /^[0-9.]+$/ { print $c }' "$smi" 2>/dev/null | sort -n |
+            awk '{ v[NR] = $1 } END { if (NR) print v[int((NR + 1) / 2)]; else print "null" }'
+    }
+    mhz=$(busy_median 2) watts=$(busy_median 3)
     cat "$out" >> "$LOG"
     if (( rc != 0 )) || ! grep -q '^{' "$out"; then
         local why="exit status $rc"
@@ -127,7 +137,7 @@ run_json() {
     local line
     while IFS= read -r line; do
         [[ "$line" == \{* ]] || continue
-        LAST="${line%\}}, \"tag\": \"$tag\", \"wall_s\": $wall, \"smi_peak_mib\": $peak}"
+        LAST="${line%\}}, \"tag\": \"$tag\", \"wall_s\": $wall, \"smi_peak_mib\": $peak, \"smi_sm_mhz\": $mhz, \"smi_power_w\": $watts}"
         echo "$LAST" >> "$JSONL"
     done < "$out"
     rm -f "$smi" "$out"

@@ -97,7 +97,10 @@ def render(rows):
     w("- memory: `peak` is shardlm's `ops->peak_bytes()` (bytes held through the backend's alloc: parameters, "
       "gradients, master weights, AdamW moments, activations; not cuBLASLt's workspace nor kernel scratch) and PyTorch's "
       "`torch.cuda.max_memory_allocated()`; `GPU used` is nvidia-smi's highest memory.used sampled every 200 ms during the "
-      "run (CUDA context, caching allocator and scratch included; the batch-search tries of the same run included)\n")
+      "run (CUDA context, caching allocator and scratch included; the batch-search tries of the same run included)")
+    w("- `SM clock, power`: the medians of nvidia-smi's clocks.sm and power.draw over the samples (every 200 ms) at "
+      ">= 90% utilisation during the row's run: a power-limited card lowers its clock as its kernels get busier, so "
+      "the same GEMM can take different times in different rows\n")
 
     w("### GEMM rate on this card\n")
     w("| GEMM (random data) | TFLOP/s median | best | % of 989 |")
@@ -118,8 +121,8 @@ def render(rows):
 
     w("### Throughput\n")
     w("| model | implementation | micro-batch | ms/step | tok/s | MFU (measured GEMM rate) | MFU (vs 989) | peak memory | "
-      "GPU used | shardlm tok/s ÷ this (same B) |")
-    w("|---|---|---|---|---|---|---|---|---|---|")
+      "GPU used | SM clock, power | shardlm tok/s ÷ this (same B) |")
+    w("|---|---|---|---|---|---|---|---|---|---|---|")
     models = []
     for r in runs:
         if r["model"] not in models:
@@ -139,7 +142,7 @@ def render(rows):
             smi = "%.1f GiB" % (r["smi_peak_mib"] / 1024) if r.get("smi_peak_mib") else "n/a"
             w(f"| {NAMES.get(m, m)} | {LABEL[r['impl']]} | {r['B']} ({how}) | {r['ms_per_step']:.1f} | "
               f"{r['tokens_per_s']:.0f} | {mfu} | {100 * achieved / H100_BF16_PEAK:.1f}% | {gib(r.get('peak_bytes'))} | "
-              f"{smi} | {ratio} |")
+              f"{smi} | {clocks(r)} | {ratio} |")
     w("")
     w("Against the target (ahead of torch.compile; at least 50% MFU against the measured GEMM rate):\n")
     for m in models:
@@ -223,14 +226,15 @@ def render_fused(w, runs, split):
       "`all matmul ops` column; the classifier reads each row from memory once into shared memory "
       "(`SHARDLM_CE_ROW_SMEM=1`, the default since 2026-11-27; opt-in in earlier runs) or once plus once from L2 "
       "(`=0`). Same model, micro-batch and step count; ms per step.\n")
-    w("| model | micro-batch | kernels | ms/step | tok/s | " + " | ".join(shown) + " | all matmul ops |")
-    w("|---|---|---|---|---|" + "---|" * (len(shown) + 1))
+    w("| model | micro-batch | kernels | ms/step | tok/s | " + " | ".join(shown) + " | all matmul ops | SM clock, power |")
+    w("|---|---|---|---|---|" + "---|" * (len(shown) + 2))
     for r, default in rows:
         tag = r.get("tag", "")
         what = "fused" if default is None else next((w for t, w in CE_TAGS_WHAT if tag.startswith(t)), "separate")
         b = r.get("breakdown", {})
         cells = ["%.2f" % b[k] if k in b else "" for k in shown]
         cells.append("%.2f" % sum(v for k, v in b.items() if k.startswith("matmul")))
+        cells.append(clocks(r))
         w(f"| {NAMES.get(r['model'], r['model'])} | {r['B']} | {what} | {r['ms_per_step']:.1f} | "
           f"{r['tokens_per_s']:.0f} | " + " | ".join(cells) + " |")
     w("")
@@ -254,6 +258,12 @@ def attention_of(r):
     return next((k for p, k in TAG_KERNELS if r.get("tag", "").startswith(p)), "tc")
 
 
+def clocks(r):
+    """The SM clock and board power the row's steps ran at (bench/gpu.sh's busy-sample medians), or n/a."""
+    mhz, watts = r.get("smi_sm_mhz"), r.get("smi_power_w")
+    return f"{mhz:.0f} MHz, {watts:.0f} W" if mhz is not None and watts is not None else "n/a"
+
+
 def render_attention(w, runs, att):
     """bf16 attention on the default kernels against the others, same model and B."""
     rows = default_then_variants(runs, att)
@@ -270,8 +280,8 @@ def render_attention(w, runs, att):
       "`=ordered` the same with each dQ sum taking its key tiles in order (bit-reproducible). "
       "The first row of each model is the run's default. Same model, "
       "micro-batch and step count.\n")
-    w("| model | micro-batch | kernels | ms/step | tok/s | attention forward ms | attention backward ms |")
-    w("|---|---|---|---|---|---|---|")
+    w("| model | micro-batch | kernels | ms/step | tok/s | attention forward ms | attention backward ms | SM clock, power |")
+    w("|---|---|---|---|---|---|---|---|")
     for r, _ in rows:
         b = r.get("breakdown", {})
         fwd, bwd = b.get("attention_forward"), b.get("attention_backward")
@@ -284,7 +294,7 @@ def render_attention(w, runs, att):
             elif r.get("attention_dq") == "ordered":
                 what += ", dQ by atomics in key-tile order in the dK/dV kernel"
         w(f"| {NAMES.get(r['model'], r['model'])} | {r['B']} | {what} | {r['ms_per_step']:.1f} | "
-          f"{r['tokens_per_s']:.0f} | {cell(fwd)} | {cell(bwd)} |")
+          f"{r['tokens_per_s']:.0f} | {cell(fwd)} | {cell(bwd)} | {clocks(r)} |")
     w("")
 
 
