@@ -46,6 +46,7 @@
 # Environment: GPU_BUDGET_S=540  GPU_MODELS="gpt2 gpt2-medium"  GPU_SEQ=1024  GPU_MAX_BATCH=64
 #   (GPU_SHARDLM_MAX_BATCH / GPU_TORCH_MAX_BATCH: one side's first try)  GPU_GEMM_SIZE=8192
 #   GPU_STEPS=6  GPU_WARMUP=2  GPU_TORCH=1 (0: shardlm only)  GPU_COMPILE=1 (0: no torch.compile rows)
+#   GPU_VARIANT_MODELS (default GPU_MODELS: the models of the comparison rows of step 5-6)
 #   GPU_LIKE=1 (0: no like-for-like rows)  GPU_SIMT=1 (0: no CUDA-core attention rows)
 #   GPU_WMMA=1 (0: no WMMA attention rows)  GPU_ATT_GRID=1 (0: no attention-grid rows)
 #   GPU_ATT_DQ=1 (0: no atomic-dQ attention rows)
@@ -276,7 +277,7 @@ done
 # tables; FLAG=0 leaves them out
 variant_rows() {
     local flag=$1 tag=$2 settings=$3 what=$4 model bs kv
-    for model in ${GPU_MODELS:-gpt2 gpt2-medium}; do
+    for model in ${GPU_VARIANT_MODELS:-${GPU_MODELS:-gpt2 gpt2-medium}}; do
         bs=${BS[$model]:-}
         [[ "${!flag:-1}" == 1 && -n "$bs" ]] || continue
         say "== $model: $what ($settings), micro-batch $bs"

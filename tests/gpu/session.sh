@@ -10,12 +10,13 @@
 #      matmul_gelu bf16 attention_mma"), each its own test_ops_cuda process as in tests/gpu/run.sh;
 #   3. test_model_cuda (the model's loss and gradients against the CPU, LoRA too) and test_generate_cuda;
 #   3b. `shardlm train --device cuda` with LoRA adapters, fp32 and bf16 (the CLI's path, a corpus made here);
-#   4. bench/gpu.sh for GPT-2 124M: shardlm with its per-op profile, PyTorch eager and torch.compile
-#      (SESSION_TORCH=0: not), the SHARDLM_ATTENTION=tc rows (the WMMA kernels against the default
-#      mma.sync kernels of attention_mma.cu), the SHARDLM_ATTENTION_GRID=heads rows (those kernels'
-#      blocks in chunks of heads), the SHARDLM_FUSED_KERNELS=0 rows (the fused kernels before /
-#      after) and the SHARDLM_GEMM_AUTOTUNE=1 rows (cuBLASLt's algorithms timed per shape), same card,
-#      same call. On the 2026-11-27 H100 the build took 46 s and this stage about 130 s;
+#   4. bench/gpu.sh for GPT-2 124M and 355M: shardlm with its per-op profile, PyTorch eager and
+#      torch.compile (SESSION_TORCH=0: not); then on 124M the comparison rows: SHARDLM_ATTENTION=tc (the
+#      WMMA kernels against the default mma.sync kernels of attention_mma.cu), SHARDLM_ATTENTION_GRID /
+#      _DQ, SHARDLM_FUSED_KERNELS=0 (the fused kernels before / after), SHARDLM_CE_ROW_SMEM=0 / 2 and
+#      SHARDLM_GEMM_AUTOTUNE=1 (cuBLASLt's algorithms timed per shape), same card, same call. On the
+#      2026-11-27 H100 the build took 46 s and this stage about 130 s (124M only; 179 s on the
+#      2026-11-28 H200 with every 124M row);
 #   4b. bench_decode on the GPU (`generate --device cuda`'s path): GPT-2 124M prefill and decode tok/s,
 #      fp32 and bf16, into decode.jsonl;
 #   4c. Nsight Compute (SESSION_NCU=0: not) on one bf16 GPT-2 124M step (B=64): one launch each of the
@@ -26,13 +27,14 @@
 # Outputs in $OUT: session_summary.txt (PASS / FAIL / SKIP / TIMEOUT lines, each stage's seconds,
 # "N passed, N failed"), session_logs.tgz (every log), decode.jsonl, ncu.csv and
 # bench/gpu.sh's gpu_results.jsonl, gpu_section.md, gpu_bench.log, RESULTS.md. Carry ["build/gpu-deps"] (made here by
-# tests/gpu/pack.sh); the data are not needed. SESSION_BENCH_S (default 240) is the benchmark's share.
+# tests/gpu/pack.sh); the data are not needed. SESSION_BENCH_S (default 360) is the benchmark's share;
+# SESSION_MODELS (default "gpt2 gpt2-medium") its models (the comparison rows: gpt2 only).
 # SHARDLM_GPU_SUITE_DRY=1 runs the scripting without a GPU: the op programs SKIP, and the benchmark is
 # bench/gpu.sh's own dry run (GPU_DEVICE=cpu, gpt2-tiny), written under the log directory.
 set -u
 cd "$(dirname "$0")/../.." || exit 1
 BUDGET=${SESSION_BUDGET_S:-540}
-BENCH_S=${SESSION_BENCH_S:-240}
+BENCH_S=${SESSION_BENCH_S:-360}
 GROUPS_FIRST=${SESSION_GROUPS:-norm crossentropy matmul_gelu bf16 attention_mma}
 B=${SHARDLM_GPU_BUILD:-build/gpu}
 T=$B/gpu_tests
@@ -120,11 +122,12 @@ if left 120 bench; then
   start=$SECONDS
   room=$((BUDGET - SECONDS - 20)); [ "$room" -gt "$BENCH_S" ] && room=$BENCH_S
   dry=(); [ "${SHARDLM_GPU_SUITE_DRY:-0}" = 1 ] &&  # bench/gpu.sh's own dry run, out of the tree
-    dry=(GPU_DEVICE=cpu GPU_MODELS=gpt2-tiny GPU_SEQ=64 GPU_MAX_BATCH=8 GPU_GEMM_SIZE=256 GPU_TORCH=0
+    dry=(GPU_DEVICE=cpu GPU_MODELS=gpt2-tiny GPU_VARIANT_MODELS=gpt2-tiny GPU_SEQ=64 GPU_MAX_BATCH=8 GPU_GEMM_SIZE=256 GPU_TORCH=0
          GPU_OUT_DIR="$logdir/bench")
-  env GPU_MODELS=gpt2 GPU_TORCH="${SESSION_TORCH:-1}" GPU_SIMT=0 GPU_LIKE=0 GPU_SPLIT=1 GPU_BUILD="$B" GPU_BUDGET_S="$room" "${dry[@]}" \
+  env GPU_MODELS="${SESSION_MODELS:-gpt2 gpt2-medium}" GPU_VARIANT_MODELS=gpt2 GPU_TORCH="${SESSION_TORCH:-1}" GPU_SIMT=0 \
+    GPU_LIKE=0 GPU_SPLIT=1 GPU_BUILD="$B" GPU_BUDGET_S="$room" "${dry[@]}" \
     timeout -k 10 $((room + 15)) bash bench/gpu.sh >"$logdir/bench.txt" 2>&1
-  note "-- bench/gpu.sh (gpt2; fused and separate kernels): $((SECONDS - start))s, exit $?"
+  note "-- bench/gpu.sh (${SESSION_MODELS:-gpt2 gpt2-medium}; comparison rows on gpt2): $((SECONDS - start))s, exit $?"
   grep -E '^gpu.sh .*(==|SKIPPED|done in|finished)' "$logdir/bench.txt" >>"$summary"
 fi
 
