@@ -18,7 +18,7 @@
 // fixed butterfly combines the lanes; the CPU's two-pass formulas are kept (mean first, then the
 // variance about it; rstd = 1/sqrt(var+eps)), and every elementwise expression is written with _rn
 // intrinsics in the CPU's evaluation order, so nvcc cannot contract it differently.
-// Invariants: no atomics; all reductions in a fixed order (a function of C, VEC and the path); mean /
+// Invariants: no atomics; all reductions in a fixed order (a function of C and the switch); mean /
 // rstd saved exactly as computed; all work queued on sl_cuda_stream(). resid may be a or b: every
 // element is read and then written by the same lane.
 // Fused residual + norm == residual_forward + the norm forward, bit for bit: the column order is a
