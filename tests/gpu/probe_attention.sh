@@ -51,7 +51,7 @@ start=$SECONDS
 # the attention kernels, then the memory-bound ones of the same step (their bytes against the copy rate):
 # the fused classifier, the residual + layernorm forward and the norm backward
 for spec in mma_dkdv_kernel:split mma_dq_kernel:split mma_forward_kernel:split crossentropy_fused_smem_kernel:split \
-    residual_layernorm_forward_regs_kernel:split norm_backward_fused_kernel:split; do
+    residual_layernorm_forward_kernel:split norm_backward_fused_kernel:split; do
   k=${spec%%:*} dq=${spec##*:} name=${spec%%:*}_${spec##*:}
   left 60 "ncu_$name" || break
   SHARDLM_ATTENTION_DQ=$dq timeout -k 10 90 "$ncu" --kernel-name "regex:$k" --launch-count 1 --set full \

@@ -146,50 +146,6 @@ __device__ __forceinline__ void regs_rmsnorm(T *__restrict__ y, float *rstd, con
     if (lane == 0) *rstd = r;
 }
 
-// The four kernels of the register path: one warp per row (whole warps leave together).
-template <typename T, int VEC, int NV>
-__global__ void layernorm_forward_regs_kernel(T *out, float *mean, float *rstd, const T *inp, const T *w, const T *b,
-                                              int N, int C, float eps) {
-    const int lane = threadIdx.x % 32, n = blockIdx.x * NORM_ROWS_PER_BLOCK + threadIdx.x / 32;
-    if (n >= N) return;
-    const size_t row = (size_t)n * C;
-    row_regs<T, VEC, NV> x;
-    regs_load(x, inp + row, C, lane);
-    regs_layernorm(out + row, mean + n, rstd + n, x, w, b, C, eps, lane);
-}
-
-template <typename T, int VEC, int NV>
-__global__ void residual_layernorm_forward_regs_kernel(T *resid, T *out, float *mean, float *rstd, const T *a,
-                                                       const T *b, const T *w, const T *bias, int N, int C, float eps) {
-    const int lane = threadIdx.x % 32, n = blockIdx.x * NORM_ROWS_PER_BLOCK + threadIdx.x / 32;
-    if (n >= N) return;
-    const size_t row = (size_t)n * C;
-    row_regs<T, VEC, NV> x;
-    regs_residual(x, resid + row, a + row, b + row, C, lane);
-    regs_layernorm(out + row, mean + n, rstd + n, x, w, bias, C, eps, lane);
-}
-
-template <typename T, int VEC, int NV>
-__global__ void rmsnorm_forward_regs_kernel(T *out, float *rstd, const T *inp, const T *w, int N, int C, float eps) {
-    const int lane = threadIdx.x % 32, n = blockIdx.x * NORM_ROWS_PER_BLOCK + threadIdx.x / 32;
-    if (n >= N) return;
-    const size_t row = (size_t)n * C;
-    row_regs<T, VEC, NV> x;
-    regs_load(x, inp + row, C, lane);
-    regs_rmsnorm(out + row, rstd + n, x, w, C, eps, lane);
-}
-
-template <typename T, int VEC, int NV>
-__global__ void residual_rmsnorm_forward_regs_kernel(T *resid, T *out, float *rstd, const T *a, const T *b,
-                                                     const T *w, int N, int C, float eps) {
-    const int lane = threadIdx.x % 32, n = blockIdx.x * NORM_ROWS_PER_BLOCK + threadIdx.x / 32;
-    if (n >= N) return;
-    const size_t row = (size_t)n * C;
-    row_regs<T, VEC, NV> x;
-    regs_residual(x, resid + row, a + row, b + row, C, lane);
-    regs_rmsnorm(out + row, rstd + n, x, w, C, eps, lane);
-}
-
 // ---- loop path: each pass walks the row (vectors of VEC, or single elements) ------------------------------
 
 // VEC elements at p, widened: one 16-byte access when every pointer of the call is aligned (AL), else
@@ -286,41 +242,68 @@ __device__ __forceinline__ void rmsnorm_row(T *y, float *rstd, const T *x, const
     if (lane == 0) *rstd = r;
 }
 
-template <typename T, int VEC, bool AL>
+// ---- the kernels: one warp per row (whole warps leave together); NV > 0 the register path (aligned
+// rows, AL), NV == 0 the loop path ---------------------------------------------------------------------
+
+template <typename T, int VEC, bool AL, int NV>
 __global__ void layernorm_forward_kernel(T *out, float *mean, float *rstd, const T *inp, const T *w, const T *b,
                                          int N, int C, float eps) {
     const int lane = threadIdx.x % 32, n = blockIdx.x * NORM_ROWS_PER_BLOCK + threadIdx.x / 32;
     if (n >= N) return;
     const size_t row = (size_t)n * C;
-    layernorm_row<T, VEC, AL>(out + row, mean + n, rstd + n, inp + row, w, b, C, eps, lane);
+    if constexpr (NV > 0) {
+        row_regs<T, VEC, NV> x;
+        regs_load(x, inp + row, C, lane);
+        regs_layernorm(out + row, mean + n, rstd + n, x, w, b, C, eps, lane);
+    } else {
+        layernorm_row<T, VEC, AL>(out + row, mean + n, rstd + n, inp + row, w, b, C, eps, lane);
+    }
 }
 
-template <typename T, int VEC, bool AL>
+template <typename T, int VEC, bool AL, int NV>
 __global__ void residual_layernorm_forward_kernel(T *resid, T *out, float *mean, float *rstd, const T *a, const T *b,
                                                   const T *w, const T *bias, int N, int C, float eps) {
     const int lane = threadIdx.x % 32, n = blockIdx.x * NORM_ROWS_PER_BLOCK + threadIdx.x / 32;
     if (n >= N) return;
     const size_t row = (size_t)n * C;
-    residual_row<T, VEC, AL>(resid + row, a + row, b + row, C, lane);
-    layernorm_row<T, VEC, AL>(out + row, mean + n, rstd + n, resid + row, w, bias, C, eps, lane);
+    if constexpr (NV > 0) {
+        row_regs<T, VEC, NV> x;
+        regs_residual(x, resid + row, a + row, b + row, C, lane);
+        regs_layernorm(out + row, mean + n, rstd + n, x, w, bias, C, eps, lane);
+    } else {
+        residual_row<T, VEC, AL>(resid + row, a + row, b + row, C, lane);
+        layernorm_row<T, VEC, AL>(out + row, mean + n, rstd + n, resid + row, w, bias, C, eps, lane);
+    }
 }
 
-template <typename T, int VEC, bool AL>
+template <typename T, int VEC, bool AL, int NV>
 __global__ void rmsnorm_forward_kernel(T *out, float *rstd, const T *inp, const T *w, int N, int C, float eps) {
     const int lane = threadIdx.x % 32, n = blockIdx.x * NORM_ROWS_PER_BLOCK + threadIdx.x / 32;
     if (n >= N) return;
     const size_t row = (size_t)n * C;
-    rmsnorm_row<T, VEC, AL>(out + row, rstd + n, inp + row, w, C, eps, lane);
+    if constexpr (NV > 0) {
+        row_regs<T, VEC, NV> x;
+        regs_load(x, inp + row, C, lane);
+        regs_rmsnorm(out + row, rstd + n, x, w, C, eps, lane);
+    } else {
+        rmsnorm_row<T, VEC, AL>(out + row, rstd + n, inp + row, w, C, eps, lane);
+    }
 }
 
-template <typename T, int VEC, bool AL>
+template <typename T, int VEC, bool AL, int NV>
 __global__ void residual_rmsnorm_forward_kernel(T *resid, T *out, float *rstd, const T *a, const T *b, const T *w,
                                                 int N, int C, float eps) {
     const int lane = threadIdx.x % 32, n = blockIdx.x * NORM_ROWS_PER_BLOCK + threadIdx.x / 32;
     if (n >= N) return;
     const size_t row = (size_t)n * C;
-    residual_row<T, VEC, AL>(resid + row, a + row, b + row, C, lane);
-    rmsnorm_row<T, VEC, AL>(out + row, rstd + n, resid + row, w, C, eps, lane);
+    if constexpr (NV > 0) {
+        row_regs<T, VEC, NV> x;
+        regs_residual(x, resid + row, a + row, b + row, C, lane);
+        regs_rmsnorm(out + row, rstd + n, x, w, C, eps, lane);
+    } else {
+        residual_row<T, VEC, AL>(resid + row, a + row, b + row, C, lane);
+        rmsnorm_row<T, VEC, AL>(out + row, rstd + n, resid + row, w, C, eps, lane);
+    }
 }
 
 // ---- entry points (cuda_ops.cuh) ------------------------------------------------------------------
@@ -348,37 +331,37 @@ template <typename T> static norm_plan plan_norm(int C, std::initializer_list<co
     return {VEC, true, k <= 4 ? k : k <= 6 ? 6 : k <= NORM_MAX_NV ? NORM_MAX_NV : 0};
 }
 
-// The kernel a plan picks, launched on N rows: regs(std::integral_constant<int, NV>) gives the
-// register-path kernel for NV (1, 2, 3, 4, 6 or 8), loop(std::integral_constant<int, VEC>,
-// std::bool_constant<AL>) the loop kernel; all take the same arguments.
-template <typename T, typename R, typename L, typename... A>
-static void launch_norm(const norm_plan &p, int N, R regs, L loop, A... args) {
-    constexpr int VEC = 16 / sizeof(T);
-    cudaStream_t s = sl_cuda_stream();
-    auto go = [&](auto kernel) { kernel<<<row_blocks(N), NORM_THREADS, 0, s>>>(args...); };
+// The kernel a plan picks, launched on N rows: kernel(VEC, AL, NV), each a std::integral_constant,
+// gives the op's kernel instance; all take the same arguments.
+template <typename T, typename K, typename... A>
+static void launch_norm(const norm_plan &p, int N, K kernel, A... args) {
+    using vec = std::integral_constant<int, 16 / sizeof(T)>;
     using one = std::integral_constant<int, 1>;
-    using vec = std::integral_constant<int, VEC>;
+    using loop = std::integral_constant<int, 0>;
+    cudaStream_t s = sl_cuda_stream();
+    auto go = [&](auto k) { k<<<row_blocks(N), NORM_THREADS, 0, s>>>(args...); };
+    auto regs = [&](auto nv) { go(kernel(vec(), std::true_type(), nv)); };
     switch (p.nv) {
     case 0:
-        if (p.vec == 1) go(loop(one(), std::true_type()));
-        else if (p.aligned) go(loop(vec(), std::true_type()));
-        else go(loop(vec(), std::false_type()));
+        if (p.vec == 1) go(kernel(one(), std::true_type(), loop()));
+        else if (p.aligned) go(kernel(vec(), std::true_type(), loop()));
+        else go(kernel(vec(), std::false_type(), loop()));
         break;
-    case 1: go(regs(std::integral_constant<int, 1>())); break;
-    case 2: go(regs(std::integral_constant<int, 2>())); break;
-    case 3: go(regs(std::integral_constant<int, 3>())); break;
-    case 4: go(regs(std::integral_constant<int, 4>())); break;
-    case 6: go(regs(std::integral_constant<int, 6>())); break;
-    default: go(regs(std::integral_constant<int, NORM_MAX_NV>())); break;
+    case 1: regs(std::integral_constant<int, 1>()); break;
+    case 2: regs(std::integral_constant<int, 2>()); break;
+    case 3: regs(std::integral_constant<int, 3>()); break;
+    case 4: regs(std::integral_constant<int, 4>()); break;
+    case 6: regs(std::integral_constant<int, 6>()); break;
+    default: regs(std::integral_constant<int, NORM_MAX_NV>()); break;
     }
     CUDA_LAUNCH_CHECK();
 }
 
-// The loop kernel of each op, for launch_norm.
-#define NORM_LOOP(kernel) \
-    [](auto vec, auto al) { return kernel<floatX, decltype(vec)::value, decltype(al)::value>; }
-#define NORM_REGS(kernel) \
-    [](auto nv) { return kernel<floatX, 16 / sizeof(floatX), decltype(nv)::value>; }
+// An op's kernel instances, for launch_norm.
+#define NORM_KERNEL(kernel)                                                                                  \
+    [](auto vec, auto al, auto nv) {                                                                         \
+        return kernel<floatX, decltype(vec)::value, decltype(al)::value, decltype(nv)::value>;               \
+    }
 
 template <typename floatX>
 void cuda_layernorm_forward(sl_act *out, float *mean, float *rstd, const sl_act *inp, const sl_act *w,
@@ -386,8 +369,8 @@ void cuda_layernorm_forward(sl_act *out, float *mean, float *rstd, const sl_act 
     if (N <= 0 || C <= 0) return;
     floatX *o = as_storage<floatX>(out);
     const floatX *x = as_storage<floatX>(inp), *wt = as_storage<floatX>(w), *bs = as_storage<floatX>(b);
-    launch_norm<floatX>(plan_norm<floatX>(C, {o, x, wt, bs}), N, NORM_REGS(layernorm_forward_regs_kernel),
-                        NORM_LOOP(layernorm_forward_kernel), o, mean, rstd, x, wt, bs, N, C, eps);
+    launch_norm<floatX>(plan_norm<floatX>(C, {o, x, wt, bs}), N, NORM_KERNEL(layernorm_forward_kernel), o, mean, rstd,
+                        x, wt, bs, N, C, eps);
 }
 
 template <typename floatX>
@@ -398,8 +381,7 @@ void cuda_residual_layernorm_forward(sl_act *resid, sl_act *out, float *mean, fl
     floatX *r = as_storage<floatX>(resid), *o = as_storage<floatX>(out);
     const floatX *xa = as_storage<floatX>(a), *xb = as_storage<floatX>(b);
     const floatX *wt = as_storage<floatX>(w), *bs = as_storage<floatX>(bias);
-    launch_norm<floatX>(plan_norm<floatX>(C, {r, o, xa, xb, wt, bs}), N,
-                        NORM_REGS(residual_layernorm_forward_regs_kernel), NORM_LOOP(residual_layernorm_forward_kernel),
+    launch_norm<floatX>(plan_norm<floatX>(C, {r, o, xa, xb, wt, bs}), N, NORM_KERNEL(residual_layernorm_forward_kernel),
                         r, o, mean, rstd, xa, xb, wt, bs, N, C, eps);
 }
 
@@ -408,8 +390,8 @@ void cuda_rmsnorm_forward(sl_act *out, float *rstd, const sl_act *inp, const sl_
     if (N <= 0 || C <= 0) return;
     floatX *o = as_storage<floatX>(out);
     const floatX *x = as_storage<floatX>(inp), *wt = as_storage<floatX>(w);
-    launch_norm<floatX>(plan_norm<floatX>(C, {o, x, wt}), N, NORM_REGS(rmsnorm_forward_regs_kernel),
-                        NORM_LOOP(rmsnorm_forward_kernel), o, rstd, x, wt, N, C, eps);
+    launch_norm<floatX>(plan_norm<floatX>(C, {o, x, wt}), N, NORM_KERNEL(rmsnorm_forward_kernel), o, rstd, x, wt, N, C,
+                        eps);
 }
 
 template <typename floatX>
@@ -418,8 +400,8 @@ void cuda_residual_rmsnorm_forward(sl_act *resid, sl_act *out, float *rstd, cons
     if (N <= 0 || C <= 0) return;
     floatX *r = as_storage<floatX>(resid), *o = as_storage<floatX>(out);
     const floatX *xa = as_storage<floatX>(a), *xb = as_storage<floatX>(b), *wt = as_storage<floatX>(w);
-    launch_norm<floatX>(plan_norm<floatX>(C, {r, o, xa, xb, wt}), N, NORM_REGS(residual_rmsnorm_forward_regs_kernel),
-                        NORM_LOOP(residual_rmsnorm_forward_kernel), r, o, rstd, xa, xb, wt, N, C, eps);
+    launch_norm<floatX>(plan_norm<floatX>(C, {r, o, xa, xb, wt}), N, NORM_KERNEL(residual_rmsnorm_forward_kernel), r, o,
+                        rstd, xa, xb, wt, N, C, eps);
 }
 
 SL_CUDA_STORAGE_INSTANCES(cuda_layernorm_forward)
