@@ -163,8 +163,11 @@ if [ "${SESSION_NCU:-1}" = 1 ] && [ "${SHARDLM_GPU_SUITE_DRY:-0}" != 1 ] && left
         --section SpeedOfLight --section Occupancy --section MemoryWorkloadAnalysis \
         --section ComputeWorkloadAnalysis --csv --page details \
         "$B/bench_train" --model gpt2 --device cuda --precision bf16 --seq 1024 --batch 64 --steps 1 --warmup 0 \
-        >>"$logdir/ncu.csv" 2>>"$logdir/ncu.txt"
+        >"$logdir/ncu_run.txt" 2>>"$logdir/ncu.txt"
       rc=$?
+      # ncu's own ==PROF== lines (the profiled process's path and pid) go to its log, the CSV to ncu.csv
+      grep '^==PROF==' "$logdir/ncu_run.txt" >>"$logdir/ncu.txt"
+      grep -v '^==PROF==' "$logdir/ncu_run.txt" >>"$logdir/ncu.csv"
       if [ $rc -eq 0 ] && [ "$(grep -c "$k" "$logdir/ncu.csv")" -gt "${rows:-0}" ]; then
         note "PASS ncu_${grid}_$k"; passed=$((passed + 1))
       else note "SKIP ncu_${grid}_$k: exit $rc (ncu.txt: $(grep -m1 -oE 'ERR_[A-Z_]+|error[^.]*' "$logdir/ncu.txt"))"; fi
