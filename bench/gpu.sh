@@ -96,6 +96,13 @@ publish() {  # render, then copy everything to $OUT
     return 0
 }
 
+# busy_median FILE COLUMN: the median of COLUMN of run_json's nvidia-smi samples (memory, SM clock,
+# power, utilisation) over those at >= 90% utilisation, or null
+busy_median() {
+    awk -F', *' -v c="$2" '$4 + 0 >= 90 && $c ~ /^[0-9.]+$/ { print $c }' "$1" 2>/dev/null | sort -n |
+        awk '{ v[NR] = $1 } END { if (NR) print v[int((NR + 1) / 2)]; else print "null" }'
+}
+
 # run_json TAG LIMIT_S [ENV=V ...] COMMAND...: runs COMMAND under a timeout of min(LIMIT_S, what the
 # budget leaves less 20 s), sampling the GPU (nvidia-smi, every 200 ms: used memory, SM clock, power,
 # utilisation) meanwhile; every JSON line it prints goes to $JSONL with "tag", "wall_s", "smi_peak_mib"
@@ -121,12 +128,7 @@ run_json() {
     local peak mhz watts wall=$((SECONDS - t0))
     peak=$(cut -d, -f1 "$smi" 2>/dev/null | tr -d ' ' | sort -n | tail -1)
     [[ "$peak" =~ ^[0-9]+$ ]] || peak=null
-    # the median of a column over the busy samples (utilisation >= 90%), or null
-    busy_median() {
-        awk -F', *' -v c="$1" '$4 + 0 >= 90 && $c ~ /^[0-9.]+$/ { print $c }' "$smi" 2>/dev/null | sort -n |
-            awk '{ v[NR] = $1 } END { if (NR) print v[int((NR + 1) / 2)]; else print "null" }'
-    }
-    mhz=$(busy_median 2) watts=$(busy_median 3)
+    mhz=$(busy_median "$smi" 2) watts=$(busy_median "$smi" 3)
     cat "$out" >> "$LOG"
     if (( rc != 0 )) || ! grep -q '^{' "$out"; then
         local why="exit status $rc"
