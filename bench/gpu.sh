@@ -23,7 +23,8 @@
 #      epilogue), for the before / after table of the fused kernels (GPU_SPLIT=0: not run), with
 #      SHARDLM_CE_ROW_SMEM=0 (the fused classifier reading each row twice, the default's rows in shared
 #      memory left out) and =2 (two rows a block, the next one's copy in flight; GPU_CE_SMEM=0: neither
-#      run), and with
+#      run), with SHARDLM_GELU_EPILOGUE=0 (GPT-2's GELU and its gradient as their own kernels after plain
+#      GEMMs instead of cuBLASLt's GELU_AUX / DGELU epilogues; GPU_GELU_EPI=0: not run), and with
 #      SHARDLM_GEMM_AUTOTUNE=1 (each GEMM shape's algorithms timed once; GPU_AUTOTUNE=0: not run);
 #   7. renders the "GPU" section of bench/RESULTS.md (bench/gpu_render.py) after every model, so a
 #      run cut short still leaves its finished rows.
@@ -51,7 +52,8 @@
 #   GPU_WMMA=1 (0: no WMMA attention rows)  GPU_ATT_GRID=1 (0: no attention-grid rows)
 #   GPU_ATT_DQ=1 (0: no atomic-dQ attention rows)
 #   GPU_SPLIT=1 (0: no separate-kernel rows)  GPU_AUTOTUNE=1 (0: no autotuned-GEMM rows)
-#   GPU_CE_SMEM=1 (0: no classifier rows with SHARDLM_CE_ROW_SMEM=0 / 2)  GPU_BUILD=build/gpu  GPU_COMMIT (when git is not there)
+#   GPU_CE_SMEM=1 (0: no classifier rows with SHARDLM_CE_ROW_SMEM=0 / 2)
+#   GPU_GELU_EPI=1 (0: no row with SHARDLM_GELU_EPILOGUE=0)  GPU_BUILD=build/gpu  GPU_COMMIT (when git is not there)
 #   PYTHON=python3
 #   GPU_DEVICE=cuda; GPU_DEVICE=cpu is a dry run of this script's logic on a machine without a GPU (with
 #   GPU_MODELS=gpt2-tiny GPU_SEQ=64 GPU_MAX_BATCH=8 GPU_OUT_DIR=/tmp/somewhere: it measures nothing useful)
@@ -301,6 +303,9 @@ variant_rows GPU_ATT_DQ shardlm-attorder SHARDLM_ATTENTION_DQ=ordered \
 variant_rows GPU_SPLIT shardlm-split SHARDLM_FUSED_KERNELS=0 "separate norm-backward, cross-entropy and GELU-gradient kernels"
 variant_rows GPU_CE_SMEM shardlm-cetwice SHARDLM_CE_ROW_SMEM=0 "the classifier reading each row twice"
 variant_rows GPU_CE_SMEM shardlm-cetwo SHARDLM_CE_ROW_SMEM=2 "the classifier with two rows a block in shared memory"
+# GPT-2's c_fc forward at 56% of the GEMM rate with the GELU_AUX epilogue (2026-11-28): the same GEMMs
+# plain, the GELU and its gradient as their own kernels
+variant_rows GPU_GELU_EPI shardlm-nogeluepi SHARDLM_GELU_EPILOGUE=0 "the GELU outside the cuBLASLt epilogues"
 # the GEMMs: each shape's cuBLASLt algorithms timed once against the heuristic's first
 variant_rows GPU_AUTOTUNE shardlm-autotune SHARDLM_GEMM_AUTOTUNE=1 "GEMM algorithms timed per shape"
 say "finished in ${SECONDS}s"

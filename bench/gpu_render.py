@@ -212,7 +212,7 @@ def render_fused(w, runs, split):
         return
     ops = ("residual_layernorm_forward", "residual_rmsnorm_forward", "layernorm_backward", "rmsnorm_backward",
            "crossentropy_fused", "crossentropy_forward",
-           "crossentropy_backward", "matmul_backward_gelu", "matmul_gelu_backward")
+           "crossentropy_backward", "matmul_gelu_forward", "matmul_backward_gelu", "matmul_gelu_backward")
     shown = [k for k in ops if any(k in r.get("breakdown", {}) for r, _ in rows)]
     w("### Fused kernels against the separate ones (bf16, profiled step)\n")
     w("The norm backward (src/ops/cuda/norm_backward.cu), the norm forwards with each row held in registers "
@@ -225,7 +225,9 @@ def render_fused(w, runs, split):
       "the GELU gradient in c_fc's bias-gradient pass (matmul_backward, then matmul_gelu_backward): compare the "
       "`all matmul ops` column; the classifier reads each row from memory once into shared memory "
       "(`SHARDLM_CE_ROW_SMEM=1`, the default since 2026-11-27; opt-in in earlier runs) or once plus once from L2 "
-      "(`=0`). Same model, micro-batch and step count; ms per step.\n")
+      "(`=0`); `SHARDLM_GELU_EPILOGUE=0` runs GPT-2's c_fc and c_proj GEMMs plain, the GELU and its gradient as "
+      "their own kernels (matmul_gelu_forward and matmul_backward_gelu then hold GEMM and kernel). Same model, "
+      "micro-batch and step count; ms per step.\n")
     w("| model | micro-batch | kernels | ms/step | tok/s | " + " | ".join(shown) + " | all matmul ops | SM clock, power |")
     w("|---|---|---|---|---|" + "---|" * (len(shown) + 2))
     for r, default in rows:
@@ -242,7 +244,8 @@ def render_fused(w, runs, split):
 
 # the classifier's comparison rows by tag: SHARDLM_CE_ROW_SMEM=0 since it became the default, =1 before
 CE_TAGS_WHAT = (("shardlm-cetwice:", "fused, each row read twice"), ("shardlm-cesmem:", "fused, rows in shared memory"),
-                ("shardlm-cetwo:", "fused, two rows a block in shared memory"))
+                ("shardlm-cetwo:", "fused, two rows a block in shared memory"),
+                ("shardlm-nogeluepi:", "fused, the GELU outside the GEMM epilogues"))
 CE_TAGS = tuple(t for t, _ in CE_TAGS_WHAT)
 
 ATTENTION_KERNELS = {"mma": "mma.sync, registers (mma)", "tc": "tensor cores, WMMA (tc)", "simt": "CUDA cores (simt)"}
