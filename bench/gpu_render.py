@@ -47,10 +47,9 @@ def render(rows):
     tgemm = {r["dtype"]: r for r in rows if r["impl"] == "torch-gemm"}
     # keyed by precision and buffer type; lines from before bench_gemm had --storage measured fp32 buffers
     sgemm = {(r["precision"], r.get("storage", "fp32")): r for r in rows if r["impl"] == "shardlm-gemm"}
-    # the fused kernels' rows: the separate kernels (SHARDLM_FUSED_KERNELS=0), the classifier reading each
-    # row twice (SHARDLM_CE_ROW_SMEM=0; =1 is the default since 2026-11-27), or, in runs before that, its
-    # rows in shared memory (SHARDLM_CE_ROW_SMEM=1, then opt-in), or two rows a block (=2)
-    split = [r for r in rows if r.get("tag", "").startswith(CE_TAGS + ("shardlm-split:",))]
+    # the fused kernels' rows: the separate kernels (SHARDLM_FUSED_KERNELS=0) and the fused ones' variants
+    # (FUSED_TAGS_WHAT)
+    split = [r for r in rows if r.get("tag", "").startswith(FUSED_TAGS + ("shardlm-split:",))]
     tuned = [r for r in rows if r.get("tag", "").startswith("shardlm-autotune:")]
     # the attention kernels' rows: SHARDLM_ATTENTION=simt, and whichever tensor-core kernels were not the default
     att = [r for r in rows if r.get("tag", "").startswith(tuple(p for p, _ in TAG_KERNELS))]
@@ -232,7 +231,7 @@ def render_fused(w, runs, split):
     w("|---|---|---|---|---|" + "---|" * (len(shown) + 2))
     for r, default in rows:
         tag = r.get("tag", "")
-        what = "fused" if default is None else next((w for t, w in CE_TAGS_WHAT if tag.startswith(t)), "separate")
+        what = "fused" if default is None else next((w for t, w in FUSED_TAGS_WHAT if tag.startswith(t)), "separate")
         b = r.get("breakdown", {})
         cells = ["%.2f" % b[k] if k in b else "" for k in shown]
         cells.append("%.2f" % sum(v for k, v in b.items() if k.startswith("matmul")))
@@ -242,11 +241,13 @@ def render_fused(w, runs, split):
     w("")
 
 
-# the classifier's comparison rows by tag: SHARDLM_CE_ROW_SMEM=0 since it became the default, =1 before
-CE_TAGS_WHAT = (("shardlm-cetwice:", "fused, each row read twice"), ("shardlm-cesmem:", "fused, rows in shared memory"),
-                ("shardlm-cetwo:", "fused, two rows a block in shared memory"),
-                ("shardlm-nogeluepi:", "fused, the GELU outside the GEMM epilogues"))
-CE_TAGS = tuple(t for t, _ in CE_TAGS_WHAT)
+# the fused kernels' variant rows by tag: the classifier reading each row twice (SHARDLM_CE_ROW_SMEM=0;
+# =1 is the default since 2026-11-27), or, in runs before that, its rows in shared memory (=1, then
+# opt-in), or two rows a block (=2); and the GELU outside cuBLASLt's epilogues (SHARDLM_GELU_EPILOGUE=0)
+FUSED_TAGS_WHAT = (("shardlm-cetwice:", "fused, each row read twice"), ("shardlm-cesmem:", "fused, rows in shared memory"),
+                   ("shardlm-cetwo:", "fused, two rows a block in shared memory"),
+                   ("shardlm-nogeluepi:", "fused, the GELU outside the GEMM epilogues"))
+FUSED_TAGS = tuple(t for t, _ in FUSED_TAGS_WHAT)
 
 ATTENTION_KERNELS = {"mma": "mma.sync, registers (mma)", "tc": "tensor cores, WMMA (tc)", "simt": "CUDA cores (simt)"}
 TAG_KERNELS = (("shardlm-simt:", "simt"), ("shardlm-mma:", "mma"), ("shardlm-wmma:", "tc"), ("shardlm-attgrid:", "mma"),
