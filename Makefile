@@ -43,6 +43,12 @@ CUDA_GENCODE ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,cod
 CUDA_ARCH_DESC ?= sm_90 + PTX
 NVCCFLAGS = -std=c++17 -O3 -Iinclude -Isrc $(CUDA_GENCODE) -Xcompiler -Wall,-Wextra -Werror all-warnings \
             -lineinfo -MMD -MP
+# cuDNN's header for SHARDLM_ATTENTION=cudnn (src/ops/cuda/attention_cudnn.cu, libcudnn dlopen'ed at run
+# time): the toolkit's include folder, or CUDNN_HOME/include (e.g. the nvidia-cudnn wheel's folder);
+# without it that path reports that it was built without cuDNN.
+ifneq ($(CUDNN_HOME),)
+NVCCFLAGS += -isystem $(CUDNN_HOME)/include
+endif
 # CU_B: where the CUDA objects go; `make test` points the sanitizer build at the plain build's (the
 # objects are identical, and nvcc is the slow part of a build).
 CU_B ?= $(B)
@@ -53,6 +59,7 @@ CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lpthread -lstdc++
 LDLIBS   += $(CUDA_LIBS)
 $(B)/obj/src/ops/backend.o $(B)/obj/src/cli/report.o: CPPFLAGS += -DSHARDLM_HAVE_CUDA
 $(B)/obj/src/cli/report.o: CPPFLAGS += -DSHARDLM_CUDA_ARCH_DESC='"$(CUDA_ARCH_DESC)"'
+$(B)/tests/test_attention_cudnn: CPPFLAGS += -DSHARDLM_HAVE_CUDA
 endif
 
 # NCCL comm backend (src/comm/comm_nccl.c): compiled in when nccl.h and libnccl exist under

@@ -81,5 +81,13 @@ gpu_use_wheel_libs() {
     if ! ls "$cuda"/lib64/libcublasLt.so* >/dev/null 2>&1 && [[ -d "$site/nvidia/cublas/lib" ]]; then
         export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$site/nvidia/cublas/lib
     fi
+    # cuDNN (SHARDLM_ATTENTION=cudnn): its header for the build (CUDNN_HOME, read by the Makefile), its
+    # libraries for the dlopen (libcudnn.so.9 loads its engine libraries from its own folder)
+    if [[ ! -f "$cuda/include/cudnn_graph.h" && -f "$site/nvidia/cudnn/include/cudnn_graph.h" ]]; then
+        export CUDNN_HOME=$site/nvidia/cudnn
+    fi
+    if ! ls "$cuda"/lib64/libcudnn.so.9* >/dev/null 2>&1 && [[ -d "$site/nvidia/cudnn/lib" ]]; then
+        export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$site/nvidia/cudnn/lib
+    fi
     return 0
 }

@@ -15,8 +15,10 @@ extern "C" {
 enum { SL_GEMM_AUTO, SL_GEMM_OPENBLAS, SL_GEMM_ONEDNN };
 // SHARDLM_ATTENTION's values (sl_settings.attention): simt (the GPU's CUDA-core kernels; on the CPU the
 // staged fp32 attention), tc (the GPU's WMMA tensor-core kernels of attention_tc.cu; oneDNN on the CPU),
-// mma (the default: the GPU's mma.sync kernels of attention_mma.cu; on the CPU as tc).
-enum { SL_ATTENTION_SIMT, SL_ATTENTION_TC, SL_ATTENTION_MMA };
+// mma (the default: the GPU's mma.sync kernels of attention_mma.cu; on the CPU as tc), cudnn (the GPU's
+// bf16 attention through cuDNN's fused flash attention, attention_cudnn.cu, loaded at run time; a call
+// it does not take goes to the mma.sync kernels; on the CPU as tc).
+enum { SL_ATTENTION_SIMT, SL_ATTENTION_TC, SL_ATTENTION_MMA, SL_ATTENTION_CUDNN };
 // SHARDLM_ATTENTION_GRID's values (sl_settings.attention_grid): the order in which the mma.sync attention
 // kernels hand out their (head, tile) blocks. tiles (the default): every head's longest tile first, then
 // every head's next; heads: chunks of heads one after another (src/ops/cuda/attention_grid.h), so the
@@ -34,7 +36,7 @@ enum { SL_ATTENTION_DQ_SPLIT, SL_ATTENTION_DQ_ATOMIC, SL_ATTENTION_DQ_ORDERED };
 typedef struct {
     int tf32;                  // SHARDLM_TF32=1: fp32 GEMMs on the GPU may use TF32 tensor cores (default 0)
     int gelu_epilogue;         // SHARDLM_GELU_EPILOGUE=0: GPT-2's GELU outside the cuBLASLt epilogue (default 1)
-    int attention;             // SHARDLM_ATTENTION=tc|simt|mma: the bf16 attention kernels (SL_ATTENTION_*; default mma)
+    int attention;             // SHARDLM_ATTENTION=tc|simt|mma|cudnn: the bf16 attention (SL_ATTENTION_*; default mma)
     int attention_grid;        // SHARDLM_ATTENTION_GRID=tiles|heads: the mma.sync attention's block order (default tiles)
     int attention_dq;          // SHARDLM_ATTENTION_DQ=split|atomic|ordered: its backward's dQ (SL_ATTENTION_DQ_*; default split)
     int ce_row_smem;           // SHARDLM_CE_ROW_SMEM: rows the GPU's fused classifier holds in shared memory (0-2; default 1)
@@ -57,7 +59,7 @@ typedef struct {
 // (Re)reads every variable; -1 with a message naming the first malformed one (a malformed variable
 // keeps its default, the others are read). `shardlm` calls it once at start; tests after setenv.
 int sl_settings_load(void);
-// SHARDLM_ATTENTION's word for an SL_ATTENTION_* value ("mma", "tc", "simt"; "?" for another).
+// SHARDLM_ATTENTION's word for an SL_ATTENTION_* value ("mma", "tc", "simt", "cudnn"; "?" for another).
 const char *sl_attention_name(int attention);
 // SHARDLM_ATTENTION_GRID's word for an SL_ATTENTION_GRID_* value ("tiles", "heads"; "?" for another).
 const char *sl_attention_grid_name(int grid);

@@ -84,10 +84,10 @@ static void read_int(const char *name, int lo, int hi, int *out) {
 
 // SHARDLM_ATTENTION's words, at their SL_ATTENTION_* values.
 static const char *const attention_words[] = {[SL_ATTENTION_SIMT] = "simt", [SL_ATTENTION_TC] = "tc",
-                                              [SL_ATTENTION_MMA] = "mma"};
+                                              [SL_ATTENTION_MMA] = "mma", [SL_ATTENTION_CUDNN] = "cudnn"};
 
 const char *sl_attention_name(int attention) {
-    return attention >= 0 && attention < 3 ? attention_words[attention] : "?";
+    return attention >= 0 && attention < 4 ? attention_words[attention] : "?";
 }
 
 // SHARDLM_ATTENTION_GRID's words, at their SL_ATTENTION_GRID_* values.
@@ -103,12 +103,13 @@ const char *sl_attention_dq_name(int dq) { return dq >= 0 && dq < 3 ? dq_words[d
 
 int sl_settings_load(void) {
     static const char *const levels[] = {"debug", "info", "warn", "error"};
-    static const int attention_v[] = {SL_ATTENTION_SIMT, SL_ATTENTION_TC, SL_ATTENTION_MMA}, levels_v[] = {0, 1, 2, 3};
+    static const int attention_v[] = {SL_ATTENTION_SIMT, SL_ATTENTION_TC, SL_ATTENTION_MMA, SL_ATTENTION_CUDNN},
+                     levels_v[] = {0, 1, 2, 3};
     sl_settings s = DEFAULTS;
     first_error[0] = '\0';
     read_switch("SHARDLM_TF32", &s.tf32);
     read_switch("SHARDLM_GELU_EPILOGUE", &s.gelu_epilogue);
-    read_word("SHARDLM_ATTENTION", attention_words, attention_v, 3, &s.attention, "tc, simt or mma");
+    read_word("SHARDLM_ATTENTION", attention_words, attention_v, 4, &s.attention, "tc, simt, mma or cudnn");
     static const int grid_v[] = {SL_ATTENTION_GRID_TILES, SL_ATTENTION_GRID_HEADS};
     read_word("SHARDLM_ATTENTION_GRID", grid_words, grid_v, 2, &s.attention_grid, "tiles or heads");
     static const int dq_v[] = {SL_ATTENTION_DQ_SPLIT, SL_ATTENTION_DQ_ATOMIC, SL_ATTENTION_DQ_ORDERED};

@@ -7,7 +7,8 @@
 # the summary) what the budget no longer holds:
 #   1. build: tests/gpu/suite.sh build (the library, `shardlm report`, the GPU test programs);
 #   2. the op groups holding kernels not yet run on a GPU (SESSION_GROUPS, default "norm crossentropy
-#      matmul_gelu bf16 attention_mma"), each its own test_ops_cuda process as in tests/gpu/run.sh;
+#      matmul_gelu bf16 attention_mma attention_cudnn"), each its own test_ops_cuda process as in
+#      tests/gpu/run.sh;
 #   3. test_model_cuda (the model's loss and gradients against the CPU, LoRA too) and test_generate_cuda;
 #   3b. `shardlm train --device cuda` with LoRA adapters, fp32 and bf16 (the CLI's path, a corpus made here);
 #   4. bench/gpu.sh for GPT-2 124M and 355M: shardlm with its per-op profile, PyTorch eager and
@@ -35,7 +36,7 @@ set -u
 cd "$(dirname "$0")/../.." || exit 1
 BUDGET=${SESSION_BUDGET_S:-540}
 BENCH_S=${SESSION_BENCH_S:-360}
-GROUPS_FIRST=${SESSION_GROUPS:-norm crossentropy matmul_gelu bf16 attention_mma}
+GROUPS_FIRST=${SESSION_GROUPS:-norm crossentropy matmul_gelu bf16 attention_mma attention_cudnn}
 B=${SHARDLM_GPU_BUILD:-build/gpu}
 T=$B/gpu_tests
 logdir=$(mktemp -d /tmp/shardlm_gpu_session_XXXXXX)

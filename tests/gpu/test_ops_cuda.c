@@ -1395,8 +1395,18 @@ static void crossentropy_cases(void (*check)(const char *tag, int N, int V, int 
 // would fail every later case of its process; tests/gpu/run.sh runs each group as its own process.
 static const char *const GROUPS[] = {"basics", "encoder", "matmul", "matmul_gelu", "matmul_16bit", "norm", "elementwise",
                                      "rope", "attention", "decode", "crossentropy", "optimizer", "bf16",
-                                     "attention_mma"};
+                                     "attention_mma", "attention_cudnn"};
 static const char *only;   // the group to run; NULL: all
+
+// The bf16-storage tables in the places of gpu and cpu for a group's cases (the caller keeps gpu's to put
+// back): 1, or 0 with a failure when the backend gives no such table.
+static int bf16_tables(void) {
+    gpu = sl_ops_for_precision(gpu, SL_PRECISION_BF16);
+    cpu = &sl_ops_cpu_bf16;
+    if (gpu->act_bf16) return 1;
+    fail("bf16_storage_table", "sl_ops_for_precision(bf16) gave %s, not a bf16-storage table", gpu->name);
+    return 0;
+}
 static int group(const char *name) { return !only || !strcmp(only, name); }
 
 // usage: test_ops_cuda [DEVICE [GROUP|all|list]]
@@ -1595,11 +1605,7 @@ int main(int argc, char **argv) {
         // (the bf16 group runs them too, as the default); a group of their own, so a fault in them
         // cannot hide the bf16 group's results.
         const sl_ops *fp32_gpu = gpu;
-        gpu = sl_ops_for_precision(gpu, SL_PRECISION_BF16);
-        cpu = &sl_ops_cpu_bf16;
-        if (!gpu->act_bf16) {
-            fail("bf16_storage_table", "sl_ops_for_precision(bf16) gave %s, not a bf16-storage table", gpu->name);
-        } else {
+        if (bf16_tables()) {
             set_switch("SHARDLM_ATTENTION", "mma");
             for (int i = 0; i < N_ATT_SHAPES; i++) {
                 const unsigned long before = cuda_attention_mma_launches();
@@ -1646,6 +1652,37 @@ int main(int argc, char **argv) {
             set_switch("SHARDLM_ATTENTION_DQ", "ordered");
             for (int i = 0; i < N_ATT_SHAPES; i++)
                 if (ATT_SHAPES[i].HD <= 64 && ATT_SHAPES[i].HD != 40) test_bf16_attention_shape("mma_dq_ordered_", i);
+            set_switch("SHARDLM_ATTENTION_DQ", NULL);
+            set_switch("SHARDLM_ATTENTION", NULL);
+        }
+        gpu = fp32_gpu;
+        cpu = &sl_ops_cpu;
+    }
+
+    if (group("attention_cudnn")) {
+        // cuDNN's fused attention (attention_cudnn.cu, SHARDLM_ATTENTION=cudnn) on every shape of the bf16
+        // group against the CPU's bf16 emulation, with its call counter: every shape but T = 1 (which
+        // the mma.sync kernels take) must have gone through cuDNN. First the backward's deterministic
+        // form (the default: two runs give the same bytes), then dQ summed in fp32 in any order
+        // (SHARDLM_ATTENTION_DQ=atomic; no two-runs check). A failure names cuDNN's own message.
+        const sl_ops *fp32_gpu = gpu;
+        if (bf16_tables()) {
+            set_switch("SHARDLM_ATTENTION", "cudnn");
+            for (int dq = 0; dq < 2; dq++) {
+                set_switch("SHARDLM_ATTENTION_DQ", dq ? "atomic" : NULL);
+                nondeterministic_mode = dq;
+                for (int i = 0; i < N_ATT_SHAPES; i++) {
+                    const unsigned long before = cuda_attention_cudnn_calls();
+                    test_bf16_attention_shape(dq ? "cudnn_dq_atomic_" : "cudnn_", i);
+                    const int theirs = ATT_SHAPES[i].T > 1;
+                    const unsigned long ran = cuda_attention_cudnn_calls() - before;
+                    const char *name = bname(dq ? "attention_cudnn_dq_atomic_ran" : "attention_cudnn_ran",
+                                             ATT_SHAPES[i].tag);
+                    if (theirs == (ran > 0)) pass(name, 0.0);
+                    else fail(name, "%lu cuDNN calls (expected %s)", ran, theirs ? "some" : "none");
+                }
+            }
+            nondeterministic_mode = 0;
             set_switch("SHARDLM_ATTENTION_DQ", NULL);
             set_switch("SHARDLM_ATTENTION", NULL);
         }

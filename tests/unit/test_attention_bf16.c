@@ -114,10 +114,11 @@ TEST(simt_setting_keeps_the_staged_attention) {
 }
 
 // SHARDLM_ATTENTION takes mma (the default: the GPU's mma.sync kernels; on the CPU the oneDNN kernels as
-// with tc), tc and simt; anything else is refused with a message naming the variable and the choices.
+// with tc), tc, simt and cudnn (the GPU's cuDNN path; on the CPU as tc); anything else is refused with a message naming the variable and the choices.
 TEST(attention_setting_words) {
-    static const struct { const char *word; int value; } words[] = {{"tc", SL_ATTENTION_TC}, {"simt", SL_ATTENTION_SIMT}, {"mma", SL_ATTENTION_MMA}};
-    for (int i = 0; i < 3; i++) {
+    static const struct { const char *word; int value; } words[] = {{"tc", SL_ATTENTION_TC}, {"simt", SL_ATTENTION_SIMT}, {"mma", SL_ATTENTION_MMA},
+                                                                     {"cudnn", SL_ATTENTION_CUDNN}};
+    for (int i = 0; i < 4; i++) {
         setenv("SHARDLM_ATTENTION", words[i].word, 1);
         CHECK(sl_settings_load() == 0);
         CHECK_MSG(sl_settings_get()->attention == words[i].value, "%s gave %d", words[i].word,
@@ -125,7 +126,7 @@ TEST(attention_setting_words) {
     }
     setenv("SHARDLM_ATTENTION", "flash", 1);
     CHECK(sl_settings_load() != 0);
-    CHECK_MSG(strstr(sl_error(), "SHARDLM_ATTENTION") && strstr(sl_error(), "tc, simt or mma"), "message: %s", sl_error());
+    CHECK_MSG(strstr(sl_error(), "SHARDLM_ATTENTION") && strstr(sl_error(), "tc, simt, mma or cudnn"), "message: %s", sl_error());
     unsetenv("SHARDLM_ATTENTION");
     CHECK(sl_settings_load() == 0);
     CHECK(sl_settings_get()->attention == SL_ATTENTION_MMA);

@@ -3,6 +3,7 @@
 // bf16 storage at the tensor-core head dims goes to attention_tc.cu. Tiling, kernels, invariants and
 // limits: docs/gpu.md, "Attention (attention.cu)".
 #include "ops/cuda/cuda_common.cuh"
+#include "ops/cuda/attention_cudnn.cuh"
 #include "ops/cuda/attention_mma.cuh"
 #include "ops/cuda/attention_tc.cuh"
 
@@ -485,7 +486,8 @@ void cuda_attention_forward(sl_act *out, float *lse, const sl_act *qkv, int B, i
         return;
     const float scale = 1.0f / sqrtf((float)HD);
     if constexpr (std::is_same<floatX, __nv_bfloat16>::value) {
-        if (attention_mma_forward(as_storage<floatX>(out), lse, as_storage<floatX>(qkv), B, T, NH, NKV, HD, scale) ||
+        if (attention_cudnn_forward(as_storage<floatX>(out), lse, as_storage<floatX>(qkv), B, T, NH, NKV, HD, scale) ||
+            attention_mma_forward(as_storage<floatX>(out), lse, as_storage<floatX>(qkv), B, T, NH, NKV, HD, scale) ||
             attention_tc_forward(as_storage<floatX>(out), lse, as_storage<floatX>(qkv), B, T, NH, NKV, HD, scale))
             return;
     }
@@ -500,6 +502,11 @@ void cuda_attention_backward(sl_act *dqkv, const sl_act *dout, const sl_act *qkv
         B <= 0 || T <= 0)
         return;
     const float scale = 1.0f / sqrtf((float)HD);
+    if constexpr (std::is_same<floatX, __nv_bfloat16>::value) {  // cuDNN makes its own row sums (delta)
+        if (attention_cudnn_backward(as_storage<floatX>(dqkv), as_storage<floatX>(dout), as_storage<floatX>(qkv),
+                                     as_storage<floatX>(out), lse, B, T, NH, NKV, HD, scale))
+            return;
+    }
     const size_t rows = (size_t)B * T * NH;
     float *delta = delta_buffer(rows);
     if (!delta) return;

@@ -854,8 +854,12 @@ void launch_backward(bf16 *dqkv, const bf16 *dout, const bf16 *qkv, const float 
     else launch_backward_in<D, false>(dqkv, dout, qkv, lse, delta, B, T, NH, NKV, scale);
 }
 
-// SHARDLM_ATTENTION=mma (the default) picks these kernels.
-bool mma_enabled() { return sl_settings_get()->attention == SL_ATTENTION_MMA; }
+// SHARDLM_ATTENTION=mma (the default) picks these kernels; under =cudnn they take the calls cuDNN's path
+// does not (attention_cudnn.cuh).
+bool mma_enabled() {
+    const int a = sl_settings_get()->attention;
+    return a == SL_ATTENTION_MMA || a == SL_ATTENTION_CUDNN;
+}
 
 }  // namespace
 

@@ -46,6 +46,13 @@ unsigned long cuda_attention_mma_launches(void);
 // The L2 share its SHARDLM_ATTENTION_GRID=heads launches size their chunks of heads to on the current
 // device (attention_grid.h sl_grid_l2_share of the device's L2), for the tests to size theirs alike.
 size_t cuda_attention_grid_share(void);
+// attention_cudnn.cu: the attention calls queued through cuDNN so far (SHARDLM_ATTENTION=cudnn), for the
+// tests; and its operation graph for one call built and finalized without a GPU (cuDNN checks the
+// graph's structure then): 0 accepted, 1 libcudnn (or its header at build time) missing, -1 refused,
+// `why` saying which and cuDNN's message.
+unsigned long cuda_attention_cudnn_calls(void);
+int cuda_attention_cudnn_check_graph(int backward, int deterministic, int B, int T, int NH, int NKV, int HD,
+                                     char *why, size_t cap);
 // Calls of crossentropy_fused that ran the shared-memory row kernel (SHARDLM_CE_ROW_SMEM=1 or 2), and of
 // those the two-row form (=2), for tests.
 unsigned long cuda_crossentropy_smem_launches(void);

@@ -1,0 +1,578 @@
+// attention_cudnn.cu: causal attention on bf16 storage through cuDNN's fused flash attention
+// (SHARDLM_ATTENTION=cudnn). cuDNN 9 has no single causal attention call before 9.21: its backend API
+// takes an operation graph of matrix products, pointwise ops and reductions, and its runtime matches
+// the graph of softmax(scale Q K^T, causal) V (and its gradient) as a whole to a fused flash-attention
+// kernel. The graphs below are the ones NVIDIA's cudnn-frontend (the C++ header library; not used here)
+// lowers its SDPA nodes to for this case on cuDNN 9.19: the same ops, tensor types and operand order,
+// which cuDNN's support checks are picky about (the score product's second factor is K viewed
+// transposed; P and the transposes in the backward are bf16; everything else fp32, the mask's
+// indices int32 and its test boolean). docs/gpu.md, "cuDNN's fused attention", has the graphs.
+//
+// libcudnn is dlopen'ed (as cuBLASLt): built against cudnn_graph.h when the build finds it (the CUDA
+// toolkit's include folder or CUDNN_HOME), else the path reports that it was built without it. One
+// execution plan per shape, built at the first call (cuDNN compiles the kernel then: seconds) and kept.
+// Q, K, V, dQ, dK, dV are strided views into qkv / dqkv, O / dO into the output (attention_cudnn_layout.h):
+// no copies. The saved statistics are cuDNN's Stats, the natural-log sum of exponentials of each row's
+// scaled scores: the lse every attention path here saves.
+//
+// Determinism: cuDNN's backward makes dQ either by adding each key tile's share into an fp32 buffer
+// in whatever order the tiles finish (not bit-reproducible) or, in its "dP workspace" form, from a
+// bf16 copy of dS in global memory (b * h * T * T * 2 bytes of workspace: 1.6 GB for GPT-2 124M at
+// B = 64, T = 1024). The form is chosen by the graph's shape: dQ written by the product itself (the
+// workspace form) or through an fp32 tensor and an identity op. SHARDLM_ATTENTION_DQ=atomic takes the
+// fp32 form; split and ordered (the default) the workspace form, which cudnn-frontend documents as
+// its deterministic algorithm.
+#include "shardlm/settings.h"
+#include "ops/cuda/cuda_common.cuh"
+#include "ops/cuda/attention_cudnn.cuh"
+#include "ops/cuda/attention_cudnn_layout.h"
+extern "C" {
+#include "ops/cuda/cuda_ops.h"  // cuda_attention_cudnn_calls, cuda_attention_cudnn_check_graph
+#include "shardlm/cuda_dlopen.h"
+}
+
+#include <dlfcn.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#if __has_include(<cudnn_graph.h>)
+#define SL_HAVE_CUDNN 1
+#include <cudnn_graph.h>
+#endif
+
+namespace {
+
+unsigned long calls;  // forward and backward calls queued through cuDNN (cuda_attention_cudnn_calls)
+
+// Whether a call is this path's: SHARDLM_ATTENTION=cudnn, a head dim cuDNN's Hopper kernels take in
+// both directions (a multiple of 8 up to 128 here: the op tests' range), T > 1 (the backward refuses a
+// 1 x 1 score matrix), and 16-byte aligned buffers (every tensor is declared 16-byte aligned; the
+// views' offsets, multiples of HD elements, keep that).
+bool takes(int T, int HD, const void *a, const void *b, const void *c) {
+    return sl_settings_get()->attention == SL_ATTENTION_CUDNN && HD % 8 == 0 && HD <= 128 && T > 1 &&
+           sl_aligned16(a) && sl_aligned16(b) && (!c || sl_aligned16(c));
+}
+
+#ifdef SL_HAVE_CUDNN
+
+// ---- libcudnn, loaded at run time ---------------------------------------------------------------------
+
+#define SL_DNN_FUNCS(X)                                                                                   \
+    X(cudnnGetVersion) X(cudnnCreate) X(cudnnSetStream) X(cudnnGetErrorString) X(cudnnGetLastErrorString) \
+    X(cudnnBackendCreateDescriptor) X(cudnnBackendDestroyDescriptor) X(cudnnBackendSetAttribute)          \
+    X(cudnnBackendGetAttribute) X(cudnnBackendFinalize) X(cudnnBackendExecute)
+
+struct {
+#define SL_DNN_FIELD(f) decltype(&::f) f;
+    SL_DNN_FUNCS(SL_DNN_FIELD)
+#undef SL_DNN_FIELD
+} dnn;
+
+int dnn_state;            // 0 not tried, 1 loaded, -1 failed (dnn_why says why)
+char dnn_why[1024];
+cudnnHandle_t dnn_handle;  // made at the first execution (it needs the GPU)
+
+// Loads libcudnn once: 0, or -1 with dnn_why set.
+int dnn_load() {
+    if (dnn_state) return dnn_state > 0 ? 0 : -1;
+    dnn_state = -1;
+    static const char *const names[] = {"libcudnn.so.9", "libcudnn.so", NULL};
+    char why[768];
+    void *lib = sl_cuda_dlopen(names, why, sizeof why);
+    if (!lib) {
+        snprintf(dnn_why, sizeof dnn_why, "libcudnn.so.9 could not be loaded (%s); install cuDNN 9 (the CUDA "
+                 "toolkit's, or the nvidia-cudnn-cu13 wheel's lib folder on LD_LIBRARY_PATH)", why);
+        return -1;
+    }
+#define SL_DNN_LOAD(f)                                                                           \
+    dnn.f = (decltype(dnn.f))dlsym(lib, #f);                                                     \
+    if (!dnn.f) {                                                                                \
+        snprintf(dnn_why, sizeof dnn_why, "libcudnn.so.9 does not export %s (not cuDNN 9?)", #f); \
+        return -1;                                                                               \
+    }
+    SL_DNN_FUNCS(SL_DNN_LOAD)
+#undef SL_DNN_LOAD
+    const size_t v = dnn.cudnnGetVersion();
+    if (v / 10000 != CUDNN_MAJOR) {
+        snprintf(dnn_why, sizeof dnn_why, "the loaded libcudnn is version %zu, this build's header cuDNN %d", v,
+                 CUDNN_MAJOR);
+        return -1;
+    }
+    dnn_state = 1;
+    return 0;
+}
+
+// ---- a graph under construction: every descriptor it made, the first failure ---------------------
+
+enum { UID_Q = 1, UID_K, UID_V, UID_O, UID_STATS, UID_SCALE, UID_NEG_INF, UID_DO, UID_DQ, UID_DK, UID_DV, UID_ONE,
+       UID_DELTA, UID_DQ_SUM, UID_VIRTUAL = 100 };
+constexpr int MAX_DESC = 128, MAX_OPS = 32;
+
+struct graph {
+    cudnnBackendDescriptor_t made[MAX_DESC];  // destroyed together
+    int n_made;
+    cudnnBackendDescriptor_t ops[MAX_OPS];
+    int n_ops;
+    int64_t next_uid;  // of the virtual tensors
+    char err[768];     // the first failure ("" while none)
+};
+
+void fail(graph *g, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void fail(graph *g, const char *fmt, ...) {
+    if (g->err[0]) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(g->err, sizeof g->err, fmt, ap);
+    va_end(ap);
+}
+
+// A cuDNN call of step `what`: false (and the graph's first failure, with cuDNN's own message) unless it
+// succeeded. Every step after a failure is skipped.
+bool ok(graph *g, cudnnStatus_t st, const char *what) {
+    if (g->err[0]) return false;
+    if (st == CUDNN_STATUS_SUCCESS) return true;
+    char last[512] = "";
+    dnn.cudnnGetLastErrorString(last, sizeof last);
+    fail(g, "%s: %s%s%s", what, dnn.cudnnGetErrorString(st), last[0] ? ": " : "", last);
+    return false;
+}
+
+cudnnBackendDescriptor_t make(graph *g, cudnnBackendDescriptorType_t type, const char *what) {
+    cudnnBackendDescriptor_t d = NULL;
+    if (g->err[0]) return NULL;
+    if (g->n_made == MAX_DESC) {
+        fail(g, "%s: more than %d descriptors", what, MAX_DESC);
+        return NULL;
+    }
+    if (!ok(g, dnn.cudnnBackendCreateDescriptor(type, &d), what)) return NULL;
+    g->made[g->n_made++] = d;
+    return d;
+}
+
+void set(graph *g, cudnnBackendDescriptor_t d, cudnnBackendAttributeName_t name, cudnnBackendAttributeType_t type,
+         int64_t n, const void *v, const char *what) {
+    if (d) ok(g, dnn.cudnnBackendSetAttribute(d, name, type, n, v), what);
+}
+void set_desc(graph *g, cudnnBackendDescriptor_t d, cudnnBackendAttributeName_t name, cudnnBackendDescriptor_t v,
+              const char *what) {
+    if (!v) fail(g, "%s: an operand was not made", what);
+    set(g, d, name, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &v, what);
+}
+cudnnBackendDescriptor_t finish(graph *g, cudnnBackendDescriptor_t d, const char *what) {
+    if (d && ok(g, dnn.cudnnBackendFinalize(d), what)) return d;
+    return NULL;
+}
+
+void destroy(graph *g) {
+    for (int i = g->n_made - 1; i >= 0; i--) dnn.cudnnBackendDestroyDescriptor(g->made[i]);
+    g->n_made = g->n_ops = 0;
+}
+
+// ---- tensors and ops --------------------------------------------------------------------------------
+
+constexpr cudnnDataType_t F32 = CUDNN_DATA_FLOAT, BF16 = CUDNN_DATA_BFLOAT16, I32 = CUDNN_DATA_INT32,
+                          BOOL = CUDNN_DATA_BOOLEAN;
+
+cudnnBackendDescriptor_t tensor(graph *g, int64_t uid, const int64_t dim[4], const int64_t stride[4],
+                                cudnnDataType_t type, bool is_virtual, bool by_value) {
+    cudnnBackendDescriptor_t t = make(g, CUDNN_BACKEND_TENSOR_DESCRIPTOR, "tensor");
+    const int64_t align = 16;
+    set(g, t, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &type, "tensor type");
+    set(g, t, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, dim, "tensor dims");
+    set(g, t, CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, stride, "tensor strides");
+    set(g, t, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &uid, "tensor uid");
+    set(g, t, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &align, "tensor alignment");
+    if (is_virtual) set(g, t, CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &is_virtual, "tensor virtual");
+    if (by_value) set(g, t, CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, 1, &by_value, "tensor by value");
+    return finish(g, t, "tensor");
+}
+// A tensor in memory: a view of attention_cudnn_layout.h (the variant pack gives its address).
+cudnnBackendDescriptor_t view(graph *g, int64_t uid, const sl_att_view &v, cudnnDataType_t type) {
+    return tensor(g, uid, v.dim, v.stride, type, false, false);
+}
+// An fp32 scalar passed by value (the variant pack gives a host address).
+cudnnBackendDescriptor_t scalar(graph *g, int64_t uid) {
+    static const int64_t ones[4] = {1, 1, 1, 1};
+    return tensor(g, uid, ones, ones, F32, false, true);
+}
+// An intermediate tensor (b, h, rows, cols), row-major or (transposed) column-major.
+cudnnBackendDescriptor_t temp(graph *g, int64_t b, int64_t h, int64_t rows, int64_t cols, cudnnDataType_t type,
+                              bool transposed = false) {
+    const int64_t dim[4] = {b, h, rows, cols};
+    const int64_t stride[4] = {h * rows * cols, rows * cols, transposed ? 1 : cols, transposed ? rows : 1};
+    return tensor(g, g->next_uid++, dim, stride, type, true, false);
+}
+
+void add_op(graph *g, cudnnBackendDescriptor_t op) {
+    if (!op) return;
+    if (g->n_ops == MAX_OPS) fail(g, "more than %d ops", MAX_OPS);
+    else g->ops[g->n_ops++] = op;
+}
+
+// y = mode(x [, b [, t]]) elementwise, at fp32 unless `math` says otherwise; GEN_INDEX takes `axis`.
+void pointwise(graph *g, cudnnPointwiseMode_t mode, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t b,
+               cudnnBackendDescriptor_t t, cudnnBackendDescriptor_t y, cudnnDataType_t math = F32, int64_t axis = -1) {
+    cudnnBackendDescriptor_t p = make(g, CUDNN_BACKEND_POINTWISE_DESCRIPTOR, "pointwise");
+    set(g, p, CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode, "pointwise mode");
+    set(g, p, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &math, "pointwise precision");
+    if (mode == CUDNN_POINTWISE_GEN_INDEX) set(g, p, CUDNN_ATTR_POINTWISE_AXIS, CUDNN_TYPE_INT64, 1, &axis, "index axis");
+    p = finish(g, p, "pointwise");
+    cudnnBackendDescriptor_t op = make(g, CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR, "pointwise op");
+    set_desc(g, op, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, p, "pointwise op");
+    set_desc(g, op, CUDNN_ATTR_OPERATION_POINTWISE_XDESC, x, "pointwise x");
+    set_desc(g, op, CUDNN_ATTR_OPERATION_POINTWISE_YDESC, y, "pointwise y");
+    if (b) set_desc(g, op, CUDNN_ATTR_OPERATION_POINTWISE_BDESC, b, "pointwise b");
+    if (t) set_desc(g, op, CUDNN_ATTR_OPERATION_POINTWISE_TDESC, t, "pointwise t");
+    const float one = 1.0f;
+    set(g, op, CUDNN_ATTR_OPERATION_POINTWISE_ALPHA1, CUDNN_TYPE_FLOAT, 1, &one, "pointwise alpha1");
+    set(g, op, CUDNN_ATTR_OPERATION_POINTWISE_ALPHA2, CUDNN_TYPE_FLOAT, 1, &one, "pointwise alpha2");
+    add_op(g, finish(g, op, "pointwise op"));
+}
+
+// c = a b over the last two dims (the leading ones batch; b's heads broadcast over a's under GQA), fp32 sums.
+void matmul(graph *g, cudnnBackendDescriptor_t a, cudnnBackendDescriptor_t b, cudnnBackendDescriptor_t c) {
+    cudnnBackendDescriptor_t m = make(g, CUDNN_BACKEND_MATMUL_DESCRIPTOR, "matmul");
+    const cudnnDataType_t f32 = F32;
+    set(g, m, CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &f32, "matmul compute type");
+    m = finish(g, m, "matmul");
+    cudnnBackendDescriptor_t op = make(g, CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR, "matmul op");
+    set_desc(g, op, CUDNN_ATTR_OPERATION_MATMUL_ADESC, a, "matmul a");
+    set_desc(g, op, CUDNN_ATTR_OPERATION_MATMUL_BDESC, b, "matmul b");
+    set_desc(g, op, CUDNN_ATTR_OPERATION_MATMUL_CDESC, c, "matmul c");
+    set_desc(g, op, CUDNN_ATTR_OPERATION_MATMUL_DESC, m, "matmul op");
+    add_op(g, finish(g, op, "matmul op"));
+}
+
+// y = sum or max of x over the dims where y has 1 (or a head group, y having the kv heads), fp32.
+void reduce(graph *g, cudnnReduceTensorOp_t how, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y) {
+    cudnnBackendDescriptor_t r = make(g, CUDNN_BACKEND_REDUCTION_DESCRIPTOR, "reduction");
+    const cudnnDataType_t f32 = F32;
+    const bool deterministic = false;  // cudnn-frontend's value (not the attention's determinism: see the top)
+    set(g, r, CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &f32, "reduction compute type");
+    set(g, r, CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &how, "reduction operator");
+    set(g, r, CUDNN_ATTR_REDUCTION_IS_DETERMINISTIC, CUDNN_TYPE_BOOLEAN, 1, &deterministic, "reduction mode");
+    r = finish(g, r, "reduction");
+    cudnnBackendDescriptor_t op = make(g, CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR, "reduction op");
+    set_desc(g, op, CUDNN_ATTR_OPERATION_REDUCTION_DESC, r, "reduction op");
+    set_desc(g, op, CUDNN_ATTR_OPERATION_REDUCTION_XDESC, x, "reduction x");
+    set_desc(g, op, CUDNN_ATTR_OPERATION_REDUCTION_YDESC, y, "reduction y");
+    add_op(g, finish(g, op, "reduction op"));
+}
+
+// y = x with other dims / strides over the same elements (a transpose as a view).
+void reshape(graph *g, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y) {
+    cudnnBackendDescriptor_t op = make(g, CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR, "reshape op");
+    set_desc(g, op, CUDNN_ATTR_OPERATION_RESHAPE_XDESC, x, "reshape x");
+    set_desc(g, op, CUDNN_ATTR_OPERATION_RESHAPE_YDESC, y, "reshape y");
+    add_op(g, finish(g, op, "reshape op"));
+}
+
+// The causal mask on scores s (b, h, T, T): s where query (axis 2) >= key (axis 3), else -inf.
+cudnnBackendDescriptor_t causal(graph *g, cudnnBackendDescriptor_t s, int64_t b, int64_t h, int64_t T) {
+    cudnnBackendDescriptor_t row = temp(g, b, h, T, T, I32), col = temp(g, b, h, T, T, I32);
+    cudnnBackendDescriptor_t keep = temp(g, b, h, T, T, BOOL), y = temp(g, b, h, T, T, F32);
+    pointwise(g, CUDNN_POINTWISE_GEN_INDEX, s, NULL, NULL, row, F32, 2);
+    pointwise(g, CUDNN_POINTWISE_GEN_INDEX, s, NULL, NULL, col, F32, 3);
+    pointwise(g, CUDNN_POINTWISE_CMP_GE, row, col, NULL, keep, BOOL);
+    pointwise(g, CUDNN_POINTWISE_BINARY_SELECT, s, scalar(g, UID_NEG_INF), keep, y);  // keep ? s : -inf
+    return y;
+}
+
+// The forward: O = softmax(causal(scale Q K^T)) V and Stats = each row's log-sum-exp.
+void build_forward(graph *g, int B, int T, int NH, int NKV, int HD) {
+    const sl_att_views v = sl_att_cudnn_views(B, T, NH, NKV, HD);
+    cudnnBackendDescriptor_t q = view(g, UID_Q, v.q, BF16), kt = view(g, UID_K, sl_att_view_transposed(v.k), BF16);
+    cudnnBackendDescriptor_t val = view(g, UID_V, v.v, BF16), o = view(g, UID_O, v.o, BF16);
+    cudnnBackendDescriptor_t stats = view(g, UID_STATS, v.stats, F32);
+    cudnnBackendDescriptor_t s = temp(g, B, NH, T, T, F32), scaled = temp(g, B, NH, T, T, F32);
+    matmul(g, q, kt, s);
+    pointwise(g, CUDNN_POINTWISE_MUL, s, scalar(g, UID_SCALE), NULL, scaled);
+    cudnnBackendDescriptor_t masked = causal(g, scaled, B, NH, T);
+    cudnnBackendDescriptor_t max = temp(g, B, NH, T, 1, F32), shifted = temp(g, B, NH, T, T, F32);
+    cudnnBackendDescriptor_t e = temp(g, B, NH, T, T, F32), sum = temp(g, B, NH, T, 1, F32);
+    cudnnBackendDescriptor_t log_sum = temp(g, B, NH, T, 1, F32), p = temp(g, B, NH, T, T, BF16);
+    reduce(g, CUDNN_REDUCE_TENSOR_MAX, masked, max);
+    pointwise(g, CUDNN_POINTWISE_SUB, masked, max, NULL, shifted);
+    pointwise(g, CUDNN_POINTWISE_EXP, shifted, NULL, NULL, e);
+    reduce(g, CUDNN_REDUCE_TENSOR_ADD, e, sum);
+    pointwise(g, CUDNN_POINTWISE_LOG, sum, NULL, NULL, log_sum);
+    pointwise(g, CUDNN_POINTWISE_ADD, max, log_sum, NULL, stats);
+    pointwise(g, CUDNN_POINTWISE_DIV, e, sum, NULL, p);  // P in bf16: the second product's inputs match
+    matmul(g, p, val, o);
+}
+
+// The backward: D = rowsum(dO o O); P = exp(causal(scale Q K^T - Stats)); dV = P^T dO;
+// dS = scale P o (dO V^T - D); dK = dS^T Q; dQ = dS K. Under GQA dV and dK come per query head and are
+// summed over each kv head's group. `deterministic`: dQ straight from its product (see the top).
+void build_backward(graph *g, int B, int T, int NH, int NKV, int HD, bool deterministic) {
+    const sl_att_views v = sl_att_cudnn_views(B, T, NH, NKV, HD);
+    cudnnBackendDescriptor_t q = view(g, UID_Q, v.q, BF16), kt = view(g, UID_K, sl_att_view_transposed(v.k), BF16);
+    cudnnBackendDescriptor_t vt = view(g, UID_V, sl_att_view_transposed(v.v), BF16), o = view(g, UID_O, v.o, BF16);
+    cudnnBackendDescriptor_t dout = view(g, UID_DO, v.o, BF16), stats = view(g, UID_STATS, v.stats, F32);
+    cudnnBackendDescriptor_t dq = view(g, UID_DQ, v.q, BF16), dk = view(g, UID_DK, v.k, BF16);
+    cudnnBackendDescriptor_t dv = view(g, UID_DV, v.v, BF16), scale = scalar(g, UID_SCALE);
+    const bool grouped = NH != NKV;
+    // D, through a product with 1 into a tensor in memory (cudnn-frontend's form; scratch here)
+    const int64_t h = NH, t = T, d = HD;
+    const int64_t dod[4] = {B, h, t, d}, dos[4] = {h * t * d, t * d, h * d, 1};
+    cudnnBackendDescriptor_t dout_o = tensor(g, g->next_uid++, dod, dos, F32, true, false);
+    cudnnBackendDescriptor_t row_sum = temp(g, B, NH, T, 1, F32);
+    const int64_t rd[4] = {B, h, t, 1}, rs[4] = {h * t, t, 1, 1};
+    cudnnBackendDescriptor_t delta = tensor(g, UID_DELTA, rd, rs, F32, false, false);
+    pointwise(g, CUDNN_POINTWISE_MUL, dout, o, NULL, dout_o);
+    reduce(g, CUDNN_REDUCE_TENSOR_ADD, dout_o, row_sum);
+    pointwise(g, CUDNN_POINTWISE_MUL, row_sum, scalar(g, UID_ONE), NULL, delta);
+    // P again from the saved statistics
+    cudnnBackendDescriptor_t s = temp(g, B, NH, T, T, F32), scaled = temp(g, B, NH, T, T, F32);
+    cudnnBackendDescriptor_t centred = temp(g, B, NH, T, T, F32);
+    matmul(g, q, kt, s);
+    pointwise(g, CUDNN_POINTWISE_MUL, s, scale, NULL, scaled);
+    pointwise(g, CUDNN_POINTWISE_SUB, scaled, stats, NULL, centred);
+    cudnnBackendDescriptor_t masked = causal(g, centred, B, NH, T);
+    cudnnBackendDescriptor_t p = temp(g, B, NH, T, T, F32), pt = temp(g, B, NH, T, T, BF16, true);
+    pointwise(g, CUDNN_POINTWISE_EXP, masked, NULL, NULL, p);
+    reshape(g, p, pt);
+    // dV (per query head under GQA, then summed over the group)
+    cudnnBackendDescriptor_t dv_heads = grouped ? temp(g, B, NH, T, HD, BF16) : dv;
+    matmul(g, pt, dout, dv_heads);
+    if (grouped) reduce(g, CUDNN_REDUCE_TENSOR_ADD, dv_heads, dv);
+    // dS
+    cudnnBackendDescriptor_t dp = temp(g, B, NH, T, T, F32), dp_c = temp(g, B, NH, T, T, F32);
+    cudnnBackendDescriptor_t dp_p = temp(g, B, NH, T, T, F32), ds = temp(g, B, NH, T, T, F32);
+    matmul(g, dout, vt, dp);
+    pointwise(g, CUDNN_POINTWISE_SUB, dp, delta, NULL, dp_c);
+    pointwise(g, CUDNN_POINTWISE_MUL, dp_c, p, NULL, dp_p);
+    pointwise(g, CUDNN_POINTWISE_MUL, dp_p, scale, NULL, ds);
+    // dK
+    cudnnBackendDescriptor_t dst = temp(g, B, NH, T, T, BF16, true);
+    reshape(g, ds, dst);
+    cudnnBackendDescriptor_t dk_heads = grouped ? temp(g, B, NH, T, HD, BF16) : dk;
+    matmul(g, dst, q, dk_heads);
+    if (grouped) reduce(g, CUDNN_REDUCE_TENSOR_ADD, dk_heads, dk);
+    // dQ, with K as a view of K^T (fp32: the type cudnn-frontend's reshape gives it)
+    cudnnBackendDescriptor_t k = tensor(g, g->next_uid++, v.k.dim, v.k.stride, F32, true, false);
+    reshape(g, kt, k);
+    if (deterministic) {
+        matmul(g, ds, k, dq);
+    } else {
+        const int64_t ad[4] = {B, h, t, d}, as[4] = {h * t * d, t * d, d, 1};
+        cudnnBackendDescriptor_t dq_sum = tensor(g, UID_DQ_SUM, ad, as, F32, false, false);
+        matmul(g, ds, k, dq_sum);
+        pointwise(g, CUDNN_POINTWISE_IDENTITY, dq_sum, NULL, NULL, dq);
+    }
+}
+
+// The operation graph of one call (the handle set when there is one: without a GPU the graph still
+// finalizes, which is what cuda_attention_cudnn_check_graph tests).
+cudnnBackendDescriptor_t build_graph(graph *g, bool backward, int B, int T, int NH, int NKV, int HD,
+                                     bool deterministic, cudnnHandle_t handle) {
+    g->next_uid = UID_VIRTUAL;
+    if (backward) build_backward(g, B, T, NH, NKV, HD, deterministic);
+    else build_forward(g, B, T, NH, NKV, HD);
+    cudnnBackendDescriptor_t og = make(g, CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, "operation graph");
+    set(g, og, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, g->n_ops, g->ops, "graph ops");
+    if (handle) set(g, og, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle, "graph handle");
+    return finish(g, og, "operation graph");
+}
+
+// ---- plans: one per shape, kept ------------------------------------------------------------------
+
+struct plan {
+    int backward, deterministic, B, T, NH, NKV, HD;
+    graph g;
+    cudnnBackendDescriptor_t exec;  // NULL: building it failed (g.err says why)
+    int64_t workspace;
+};
+constexpr int MAX_PLANS = 48;
+plan plans[MAX_PLANS];
+int n_plans, next_evict;
+
+// Heuristics (mode A, then the fallback list), then the first engine configuration that finalizes.
+void build_plan(plan *p) {
+    graph *g = &p->g;
+    cudnnBackendDescriptor_t og =
+        build_graph(g, p->backward, p->B, p->T, p->NH, p->NKV, p->HD, p->deterministic, dnn_handle);
+    static const cudnnBackendHeurMode_t modes[] = {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK};
+    for (int m = 0; m < 2 && !g->err[0] && !p->exec; m++) {
+        cudnnBackendDescriptor_t heur = make(g, CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, "heuristics");
+        set_desc(g, heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, og, "heuristics graph");
+        set(g, heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &modes[m], "heuristics mode");
+        heur = finish(g, heur, "heuristics");
+        int64_t n = 0, got = 0;
+        if (heur) ok(g, dnn.cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0,
+                                                     &n, NULL), "heuristics count");
+        cudnnBackendDescriptor_t cfg[8];
+        if (n > 8) n = 8;
+        for (int i = 0; i < n; i++) cfg[i] = make(g, CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, "engine config");
+        // the count returned now: configurations that fail cuDNN's support checks are left out
+        if (n > 0) ok(g, dnn.cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                                                      n, &got, cfg), "heuristics results");
+        char last[512] = "";
+        for (int i = 0; i < got && !g->err[0] && !p->exec; i++) {
+            cudnnBackendDescriptor_t e = make(g, CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, "execution plan");
+            set(g, e, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cfg[i], "plan config");
+            cudnnStatus_t st = e ? dnn.cudnnBackendFinalize(e) : CUDNN_STATUS_BAD_PARAM;
+            if (st == CUDNN_STATUS_SUCCESS) p->exec = e;
+            else if (!last[0]) dnn.cudnnGetLastErrorString(last, sizeof last);  // the first refusal, kept
+        }
+        if (!p->exec && !g->err[0] && m == 1)
+            fail(g, "cuDNN offered %lld engine configurations for the %s graph and none built (%s)", (long long)got,
+                 p->backward ? "backward" : "forward", last[0] ? last : "no message");
+    }
+    if (p->exec)
+        ok(g, dnn.cudnnBackendGetAttribute(p->exec, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, NULL,
+                                           &p->workspace), "plan workspace");
+    if (g->err[0]) p->exec = NULL;
+}
+
+// The plan of a call (built at first use; a failed build is kept too, so every call reports it).
+plan *plan_for(bool backward, bool deterministic, int B, int T, int NH, int NKV, int HD) {
+    for (int i = 0; i < n_plans; i++) {
+        plan *p = &plans[i];
+        if (p->backward == backward && p->deterministic == deterministic && p->B == B && p->T == T && p->NH == NH &&
+            p->NKV == NKV && p->HD == HD)
+            return p;
+    }
+    plan *p;
+    if (n_plans < MAX_PLANS) {
+        p = &plans[n_plans++];
+    } else {  // the oldest goes (the stream waits: work queued on it may still use the plan)
+        p = &plans[next_evict];
+        next_evict = (next_evict + 1) % MAX_PLANS;
+        CUDA_CHECK(cudaStreamSynchronize(sl_cuda_stream()));
+        destroy(&p->g);
+    }
+    memset(p, 0, sizeof *p);
+    p->backward = backward, p->deterministic = deterministic, p->B = B, p->T = T, p->NH = NH, p->NKV = NKV, p->HD = HD;
+    build_plan(p);
+    return p;
+}
+
+// Loads cuDNN and the handle on the backend's stream: 0, or -1 with the failure recorded.
+int ready() {
+    if (dnn_load() != 0) {
+        sl_cuda_record_failure("SHARDLM_ATTENTION=cudnn: %s", dnn_why);
+        return -1;
+    }
+    if (!dnn_handle) {
+        cudnnStatus_t st = dnn.cudnnCreate(&dnn_handle);
+        if (st == CUDNN_STATUS_SUCCESS) st = dnn.cudnnSetStream(dnn_handle, sl_cuda_stream());
+        if (st != CUDNN_STATUS_SUCCESS) {
+            dnn_handle = NULL;
+            sl_cuda_record_failure("SHARDLM_ATTENTION=cudnn: cudnnCreate / cudnnSetStream failed: %s",
+                                   dnn.cudnnGetErrorString(st));
+            return -1;
+        }
+    }
+    return 0;
+}
+
+// Queues one plan with the variant pack of (uid, address) pairs; the workspace from scratch.
+void execute(plan *p, const int64_t *uids, void *const *ptrs, int n) {
+    if (!p->exec) {
+        sl_cuda_record_failure("SHARDLM_ATTENTION=cudnn: the %s graph for B %d T %d heads %d/%d head dim %d: %s",
+                               p->backward ? "backward" : "forward", p->B, p->T, p->NH, p->NKV, p->HD, p->g.err);
+        return;
+    }
+    static sl_cuda_scratch ws;
+    void *work = p->workspace > 0 ? sl_cuda_scratch_get(&ws, (size_t)p->workspace, "cuDNN attention's workspace") : NULL;
+    if (p->workspace > 0 && !work) return;
+    graph vp_g = {};  // the variant pack, made and destroyed per call (its addresses change)
+    cudnnBackendDescriptor_t vp = make(&vp_g, CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, "variant pack");
+    set(&vp_g, vp, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, n, ptrs, "variant pointers");
+    set(&vp_g, vp, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, n, uids, "variant uids");
+    set(&vp_g, vp, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &work, "variant workspace");
+    vp = finish(&vp_g, vp, "variant pack");
+    if (vp) ok(&vp_g, dnn.cudnnBackendExecute(dnn_handle, p->exec, vp), "execute");
+    if (vp_g.err[0]) sl_cuda_record_failure("SHARDLM_ATTENTION=cudnn: %s", vp_g.err);
+    else calls++;
+    destroy(&vp_g);
+}
+
+// Element offsets into a bf16 buffer as addresses.
+template <typename T> void *at(T *base, int64_t offset) {
+    return (void *)((const char *)base + offset * (int64_t)sizeof(__nv_bfloat16));
+}
+
+#endif  // SL_HAVE_CUDNN
+
+}  // namespace
+
+extern "C" unsigned long cuda_attention_cudnn_calls(void) { return calls; }
+
+bool attention_cudnn_forward(__nv_bfloat16 *out, float *lse, const __nv_bfloat16 *qkv, int B, int T, int NH, int NKV,
+                             int HD, float scale) {
+    if (!takes(T, HD, out, qkv, NULL)) return false;
+#ifdef SL_HAVE_CUDNN
+    if (ready() != 0) return true;
+    plan *p = plan_for(false, false, B, T, NH, NKV, HD);
+    const sl_att_views v = sl_att_cudnn_views(B, T, NH, NKV, HD);
+    float scale_v = scale, neg_inf = -INFINITY;  // by value: host addresses, read by cudnnBackendExecute
+    const int64_t uids[] = {UID_Q, UID_K, UID_V, UID_O, UID_STATS, UID_SCALE, UID_NEG_INF};
+    void *const ptrs[] = {at(qkv, v.q.offset), at(qkv, v.k.offset), at(qkv, v.v.offset), out, lse, &scale_v, &neg_inf};
+    execute(p, uids, ptrs, 7);
+#else
+    (void)lse, (void)B, (void)NH, (void)NKV, (void)scale;
+    sl_cuda_record_failure("SHARDLM_ATTENTION=cudnn: this build found no cudnn_graph.h (cuDNN 9's header; set "
+                           "CUDNN_HOME to a cuDNN 9 install and rebuild)");
+#endif
+    return true;
+}
+
+bool attention_cudnn_backward(__nv_bfloat16 *dqkv, const __nv_bfloat16 *dout, const __nv_bfloat16 *qkv,
+                              const __nv_bfloat16 *out, const float *lse, int B, int T, int NH, int NKV, int HD,
+                              float scale) {
+    if (!takes(T, HD, dqkv, dout, qkv) || !sl_aligned16(out)) return false;
+#ifdef SL_HAVE_CUDNN
+    if (ready() != 0) return true;
+    const bool deterministic = sl_settings_get()->attention_dq != SL_ATTENTION_DQ_ATOMIC;
+    plan *p = plan_for(true, deterministic, B, T, NH, NKV, HD);
+    const sl_att_views v = sl_att_cudnn_views(B, T, NH, NKV, HD);
+    const size_t rows = (size_t)B * NH * T;
+    static sl_cuda_scratch delta_s, dq_sum_s;  // D, and dQ's fp32 sums (the non-deterministic form)
+    void *delta = sl_cuda_scratch_get(&delta_s, rows * sizeof(float), "cuDNN attention's row sums");
+    void *dq_sum = deterministic ? NULL
+                                 : sl_cuda_scratch_get(&dq_sum_s, rows * HD * sizeof(float), "cuDNN attention's dQ sums");
+    if (!delta || (!deterministic && !dq_sum)) return true;
+    // cuDNN since 9.6 clears dQ's sums itself (cudnn-frontend stopped doing it); cleared here anyway
+    if (dq_sum) CUDA_CHECK(cudaMemsetAsync(dq_sum, 0, rows * HD * sizeof(float), sl_cuda_stream()));
+    float scale_v = scale, neg_inf = -INFINITY, one = 1.0f;
+    const int64_t uids[] = {UID_Q,  UID_K,  UID_V,  UID_O,   UID_STATS, UID_SCALE, UID_NEG_INF,
+                            UID_DO, UID_DQ, UID_DK, UID_DV, UID_ONE,   UID_DELTA, UID_DQ_SUM};
+    void *const ptrs[] = {at(qkv, v.q.offset), at(qkv, v.k.offset), at(qkv, v.v.offset), (void *)out, (void *)lse,
+                          &scale_v, &neg_inf, (void *)dout, at(dqkv, v.q.offset), at(dqkv, v.k.offset),
+                          at(dqkv, v.v.offset), &one, delta, dq_sum};
+    execute(p, uids, ptrs, deterministic ? 13 : 14);
+#else
+    (void)out, (void)lse, (void)B, (void)NH, (void)NKV, (void)scale;
+    sl_cuda_record_failure("SHARDLM_ATTENTION=cudnn: this build found no cudnn_graph.h (cuDNN 9's header; set "
+                           "CUDNN_HOME to a cuDNN 9 install and rebuild)");
+#endif
+    return true;
+}
+
+// Builds and finalizes one call's operation graph without a GPU: 0 when cuDNN accepts it, 1 when
+// libcudnn (or its header, at build time) is not there, -1 when cuDNN refuses the graph; why says.
+extern "C" int cuda_attention_cudnn_check_graph(int backward, int deterministic, int B, int T, int NH, int NKV, int HD,
+                                                char *why, size_t cap) {
+#ifdef SL_HAVE_CUDNN
+    if (dnn_load() != 0) {
+        snprintf(why, cap, "%s", dnn_why);
+        return 1;
+    }
+    static graph g;
+    memset(&g, 0, sizeof g);
+    build_graph(&g, backward != 0, B, T, NH, NKV, HD, deterministic != 0, NULL);
+    snprintf(why, cap, "%s", g.err[0] ? g.err : "accepted");
+    const int rc = g.err[0] ? -1 : 0;
+    destroy(&g);
+    return rc;
+#else
+    (void)backward, (void)deterministic, (void)B, (void)T, (void)NH, (void)NKV, (void)HD;
+    snprintf(why, cap, "built without cudnn_graph.h");
+    return 1;
+#endif
+}
