@@ -17,7 +17,8 @@
 #      kernels' blocks in chunks of heads) and with SHARDLM_ATTENTION_DQ=atomic (their backward's dQ added
 #      inside the dK/dV kernel by fp32 atomics; and =ordered, those atomics in key-tile order), for the
 #      table comparing the attention kernels
-#      (GPU_SIMT=0 / GPU_WMMA=0 / GPU_ATT_GRID=0 / GPU_ATT_DQ=0: not run);
+#      and with SHARDLM_ATTENTION=cudnn (cuDNN's fused flash attention, attention_cudnn.cu)
+#      (GPU_SIMT=0 / GPU_WMMA=0 / GPU_CUDNN=0 / GPU_ATT_GRID=0 / GPU_ATT_DQ=0: not run);
 #   6. each model once more at shardlm's micro-batch with SHARDLM_FUSED_KERNELS=0 (the norm backward
 #      and cross-entropy as the earlier separate kernels, the MLP's GELU gradient outside the GEMM
 #      epilogue), for the before / after table of the fused kernels (GPU_SPLIT=0: not run), with
@@ -49,7 +50,8 @@
 #   GPU_STEPS=6  GPU_WARMUP=2  GPU_TORCH=1 (0: shardlm only)  GPU_COMPILE=1 (0: no torch.compile rows)
 #   GPU_VARIANT_MODELS (default GPU_MODELS: the models of the comparison rows of step 5-6)
 #   GPU_LIKE=1 (0: no like-for-like rows)  GPU_SIMT=1 (0: no CUDA-core attention rows)
-#   GPU_WMMA=1 (0: no WMMA attention rows)  GPU_ATT_GRID=1 (0: no attention-grid rows)
+#   GPU_WMMA=1 (0: no WMMA attention rows)  GPU_CUDNN=1 (0: no cuDNN attention rows)
+#   GPU_ATT_GRID=1 (0: no attention-grid rows)
 #   GPU_ATT_DQ=1 (0: no atomic-dQ attention rows)
 #   GPU_SPLIT=1 (0: no separate-kernel rows)  GPU_AUTOTUNE=1 (0: no autotuned-GEMM rows)
 #   GPU_CE_SMEM=1 (0: no classifier rows with SHARDLM_CE_ROW_SMEM=0 / 2)
@@ -289,7 +291,11 @@ variant_rows() {
         publish
     done
 }
-# the attention kernels: bf16 attention on the CUDA-core kernels and on the WMMA tensor-core ones
+# the attention: cuDNN's fused flash attention (issue 14 item 2: decide between it and the mma.sync
+# kernels by measuring both), bf16 attention on the CUDA-core kernels and on the WMMA tensor-core ones
+variant_rows GPU_CUDNN shardlm-cudnn SHARDLM_ATTENTION=cudnn "attention through cuDNN's fused flash attention"
+variant_rows GPU_CUDNN shardlm-cudnnsum "SHARDLM_ATTENTION=cudnn SHARDLM_ATTENTION_DQ=atomic" \
+    "cuDNN's fused attention, dQ summed in fp32 in any order"
 variant_rows GPU_SIMT shardlm-simt SHARDLM_ATTENTION=simt "attention on the CUDA cores"
 variant_rows GPU_WMMA shardlm-wmma SHARDLM_ATTENTION=tc "attention on WMMA tensor-core tiles"
 variant_rows GPU_ATT_GRID shardlm-attgrid SHARDLM_ATTENTION_GRID=heads "mma.sync attention blocks in chunks of heads"

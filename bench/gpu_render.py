@@ -249,8 +249,11 @@ FUSED_TAGS_WHAT = (("shardlm-cetwice:", "fused, each row read twice"), ("shardlm
                    ("shardlm-nogeluepi:", "fused, the GELU outside the GEMM epilogues"))
 FUSED_TAGS = tuple(t for t, _ in FUSED_TAGS_WHAT)
 
-ATTENTION_KERNELS = {"mma": "mma.sync, registers (mma)", "tc": "tensor cores, WMMA (tc)", "simt": "CUDA cores (simt)"}
-TAG_KERNELS = (("shardlm-simt:", "simt"), ("shardlm-mma:", "mma"), ("shardlm-wmma:", "tc"), ("shardlm-attgrid:", "mma"),
+ATTENTION_KERNELS = {"mma": "mma.sync, registers (mma)", "tc": "tensor cores, WMMA (tc)", "simt": "CUDA cores (simt)",
+                     "cudnn": "cuDNN's fused flash attention (cudnn)"}
+TAG_KERNELS = (("shardlm-simt:", "simt"), ("shardlm-mma:", "mma"), ("shardlm-wmma:", "tc"), ("shardlm-cudnn:", "cudnn"),
+               ("shardlm-cudnnsum:", "cudnn"),
+               ("shardlm-attgrid:", "mma"),
                ("shardlm-attdq:", "mma"), ("shardlm-attboth:", "mma"), ("shardlm-attorder:", "mma"))
 
 
@@ -277,7 +280,10 @@ def render_attention(w, runs, att):
     w("`SHARDLM_ATTENTION` picks shardlm's bf16 attention on the GPU: `mma` (the default since 2026-11-27) the "
       "mma.sync kernels with every fragment in registers (src/ops/cuda/attention_mma.cu), `tc` the WMMA "
       "tensor-core kernels (src/ops/cuda/attention_tc.cu; the default before), `simt` the fp32 CUDA-core kernels "
-      "(src/ops/cuda/attention.cu); `SHARDLM_ATTENTION_GRID=heads` runs the mma.sync kernels' blocks in chunks of "
+      "(src/ops/cuda/attention.cu), `cudnn` cuDNN's fused flash attention (SDPA) through its backend API "
+      "(src/ops/cuda/attention_cudnn.cu, libcudnn loaded at run time; its backward's dQ deterministic through a "
+      "workspace holding dS, or with `SHARDLM_ATTENTION_DQ=atomic` summed in fp32 in any order); "
+      "`SHARDLM_ATTENTION_GRID=heads` runs the mma.sync kernels' blocks in chunks of "
       "heads (a chunk's tiles together, so the blocks in flight share K and V through L2) instead of every head's "
       "longest tile first (the same bits); `SHARDLM_ATTENTION_DQ=atomic` adds dQ inside the dK/dV kernel with fp32 "
       "atomics instead of a dQ kernel that recomputes S and dP (two tile products fewer; dQ not bit-reproducible), "
@@ -297,6 +303,9 @@ def render_attention(w, runs, att):
                 what += ", dQ by atomics in the dK/dV kernel"
             elif r.get("attention_dq") == "ordered":
                 what += ", dQ by atomics in key-tile order in the dK/dV kernel"
+        elif attention_of(r) == "cudnn":  # the backward's form (attention_cudnn.cu)
+            what += (", dQ summed in fp32 in any order" if r.get("attention_dq") == "atomic"
+                     else ", deterministic dQ (dS through a workspace)")
         w(f"| {NAMES.get(r['model'], r['model'])} | {r['B']} | {what} | {r['ms_per_step']:.1f} | "
           f"{r['tokens_per_s']:.0f} | {cell(fwd)} | {cell(bwd)} | {clocks(r)} |")
     w("")

@@ -12,10 +12,12 @@
 #   3. test_model_cuda (the model's loss and gradients against the CPU, LoRA too) and test_generate_cuda;
 #   3b. `shardlm train --device cuda` with LoRA adapters, fp32 and bf16 (the CLI's path, a corpus made here);
 #   4. bench/gpu.sh for GPT-2 124M and 355M: shardlm with its per-op profile, PyTorch eager and
-#      torch.compile (SESSION_TORCH=0: not); then on 124M the comparison rows: SHARDLM_ATTENTION=tc (the
-#      WMMA kernels against the default mma.sync kernels of attention_mma.cu), SHARDLM_ATTENTION_GRID /
-#      _DQ, SHARDLM_FUSED_KERNELS=0 (the fused kernels before / after), SHARDLM_CE_ROW_SMEM=0 / 2 and
-#      SHARDLM_GEMM_AUTOTUNE=1 (cuBLASLt's algorithms timed per shape), same card, same call. On the
+#      torch.compile (SESSION_TORCH=0: not); then on 124M the comparison rows: SHARDLM_ATTENTION=cudnn
+#      (cuDNN's fused attention, both backward forms, against the default mma.sync kernels),
+#      SHARDLM_FUSED_KERNELS=0 (the fused kernels before / after), SHARDLM_CE_ROW_SMEM=0 / 2,
+#      SHARDLM_GELU_EPILOGUE=0 and SHARDLM_GEMM_AUTOTUNE=1 (cuBLASLt's algorithms timed per shape), same
+#      card, same call (the WMMA, block-order and atomic-dQ rows, settled, only with GPU_WMMA=1 /
+#      GPU_ATT_GRID=1 / GPU_ATT_DQ=1 in the environment). On the
 #      2026-11-27 H100 the build took 46 s and this stage about 130 s (124M only; 179 s on the
 #      2026-11-28 H200 with every 124M row);
 #   4b. bench_decode on the GPU (`generate --device cuda`'s path): GPT-2 124M prefill and decode tok/s,
@@ -125,7 +127,10 @@ if left 120 bench; then
   dry=(); [ "${SHARDLM_GPU_SUITE_DRY:-0}" = 1 ] &&  # bench/gpu.sh's own dry run, out of the tree
     dry=(GPU_DEVICE=cpu GPU_MODELS=gpt2-tiny GPU_VARIANT_MODELS=gpt2-tiny GPU_SEQ=64 GPU_MAX_BATCH=8 GPU_GEMM_SIZE=256 GPU_TORCH=0
          GPU_OUT_DIR="$logdir/bench")
+  # the rows measured before and settled (WMMA attention, the block order, dQ by atomics: docs/gpu.md)
+  # are left out: GPU_WMMA=1 GPU_ATT_GRID=1 GPU_ATT_DQ=1 in the environment bring them back
   env GPU_MODELS="${SESSION_MODELS:-gpt2 gpt2-medium}" GPU_VARIANT_MODELS=gpt2 GPU_TORCH="${SESSION_TORCH:-1}" GPU_SIMT=0 \
+    GPU_WMMA="${GPU_WMMA:-0}" GPU_ATT_GRID="${GPU_ATT_GRID:-0}" GPU_ATT_DQ="${GPU_ATT_DQ:-0}" \
     GPU_LIKE=0 GPU_SPLIT=1 GPU_BUILD="$B" GPU_BUDGET_S="$room" "${dry[@]}" \
     timeout -k 10 $((room + 15)) bash bench/gpu.sh >"$logdir/bench.txt" 2>&1
   note "-- bench/gpu.sh (${SESSION_MODELS:-gpt2 gpt2-medium}; comparison rows on gpt2): $((SECONDS - start))s, exit $?"
