@@ -20,6 +20,8 @@
 #      GPU_ATT_GRID=1 / GPU_ATT_DQ=1 in the environment). On the
 #      2026-11-27 H100 the build took 46 s and this stage about 130 s (124M only; 179 s on the
 #      2026-11-28 H200 with every 124M row);
+#   4a. bench/torch_sdpa.py: attention alone through PyTorch's flash, cuDNN and memory-efficient SDPA
+#      backends at the benchmark's shapes, forward and backward, into sdpa.jsonl;
 #   4b. bench_decode on the GPU (`generate --device cuda`'s path): GPT-2 124M prefill and decode tok/s,
 #      fp32 and bf16, into decode.jsonl;
 #   4c. Nsight Compute (SESSION_NCU=0: not) on one bf16 GPT-2 124M step (B=64): one launch each of the
@@ -28,7 +30,7 @@
 #      time goes (docs/gpu.md, "Next GPU session");
 #   5. with time left, the other op groups (attention first).
 # Outputs in $OUT: session_summary.txt (PASS / FAIL / SKIP / TIMEOUT lines, each stage's seconds,
-# "N passed, N failed"), session_logs.tgz (every log), decode.jsonl, ncu.csv and
+# "N passed, N failed"), session_logs.tgz (every log), decode.jsonl, sdpa.jsonl, ncu.csv and
 # bench/gpu.sh's gpu_results.jsonl, gpu_section.md, gpu_bench.log, RESULTS.md. Carry ["build/gpu-deps"] (made here by
 # tests/gpu/pack.sh); the data are not needed. SESSION_BENCH_S (default 360) is the benchmark's share;
 # SESSION_MODELS (default "gpt2 gpt2-medium") its models (the comparison rows: gpt2 only).
@@ -135,6 +137,22 @@ if left 120 bench; then
     timeout -k 10 $((room + 15)) bash bench/gpu.sh >"$logdir/bench.txt" 2>&1
   note "-- bench/gpu.sh (${SESSION_MODELS:-gpt2 gpt2-medium}; comparison rows on gpt2): $((SECONDS - start))s, exit $?"
   grep -E '^gpu.sh .*(==|SKIPPED|done in|finished)' "$logdir/bench.txt" >>"$summary"
+fi
+
+# 4a. attention alone through PyTorch's SDPA backends (flash-attention 2, cuDNN, memory-efficient) at
+# GPT-2 124M's and 355M's shapes and a LLaMA-like GQA one, forward and backward: the ceiling the
+# attention rows of the benchmark are read against (bench/torch_sdpa.py), into sdpa.jsonl
+if [ "${SHARDLM_GPU_SUITE_DRY:-0}" != 1 ] && left 60 sdpa; then
+  start=$SECONDS
+  if timeout -k 10 90 "${PYTHON:-python3}" bench/torch_sdpa.py --shape gpt2:64:12:12:1024:64 \
+       --shape gpt2-medium:16:16:16:1024:64 --shape gqa-hd128:8:32:8:1024:128 \
+       >"$logdir/sdpa.jsonl" 2>"$logdir/sdpa.txt"; then
+    note "PASS torch_sdpa"; passed=$((passed + 1))
+  else
+    note "FAIL torch_sdpa: exit $? (sdpa.txt: $(tail -1 "$logdir/sdpa.txt"))"; failed=$((failed + 1))
+  fi
+  [ -n "${OUT:-}" ] && [ -s "$logdir/sdpa.jsonl" ] && cp "$logdir/sdpa.jsonl" "$OUT/sdpa.jsonl"
+  note "-- torch_sdpa (flash / cuDNN / efficient attention alone): $((SECONDS - start))s"
 fi
 
 # 4b. generation on the GPU (issue 14 item 6): prefill and decode tok/s of GPT-2 124M, fp32 and bf16
