@@ -48,12 +48,12 @@ namespace {
 unsigned long calls;  // forward and backward calls queued through cuDNN (cuda_attention_cudnn_calls)
 
 // Whether a call is this path's: SHARDLM_ATTENTION=cudnn, a head dim cuDNN's Hopper kernels take in
-// both directions (a multiple of 8 up to 128 here: the op tests' range), T > 1 (the backward refuses a
-// 1 x 1 score matrix), and 16-byte aligned buffers (every tensor is declared 16-byte aligned; the
-// views' offsets, multiples of HD elements, keep that).
-bool takes(int T, int HD, const void *a, const void *b, const void *c) {
-    return sl_settings_get()->attention == SL_ATTENTION_CUDNN && HD % 8 == 0 && HD <= 128 && T > 1 &&
-           sl_aligned16(a) && sl_aligned16(b) && (!c || sl_aligned16(c));
+// both directions (a multiple of 8 from 16 to 128 here: the op tests' range), T > 1 (the backward
+// refuses a 1 x 1 score matrix), and 16-byte aligned buffers (every tensor, lse included, is declared
+// 16-byte aligned; the views' offsets, multiples of HD elements, keep that).
+bool takes(int T, int HD, const void *a, const void *b, const void *c, const float *lse) {
+    return sl_settings_get()->attention == SL_ATTENTION_CUDNN && HD % 8 == 0 && HD >= 16 && HD <= 128 && T > 1 &&
+           sl_aligned16(a) && sl_aligned16(b) && (!c || sl_aligned16(c)) && sl_aligned16(lse);
 }
 
 #ifdef SL_HAVE_CUDNN
@@ -61,7 +61,8 @@ bool takes(int T, int HD, const void *a, const void *b, const void *c) {
 // ---- libcudnn, loaded at run time ---------------------------------------------------------------------
 
 #define SL_DNN_FUNCS(X)                                                                                   \
-    X(cudnnGetVersion) X(cudnnCreate) X(cudnnSetStream) X(cudnnGetErrorString) X(cudnnGetLastErrorString) \
+    X(cudnnGetVersion) X(cudnnCreate) X(cudnnDestroy) X(cudnnSetStream) X(cudnnGetErrorString)            \
+    X(cudnnGetLastErrorString)                                                                            \
     X(cudnnBackendCreateDescriptor) X(cudnnBackendDestroyDescriptor) X(cudnnBackendSetAttribute)          \
     X(cudnnBackendGetAttribute) X(cudnnBackendFinalize) X(cudnnBackendExecute)
 
@@ -73,6 +74,12 @@ struct {
 
 int dnn_state;            // 0 not tried, 1 loaded, -1 failed (dnn_why says why)
 char dnn_why[1024];
+size_t dnn_version;       // cudnnGetVersion of the loaded library (9.19.0: 91900)
+// The least libcudnn whose runtime takes these graphs (CUDNN_ATTR_REDUCTION_IS_DETERMINISTIC is 9.11's),
+// and the least that takes the backward's at any T: before 9.16 cudnn-frontend adds a padding mask to
+// the backward graph when T % 128 != 0, a workaround for those versions this graph leaves out, so
+// there such calls go to the mma.sync kernels.
+constexpr size_t MIN_VERSION = 91100, ANY_T_VERSION = 91600;
 cudnnHandle_t dnn_handle;  // made at the first execution (it needs the GPU)
 
 // Loads libcudnn once: 0, or -1 with dnn_why set.
@@ -96,11 +103,12 @@ int dnn_load() {
     SL_DNN_FUNCS(SL_DNN_LOAD)
 #undef SL_DNN_LOAD
     const size_t v = dnn.cudnnGetVersion();
-    if (v / 10000 != CUDNN_MAJOR) {
-        snprintf(dnn_why, sizeof dnn_why, "the loaded libcudnn is version %zu, this build's header cuDNN %d", v,
-                 CUDNN_MAJOR);
+    if (v / 10000 != CUDNN_MAJOR || v < MIN_VERSION) {
+        snprintf(dnn_why, sizeof dnn_why, "the loaded libcudnn is version %zu: this path needs cuDNN %d at least "
+                 "9.11 (the build's header is %d.%d)", v, CUDNN_MAJOR, CUDNN_MAJOR, CUDNN_MINOR);
         return -1;
     }
+    dnn_version = v;
     dnn_state = 1;
     return 0;
 }
@@ -154,7 +162,7 @@ cudnnBackendDescriptor_t make(graph *g, cudnnBackendDescriptorType_t type, const
 
 void set(graph *g, cudnnBackendDescriptor_t d, cudnnBackendAttributeName_t name, cudnnBackendAttributeType_t type,
          int64_t n, const void *v, const char *what) {
-    if (d) ok(g, dnn.cudnnBackendSetAttribute(d, name, type, n, v), what);
+    if (d && !g->err[0]) ok(g, dnn.cudnnBackendSetAttribute(d, name, type, n, v), what);
 }
 void set_desc(graph *g, cudnnBackendDescriptor_t d, cudnnBackendAttributeName_t name, cudnnBackendDescriptor_t v,
               const char *what) {
@@ -162,7 +170,7 @@ void set_desc(graph *g, cudnnBackendDescriptor_t d, cudnnBackendAttributeName_t 
     set(g, d, name, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &v, what);
 }
 cudnnBackendDescriptor_t finish(graph *g, cudnnBackendDescriptor_t d, const char *what) {
-    if (d && ok(g, dnn.cudnnBackendFinalize(d), what)) return d;
+    if (d && !g->err[0] && ok(g, dnn.cudnnBackendFinalize(d), what)) return d;
     return NULL;
 }
 
@@ -382,13 +390,15 @@ cudnnBackendDescriptor_t build_graph(graph *g, bool backward, int B, int T, int 
 
 struct plan {
     int backward, deterministic, B, T, NH, NKV, HD;
+    unsigned long used;  // the call count at its last use (the least recently used plan goes first)
     graph g;
     cudnnBackendDescriptor_t exec;  // NULL: building it failed (g.err says why)
     int64_t workspace;
 };
 constexpr int MAX_PLANS = 48;
 plan plans[MAX_PLANS];
-int n_plans, next_evict;
+int n_plans;
+unsigned long uses;  // plan lookups so far
 
 // Heuristics (mode A, then the fallback list), then the first engine configuration that finalizes.
 void build_plan(plan *p) {
@@ -396,6 +406,8 @@ void build_plan(plan *p) {
     cudnnBackendDescriptor_t og =
         build_graph(g, p->backward, p->B, p->T, p->NH, p->NKV, p->HD, p->deterministic, dnn_handle);
     static const cudnnBackendHeurMode_t modes[] = {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK};
+    char refusal[512] = "";  // cuDNN's first word on why no configuration was offered or built
+    int64_t offered = 0;
     for (int m = 0; m < 2 && !g->err[0] && !p->exec; m++) {
         cudnnBackendDescriptor_t heur = make(g, CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, "heuristics");
         set_desc(g, heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, og, "heuristics graph");
@@ -408,44 +420,52 @@ void build_plan(plan *p) {
         if (n > 8) n = 8;
         for (int i = 0; i < n; i++) cfg[i] = make(g, CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, "engine config");
         // the count returned now: configurations that fail cuDNN's support checks are left out
-        if (n > 0) ok(g, dnn.cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
-                                                      n, &got, cfg), "heuristics results");
-        char last[512] = "";
+        if (n > 0 && !g->err[0])
+            ok(g, dnn.cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, n,
+                                               &got, cfg), "heuristics results");
+        if (got == 0 && !refusal[0]) dnn.cudnnGetLastErrorString(refusal, sizeof refusal);
+        offered += got;
         for (int i = 0; i < got && !g->err[0] && !p->exec; i++) {
             cudnnBackendDescriptor_t e = make(g, CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, "execution plan");
             set(g, e, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cfg[i], "plan config");
-            cudnnStatus_t st = e ? dnn.cudnnBackendFinalize(e) : CUDNN_STATUS_BAD_PARAM;
+            cudnnStatus_t st = e && !g->err[0] ? dnn.cudnnBackendFinalize(e) : CUDNN_STATUS_BAD_PARAM;
             if (st == CUDNN_STATUS_SUCCESS) p->exec = e;
-            else if (!last[0]) dnn.cudnnGetLastErrorString(last, sizeof last);  // the first refusal, kept
+            else if (!refusal[0]) dnn.cudnnGetLastErrorString(refusal, sizeof refusal);
         }
-        if (!p->exec && !g->err[0] && m == 1)
-            fail(g, "cuDNN offered %lld engine configurations for the %s graph and none built (%s)", (long long)got,
-                 p->backward ? "backward" : "forward", last[0] ? last : "no message");
     }
+    if (!p->exec)
+        fail(g, "cuDNN offered %lld engine configurations for the %s graph and none built (%s)", (long long)offered,
+             p->backward ? "backward" : "forward", refusal[0] ? refusal : "no message");
     if (p->exec)
         ok(g, dnn.cudnnBackendGetAttribute(p->exec, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, NULL,
                                            &p->workspace), "plan workspace");
     if (g->err[0]) p->exec = NULL;
 }
 
-// The plan of a call (built at first use; a failed build is kept too, so every call reports it).
+// The plan of a call (built at first use; a failed build is kept too, so every call reports it rather
+// than compiling again: a retry would take seconds a layer and most likely fail the same way).
 plan *plan_for(bool backward, bool deterministic, int B, int T, int NH, int NKV, int HD) {
+    uses++;
     for (int i = 0; i < n_plans; i++) {
         plan *p = &plans[i];
         if (p->backward == backward && p->deterministic == deterministic && p->B == B && p->T == T && p->NH == NH &&
-            p->NKV == NKV && p->HD == HD)
+            p->NKV == NKV && p->HD == HD) {
+            p->used = uses;
             return p;
+        }
     }
     plan *p;
     if (n_plans < MAX_PLANS) {
         p = &plans[n_plans++];
-    } else {  // the oldest goes (the stream waits: work queued on it may still use the plan)
-        p = &plans[next_evict];
-        next_evict = (next_evict + 1) % MAX_PLANS;
+    } else {  // the least recently used goes (the stream waits: work queued on it may still use the plan)
+        p = &plans[0];
+        for (int i = 1; i < MAX_PLANS; i++)
+            if (plans[i].used < p->used) p = &plans[i];
         CUDA_CHECK(cudaStreamSynchronize(sl_cuda_stream()));
         destroy(&p->g);
     }
     memset(p, 0, sizeof *p);
+    p->used = uses;
     p->backward = backward, p->deterministic = deterministic, p->B = B, p->T = T, p->NH = NH, p->NKV = NKV, p->HD = HD;
     build_plan(p);
     return p;
@@ -461,6 +481,7 @@ int ready() {
         cudnnStatus_t st = dnn.cudnnCreate(&dnn_handle);
         if (st == CUDNN_STATUS_SUCCESS) st = dnn.cudnnSetStream(dnn_handle, sl_cuda_stream());
         if (st != CUDNN_STATUS_SUCCESS) {
+            if (dnn_handle) dnn.cudnnDestroy(dnn_handle);
             dnn_handle = NULL;
             sl_cuda_record_failure("SHARDLM_ATTENTION=cudnn: cudnnCreate / cudnnSetStream failed: %s",
                                    dnn.cudnnGetErrorString(st));
@@ -503,11 +524,20 @@ template <typename T> void *at(T *base, int64_t offset) {
 
 extern "C" unsigned long cuda_attention_cudnn_calls(void) { return calls; }
 
+extern "C" size_t cuda_attention_cudnn_version(void) {
+#ifdef SL_HAVE_CUDNN
+    return dnn_load() == 0 ? dnn_version : 0;
+#else
+    return 0;
+#endif
+}
+
 bool attention_cudnn_forward(__nv_bfloat16 *out, float *lse, const __nv_bfloat16 *qkv, int B, int T, int NH, int NKV,
                              int HD, float scale) {
-    if (!takes(T, HD, out, qkv, NULL)) return false;
+    if (!takes(T, HD, out, qkv, NULL, lse)) return false;
 #ifdef SL_HAVE_CUDNN
     if (ready() != 0) return true;
+    if (dnn_version < ANY_T_VERSION && T % 128) return false;  // as the backward (see MIN_VERSION)
     plan *p = plan_for(false, false, B, T, NH, NKV, HD);
     const sl_att_views v = sl_att_cudnn_views(B, T, NH, NKV, HD);
     float scale_v = scale, neg_inf = -INFINITY;  // by value: host addresses, read by cudnnBackendExecute
@@ -525,9 +555,10 @@ bool attention_cudnn_forward(__nv_bfloat16 *out, float *lse, const __nv_bfloat16
 bool attention_cudnn_backward(__nv_bfloat16 *dqkv, const __nv_bfloat16 *dout, const __nv_bfloat16 *qkv,
                               const __nv_bfloat16 *out, const float *lse, int B, int T, int NH, int NKV, int HD,
                               float scale) {
-    if (!takes(T, HD, dqkv, dout, qkv) || !sl_aligned16(out)) return false;
+    if (!takes(T, HD, dqkv, dout, qkv, lse) || !sl_aligned16(out)) return false;
 #ifdef SL_HAVE_CUDNN
     if (ready() != 0) return true;
+    if (dnn_version < ANY_T_VERSION && T % 128) return false;  // see MIN_VERSION
     const bool deterministic = sl_settings_get()->attention_dq != SL_ATTENTION_DQ_ATOMIC;
     plan *p = plan_for(true, deterministic, B, T, NH, NKV, HD);
     const sl_att_views v = sl_att_cudnn_views(B, T, NH, NKV, HD);
