@@ -206,12 +206,17 @@ cudnnBackendDescriptor_t scalar(graph *g, int64_t uid) {
     static const int64_t ones[4] = {1, 1, 1, 1};
     return tensor(g, uid, ones, ones, F32, false, true);
 }
-// An intermediate tensor (b, h, rows, cols), row-major or (transposed) column-major.
-cudnnBackendDescriptor_t temp(graph *g, int64_t b, int64_t h, int64_t rows, int64_t cols, cudnnDataType_t type,
-                              bool transposed = false) {
+// A dense (b, h, rows, cols) tensor, row-major or (transposed) column-major in each (b, h).
+cudnnBackendDescriptor_t dense(graph *g, int64_t uid, int64_t b, int64_t h, int64_t rows, int64_t cols,
+                               cudnnDataType_t type, bool is_virtual, bool transposed = false) {
     const int64_t dim[4] = {b, h, rows, cols};
     const int64_t stride[4] = {h * rows * cols, rows * cols, transposed ? 1 : cols, transposed ? rows : 1};
-    return tensor(g, g->next_uid++, dim, stride, type, true, false);
+    return tensor(g, uid, dim, stride, type, is_virtual, false);
+}
+// An intermediate (virtual) dense tensor.
+cudnnBackendDescriptor_t temp(graph *g, int64_t b, int64_t h, int64_t rows, int64_t cols, cudnnDataType_t type,
+                              bool transposed = false) {
+    return dense(g, g->next_uid++, b, h, rows, cols, type, true, transposed);
 }
 
 void add_op(graph *g, cudnnBackendDescriptor_t op) {
@@ -323,13 +328,13 @@ void build_backward(graph *g, int B, int T, int NH, int NKV, int HD, bool determ
     cudnnBackendDescriptor_t dq = view(g, UID_DQ, v.q, BF16), dk = view(g, UID_DK, v.k, BF16);
     cudnnBackendDescriptor_t dv = view(g, UID_DV, v.v, BF16), scale = scalar(g, UID_SCALE);
     const bool grouped = NH != NKV;
-    // D, through a product with 1 into a tensor in memory (cudnn-frontend's form; scratch here)
+    // D, through a product with 1 into a tensor in memory (cudnn-frontend's form, and its strides for
+    // dO o O; scratch here)
     const int64_t h = NH, t = T, d = HD;
     const int64_t dod[4] = {B, h, t, d}, dos[4] = {h * t * d, t * d, h * d, 1};
     cudnnBackendDescriptor_t dout_o = tensor(g, g->next_uid++, dod, dos, F32, true, false);
     cudnnBackendDescriptor_t row_sum = temp(g, B, NH, T, 1, F32);
-    const int64_t rd[4] = {B, h, t, 1}, rs[4] = {h * t, t, 1, 1};
-    cudnnBackendDescriptor_t delta = tensor(g, UID_DELTA, rd, rs, F32, false, false);
+    cudnnBackendDescriptor_t delta = dense(g, UID_DELTA, B, NH, T, 1, F32, false);
     pointwise(g, CUDNN_POINTWISE_MUL, dout, o, NULL, dout_o);
     reduce(g, CUDNN_REDUCE_TENSOR_ADD, dout_o, row_sum);
     pointwise(g, CUDNN_POINTWISE_MUL, row_sum, scalar(g, UID_ONE), NULL, delta);
@@ -366,8 +371,7 @@ void build_backward(graph *g, int B, int T, int NH, int NKV, int HD, bool determ
     if (deterministic) {
         matmul(g, ds, k, dq);
     } else {
-        const int64_t ad[4] = {B, h, t, d}, as[4] = {h * t * d, t * d, d, 1};
-        cudnnBackendDescriptor_t dq_sum = tensor(g, UID_DQ_SUM, ad, as, F32, false, false);
+        cudnnBackendDescriptor_t dq_sum = dense(g, UID_DQ_SUM, B, NH, T, HD, F32, false);
         matmul(g, ds, k, dq_sum);
         pointwise(g, CUDNN_POINTWISE_IDENTITY, dq_sum, NULL, NULL, dq);
     }
@@ -471,12 +475,14 @@ plan *plan_for(bool backward, bool deterministic, int B, int T, int NH, int NKV,
     return p;
 }
 
-// Loads cuDNN and the handle on the backend's stream: 0, or -1 with the failure recorded.
-int ready() {
+// Loads cuDNN and the handle on the backend's stream, for a call over T tokens: 1 to go on, 0 when the
+// loaded version leaves that T to the mma.sync kernels (see ANY_T_VERSION), -1 with the failure recorded.
+int ready(int T) {
     if (dnn_load() != 0) {
         sl_cuda_record_failure("SHARDLM_ATTENTION=cudnn: %s", dnn_why);
         return -1;
     }
+    if (dnn_version < ANY_T_VERSION && T % 128) return 0;
     if (!dnn_handle) {
         cudnnStatus_t st = dnn.cudnnCreate(&dnn_handle);
         if (st == CUDNN_STATUS_SUCCESS) st = dnn.cudnnSetStream(dnn_handle, sl_cuda_stream());
@@ -488,7 +494,7 @@ int ready() {
             return -1;
         }
     }
-    return 0;
+    return 1;
 }
 
 // Queues one plan with the variant pack of (uid, address) pairs; the workspace from scratch.
@@ -514,8 +520,13 @@ void execute(plan *p, const int64_t *uids, void *const *ptrs, int n) {
 }
 
 // Element offsets into a bf16 buffer as addresses.
-template <typename T> void *at(T *base, int64_t offset) {
-    return (void *)((const char *)base + offset * (int64_t)sizeof(__nv_bfloat16));
+void *at(const __nv_bfloat16 *base, int64_t offset) { return (void *)(base + offset); }
+
+#else
+
+void no_header() {
+    sl_cuda_record_failure("SHARDLM_ATTENTION=cudnn: this build found no cudnn_graph.h (cuDNN 9's header; set "
+                           "CUDNN_HOME to a cuDNN 9 install and rebuild)");
 }
 
 #endif  // SL_HAVE_CUDNN
@@ -536,8 +547,8 @@ bool attention_cudnn_forward(__nv_bfloat16 *out, float *lse, const __nv_bfloat16
                              int HD, float scale) {
     if (!takes(T, HD, out, qkv, NULL, lse)) return false;
 #ifdef SL_HAVE_CUDNN
-    if (ready() != 0) return true;
-    if (dnn_version < ANY_T_VERSION && T % 128) return false;  // as the backward (see MIN_VERSION)
+    const int go = ready(T);  // as the backward's: see ANY_T_VERSION
+    if (go <= 0) return go < 0;
     plan *p = plan_for(false, false, B, T, NH, NKV, HD);
     const sl_att_views v = sl_att_cudnn_views(B, T, NH, NKV, HD);
     float scale_v = scale, neg_inf = -INFINITY;  // by value: host addresses, read by cudnnBackendExecute
@@ -546,8 +557,7 @@ bool attention_cudnn_forward(__nv_bfloat16 *out, float *lse, const __nv_bfloat16
     execute(p, uids, ptrs, 7);
 #else
     (void)lse, (void)B, (void)NH, (void)NKV, (void)scale;
-    sl_cuda_record_failure("SHARDLM_ATTENTION=cudnn: this build found no cudnn_graph.h (cuDNN 9's header; set "
-                           "CUDNN_HOME to a cuDNN 9 install and rebuild)");
+    no_header();
 #endif
     return true;
 }
@@ -557,8 +567,8 @@ bool attention_cudnn_backward(__nv_bfloat16 *dqkv, const __nv_bfloat16 *dout, co
                               float scale) {
     if (!takes(T, HD, dqkv, dout, qkv, lse) || !sl_aligned16(out)) return false;
 #ifdef SL_HAVE_CUDNN
-    if (ready() != 0) return true;
-    if (dnn_version < ANY_T_VERSION && T % 128) return false;  // see MIN_VERSION
+    const int go = ready(T);
+    if (go <= 0) return go < 0;
     const bool deterministic = sl_settings_get()->attention_dq != SL_ATTENTION_DQ_ATOMIC;
     plan *p = plan_for(true, deterministic, B, T, NH, NKV, HD);
     const sl_att_views v = sl_att_cudnn_views(B, T, NH, NKV, HD);
@@ -579,8 +589,7 @@ bool attention_cudnn_backward(__nv_bfloat16 *dqkv, const __nv_bfloat16 *dout, co
     execute(p, uids, ptrs, deterministic ? 13 : 14);
 #else
     (void)out, (void)lse, (void)B, (void)NH, (void)NKV, (void)scale;
-    sl_cuda_record_failure("SHARDLM_ATTENTION=cudnn: this build found no cudnn_graph.h (cuDNN 9's header; set "
-                           "CUDNN_HOME to a cuDNN 9 install and rebuild)");
+    no_header();
 #endif
     return true;
 }
