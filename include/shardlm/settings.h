@@ -39,6 +39,7 @@ typedef struct {
     int attention;             // SHARDLM_ATTENTION=tc|simt|mma|cudnn: the bf16 attention (SL_ATTENTION_*; default mma)
     int attention_grid;        // SHARDLM_ATTENTION_GRID=tiles|heads: the mma.sync attention's block order (default tiles)
     int attention_dq;          // SHARDLM_ATTENTION_DQ=split|atomic|ordered: its backward's dQ (SL_ATTENTION_DQ_*; default split)
+    int cudnn_workspace_mb;    // SHARDLM_CUDNN_WORKSPACE_MB: the most cuDNN's attention workspace may take (MiB; default 512)
     int ce_row_smem;           // SHARDLM_CE_ROW_SMEM: rows the GPU's fused classifier holds in shared memory (0-2; default 1)
     int fused_kernels;         // SHARDLM_FUSED_KERNELS=0: the GPU's norms and loss as the earlier kernels (default 1)
     int gemm_autotune;         // SHARDLM_GEMM_AUTOTUNE=1: time cuBLASLt's candidate algorithms once per GEMM shape (default 0)

@@ -8,7 +8,7 @@
 #include <string.h>
 
 #define DEFAULTS                                                                                         \
-    {.gelu_epilogue = 1, .attention = SL_ATTENTION_MMA, .ce_row_smem = 1, .fused_kernels = 1, .bf16_storage = 1, \
+    {.gelu_epilogue = 1, .attention = SL_ATTENTION_MMA, .ce_row_smem = 1, .cudnn_workspace_mb = 512, .fused_kernels = 1, .bf16_storage = 1, \
      .cpu_bf16 = 1, .log_level = 1, .heartbeat_interval_ms = 1000, .terminal = 1}
 static sl_settings settings = DEFAULTS;
 static int loaded;
@@ -16,7 +16,8 @@ static int loaded;
 static const struct { const char *name, *meaning; } variables[] = {
     {"SHARDLM_TF32", "1: fp32 GEMMs on the GPU may use TF32 tensor cores (default 0: exact fp32)"},
     {"SHARDLM_GELU_EPILOGUE", "0: GPT-2's GELU as its own kernel instead of cuBLASLt's epilogue (default 1)"},
-    {"SHARDLM_ATTENTION", "mma (default): on the GPU the mma.sync tensor-core kernels with fragments in registers; tc: the WMMA tensor-core kernels; simt: the CUDA-core kernels; on the CPU simt is the staged fp32 attention, tc and mma oneDNN bf16 matmuls"},
+    {"SHARDLM_ATTENTION", "mma (default): on the GPU the mma.sync tensor-core kernels with fragments in registers; cudnn: cuDNN's fused flash attention, loaded at run time (calls it does not take go to mma; not yet run on a GPU); tc: the WMMA tensor-core kernels; simt: the CUDA-core kernels; on the CPU simt is the staged fp32 attention, tc, mma and cudnn oneDNN bf16 matmuls"},
+    {"SHARDLM_CUDNN_WORKSPACE_MB", "the most workspace (MiB, 1 .. 1048576; default 512) one cuDNN attention call may take: a batch whose workspace would pass it runs in slices of sequences, one call each (the deterministic backward needs 2 bytes a score: 24 MiB a GPT-2 sequence at T 1024)"},
     {"SHARDLM_ATTENTION_GRID", "heads: the GPU's mma.sync attention kernels take their blocks in chunks of heads that fit a share of L2 (longest tiles first in each), so the blocks running at once share K and V through L2; tiles (default): every head's longest tile first. The same bits either way (A/B timing, not yet run on a GPU)"},
     {"SHARDLM_ATTENTION_DQ", "atomic: the GPU's mma.sync attention backward adds dQ inside the dK/dV kernel with fp32 atomics (head dims up to 64; two tile products fewer, but dQ is not bit-reproducible run to run; H200: backward 35.8 -> 30.8 ms a GPT-2 124M B=64 step); ordered: the same, each dQ sum taking its key tiles in order, so bit-reproducible (not yet run on a GPU); split (default): dQ by a kernel of its own, deterministic"},
     {"SHARDLM_CE_ROW_SMEM", "0: the GPU's fused classifier reads each row of logits twice, once from memory and once from L2 (A/B timing); default 1: it copies each row into shared memory where one fits and reads it from there (the same bits; H200 2026-11-27: 7.66 -> 6.96 ms a GPT-2 124M B=64 step); 2: two rows a block where two fit, the next row's copy in flight while one is used (the same bits; not yet run on a GPU)"},
@@ -117,6 +118,7 @@ int sl_settings_load(void) {
     static const char *const ce_rows[] = {"0", "1", "2"};  // rows of logits a block holds in shared memory
     static const int ce_rows_v[] = {0, 1, 2};
     read_word("SHARDLM_CE_ROW_SMEM", ce_rows, ce_rows_v, 3, &s.ce_row_smem, "0, 1 or 2");
+    read_int("SHARDLM_CUDNN_WORKSPACE_MB", 1, 1048576, &s.cudnn_workspace_mb);
     read_switch("SHARDLM_FUSED_KERNELS", &s.fused_kernels);
     read_switch("SHARDLM_GEMM_AUTOTUNE", &s.gemm_autotune);
     read_switch("SHARDLM_BF16_STORAGE", &s.bf16_storage);

@@ -73,6 +73,10 @@ clean_env SHARDLM_ATTENTION_DQ=sometimes "$BIN" report >"$tmp/baddq.txt" 2>&1
 check report_bad_dq_setting_named grep -q 'SHARDLM_ATTENTION_DQ="sometimes": expected split, atomic or ordered' "$tmp/baddq.txt"
 clean_env SHARDLM_ATTENTION_DQ=atomic "$BIN" report >"$tmp/dq.txt" 2>&1
 check report_lists_the_dq_setting grep -Eq 'SHARDLM_ATTENTION_DQ +atomic' "$tmp/dq.txt"
+clean_env SHARDLM_CUDNN_WORKSPACE_MB=0 "$BIN" report >"$tmp/badws.txt" 2>&1
+check report_bad_workspace_named grep -q 'SHARDLM_CUDNN_WORKSPACE_MB="0": expected an integer from 1 to 1048576' "$tmp/badws.txt"
+clean_env SHARDLM_CUDNN_WORKSPACE_MB=256 "$BIN" report >"$tmp/ws.txt" 2>&1
+check report_lists_the_workspace_setting grep -Eq 'SHARDLM_CUDNN_WORKSPACE_MB +256' "$tmp/ws.txt"
 
 # 4. Flags: --help exits 0, an unknown flag exits 2 with a message.
 "$BIN" report --help >"$tmp/help.txt" 2>&1; rc=$?

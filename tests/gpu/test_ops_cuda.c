@@ -1241,12 +1241,21 @@ static int grid_spans_chunks(int B, int T, int NH, int NKV, int HD, size_t share
            sl_grid_chunk_kv(B, T, NH, NKV, HD, share) < (unsigned)(B * NKV);
 }
 
-// The mma.sync attention's forward and backward under two values of one switch (`var` = vals[0], then
-// vals[1]) on the same inputs, each run on those kernels (the launch counter: one a call). Bit for
+// What compare_attention_runs counts: a counter of the kernels or library calls under test, and how
+// many the forward and backward of each of its two runs must add to it.
+typedef struct {
+    const char *what;
+    unsigned long (*count)(void);
+    unsigned long expect[2];
+} att_calls;
+static const att_calls MMA_LAUNCHES = {"mma.sync launches", cuda_attention_mma_launches, {2, 2}};
+
+// The attention's forward and backward under two values of one switch (`var` = vals[0], then
+// vals[1]) on the same inputs, each run making calls->expect[k] calls on the counted path. Bit for
 // bit: out, lse and dqkv; but with dq_tol > 0 dqkv's dQ columns (each row's first NH * HD) only within
 // dq_tol of the first run's (relative to their largest), the rest still bit for bit.
 static void compare_attention_runs(const char *name, int B, int T, int NH, int NKV, int HD, const char *var,
-                                   const char *const vals[2], double dq_tol) {
+                                   const char *const vals[2], double dq_tol, const att_calls *calls) {
     size_t N = (size_t)B * T, nqkv = N * (NH + 2 * NKV) * HD, nout = N * NH * HD, nlse = (size_t)B * NH * T;
     void *hqkv = brand(nqkv, 1.0f), *hdout = brand(nout, 1.0f);
     sl_act *qkv = gpu->alloc(H(nqkv), "qkv"), *dout = gpu->alloc(H(nout), "dout"), *out[2], *dqkv[2];
@@ -1270,10 +1279,10 @@ static void compare_attention_runs(const char *name, int B, int T, int NH, int N
         gpu->upload(dout, hdout, H(nout));
         for (int k = 0; k < 2; k++) {
             set_switch(var, vals[k]);
-            const unsigned long before = cuda_attention_mma_launches();
+            const unsigned long before = calls->count();
             gpu->attention_forward(out[k], lse[k], qkv, B, T, NH, NKV, HD, 0);
             gpu->attention_backward(dqkv[k], dout, qkv, out[k], lse[k], B, T, NH, NKV, HD, 0);
-            ran[k] = cuda_attention_mma_launches() - before;
+            ran[k] = calls->count() - before;
             gpu->download(got_out[k], out[k], H(nout));
             gpu->download(got_dqkv[k], dqkv[k], H(nqkv));
             gpu->download(got_lse[k], lse[k], F(nlse));
@@ -1299,8 +1308,9 @@ static void compare_attention_runs(const char *name, int B, int T, int NH, int N
             free(b);
         }
         if (gpu->synchronize()) fail(name, "%s", sl_error());
-        else if (ran[0] != 2 || ran[1] != 2)
-            fail(name, "%lu and %lu mma.sync launches (%s, %s), expected 2 each", ran[0], ran[1], vals[0], vals[1]);
+        else if (ran[0] != calls->expect[0] || ran[1] != calls->expect[1])
+            fail(name, "%lu and %lu %s (%s, %s), expected %lu and %lu", ran[0], ran[1], calls->what,
+                 vals[0] ? vals[0] : "unset", vals[1] ? vals[1] : "unset", calls->expect[0], calls->expect[1]);
         else if (memcmp(got_out[0], got_out[1], H(nout))) fail(name, "out differs");
         else if (memcmp(got_lse[0], got_lse[1], F(nlse))) fail(name, "lse differs");
         else if (!kv_same) fail(name, "dK / dV differ");
@@ -1333,7 +1343,8 @@ static void test_attention_grid_exact(const char *tag, int B, int T, int NH, int
         return;
     }
     static const char *const orders[2] = {"tiles", "heads"};
-    compare_attention_runs(name, B, T, NH, NKV, HD, "SHARDLM_ATTENTION_GRID", orders, 0.0);
+    compare_attention_runs(name, B, T, NH, NKV, HD, "SHARDLM_ATTENTION_GRID", orders, 0.0,
+                           &MMA_LAUNCHES);
 }
 
 // SHARDLM_ATTENTION_DQ=atomic (dQ added inside the dK / dV kernel with fp32 atomics, head dims up to 64)
@@ -1344,7 +1355,7 @@ static void test_attention_grid_exact(const char *tag, int B, int T, int NH, int
 static void test_attention_dq_atomic(const char *tag, int B, int T, int NH, int NKV, int HD) {
     static const char *const modes[2] = {"split", "atomic"};
     compare_attention_runs(bname("attention_dq_atomic_near_split", tag), B, T, NH, NKV, HD, "SHARDLM_ATTENTION_DQ",
-                           modes, 1e-2);
+                           modes, 1e-2, &MMA_LAUNCHES);
 }
 
 // SHARDLM_ATTENTION_DQ=ordered (the atomic mode's kernel, each dQ sum taking its key tiles' shares in
@@ -1352,9 +1363,20 @@ static void test_attention_dq_atomic(const char *tag, int B, int T, int NH, int 
 static void test_attention_dq_ordered(const char *tag, int B, int T, int NH, int NKV, int HD) {
     static const char *const near[2] = {"split", "ordered"}, *const twice[2] = {"ordered", "ordered"};
     compare_attention_runs(bname("attention_dq_ordered_near_split", tag), B, T, NH, NKV, HD, "SHARDLM_ATTENTION_DQ",
-                           near, 1e-2);
+                           near, 1e-2, &MMA_LAUNCHES);
     compare_attention_runs(bname("attention_dq_ordered_repeats_bits", tag), B, T, NH, NKV, HD, "SHARDLM_ATTENTION_DQ",
-                           twice, 0.0);
+                           twice, 0.0, &MMA_LAUNCHES);
+}
+
+// cuDNN's attention in batch slices (SHARDLM_CUDNN_WORKSPACE_MB; attention_cudnn.cu's slice_of):
+// GPT-2's heads at B = 4, T = 1024, whose deterministic backward needs 24 MiB of workspace a sequence:
+// one backward call under the default cap, two of two sequences under 60 MiB; the forward one call
+// either way. Each sequence is computed as in the whole batch: out, lse and dqkv bit for bit.
+static void test_attention_cudnn_slices(void) {
+    static const char *const caps[2] = {NULL, "60"};
+    static const att_calls cudnn_calls = {"cuDNN calls", cuda_attention_cudnn_calls, {2, 3}};
+    compare_attention_runs("attention_cudnn_slices_equal_whole_bits_gpt2_T1024", 4, 1024, 12, 12, 64,
+                           "SHARDLM_CUDNN_WORKSPACE_MB", caps, 0.0, &cudnn_calls);
 }
 
 // Every CE_SHAPES entry through check (against the CPU) and test_crossentropy_fusion_exact, with the
@@ -1689,6 +1711,7 @@ int main(int argc, char **argv) {
             }
             nondeterministic_mode = 0;
             set_switch("SHARDLM_ATTENTION_DQ", NULL);
+            test_attention_cudnn_slices();
             set_switch("SHARDLM_ATTENTION", NULL);
         }
         gpu = fp32_gpu;

@@ -3,7 +3,7 @@
 // attention reads (query head h at h*HD, key head g at NH*HD + g*HD, value head g at (NH + NKV)*HD +
 // g*HD of a token's row), together they cover the qkv buffer exactly once; the output and the
 // statistics are the (B, T, NH*HD) and lse[(b*NH + h)*T + t] layouts; K transposed names the same
-// elements. And, in a build with the CUDA backend, the forward and backward operation graphs built
+// elements. The batch slices a workspace cap makes (sl_att_cudnn_slice). And, in a build with the CUDA backend, the forward and backward operation graphs built
 // through cuDNN's backend API and finalized without a GPU: every descriptor, attribute type and enum
 // value accepted by the libcudnn found at run time (the kernels themselves need a GPU: test_ops_cuda's
 // attention_cudnn group).
@@ -99,6 +99,30 @@ TEST(k_transposed_names_the_same_elements) {
             for (int t = 0; t < 5; t++)
                 for (int d = 0; d < 16; d++) bad += sl_att_view_at(&kt, b, g, d, t) != sl_att_view_at(&v.k, b, g, t, d);
     CHECK(bad == 0);
+}
+
+// SHARDLM_CUDNN_WORKSPACE_MB's slices: GPT-2 124M's deterministic backward at B = 64 (24 MiB a sequence)
+// under the default 512 MiB runs as 4 calls of 16 (400 MiB), under 256 MiB as 8 of 8; a prime batch
+// takes the most that fit with a shorter last slice; a sequence over the cap alone runs alone.
+TEST(workspace_slices) {
+    const int64_t gpt2 = (int64_t)12 * 1024 * 1024 * 2, mib = 1 << 20;
+    CHECK(sl_att_cudnn_slice(64, gpt2, 512 * mib) == 16);
+    CHECK(sl_att_cudnn_slice(64, gpt2, 256 * mib) == 8);
+    CHECK(sl_att_cudnn_slice(64, gpt2, 2048 * mib) == 64);  // all fit: one call
+    CHECK(sl_att_cudnn_slice(64, 0, 1) == 64);              // no workspace: one call
+    CHECK(sl_att_cudnn_slice(13, gpt2, 100 * mib) == 4);    // 4 + 4 + 4 + 1 (13's divisors: 1, 13)
+    CHECK(sl_att_cudnn_slice(12, gpt2, 130 * mib) == 4);    // 5 fit; 4 divides 12: three equal slices
+    CHECK(sl_att_cudnn_slice(8, gpt2, gpt2 - 1) == 1);      // over the cap alone
+    // every batch, sequence size and cap: a slice fits (or is 1) and is at least half the most that fit
+    int bad = 0;
+    for (int B = 1; B <= 96; B++)
+        for (int64_t per = 1; per <= 9; per++)
+            for (int64_t cap = 1; cap <= 200; cap++) {
+                const int s = sl_att_cudnn_slice(B, per, cap);
+                const int64_t most = cap / per < B ? cap / per : B;
+                bad += s < 1 || s > B || (s > 1 && s * per > cap) || (most >= 1 && 2 * s < most);
+            }
+    CHECK_MSG(bad == 0, "%d (B, per, cap) triples sliced wrongly", bad);
 }
 
 // GPT-2's heads, GQA and MQA, head dims 16 to 128, T not a multiple of a tile, both backward forms.

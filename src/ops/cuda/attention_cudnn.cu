@@ -18,7 +18,8 @@
 // Determinism: cuDNN's backward makes dQ either by adding each key tile's share into an fp32 buffer
 // in whatever order the tiles finish (not bit-reproducible) or, in its "dP workspace" form, from a
 // bf16 copy of dS in global memory (b * h * T * T * 2 bytes of workspace: 1.6 GB for GPT-2 124M at
-// B = 64, T = 1024). The form is chosen by the graph's shape: dQ written by the product itself (the
+// B = 64, T = 1024; a batch whose workspace would pass SHARDLM_CUDNN_WORKSPACE_MB, 512 MiB unless set,
+// runs in slices of sequences, a call each: slice_of). The form is chosen by the graph's shape: dQ written by the product itself (the
 // workspace form) or through an fp32 tensor and an identity op. SHARDLM_ATTENTION_DQ=atomic takes the
 // fp32 form; split and ordered (the default) the workspace form, which cudnn-frontend documents as
 // its deterministic algorithm.
@@ -497,16 +498,17 @@ int ready(int T) {
     return 1;
 }
 
-// Queues one plan with the variant pack of (uid, address) pairs; the workspace from scratch.
-void execute(plan *p, const int64_t *uids, void *const *ptrs, int n) {
+// Queues one plan with the variant pack of (uid, address) pairs; the workspace from scratch. false
+// when it could not (the failure recorded).
+bool execute(plan *p, const int64_t *uids, void *const *ptrs, int n) {
     if (!p->exec) {
         sl_cuda_record_failure("SHARDLM_ATTENTION=cudnn: the %s graph for B %d T %d heads %d/%d head dim %d: %s",
                                p->backward ? "backward" : "forward", p->B, p->T, p->NH, p->NKV, p->HD, p->g.err);
-        return;
+        return false;
     }
     static sl_cuda_scratch ws;
     void *work = p->workspace > 0 ? sl_cuda_scratch_get(&ws, (size_t)p->workspace, "cuDNN attention's workspace") : NULL;
-    if (p->workspace > 0 && !work) return;
+    if (p->workspace > 0 && !work) return false;
     graph vp_g = {};  // the variant pack, made and destroyed per call (its addresses change)
     cudnnBackendDescriptor_t vp = make(&vp_g, CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, "variant pack");
     set(&vp_g, vp, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, n, ptrs, "variant pointers");
@@ -514,13 +516,29 @@ void execute(plan *p, const int64_t *uids, void *const *ptrs, int n) {
     set(&vp_g, vp, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &work, "variant workspace");
     vp = finish(&vp_g, vp, "variant pack");
     if (vp) ok(&vp_g, dnn.cudnnBackendExecute(dnn_handle, p->exec, vp), "execute");
-    if (vp_g.err[0]) sl_cuda_record_failure("SHARDLM_ATTENTION=cudnn: %s", vp_g.err);
-    else calls++;
+    const bool done = !vp_g.err[0];
+    if (done) calls++;
+    else sl_cuda_record_failure("SHARDLM_ATTENTION=cudnn: %s", vp_g.err);
     destroy(&vp_g);
+    return done;
 }
 
 // Element offsets into a bf16 buffer as addresses.
 void *at(const __nv_bfloat16 *base, int64_t offset) { return (void *)(base + offset); }
+
+// The sequences one call of this kind takes (attention_cudnn_layout.h's sl_att_cudnn_slice), so that
+// its workspace stays within SHARDLM_CUDNN_WORKSPACE_MB: the deterministic backward's bf16 dS is
+// NH * T * T * 2 bytes a sequence (24 MiB for GPT-2 at T = 1024: 1.5 GiB at B = 64, held from the
+// first call on), the forward's and the fp32-dQ backward's workspace next to nothing. That figure
+// picks the slice; when the slice's plan then asks for more than the cap, its own figure picks again.
+int slice_of(bool backward, bool deterministic, int B, int T, int NH, int NKV, int HD) {
+    const int64_t cap = (int64_t)sl_settings_get()->cudnn_workspace_mb << 20;
+    const int64_t guess = backward && deterministic ? (int64_t)NH * T * T * 2 : 0;
+    const int s = sl_att_cudnn_slice(B, guess, cap);
+    const plan *p = plan_for(backward, deterministic, s, T, NH, NKV, HD);
+    if (!p->exec || p->workspace <= cap || s == 1) return s;
+    return sl_att_cudnn_slice(B, (p->workspace + s - 1) / s, cap);
+}
 
 #else
 
@@ -549,12 +567,18 @@ bool attention_cudnn_forward(__nv_bfloat16 *out, float *lse, const __nv_bfloat16
 #ifdef SL_HAVE_CUDNN
     const int go = ready(T);  // as the backward's: see ANY_T_VERSION
     if (go <= 0) return go < 0;
-    plan *p = plan_for(false, false, B, T, NH, NKV, HD);
-    const sl_att_views v = sl_att_cudnn_views(B, T, NH, NKV, HD);
     float scale_v = scale, neg_inf = -INFINITY;  // by value: host addresses, read by cudnnBackendExecute
     const int64_t uids[] = {UID_Q, UID_K, UID_V, UID_O, UID_STATS, UID_SCALE, UID_NEG_INF};
-    void *const ptrs[] = {at(qkv, v.q.offset), at(qkv, v.k.offset), at(qkv, v.v.offset), out, lse, &scale_v, &neg_inf};
-    execute(p, uids, ptrs, 7);
+    const int slice = slice_of(false, false, B, T, NH, NKV, HD);
+    for (int b0 = 0; b0 < B; b0 += slice) {  // slice by slice: the views of `n` sequences, moved on by b0
+        const int n = B - b0 < slice ? B - b0 : slice;
+        plan *p = plan_for(false, false, n, T, NH, NKV, HD);
+        const sl_att_views v = sl_att_cudnn_views(n, T, NH, NKV, HD);
+        const __nv_bfloat16 *x = qkv + b0 * v.q.stride[0];
+        void *const ptrs[] = {at(x, v.q.offset), at(x, v.k.offset), at(x, v.v.offset), out + b0 * v.o.stride[0],
+                              lse + b0 * v.stats.stride[0], &scale_v, &neg_inf};
+        if (!execute(p, uids, ptrs, 7)) break;
+    }
 #else
     (void)lse, (void)B, (void)NH, (void)NKV, (void)scale;
     no_header();
@@ -570,23 +594,29 @@ bool attention_cudnn_backward(__nv_bfloat16 *dqkv, const __nv_bfloat16 *dout, co
     const int go = ready(T);
     if (go <= 0) return go < 0;
     const bool deterministic = sl_settings_get()->attention_dq != SL_ATTENTION_DQ_ATOMIC;
-    plan *p = plan_for(true, deterministic, B, T, NH, NKV, HD);
-    const sl_att_views v = sl_att_cudnn_views(B, T, NH, NKV, HD);
-    const size_t rows = (size_t)B * NH * T;
+    const int slice = slice_of(true, deterministic, B, T, NH, NKV, HD);
+    const size_t rows = (size_t)slice * NH * T;  // a slice's: D and dQ's sums are scratch reused slice by slice
     static sl_cuda_scratch delta_s, dq_sum_s;  // D, and dQ's fp32 sums (the non-deterministic form)
     void *delta = sl_cuda_scratch_get(&delta_s, rows * sizeof(float), "cuDNN attention's row sums");
     void *dq_sum = deterministic ? NULL
                                  : sl_cuda_scratch_get(&dq_sum_s, rows * HD * sizeof(float), "cuDNN attention's dQ sums");
     if (!delta || (!deterministic && !dq_sum)) return true;
-    // cuDNN since 9.6 clears dQ's sums itself (cudnn-frontend stopped doing it); cleared here anyway
-    if (dq_sum) CUDA_CHECK(cudaMemsetAsync(dq_sum, 0, rows * HD * sizeof(float), sl_cuda_stream()));
     float scale_v = scale, neg_inf = -INFINITY, one = 1.0f;
     const int64_t uids[] = {UID_Q,  UID_K,  UID_V,  UID_O,   UID_STATS, UID_SCALE, UID_NEG_INF,
                             UID_DO, UID_DQ, UID_DK, UID_DV, UID_ONE,   UID_DELTA, UID_DQ_SUM};
-    void *const ptrs[] = {at(qkv, v.q.offset), at(qkv, v.k.offset), at(qkv, v.v.offset), (void *)out, (void *)lse,
-                          &scale_v, &neg_inf, (void *)dout, at(dqkv, v.q.offset), at(dqkv, v.k.offset),
-                          at(dqkv, v.v.offset), &one, delta, dq_sum};
-    execute(p, uids, ptrs, deterministic ? 13 : 14);
+    for (int b0 = 0; b0 < B; b0 += slice) {
+        const int n = B - b0 < slice ? B - b0 : slice;
+        plan *p = plan_for(true, deterministic, n, T, NH, NKV, HD);
+        const sl_att_views v = sl_att_cudnn_views(n, T, NH, NKV, HD);
+        const __nv_bfloat16 *x = qkv + b0 * v.q.stride[0], *dx = dqkv + b0 * v.q.stride[0];
+        const int64_t o = b0 * v.o.stride[0];
+        // cuDNN since 9.6 clears dQ's sums itself (cudnn-frontend stopped doing it); cleared here anyway
+        if (dq_sum) CUDA_CHECK(cudaMemsetAsync(dq_sum, 0, (size_t)n * NH * T * HD * sizeof(float), sl_cuda_stream()));
+        void *const ptrs[] = {at(x, v.q.offset), at(x, v.k.offset), at(x, v.v.offset), at(out, o),
+                              (void *)(lse + b0 * v.stats.stride[0]), &scale_v, &neg_inf, at(dout, o),
+                              at(dx, v.q.offset), at(dx, v.k.offset), at(dx, v.v.offset), &one, delta, dq_sum};
+        if (!execute(p, uids, ptrs, deterministic ? 13 : 14)) break;
+    }
 #else
     (void)out, (void)lse, (void)B, (void)NH, (void)NKV, (void)scale;
     no_header();

@@ -44,6 +44,21 @@ static inline sl_att_views sl_att_cudnn_views(int B, int T, int NH, int NKV, int
     return v;
 }
 
+// How many of a call's B sequences one cuDNN call takes when each needs `per_seq` bytes of workspace
+// and a call may take at most `cap` (SHARDLM_CUDNN_WORKSPACE_MB): all B when they fit; else the
+// largest divisor of B that fits, if it is at least half of the most that fit (every slice the same
+// size: one plan, one compiled kernel); else the most that fit (a shorter last slice: a second plan).
+// At least 1: a sequence that alone needs more than cap still runs, one at a time. A slice of b
+// sequences is the views of sl_att_cudnn_views(b, ...) at buffers moved on by b0 * stride[0].
+static inline int sl_att_cudnn_slice(int B, int64_t per_seq, int64_t cap) {
+    if (per_seq <= 0 || (int64_t)B * per_seq <= cap) return B;
+    const int most = (int)(cap / per_seq);
+    if (most < 1) return 1;
+    for (int d = most; 2 * d >= most; d--)
+        if (B % d == 0) return d;
+    return most;
+}
+
 // The element offset of (b, h, t, d) in a view's buffer.
 static inline int64_t sl_att_view_at(const sl_att_view *v, int64_t b, int64_t h, int64_t t, int64_t d) {
     return v->offset + b * v->stride[0] + h * v->stride[1] + t * v->stride[2] + d * v->stride[3];
