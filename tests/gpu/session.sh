@@ -8,7 +8,8 @@
 #   1. build: tests/gpu/suite.sh build (the library, `shardlm report`, the GPU test programs);
 #   2. the op groups holding kernels not yet run on a GPU (SESSION_GROUPS, default "norm crossentropy
 #      matmul_gelu bf16 attention_mma attention_cudnn"), each its own test_ops_cuda process as in
-#      tests/gpu/run.sh;
+#      tests/gpu/run.sh; when attention_cudnn fails, the group again with cuDNN's log (level 2: warnings
+#      and errors) into cudnn_debug.txt in the logs;
 #   3. test_model_cuda (the model's loss and gradients against the CPU, LoRA too) and test_generate_cuda;
 #   3b. `shardlm train --device cuda` with LoRA adapters, fp32 and bf16 (the CLI's path, a corpus made here);
 #   4. bench/gpu.sh for GPT-2 124M and 355M: shardlm with its per-op profile, PyTorch eager and
@@ -26,8 +27,9 @@
 #      fp32 and bf16, into decode.jsonl;
 #   4c. Nsight Compute (SESSION_NCU=0: not) on one bf16 GPT-2 124M step (B=64): one launch each of the
 #      attention forward, dK/dV and dQ kernels (speed of light, occupancy, memory workload), in both
-#      block orders (SHARDLM_ATTENTION_GRID=tiles, heads), into ncu.csv: where the attention kernels'
-#      time goes (docs/gpu.md, "Next GPU session");
+#      block orders of SESSION_NCU_GRIDS (default "tiles", the default order; "tiles heads" both: the
+#      heads order was measured on 2026-11-27/28 and is settled), into ncu.csv: where the attention
+#      kernels' time goes (docs/gpu.md, "Next GPU session");
 #   5. with time left, the other op groups (attention first).
 # Outputs in $OUT: session_summary.txt (PASS / FAIL / SKIP / TIMEOUT lines, each stage's seconds,
 # "N passed, N failed"), session_logs.tgz (every log), decode.jsonl, sdpa.jsonl, ncu.csv and
@@ -73,6 +75,14 @@ group() {
   if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then note "FAIL ops_${g}_timed_out_after_120s"; failed=$((failed + 1))
   elif [ $rc -ne 0 ] && ! grep -q '^FAIL ' "$logdir/ops_$g.txt"; then note "FAIL ops_${g}_exit_status_$rc"; failed=$((failed + 1)); fi
   note "-- op group $g: $((SECONDS - start))s"
+  # cuDNN's own account of a failed plan or call (its warnings and errors, level 2), in the logs: the
+  # reason a graph was refused, without a second device call
+  if [ "$g" = attention_cudnn ] && [ "${SHARDLM_GPU_SUITE_DRY:-0}" != 1 ] && grep -q '^FAIL ' "$logdir/ops_$g.txt" &&
+     left 70 cudnn_debug; then
+    CUDNN_LOGLEVEL_DBG=2 CUDNN_LOGDEST_DBG=stderr timeout -k 10 60 "$T/test_ops_cuda" cuda:0 "$g" 2>&1 |
+      head -c 8000000 >"$logdir/cudnn_debug.txt"
+    note "-- attention_cudnn failed: rerun with CUDNN_LOGLEVEL_DBG=2 into cudnn_debug.txt ($((SECONDS - start))s in all)"
+  fi
 }
 
 # 1. build
@@ -172,14 +182,14 @@ if left 60 decode; then
 fi
 
 # 4c. Nsight Compute on the attention kernels of one training step: a kernel a run (each ncu run replays
-# its one kernel for every section's counters), in both block orders (SHARDLM_ATTENTION_GRID: the
-# instances' template arguments <D, false> / <D, true> tell their rows apart in ncu.csv); at the
+# its one kernel for every section's counters), in the block orders of SESSION_NCU_GRIDS
+# (SHARDLM_ATTENTION_GRID: the instances' template arguments <D, false> / <D, true> tell their rows apart in ncu.csv); at the
 # benchmark's micro-batch 64, where a head's K / V tiles no longer stay in L2 between its blocks in
 # the default order. Without counter access (ERR_NVGPUCTRPERM) it notes a SKIP.
 if [ "${SESSION_NCU:-1}" = 1 ] && [ "${SHARDLM_GPU_SUITE_DRY:-0}" != 1 ] && left 100 ncu; then
   start=$SECONDS
   ncu=$(command -v ncu || echo "${CUDA_HOME:-/usr/local/cuda}/bin/ncu")
-  for grid in tiles heads; do
+  for grid in ${SESSION_NCU_GRIDS:-tiles}; do
     for k in mma_forward_kernel mma_dkdv_kernel mma_dq_kernel; do
       left 40 "ncu_${grid}_$k" || break 2
       rows=$(grep -c "$k" "$logdir/ncu.csv" 2>/dev/null)
@@ -198,7 +208,7 @@ if [ "${SESSION_NCU:-1}" = 1 ] && [ "${SHARDLM_GPU_SUITE_DRY:-0}" != 1 ] && left
     done
   done
   [ -n "${OUT:-}" ] && [ -s "$logdir/ncu.csv" ] && cp "$logdir/ncu.csv" "$OUT/ncu.csv"
-  note "-- ncu (attention kernels, both block orders): $((SECONDS - start))s"
+  note "-- ncu (attention kernels, block orders: ${SESSION_NCU_GRIDS:-tiles}): $((SECONDS - start))s"
 fi
 
 # 5. the other op groups, attention first
