@@ -7,12 +7,14 @@
 // vectors of 8 bf16 / 4 fp32 when Vp is a multiple and the logits 16-byte aligned, else single
 // elements).
 //   row statistics (ce_row_lse): each thread keeps a running max m and sum s of exp(x - m) over its
-//   columns below V (a larger x rescales s by exp(m_old - x)); the lanes of a warp merge (m, s) pairs
-//   with xor butterflies, lane 0s put the warps' pairs in shared memory, and every warp merges those
-//   the same way, so every thread holds the same lse = m + log(s) bits. One read of the row.
+//   columns below V, a vector at a time (ce_lse_vec: the vector's max, s moved to the new max once,
+//   the vector's exponentials added pairwise); the lanes of a warp merge (m, s) pairs with xor
+//   butterflies, lane 0s put the warps' pairs in shared memory, and every warp merges those the same
+//   way, so every thread holds the same lse = m + log(s) bits. One read of the row.
 //   gradient (ce_grad_row): x[v] = exp(x[v] - lse) * dloss (0 * ... on ignored rows), minus dloss at
-//   the target, 0 in the padded columns: the CPU's expression, with CUDA's exponential (ce_exp: expf
-//   for fp32 storage, the SFU's __expf for bf16), not the CPU's vexpf polynomial.
+//   the target, 0 in the padded columns: the CPU's expression, with the GPU's exponential
+//   (ce_exp_from: expf for fp32 storage; for bf16 one FFMA and the SFU's ex2, 2^(x log2 e - lse log2 e)),
+//   not the CPU's vexpf polynomial.
 //   forward  = statistics; thread 0 writes lse and the row loss (double)(lse - x[target]) (0 for an
 //              ignored row, target < 0) into a scratch vector;
 //   backward = gradient from the saved lse;
@@ -32,7 +34,10 @@
 // order, a two-pass max then sum, glibc logf, vexpf): within rounding of it (1e-5 in the fp32
 // tests). The loss scratch is grow-only (one process drives one GPU). Cost: forward reads the
 // logits once, backward reads and writes them once, fused reads them once from memory (plus the
-// L2 re-read) and writes them once; two exponentials a logit (ce_exp).
+// L2 re-read) and writes them once; two exponentials a logit (ce_exp_from), and under bf16 storage
+// about six instructions a logit in each pass (2026-11-28: 15 and 14 before, a branch a logit, with
+// the max moved logit by logit; the evaluation forward alone, a read of the logits, ran at 2.2 TB/s
+// on the H200 against the backward's 4.0 with a read and a write: instruction-bound).
 #include "ops/cuda/cuda_common.cuh"
 #include "shardlm/settings.h"
 
@@ -51,9 +56,10 @@ extern "C" unsigned long cuda_crossentropy_smem2_launches(void) { return smem2_l
 
 // ---- row statistics ---------------------------------------------------------------------------------
 
-// exp(x) as the storage type calls for: fp32 storage CUDA's expf (2 ulp); bf16 storage the SFU's
-// __expf (ex2.approx: a few ulp more for large |x|, far below the bf16 rounding of the gradient).
-// Each logit takes two exponentials, and with the CPU's vexpf polynomial (about 40 instructions each,
+// exp(x) for the merges of (m, s) pairs (ten a thread a row), as the storage type calls for: fp32
+// storage CUDA's expf (2 ulp); bf16 storage the SFU's __expf (ex2.approx: a few ulp more for large
+// |x|, far below the bf16 rounding of the gradient). The logits' own exponentials are ce_exp_from's
+// (below). Each logit takes two, and with the CPU's vexpf polynomial (about 40 instructions each,
 // written without contraction) the classifier would be bound by instruction issue, not memory, on
 // GPT-2's 3.3 G logits a step (the earlier kernels used it: 10.8 ms each way on an H100).
 template <typename T> __device__ __forceinline__ float ce_exp(float x) { return __expf(x); }
@@ -76,25 +82,78 @@ template <typename T> __device__ __forceinline__ void ce_warp_merge(float &m, fl
     }
 }
 
+#define CE_LOG2E 1.4426950408889634f
+
+// 2^x in one SFU instruction, results below 2^-126 flushed to 0 (__expf adds three instructions of
+// range fix-up for those: terms that small change neither a sum of exponentials nor a bf16 gradient).
+__device__ __forceinline__ float ce_ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// exp(x - m) where mL = m log2(e), rounded: under bf16 storage one FFMA and one SFU instruction (x
+// log2(e) is exact inside the FFMA; mL's rounding moves the result by about 1e-7 |m| relative: far
+// below the bf16 rounding of the gradient); fp32 storage expf(x - m). m = -inf gives 0.
+template <typename T> __device__ __forceinline__ float ce_exp_from(float x, float m, float mL) {
+    (void)m;
+    return ce_ex2(__fmaf_rn(x, CE_LOG2E, -mL));
+}
+template <> __device__ __forceinline__ float ce_exp_from<float>(float x, float m, float mL) {
+    (void)mL;
+    return expf(__fsub_rn(x, m));
+}
+// The factor that moves a sum of ce_exp_from(., m0, mL0) terms to the max m: bf16 storage
+// 2^(mL0 - mL), the terms' own scales, so the rounding of mL0 cancels (and a max that stays gives
+// exactly 1); fp32 expf(m0 - m). m0 = -inf gives 0.
+template <typename T> __device__ __forceinline__ float ce_rescale(float m0, float mL0, float m, float mL) {
+    (void)m0, (void)m;
+    return ce_ex2(__fsub_rn(mL0, mL));
+}
+template <> __device__ __forceinline__ float ce_rescale<float>(float m0, float mL0, float m, float mL) {
+    (void)mL0, (void)mL;
+    return expf(__fsub_rn(m0, m));
+}
+
+// One vector of a row into a thread's running (m, s): its max first, the running sum moved to the
+// new max once (by exactly 1 when the max stays), then the vector's exponentials summed pairwise in a
+// fixed order. A column a caller masks is -inf (adds 0). Per logit: one FMNMX, one FFMA, one SFU,
+// one FADD (bf16 storage), against a branch and four more instructions a logit with the max moved
+// logit by logit.
+template <typename T, int VEC> __device__ __forceinline__ void ce_lse_vec(float &m, float &s, const float *xv) {
+    float vm = xv[0];
+#pragma unroll
+    for (int j = 1; j < VEC; j++) vm = fmaxf(vm, xv[j]);
+    const float mn = fmaxf(m, vm), mL = __fmul_rn(mn, CE_LOG2E), mL0 = __fmul_rn(m, CE_LOG2E);
+    float e[VEC];
+#pragma unroll
+    for (int j = 0; j < VEC; j++) e[j] = ce_exp_from<T>(xv[j], mn, mL);
+#pragma unroll
+    for (int w = 1; w < VEC; w *= 2)
+#pragma unroll
+        for (int j = 0; j + w < VEC; j += 2 * w) e[j] = __fadd_rn(e[j], e[j + w]);
+    s = __fadd_rn(__fmul_rn(s, ce_rescale<T>(m, mL0, mn, mL)), e[0]);
+    m = mn;
+}
+
 // The log-sum-exp of x[0..V), by the whole block; every thread returns the same bits. red: CE_RED
 // (2 x 32) floats of shared memory. Contains __syncthreads: every thread's reads of x precede the return.
 template <typename T, int VEC> __device__ float ce_row_lse(const T *x, int V, float *red) {
     __syncthreads();  // red is free: a previous row's readers are done with it
     float m = -INFINITY, s = 0.0f;
-    for (int v0 = threadIdx.x * VEC; v0 < V; v0 += CE_THREADS * VEC) {  // a vector past V is all padding
+    int v0 = threadIdx.x * VEC;
+    for (; v0 + VEC <= V; v0 += CE_THREADS * VEC) {  // whole vectors below V: no column checks
+        float xv[VEC];
+        load_vec<T, VEC>(xv, x + v0);
+        ce_lse_vec<T, VEC>(m, s, xv);
+    }
+    if (v0 < V) {  // the vector holding column V - 1 (one thread's): its columns past V masked
         float xv[VEC];
         load_vec<T, VEC>(xv, x + v0);
 #pragma unroll
-        for (int j = 0; j < VEC; j++) {
-            if (v0 + j >= V) break;
-            float xj = xv[j];
-            if (xj > m) {
-                s = __fadd_rn(__fmul_rn(s, ce_exp<T>(__fsub_rn(m, xj))), 1.0f);
-                m = xj;
-            } else {
-                s = __fadd_rn(s, ce_exp<T>(__fsub_rn(xj, m)));
-            }
-        }
+        for (int j = 0; j < VEC; j++)
+            if (v0 + j >= V) xv[j] = -INFINITY;
+        ce_lse_vec<T, VEC>(m, s, xv);
     }
     ce_warp_merge<T>(m, s);
     int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -115,20 +174,38 @@ __device__ __forceinline__ double ce_row_loss(float lse, int target, float x_tar
 }
 
 // dst (Vp) becomes the gradient of the row src holds (dst itself, or its copy in shared memory:
-// SRC_SHARED), by the whole block (see the top comment).
+// SRC_SHARED), by the whole block (see the top comment). Whole vectors below V take no column checks
+// (the target's vector, one a row, one branch); the vector holding column V - 1 and the padding after
+// it check each column. The same expression for a column either way.
 template <typename T, int VEC, bool SRC_SHARED = false>
 __device__ __forceinline__ void ce_grad_row(T *dst, const T *src, float lse, int target, int V, int Vp, float dloss) {
-    float scale = target >= 0 ? dloss : 0.0f;
-    for (int v0 = threadIdx.x * VEC; v0 < Vp; v0 += CE_THREADS * VEC) {
-        float xv[VEC];
+    const float scale = target >= 0 ? dloss : 0.0f, lseL = __fmul_rn(lse, CE_LOG2E);
+    auto load = [&](float *xv, int v0) {
         if constexpr (SRC_SHARED) load_vec<T, VEC>(xv, src + v0);
         else load_vec_cs<T, VEC>(xv, src + v0);  // the row's last read and its only write: evict first
+    };
+    int v0 = threadIdx.x * VEC;
+    for (; v0 + VEC <= V; v0 += CE_THREADS * VEC) {
+        float xv[VEC];
+        load(xv, v0);
+#pragma unroll
+        for (int j = 0; j < VEC; j++) xv[j] = __fmul_rn(ce_exp_from<T>(xv[j], lse, lseL), scale);
+        if ((unsigned)(target - v0) < (unsigned)VEC) {
+#pragma unroll
+            for (int j = 0; j < VEC; j++)
+                if (v0 + j == target) xv[j] = __fsub_rn(xv[j], dloss);
+        }
+        store_vec_cs<T, VEC>(dst + v0, xv);
+    }
+    for (; v0 < Vp; v0 += CE_THREADS * VEC) {
+        float xv[VEC];
+        load(xv, v0);
 #pragma unroll
         for (int j = 0; j < VEC; j++) {
-            int v = v0 + j;
+            const int v = v0 + j;
             float g = 0.0f;
             if (v < V) {
-                g = __fmul_rn(ce_exp<T>(__fsub_rn(xv[j], lse)), scale);
+                g = __fmul_rn(ce_exp_from<T>(xv[j], lse, lseL), scale);
                 if (v == target) g = __fsub_rn(g, dloss);
             }
             xv[j] = g;
