@@ -1712,6 +1712,9 @@ int main(int argc, char **argv) {
             nondeterministic_mode = 0;
             set_switch("SHARDLM_ATTENTION_DQ", NULL);
             test_attention_cudnn_slices();
+            double took, longest;
+            const unsigned long built = cuda_attention_cudnn_plans(&took, &longest);
+            printf("attention_cudnn: %lu plans built in %.1f s (the longest %.1f s)\n", built, took, longest);
             set_switch("SHARDLM_ATTENTION", NULL);
         }
         gpu = fp32_gpu;

@@ -38,6 +38,7 @@ extern "C" {
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #if __has_include(<cudnn_graph.h>)
 #define SL_HAVE_CUDNN 1
@@ -47,6 +48,8 @@ extern "C" {
 namespace {
 
 unsigned long calls;  // forward and backward calls queued through cuDNN (cuda_attention_cudnn_calls)
+unsigned long plans_built;              // cuda_attention_cudnn_plans: plans built, ...
+double plan_seconds, plan_longest;      // ... their wall seconds in all and the longest's
 
 // Whether a call is this path's: SHARDLM_ATTENTION=cudnn, a head dim cuDNN's Hopper kernels take in
 // both directions (a multiple of 8 from 16 to 128 here: the op tests' range), T > 1 (the backward
@@ -472,7 +475,14 @@ plan *plan_for(bool backward, bool deterministic, int B, int T, int NH, int NKV,
     memset(p, 0, sizeof *p);
     p->used = uses;
     p->backward = backward, p->deterministic = deterministic, p->B = B, p->T = T, p->NH = NH, p->NKV = NKV, p->HD = HD;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
     build_plan(p);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    const double took = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    plans_built++;
+    plan_seconds += took;
+    if (took > plan_longest) plan_longest = took;
     return p;
 }
 
@@ -552,6 +562,12 @@ void no_header() {
 }  // namespace
 
 extern "C" unsigned long cuda_attention_cudnn_calls(void) { return calls; }
+
+extern "C" unsigned long cuda_attention_cudnn_plans(double *seconds, double *longest) {
+    *seconds = plan_seconds;
+    *longest = plan_longest;
+    return plans_built;
+}
 
 extern "C" size_t cuda_attention_cudnn_version(void) {
 #ifdef SL_HAVE_CUDNN

@@ -52,6 +52,8 @@ size_t cuda_attention_grid_share(void);
 // `why` saying which and cuDNN's message.
 unsigned long cuda_attention_cudnn_calls(void);
 size_t cuda_attention_cudnn_version(void);  // the libcudnn it loads (9.19.0: 91900), 0 when none
+// The plans built so far (each compiles its kernels then), their seconds in all and the longest's.
+unsigned long cuda_attention_cudnn_plans(double *seconds, double *longest);
 int cuda_attention_cudnn_check_graph(int backward, int deterministic, int B, int T, int NH, int NKV, int HD,
                                      char *why, size_t cap);
 // Calls of crossentropy_fused that ran the shared-memory row kernel (SHARDLM_CE_ROW_SMEM=1 or 2), and of
