@@ -186,8 +186,8 @@ fi
 
 # 4c. Nsight Compute on the attention kernels of one training step: a kernel a run (each ncu run replays
 # its one kernel for every section's counters), in the block orders of SESSION_NCU_GRIDS
-# (SHARDLM_ATTENTION_GRID: the instances' template arguments <D, false> / <D, true> tell their rows apart in ncu.csv); at the
-# benchmark's micro-batch 64, where a head's K / V tiles no longer stay in L2 between its blocks in
+# (SHARDLM_ATTENTION_GRID: the instances' template arguments <D, false> / <D, true> tell their rows
+# apart in ncu.csv); at the benchmark's micro-batch 64, where a head's K / V tiles no longer stay in L2 between its blocks in
 # the default order. Without counter access (ERR_NVGPUCTRPERM) it notes a SKIP.
 if [ "${SESSION_NCU:-1}" = 1 ] && [ "${SHARDLM_GPU_SUITE_DRY:-0}" != 1 ] && left 100 ncu; then
   start=$SECONDS

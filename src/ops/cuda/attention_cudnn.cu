@@ -19,10 +19,10 @@
 // in whatever order the tiles finish (not bit-reproducible) or, in its "dP workspace" form, from a
 // bf16 copy of dS in global memory (b * h * T * T * 2 bytes of workspace: 1.6 GB for GPT-2 124M at
 // B = 64, T = 1024; a batch whose workspace would pass SHARDLM_CUDNN_WORKSPACE_MB, 512 MiB unless set,
-// runs in slices of sequences, a call each: slice_of). The form is chosen by the graph's shape: dQ written by the product itself (the
-// workspace form) or through an fp32 tensor and an identity op. SHARDLM_ATTENTION_DQ=atomic takes the
-// fp32 form; split and ordered (the default) the workspace form, which cudnn-frontend documents as
-// its deterministic algorithm.
+// runs in slices of sequences, a call each: slice_of). The form is chosen by the graph's shape: dQ
+// written by the product itself (the workspace form) or through an fp32 tensor and an identity op.
+// SHARDLM_ATTENTION_DQ=atomic takes the fp32 form; split and ordered (the default) the workspace
+// form, which cudnn-frontend documents as its deterministic algorithm.
 #include "shardlm/settings.h"
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/attention_cudnn.cuh"
