@@ -56,21 +56,42 @@ extern "C" unsigned long cuda_crossentropy_smem2_launches(void) { return smem2_l
 
 // ---- row statistics ---------------------------------------------------------------------------------
 
-// exp(x) for the merges of (m, s) pairs (ten a thread a row), as the storage type calls for: fp32
-// storage CUDA's expf (2 ulp); bf16 storage the SFU's __expf (ex2.approx: a few ulp more for large
-// |x|, far below the bf16 rounding of the gradient). The logits' own exponentials are ce_exp_from's
-// (below). Each logit takes two, and with the CPU's vexpf polynomial (about 40 instructions each,
-// written without contraction) the classifier would be bound by instruction issue, not memory, on
-// GPT-2's 3.3 G logits a step (the earlier kernels used it: 10.8 ms each way on an H100).
-template <typename T> __device__ __forceinline__ float ce_exp(float x) { return __expf(x); }
-template <> __device__ __forceinline__ float ce_exp<float>(float x) { return expf(x); }
+#define CE_LOG2E 1.4426950408889634f
+
+// 2^x in one SFU instruction, results below 2^-126 flushed to 0 (__expf adds three instructions of
+// range fix-up for those: terms that small change neither a sum of exponentials nor a bf16 gradient).
+__device__ __forceinline__ float ce_ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// exp(x - m), as the storage type calls for: fp32 storage CUDA's expf (2 ulp); bf16 storage one FFMA
+// and one SFU instruction, 2^(x log2(e) - m log2(e)) (x log2(e) exact inside the FFMA; the rounding of
+// m log2(e), which the compiler computes once per m, moves the result by about 1e-7 |m| relative: far
+// below the bf16 rounding of the gradient). m = -inf gives 0. Each logit takes two, and with the CPU's
+// vexpf polynomial (about 40 instructions each, written without contraction) the classifier would be
+// bound by instruction issue, not memory, on GPT-2's 3.3 G logits a step (the earlier kernels used
+// it: 10.8 ms each way on an H100).
+template <typename T> __device__ __forceinline__ float ce_exp_from(float x, float m) {
+    return ce_ex2(__fmaf_rn(x, CE_LOG2E, -__fmul_rn(m, CE_LOG2E)));
+}
+template <> __device__ __forceinline__ float ce_exp_from<float>(float x, float m) { return expf(__fsub_rn(x, m)); }
+
+// The factor that moves a sum of ce_exp_from(., m0) terms to a max m >= m0: bf16 storage
+// 2^(m0 log2(e) - m log2(e)), the products rounded as the terms' were, so their rounding cancels (and
+// a max that stays gives exactly 1); fp32 expf(m0 - m). m0 = -inf gives 0.
+template <typename T> __device__ __forceinline__ float ce_rescale(float m0, float m) {
+    return ce_ex2(__fsub_rn(__fmul_rn(m0, CE_LOG2E), __fmul_rn(m, CE_LOG2E)));
+}
+template <> __device__ __forceinline__ float ce_rescale<float>(float m0, float m) { return expf(__fsub_rn(m0, m)); }
 
 // (m, s) <- the merge of (m, s) and (m2, s2): max and the sum of exp(x - max) over both sets. An empty
 // set is (-inf, 0). Symmetric: merging (a, b) and (b, a) gives the same bits.
 template <typename T> __device__ __forceinline__ void ce_merge(float &m, float &s, float m2, float s2) {
     float mx = fmaxf(m, m2);
-    float a = m == -INFINITY ? 0.0f : __fmul_rn(s, ce_exp<T>(__fsub_rn(m, mx)));
-    float b = m2 == -INFINITY ? 0.0f : __fmul_rn(s2, ce_exp<T>(__fsub_rn(m2, mx)));
+    float a = m == -INFINITY ? 0.0f : __fmul_rn(s, ce_rescale<T>(m, mx));
+    float b = m2 == -INFINITY ? 0.0f : __fmul_rn(s2, ce_rescale<T>(m2, mx));
     m = mx;
     s = __fadd_rn(a, b);
 }
@@ -82,39 +103,6 @@ template <typename T> __device__ __forceinline__ void ce_warp_merge(float &m, fl
     }
 }
 
-#define CE_LOG2E 1.4426950408889634f
-
-// 2^x in one SFU instruction, results below 2^-126 flushed to 0 (__expf adds three instructions of
-// range fix-up for those: terms that small change neither a sum of exponentials nor a bf16 gradient).
-__device__ __forceinline__ float ce_ex2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
-
-// exp(x - m) where mL = m log2(e), rounded: under bf16 storage one FFMA and one SFU instruction (x
-// log2(e) is exact inside the FFMA; mL's rounding moves the result by about 1e-7 |m| relative: far
-// below the bf16 rounding of the gradient); fp32 storage expf(x - m). m = -inf gives 0.
-template <typename T> __device__ __forceinline__ float ce_exp_from(float x, float m, float mL) {
-    (void)m;
-    return ce_ex2(__fmaf_rn(x, CE_LOG2E, -mL));
-}
-template <> __device__ __forceinline__ float ce_exp_from<float>(float x, float m, float mL) {
-    (void)mL;
-    return expf(__fsub_rn(x, m));
-}
-// The factor that moves a sum of ce_exp_from(., m0, mL0) terms to the max m: bf16 storage
-// 2^(mL0 - mL), the terms' own scales, so the rounding of mL0 cancels (and a max that stays gives
-// exactly 1); fp32 expf(m0 - m). m0 = -inf gives 0.
-template <typename T> __device__ __forceinline__ float ce_rescale(float m0, float mL0, float m, float mL) {
-    (void)m0, (void)m;
-    return ce_ex2(__fsub_rn(mL0, mL));
-}
-template <> __device__ __forceinline__ float ce_rescale<float>(float m0, float mL0, float m, float mL) {
-    (void)mL0, (void)mL;
-    return expf(__fsub_rn(m0, m));
-}
-
 // One vector of a row into a thread's running (m, s): its max first, the running sum moved to the
 // new max once (by exactly 1 when the max stays), then the vector's exponentials summed pairwise in a
 // fixed order. A column a caller masks is -inf (adds 0). Per logit: one FMNMX, one FFMA, one SFU,
@@ -124,15 +112,15 @@ template <typename T, int VEC> __device__ __forceinline__ void ce_lse_vec(float 
     float vm = xv[0];
 #pragma unroll
     for (int j = 1; j < VEC; j++) vm = fmaxf(vm, xv[j]);
-    const float mn = fmaxf(m, vm), mL = __fmul_rn(mn, CE_LOG2E), mL0 = __fmul_rn(m, CE_LOG2E);
+    const float mn = fmaxf(m, vm);
     float e[VEC];
 #pragma unroll
-    for (int j = 0; j < VEC; j++) e[j] = ce_exp_from<T>(xv[j], mn, mL);
+    for (int j = 0; j < VEC; j++) e[j] = ce_exp_from<T>(xv[j], mn);
 #pragma unroll
     for (int w = 1; w < VEC; w *= 2)
 #pragma unroll
         for (int j = 0; j + w < VEC; j += 2 * w) e[j] = __fadd_rn(e[j], e[j + w]);
-    s = __fadd_rn(__fmul_rn(s, ce_rescale<T>(m, mL0, mn, mL)), e[0]);
+    s = __fadd_rn(__fmul_rn(s, ce_rescale<T>(m, mn)), e[0]);
     m = mn;
 }
 
@@ -179,7 +167,7 @@ __device__ __forceinline__ double ce_row_loss(float lse, int target, float x_tar
 // it check each column. The same expression for a column either way.
 template <typename T, int VEC, bool SRC_SHARED = false>
 __device__ __forceinline__ void ce_grad_row(T *dst, const T *src, float lse, int target, int V, int Vp, float dloss) {
-    const float scale = target >= 0 ? dloss : 0.0f, lseL = __fmul_rn(lse, CE_LOG2E);
+    const float scale = target >= 0 ? dloss : 0.0f;
     auto load = [&](float *xv, int v0) {
         if constexpr (SRC_SHARED) load_vec<T, VEC>(xv, src + v0);
         else load_vec_cs<T, VEC>(xv, src + v0);  // the row's last read and its only write: evict first
@@ -189,7 +177,7 @@ __device__ __forceinline__ void ce_grad_row(T *dst, const T *src, float lse, int
         float xv[VEC];
         load(xv, v0);
 #pragma unroll
-        for (int j = 0; j < VEC; j++) xv[j] = __fmul_rn(ce_exp_from<T>(xv[j], lse, lseL), scale);
+        for (int j = 0; j < VEC; j++) xv[j] = __fmul_rn(ce_exp_from<T>(xv[j], lse), scale);
         if ((unsigned)(target - v0) < (unsigned)VEC) {
 #pragma unroll
             for (int j = 0; j < VEC; j++)
@@ -205,7 +193,7 @@ __device__ __forceinline__ void ce_grad_row(T *dst, const T *src, float lse, int
             const int v = v0 + j;
             float g = 0.0f;
             if (v < V) {
-                g = __fmul_rn(ce_exp_from<T>(xv[j], lse, lseL), scale);
+                g = __fmul_rn(ce_exp_from<T>(xv[j], lse), scale);
                 if (v == target) g = __fsub_rn(g, dloss);
             }
             xv[j] = g;
