@@ -8,8 +8,9 @@
 #include <string.h>
 
 #define DEFAULTS                                                                                         \
-    {.gelu_epilogue = 1, .attention = SL_ATTENTION_MMA, .ce_row_smem = 1, .cudnn_workspace_mb = 512, .fused_kernels = 1, .bf16_storage = 1, \
-     .cpu_bf16 = 1, .log_level = 1, .heartbeat_interval_ms = 1000, .terminal = 1}
+    {.gelu_epilogue = 1, .attention = SL_ATTENTION_MMA, .ce_row_smem = 1, .cudnn_workspace_mb = 512,          \
+     .fused_kernels = 1, .bf16_storage = 1, .cpu_bf16 = 1, .log_level = 1, .heartbeat_interval_ms = 1000,    \
+     .terminal = 1}
 static sl_settings settings = DEFAULTS;
 static int loaded;
 
