@@ -25,7 +25,9 @@
 #      SHARDLM_CE_ROW_SMEM=0 (the fused classifier reading each row twice, the default's rows in shared
 #      memory left out) and =2 (two rows a block, the next one's copy in flight; GPU_CE_SMEM=0: neither
 #      run), with SHARDLM_GELU_EPILOGUE=0 (GPT-2's GELU and its gradient as their own kernels after plain
-#      GEMMs instead of cuBLASLt's GELU_AUX / DGELU epilogues; GPU_GELU_EPI=0: not run), and with
+#      GEMMs instead of cuBLASLt's GELU_AUX / DGELU epilogues; GPU_GELU_EPI=0: not run), with
+#      SHARDLM_BIAS_GRAD_EPILOGUE=0 (the bias gradients by the column-sum kernels, a second read of
+#      each output gradient, instead of the dweight GEMMs' BGRADB epilogue; GPU_BGRAD_EPI=0: not run), and with
 #      SHARDLM_GEMM_AUTOTUNE=1 (each GEMM shape's algorithms timed once; GPU_AUTOTUNE=0: not run);
 #   7. renders the "GPU" section of bench/RESULTS.md (bench/gpu_render.py) after every model, so a
 #      run cut short still leaves its finished rows.
@@ -55,7 +57,8 @@
 #   GPU_ATT_DQ=1 (0: no atomic-dQ attention rows)
 #   GPU_SPLIT=1 (0: no separate-kernel rows)  GPU_AUTOTUNE=1 (0: no autotuned-GEMM rows)
 #   GPU_CE_SMEM=1 (0: no classifier rows with SHARDLM_CE_ROW_SMEM=0 / 2)
-#   GPU_GELU_EPI=1 (0: no row with SHARDLM_GELU_EPILOGUE=0)  GPU_BUILD=build/gpu  GPU_COMMIT (when git is not there)
+#   GPU_GELU_EPI=1 (0: no row with SHARDLM_GELU_EPILOGUE=0)
+#   GPU_BGRAD_EPI=1 (0: no row with SHARDLM_BIAS_GRAD_EPILOGUE=0)  GPU_BUILD=build/gpu  GPU_COMMIT (when git is not there)
 #   PYTHON=python3
 #   GPU_DEVICE=cuda; GPU_DEVICE=cpu is a dry run of this script's logic on a machine without a GPU (with
 #   GPU_MODELS=gpt2-tiny GPU_SEQ=64 GPU_MAX_BATCH=8 GPU_OUT_DIR=/tmp/somewhere: it measures nothing useful)
@@ -312,6 +315,9 @@ variant_rows GPU_CE_SMEM shardlm-cetwo SHARDLM_CE_ROW_SMEM=2 "the classifier wit
 # GPT-2's c_fc forward at 56% of the GEMM rate with the GELU_AUX epilogue (2026-11-28): the same GEMMs
 # plain, the GELU and its gradient as their own kernels
 variant_rows GPU_GELU_EPI shardlm-nogeluepi SHARDLM_GELU_EPILOGUE=0 "the GELU outside the cuBLASLt epilogues"
+# the bias gradients: the dweight GEMMs' BGRADB epilogue (the default, written 2026-11-28) against the
+# column-sum kernels that read each output gradient again (10.9 GB a GPT-2 124M B=64 step)
+variant_rows GPU_BGRAD_EPI shardlm-nobgradepi SHARDLM_BIAS_GRAD_EPILOGUE=0 "bias gradients by the column-sum kernels"
 # the GEMMs: each shape's cuBLASLt algorithms timed once against the heuristic's first
 variant_rows GPU_AUTOTUNE shardlm-autotune SHARDLM_GEMM_AUTOTUNE=1 "GEMM algorithms timed per shape"
 say "finished in ${SECONDS}s"

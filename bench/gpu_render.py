@@ -225,7 +225,10 @@ def render_fused(w, runs, split):
       "`all matmul ops` column; the classifier reads each row from memory once into shared memory "
       "(`SHARDLM_CE_ROW_SMEM=1`, the default since 2026-11-27; opt-in in earlier runs) or once plus once from L2 "
       "(`=0`); `SHARDLM_GELU_EPILOGUE=0` runs GPT-2's c_fc and c_proj GEMMs plain, the GELU and its gradient as "
-      "their own kernels (matmul_gelu_forward and matmul_backward_gelu then hold GEMM and kernel). Same model, "
+      "their own kernels (matmul_gelu_forward and matmul_backward_gelu then hold GEMM and kernel); "
+      "`SHARDLM_BIAS_GRAD_EPILOGUE=0` sums the linear layers' bias gradients with the column-sum kernels after "
+      "the dweight GEMMs (a second read of each layer's output gradient) instead of the GEMMs' BGRADB epilogue "
+      "(the default since 2026-11-28; in earlier runs every row had the kernels). Same model, "
       "micro-batch and step count; ms per step.\n")
     w("| model | micro-batch | kernels | ms/step | tok/s | " + " | ".join(shown) + " | all matmul ops | SM clock, power |")
     w("|---|---|---|---|---|" + "---|" * (len(shown) + 2))
@@ -243,10 +246,12 @@ def render_fused(w, runs, split):
 
 # the fused kernels' variant rows by tag: the classifier reading each row twice (SHARDLM_CE_ROW_SMEM=0;
 # =1 is the default since 2026-11-27), or, in runs before that, its rows in shared memory (=1, then
-# opt-in), or two rows a block (=2); and the GELU outside cuBLASLt's epilogues (SHARDLM_GELU_EPILOGUE=0)
+# opt-in), or two rows a block (=2); the GELU outside cuBLASLt's epilogues (SHARDLM_GELU_EPILOGUE=0); and
+# the bias gradients by the column-sum kernels instead of the BGRADB epilogue (SHARDLM_BIAS_GRAD_EPILOGUE=0)
 FUSED_TAGS_WHAT = (("shardlm-cetwice:", "fused, each row read twice"), ("shardlm-cesmem:", "fused, rows in shared memory"),
                    ("shardlm-cetwo:", "fused, two rows a block in shared memory"),
-                   ("shardlm-nogeluepi:", "fused, the GELU outside the GEMM epilogues"))
+                   ("shardlm-nogeluepi:", "fused, the GELU outside the GEMM epilogues"),
+                   ("shardlm-nobgradepi:", "fused, bias gradients by the column-sum kernels"))
 FUSED_TAGS = tuple(t for t, _ in FUSED_TAGS_WHAT)
 
 ATTENTION_KERNELS = {"mma": "mma.sync, registers (mma)", "tc": "tensor cores, WMMA (tc)", "simt": "CUDA cores (simt)",

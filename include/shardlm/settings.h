@@ -36,6 +36,7 @@ enum { SL_ATTENTION_DQ_SPLIT, SL_ATTENTION_DQ_ATOMIC, SL_ATTENTION_DQ_ORDERED };
 typedef struct {
     int tf32;                  // SHARDLM_TF32=1: fp32 GEMMs on the GPU may use TF32 tensor cores (default 0)
     int gelu_epilogue;         // SHARDLM_GELU_EPILOGUE=0: GPT-2's GELU outside the cuBLASLt epilogue (default 1)
+    int bias_grad_epilogue;    // SHARDLM_BIAS_GRAD_EPILOGUE=0: GPU bias gradients by a column-sum kernel, not BGRADB (default 1)
     int attention;             // SHARDLM_ATTENTION=tc|simt|mma|cudnn: the bf16 attention (SL_ATTENTION_*; default mma)
     int attention_grid;        // SHARDLM_ATTENTION_GRID=tiles|heads: the mma.sync attention's block order (default tiles)
     int attention_dq;          // SHARDLM_ATTENTION_DQ=split|atomic|ordered: its backward's dQ (SL_ATTENTION_DQ_*; default split)

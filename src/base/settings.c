@@ -8,15 +8,16 @@
 #include <string.h>
 
 #define DEFAULTS                                                                                         \
-    {.gelu_epilogue = 1, .attention = SL_ATTENTION_MMA, .ce_row_smem = 1, .cudnn_workspace_mb = 512,          \
-     .fused_kernels = 1, .bf16_storage = 1, .cpu_bf16 = 1, .log_level = 1, .heartbeat_interval_ms = 1000,    \
-     .terminal = 1}
+    {.gelu_epilogue = 1, .bias_grad_epilogue = 1, .attention = SL_ATTENTION_MMA, .ce_row_smem = 1,       \
+     .cudnn_workspace_mb = 512, .fused_kernels = 1, .bf16_storage = 1, .cpu_bf16 = 1, .log_level = 1,    \
+     .heartbeat_interval_ms = 1000, .terminal = 1}
 static sl_settings settings = DEFAULTS;
 static int loaded;
 
 static const struct { const char *name, *meaning; } variables[] = {
     {"SHARDLM_TF32", "1: fp32 GEMMs on the GPU may use TF32 tensor cores (default 0: exact fp32)"},
     {"SHARDLM_GELU_EPILOGUE", "0: GPT-2's GELU as its own kernel instead of cuBLASLt's epilogue (default 1)"},
+    {"SHARDLM_BIAS_GRAD_EPILOGUE", "0: a linear layer's bias gradient on the GPU as a column-sum kernel after the GEMMs instead of cuBLASLt's BGRADB epilogue on the dweight GEMM (default 1; not yet run on a GPU)"},
     {"SHARDLM_ATTENTION", "mma (default): on the GPU the mma.sync tensor-core kernels with fragments in registers; cudnn: cuDNN's fused flash attention, loaded at run time (calls it does not take go to mma; not yet run on a GPU); tc: the WMMA tensor-core kernels; simt: the CUDA-core kernels; on the CPU simt is the staged fp32 attention, tc, mma and cudnn oneDNN bf16 matmuls"},
     {"SHARDLM_CUDNN_WORKSPACE_MB", "the most workspace (MiB, 1 .. 1048576; default 512) one cuDNN attention call may take: a batch whose workspace would pass it runs in slices of sequences, one call each (the deterministic backward needs 2 bytes a score: 24 MiB a GPT-2 sequence at T 1024)"},
     {"SHARDLM_ATTENTION_GRID", "heads: the GPU's mma.sync attention kernels take their blocks in chunks of heads that fit a share of L2 (longest tiles first in each), so the blocks running at once share K and V through L2; tiles (default): every head's longest tile first. The same bits either way (A/B timing, not yet run on a GPU)"},
@@ -111,6 +112,7 @@ int sl_settings_load(void) {
     first_error[0] = '\0';
     read_switch("SHARDLM_TF32", &s.tf32);
     read_switch("SHARDLM_GELU_EPILOGUE", &s.gelu_epilogue);
+    read_switch("SHARDLM_BIAS_GRAD_EPILOGUE", &s.bias_grad_epilogue);
     read_word("SHARDLM_ATTENTION", attention_words, attention_v, 4, &s.attention, "tc, simt, mma or cudnn");
     static const int grid_v[] = {SL_ATTENTION_GRID_TILES, SL_ATTENTION_GRID_HEADS};
     read_word("SHARDLM_ATTENTION_GRID", grid_words, grid_v, 2, &s.attention_grid, "tiles or heads");

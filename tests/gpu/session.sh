@@ -16,7 +16,8 @@
 #      torch.compile (SESSION_TORCH=0: not); then on 124M the comparison rows: SHARDLM_ATTENTION=cudnn
 #      (cuDNN's fused attention, both backward forms, against the default mma.sync kernels),
 #      SHARDLM_FUSED_KERNELS=0 (the fused kernels before / after), SHARDLM_CE_ROW_SMEM=0 / 2,
-#      SHARDLM_GELU_EPILOGUE=0 and SHARDLM_GEMM_AUTOTUNE=1 (cuBLASLt's algorithms timed per shape), same
+#      SHARDLM_GELU_EPILOGUE=0, SHARDLM_BIAS_GRAD_EPILOGUE=0 (bias gradients by the column-sum kernels)
+#      and SHARDLM_GEMM_AUTOTUNE=1 (cuBLASLt's algorithms timed per shape), same
 #      card, same call (the WMMA, block-order and atomic-dQ rows, settled, only with GPU_WMMA=1 /
 #      GPU_ATT_GRID=1 / GPU_ATT_DQ=1 in the environment). On the
 #      2026-11-27 H100 the build took 46 s and this stage about 130 s (124M only; 179 s on the

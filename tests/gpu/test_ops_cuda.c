@@ -1188,6 +1188,27 @@ static void set_switch(const char *name, const char *value) {
     if (sl_settings_load()) fail("settings_reload", "%s", sl_error());
 }
 
+// Which path the dbias sums queued since (all0, epi0) (cuda_matmul_bias_grad_calls) took. expect 0
+// (SHARDLM_BIAS_GRAD_EPILOGUE=0): the column-sum kernels for all, else FAIL. expect 1: PASS when
+// cuBLASLt's BGRADB epilogue summed every one, SKIP naming how many it did not (cuBLASLt offered no
+// algorithm with it: the kernels ran, and the cases above checked them): the session's note of
+// whether the epilogue is there to be timed.
+static void check_bias_grad_path(const char *name, unsigned long all0, unsigned long epi0, int expect) {
+    unsigned long epi, all = cuda_matmul_bias_grad_calls(&epi);
+    all -= all0;
+    epi -= epi0;
+    if (all == 0) fail(name, "no bias gradient was queued through matmul_backward");
+    else if (!expect && epi) fail(name, "%lu of %lu bias gradients took the BGRADB epilogue although it is switched off", epi, all);
+    else if (expect && epi < all)
+        printf("SKIP %s: %lu of %lu bias gradients took cuBLASLt's BGRADB epilogue, the rest the column-sum kernels\n",
+               name, epi, all);
+    else {
+        printf("PASS %s (%lu of %lu bias gradients by %s)\n", name, expect ? epi : all - epi, all,
+               expect ? "the BGRADB epilogue" : "the column-sum kernels");
+        passed++;
+    }
+}
+
 // The norm shapes: odd ones (C below a vector, C not a multiple of 8 or 4: the scalar path; N not a
 // multiple of the 8-row tile or the 32-row chunk) and GPT-2 / LLaMA widths (768, 1024, 4096).
 static const struct { const char *tag; int N, C; } NORM_SHAPES[] = {
@@ -1481,10 +1502,18 @@ int main(int argc, char **argv) {
         test_matmul("small_nobias", 37, 19, 23, 0, 0);
         test_matmul("unaligned_bias", 37, 19, 23, 1, 1);
         test_matmul("one_row", 1, 64, 96, 1, 0);
+        unsigned long epi0, all0 = cuda_matmul_bias_grad_calls(&epi0);
         test_matmul("gpt2_qkv", 1024, 768, 2304, 1, 0);
         test_matmul("gpt2_fc", 1024, 768, 3072, 1, 0);
         test_matmul("gpt2_proj", 1024, 3072, 768, 1, 0);
+        check_bias_grad_path("matmul_bias_grad_epilogue_gpt2_shapes", all0, epi0, 1);
         test_matmul("gpt2_lm_head", 256, 768, 50257, 0, 0);
+        // the column-sum kernels, switched to (SHARDLM_BIAS_GRAD_EPILOGUE=0)
+        set_switch("SHARDLM_BIAS_GRAD_EPILOGUE", "0");
+        all0 = cuda_matmul_bias_grad_calls(&epi0);
+        test_matmul("gpt2_fc_bias_grad_kernels", 1024, 768, 3072, 1, 0);
+        check_bias_grad_path("matmul_bias_grad_switched_off", all0, epi0, 0);
+        set_switch("SHARDLM_BIAS_GRAD_EPILOGUE", NULL);
     }
 
     if (group("matmul_gelu")) {
@@ -1592,7 +1621,9 @@ int main(int argc, char **argv) {
         } else {
             test_bf16_matmul("small_bias", 37, 19, 23);       // matmul_gelu: the unfused fallback (OC % 8 != 0)
             test_bf16_matmul("small_epilogue", 37, 19, 24);   // matmul_gelu: the GELU_AUX_BIAS epilogue
+            unsigned long epi0, all0 = cuda_matmul_bias_grad_calls(&epi0);
             test_bf16_matmul("gpt2_fc", 1024, 768, 3072);
+            check_bias_grad_path("matmul_bias_grad_epilogue_bf16_gpt2_fc", all0, epi0, 1);
             for (int i = 0; i < N_NORM_SHAPES; i++) {
                 test_bf16_norms(NORM_SHAPES[i].tag, NORM_SHAPES[i].N, NORM_SHAPES[i].C);
                 for (int shift = 0; shift < 2; shift++)  // bf16: the register path at 1, 2, 3, 4, 6 and 8 vectors

@@ -14,6 +14,9 @@
 // type: cuda_ops.cuh. Here: the GEMMs' compute type and everything that is not storage-typed.
 // matmul.cu
 void cuda_set_precision(int precision);  // the GEMMs' compute type (ops.h set_precision)
+// The bias gradients matmul_backward has queued so far, and (*epilogue) how many of them came from the
+// dweight GEMM's BGRADB epilogue rather than the column-sum kernels: for the tests.
+unsigned long cuda_matmul_bias_grad_calls(unsigned long *epilogue);
 // optimizer.cu (flat-buffer passes of the optimizer step; see ops.h). The argument structs and
 // `segs` are host memory.
 double cuda_sumsq(const float *g, size_t n);

@@ -15,12 +15,14 @@
 #include <string.h>
 
 extern "C" {
+#include "ops/cuda/cuda_ops.h"  // cuda_matmul_bias_grad_calls
 #include "shardlm/cuda_dlopen.h"
 #include "shardlm/error.h"
 #include "shardlm/precision.h"
 }
 
 #define SL_MATMUL_WORKSPACE_BYTES ((size_t)32 << 20)
+#define SL_MATMUL_BGRAD_FLOATS 65536  // the widest bias whose gradient the BGRADB epilogue writes (OC)
 #define SL_MATMUL_CACHE_SIZE 128
 #define SL_MATMUL_TUNE_CANDIDATES 8   // heuristic results timed per plan under SHARDLM_GEMM_AUTOTUNE=1
 #define SL_MATMUL_TUNE_MARGIN 0.98f   // a later candidate must be 2% faster to replace an earlier one
@@ -45,11 +47,14 @@ static void *lt_lib;                 // dlopen handle
 static char lt_path[512];            // the file it came from
 static cublasLtHandle_t lt_handle;
 static void *workspace;              // SL_MATMUL_WORKSPACE_BYTES of device memory
+static float *bgrad;                 // SL_MATMUL_BGRAD_FLOATS: the BGRADB epilogue's bias gradient (it overwrites)
+static unsigned long bgrad_calls, bgrad_epilogue_calls;  // dbias sums queued, and of those by BGRADB
 static cublasComputeType_t fp32_compute = CUBLAS_COMPUTE_32F;  // fp32 runs (TF32 with SHARDLM_TF32=1)
 static int run_precision = SL_PRECISION_FP32;                   // set_precision's last value
-// SHARDLM_GELU_EPILOGUE and SHARDLM_GEMM_AUTOTUNE are read per call (settings.h: loaded once), so a
-// test that reloads the settings can take both paths in one process.
+// SHARDLM_GELU_EPILOGUE, SHARDLM_BIAS_GRAD_EPILOGUE and SHARDLM_GEMM_AUTOTUNE are read per call
+// (settings.h: loaded once), so a test that reloads the settings can take both paths in one process.
 static int gelu_epilogue(void) { return sl_settings_get()->gelu_epilogue; }
+static int bias_grad_epilogue(void) { return sl_settings_get()->bias_grad_epilogue; }
 static int autotune(void) { return sl_settings_get()->gemm_autotune; }
 
 static const char *lt_status_string(cublasStatus_t s) {
@@ -108,6 +113,13 @@ int sl_cuda_matmul_init(void) {
         return sl_errorf("out of GPU memory allocating the cuBLASLt workspace (%zu bytes): %s",
                          SL_MATMUL_WORKSPACE_BYTES, cudaGetErrorString(err));
     }
+    err = cudaMalloc(&bgrad, sizeof(float) * SL_MATMUL_BGRAD_FLOATS);
+    if (err != cudaSuccess) {
+        cudaGetLastError();
+        bgrad = NULL;
+        return sl_errorf("out of GPU memory allocating the bias-gradient vector (%zu bytes): %s",
+                         sizeof(float) * SL_MATMUL_BGRAD_FLOATS, cudaGetErrorString(err));
+    }
     return 0;
 }
 
@@ -127,7 +139,8 @@ static cublasComputeType_t compute_type(void) {
 typedef enum { GEMM_FORWARD = 0, GEMM_DINP = 1, GEMM_DWEIGHT = 2, GEMM_FORWARD_GELU = 3, GEMM_DINP_DGELU = 4 } gemm_kind;
 
 // Everything that decides the descriptors and the algorithm. Compared with memcmp: always memset first.
-// epilogue: a cublasLtEpilogue_t (DEFAULT, BIAS, GELU_AUX, GELU_AUX_BIAS, DGELU); aux_ld only with an aux.
+// epilogue: a cublasLtEpilogue_t (DEFAULT, BIAS, GELU_AUX, GELU_AUX_BIAS, DGELU, BGRADB); aux_ld only
+// with an aux.
 typedef struct {
     int kind, transa, transb, epilogue;
     uint64_t m, n, k;
@@ -217,16 +230,17 @@ static int plan_build(gemm_plan *p, const gemm_key *key, const void *bias, void 
         cublasStatus_t st = lt.cublasLtMatmulAlgoGetHeuristic(lt_handle, p->desc, p->a, p->b, p->c, p->c, pref,
                                                               key->tune ? SL_MATMUL_TUNE_CANDIDATES : 1, results, &found);
         // NOT_SUPPORTED means "no algorithm for this configuration": the caller decides what to do.
-        // So does any refusal of a GELU epilogue (an unsupported combination with the compute type,
-        // say): its caller has the unfused path.
-        int gelu = key->epilogue == CUBLASLT_EPILOGUE_GELU_AUX ||
-                   key->epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS || key->epilogue == CUBLASLT_EPILOGUE_DGELU;
+        // So does any refusal of a GELU or bias-gradient epilogue (an unsupported combination with
+        // the compute type or the bias type, say): its caller has the unfused path.
+        int e = key->epilogue;
+        int has_fallback = e == CUBLASLT_EPILOGUE_GELU_AUX || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS ||
+                           e == CUBLASLT_EPILOGUE_DGELU || e == CUBLASLT_EPILOGUE_BGRADB;
         for (int i = 0; st == CUBLAS_STATUS_SUCCESS && i < found && i < SL_MATMUL_TUNE_CANDIDATES; i++)
             if (results[i].state == CUBLAS_STATUS_SUCCESS) p->candidates[p->n_candidates++] = results[i].algo;
         if (p->n_candidates > 0) {
             p->algo = p->candidates[0];
             p->has_algo = 1;
-        } else if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED && !gelu) {
+        } else if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED && !has_fallback) {
             rc = LT_CHECK(st);
         }
     }
@@ -315,7 +329,8 @@ static const char *kind_name(int kind) {
 // D (m x n, ld ldc) = op(A) @ op(B) + beta * D, column-major, with an epilogue: + bias over D's rows
 // when bias != NULL; with aux != NULL, aux (m x n, ld ldc) = that result and D = gelu(it) (GELU_AUX),
 // except for kind GEMM_DINP_DGELU, where aux is an input (the pre-activation, laid out like D) and
-// D = the product * gelu'(aux) (DGELU; no bias).
+// D = the product * gelu'(aux) (DGELU; no bias). For kind GEMM_DWEIGHT bias is an output: the sums
+// of op(B) over k, one a column of D, d_type, overwritten (BGRADB).
 // A and B hold ab_type elements, D (and bias, aux) d_type: CUDA_R_32F, or CUDA_R_16BF for bf16
 // storage (then computed in CUBLAS_COMPUTE_32F on the tensor cores whatever the precision says).
 // Returns 1 when no algorithm exists with the epilogue asked for (nothing was queued; the caller does
@@ -333,6 +348,7 @@ static int gemm(int kind, int transa, int transb, int m, int n, int k, const voi
     key.transa = transa;
     key.transb = transb;
     if (kind == GEMM_DINP_DGELU) key.epilogue = CUBLASLT_EPILOGUE_DGELU;
+    else if (kind == GEMM_DWEIGHT) key.epilogue = bias ? CUBLASLT_EPILOGUE_BGRADB : CUBLASLT_EPILOGUE_DEFAULT;
     else key.epilogue = aux ? (bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX)
                             : (bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT);
     key.aux_ld = aux ? ldc : 0;
@@ -515,10 +531,31 @@ void cuda_matmul_backward(sl_act *dinp_, float *dweight, float *dbias, const sl_
     // dinp^T (IC,N) = weight^T (col-major IC x OC) @ dout^T (col-major OC x N)
     if (dinp) gemm(GEMM_DINP, 0, 0, IC, N, OC, weight, IC, dout, OC, dinp, IC, 0.0f, NULL, NULL, t, t);
     // dweight^T (IC,OC) += inp^T (col-major IC x N) @ op(dout^T: col-major OC x N, transposed); dweight
-    // is an fp32 parameter gradient whatever the storage
-    if (dweight)
-        gemm(GEMM_DWEIGHT, 0, 1, IC, OC, N, inp, IC, dout, OC, dweight, IC, 1.0f, NULL, NULL, t, CUDA_R_32F);
+    // is an fp32 parameter gradient whatever the storage. With a bias, the GEMM's BGRADB epilogue sums
+    // op(dout^T) over k = N as it reads it: dbias's addend, fp32, in bgrad (it overwrites; dbias
+    // accumulates), so dout is not read a second time. Where cuBLASLt offers no such algorithm, with
+    // SHARDLM_BIAS_GRAD_EPILOGUE=0, without dweight or wider than bgrad: the column-sum kernels.
+    if (dbias) bgrad_calls++;
+    if (dweight) {
+        float *epi = dbias && bias_grad_epilogue() && OC <= SL_MATMUL_BGRAD_FLOATS ? bgrad : NULL;
+        int rc = gemm(GEMM_DWEIGHT, 0, 1, IC, OC, N, inp, IC, dout, OC, dweight, IC, 1.0f, epi, NULL, t, CUDA_R_32F);
+        if (rc == 1) {
+            epi = NULL;
+            rc = gemm(GEMM_DWEIGHT, 0, 1, IC, OC, N, inp, IC, dout, OC, dweight, IC, 1.0f, NULL, NULL, t, CUDA_R_32F);
+        }
+        if (rc == 0 && epi) {
+            bias_grad_finish_kernel<<<ceil_div_u((size_t)OC, 256), 256, 0, sl_cuda_stream()>>>(dbias, bgrad, 1, OC);
+            CUDA_LAUNCH_CHECK();
+            bgrad_epilogue_calls++;
+            dbias = NULL;
+        }
+    }
     if (dbias) bias_grad_accumulate<floatX>(dbias, dout, NULL, NULL, N, OC);
+}
+
+extern "C" unsigned long cuda_matmul_bias_grad_calls(unsigned long *epilogue) {
+    if (epilogue) *epilogue = bgrad_epilogue_calls;
+    return bgrad_calls;
 }
 
 // cuBLASLt's rule for the GELU auxiliary matrix's leading dimension (elements); out and pre below this
