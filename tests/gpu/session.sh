@@ -7,7 +7,7 @@
 # the summary) what the budget no longer holds:
 #   1. build: tests/gpu/suite.sh build (the library, `shardlm report`, the GPU test programs);
 #   2. the op groups holding kernels not yet run on a GPU (SESSION_GROUPS, default "norm crossentropy
-#      matmul_gelu bf16 attention_mma attention_cudnn"), each its own test_ops_cuda process as in
+#      matmul matmul_gelu bf16 attention_mma attention_cudnn"), each its own test_ops_cuda process as in
 #      tests/gpu/run.sh; when attention_cudnn fails, the group again with cuDNN's log (level 2: warnings
 #      and errors) into cudnn_debug.txt in the logs;
 #   3. test_model_cuda (the model's loss and gradients against the CPU, LoRA too) and test_generate_cuda;
@@ -43,7 +43,7 @@ set -u
 cd "$(dirname "$0")/../.." || exit 1
 BUDGET=${SESSION_BUDGET_S:-540}
 BENCH_S=${SESSION_BENCH_S:-360}
-GROUPS_FIRST=${SESSION_GROUPS:-norm crossentropy matmul_gelu bf16 attention_mma attention_cudnn}
+GROUPS_FIRST=${SESSION_GROUPS:-norm crossentropy matmul matmul_gelu bf16 attention_mma attention_cudnn}
 B=${SHARDLM_GPU_BUILD:-build/gpu}
 T=$B/gpu_tests
 logdir=$(mktemp -d /tmp/shardlm_gpu_session_XXXXXX)
