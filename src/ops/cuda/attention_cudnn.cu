@@ -30,6 +30,7 @@
 extern "C" {
 #include "ops/cuda/cuda_ops.h"  // cuda_attention_cudnn_calls, cuda_attention_cudnn_check_graph
 #include "shardlm/cuda_dlopen.h"
+#include "shardlm/log.h"
 }
 
 #include <dlfcn.h>
@@ -402,6 +403,7 @@ struct plan {
     graph g;
     cudnnBackendDescriptor_t exec;  // NULL: building it failed (g.err says why)
     int64_t workspace;
+    int mode, config;               // the heuristics mode (0: A, 1: fallback) and the configuration taken
 };
 constexpr int MAX_PLANS = 48;
 plan plans[MAX_PLANS];
@@ -437,7 +439,7 @@ void build_plan(plan *p) {
             cudnnBackendDescriptor_t e = make(g, CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, "execution plan");
             set(g, e, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cfg[i], "plan config");
             cudnnStatus_t st = e && !g->err[0] ? dnn.cudnnBackendFinalize(e) : CUDNN_STATUS_BAD_PARAM;
-            if (st == CUDNN_STATUS_SUCCESS) p->exec = e;
+            if (st == CUDNN_STATUS_SUCCESS) p->exec = e, p->mode = m, p->config = i;
             else if (!refusal[0]) dnn.cudnnGetLastErrorString(refusal, sizeof refusal);
         }
     }
@@ -483,6 +485,11 @@ plan *plan_for(bool backward, bool deterministic, int B, int T, int NH, int NKV,
     plans_built++;
     plan_seconds += took;
     if (took > plan_longest) plan_longest = took;
+    if (p->exec)
+        sl_log(SL_LOG_INFO, "cuDNN attention: %s plan for B=%d T=%d NH=%d NKV=%d HD=%d%s built in %.2f s "
+               "(heuristics %s, configuration %d; workspace %.1f MiB)", backward ? "backward" : "forward", B, T, NH,
+               NKV, HD, backward ? (deterministic ? ", deterministic" : ", dQ in fp32") : "", took,
+               p->mode ? "fallback" : "A", p->config, (double)p->workspace / 1048576.0);
     return p;
 }
 
