@@ -106,23 +106,35 @@ TEST(k_transposed_names_the_same_elements) {
 // takes the most that fit with a shorter last slice; a sequence over the cap alone runs alone.
 TEST(workspace_slices) {
     const int64_t gpt2 = (int64_t)12 * 1024 * 1024 * 2, mib = 1 << 20;
-    CHECK(sl_att_cudnn_slice(64, gpt2, 512 * mib) == 16);
-    CHECK(sl_att_cudnn_slice(64, gpt2, 256 * mib) == 8);
-    CHECK(sl_att_cudnn_slice(64, gpt2, 2048 * mib) == 64);  // all fit: one call
-    CHECK(sl_att_cudnn_slice(64, 0, 1) == 64);              // no workspace: one call
-    CHECK(sl_att_cudnn_slice(13, gpt2, 100 * mib) == 4);    // 4 + 4 + 4 + 1 (13's divisors: 1, 13)
-    CHECK(sl_att_cudnn_slice(12, gpt2, 130 * mib) == 4);    // 5 fit; 4 divides 12: three equal slices
-    CHECK(sl_att_cudnn_slice(8, gpt2, gpt2 - 1) == 1);      // over the cap alone
-    // every batch, sequence size and cap: a slice fits (or is 1) and is at least half the most that fit
+    CHECK(sl_att_cudnn_slice(64, gpt2, 512 * mib, 1) == 16);
+    CHECK(sl_att_cudnn_slice(64, gpt2, 256 * mib, 1) == 8);
+    CHECK(sl_att_cudnn_slice(64, gpt2, 2048 * mib, 1) == 64);  // all fit: one call
+    CHECK(sl_att_cudnn_slice(64, 0, 1, 1) == 64);              // no workspace: one call
+    CHECK(sl_att_cudnn_slice(13, gpt2, 100 * mib, 1) == 4);    // 4 + 4 + 4 + 1 (13's divisors: 1, 13)
+    CHECK(sl_att_cudnn_slice(12, gpt2, 130 * mib, 1) == 4);    // 5 fit; 4 divides 12: three equal slices
+    CHECK(sl_att_cudnn_slice(8, gpt2, gpt2 - 1, 1) == 1);      // over the cap alone
+    // lse's rows a sequence (NH T) odd or 2 mod 4: slices of 4 or 2 keep every slice 16-byte aligned
+    CHECK(sl_att_cudnn_slice_step(12, 1024) == 1 && sl_att_cudnn_slice_step(2, 65) == 2);
+    CHECK(sl_att_cudnn_slice_step(5, 1023) == 4 && sl_att_cudnn_slice_step(1, 2) == 2);
+    CHECK(sl_att_cudnn_slice(13, gpt2, 100 * mib, 2) == 4);    // 4 fit, a multiple of 2
+    CHECK(sl_att_cudnn_slice(13, gpt2, 72 * mib, 2) == 2);     // 3 fit: 2 (6 slices of 2, then 1)
+    CHECK(sl_att_cudnn_slice(8, gpt2, gpt2 - 1, 4) == 4);      // over the cap: the step, not 1
+    CHECK(sl_att_cudnn_slice(3, gpt2, gpt2 - 1, 4) == 3);      // ... or the whole batch when smaller
+    // every batch, sequence size, cap and step: a slice fits (or is the step), is at least half the
+    // most that fit (the step's multiples: at least the largest below that), and is the whole batch
+    // or a multiple of the step, so every slice's lse starts 16-byte aligned
     int bad = 0;
-    for (int B = 1; B <= 96; B++)
-        for (int64_t per = 1; per <= 9; per++)
-            for (int64_t cap = 1; cap <= 200; cap++) {
-                const int s = sl_att_cudnn_slice(B, per, cap);
-                const int64_t most = cap / per < B ? cap / per : B;
-                bad += s < 1 || s > B || (s > 1 && s * per > cap) || (most >= 1 && 2 * s < most);
-            }
-    CHECK_MSG(bad == 0, "%d (B, per, cap) triples sliced wrongly", bad);
+    for (int step = 1; step <= 4; step *= 2)
+        for (int B = 1; B <= 96; B++)
+            for (int64_t per = 1; per <= 9; per++)
+                for (int64_t cap = 1; cap <= 200; cap++) {
+                    const int s = sl_att_cudnn_slice(B, per, cap, step);
+                    const int64_t most = cap / per < B ? cap / per : B;
+                    const int64_t floor_step = most / step * step;
+                    bad += s < 1 || s > B || (s > step && s * per > cap) || (s != B && s % step) ||
+                           (floor_step >= step && s < B && 2 * s < floor_step);
+                }
+    CHECK_MSG(bad == 0, "%d (B, per, cap, step) cases sliced wrongly", bad);
 }
 
 // GPT-2's heads, GQA and MQA, head dims 16 to 128, T not a multiple of a tile, both backward forms.

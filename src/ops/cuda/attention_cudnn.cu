@@ -551,10 +551,11 @@ void *at(const __nv_bfloat16 *base, int64_t offset) { return (void *)(base + off
 int slice_of(bool backward, bool deterministic, int B, int T, int NH, int NKV, int HD) {
     const int64_t cap = (int64_t)sl_settings_get()->cudnn_workspace_mb << 20;
     const int64_t guess = backward && deterministic ? (int64_t)NH * T * T * 2 : 0;
-    const int s = sl_att_cudnn_slice(B, guess, cap);
+    const int step = sl_att_cudnn_slice_step(NH, T);
+    const int s = sl_att_cudnn_slice(B, guess, cap, step);
     const plan *p = plan_for(backward, deterministic, s, T, NH, NKV, HD);
-    if (!p->exec || p->workspace <= cap || s == 1) return s;
-    return sl_att_cudnn_slice(B, (p->workspace + s - 1) / s, cap);
+    if (!p->exec || p->workspace <= cap || s <= step) return s;
+    return sl_att_cudnn_slice(B, (p->workspace + s - 1) / s, cap, step);
 }
 
 #else

@@ -48,15 +48,25 @@ static inline sl_att_views sl_att_cudnn_views(int B, int T, int NH, int NKV, int
 // and a call may take at most `cap` (SHARDLM_CUDNN_WORKSPACE_MB): all B when they fit; else the
 // largest divisor of B that fits, if it is at least half of the most that fit (every slice the same
 // size: one plan, one compiled kernel); else the most that fit (a shorter last slice: a second plan).
-// At least 1: a sequence that alone needs more than cap still runs, one at a time. A slice of b
-// sequences is the views of sl_att_cudnn_views(b, ...) at buffers moved on by b0 * stride[0].
-static inline int sl_att_cudnn_slice(int B, int64_t per_seq, int64_t cap) {
+// A slice short of B is a multiple of `step` (sl_att_cudnn_slice_step), so every slice starts
+// 16-byte aligned; at least `step` (or B): a sequence that alone needs more than cap still runs. A
+// slice of b sequences is the views of sl_att_cudnn_views(b, ...) at buffers moved on by
+// b0 * stride[0].
+static inline int sl_att_cudnn_slice(int B, int64_t per_seq, int64_t cap, int step) {
     if (per_seq <= 0 || (int64_t)B * per_seq <= cap) return B;
     const int most = (int)(cap / per_seq);
-    if (most < 1) return 1;
+    if (most < step) return step < B ? step : B;
     for (int d = most; 2 * d >= most; d--)
-        if (B % d == 0) return d;
-    return most;
+        if (B % d == 0 && d % step == 0) return d;
+    return most / step * step;
+}
+
+// The sequences a slice must be a multiple of: every tensor of the graph is declared 16-byte aligned,
+// and a slice at sequence b0 moves lse (fp32) on by b0 NH T elements, the bf16 tensors by multiples of
+// HD (a multiple of 8) elements: 4 / gcd(NH T, 4).
+static inline int sl_att_cudnn_slice_step(int NH, int T) {
+    const int64_t rows = (int64_t)NH * T;
+    return rows % 4 == 0 ? 1 : rows % 2 == 0 ? 2 : 4;
 }
 
 // The element offset of (b, h, t, d) in a view's buffer.
