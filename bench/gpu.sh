@@ -17,8 +17,9 @@
 #      kernels' blocks in chunks of heads) and with SHARDLM_ATTENTION_DQ=atomic (their backward's dQ added
 #      inside the dK/dV kernel by fp32 atomics; and =ordered, those atomics in key-tile order), for the
 #      table comparing the attention kernels
-#      and with SHARDLM_ATTENTION=cudnn (cuDNN's fused flash attention, attention_cudnn.cu)
-#      (GPU_SIMT=0 / GPU_WMMA=0 / GPU_CUDNN=0 / GPU_ATT_GRID=0 / GPU_ATT_DQ=0: not run);
+#      and with SHARDLM_ATTENTION=mma (the mma.sync kernels against training's default, cuDNN's fused
+#      flash attention) and SHARDLM_ATTENTION_DQ=atomic (cuDNN's dQ summed in fp32)
+#      (GPU_SIMT=0 / GPU_WMMA=0 / GPU_MMA=0 / GPU_CUDNN=0 / GPU_ATT_GRID=0 / GPU_ATT_DQ=0: not run);
 #   6. each model once more at shardlm's micro-batch with SHARDLM_FUSED_KERNELS=0 (the norm backward
 #      and cross-entropy as the earlier separate kernels, the MLP's GELU gradient outside the GEMM
 #      epilogue), for the before / after table of the fused kernels (GPU_SPLIT=0: not run), with
@@ -52,7 +53,8 @@
 #   GPU_STEPS=6  GPU_WARMUP=2  GPU_TORCH=1 (0: shardlm only)  GPU_COMPILE=1 (0: no torch.compile rows)
 #   GPU_VARIANT_MODELS (default GPU_MODELS: the models of the comparison rows of step 5-6)
 #   GPU_LIKE=1 (0: no like-for-like rows)  GPU_SIMT=1 (0: no CUDA-core attention rows)
-#   GPU_WMMA=1 (0: no WMMA attention rows)  GPU_CUDNN=1 (0: no cuDNN attention rows)
+#   GPU_WMMA=1 (0: no WMMA attention rows)  GPU_MMA=1 (0: no mma.sync attention row)
+#   GPU_CUDNN=1 (0: no row of cuDNN with dQ in fp32)
 #   GPU_ATT_GRID=1 (0: no attention-grid rows)
 #   GPU_ATT_DQ=1 (0: no atomic-dQ attention rows)
 #   GPU_SPLIT=1 (0: no separate-kernel rows)  GPU_AUTOTUNE=1 (0: no autotuned-GEMM rows)
@@ -294,18 +296,20 @@ variant_rows() {
         publish
     done
 }
-# the attention: cuDNN's fused flash attention (issue 14 item 2: decide between it and the mma.sync
-# kernels by measuring both), bf16 attention on the CUDA-core kernels and on the WMMA tensor-core ones
-variant_rows GPU_CUDNN shardlm-cudnn SHARDLM_ATTENTION=cudnn "attention through cuDNN's fused flash attention"
+# the attention: training's default (SHARDLM_ATTENTION=auto) is cuDNN's fused flash attention since
+# 2026-11-28 (H200: 112.4 against 127.7 ms a GPT-2 124M step); the mma.sync kernels beside it, then
+# cuDNN with dQ summed in fp32, bf16 attention on the CUDA-core kernels and on the WMMA ones. The
+# mma.sync kernels' own modes name SHARDLM_ATTENTION=mma
+variant_rows GPU_MMA shardlm-mma SHARDLM_ATTENTION=mma "attention on the mma.sync kernels"
 variant_rows GPU_CUDNN shardlm-cudnnsum "SHARDLM_ATTENTION=cudnn SHARDLM_ATTENTION_DQ=atomic" \
     "cuDNN's fused attention, dQ summed in fp32 in any order"
 variant_rows GPU_SIMT shardlm-simt SHARDLM_ATTENTION=simt "attention on the CUDA cores"
 variant_rows GPU_WMMA shardlm-wmma SHARDLM_ATTENTION=tc "attention on WMMA tensor-core tiles"
-variant_rows GPU_ATT_GRID shardlm-attgrid SHARDLM_ATTENTION_GRID=heads "mma.sync attention blocks in chunks of heads"
-variant_rows GPU_ATT_DQ shardlm-attdq SHARDLM_ATTENTION_DQ=atomic "mma.sync attention backward with dQ by atomics"
-variant_rows GPU_ATT_DQ shardlm-attboth "SHARDLM_ATTENTION_GRID=heads SHARDLM_ATTENTION_DQ=atomic" \
+variant_rows GPU_ATT_GRID shardlm-attgrid "SHARDLM_ATTENTION=mma SHARDLM_ATTENTION_GRID=heads" "mma.sync attention blocks in chunks of heads"
+variant_rows GPU_ATT_DQ shardlm-attdq "SHARDLM_ATTENTION=mma SHARDLM_ATTENTION_DQ=atomic" "mma.sync attention backward with dQ by atomics"
+variant_rows GPU_ATT_DQ shardlm-attboth "SHARDLM_ATTENTION=mma SHARDLM_ATTENTION_GRID=heads SHARDLM_ATTENTION_DQ=atomic" \
     "mma.sync attention in chunks of heads, dQ by atomics"
-variant_rows GPU_ATT_DQ shardlm-attorder SHARDLM_ATTENTION_DQ=ordered \
+variant_rows GPU_ATT_DQ shardlm-attorder "SHARDLM_ATTENTION=mma SHARDLM_ATTENTION_DQ=ordered" \
     "mma.sync attention backward with dQ by atomics in key-tile order"
 # the fused kernels: the norm backward, the cross-entropy and the MLP's GELU gradient as separate
 # kernels, for the before / after table

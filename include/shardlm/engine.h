@@ -82,6 +82,7 @@ typedef struct {
                               // under bf16 with bf16 activation storage and no ZeRO (model->params is the master)
     int last_step_skipped;    // the last step found non-finite gradients and changed nothing
     double last_step_scale;   // the loss scale the last step's gradients were computed with
+    int training_noted;       // counted by sl_attention_training (SHARDLM_ATTENTION=auto: cuDNN in training)
 } sl_engine;
 
 // DeepSpeed's zero_to_fp32: turns a checkpoint saved at any world size / ZeRO stage (a root, using

@@ -15,10 +15,13 @@ extern "C" {
 enum { SL_GEMM_AUTO, SL_GEMM_OPENBLAS, SL_GEMM_ONEDNN };
 // SHARDLM_ATTENTION's values (sl_settings.attention): simt (the GPU's CUDA-core kernels; on the CPU the
 // staged fp32 attention), tc (the GPU's WMMA tensor-core kernels of attention_tc.cu; oneDNN on the CPU),
-// mma (the default: the GPU's mma.sync kernels of attention_mma.cu; on the CPU as tc), cudnn (the GPU's
-// bf16 attention through cuDNN's fused flash attention, attention_cudnn.cu, loaded at run time; a call
-// it does not take goes to the mma.sync kernels; on the CPU as tc).
-enum { SL_ATTENTION_SIMT, SL_ATTENTION_TC, SL_ATTENTION_MMA, SL_ATTENTION_CUDNN };
+// mma (the GPU's mma.sync kernels of attention_mma.cu; on the CPU as tc), cudnn (the GPU's bf16
+// attention through cuDNN's fused flash attention, attention_cudnn.cu, loaded at run time; a call it
+// does not take goes to the mma.sync kernels; on the CPU as tc), auto (the default: cudnn while a
+// training engine is alive, where libcudnn loads and builds the call's plan, else mma; generation
+// stays on mma, since cuDNN compiles a plan for every new prompt length; on the CPU as tc):
+// sl_attention_kind() resolves it.
+enum { SL_ATTENTION_SIMT, SL_ATTENTION_TC, SL_ATTENTION_MMA, SL_ATTENTION_CUDNN, SL_ATTENTION_AUTO };
 // SHARDLM_ATTENTION_GRID's values (sl_settings.attention_grid): the order in which the mma.sync attention
 // kernels hand out their (head, tile) blocks. tiles (the default): every head's longest tile first, then
 // every head's next; heads: chunks of heads one after another (src/ops/cuda/attention_grid.h), so the
@@ -37,7 +40,7 @@ typedef struct {
     int tf32;                  // SHARDLM_TF32=1: fp32 GEMMs on the GPU may use TF32 tensor cores (default 0)
     int gelu_epilogue;         // SHARDLM_GELU_EPILOGUE=0: GPT-2's GELU outside the cuBLASLt epilogue (default 1)
     int bias_grad_epilogue;    // SHARDLM_BIAS_GRAD_EPILOGUE=0: GPU bias gradients by a column-sum kernel, not BGRADB (default 1)
-    int attention;             // SHARDLM_ATTENTION=tc|simt|mma|cudnn: the bf16 attention (SL_ATTENTION_*; default mma)
+    int attention;             // SHARDLM_ATTENTION=tc|simt|mma|cudnn|auto: the bf16 attention (SL_ATTENTION_*; default auto)
     int attention_grid;        // SHARDLM_ATTENTION_GRID=tiles|heads: the mma.sync attention's block order (default tiles)
     int attention_dq;          // SHARDLM_ATTENTION_DQ=split|atomic|ordered: its backward's dQ (SL_ATTENTION_DQ_*; default split)
     int cudnn_workspace_mb;    // SHARDLM_CUDNN_WORKSPACE_MB: the most cuDNN's attention workspace may take (MiB; default 512)
@@ -61,8 +64,17 @@ typedef struct {
 // (Re)reads every variable; -1 with a message naming the first malformed one (a malformed variable
 // keeps its default, the others are read). `shardlm` calls it once at start; tests after setenv.
 int sl_settings_load(void);
-// SHARDLM_ATTENTION's word for an SL_ATTENTION_* value ("mma", "tc", "simt", "cudnn"; "?" for another).
+// SHARDLM_ATTENTION's word for an SL_ATTENTION_* value ("mma", "tc", "simt", "cudnn", "auto"; "?" for another).
 const char *sl_attention_name(int attention);
+// The training engine says when it starts and ends (sl_engine_init / sl_engine_free: a count, so nested
+// engines work): what SHARDLM_ATTENTION=auto reads.
+void sl_attention_training(int begin);
+// Under auto, the GPU's cuDNN path says it cannot serve this process (no libcudnn, a refused graph, a
+// T the loaded version does not take): auto resolves to mma from then on (the reason is logged once).
+void sl_attention_cudnn_unusable(void);
+// SHARDLM_ATTENTION resolved: its value, or for auto SL_ATTENTION_CUDNN while a training engine is
+// alive (and cuDNN was not found unusable) and SL_ATTENTION_MMA otherwise.
+int sl_attention_kind(void);
 // SHARDLM_ATTENTION_GRID's word for an SL_ATTENTION_GRID_* value ("tiles", "heads"; "?" for another).
 const char *sl_attention_grid_name(int grid);
 // SHARDLM_ATTENTION_DQ's word for an SL_ATTENTION_DQ_* value ("split", "atomic", "ordered"; "?" for another).

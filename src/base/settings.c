@@ -8,7 +8,7 @@
 #include <string.h>
 
 #define DEFAULTS                                                                                         \
-    {.gelu_epilogue = 1, .bias_grad_epilogue = 1, .attention = SL_ATTENTION_MMA, .ce_row_smem = 1,       \
+    {.gelu_epilogue = 1, .bias_grad_epilogue = 1, .attention = SL_ATTENTION_AUTO, .ce_row_smem = 1,       \
      .cudnn_workspace_mb = 512, .fused_kernels = 1, .bf16_storage = 1, .cpu_bf16 = 1, .log_level = 1,    \
      .heartbeat_interval_ms = 1000, .terminal = 1}
 static sl_settings settings = DEFAULTS;
@@ -18,7 +18,7 @@ static const struct { const char *name, *meaning; } variables[] = {
     {"SHARDLM_TF32", "1: fp32 GEMMs on the GPU may use TF32 tensor cores (default 0: exact fp32)"},
     {"SHARDLM_GELU_EPILOGUE", "0: GPT-2's GELU as its own kernel instead of cuBLASLt's epilogue (default 1)"},
     {"SHARDLM_BIAS_GRAD_EPILOGUE", "0: a linear layer's bias gradient on the GPU as a column-sum kernel after the GEMMs instead of cuBLASLt's BGRADB epilogue on the dweight GEMM (default 1; not yet run on a GPU)"},
-    {"SHARDLM_ATTENTION", "mma (default): on the GPU the mma.sync tensor-core kernels with fragments in registers; cudnn: cuDNN's fused flash attention, loaded at run time (calls it does not take go to mma; not yet run on a GPU); tc: the WMMA tensor-core kernels; simt: the CUDA-core kernels; on the CPU simt is the staged fp32 attention, tc, mma and cudnn oneDNN bf16 matmuls"},
+    {"SHARDLM_ATTENTION", "auto (default): on the GPU cuDNN's fused flash attention in training (H200 2026-11-28: GPT-2 124M B=64 attention 33.8 -> 23.2 ms a step), the mma.sync kernels elsewhere and wherever cuDNN is missing or refuses a call; mma: the mma.sync tensor-core kernels with fragments in registers; cudnn: cuDNN's fused flash attention, loaded at run time, in generation too (calls it does not take go to mma; a missing libcudnn is an error); tc: the WMMA tensor-core kernels; simt: the CUDA-core kernels; on the CPU simt is the staged fp32 attention, the others oneDNN bf16 matmuls"},
     {"SHARDLM_CUDNN_WORKSPACE_MB", "the most workspace (MiB, 1 .. 1048576; default 512) one cuDNN attention call may take: a batch whose workspace would pass it runs in slices of sequences, one call each (the deterministic backward needs 2 bytes a score: 24 MiB a GPT-2 sequence at T 1024)"},
     {"SHARDLM_ATTENTION_GRID", "heads: the GPU's mma.sync attention kernels take their blocks in chunks of heads that fit a share of L2 (longest tiles first in each), so the blocks running at once share K and V through L2; tiles (default): every head's longest tile first. The same bits either way (A/B timing, not yet run on a GPU)"},
     {"SHARDLM_ATTENTION_DQ", "atomic: the GPU's mma.sync attention backward adds dQ inside the dK/dV kernel with fp32 atomics (head dims up to 64; two tile products fewer, but dQ is not bit-reproducible run to run; H200: backward 35.8 -> 30.8 ms a GPT-2 124M B=64 step); ordered: the same, each dQ sum taking its key tiles in order, so bit-reproducible (not yet run on a GPU); split (default): dQ by a kernel of its own, deterministic"},
@@ -87,10 +87,24 @@ static void read_int(const char *name, int lo, int hi, int *out) {
 
 // SHARDLM_ATTENTION's words, at their SL_ATTENTION_* values.
 static const char *const attention_words[] = {[SL_ATTENTION_SIMT] = "simt", [SL_ATTENTION_TC] = "tc",
-                                              [SL_ATTENTION_MMA] = "mma", [SL_ATTENTION_CUDNN] = "cudnn"};
+                                              [SL_ATTENTION_MMA] = "mma", [SL_ATTENTION_CUDNN] = "cudnn",
+                                              [SL_ATTENTION_AUTO] = "auto"};
 
 const char *sl_attention_name(int attention) {
-    return attention >= 0 && attention < 4 ? attention_words[attention] : "?";
+    return attention >= 0 && attention < 5 ? attention_words[attention] : "?";
+}
+
+static int training_engines;  // engines alive (sl_attention_training); one host thread, as the ops
+static int cudnn_unusable;    // sl_attention_cudnn_unusable was called
+
+void sl_attention_training(int begin) { training_engines += begin ? 1 : (training_engines > 0 ? -1 : 0); }
+
+void sl_attention_cudnn_unusable(void) { cudnn_unusable = 1; }
+
+int sl_attention_kind(void) {
+    const int a = sl_settings_get()->attention;
+    if (a != SL_ATTENTION_AUTO) return a;
+    return training_engines > 0 && !cudnn_unusable ? SL_ATTENTION_CUDNN : SL_ATTENTION_MMA;
 }
 
 // SHARDLM_ATTENTION_GRID's words, at their SL_ATTENTION_GRID_* values.
@@ -106,14 +120,15 @@ const char *sl_attention_dq_name(int dq) { return dq >= 0 && dq < 3 ? dq_words[d
 
 int sl_settings_load(void) {
     static const char *const levels[] = {"debug", "info", "warn", "error"};
-    static const int attention_v[] = {SL_ATTENTION_SIMT, SL_ATTENTION_TC, SL_ATTENTION_MMA, SL_ATTENTION_CUDNN},
+    static const int attention_v[] = {SL_ATTENTION_SIMT, SL_ATTENTION_TC, SL_ATTENTION_MMA, SL_ATTENTION_CUDNN,
+                                      SL_ATTENTION_AUTO},
                      levels_v[] = {0, 1, 2, 3};
     sl_settings s = DEFAULTS;
     first_error[0] = '\0';
     read_switch("SHARDLM_TF32", &s.tf32);
     read_switch("SHARDLM_GELU_EPILOGUE", &s.gelu_epilogue);
     read_switch("SHARDLM_BIAS_GRAD_EPILOGUE", &s.bias_grad_epilogue);
-    read_word("SHARDLM_ATTENTION", attention_words, attention_v, 4, &s.attention, "tc, simt, mma or cudnn");
+    read_word("SHARDLM_ATTENTION", attention_words, attention_v, 5, &s.attention, "auto, mma, cudnn, tc or simt");
     static const int grid_v[] = {SL_ATTENTION_GRID_TILES, SL_ATTENTION_GRID_HEADS};
     read_word("SHARDLM_ATTENTION_GRID", grid_words, grid_v, 2, &s.attention_grid, "tiles or heads");
     static const int dq_v[] = {SL_ATTENTION_DQ_SPLIT, SL_ATTENTION_DQ_ATOMIC, SL_ATTENTION_DQ_ORDERED};

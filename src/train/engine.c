@@ -9,6 +9,7 @@
 #include "engine_internal.h"
 #include "shardlm/error.h"
 #include "shardlm/fileio.h"
+#include "shardlm/settings.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -157,11 +158,15 @@ int sl_engine_init(sl_engine *e, sl_model *model, const sl_engine_config *cfg) {
         model->unit_hook = engine_unit_hook;
         model->unit_hook_ctx = e;
     }
+    sl_attention_training(1);  // SHARDLM_ATTENTION=auto: cuDNN's fused attention while this engine lives
+    e->training_noted = 1;
     return 0;
 }
 
 void sl_engine_free(sl_engine *e) {
     if (!e->model) return;
+    if (e->training_noted) sl_attention_training(0);
+    e->training_noted = 0;
     engine_precision_free(e);
     for (int i = 0; i < 2; i++)
         if (e->optim_state[i]) e->model->ops->dealloc(e->optim_state[i]);

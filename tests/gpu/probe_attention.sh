@@ -54,7 +54,7 @@ for spec in mma_dkdv_kernel:split mma_dq_kernel:split mma_forward_kernel:split c
     residual_layernorm_forward_kernel:split norm_backward_fused_kernel:split; do
   k=${spec%%:*} dq=${spec##*:} name=${spec%%:*}_${spec##*:}
   left 60 "ncu_$name" || break
-  SHARDLM_ATTENTION_DQ=$dq timeout -k 10 90 "$ncu" --kernel-name "regex:$k" --launch-count 1 --set full \
+  SHARDLM_ATTENTION=mma SHARDLM_ATTENTION_DQ=$dq timeout -k 10 90 "$ncu" --kernel-name "regex:$k" --launch-count 1 --set full \
     --import-source no --clock-control none -o "$logdir/$name" -f "$B/bench_train" "${step[@]}" \
     >"$logdir/ncu_$name.txt" 2>&1
   rc=$?
@@ -87,15 +87,17 @@ racecheck_ok() {
 }
 cs=$(command -v compute-sanitizer || echo "$CUDA_HOME/bin/compute-sanitizer")
 start=$SECONDS
-# the default kernels on both models first, then the opt-in modes (as many as the budget holds)
-for mode in default SHARDLM_ATTENTION_DQ=ordered SHARDLM_ATTENTION_DQ=atomic SHARDLM_ATTENTION_GRID=heads \
-    SHARDLM_CE_ROW_SMEM=0; do
+# the default kernels on both models first (training's attention: cuDNN's), then the mma.sync kernels
+# and their opt-in modes (as many as the budget holds)
+for mode in default SHARDLM_ATTENTION=mma SHARDLM_ATTENTION_DQ=ordered SHARDLM_ATTENTION_DQ=atomic \
+    SHARDLM_ATTENTION_GRID=heads SHARDLM_CE_ROW_SMEM=0; do
+  att=mma; [ "$mode" = default ] && att=auto
   for model in gpt2-demo llama-demo; do
     for tool in racecheck memcheck; do
       [ "$mode" != default ] && [ "$model" = llama-demo ] && [ "$mode" != SHARDLM_ATTENTION_DQ=ordered ] && continue
       tag=${model}_${tool}_$(echo "${mode#SHARDLM_}" | tr 'A-Z=' 'a-z_')
       left 30 "sanitizer_$tag" || break 3
-      env ${mode/default/SHARDLM_PROBE=1} timeout -k 10 90 "$cs" --tool "$tool" --error-exitcode 99 \
+      env SHARDLM_ATTENTION=$att ${mode/default/SHARDLM_PROBE=1} timeout -k 10 90 "$cs" --tool "$tool" --error-exitcode 99 \
         "$B/bench_train" --model "$model" --device cuda --precision bf16 --seq 256 --batch 2 --steps 2 --warmup 0 \
         >"$logdir/sanitizer_$tag.txt" 2>&1
       rc=$?

@@ -13,8 +13,9 @@
 #   3. test_model_cuda (the model's loss and gradients against the CPU, LoRA too) and test_generate_cuda;
 #   3b. `shardlm train --device cuda` with LoRA adapters, fp32 and bf16 (the CLI's path, a corpus made here);
 #   4. bench/gpu.sh for GPT-2 124M and 355M: shardlm with its per-op profile, PyTorch eager and
-#      torch.compile (SESSION_TORCH=0: not); then on 124M the comparison rows: SHARDLM_ATTENTION=cudnn
-#      (cuDNN's fused attention, both backward forms, against the default mma.sync kernels),
+#      torch.compile (SESSION_TORCH=0: not); then on 124M the comparison rows: SHARDLM_ATTENTION=mma
+#      (the mma.sync kernels against training's default, cuDNN's fused attention) and cuDNN's other
+#      backward form (SHARDLM_ATTENTION_DQ=atomic),
 #      SHARDLM_FUSED_KERNELS=0 (the fused kernels before / after), SHARDLM_CE_ROW_SMEM=0 / 2,
 #      SHARDLM_GELU_EPILOGUE=0, SHARDLM_BIAS_GRAD_EPILOGUE=0 (bias gradients by the column-sum kernels)
 #      and SHARDLM_GEMM_AUTOTUNE=1 (cuBLASLt's algorithms timed per shape), same
@@ -202,7 +203,7 @@ if [ "${SESSION_NCU:-1}" = 1 ] && [ "${SHARDLM_GPU_SUITE_DRY:-0}" != 1 ] && left
     for k in mma_forward_kernel mma_dkdv_kernel mma_dq_kernel; do
       left 40 "ncu_${grid}_$k" || break 2
       rows=$(grep -c "$k" "$logdir/ncu.csv" 2>/dev/null)
-      SHARDLM_ATTENTION_GRID=$grid timeout -k 10 60 "$ncu" --kernel-name "regex:$k" --launch-count 1 \
+      SHARDLM_ATTENTION=mma SHARDLM_ATTENTION_GRID=$grid timeout -k 10 60 "$ncu" --kernel-name "regex:$k" --launch-count 1 \
         --section SpeedOfLight --section Occupancy --section MemoryWorkloadAnalysis \
         --section ComputeWorkloadAnalysis --csv --page details \
         "$B/bench_train" --model gpt2 --device cuda --precision bf16 --seq 1024 --batch 64 --steps 1 --warmup 0 \

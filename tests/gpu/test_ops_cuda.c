@@ -1654,9 +1654,10 @@ int main(int argc, char **argv) {
     }
 
     if (group("attention_mma")) {
-        // The register-resident mma.sync kernels (attention_mma.cu, SHARDLM_ATTENTION=mma, the default)
-        // on every shape of the bf16 group, against the CPU's bf16 emulation, with their launch counter
-        // (the bf16 group runs them too, as the default); a group of their own, so a fault in them
+        // The register-resident mma.sync kernels (attention_mma.cu: SHARDLM_ATTENTION=mma, and auto's
+        // choice outside a training engine, as here) on every shape of the bf16 group, against the CPU's
+        // bf16 emulation, with their launch counter (the bf16 group runs them too, as auto's choice
+        // here); a group of their own, so a fault in them
         // cannot hide the bf16 group's results.
         const sl_ops *fp32_gpu = gpu;
         if (bf16_tables()) {

@@ -113,23 +113,59 @@ TEST(simt_setting_keeps_the_staged_attention) {
     free(qkv); free(a); free(b);
 }
 
-// SHARDLM_ATTENTION takes mma (the default: the GPU's mma.sync kernels; on the CPU the oneDNN kernels as
-// with tc), tc, simt and cudnn (the GPU's cuDNN path; on the CPU as tc); anything else is refused with a message naming the variable and the choices.
+// SHARDLM_ATTENTION takes auto (the default: cuDNN's fused attention in training on the GPU, the
+// mma.sync kernels elsewhere; on the CPU the oneDNN kernels as with tc), mma, tc, simt and cudnn (the
+// GPU's cuDNN path; on the CPU as tc); anything else is refused with a message naming the variable and
+// the choices.
 TEST(attention_setting_words) {
-    static const struct { const char *word; int value; } words[] = {{"tc", SL_ATTENTION_TC}, {"simt", SL_ATTENTION_SIMT}, {"mma", SL_ATTENTION_MMA},
-                                                                     {"cudnn", SL_ATTENTION_CUDNN}};
-    for (int i = 0; i < 4; i++) {
+    static const struct { const char *word; int value; } words[] = {
+        {"tc", SL_ATTENTION_TC}, {"simt", SL_ATTENTION_SIMT}, {"mma", SL_ATTENTION_MMA},
+        {"cudnn", SL_ATTENTION_CUDNN}, {"auto", SL_ATTENTION_AUTO}};
+    for (int i = 0; i < 5; i++) {
         setenv("SHARDLM_ATTENTION", words[i].word, 1);
         CHECK(sl_settings_load() == 0);
         CHECK_MSG(sl_settings_get()->attention == words[i].value, "%s gave %d", words[i].word,
                   sl_settings_get()->attention);
+        CHECK(!strcmp(sl_attention_name(words[i].value), words[i].word));
     }
     setenv("SHARDLM_ATTENTION", "flash", 1);
     CHECK(sl_settings_load() != 0);
-    CHECK_MSG(strstr(sl_error(), "SHARDLM_ATTENTION") && strstr(sl_error(), "tc, simt, mma or cudnn"), "message: %s", sl_error());
+    CHECK_MSG(strstr(sl_error(), "SHARDLM_ATTENTION") && strstr(sl_error(), "auto, mma, cudnn, tc or simt"),
+              "message: %s", sl_error());
     unsetenv("SHARDLM_ATTENTION");
     CHECK(sl_settings_load() == 0);
-    CHECK(sl_settings_get()->attention == SL_ATTENTION_MMA);
+    CHECK(sl_settings_get()->attention == SL_ATTENTION_AUTO);
+}
+
+// auto resolves to cudnn while a training engine lives (counted: nested engines), to mma otherwise and
+// for good once the cuDNN path said it cannot serve the process; a named choice is itself throughout.
+TEST(attention_auto_resolves) {
+    unsetenv("SHARDLM_ATTENTION");
+    CHECK(sl_settings_load() == 0);
+    CHECK(sl_attention_kind() == SL_ATTENTION_MMA);     // generation: no engine
+    sl_attention_training(1);
+    CHECK(sl_attention_kind() == SL_ATTENTION_CUDNN);   // training
+    sl_attention_training(1);
+    sl_attention_training(0);
+    CHECK(sl_attention_kind() == SL_ATTENTION_CUDNN);   // one engine of two ended
+    setenv("SHARDLM_ATTENTION", "mma", 1);
+    CHECK(sl_settings_load() == 0);
+    CHECK(sl_attention_kind() == SL_ATTENTION_MMA);     // named: itself
+    unsetenv("SHARDLM_ATTENTION");
+    CHECK(sl_settings_load() == 0);
+    sl_attention_training(0);
+    CHECK(sl_attention_kind() == SL_ATTENTION_MMA);     // both ended
+    sl_attention_training(0);                           // one end too many: stays at none
+    sl_attention_training(1);
+    CHECK(sl_attention_kind() == SL_ATTENTION_CUDNN);
+    sl_attention_cudnn_unusable();
+    CHECK(sl_attention_kind() == SL_ATTENTION_MMA);     // cuDNN refused: mma from then on
+    setenv("SHARDLM_ATTENTION", "cudnn", 1);
+    CHECK(sl_settings_load() == 0);
+    CHECK(sl_attention_kind() == SL_ATTENTION_CUDNN);   // named: itself (its failures are errors)
+    unsetenv("SHARDLM_ATTENTION");
+    CHECK(sl_settings_load() == 0);
+    sl_attention_training(0);
 }
 
 TEST_MAIN()

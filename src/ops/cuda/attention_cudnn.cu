@@ -49,6 +49,25 @@ extern "C" {
 namespace {
 
 unsigned long calls;  // forward and backward calls queued through cuDNN (cuda_attention_cudnn_calls)
+
+// SHARDLM_ATTENTION=cudnn asked for by name: then a missing or refusing cuDNN is an error. Under auto
+// (cuDNN in training) the call goes to the mma.sync kernels instead, the reason logged once.
+bool named() { return sl_settings_get()->attention == SL_ATTENTION_CUDNN; }
+bool fall_back(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+bool fall_back(const char *fmt, ...) {
+    static bool said;
+    if (!said) {
+        char why[600];
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(why, sizeof why, fmt, ap);
+        va_end(ap);
+        sl_log(SL_LOG_INFO, "attention: cuDNN's fused attention is not used (%s); the mma.sync kernels instead", why);
+        said = true;
+    }
+    sl_attention_cudnn_unusable();  // auto resolves to mma from now on
+    return false;
+}
 unsigned long plans_built;              // cuda_attention_cudnn_plans: plans built, ...
 double plan_seconds, plan_longest;      // ... their wall seconds in all and the longest's
 
@@ -57,7 +76,7 @@ double plan_seconds, plan_longest;      // ... their wall seconds in all and the
 // refuses a 1 x 1 score matrix), and 16-byte aligned buffers (every tensor, lse included, is declared
 // 16-byte aligned; the views' offsets, multiples of HD elements, keep that).
 bool takes(int T, int HD, const void *a, const void *b, const void *c, const float *lse) {
-    return sl_settings_get()->attention == SL_ATTENTION_CUDNN && HD % 8 == 0 && HD >= 16 && HD <= 128 && T > 1 &&
+    return sl_attention_kind() == SL_ATTENTION_CUDNN && HD % 8 == 0 && HD >= 16 && HD <= 128 && T > 1 &&
            sl_aligned16(a) && sl_aligned16(b) && (!c || sl_aligned16(c)) && sl_aligned16(lse);
 }
 
@@ -494,19 +513,26 @@ plan *plan_for(bool backward, bool deterministic, int B, int T, int NH, int NKV,
 }
 
 // Loads cuDNN and the handle on the backend's stream, for a call over T tokens: 1 to go on, 0 when the
-// loaded version leaves that T to the mma.sync kernels (see ANY_T_VERSION), -1 with the failure recorded.
+// loaded version leaves that T to the mma.sync kernels (see ANY_T_VERSION) or, under auto, when cuDNN
+// cannot be used, -1 with the failure recorded.
 int ready(int T) {
     if (dnn_load() != 0) {
+        if (!named()) return fall_back("%s", dnn_why);
         sl_cuda_record_failure("SHARDLM_ATTENTION=cudnn: %s", dnn_why);
         return -1;
     }
-    if (dnn_version < ANY_T_VERSION && T % 128) return 0;
+    if (dnn_version < ANY_T_VERSION && T % 128) {
+        if (!named())
+            return fall_back("libcudnn %zu takes T a multiple of 128 here (9.16 any T), and T is %d", dnn_version, T);
+        return 0;
+    }
     if (!dnn_handle) {
         cudnnStatus_t st = dnn.cudnnCreate(&dnn_handle);
         if (st == CUDNN_STATUS_SUCCESS) st = dnn.cudnnSetStream(dnn_handle, sl_cuda_stream());
         if (st != CUDNN_STATUS_SUCCESS) {
             if (dnn_handle) dnn.cudnnDestroy(dnn_handle);
             dnn_handle = NULL;
+            if (!named()) return fall_back("cudnnCreate / cudnnSetStream failed: %s", dnn.cudnnGetErrorString(st));
             sl_cuda_record_failure("SHARDLM_ATTENTION=cudnn: cudnnCreate / cudnnSetStream failed: %s",
                                    dnn.cudnnGetErrorString(st));
             return -1;
@@ -597,6 +623,7 @@ bool attention_cudnn_forward(__nv_bfloat16 *out, float *lse, const __nv_bfloat16
     for (int b0 = 0; b0 < B; b0 += slice) {  // slice by slice: the views of `n` sequences, moved on by b0
         const int n = B - b0 < slice ? B - b0 : slice;
         plan *p = plan_for(false, false, n, T, NH, NKV, HD);
+        if (!p->exec && !named()) return fall_back("the forward graph for B %d T %d: %s", n, T, p->g.err);
         const sl_att_views v = sl_att_cudnn_views(n, T, NH, NKV, HD);
         const __nv_bfloat16 *x = qkv + b0 * v.q.stride[0];
         void *const ptrs[] = {at(x, v.q.offset), at(x, v.k.offset), at(x, v.v.offset), out + b0 * v.o.stride[0],
@@ -605,6 +632,7 @@ bool attention_cudnn_forward(__nv_bfloat16 *out, float *lse, const __nv_bfloat16
     }
 #else
     (void)lse, (void)B, (void)NH, (void)NKV, (void)scale;
+    if (!named()) return fall_back("this build found no cudnn_graph.h");
     no_header();
 #endif
     return true;
@@ -631,6 +659,7 @@ bool attention_cudnn_backward(__nv_bfloat16 *dqkv, const __nv_bfloat16 *dout, co
     for (int b0 = 0; b0 < B; b0 += slice) {
         const int n = B - b0 < slice ? B - b0 : slice;
         plan *p = plan_for(true, deterministic, n, T, NH, NKV, HD);
+        if (!p->exec && !named()) return fall_back("the backward graph for B %d T %d: %s", n, T, p->g.err);
         const sl_att_views v = sl_att_cudnn_views(n, T, NH, NKV, HD);
         const __nv_bfloat16 *x = qkv + b0 * v.q.stride[0], *dx = dqkv + b0 * v.q.stride[0];
         const int64_t o = b0 * v.o.stride[0];
@@ -643,6 +672,7 @@ bool attention_cudnn_backward(__nv_bfloat16 *dqkv, const __nv_bfloat16 *dout, co
     }
 #else
     (void)out, (void)lse, (void)B, (void)NH, (void)NKV, (void)scale;
+    if (!named()) return fall_back("this build found no cudnn_graph.h");
     no_header();
 #endif
     return true;

@@ -854,10 +854,10 @@ void launch_backward(bf16 *dqkv, const bf16 *dout, const bf16 *qkv, const float 
     else launch_backward_in<D, false>(dqkv, dout, qkv, lse, delta, B, T, NH, NKV, scale);
 }
 
-// SHARDLM_ATTENTION=mma (the default) picks these kernels; under =cudnn they take the calls cuDNN's path
-// does not (attention_cudnn.cuh).
+// SHARDLM_ATTENTION=mma picks these kernels, and auto outside training; under cudnn (auto in training)
+// they take the calls cuDNN's path does not (attention_cudnn.cuh).
 bool mma_enabled() {
-    const int a = sl_settings_get()->attention;
+    const int a = sl_attention_kind();
     return a == SL_ATTENTION_MMA || a == SL_ATTENTION_CUDNN;
 }
 
