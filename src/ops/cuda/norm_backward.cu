@@ -18,6 +18,9 @@
 //   Step 1's second pass reads dinp's row for the first time; the lane prefetches it into L1 before
 //   the first pass (vector path), so its latency overlaps x's and dout's.
 //   At the end thread t writes its columns of acc_w / acc_b to row blockIdx.x of the partials.
+//   Rows of at most NB_LANE_VECS vectors a lane (bf16 C <= 1024: GPT-2 124M and 355M) take
+//   norm_backward_lanes_kernel instead: step 2 folded into step 1's first pass, each lane summing
+//   its own columns' dw / db terms in registers (see it below).
 //   norm_param_reduce_kernel: (32 columns x 8) threads a block; thread (x, y) sums partial rows
 //   y, y + 8, ... in order, then y = 0 adds the 8 sums in y order and ACCUMULATES: dw[c] += sum.
 // Split (SHARDLM_FUSED_KERNELS=0, or C too wide for the shared-memory sums on this GPU): the
@@ -98,6 +101,20 @@ __device__ __forceinline__ float norm_bwd_dx(float dx, float x, float dy, float 
     return __fadd_rn(dx, g);
 }
 
+// The VEC elements of a row's dinp at column c: dx += g, in the second pass over the row (from L1).
+template <typename T, int VEC, bool LN>
+__device__ __forceinline__ void norm_bwd_dx_vec(T *__restrict__ dx, const T *__restrict__ dy, const T *__restrict__ x,
+                                                const T *__restrict__ w, int c, float m, float r, float a, float k) {
+    float xv[VEC], dyv[VEC], wv[VEC], dxv[VEC];
+    load_vec<T, VEC>(xv, x + c);
+    load_vec<T, VEC>(dyv, dy + c);
+    load_vec<T, VEC>(wv, w + c);
+    load_vec<T, VEC>(dxv, dx + c);
+#pragma unroll
+    for (int j = 0; j < VEC; j++) dxv[j] = norm_bwd_dx<LN>(dxv[j], xv[j], dyv[j], wv[j], m, r, a, k);
+    store_vec<T, VEC>(dx + c, dxv);
+}
+
 // dinp (C) += the input gradient of one row, by one warp (lane 0..31, columns of vectors lane,
 // lane + 32, ...): two passes over the row (the second from L1). dx's row is first-read in the
 // second pass, after each vector's store of the one before (the compiler orders them: see the
@@ -120,14 +137,7 @@ __device__ __forceinline__ void norm_backward_row(T *__restrict__ dx, const T *_
     }
     norm_bwd_coefs<LN>(s1, s2, r, C, a, k);
     for (int c = lane * VEC; c < C; c += 32 * VEC) {
-        float xv[VEC], dyv[VEC], wv[VEC], dxv[VEC];
-        load_vec<T, VEC>(xv, x + c);
-        load_vec<T, VEC>(dyv, dy + c);
-        load_vec<T, VEC>(wv, w + c);
-        load_vec<T, VEC>(dxv, dx + c);
-#pragma unroll
-        for (int j = 0; j < VEC; j++) dxv[j] = norm_bwd_dx<LN>(dxv[j], xv[j], dyv[j], wv[j], m, r, a, k);
-        store_vec<T, VEC>(dx + c, dxv);
+        norm_bwd_dx_vec<T, VEC, LN>(dx, dy, x, w, c, m, r, a, k);
     }
 }
 
@@ -211,6 +221,113 @@ static void launch_fused(T *dinp, float *part_w, float *part_b, const T *dout, c
     CUDA_LAUNCH_CHECK();
 }
 
+// ---- fused, the parameter sums in the lanes (C <= 32 VEC NB_LANE_VECS) --------------------------------
+
+// The fused kernel's step 2 re-reads every tile element with scalar loads and recomputes its dw term:
+// on an H200 (2026-11-28) the kernel ran at 58% of DRAM bandwidth with its SMs 69% busy. Where a row
+// is at most NB_LANE_VECS vectors a lane, each lane already holds, in step 1's first pass, the x and
+// dout of the same columns for every row its warp takes (rows r0 + warp, + NB_WARPS, ...), so it sums
+// dw's (and db's) terms there, in registers, in row order; at the block's end the warps' sums meet in
+// shared memory (one C-float row a warp, dw then db) and thread t adds column c's in warp order into
+// the partials. The order is fixed by (N, C): bit-identical run to run (other bits than the
+// tile-ordered kernel's, within the same bounds). Shared memory: NB_WARPS C floats.
+#define NB_LANE_VECS 4  // vectors a lane at most (bf16: C <= 1024, fp32: C <= 512)
+
+template <typename T, int VEC, int VPL, bool LN>
+__global__ void __launch_bounds__(NB_THREADS)
+    norm_backward_lanes_kernel(T *__restrict__ dinp, float *part_w, float *part_b, const T *__restrict__ dout,
+                               const T *__restrict__ inp, const T *__restrict__ w, const float *mean,
+                               const float *rstd, int N, int C, int rows_per_chunk) {
+    extern __shared__ float warp_sums[];  // NB_WARPS rows of C: one parameter's sums, a row a warp
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const bool params = part_w != NULL;
+    const int r0 = blockIdx.x * rows_per_chunk, r1 = r0 + rows_per_chunk < N ? r0 + rows_per_chunk : N;
+    float sw[VPL][VEC], sb[VPL][VEC];
+#pragma unroll
+    for (int v = 0; v < VPL; v++)
+#pragma unroll
+        for (int j = 0; j < VEC; j++) sw[v][j] = sb[v][j] = 0.0f;
+    for (int n = r0 + warp; n < r1; n += NB_WARPS) {
+        const size_t row = (size_t)n * C;
+        const T *x = inp + row, *dy = dout + row;
+        T *dx = dinp + row;
+        const float m = LN ? mean[n] : 0.0f, r = rstd[n];
+#pragma unroll
+        for (int v = 0; v < VPL; v++) {
+            const int c = (lane + 32 * v) * VEC;
+            if (c < C) asm volatile("prefetch.global.L1 [%0];" ::"l"(__cvta_generic_to_global(dx + c)));
+        }
+        float s1 = 0.0f, s2 = 0.0f, a, k;
+#pragma unroll
+        for (int v = 0; v < VPL; v++) {  // pass 1: the row's sums, and the lane's dw / db terms
+            const int c = (lane + 32 * v) * VEC;
+            if (c >= C) continue;
+            float xv[VEC], dyv[VEC], wv[VEC];
+            load_vec<T, VEC>(xv, x + c);
+            load_vec<T, VEC>(dyv, dy + c);
+            load_vec<T, VEC>(wv, w + c);
+#pragma unroll
+            for (int j = 0; j < VEC; j++) {
+                norm_bwd_sums<LN>(s1, s2, xv[j], dyv[j], wv[j], m, r);
+                if (params) {
+                    sw[v][j] = __fadd_rn(sw[v][j], norm_dw_term<LN>(dyv[j], xv[j], m, r));
+                    if (LN) sb[v][j] = __fadd_rn(sb[v][j], dyv[j]);
+                }
+            }
+        }
+        norm_bwd_coefs<LN>(s1, s2, r, C, a, k);
+#pragma unroll
+        for (int v = 0; v < VPL; v++) {  // pass 2 (from L1): dinp
+            const int c = (lane + 32 * v) * VEC;
+            if (c >= C) continue;
+            norm_bwd_dx_vec<T, VEC, LN>(dx, dy, x, w, c, m, r, a, k);
+        }
+    }
+    if (!params) return;  // uniform across the block: no barrier is skipped by some threads only
+    for (int p = 0; p < (LN ? 2 : 1); p++) {
+        if (p) __syncthreads();  // the dw row sums are read before the db ones overwrite them
+#pragma unroll
+        for (int v = 0; v < VPL; v++) {
+            const int c = (lane + 32 * v) * VEC;
+            if (c >= C) continue;
+#pragma unroll
+            for (int j = 0; j < VEC; j++) warp_sums[warp * C + c + j] = p ? sb[v][j] : sw[v][j];
+        }
+        __syncthreads();
+        float *part = p ? part_b : part_w;
+        for (int c = tid; c < C; c += NB_THREADS) {
+            float t = warp_sums[c];
+#pragma unroll
+            for (int i = 1; i < NB_WARPS; i++) t = __fadd_rn(t, warp_sums[i * C + c]);
+            part[(size_t)blockIdx.x * C + c] = t;
+        }
+    }
+}
+
+template <typename T, int VEC, int VPL, bool LN>
+static void launch_lanes(T *dinp, float *part_w, float *part_b, const T *dout, const T *inp, const T *w,
+                         const float *mean, const float *rstd, int N, int C, int rows_per_chunk, int n_chunks) {
+    auto kernel = norm_backward_lanes_kernel<T, VEC, VPL, LN>;
+    const size_t smem = part_w ? sizeof(float) * NB_WARPS * (size_t)C : 0;
+    if (!sl_cuda_allow_smem(kernel, smem)) return;
+    kernel<<<(unsigned int)n_chunks, NB_THREADS, smem, sl_cuda_stream()>>>(dinp, part_w, part_b, dout, inp, w, mean,
+                                                                          rstd, N, C, rows_per_chunk);
+    CUDA_LAUNCH_CHECK();
+}
+
+// The lanes kernel for C's vectors a lane (1 .. NB_LANE_VECS); false when C is wider.
+template <typename T, int VEC, bool LN>
+static bool lanes(T *dinp, float *part_w, float *part_b, const T *dout, const T *inp, const T *w, const float *mean,
+                  const float *rstd, int N, int C, int rows_per_chunk, int n_chunks) {
+    switch ((C + 32 * VEC - 1) / (32 * VEC)) {
+    case 1: launch_lanes<T, VEC, 1, LN>(dinp, part_w, part_b, dout, inp, w, mean, rstd, N, C, rows_per_chunk, n_chunks); return true;
+    case 2: launch_lanes<T, VEC, 2, LN>(dinp, part_w, part_b, dout, inp, w, mean, rstd, N, C, rows_per_chunk, n_chunks); return true;
+    case 3: launch_lanes<T, VEC, 3, LN>(dinp, part_w, part_b, dout, inp, w, mean, rstd, N, C, rows_per_chunk, n_chunks); return true;
+    case 4: launch_lanes<T, VEC, 4, LN>(dinp, part_w, part_b, dout, inp, w, mean, rstd, N, C, rows_per_chunk, n_chunks); return true;
+    default: return false;
+    }
+}
+
 // ---- split path (SHARDLM_FUSED_KERNELS=0, or C too wide) -----------------------------------------
 
 // dinp (N,C) += the input gradient. One warp per row, scalar loads.
@@ -291,7 +408,10 @@ static void norm_backward(T *dinp, float *dw, float *db, const T *dout, const T 
     const cudaDeviceProp *p = sl_cuda_device_props();
     if (sl_settings_get()->fused_kernels && (!p || smem <= p->sharedMemPerBlockOptin)) {
         constexpr int VEC = 16 / sizeof(T);
-        if (C % VEC == 0 && sl_aligned16(dinp) && sl_aligned16(dout) && sl_aligned16(inp) && sl_aligned16(w))
+        const bool vec = C % VEC == 0 && sl_aligned16(dinp) && sl_aligned16(dout) && sl_aligned16(inp) && sl_aligned16(w);
+        if (vec && lanes<T, VEC, LN>(dinp, part_w, part_b, dout, inp, w, mean, rstd, N, C, rows_per_chunk, n_chunks))
+            ;  // the parameter sums in the lanes (rows of at most NB_LANE_VECS vectors a lane)
+        else if (vec)
             launch_fused<T, VEC, LN>(dinp, part_w, part_b, dout, inp, w, mean, rstd, N, C, rows_per_chunk, n_chunks, smem);
         else
             launch_fused<T, 1, LN>(dinp, part_w, part_b, dout, inp, w, mean, rstd, N, C, rows_per_chunk, n_chunks, smem);
