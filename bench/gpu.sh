@@ -18,7 +18,8 @@
 #      inside the dK/dV kernel by fp32 atomics; and =ordered, those atomics in key-tile order), for the
 #      table comparing the attention kernels
 #      and with SHARDLM_ATTENTION=mma (the mma.sync kernels against training's default, cuDNN's fused
-#      flash attention) and SHARDLM_ATTENTION_DQ=atomic (cuDNN's dQ summed in fp32)
+#      flash attention), SHARDLM_ATTENTION_DQ=atomic (cuDNN's dQ summed in fp32) and
+#      SHARDLM_CUDNN_WORKSPACE_MB=2048 (cuDNN's deterministic backward in one call, not in slices)
 #      (GPU_SIMT=0 / GPU_WMMA=0 / GPU_MMA=0 / GPU_CUDNN=0 / GPU_ATT_GRID=0 / GPU_ATT_DQ=0: not run);
 #   6. each model once more at shardlm's micro-batch with SHARDLM_FUSED_KERNELS=0 (the norm backward
 #      and cross-entropy as the earlier separate kernels, the MLP's GELU gradient outside the GEMM
@@ -54,7 +55,7 @@
 #   GPU_VARIANT_MODELS (default GPU_MODELS: the models of the comparison rows of step 5-6)
 #   GPU_LIKE=1 (0: no like-for-like rows)  GPU_SIMT=1 (0: no CUDA-core attention rows)
 #   GPU_WMMA=1 (0: no WMMA attention rows)  GPU_MMA=1 (0: no mma.sync attention row)
-#   GPU_CUDNN=1 (0: no row of cuDNN with dQ in fp32)
+#   GPU_CUDNN=1 (0: no rows of cuDNN with dQ in fp32 or with the backward unsliced)
 #   GPU_ATT_GRID=1 (0: no attention-grid rows)
 #   GPU_ATT_DQ=1 (0: no atomic-dQ attention rows)
 #   GPU_SPLIT=1 (0: no separate-kernel rows)  GPU_AUTOTUNE=1 (0: no autotuned-GEMM rows)
@@ -303,6 +304,10 @@ variant_rows() {
 variant_rows GPU_MMA shardlm-mma SHARDLM_ATTENTION=mma "attention on the mma.sync kernels"
 variant_rows GPU_CUDNN shardlm-cudnnsum "SHARDLM_ATTENTION=cudnn SHARDLM_ATTENTION_DQ=atomic" \
     "cuDNN's fused attention, dQ summed in fp32 in any order"
+# the deterministic backward in one call instead of slices of sequences (B = 64: 4 calls of 16 under
+# the default 512 MiB cap; 2048 MiB takes the batch whole, its dS workspace 1.5 GiB for GPT-2 124M)
+variant_rows GPU_CUDNN shardlm-cudnnws "SHARDLM_ATTENTION=cudnn SHARDLM_CUDNN_WORKSPACE_MB=2048" \
+    "cuDNN's fused attention, the deterministic backward unsliced"
 variant_rows GPU_SIMT shardlm-simt SHARDLM_ATTENTION=simt "attention on the CUDA cores"
 variant_rows GPU_WMMA shardlm-wmma SHARDLM_ATTENTION=tc "attention on WMMA tensor-core tiles"
 variant_rows GPU_ATT_GRID shardlm-attgrid "SHARDLM_ATTENTION=mma SHARDLM_ATTENTION_GRID=heads" "mma.sync attention blocks in chunks of heads"

@@ -269,7 +269,7 @@ FUSED_TAGS = tuple(t for t, _ in FUSED_TAGS_WHAT)
 ATTENTION_KERNELS = {"mma": "mma.sync, registers (mma)", "tc": "tensor cores, WMMA (tc)", "simt": "CUDA cores (simt)",
                      "cudnn": "cuDNN's fused flash attention (cudnn)"}
 TAG_KERNELS = (("shardlm-simt:", "simt"), ("shardlm-mma:", "mma"), ("shardlm-wmma:", "tc"), ("shardlm-cudnn:", "cudnn"),
-               ("shardlm-cudnnsum:", "cudnn"),
+               ("shardlm-cudnnsum:", "cudnn"), ("shardlm-cudnnws:", "cudnn"),
                ("shardlm-attgrid:", "mma"),
                ("shardlm-attdq:", "mma"), ("shardlm-attboth:", "mma"), ("shardlm-attorder:", "mma"))
 
@@ -323,6 +323,8 @@ def render_attention(w, runs, att):
         elif attention_of(r) == "cudnn":  # the backward's form (attention_cudnn.cu)
             what += (", dQ summed in fp32 in any order" if r.get("attention_dq") == "atomic"
                      else ", deterministic dQ (dS through a workspace)")
+            if r.get("tag", "").startswith("shardlm-cudnnws:"):
+                what += ", the batch in one call (SHARDLM_CUDNN_WORKSPACE_MB=2048)"
         w(f"| {NAMES.get(r['model'], r['model'])} | {r['B']} | {what} | {r['ms_per_step']:.1f} | "
           f"{r['tokens_per_s']:.0f} | {cell(fwd)} | {cell(bwd)} | {clocks(r)} |")
     w("")
