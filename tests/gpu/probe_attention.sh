@@ -3,7 +3,8 @@
 # attention kernels' next step (docs/gpu.md, "Next GPU session"): why they run below the tensor pipe's
 # rate, and whether the kernels written since the last compute-sanitizer run are race free.
 #   1. build (tests/gpu/suite.sh build);
-#   2. Nsight Compute's full set on one launch each of mma_forward_kernel, mma_dkdv_kernel, mma_dq_kernel,
+#   2. Nsight Compute's full set on one launch each of cuDNN's attention forward and backward kernels,
+#      mma_forward_kernel, mma_dkdv_kernel, mma_dq_kernel,
 #      the fused classifier, the residual + layernorm forward and the norm backward, GPT-2 124M bf16 B=64 (the
 #      benchmark's step), clocks left alone (--clock-control none): $OUT/ncu_details.csv (every section,
 #      warp stall reasons included), $OUT/ncu_raw.csv (every metric) and $OUT/sass_KERNEL.csv (the
@@ -48,13 +49,17 @@ note "-- build: $((SECONDS - start))s"
 ncu=$(command -v ncu || echo "$CUDA_HOME/bin/ncu")
 step=(--model gpt2 --device cuda --precision bf16 --seq 1024 --batch 64 --steps 1 --warmup 0)
 start=$SECONDS
-# the attention kernels, then the memory-bound ones of the same step (their bytes against the copy rate):
-# the fused classifier, the residual + layernorm forward and the norm backward
-for spec in mma_dkdv_kernel:split mma_dq_kernel:split mma_forward_kernel:split crossentropy_fused_smem_kernel:split \
-    residual_layernorm_forward_kernel:split norm_backward_fused_kernel:split; do
-  k=${spec%%:*} dq=${spec##*:} name=${spec%%:*}_${spec##*:}
+# the attention kernels (cuDNN's, training's default: the first launch whose name holds "sdpa", a
+# forward, and the 13th, after the 12 layers' forwards: the first backward one; then the mma.sync
+# kernels), then the memory-bound ones of the same step (their bytes against the copy rate): the fused
+# classifier, the residual + layernorm forward and the norm backward (the lanes kernel at C = 768).
+# A spec is KERNEL:SKIP: the name regex and the matching launches skipped
+for spec in sdpa:0 sdpa:12 mma_dkdv_kernel:0 mma_dq_kernel:0 mma_forward_kernel:0 crossentropy_fused_smem_kernel:0 \
+    residual_layernorm_forward_kernel:0 norm_backward_lanes_kernel:0; do
+  k=${spec%%:*} skip=${spec##*:} name=${spec%%:*}_${spec##*:}
+  att=auto; [ "${k#mma_}" != "$k" ] && att=mma
   left 60 "ncu_$name" || break
-  SHARDLM_ATTENTION=mma SHARDLM_ATTENTION_DQ=$dq timeout -k 10 90 "$ncu" --kernel-name "regex:$k" --launch-count 1 --set full \
+  SHARDLM_ATTENTION=$att timeout -k 10 90 "$ncu" --kernel-name "regex:$k" --launch-skip "$skip" --launch-count 1 --set full \
     --import-source no --clock-control none -o "$logdir/$name" -f "$B/bench_train" "${step[@]}" \
     >"$logdir/ncu_$name.txt" 2>&1
   rc=$?
