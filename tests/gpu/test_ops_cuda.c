@@ -1238,6 +1238,10 @@ static const struct { const char *tag; int B, T, NH, NKV, HD; } ATT_SHAPES[] = {
     {"hd16_T1", 2, 1, 4, 1, 16},       {"hd32_T130", 1, 130, 4, 2, 32},
     {"hd80_T65", 2, 65, 2, 2, 80},     {"hd96_T64", 1, 64, 4, 4, 96},
     {"hd128_T200", 1, 200, 8, 2, 128}, {"hd40_T77", 1, 77, 4, 2, 40},
+    // T a multiple of 128, which cuDNN before 9.16 takes: GQA and head dims 80 to 128 through cuDNN
+    // (SHARDLM_ATTENTION=auto hands cuDNN only the heads a GPU run has checked: attention_cudnn.cu)
+    {"gqa_T128", 2, 128, 8, 2, 64},    {"hd80_T128", 1, 128, 4, 4, 80},
+    {"hd96_T128", 1, 128, 2, 2, 96},   {"hd128_T256", 1, 256, 8, 2, 128},
 };
 #define N_ATT_SHAPES ((int)(sizeof ATT_SHAPES / sizeof ATT_SHAPES[0]))
 
@@ -1638,13 +1642,15 @@ int main(int argc, char **argv) {
             test_bf16_elementwise("gpt2", (size_t)1024 * 3072 + 3, 1024, 2048);
             test_bf16_rope("small", 2, 37, 4, 2, 64, 5);
             // every ATT_SHAPES entry on the default kernels (attention_mma.cu) and on the WMMA ones
-            // (SHARDLM_ATTENTION=tc); then shapes 0 and 6 (gqa_T77, hd128_T200) with
-            // SHARDLM_ATTENTION=simt, which keeps the SIMT kernels' bf16 instances covered
+            // (SHARDLM_ATTENTION=tc); then gqa_T77 and hd128_T200 with SHARDLM_ATTENTION=simt, which
+            // keeps the SIMT kernels' bf16 instances covered
             for (int i = 0; i < N_ATT_SHAPES; i++) test_bf16_attention_shape("", i);
             set_switch("SHARDLM_ATTENTION", "tc");
             for (int i = 0; i < N_ATT_SHAPES; i++) test_bf16_attention_shape("tc_", i);
             set_switch("SHARDLM_ATTENTION", "simt");
-            for (int i = 0; i < N_ATT_SHAPES; i += N_ATT_SHAPES - 2) test_bf16_attention_shape("simt_", i);
+            for (int i = 0; i < N_ATT_SHAPES; i++)
+                if (!strcmp(ATT_SHAPES[i].tag, "gqa_T77") || !strcmp(ATT_SHAPES[i].tag, "hd128_T200"))
+                    test_bf16_attention_shape("simt_", i);
             set_switch("SHARDLM_ATTENTION", NULL);
             test_bf16_encoder("small", 2, 37, 40, 97);
             crossentropy_cases(test_bf16_crossentropy);
@@ -1721,6 +1727,7 @@ int main(int argc, char **argv) {
         // (forward and backward, each run twice) through cuDNN. First the backward's deterministic
         // form (the default: two runs give the same bytes), then dQ summed in fp32 in any order
         // (SHARDLM_ATTENTION_DQ=atomic; no two-runs check) on GQA, GPT-2's and head dim 128's shapes
+        // (those with T a multiple of 128 too: cuDNN before 9.16 takes only those)
         // (each new shape is a kernel cuDNN compiles, seconds each). A failure names cuDNN's message.
         const sl_ops *fp32_gpu = gpu;
         if (bf16_tables()) {
@@ -1731,7 +1738,11 @@ int main(int argc, char **argv) {
                 set_switch("SHARDLM_ATTENTION_DQ", dq ? "atomic" : NULL);
                 nondeterministic_mode = dq;
                 for (int i = 0; i < N_ATT_SHAPES; i++) {
-                    if (dq && i != 0 && i != 1 && i != 6) continue;  // gqa_T77, gpt2_T1024, hd128_T200
+                    static const char *const atomic_tags[] = {"gpt2_T1024", "gqa_T77", "hd128_T200", "gqa_T128",
+                                                              "hd128_T256"};
+                    int listed = 0;
+                    for (int t = 0; t < 5; t++) listed |= !strcmp(ATT_SHAPES[i].tag, atomic_tags[t]);
+                    if (dq && !listed) continue;
                     const unsigned long before = cuda_attention_cudnn_calls();
                     test_bf16_attention_shape(dq ? "cudnn_dq_atomic_" : "cudnn_", i);
                     const int theirs = ATT_SHAPES[i].T > 1 && (version >= 91600 || ATT_SHAPES[i].T % 128 == 0);

@@ -71,13 +71,21 @@ bool fall_back(const char *fmt, ...) {
 unsigned long plans_built;              // cuda_attention_cudnn_plans: plans built, ...
 double plan_seconds, plan_longest;      // ... their wall seconds in all and the longest's
 
-// Whether a call is this path's: SHARDLM_ATTENTION=cudnn, a head dim cuDNN's Hopper kernels take in
-// both directions (a multiple of 8 from 16 to 128 here: the op tests' range), T > 1 (the backward
-// refuses a 1 x 1 score matrix), and 16-byte aligned buffers (every tensor, lse included, is declared
-// 16-byte aligned; the views' offsets, multiples of HD elements, keep that).
-bool takes(int T, int HD, const void *a, const void *b, const void *c, const float *lse) {
-    return sl_attention_kind() == SL_ATTENTION_CUDNN && HD % 8 == 0 && HD >= 16 && HD <= 128 && T > 1 &&
-           sl_aligned16(a) && sl_aligned16(b) && (!c || sl_aligned16(c)) && sl_aligned16(lse);
+// The heads auto hands cuDNN: those whose numbers a GPU run has checked against the CPU (H200,
+// libcudnn 9.14, 2026-11-28: GPT-2's, every head its own K / V, head dim 64). GQA and head dims 80 to
+// 128 are in test_ops_cuda's attention_cudnn group (T a multiple of 128, which 9.14 takes) but have
+// not run there yet: until they do, auto keeps them on the mma.sync kernels (=cudnn takes them).
+bool auto_checked(int NH, int NKV, int HD) { return NKV == NH && HD == 64; }
+
+// Whether a call is this path's: SHARDLM_ATTENTION=cudnn (or auto in training, for the heads above),
+// a head dim cuDNN's Hopper kernels take in both directions (a multiple of 8 from 16 to 128 here: the
+// op tests' range), T > 1 (the backward refuses a 1 x 1 score matrix), and 16-byte aligned buffers
+// (every tensor, lse included, is declared 16-byte aligned; the views' offsets, multiples of HD
+// elements, keep that).
+bool takes(int T, int NH, int NKV, int HD, const void *a, const void *b, const void *c, const float *lse) {
+    return sl_attention_kind() == SL_ATTENTION_CUDNN && (named() || auto_checked(NH, NKV, HD)) && HD % 8 == 0 &&
+           HD >= 16 && HD <= 128 && T > 1 && sl_aligned16(a) && sl_aligned16(b) && (!c || sl_aligned16(c)) &&
+           sl_aligned16(lse);
 }
 
 #ifdef SL_HAVE_CUDNN
@@ -613,7 +621,7 @@ extern "C" size_t cuda_attention_cudnn_version(void) {
 
 bool attention_cudnn_forward(__nv_bfloat16 *out, float *lse, const __nv_bfloat16 *qkv, int B, int T, int NH, int NKV,
                              int HD, float scale) {
-    if (!takes(T, HD, out, qkv, NULL, lse)) return false;
+    if (!takes(T, NH, NKV, HD, out, qkv, NULL, lse)) return false;
 #ifdef SL_HAVE_CUDNN
     const int go = ready(T);  // as the backward's: see ANY_T_VERSION
     if (go <= 0) return go < 0;
@@ -641,7 +649,7 @@ bool attention_cudnn_forward(__nv_bfloat16 *out, float *lse, const __nv_bfloat16
 bool attention_cudnn_backward(__nv_bfloat16 *dqkv, const __nv_bfloat16 *dout, const __nv_bfloat16 *qkv,
                               const __nv_bfloat16 *out, const float *lse, int B, int T, int NH, int NKV, int HD,
                               float scale) {
-    if (!takes(T, HD, dqkv, dout, qkv, lse) || !sl_aligned16(out)) return false;
+    if (!takes(T, NH, NKV, HD, dqkv, dout, qkv, lse) || !sl_aligned16(out)) return false;
 #ifdef SL_HAVE_CUDNN
     const int go = ready(T);
     if (go <= 0) return go < 0;
