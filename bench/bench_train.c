@@ -63,6 +63,7 @@
 #include "shardlm/ops_profile.h"
 #include "shardlm/rng.h"
 #include "shardlm/settings.h"
+#include "shardlm/attention_choice.h"
 
 #include <cblas.h>
 #include <stdio.h>
@@ -499,7 +500,8 @@ int main(int argc, char **argv) {
     sl_cpu_features_describe(isa, sizeof isa);
     printf(",\"cpu_isa\":\"%s\",\"gemm\":\"%s\",\"attention\":\"%s\",\"attention_grid\":\"%s\","
            "\"attention_dq\":\"%s\"", isa, ops->on_device ? "device" : sl_cpu_gemm_description(),
-           sl_attention_name(sl_attention_kind()), sl_attention_grid_name(sl_settings_get()->attention_grid),
+           sl_attention_ran() ? sl_attention_ran_name() : sl_attention_name(sl_settings_get()->attention),
+           sl_attention_grid_name(sl_settings_get()->attention_grid),
            sl_attention_dq_name(sl_settings_get()->attention_dq));
     printf(",\"device\":\"%s\",\"ops\":\"%s\",\"precision\":\"%s\",\"peak_bytes\":%zu,\"n_layer\":%d,"
            "\"n_head\":%d,\"n_embd\":%d,\"vocab_size\":%d,\"padded_vocab_size\":%d,\"batch_search\":[",

@@ -18,10 +18,10 @@ enum { SL_GEMM_AUTO, SL_GEMM_OPENBLAS, SL_GEMM_ONEDNN };
 // mma (the GPU's mma.sync kernels of attention_mma.cu; on the CPU as tc), cudnn (the GPU's bf16
 // attention through cuDNN's fused flash attention, attention_cudnn.cu, loaded at run time; a call it
 // does not take goes to the mma.sync kernels; on the CPU as tc), auto (the default: cudnn while a
-// training engine is alive, for the heads a GPU run has checked it on, where libcudnn loads and builds
+// training engine is alive, for the shapes a GPU run has checked it on, where libcudnn loads and builds
 // the call's plan, else mma; generation
 // stays on mma, since cuDNN compiles a plan for every new prompt length; on the CPU as tc):
-// sl_attention_kind() resolves it.
+// attention_choice.h's sl_attention_kind() resolves it.
 enum { SL_ATTENTION_SIMT, SL_ATTENTION_TC, SL_ATTENTION_MMA, SL_ATTENTION_CUDNN, SL_ATTENTION_AUTO };
 // SHARDLM_ATTENTION_GRID's values (sl_settings.attention_grid): the order in which the mma.sync attention
 // kernels hand out their (head, tile) blocks. tiles (the default): every head's longest tile first, then
@@ -67,15 +67,6 @@ typedef struct {
 int sl_settings_load(void);
 // SHARDLM_ATTENTION's word for an SL_ATTENTION_* value ("mma", "tc", "simt", "cudnn", "auto"; "?" for another).
 const char *sl_attention_name(int attention);
-// The training engine says when it starts and ends (sl_engine_init / sl_engine_free: a count, so nested
-// engines work): what SHARDLM_ATTENTION=auto reads.
-void sl_attention_training(int begin);
-// Under auto, the GPU's cuDNN path says it cannot serve this process (no libcudnn, a refused graph, a
-// T the loaded version does not take): auto resolves to mma from then on (the reason is logged once).
-void sl_attention_cudnn_unusable(void);
-// SHARDLM_ATTENTION resolved: its value, or for auto SL_ATTENTION_CUDNN while a training engine is
-// alive (and cuDNN was not found unusable) and SL_ATTENTION_MMA otherwise.
-int sl_attention_kind(void);
 // SHARDLM_ATTENTION_GRID's word for an SL_ATTENTION_GRID_* value ("tiles", "heads"; "?" for another).
 const char *sl_attention_grid_name(int grid);
 // SHARDLM_ATTENTION_DQ's word for an SL_ATTENTION_DQ_* value ("split", "atomic", "ordered"; "?" for another).

@@ -18,7 +18,7 @@ static const struct { const char *name, *meaning; } variables[] = {
     {"SHARDLM_TF32", "1: fp32 GEMMs on the GPU may use TF32 tensor cores (default 0: exact fp32)"},
     {"SHARDLM_GELU_EPILOGUE", "0: GPT-2's GELU as its own kernel instead of cuBLASLt's epilogue (default 1)"},
     {"SHARDLM_BIAS_GRAD_EPILOGUE", "0: a linear layer's bias gradient on the GPU as a column-sum kernel after the GEMMs instead of cuBLASLt's BGRADB epilogue on the dweight GEMM (default 1; not yet run on a GPU)"},
-    {"SHARDLM_ATTENTION", "auto (default): on the GPU cuDNN's fused flash attention in training for the heads checked on a GPU so far (head dim 64 without GQA; H200 2026-11-28: GPT-2 124M B=64 attention 33.8 -> 23.2 ms a step), the mma.sync kernels elsewhere and wherever cuDNN is missing or refuses a call; mma: the mma.sync tensor-core kernels with fragments in registers; cudnn: cuDNN's fused flash attention, loaded at run time, in generation too (calls it does not take go to mma; a missing libcudnn is an error); tc: the WMMA tensor-core kernels; simt: the CUDA-core kernels; on the CPU simt is the staged fp32 attention, the others oneDNN bf16 matmuls"},
+    {"SHARDLM_ATTENTION", "auto (default): on the GPU cuDNN's fused flash attention in training for the shapes checked on a GPU so far (head dim 64 without GQA, T a multiple of 128; H200 2026-11-28: GPT-2 124M B=64 attention 33.8 -> 23.2 ms a step), the mma.sync kernels elsewhere and wherever cuDNN is missing or refuses a call; mma: the mma.sync tensor-core kernels with fragments in registers; cudnn: cuDNN's fused flash attention, loaded at run time, in generation too (calls it does not take go to mma; a missing libcudnn is an error); tc: the WMMA tensor-core kernels; simt: the CUDA-core kernels; on the CPU simt is the staged fp32 attention, the others oneDNN bf16 matmuls"},
     {"SHARDLM_CUDNN_WORKSPACE_MB", "the most workspace (MiB, 1 .. 1048576; default 512) one cuDNN attention call may take: a batch whose workspace would pass it runs in slices of sequences, one call each (the deterministic backward needs 2 bytes a score: 24 MiB a GPT-2 sequence at T 1024)"},
     {"SHARDLM_ATTENTION_GRID", "heads: the GPU's mma.sync attention kernels take their blocks in chunks of heads that fit a share of L2 (longest tiles first in each), so the blocks running at once share K and V through L2; tiles (default): every head's longest tile first. The same bits either way (A/B timing, not yet run on a GPU)"},
     {"SHARDLM_ATTENTION_DQ", "atomic: the GPU's mma.sync attention backward adds dQ inside the dK/dV kernel with fp32 atomics (head dims up to 64; two tile products fewer, but dQ is not bit-reproducible run to run; H200: backward 35.8 -> 30.8 ms a GPT-2 124M B=64 step); ordered: the same, each dQ sum taking its key tiles in order, so bit-reproducible (not yet run on a GPU); split (default): dQ by a kernel of its own, deterministic"},
@@ -92,19 +92,6 @@ static const char *const attention_words[] = {[SL_ATTENTION_SIMT] = "simt", [SL_
 
 const char *sl_attention_name(int attention) {
     return attention >= 0 && attention < 5 ? attention_words[attention] : "?";
-}
-
-static int training_engines;  // engines alive (sl_attention_training); one host thread, as the ops
-static int cudnn_unusable;    // sl_attention_cudnn_unusable was called
-
-void sl_attention_training(int begin) { training_engines += begin ? 1 : (training_engines > 0 ? -1 : 0); }
-
-void sl_attention_cudnn_unusable(void) { cudnn_unusable = 1; }
-
-int sl_attention_kind(void) {
-    const int a = sl_settings_get()->attention;
-    if (a != SL_ATTENTION_AUTO) return a;
-    return training_engines > 0 && !cudnn_unusable ? SL_ATTENTION_CUDNN : SL_ATTENTION_MMA;
 }
 
 // SHARDLM_ATTENTION_GRID's words, at their SL_ATTENTION_GRID_* values.

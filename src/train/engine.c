@@ -9,7 +9,7 @@
 #include "engine_internal.h"
 #include "shardlm/error.h"
 #include "shardlm/fileio.h"
-#include "shardlm/settings.h"
+#include "shardlm/attention_choice.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -316,6 +316,8 @@ int sl_engine_detach_model(sl_engine *e, int everywhere) {
     sl_model_bind_views(m);
     if (m->lora) sl_lora_bind_views(m->lora);
     e->detached = 1;
+    if (e->training_noted) sl_attention_training(0);  // training is over: generation keeps auto's mma
+    e->training_noted = 0;
     return 0;
 }
 

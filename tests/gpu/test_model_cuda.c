@@ -64,9 +64,16 @@ static float *train5(const sl_model_config *cfg, const sl_ops *ops, const int *i
     if (sl_model_create(&m, cfg, ops) || sl_model_init_weights(&m, 5)) return NULL;
     sl_engine_config ec = adamw_config(B, 1e-3);
     sl_engine e;
-    if (sl_engine_init(&e, &m, &ec)) return NULL;
+    if (sl_engine_init(&e, &m, &ec)) {
+        sl_model_free(&m);
+        return NULL;
+    }
     for (int s = 0; s < 5; s++)
-        if (sl_engine_forward_backward(&e, in, tg, B, T, NULL) || sl_engine_step(&e)) return NULL;
+        if (sl_engine_forward_backward(&e, in, tg, B, T, NULL) || sl_engine_step(&e)) {
+            sl_engine_free(&e);  // also ends the engine's count (SHARDLM_ATTENTION=auto)
+            sl_model_free(&m);
+            return NULL;
+        }
     float *w = download(&m, m.params, m.layout.total);
     sl_engine_free(&e);
     sl_model_free(&m);

@@ -1214,6 +1214,9 @@ static void check_bias_grad_path(const char *name, unsigned long all0, unsigned 
 static const struct { const char *tag; int N, C; } NORM_SHAPES[] = {
     {"small", 37, 100},  {"gpt2", 1024, 768},     {"one_row_c5", 1, 5}, {"odd_c771", 1003, 771},
     {"n4099_c768", 4099, 768}, {"c1024", 515, 1024}, {"c4096", 77, 4096},
+    // the backward's lanes kernel (rows of at most 4 vectors a lane) at one row and at a chunk
+    // shorter than the 8 warps
+    {"one_row_c768", 1, 768}, {"n7_c256", 7, 256},
     // the norm forwards' register path at every vector count (norm.cu: fp32 256 -> 2 vectors a lane,
     // 384 -> 3, 512 -> 4; bf16 256 -> 1, 512 -> 2, 1536 -> 6, 2048 -> 8; fp32 1536 and 2048: the loop)
     {"c256", 99, 256}, {"c384", 50, 384}, {"c512", 67, 512}, {"c1536", 45, 1536}, {"c2048", 33, 2048},

@@ -14,6 +14,7 @@
 #include "shardlm/error.h"
 #include "shardlm/rng.h"
 #include "shardlm/settings.h"
+#include "shardlm/attention_choice.h"
 
 static sl_bf16 *bf16_values(size_t n, uint64_t seed, float scale) {
     sl_bf16 *x = malloc(n * sizeof(sl_bf16));
@@ -166,6 +167,13 @@ TEST(attention_auto_resolves) {
     unsetenv("SHARDLM_ATTENTION");
     CHECK(sl_settings_load() == 0);
     sl_attention_training(0);
+    // what ran, as the benchmarks record it (the CPU's attention notes nothing: "" until a GPU call)
+    CHECK(sl_attention_ran() == 0 && !strcmp(sl_attention_ran_name(), ""));
+    sl_attention_note_ran(SL_ATTENTION_MMA);
+    CHECK(!strcmp(sl_attention_ran_name(), "mma"));
+    sl_attention_note_ran(SL_ATTENTION_CUDNN);
+    sl_attention_note_ran(SL_ATTENTION_MMA);
+    CHECK(!strcmp(sl_attention_ran_name(), "cudnn+mma"));
 }
 
 TEST_MAIN()

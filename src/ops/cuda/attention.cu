@@ -6,6 +6,8 @@
 #include "ops/cuda/attention_cudnn.cuh"
 #include "ops/cuda/attention_mma.cuh"
 #include "ops/cuda/attention_tc.cuh"
+#include "shardlm/attention_choice.h"
+#include "shardlm/settings.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -485,12 +487,22 @@ void cuda_attention_forward(sl_act *out, float *lse, const sl_act *qkv, int B, i
         T <= 0)
         return;
     const float scale = 1.0f / sqrtf((float)HD);
+    // which kernels take the call (attention_choice.h notes it: the benchmarks record what ran)
     if constexpr (std::is_same<floatX, __nv_bfloat16>::value) {
-        if (attention_cudnn_forward(as_storage<floatX>(out), lse, as_storage<floatX>(qkv), B, T, NH, NKV, HD, scale) ||
-            attention_mma_forward(as_storage<floatX>(out), lse, as_storage<floatX>(qkv), B, T, NH, NKV, HD, scale) ||
-            attention_tc_forward(as_storage<floatX>(out), lse, as_storage<floatX>(qkv), B, T, NH, NKV, HD, scale))
+        const int kind =
+            attention_cudnn_forward(as_storage<floatX>(out), lse, as_storage<floatX>(qkv), B, T, NH, NKV, HD, scale)
+                ? SL_ATTENTION_CUDNN
+            : attention_mma_forward(as_storage<floatX>(out), lse, as_storage<floatX>(qkv), B, T, NH, NKV, HD, scale)
+                ? SL_ATTENTION_MMA
+            : attention_tc_forward(as_storage<floatX>(out), lse, as_storage<floatX>(qkv), B, T, NH, NKV, HD, scale)
+                ? SL_ATTENTION_TC
+                : -1;
+        if (kind >= 0) {
+            sl_attention_note_ran(kind);
             return;
+        }
     }
+    sl_attention_note_ran(SL_ATTENTION_SIMT);
     ATT_DISPATCH(floatX, HD, launch_forward, as_storage<floatX>(out), lse, as_storage<floatX>(qkv), B, T, NH, NKV, HD,
                  scale);
 }
@@ -504,8 +516,10 @@ void cuda_attention_backward(sl_act *dqkv, const sl_act *dout, const sl_act *qkv
     const float scale = 1.0f / sqrtf((float)HD);
     if constexpr (std::is_same<floatX, __nv_bfloat16>::value) {  // cuDNN makes its own row sums (delta)
         if (attention_cudnn_backward(as_storage<floatX>(dqkv), as_storage<floatX>(dout), as_storage<floatX>(qkv),
-                                     as_storage<floatX>(out), lse, B, T, NH, NKV, HD, scale))
+                                     as_storage<floatX>(out), lse, B, T, NH, NKV, HD, scale)) {
+            sl_attention_note_ran(SL_ATTENTION_CUDNN);
             return;
+        }
     }
     const size_t rows = (size_t)B * T * NH;
     float *delta = delta_buffer(rows);
@@ -516,12 +530,19 @@ void cuda_attention_backward(sl_act *dqkv, const sl_act *dout, const sl_act *qkv
         delta, as_storage<floatX>(dout), as_storage<floatX>(out), T, NH, HD, rows);
     CUDA_LAUNCH_CHECK();
     if constexpr (std::is_same<floatX, __nv_bfloat16>::value) {
-        if (attention_mma_backward(as_storage<floatX>(dqkv), as_storage<floatX>(dout), as_storage<floatX>(qkv), lse,
-                                   delta, B, T, NH, NKV, HD, scale) ||
-            attention_tc_backward(as_storage<floatX>(dqkv), as_storage<floatX>(dout), as_storage<floatX>(qkv), lse,
-                                  delta, B, T, NH, NKV, HD, scale))
+        const int kind = attention_mma_backward(as_storage<floatX>(dqkv), as_storage<floatX>(dout),
+                                                as_storage<floatX>(qkv), lse, delta, B, T, NH, NKV, HD, scale)
+                             ? SL_ATTENTION_MMA
+                         : attention_tc_backward(as_storage<floatX>(dqkv), as_storage<floatX>(dout),
+                                                 as_storage<floatX>(qkv), lse, delta, B, T, NH, NKV, HD, scale)
+                             ? SL_ATTENTION_TC
+                             : -1;
+        if (kind >= 0) {
+            sl_attention_note_ran(kind);
             return;
+        }
     }
+    sl_attention_note_ran(SL_ATTENTION_SIMT);
     ATT_DISPATCH(floatX, HD, launch_backward, as_storage<floatX>(dqkv), as_storage<floatX>(dout),
                  as_storage<floatX>(qkv), lse, delta, B, T, NH, NKV, HD, scale);
 }

@@ -29,6 +29,7 @@
 #include "ops/cuda/attention_cudnn_layout.h"
 extern "C" {
 #include "ops/cuda/cuda_ops.h"  // cuda_attention_cudnn_calls, cuda_attention_cudnn_check_graph
+#include "shardlm/attention_choice.h"
 #include "shardlm/cuda_dlopen.h"
 #include "shardlm/log.h"
 }
@@ -62,7 +63,7 @@ bool fall_back(const char *fmt, ...) {
         va_start(ap, fmt);
         vsnprintf(why, sizeof why, fmt, ap);
         va_end(ap);
-        sl_log(SL_LOG_INFO, "attention: cuDNN's fused attention is not used (%s); the mma.sync kernels instead", why);
+        sl_log(SL_LOG_WARN, "attention: cuDNN's fused attention is not used (%s); the mma.sync kernels instead", why);
         said = true;
     }
     sl_attention_cudnn_unusable();  // auto resolves to mma from now on
@@ -71,11 +72,13 @@ bool fall_back(const char *fmt, ...) {
 unsigned long plans_built;              // cuda_attention_cudnn_plans: plans built, ...
 double plan_seconds, plan_longest;      // ... their wall seconds in all and the longest's
 
-// The heads auto hands cuDNN: those whose numbers a GPU run has checked against the CPU (H200,
-// libcudnn 9.14, 2026-11-28: GPT-2's, every head its own K / V, head dim 64). GQA and head dims 80 to
-// 128 are in test_ops_cuda's attention_cudnn group (T a multiple of 128, which 9.14 takes) but have
-// not run there yet: until they do, auto keeps them on the mma.sync kernels (=cudnn takes them).
-bool auto_checked(int NH, int NKV, int HD) { return NKV == NH && HD == 64; }
+// The calls auto hands cuDNN: the shapes whose numbers a GPU run has checked against the CPU (H200,
+// libcudnn 9.14, 2026-11-28: GPT-2's, every head its own K / V, head dim 64, T a multiple of 128).
+// GQA and head dims 80 to 128 are in test_ops_cuda's attention_cudnn group (T a multiple of 128, which
+// 9.14 takes) but have not run there yet, nor has any other T (9.16+, whose graph here leaves out the
+// padding mask cudnn-frontend adds before 9.16): until they do, auto keeps them on the mma.sync
+// kernels (=cudnn takes them).
+bool auto_checked(int T, int NH, int NKV, int HD) { return NKV == NH && HD == 64 && T % 128 == 0; }
 
 // Whether a call is this path's: SHARDLM_ATTENTION=cudnn (or auto in training, for the heads above),
 // a head dim cuDNN's Hopper kernels take in both directions (a multiple of 8 from 16 to 128 here: the
@@ -83,7 +86,7 @@ bool auto_checked(int NH, int NKV, int HD) { return NKV == NH && HD == 64; }
 // (every tensor, lse included, is declared 16-byte aligned; the views' offsets, multiples of HD
 // elements, keep that).
 bool takes(int T, int NH, int NKV, int HD, const void *a, const void *b, const void *c, const float *lse) {
-    return sl_attention_kind() == SL_ATTENTION_CUDNN && (named() || auto_checked(NH, NKV, HD)) && HD % 8 == 0 &&
+    return sl_attention_kind() == SL_ATTENTION_CUDNN && (named() || auto_checked(T, NH, NKV, HD)) && HD % 8 == 0 &&
            HD >= 16 && HD <= 128 && T > 1 && sl_aligned16(a) && sl_aligned16(b) && (!c || sl_aligned16(c)) &&
            sl_aligned16(lse);
 }
@@ -529,11 +532,7 @@ int ready(int T) {
         sl_cuda_record_failure("SHARDLM_ATTENTION=cudnn: %s", dnn_why);
         return -1;
     }
-    if (dnn_version < ANY_T_VERSION && T % 128) {
-        if (!named())
-            return fall_back("libcudnn %zu takes T a multiple of 128 here (9.16 any T), and T is %d", dnn_version, T);
-        return 0;
-    }
+    if (dnn_version < ANY_T_VERSION && T % 128) return 0;  // (auto never asks: auto_checked)
     if (!dnn_handle) {
         cudnnStatus_t st = dnn.cudnnCreate(&dnn_handle);
         if (st == CUDNN_STATUS_SUCCESS) st = dnn.cudnnSetStream(dnn_handle, sl_cuda_stream());

@@ -25,6 +25,7 @@
 // shared loads, four per fragment: Nsight Compute counted them as 17% of the dK / dV kernel's
 // instructions against 8% for the products (bench/gpu-runs/2026-11-27-h200/README.md).
 #include "shardlm/settings.h"
+#include "shardlm/attention_choice.h"
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/attention_grid.h"
 #include "ops/cuda/attention_mma.cuh"
