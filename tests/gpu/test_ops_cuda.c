@@ -635,6 +635,11 @@ static void test_norms(const char *tag, int N, int C) {
     RUN(name, op_layernorm_bwd, &a, CMP_REL, REL_TOL, {"dinp", dinp, F(n), INOUT}, {"dw", dw, F(C), INOUT},
         {"db", db, F(C), INOUT}, {"dout", dout, F(n), IN}, {"inp", inp, F(n), IN}, {"w", w, F(C), IN},
         {"mean", mean, F(N), IN}, {"rstd", rstd, F(N), IN});
+    // frozen parameters (LoRA's base): dinp only, no parameter sums
+    snprintf(name, sizeof name, "layernorm_backward_frozen_%s", tag);
+    RUN(name, op_layernorm_bwd, &a, CMP_REL, REL_TOL, {"dinp", dinp, F(n), INOUT}, {"dw", NULL, 0, INOUT},
+        {"db", NULL, 0, INOUT}, {"dout", dout, F(n), IN}, {"inp", inp, F(n), IN}, {"w", w, F(C), IN},
+        {"mean", mean, F(N), IN}, {"rstd", rstd, F(N), IN});
     a.eps = 1e-6f;
     snprintf(name, sizeof name, "rmsnorm_forward_%s", tag);
     RUN(name, op_rmsnorm_fwd, &a, CMP_REL, REL_TOL, {"out", out, F(n), OUT}, {"rstd", rstd, F(N), OUT},
