@@ -81,11 +81,16 @@ trap 'exit 130' INT TERM
 pass() { echo "PASS $1"; }
 fail() { echo "FAIL $1"; shift; [ $# -gt 0 ] && echo "  $*"; tail -n 20 "$log"; }
 
-port_free() { ! ss -Hltn "sport = :$1" 2>/dev/null | grep -q .; }
+# two free ports for slurmctld and slurmd: below the kernel's ephemeral range (an outgoing connection
+# may hold any port in it at any moment: slurmd once failed to bind 34792 that way) and held by no TCP
+# socket in any state
+port_free() { ! ss -Htan "sport = :$1" 2>/dev/null | grep -q .; }
+ephemeral_low=$(awk '{print $1}' /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null)
+[ "${ephemeral_low:-0}" -gt 12000 ] 2>/dev/null || ephemeral_low=32768
 ctld_port=6817
 if command -v ss >/dev/null; then
   for _ in $(seq 50); do
-    ctld_port=$((20000 + RANDOM % 30000))
+    ctld_port=$((10000 + RANDOM % (ephemeral_low - 10002)))
     port_free $ctld_port && port_free $((ctld_port + 1)) && break
   done
 fi
