@@ -51,23 +51,29 @@ namespace {
 
 unsigned long calls;  // forward and backward calls queued through cuDNN (cuda_attention_cudnn_calls)
 
-// SHARDLM_ATTENTION=cudnn asked for by name: then a missing or refusing cuDNN is an error. Under auto
-// (cuDNN in training) the call goes to the mma.sync kernels instead, the reason logged once.
+// SHARDLM_ATTENTION=cudnn asked for by name (else auto, in training).
 bool named() { return sl_settings_get()->attention == SL_ATTENTION_CUDNN; }
-bool fall_back(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-bool fall_back(const char *fmt, ...) {
-    static bool said;
-    if (!said) {
-        char why[600];
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(why, sizeof why, fmt, ap);
-        va_end(ap);
-        sl_log(SL_LOG_WARN, "attention: cuDNN's fused attention is not used (%s); the mma.sync kernels instead", why);
-        said = true;
+
+// cuDNN cannot serve a call, for the reason given. Named, that is a failure: recorded, -1. Under auto
+// the reason is logged once as a warning, auto resolves to mma for the rest of the process, and 0
+// sends this call to the mma.sync kernels.
+int cannot(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+int cannot(const char *fmt, ...) {
+    char why[768];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof why, fmt, ap);
+    va_end(ap);
+    if (named()) {
+        sl_cuda_record_failure("SHARDLM_ATTENTION=cudnn: %s", why);
+        return -1;
     }
-    sl_attention_cudnn_unusable();  // auto resolves to mma from now on
-    return false;
+    static bool said;
+    if (!said)
+        sl_log(SL_LOG_WARN, "attention: cuDNN's fused attention is not used (%s); the mma.sync kernels instead", why);
+    said = true;
+    sl_attention_cudnn_unusable();
+    return 0;
 }
 unsigned long plans_built;              // cuda_attention_cudnn_plans: plans built, ...
 double plan_seconds, plan_longest;      // ... their wall seconds in all and the longest's
@@ -527,11 +533,7 @@ plan *plan_for(bool backward, bool deterministic, int B, int T, int NH, int NKV,
 // loaded version leaves that T to the mma.sync kernels (see ANY_T_VERSION) or, under auto, when cuDNN
 // cannot be used, -1 with the failure recorded.
 int ready(int T) {
-    if (dnn_load() != 0) {
-        if (!named()) return fall_back("%s", dnn_why);
-        sl_cuda_record_failure("SHARDLM_ATTENTION=cudnn: %s", dnn_why);
-        return -1;
-    }
+    if (dnn_load() != 0) return cannot("%s", dnn_why);
     if (dnn_version < ANY_T_VERSION && T % 128) return 0;  // (auto never asks: auto_checked)
     if (!dnn_handle) {
         cudnnStatus_t st = dnn.cudnnCreate(&dnn_handle);
@@ -539,23 +541,15 @@ int ready(int T) {
         if (st != CUDNN_STATUS_SUCCESS) {
             if (dnn_handle) dnn.cudnnDestroy(dnn_handle);
             dnn_handle = NULL;
-            if (!named()) return fall_back("cudnnCreate / cudnnSetStream failed: %s", dnn.cudnnGetErrorString(st));
-            sl_cuda_record_failure("SHARDLM_ATTENTION=cudnn: cudnnCreate / cudnnSetStream failed: %s",
-                                   dnn.cudnnGetErrorString(st));
-            return -1;
+            return cannot("cudnnCreate / cudnnSetStream failed: %s", dnn.cudnnGetErrorString(st));
         }
     }
     return 1;
 }
 
-// Queues one plan with the variant pack of (uid, address) pairs; the workspace from scratch. false
-// when it could not (the failure recorded).
+// Queues one built plan (p->exec) with the variant pack of (uid, address) pairs; the workspace from
+// scratch. false when it could not (the failure recorded).
 bool execute(plan *p, const int64_t *uids, void *const *ptrs, int n) {
-    if (!p->exec) {
-        sl_cuda_record_failure("SHARDLM_ATTENTION=cudnn: the %s graph for B %d T %d heads %d/%d head dim %d: %s",
-                               p->backward ? "backward" : "forward", p->B, p->T, p->NH, p->NKV, p->HD, p->g.err);
-        return false;
-    }
     static sl_cuda_scratch ws;
     void *work = p->workspace > 0 ? sl_cuda_scratch_get(&ws, (size_t)p->workspace, "cuDNN attention's workspace") : NULL;
     if (p->workspace > 0 && !work) return false;
@@ -571,6 +565,12 @@ bool execute(plan *p, const int64_t *uids, void *const *ptrs, int n) {
     else sl_cuda_record_failure("SHARDLM_ATTENTION=cudnn: %s", vp_g.err);
     destroy(&vp_g);
     return done;
+}
+
+// A plan whose graph cuDNN refused (plan_for keeps it, with cuDNN's message): cannot()'s verdict.
+int refused(const plan *p) {
+    return cannot("the %s graph for B %d T %d heads %d/%d head dim %d: %s", p->backward ? "backward" : "forward",
+                  p->B, p->T, p->NH, p->NKV, p->HD, p->g.err);
 }
 
 // Element offsets into a bf16 buffer as addresses.
@@ -593,9 +593,9 @@ int slice_of(bool backward, bool deterministic, int B, int T, int NH, int NKV, i
 
 #else
 
-void no_header() {
-    sl_cuda_record_failure("SHARDLM_ATTENTION=cudnn: this build found no cudnn_graph.h (cuDNN 9's header; set "
-                           "CUDNN_HOME to a cuDNN 9 install and rebuild)");
+int no_header() {
+    return cannot("this build found no cudnn_graph.h (cuDNN 9's header; set CUDNN_HOME to a cuDNN 9 install and "
+                  "rebuild)");
 }
 
 #endif  // SL_HAVE_CUDNN
@@ -630,19 +630,18 @@ bool attention_cudnn_forward(__nv_bfloat16 *out, float *lse, const __nv_bfloat16
     for (int b0 = 0; b0 < B; b0 += slice) {  // slice by slice: the views of `n` sequences, moved on by b0
         const int n = B - b0 < slice ? B - b0 : slice;
         plan *p = plan_for(false, false, n, T, NH, NKV, HD);
-        if (!p->exec && !named()) return fall_back("the forward graph for B %d T %d: %s", n, T, p->g.err);
+        if (!p->exec) return refused(p) < 0;
         const sl_att_views v = sl_att_cudnn_views(n, T, NH, NKV, HD);
         const __nv_bfloat16 *x = qkv + b0 * v.q.stride[0];
         void *const ptrs[] = {at(x, v.q.offset), at(x, v.k.offset), at(x, v.v.offset), out + b0 * v.o.stride[0],
                               lse + b0 * v.stats.stride[0], &scale_v, &neg_inf};
         if (!execute(p, uids, ptrs, 7)) break;
     }
+    return true;
 #else
     (void)lse, (void)B, (void)NH, (void)NKV, (void)scale;
-    if (!named()) return fall_back("this build found no cudnn_graph.h");
-    no_header();
+    return no_header() < 0;
 #endif
-    return true;
 }
 
 bool attention_cudnn_backward(__nv_bfloat16 *dqkv, const __nv_bfloat16 *dout, const __nv_bfloat16 *qkv,
@@ -666,7 +665,7 @@ bool attention_cudnn_backward(__nv_bfloat16 *dqkv, const __nv_bfloat16 *dout, co
     for (int b0 = 0; b0 < B; b0 += slice) {
         const int n = B - b0 < slice ? B - b0 : slice;
         plan *p = plan_for(true, deterministic, n, T, NH, NKV, HD);
-        if (!p->exec && !named()) return fall_back("the backward graph for B %d T %d: %s", n, T, p->g.err);
+        if (!p->exec) return refused(p) < 0;
         const sl_att_views v = sl_att_cudnn_views(n, T, NH, NKV, HD);
         const __nv_bfloat16 *x = qkv + b0 * v.q.stride[0], *dx = dqkv + b0 * v.q.stride[0];
         const int64_t o = b0 * v.o.stride[0];
@@ -677,12 +676,11 @@ bool attention_cudnn_backward(__nv_bfloat16 *dqkv, const __nv_bfloat16 *dout, co
                               at(dx, v.q.offset), at(dx, v.k.offset), at(dx, v.v.offset), &one, delta, dq_sum};
         if (!execute(p, uids, ptrs, deterministic ? 13 : 14)) break;
     }
+    return true;
 #else
     (void)out, (void)lse, (void)B, (void)NH, (void)NKV, (void)scale;
-    if (!named()) return fall_back("this build found no cudnn_graph.h");
-    no_header();
+    return no_header() < 0;
 #endif
-    return true;
 }
 
 // Builds and finalizes one call's operation graph without a GPU: 0 when cuDNN accepts it, 1 when
