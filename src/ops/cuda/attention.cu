@@ -487,16 +487,14 @@ void cuda_attention_forward(sl_act *out, float *lse, const sl_act *qkv, int B, i
         T <= 0)
         return;
     const float scale = 1.0f / sqrtf((float)HD);
-    // which kernels take the call (attention_choice.h notes it: the benchmarks record what ran)
+    // the first kernels that take the call (attention_choice.h notes which: the benchmarks record it)
     if constexpr (std::is_same<floatX, __nv_bfloat16>::value) {
-        const int kind =
-            attention_cudnn_forward(as_storage<floatX>(out), lse, as_storage<floatX>(qkv), B, T, NH, NKV, HD, scale)
-                ? SL_ATTENTION_CUDNN
-            : attention_mma_forward(as_storage<floatX>(out), lse, as_storage<floatX>(qkv), B, T, NH, NKV, HD, scale)
-                ? SL_ATTENTION_MMA
-            : attention_tc_forward(as_storage<floatX>(out), lse, as_storage<floatX>(qkv), B, T, NH, NKV, HD, scale)
-                ? SL_ATTENTION_TC
-                : -1;
+        __nv_bfloat16 *o = as_storage<floatX>(out);
+        const __nv_bfloat16 *x = as_storage<floatX>(qkv);
+        int kind = -1;
+        if (attention_cudnn_forward(o, lse, x, B, T, NH, NKV, HD, scale)) kind = SL_ATTENTION_CUDNN;
+        else if (attention_mma_forward(o, lse, x, B, T, NH, NKV, HD, scale)) kind = SL_ATTENTION_MMA;
+        else if (attention_tc_forward(o, lse, x, B, T, NH, NKV, HD, scale)) kind = SL_ATTENTION_TC;
         if (kind >= 0) {
             sl_attention_note_ran(kind);
             return;
@@ -530,13 +528,11 @@ void cuda_attention_backward(sl_act *dqkv, const sl_act *dout, const sl_act *qkv
         delta, as_storage<floatX>(dout), as_storage<floatX>(out), T, NH, HD, rows);
     CUDA_LAUNCH_CHECK();
     if constexpr (std::is_same<floatX, __nv_bfloat16>::value) {
-        const int kind = attention_mma_backward(as_storage<floatX>(dqkv), as_storage<floatX>(dout),
-                                                as_storage<floatX>(qkv), lse, delta, B, T, NH, NKV, HD, scale)
-                             ? SL_ATTENTION_MMA
-                         : attention_tc_backward(as_storage<floatX>(dqkv), as_storage<floatX>(dout),
-                                                 as_storage<floatX>(qkv), lse, delta, B, T, NH, NKV, HD, scale)
-                             ? SL_ATTENTION_TC
-                             : -1;
+        __nv_bfloat16 *dx = as_storage<floatX>(dqkv);
+        const __nv_bfloat16 *dy = as_storage<floatX>(dout), *x = as_storage<floatX>(qkv);
+        int kind = -1;
+        if (attention_mma_backward(dx, dy, x, lse, delta, B, T, NH, NKV, HD, scale)) kind = SL_ATTENTION_MMA;
+        else if (attention_tc_backward(dx, dy, x, lse, delta, B, T, NH, NKV, HD, scale)) kind = SL_ATTENTION_TC;
         if (kind >= 0) {
             sl_attention_note_ran(kind);
             return;
