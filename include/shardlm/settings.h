@@ -19,9 +19,8 @@ enum { SL_GEMM_AUTO, SL_GEMM_OPENBLAS, SL_GEMM_ONEDNN };
 // attention through cuDNN's fused flash attention, attention_cudnn.cu, loaded at run time; a call it
 // does not take goes to the mma.sync kernels; on the CPU as tc), auto (the default: cudnn while a
 // training engine is alive, for the shapes a GPU run has checked it on, where libcudnn loads and builds
-// the call's plan, else mma; generation
-// stays on mma, since cuDNN compiles a plan for every new prompt length; on the CPU as tc):
-// attention_choice.h's sl_attention_kind() resolves it.
+// the call's plan, else mma; generation stays on mma, since cuDNN compiles a plan for every new prompt
+// length; on the CPU as tc): attention_choice.h's sl_attention_kind() resolves it.
 enum { SL_ATTENTION_SIMT, SL_ATTENTION_TC, SL_ATTENTION_MMA, SL_ATTENTION_CUDNN, SL_ATTENTION_AUTO };
 // SHARDLM_ATTENTION_GRID's values (sl_settings.attention_grid): the order in which the mma.sync attention
 // kernels hand out their (head, tile) blocks. tiles (the default): every head's longest tile first, then
