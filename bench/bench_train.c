@@ -499,10 +499,10 @@ int main(int argc, char **argv) {
     char isa[256];
     sl_cpu_features_describe(isa, sizeof isa);
     printf(",\"cpu_isa\":\"%s\",\"gemm\":\"%s\",\"attention\":\"%s\",\"attention_grid\":\"%s\","
-           "\"attention_dq\":\"%s\"", isa, ops->on_device ? "device" : sl_cpu_gemm_description(),
+           "\"attention_dq\":\"%s\",\"cudnn_version\":%zu", isa, ops->on_device ? "device" : sl_cpu_gemm_description(),
            sl_attention_ran() ? sl_attention_ran_name() : sl_attention_name(sl_settings_get()->attention),
            sl_attention_grid_name(sl_settings_get()->attention_grid),
-           sl_attention_dq_name(sl_settings_get()->attention_dq));
+           sl_attention_dq_name(sl_settings_get()->attention_dq), sl_attention_cudnn_version());
     printf(",\"device\":\"%s\",\"ops\":\"%s\",\"precision\":\"%s\",\"peak_bytes\":%zu,\"n_layer\":%d,"
            "\"n_head\":%d,\"n_embd\":%d,\"vocab_size\":%d,\"padded_vocab_size\":%d,\"batch_search\":[",
            a.device, ops->name, sl_precision_name((sl_precision)a.precision), peak_bytes, cfg.n_layer, cfg.n_head,

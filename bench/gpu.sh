@@ -19,7 +19,9 @@
 #      table comparing the attention kernels
 #      and with SHARDLM_ATTENTION=mma (the mma.sync kernels against training's default, cuDNN's fused
 #      flash attention), SHARDLM_ATTENTION_DQ=atomic (cuDNN's dQ summed in fp32) and
-#      SHARDLM_CUDNN_WORKSPACE_MB=2048 (cuDNN's deterministic backward in one call, not in slices)
+#      SHARDLM_CUDNN_WORKSPACE_MB=2048 (cuDNN's deterministic backward in one call, not in slices) and,
+#      where the machine holds two cuDNN versions, SHARDLM_CUDNN_LIBRARY naming the older (the rest load
+#      the newest: scripts/gpu_env.sh's gpu_pick_cudnn)
 #      (GPU_SIMT=0 / GPU_WMMA=0 / GPU_MMA=0 / GPU_CUDNN=0 / GPU_ATT_GRID=0 / GPU_ATT_DQ=0: not run);
 #   6. each model once more at shardlm's micro-batch with SHARDLM_FUSED_KERNELS=0 (the norm backward
 #      and cross-entropy as the earlier separate kernels, the MLP's GELU gradient outside the GEMM
@@ -55,7 +57,8 @@
 #   GPU_VARIANT_MODELS (default GPU_MODELS: the models of the comparison rows of step 5-6)
 #   GPU_LIKE=1 (0: no like-for-like rows)  GPU_SIMT=1 (0: no CUDA-core attention rows)
 #   GPU_WMMA=1 (0: no WMMA attention rows)  GPU_MMA=1 (0: no mma.sync attention row)
-#   GPU_CUDNN=1 (0: no rows of cuDNN with dQ in fp32 or with the backward unsliced)
+#   GPU_CUDNN=1 (0: no rows of cuDNN with dQ in fp32, with the backward unsliced or on the older libcudnn)
+#   GPU_CUDNN_PREV_MODELS (default GPU_VARIANT_MODELS: the models of the older libcudnn's row)
 #   GPU_ATT_GRID=1 (0: no attention-grid rows)
 #   GPU_ATT_DQ=1 (0: no atomic-dQ attention rows)
 #   GPU_SPLIT=1 (0: no separate-kernel rows)  GPU_AUTOTUNE=1 (0: no autotuned-GEMM rows)
@@ -284,12 +287,12 @@ for model in ${GPU_MODELS:-gpt2 gpt2-medium}; do
     fi
     publish
 done
-# variant_rows FLAG TAG SETTINGS WHAT: each model again at shardlm's micro-batch with the environment
-# settings SETTINGS (NAME=VALUE, several separated by spaces), tagged TAG:model, for the comparison
-# tables; FLAG=0 leaves them out
+# variant_rows FLAG TAG SETTINGS WHAT [MODELS]: each model (MODELS, else GPU_VARIANT_MODELS) again at
+# shardlm's micro-batch with the environment settings SETTINGS (NAME=VALUE, several separated by
+# spaces), tagged TAG:model, for the comparison tables; FLAG=0 leaves them out
 variant_rows() {
-    local flag=$1 tag=$2 settings=$3 what=$4 model bs kv
-    for model in ${GPU_VARIANT_MODELS:-${GPU_MODELS:-gpt2 gpt2-medium}}; do
+    local flag=$1 tag=$2 settings=$3 what=$4 models=${5:-} model bs kv
+    for model in ${models:-${GPU_VARIANT_MODELS:-${GPU_MODELS:-gpt2 gpt2-medium}}}; do
         bs=${BS[$model]:-}
         [[ "${!flag:-1}" == 1 && -n "$bs" ]] || continue
         say "== $model: $what ($settings), micro-batch $bs"
@@ -308,6 +311,15 @@ variant_rows GPU_CUDNN shardlm-cudnnsum "SHARDLM_ATTENTION=cudnn SHARDLM_ATTENTI
 # the default 512 MiB cap; 2048 MiB takes the batch whole, its dS workspace 1.5 GiB for GPT-2 124M)
 variant_rows GPU_CUDNN shardlm-cudnnws "SHARDLM_ATTENTION=cudnn SHARDLM_CUDNN_WORKSPACE_MB=2048" \
     "cuDNN's fused attention, the deterministic backward unsliced"
+# cuDNN's version: the rows above load the machine's newest libcudnn (scripts/gpu_env.sh's gpu_pick_cudnn:
+# GPU_CUDNN_LIBS, newest first); the next newest beside them (the H200 of 2026-11-28: the toolkit's 9.14
+# ran GPT-2's attention backward at 1.56 ms a layer, PyTorch's 9.19 at 1.02)
+if [[ "${GPU_CUDNN_LIBS:-}" == *" "* ]]; then
+    prev=${GPU_CUDNN_LIBS#* }
+    prev=${prev%% *}
+    variant_rows GPU_CUDNN shardlm-cudnnprev "SHARDLM_ATTENTION=cudnn SHARDLM_CUDNN_LIBRARY=${prev#*=}" \
+        "cuDNN's fused attention on the machine's older libcudnn ${prev%%=*}" "${GPU_CUDNN_PREV_MODELS:-}"
+fi
 variant_rows GPU_SIMT shardlm-simt SHARDLM_ATTENTION=simt "attention on the CUDA cores"
 variant_rows GPU_WMMA shardlm-wmma SHARDLM_ATTENTION=tc "attention on WMMA tensor-core tiles"
 variant_rows GPU_ATT_GRID shardlm-attgrid "SHARDLM_ATTENTION=mma SHARDLM_ATTENTION_GRID=heads" "mma.sync attention blocks in chunks of heads"

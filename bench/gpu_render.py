@@ -269,7 +269,7 @@ FUSED_TAGS = tuple(t for t, _ in FUSED_TAGS_WHAT)
 ATTENTION_KERNELS = {"mma": "mma.sync, registers (mma)", "tc": "tensor cores, WMMA (tc)", "simt": "CUDA cores (simt)",
                      "cudnn": "cuDNN's fused flash attention (cudnn)"}
 TAG_KERNELS = (("shardlm-simt:", "simt"), ("shardlm-mma:", "mma"), ("shardlm-wmma:", "tc"), ("shardlm-cudnn:", "cudnn"),
-               ("shardlm-cudnnsum:", "cudnn"), ("shardlm-cudnnws:", "cudnn"),
+               ("shardlm-cudnnsum:", "cudnn"), ("shardlm-cudnnws:", "cudnn"), ("shardlm-cudnnprev:", "cudnn"),
                ("shardlm-attgrid:", "mma"),
                ("shardlm-attdq:", "mma"), ("shardlm-attboth:", "mma"), ("shardlm-attorder:", "mma"))
 
@@ -325,6 +325,9 @@ def render_attention(w, runs, att):
                      else ", deterministic dQ (dS through a workspace)")
             if r.get("tag", "").startswith("shardlm-cudnnws:"):
                 what += ", the batch in one call (SHARDLM_CUDNN_WORKSPACE_MB=2048)"
+            v = r.get("cudnn_version")
+            if v:  # the libcudnn it loaded (scripts/gpu_env.sh picks the machine's newest; cudnnprev the next)
+                what += f", libcudnn {v // 10000}.{v // 100 % 100}.{v % 100}"
         w(f"| {NAMES.get(r['model'], r['model'])} | {r['B']} | {what} | {r['ms_per_step']:.1f} | "
           f"{r['tokens_per_s']:.0f} | {cell(fwd)} | {cell(bwd)} | {clocks(r)} |")
     w("")

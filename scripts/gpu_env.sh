@@ -72,8 +72,8 @@ gpu_env_setup() {  # gpu_env_setup LOG
 # so their folders go on LD_LIBRARY_PATH, after anything already there.
 gpu_use_wheel_libs() {
     local cuda=${CUDA_HOME:-/usr/local/cuda} site
-    site=$(python3 -c 'import nvidia, os; print(os.path.dirname(list(nvidia.__path__)[0]))' 2>/dev/null) || return 0
-    [[ -n "$site" ]] || return 0
+    site=$(python3 -c 'import nvidia, os; print(os.path.dirname(list(nvidia.__path__)[0]))' 2>/dev/null)
+    [[ -n "$site" ]] || { gpu_pick_cudnn; return 0; }
     if [[ ! -f "$cuda/include/nccl.h" && -f "$site/nvidia/nccl/include/nccl.h" ]]; then
         export NCCL_HOME=$site/nvidia/nccl
         export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$site/nvidia/nccl/lib
@@ -89,5 +89,34 @@ gpu_use_wheel_libs() {
     if ! ls "$cuda"/lib64/libcudnn.so.9* >/dev/null 2>&1 && [[ -d "$site/nvidia/cudnn/lib" ]]; then
         export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$site/nvidia/cudnn/lib
     fi
+    gpu_pick_cudnn "$site/nvidia/cudnn/lib/libcudnn.so.9"
     return 0
+}
+
+# gpu_pick_cudnn [FILE...]: a GPU machine may hold several cuDNN 9 libraries (the toolkit's, the
+# nvidia-cudnn wheel PyTorch brings, the system's), and cuDNN's fused attention kernels change from
+# release to release (on the H200 of 2026-11-28 the toolkit's 9.14 ran GPT-2's attention backward at
+# 1.56 ms a layer where PyTorch's 9.19 took 1.02). Each candidate's version comes from
+# cudnnGetVersion in a Python process of its own (two cuDNN versions must not meet in one process);
+# GPU_CUDNN_LIBS lists them ("VERSION=FILE ...", newest first) for the logs and bench/gpu.sh's
+# comparison row, and SHARDLM_CUDNN_LIBRARY is set to the newest unless already set.
+gpu_pick_cudnn() {
+    local cuda=${CUDA_HOME:-/usr/local/cuda} f v real seen=" " found=()
+    for f in "$cuda/lib64/libcudnn.so.9" "$@" $(ldconfig -p 2>/dev/null | awk '/libcudnn\.so\.9 /{print $NF}'); do
+        [[ -e "$f" ]] || continue
+        real=$(readlink -f "$f")
+        [[ "$seen" == *" $real "* ]] && continue
+        seen+="$real "
+        v=$(python3 -c 'import ctypes, sys; print(ctypes.CDLL(sys.argv[1]).cudnnGetVersion())' "$f" 2>/dev/null) ||
+            continue
+        [[ "$v" =~ ^[0-9]+$ ]] && found+=("$v=$f")
+    done
+    (( ${#found[@]} )) || return 0
+    GPU_CUDNN_LIBS=$(printf '%s\n' "${found[@]}" | sort -t= -k1,1nr | tr '\n' ' ')
+    export GPU_CUDNN_LIBS=${GPU_CUDNN_LIBS% }
+    if [[ -z "${SHARDLM_CUDNN_LIBRARY:-}" ]]; then
+        f=${GPU_CUDNN_LIBS%% *}
+        export SHARDLM_CUDNN_LIBRARY=${f#*=}
+    fi
+    GPU_ENV_MSG+="; cuDNN found: $GPU_CUDNN_LIBS; SHARDLM_CUDNN_LIBRARY=$SHARDLM_CUDNN_LIBRARY"
 }

@@ -12,4 +12,10 @@
 // the first name.
 void *sl_cuda_dlopen(const char *const *names, char *why, size_t cap);
 
+// libcudnn (cuDNN 9): the file SHARDLM_CUDNN_LIBRARY names when it is set (only that file: a machine
+// may hold several cuDNN versions, e.g. the toolkit's and a newer one in the nvidia-cudnn wheel, and
+// that library loads its engine libraries from its own folder), else libcudnn.so.9 / libcudnn.so by
+// sl_cuda_dlopen's search. NULL when none loads; `why` then says which file and why.
+void *sl_cudnn_dlopen(char *why, size_t cap);
+
 #endif

@@ -55,6 +55,7 @@ typedef struct {
     char fault[64];            // SHARDLM_FAULT=RANK:STEP:WHERE: fault injection for tests (default none)
     int restart_count;         // SHARDLM_RESTART_COUNT: set by `shardlm launch` on restarts (default 0)
     char cuda_home[1024];      // CUDA_HOME: where CUDA libraries are looked for after the build's (default none)
+    char cudnn_library[1024];  // SHARDLM_CUDNN_LIBRARY: the libcudnn.so.9 file to load (default none: the CUDA search)
     // set by `shardlm launch` for its ranks:
     char heartbeat_file[1024]; // SHARDLM_HEARTBEAT_FILE: the rank's heartbeat (default none: no heartbeat)
     int heartbeat_interval_ms; // SHARDLM_HEARTBEAT_INTERVAL_MS: 10 .. 60000 (default 1000)

@@ -36,3 +36,17 @@ void *sl_cuda_dlopen(const char *const *names, char *why, size_t cap) {
     }
     return NULL;
 }
+
+void *sl_cudnn_dlopen(char *why, size_t cap) {
+    const char *file = sl_settings_get()->cudnn_library;
+    if (file && *file) {
+        void *h = dlopen(file, RTLD_NOW | RTLD_LOCAL);
+        if (!h) {
+            const char *e = dlerror();
+            snprintf(why, cap, "SHARDLM_CUDNN_LIBRARY=%s: %s", file, e ? e : "not loaded");
+        }
+        return h;
+    }
+    static const char *const names[] = {"libcudnn.so.9", "libcudnn.so", NULL};
+    return sl_cuda_dlopen(names, why, cap);
+}

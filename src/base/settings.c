@@ -33,6 +33,7 @@ static const struct { const char *name, *meaning; } variables[] = {
     {"SHARDLM_FAULT", "RANK:STEP:WHERE: that rank kills itself there (fault-injection tests; default none)"},
     {"SHARDLM_RESTART_COUNT", "restarts so far, set by shardlm launch (faults fire only before the first)"},
     {"CUDA_HOME", "also look for CUDA libraries in CUDA_HOME/lib64 (after the build's CUDA_HOME)"},
+    {"SHARDLM_CUDNN_LIBRARY", "the libcudnn.so.9 file cuDNN's attention loads, e.g. a newer cuDNN's from the nvidia-cudnn wheel (default: the build's CUDA library folder, CUDA_HOME/lib64, then the loader's path); a file that does not load is an error naming it"},
     {"SHARDLM_HEARTBEAT_FILE", "set by shardlm launch: the file this rank's heartbeat thread rewrites"},
     {"SHARDLM_HEARTBEAT_INTERVAL_MS", "set by shardlm launch: milliseconds between heartbeats (10 .. 60000)"},
     {"SHARDLM_TERMINAL", "set by shardlm launch: 0 when the job's output is not a terminal (plain progress)"},
@@ -136,6 +137,7 @@ int sl_settings_load(void) {
     read_string("SHARDLM_FAULT", s.fault, sizeof s.fault);
     read_int("SHARDLM_RESTART_COUNT", 0, 1000000, &s.restart_count);
     read_string("CUDA_HOME", s.cuda_home, sizeof s.cuda_home);
+    read_string("SHARDLM_CUDNN_LIBRARY", s.cudnn_library, sizeof s.cudnn_library);
     read_string("SHARDLM_HEARTBEAT_FILE", s.heartbeat_file, sizeof s.heartbeat_file);
     read_int("SHARDLM_HEARTBEAT_INTERVAL_MS", 10, 60000, &s.heartbeat_interval_ms);
     read_switch("SHARDLM_TERMINAL", &s.terminal);

@@ -274,11 +274,23 @@ static void report_cublaslt(void) {
     row("cuBLASLt", "%zu.%zu.%zu (%s)", v / 10000, v / 100 % 100, v % 100, lib_path((void *)get));
 }
 
+// cuDNN, which the CUDA attention dlopens (SHARDLM_ATTENTION=cudnn / auto): the file it would load.
+static void report_cudnn(void) {
+    char why[1280];
+    void *h = sl_cudnn_dlopen(why, sizeof why);
+    if (!h) { row("cuDNN", "not available: %s", why); return; }
+    size_t (*get)(void) = (size_t (*)(void))dlsym(h, "cudnnGetVersion");
+    if (!get) { row("cuDNN", "not available: cudnnGetVersion not found"); return; }
+    size_t v = get();  // major*10000 + minor*100 + patch (cuDNN 9)
+    row("cuDNN", "%zu.%zu.%zu (%s)", v / 10000, v / 100 % 100, v % 100, lib_path((void *)get));
+}
+
 static void report_cuda(void) {
     section("CUDA / GPUs");
     report_driver();
     report_runtime();
     report_cublaslt();
+    report_cudnn();
     report_nccl();
 }
 

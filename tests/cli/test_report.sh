@@ -25,7 +25,7 @@ check report_exits_0 test $rc -eq 0
 for key in "compiler" "C standard" "sanitizers" "OpenBLAS config" "OpenBLAS core" "OpenBLAS threads" \
            "OpenMP max threads" "MPI library" "MPI standard" "cJSON" "PCRE2" "comm self" "comm mpi" \
            "comm nccl" "ops cpu" "ops cuda" "launcher" "rank / world size" "CUDA driver" "GPUs" \
-           "CUDA runtime" "NCCL"; do
+           "CUDA runtime" "cuDNN" "NCCL"; do
   check "report_row_${key//[^A-Za-z0-9]/_}" grep -q "^  $key  *[^ ]" "$tmp/out.txt"
 done
 check report_openblas_version grep -Eq '^  OpenBLAS config +OpenBLAS [0-9]' "$tmp/out.txt"
@@ -77,6 +77,12 @@ clean_env SHARDLM_CUDNN_WORKSPACE_MB=0 "$BIN" report >"$tmp/badws.txt" 2>&1
 check report_bad_workspace_named grep -q 'SHARDLM_CUDNN_WORKSPACE_MB="0": expected an integer from 1 to 1048576' "$tmp/badws.txt"
 clean_env SHARDLM_CUDNN_WORKSPACE_MB=256 "$BIN" report >"$tmp/ws.txt" 2>&1
 check report_lists_the_workspace_setting grep -Eq 'SHARDLM_CUDNN_WORKSPACE_MB +256' "$tmp/ws.txt"
+# SHARDLM_CUDNN_LIBRARY: only the file it names is loaded; one that does not load is named with the
+# loader's reason, and the report still exits 0
+clean_env SHARDLM_CUDNN_LIBRARY="$tmp/none/libcudnn.so.9" "$BIN" report >"$tmp/cudnnlib.txt" 2>&1; rc=$?
+check report_bad_cudnn_library_exits_0 test $rc -eq 0
+check report_bad_cudnn_library_named grep -Eq "^  cuDNN +not available: SHARDLM_CUDNN_LIBRARY=$tmp/none/libcudnn.so.9: " "$tmp/cudnnlib.txt"
+check report_lists_the_cudnn_library_setting grep -Eq "SHARDLM_CUDNN_LIBRARY +$tmp/none/libcudnn.so.9" "$tmp/cudnnlib.txt"
 
 # 4. Flags: --help exits 0, an unknown flag exits 2 with a message.
 "$BIN" report --help >"$tmp/help.txt" 2>&1; rc=$?

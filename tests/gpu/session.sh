@@ -13,14 +13,15 @@
 #   3. test_model_cuda (the model's loss and gradients against the CPU, LoRA too) and test_generate_cuda;
 #   3b. `shardlm train --device cuda` with LoRA adapters, fp32 and bf16 (the CLI's path, a corpus made here);
 #   4. bench/gpu.sh for GPT-2 124M and 355M: shardlm with its per-op profile, PyTorch eager and
-#      torch.compile (SESSION_TORCH=0: not); then on 124M the comparison rows: SHARDLM_ATTENTION=mma
-#      (the mma.sync kernels against training's default, cuDNN's fused attention) and cuDNN's other
-#      backward form (SHARDLM_ATTENTION_DQ=atomic),
-#      SHARDLM_FUSED_KERNELS=0 (the fused kernels before / after), SHARDLM_CE_ROW_SMEM=0 / 2,
-#      SHARDLM_GELU_EPILOGUE=0, SHARDLM_BIAS_GRAD_EPILOGUE=0 (bias gradients by the column-sum kernels)
-#      and SHARDLM_GEMM_AUTOTUNE=1 (cuBLASLt's algorithms timed per shape), same
-#      card, same call (the WMMA, block-order and atomic-dQ rows, settled, only with GPU_WMMA=1 /
-#      GPU_ATT_GRID=1 / GPU_ATT_DQ=1 in the environment). On the
+#      torch.compile (SESSION_TORCH=0: not), every shardlm row on the machine's newest libcudnn
+#      (scripts/gpu_env.sh's gpu_pick_cudnn); then the comparison rows: cuDNN's attention on the
+#      machine's older libcudnn (both models, where it has two), and on 124M SHARDLM_ATTENTION=mma (the
+#      mma.sync kernels against training's default, cuDNN's fused attention), cuDNN's other backward
+#      form (SHARDLM_ATTENTION_DQ=atomic), its backward unsliced (SHARDLM_CUDNN_WORKSPACE_MB=2048) and
+#      SHARDLM_BIAS_GRAD_EPILOGUE=0 (bias gradients by the column-sum kernels), same card, same call
+#      (the settled rows, WMMA, block order, atomic dQ, the separate kernels, the classifier's and the
+#      GELU's variants and autotuning, only with GPU_WMMA=1 / GPU_ATT_GRID=1 / GPU_ATT_DQ=1 /
+#      GPU_SPLIT=1 / GPU_CE_SMEM=1 / GPU_GELU_EPI=1 / GPU_AUTOTUNE=1 in the environment). On the
 #      2026-11-27 H100 the build took 46 s and this stage about 130 s (124M only; 179 s on the
 #      2026-11-28 H200 with every 124M row);
 #   4a. bench/torch_sdpa.py: attention alone through PyTorch's flash, cuDNN and memory-efficient SDPA
@@ -102,6 +103,13 @@ tally "$logdir/build.txt"
 note "-- build: $((SECONDS - start))s"
 [ -x "$T/test_ops_cuda" ] || { note "FAIL session: $T/test_ops_cuda was not built (build.txt)"; failed=$((failed + 1)); exit 1; }
 
+# every stage below loads the machine's newest libcudnn (SHARDLM_CUDNN_LIBRARY, unless set: scripts/gpu_env.sh)
+# shellcheck source=scripts/gpu_env.sh
+source scripts/gpu_env.sh
+GPU_ENV_MSG=""
+gpu_use_wheel_libs
+note "-- cuDNN on this machine: ${GPU_CUDNN_LIBS:-none found}; SHARDLM_CUDNN_LIBRARY=${SHARDLM_CUDNN_LIBRARY:-(unset)}"
+
 # 2. the new kernels' op groups
 for g in $GROUPS_FIRST; do group "$g"; done
 
@@ -147,13 +155,17 @@ if left 120 bench; then
   start=$SECONDS
   room=$((BUDGET - SECONDS - 20)); [ "$room" -gt "$BENCH_S" ] && room=$BENCH_S
   dry=(); [ "${SHARDLM_GPU_SUITE_DRY:-0}" = 1 ] &&  # bench/gpu.sh's own dry run, out of the tree
-    dry=(GPU_DEVICE=cpu GPU_MODELS=gpt2-tiny GPU_VARIANT_MODELS=gpt2-tiny GPU_SEQ=64 GPU_MAX_BATCH=8 GPU_GEMM_SIZE=256 GPU_TORCH=0
+    dry=(GPU_DEVICE=cpu GPU_MODELS=gpt2-tiny GPU_VARIANT_MODELS=gpt2-tiny GPU_CUDNN_PREV_MODELS=gpt2-tiny GPU_SEQ=64 GPU_MAX_BATCH=8 GPU_GEMM_SIZE=256 GPU_TORCH=0
          GPU_OUT_DIR="$logdir/bench")
-  # the rows measured before and settled (WMMA attention, the block order, dQ by atomics: docs/gpu.md)
-  # are left out: GPU_WMMA=1 GPU_ATT_GRID=1 GPU_ATT_DQ=1 in the environment bring them back
+  # the rows measured before and settled (WMMA attention, the block order, dQ by atomics, the separate
+  # kernels, the classifier's and the GELU's variants, autotuning: docs/gpu.md) are left out:
+  # GPU_WMMA=1 GPU_ATT_GRID=1 GPU_ATT_DQ=1 GPU_SPLIT=1 GPU_CE_SMEM=1 GPU_GELU_EPI=1 GPU_AUTOTUNE=1 in the
+  # environment bring them back; the older libcudnn's row runs on every model (issue 14's 355M target)
   env GPU_MODELS="${SESSION_MODELS:-gpt2 gpt2-medium}" GPU_VARIANT_MODELS=gpt2 GPU_TORCH="${SESSION_TORCH:-1}" GPU_SIMT=0 \
     GPU_WMMA="${GPU_WMMA:-0}" GPU_ATT_GRID="${GPU_ATT_GRID:-0}" GPU_ATT_DQ="${GPU_ATT_DQ:-0}" \
-    GPU_LIKE=0 GPU_SPLIT=1 GPU_BUILD="$B" GPU_BUDGET_S="$room" "${dry[@]}" \
+    GPU_SPLIT="${GPU_SPLIT:-0}" GPU_CE_SMEM="${GPU_CE_SMEM:-0}" GPU_GELU_EPI="${GPU_GELU_EPI:-0}" \
+    GPU_AUTOTUNE="${GPU_AUTOTUNE:-0}" GPU_CUDNN_PREV_MODELS="${SESSION_MODELS:-gpt2 gpt2-medium}" \
+    GPU_LIKE=0 GPU_BUILD="$B" GPU_BUDGET_S="$room" "${dry[@]}" \
     timeout -k 10 $((room + 15)) bash bench/gpu.sh >"$logdir/bench.txt" 2>&1
   note "-- bench/gpu.sh (${SESSION_MODELS:-gpt2 gpt2-medium}; comparison rows on gpt2): $((SECONDS - start))s, exit $?"
   grep -E '^gpu.sh .*(==|SKIPPED|done in|finished)' "$logdir/bench.txt" >>"$summary"

@@ -127,12 +127,12 @@ cudnnHandle_t dnn_handle;  // made at the first execution (it needs the GPU)
 int dnn_load() {
     if (dnn_state) return dnn_state > 0 ? 0 : -1;
     dnn_state = -1;
-    static const char *const names[] = {"libcudnn.so.9", "libcudnn.so", NULL};
     char why[768];
-    void *lib = sl_cuda_dlopen(names, why, sizeof why);
+    void *lib = sl_cudnn_dlopen(why, sizeof why);
     if (!lib) {
         snprintf(dnn_why, sizeof dnn_why, "libcudnn.so.9 could not be loaded (%s); install cuDNN 9 (the CUDA "
-                 "toolkit's, or the nvidia-cudnn-cu13 wheel's lib folder on LD_LIBRARY_PATH)", why);
+                 "toolkit's, or the nvidia-cudnn-cu13 wheel's: SHARDLM_CUDNN_LIBRARY=.../nvidia/cudnn/lib/"
+                 "libcudnn.so.9)", why);
         return -1;
     }
 #define SL_DNN_LOAD(f)                                                                           \
@@ -150,6 +150,8 @@ int dnn_load() {
         return -1;
     }
     dnn_version = v;
+    Dl_info at;
+    sl_attention_note_cudnn(v, dladdr((void *)dnn.cudnnGetVersion, &at) && at.dli_fname ? at.dli_fname : "");
     dnn_state = 1;
     return 0;
 }
@@ -523,9 +525,9 @@ plan *plan_for(bool backward, bool deterministic, int B, int T, int NH, int NKV,
     if (took > plan_longest) plan_longest = took;
     if (p->exec)
         sl_log(SL_LOG_INFO, "cuDNN attention: %s plan for B=%d T=%d NH=%d NKV=%d HD=%d%s built in %.2f s "
-               "(heuristics %s, configuration %d; workspace %.1f MiB)", backward ? "backward" : "forward", B, T, NH,
-               NKV, HD, backward ? (deterministic ? ", deterministic" : ", dQ in fp32") : "", took,
-               p->mode ? "fallback" : "A", p->config, (double)p->workspace / 1048576.0);
+               "(heuristics %s, configuration %d; workspace %.1f MiB; libcudnn %zu)", backward ? "backward" : "forward",
+               B, T, NH, NKV, HD, backward ? (deterministic ? ", deterministic" : ", dQ in fp32") : "", took,
+               p->mode ? "fallback" : "A", p->config, (double)p->workspace / 1048576.0, dnn_version);
     return p;
 }
 
