@@ -7,9 +7,12 @@ ceiling shardlm's own kernels (attention_mma.cu) and its cuDNN path (attention_c
 against. bench_train's profile gives shardlm's attention ms per step; divide by the layers to compare
 with one call here.
 
-Each case: bf16 Q, K, V with requires_grad, in one of two layouts: "bhsd" (each a contiguous (B, H, T,
-D) tensor) and "qkv" (views into one (B, T, 3, H, D) buffer: the layout GPT-2's fused qkv projection
-leaves, shardlm's, with strides (T*3C, D, 3C, 1)); GQA shapes (H_kv < H) take enable_gqa. Forward:
+Each case: bf16 Q, K, V with requires_grad, in one of three layouts: "bhsd" (each a contiguous (B, H, T,
+D) tensor), "bshd" (each a contiguous (B, T, H, D) tensor seen as (B, H, T, D), dO too: the token
+stride H*D, as shardlm's output and its gradient; cuDNN writes the gradients in the same strides, so
+nothing is copied) and "qkv" (views into one (B, T, 3, H, D) buffer: the layout GPT-2's fused qkv
+projection leaves, shardlm's, with strides (T*3C, D, 3C, 1); its backward also gathers the three
+gradients into the buffer's); GQA shapes (H_kv < H) take enable_gqa. Forward:
 F.scaled_dot_product_attention(q, k, v, is_causal=True) under one backend; backward: out.backward(dO)
 on a forward run again (its time = forward + backward - forward). Each time is the median of --iters
 calls timed with CUDA events after --warmup calls. TFLOP/s by flash-attention's count: forward 4*B*H*T*T*D
@@ -51,6 +54,11 @@ def make_inputs(torch, shape, layout, device):
         k = buf[:, :, H:H + Hkv].transpose(1, 2)
         v = buf[:, :, H + Hkv:].transpose(1, 2)
         leaves = [buf]
+    elif layout == "bshd":  # (B, T, H, D) memory seen as (B, H, T, D)
+        leaves = [torch.randn(B, T, h, D, generator=g, device=device, dtype=dt).requires_grad_() for h in (H, Hkv, Hkv)]
+        q, k, v = (x.transpose(1, 2) for x in leaves)
+        dout = torch.randn(B, T, H, D, generator=g, device=device, dtype=dt).transpose(1, 2)
+        return q, k, v, dout, leaves
     else:
         q = torch.randn(B, H, T, D, generator=g, device=device, dtype=dt).requires_grad_()
         k = torch.randn(B, Hkv, T, D, generator=g, device=device, dtype=dt).requires_grad_()
@@ -114,7 +122,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", type=parse_shape, action="append", required=True, help="name:B:H:H_kv:T:D")
     ap.add_argument("--backends", default="FLASH_ATTENTION,CUDNN_ATTENTION,EFFICIENT_ATTENTION")
-    ap.add_argument("--layouts", default="qkv,bhsd")
+    ap.add_argument("--layouts", default="qkv,bhsd,bshd")
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
