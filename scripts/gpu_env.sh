@@ -98,8 +98,8 @@ gpu_use_wheel_libs() {
 # release to release (on the H200 of 2026-11-28 the toolkit's 9.14 ran GPT-2's attention backward at
 # 1.56 ms a layer where PyTorch's 9.19 took 1.02). Each candidate's version comes from
 # cudnnGetVersion in a Python process of its own (two cuDNN versions must not meet in one process);
-# GPU_CUDNN_LIBS lists them ("VERSION=FILE ...", newest first) for the logs and bench/gpu.sh's
-# comparison row, and SHARDLM_CUDNN_LIBRARY is set to the newest unless already set.
+# GPU_CUDNN_LIBS lists the first file found of each version ("VERSION=FILE ...", newest first) for the
+# logs and bench/gpu.sh's comparison row, and SHARDLM_CUDNN_LIBRARY is set to the newest unless set.
 gpu_pick_cudnn() {
     local cuda=${CUDA_HOME:-/usr/local/cuda} f v real seen=" " found=()
     for f in "$cuda/lib64/libcudnn.so.9" "$@" $(ldconfig -p 2>/dev/null | awk '/libcudnn\.so\.9 /{print $NF}'); do
@@ -109,7 +109,7 @@ gpu_pick_cudnn() {
         seen+="$real "
         v=$(python3 -c 'import ctypes, sys; print(ctypes.CDLL(sys.argv[1]).cudnnGetVersion())' "$f" 2>/dev/null) ||
             continue
-        [[ "$v" =~ ^[0-9]+$ ]] && found+=("$v=$f")
+        [[ "$v" =~ ^[0-9]+$ && " ${found[*]} " != *" $v="* ]] && found+=("$v=$f")  # one file a version
     done
     (( ${#found[@]} )) || return 0
     GPU_CUDNN_LIBS=$(printf '%s\n' "${found[@]}" | sort -t= -k1,1nr | tr '\n' ' ')
