@@ -82,6 +82,8 @@ typedef struct {
                               // under bf16 with bf16 activation storage and no ZeRO (model->params is the master)
     int last_step_skipped;    // the last step found non-finite gradients and changed nothing
     double last_step_scale;   // the loss scale the last step's gradients were computed with
+    int step_sumsq_known;     // this step's overflow check left the local gradient sum of squares in
+    double step_sumsq;        // step_sumsq (unscaled gradients: bf16), so clipping does not read them again
     int training_noted;       // counted by sl_attention_training (SHARDLM_ATTENTION=auto: cuDNN in training)
 } sl_engine;
 

@@ -235,7 +235,8 @@ static void zero_grads(sl_engine *e) {
 static int apply_step(sl_engine *e, float *g, size_t n, double used_scale) {
     const sl_ops *ops = e->model->ops;
     if (used_scale != 1.0) ops->scale(g, n, (float)(1.0 / used_scale));  // powers of two: exact
-    double sumsq = ops->sumsq(g, n);
+    // the overflow check's sum when it made one over these same (unscaled) gradients
+    double sumsq = e->step_sumsq_known && used_scale == 1.0 ? e->step_sumsq : ops->sumsq(g, n);
     if (e->sharded && e->zero.world > 1 && sl_comm_allreduce(e->cfg.dp, &sumsq, 1, SL_DTYPE_F64, SL_OP_SUM))
         return -1;
     double norm = sqrt(sumsq), coef = sl_clip_coef(norm, e->cfg.gradient_clipping);
@@ -263,6 +264,7 @@ int sl_engine_step(sl_engine *e) {
     float *g;
     size_t n;
     int overflow;
+    e->step_sumsq_known = 0;
     if (step_grads(e, &g, &n) || engine_check_overflow(e, g, n, &overflow)) return -1;
     double used_scale = e->scaler.scale;
     int skip = sl_loss_scaler_update(&e->scaler, overflow);

@@ -81,7 +81,13 @@ int engine_check_overflow(sl_engine *e, const float *g, size_t n, int *overflow)
         float inf = INFINITY;  // what an fp16 overflow leaves in a gradient
         e->model->ops->upload((float *)g, &inf, sizeof inf);
     }
-    *overflow = e->model->ops->nonfinite(g, n);
+    if (e->scaler.scale == 1.0) {
+        e->step_sumsq = e->model->ops->sumsq(g, n);
+        e->step_sumsq_known = 1;
+        *overflow = !isfinite(e->step_sumsq);
+    } else {
+        *overflow = e->model->ops->nonfinite(g, n);
+    }
     if (e->distributed && sl_comm_allreduce(e->cfg.dp, overflow, 1, SL_DTYPE_I32, SL_OP_MAX))
         return sl_error_context("agreeing on gradient overflow across data-parallel ranks");
     return 0;

@@ -216,6 +216,42 @@ TEST(injected_overflow_skips_exactly_that_step) {
     teardown(&r);
 }
 
+// bf16 (no loss scale) checks for Inf / NaN through the gradients' sum of squares, the one clipping
+// uses: the same steps, bit for bit, as without the check; a NaN or an Inf anywhere skips the step.
+TEST(bf16_overflow_check_is_the_clipping_sum) {
+    rig a, b;
+    CHECK(setup(&a, SL_PRECISION_BF16, 16, 2) == 0);
+    CHECK(setup(&b, SL_PRECISION_BF16, 16, 2) == 0);
+    CHECK(a.engine.scaler.scale == 1.0 && a.engine.cfg.precision.bf16_check_grad_overflow);
+    b.engine.cfg.precision.bf16_check_grad_overflow = 0;
+    for (int s = 0; s < 4; s++) {
+        CHECK(one_step(&a) == 0 && one_step(&b) == 0);
+        CHECK(a.engine.step_sumsq_known && !b.engine.step_sumsq_known);
+        CHECK_MSG(a.engine.last_grad_norm == b.engine.last_grad_norm, "step %d: grad norm %.9g against %.9g", s + 1,
+                  a.engine.last_grad_norm, b.engine.last_grad_norm);
+    }
+    size_t n = a.model.layout.total;
+    CHECK(memcmp(a.model.params, b.model.params, n * sizeof(float)) == 0);
+    CHECK(memcmp(a.engine.master ? a.engine.master : a.model.params, b.engine.master ? b.engine.master : b.model.params,
+                 n * sizeof(float)) == 0);
+    float *before = malloc(n * sizeof(float));
+    CHECK(before != NULL);
+    const float bad[2] = {NAN, -INFINITY};
+    for (int k = 0; k < 2 && before; k++) {
+        memcpy(before, a.model.params, n * sizeof(float));
+        for (int m = 0; m < 2; m++)
+            CHECK(sl_engine_forward_backward(&a.engine, a.in + 32 * m, a.tg + 32 * m, 2, 16, NULL) == 0);
+        a.model.grads[n / 3 + (size_t)k] = bad[k];
+        CHECK(sl_engine_step(&a.engine) == 0);
+        CHECK_MSG(a.engine.last_step_skipped, "a %s gradient did not skip the step", k ? "-Inf" : "NaN");
+        CHECK(memcmp(before, a.model.params, n * sizeof(float)) == 0);
+    }
+    CHECK(one_step(&a) == 0 && !a.engine.last_step_skipped);  // and the next clean step applies
+    free(before);
+    teardown(&a);
+    teardown(&b);
+}
+
 // fp32 keeps no master copy and never checks for overflow: training is what it was before.
 TEST(fp32_has_no_master_and_no_scaling) {
     rig r;
