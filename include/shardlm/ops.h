@@ -70,6 +70,8 @@ typedef struct {
     float bc2_sqrt;      // sqrt(1 - beta2^step)
     float eps;
     float neg_step;      // -(lr / (1 - beta1^step))
+    float grad_coef;     // each gradient times this before use (gradient clipping's coefficient: what a
+                         // scale pass over the gradients would leave in them, bit for bit); 1: none
 } sl_adam_args;
 
 typedef struct {

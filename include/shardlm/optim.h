@@ -105,9 +105,13 @@ int sl_optim_step(const sl_optim_config *cfg, double lr, int64_t step, float *pa
                   float *const *state, const sl_decay_mask *mask, size_t begin, size_t end);
 
 // The same step run by a backend's passes (ops->adam_step / sgd_step: one multi-tensor launch on a
-// GPU); params, grads and state are that backend's buffers. With sl_ops_cpu it is sl_optim_step.
+// GPU); params, grads and state are that backend's buffers. With sl_ops_cpu and grad_coef 1 it is
+// sl_optim_step. grad_coef: Adam / AdamW take every gradient times it (gradient clipping's
+// coefficient) inside their pass, the same bits as scaling the gradients first (sl_adam_args); the
+// other optimizers take only 1 (-1 otherwise: their caller scales the gradients).
 int sl_optim_step_on(const sl_ops *ops, const sl_optim_config *cfg, double lr, int64_t step, float *params,
-                     const float *grads, float *const *state, const sl_decay_mask *mask, size_t begin, size_t end);
+                     const float *grads, float grad_coef, float *const *state, const sl_decay_mask *mask,
+                     size_t begin, size_t end);
 
 // ---- gradient norm and clipping (DeepSpeed "gradient_clipping", torch clip_grad_norm_) ----------
 

@@ -240,13 +240,17 @@ static int apply_step(sl_engine *e, float *g, size_t n, double used_scale) {
     if (e->sharded && e->zero.world > 1 && sl_comm_allreduce(e->cfg.dp, &sumsq, 1, SL_DTYPE_F64, SL_OP_SUM))
         return -1;
     double norm = sqrt(sumsq), coef = sl_clip_coef(norm, e->cfg.gradient_clipping);
-    if (coef != 1.0) ops->scale(g, n, (float)coef);
+    // Adam / AdamW multiply by the coefficient inside their pass (the same bits, one pass over the
+    // gradients fewer); SGD and the 8-bit AdamW take them scaled
+    const int coef_in_step = e->cfg.optim.type == SL_OPTIM_ADAM || e->cfg.optim.type == SL_OPTIM_ADAMW;
+    if (coef != 1.0 && !coef_in_step) ops->scale(g, n, (float)coef);
     e->last_grad_norm = (float)norm;
     int64_t applied = e->step - e->scaler.skipped_steps;
     int rc = e->cfg.optim.type == SL_OPTIM_ADAMW8BIT
                  ? sl_adam8_step(ops, &e->cfg.optim, &e->adam8_plan, &e->adam8, e->last_lr, applied + 1,
                                  engine_update_target(e), g, e->sharded ? e->cfg.dp : NULL)
                  : sl_optim_step_on(ops, &e->cfg.optim, e->last_lr, applied + 1, engine_update_target(e), g,
+                                    coef_in_step ? (float)coef : 1.0f,
                                     e->optim_state, &e->decay_mask, e->shard_begin, e->shard_begin + n);
     if (rc) return -1;
     engine_publish_master(e);

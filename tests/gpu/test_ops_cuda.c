@@ -1030,14 +1030,16 @@ static void test_optimizer(const char *tag, size_t n) {
     a.n_segs = make_segments(segs, n);
     float *p = frand(n, 0.5f), *g = frand(n, 0.01f), *m = frand(n, 0.005f), *v = fpos(n, 1e-4f);
     for (int step = 1; step <= 7; step += 6) {
-        for (int type = 0; type < 2; type++) {  // AdamW (decoupled decay), Adam (L2)
+        for (int type = 0; type < 4; type++) {  // AdamW (decoupled decay), Adam (L2); each also clipped
             sl_optim_config cfg;
             sl_optim_defaults(&cfg);
-            cfg.type = type ? SL_OPTIM_ADAM : SL_OPTIM_ADAMW;
+            cfg.type = type % 2 ? SL_OPTIM_ADAM : SL_OPTIM_ADAMW;
             cfg.weight_decay = 0.1;
             cfg.beta2 = 0.95;
             sl_adam_args_make(&cfg, 6e-4, step, &a.adam);
-            snprintf(name, sizeof name, "adam_step_%s_%s_step%d", type ? "adam_l2" : "adamw", tag, step);
+            a.adam.grad_coef = type >= 2 ? 0.3712f : 1.0f;  // gradient clipping's coefficient, in the pass
+            snprintf(name, sizeof name, "adam_step_%s%s_%s_step%d", type % 2 ? "adam_l2" : "adamw",
+                     type >= 2 ? "_clipped" : "", tag, step);
             RUN(name, op_adam, &a, CMP_BITS, 0, {"p", p, F(n), INOUT}, {"g", g, F(n), IN}, {"m", m, F(n), INOUT},
                 {"v", v, F(n), INOUT});
         }

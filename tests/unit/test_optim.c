@@ -305,6 +305,48 @@ TEST(step_argument_errors) {
     CHECK(sl_optim_step(&c, 1e-3f, 1, p, g, NULL, NULL, 0, 4) == 0);
 }
 
+// Gradient clipping's coefficient inside Adam / AdamW's pass (sl_optim_step_on's grad_coef) gives the
+// bits of scaling the gradients first and stepping with them; other optimizers refuse it.
+TEST(grad_coef_is_a_scale_pass_first) {
+    enum { N = 4099 };
+    float *p[2], *g[2], *m[2], *v[2];
+    for (int k = 0; k < 2; k++) {
+        p[k] = malloc(N * sizeof(float)), g[k] = malloc(N * sizeof(float));
+        m[k] = malloc(N * sizeof(float)), v[k] = malloc(N * sizeof(float));
+    }
+    sl_rng rng;
+    for (int type = 0; type < 2; type++) {
+        sl_optim_config c;
+        sl_optim_defaults(&c);
+        c.type = type ? SL_OPTIM_ADAM : SL_OPTIM_ADAMW;
+        c.weight_decay = 0.1;
+        const float coef = 0.3712f;
+        rng = sl_rng_make(7, 0, 0, 0);
+        for (int i = 0; i < N; i++) {
+            p[0][i] = p[1][i] = sl_rng_normal(&rng);
+            g[0][i] = g[1][i] = 3.0f * sl_rng_normal(&rng);
+            m[0][i] = m[1][i] = 0.1f * sl_rng_normal(&rng);
+            v[0][i] = v[1][i] = fabsf(0.01f * sl_rng_normal(&rng));
+        }
+        float *s0[2] = {m[0], v[0]}, *s1[2] = {m[1], v[1]};
+        for (int step = 1; step <= 3; step++) {
+            sl_ops_cpu.scale(g[0], N, coef);  // what the engine did before: scale, then step
+            CHECK(sl_optim_step_on(&sl_ops_cpu, &c, 1e-3, step, p[0], g[0], 1.0f, s0, NULL, 0, N) == 0);
+            CHECK(sl_optim_step_on(&sl_ops_cpu, &c, 1e-3, step, p[1], g[1], coef, s1, NULL, 0, N) == 0);
+            memcpy(g[0], g[1], N * sizeof(float));  // the unscaled gradients again for the next step
+        }
+        CHECK_MSG(!memcmp(p[0], p[1], N * sizeof(float)) && !memcmp(m[0], m[1], N * sizeof(float)) &&
+                      !memcmp(v[0], v[1], N * sizeof(float)),
+                  "%s: grad_coef differs from scaling first", sl_optim_name(c.type));
+    }
+    sl_optim_config c;
+    sl_optim_defaults(&c);
+    c.type = SL_OPTIM_SGD;
+    CHECK(sl_optim_step_on(&sl_ops_cpu, &c, 1e-3, 1, p[0], g[0], 0.5f, NULL, NULL, 0, N) == -1 &&
+          strstr(sl_error(), "scale them first"));
+    for (int k = 0; k < 2; k++) free(p[k]), free(g[k]), free(m[k]), free(v[k]);
+}
+
 // --optimizer: the type switches as a type-only block would, keeping lr, weight decay and Adam's betas.
 TEST(select_switches_type_and_keeps_lr) {
     sl_optim_config c;

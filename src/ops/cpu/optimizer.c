@@ -23,16 +23,17 @@
 // With l2 == 0 and decay_factor == 1 the decay operations are exact no-ops for finite parameters.
 typedef struct {
     float *p; const float *g; float *m; float *v;
-    float decay_factor, l2, w1, beta2, omb2, bc2_sqrt, eps, neg_step;
+    float decay_factor, l2, w1, beta2, omb2, bc2_sqrt, eps, neg_step, grad_coef;
 } adam_args;
 
 static inline __attribute__((always_inline)) void adam_loop(const adam_args *a, long lo, long hi, const int lerp_low) {
     float *restrict p = a->p, *restrict m = a->m, *restrict v = a->v;
     const float *restrict g = a->g;
     const float decay_factor = a->decay_factor, l2 = a->l2, w1 = a->w1, beta2 = a->beta2, omb2 = a->omb2;
-    const float bc2_sqrt = a->bc2_sqrt, eps = a->eps, neg_step = a->neg_step;
+    const float bc2_sqrt = a->bc2_sqrt, eps = a->eps, neg_step = a->neg_step, grad_coef = a->grad_coef;
     for (long i = lo; i < hi; i++) {
-        float gi = fmaf(l2, p[i], g[i]);                       // Adam: grad.add(param, alpha=wd)
+        float gc = g[i] * grad_coef;                           // clip_grad_norm_'s g *= coef (1: none)
+        float gi = fmaf(l2, p[i], gc);                         // Adam: grad.add(param, alpha=wd)
         float pi = p[i] * decay_factor;                        // AdamW: param.mul_(1 - lr*wd)
         float mi = m[i];                                       // exp_avg.lerp_(grad, 1 - beta1)
         mi = lerp_low ? fmaf(w1, gi - mi, mi) : fmaf(w1 - 1.0f, gi - mi, gi);
@@ -69,7 +70,7 @@ void cpu_adam_step(const sl_adam_args *a, float *p, const float *g, float *m, fl
             .p = p + off, .g = g + off, .m = m + off, .v = v + off,
             .decay_factor = decay ? a->decay_factor : 1.0f, .l2 = decay ? a->l2 : 0.0f,
             .w1 = a->w1, .beta2 = a->beta2, .omb2 = a->one_minus_beta2,
-            .bc2_sqrt = a->bc2_sqrt, .eps = a->eps, .neg_step = a->neg_step,
+            .bc2_sqrt = a->bc2_sqrt, .eps = a->eps, .neg_step = a->neg_step, .grad_coef = a->grad_coef,
         };
         adam_parallel(&args, (long)(segs[s].end - segs[s].begin));
     }

@@ -233,7 +233,8 @@ __global__ void __launch_bounds__(OPT_THREADS)
         const float decay_factor = decay ? A.decay_factor : 1.0f;
         const float l2 = decay ? A.l2 : 0.0f;
         const float p0 = p[i];
-        const float gi = __fmaf_rn(l2, p0, g[i]);             // Adam: grad.add(param, alpha=wd)
+        const float gc = __fmul_rn(g[i], A.grad_coef);        // clip_grad_norm_'s g *= coef (1: none)
+        const float gi = __fmaf_rn(l2, p0, gc);               // Adam: grad.add(param, alpha=wd)
         const float pi = __fmul_rn(p0, decay_factor);         // AdamW: param.mul_(1 - lr*wd)
         float mi = m[i];                                      // exp_avg.lerp_(grad, 1 - beta1)
         const float diff = __fsub_rn(gi, mi);
