@@ -84,7 +84,8 @@ def render(rows):
     else:
         w(f"- PyTorch: not run ({meta.get('torch_missing') or 'no torch'})")
     w("- shardlm: bench/bench_train.c `--device cuda --precision bf16` (the engine's bf16: fp32 master weights, "
-      "DeepSpeed's bf16 semantics, including its per-step overflow check of the gradients)")
+      "DeepSpeed's bf16 semantics, with the gradients checked for Inf / NaN every step: DeepSpeed's "
+      "`bf16.check_grad_overflow`, on by default in shardlm, off in DeepSpeed)")
     w("- one step on both sides: forward + cross-entropy + backward + clip_grad_norm(1.0) + AdamW(lr 1e-4, betas "
       "0.9/0.95, eps 1e-8, wd 0.1 on matrices) + zero grad, random tokens; ms/step is the mean of the timed steps after "
       "warmup, each ended by a device synchronize; tok/s = B × T / ms/step")
