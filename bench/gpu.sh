@@ -312,13 +312,15 @@ variant_rows GPU_CUDNN shardlm-cudnnsum "SHARDLM_ATTENTION=cudnn SHARDLM_ATTENTI
 variant_rows GPU_CUDNN shardlm-cudnnws "SHARDLM_ATTENTION=cudnn SHARDLM_CUDNN_WORKSPACE_MB=2048" \
     "cuDNN's fused attention, the deterministic backward unsliced"
 # cuDNN's version: the rows above load the machine's newest libcudnn (scripts/gpu_env.sh's gpu_pick_cudnn:
-# GPU_CUDNN_LIBS, newest first); the next newest beside them (the H200 of 2026-11-28: the toolkit's 9.14
+# GPU_CUDNN_LIBS, newest first) unless SHARDLM_CUDNN_LIBRARY named one; the newest other beside them (the H200 of 2026-11-28: the toolkit's 9.14
 # ran GPT-2's attention backward at 1.56 ms a layer, PyTorch's 9.19 at 1.02)
-if [[ "${GPU_CUDNN_LIBS:-}" == *" "* ]]; then
-    prev=${GPU_CUDNN_LIBS#* }
-    prev=${prev%% *}
+prev=""   # the newest of GPU_CUDNN_LIBS that is not the library the rows above load
+for lib in ${GPU_CUDNN_LIBS:-}; do
+    [[ "$(readlink -f "${lib#*=}")" != "$(readlink -f "${SHARDLM_CUDNN_LIBRARY:-/nonexistent}")" ]] && { prev=$lib; break; }
+done
+if [[ -n "$prev" ]]; then
     variant_rows GPU_CUDNN shardlm-cudnnprev "SHARDLM_ATTENTION=cudnn SHARDLM_CUDNN_LIBRARY=${prev#*=}" \
-        "cuDNN's fused attention on the machine's older libcudnn ${prev%%=*}" "${GPU_CUDNN_PREV_MODELS:-}"
+        "cuDNN's fused attention on the machine's other libcudnn ${prev%%=*}" "${GPU_CUDNN_PREV_MODELS:-}"
 fi
 variant_rows GPU_SIMT shardlm-simt SHARDLM_ATTENTION=simt "attention on the CUDA cores"
 variant_rows GPU_WMMA shardlm-wmma SHARDLM_ATTENTION=tc "attention on WMMA tensor-core tiles"

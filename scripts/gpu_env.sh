@@ -97,19 +97,24 @@ gpu_use_wheel_libs() {
 # nvidia-cudnn wheel PyTorch brings, the system's), and cuDNN's fused attention kernels change from
 # release to release (on the H200 of 2026-11-28 the toolkit's 9.14 ran GPT-2's attention backward at
 # 1.56 ms a layer where PyTorch's 9.19 took 1.02). Each candidate's version comes from
-# cudnnGetVersion in a Python process of its own (two cuDNN versions must not meet in one process);
+# cudnnGetVersion in a Python process of its own (two cuDNN versions must not meet in one process),
+# and one built for another CUDA major than the toolkit's nvcc (cudnnGetCudartVersion) is left out;
 # GPU_CUDNN_LIBS lists the first file found of each version ("VERSION=FILE ...", newest first) for the
 # logs and bench/gpu.sh's comparison row, and SHARDLM_CUDNN_LIBRARY is set to the newest unless set.
 gpu_pick_cudnn() {
-    local cuda=${CUDA_HOME:-/usr/local/cuda} f v real seen=" " found=()
+    local cuda=${CUDA_HOME:-/usr/local/cuda} f v rt real major seen=" " found=()
+    major=$("$cuda/bin/nvcc" --version 2>/dev/null | sed -n 's/.*release \([0-9]*\)\..*/\1/p')
     for f in "$cuda/lib64/libcudnn.so.9" "$@" $(ldconfig -p 2>/dev/null | awk '/libcudnn\.so\.9 /{print $NF}'); do
-        [[ -e "$f" ]] || continue
+        [[ -e "$f" && "$f" != *" "* ]] || continue   # (the lists below are split on spaces)
         real=$(readlink -f "$f")
         [[ "$seen" == *" $real "* ]] && continue
         seen+="$real "
-        v=$(python3 -c 'import ctypes, sys; print(ctypes.CDLL(sys.argv[1]).cudnnGetVersion())' "$f" 2>/dev/null) ||
-            continue
-        [[ "$v" =~ ^[0-9]+$ && " ${found[*]} " != *" $v="* ]] && found+=("$v=$f")  # one file a version
+        read -r v rt < <(python3 -c 'import ctypes, sys; l = ctypes.CDLL(sys.argv[1])
+print(l.cudnnGetVersion(), l.cudnnGetCudartVersion())' "$f" 2>/dev/null) || continue
+        [[ "$v" =~ ^[0-9]+$ && "$rt" =~ ^[0-9]+$ ]] || continue
+        # a cuDNN built for another CUDA major than the toolkit's (a cu12 wheel beside CUDA 13) is left out
+        [[ -z "$major" || $((rt / 1000)) -eq "$major" ]] || continue
+        [[ " ${found[*]} " != *" $v="* ]] && found+=("$v=$f")  # one file a version
     done
     (( ${#found[@]} )) || return 0
     GPU_CUDNN_LIBS=$(printf '%s\n' "${found[@]}" | sort -t= -k1,1nr | tr '\n' ' ')
