@@ -72,6 +72,7 @@ typedef struct {
     float neg_step;      // -(lr / (1 - beta1^step))
     float grad_coef;     // each gradient times this before use (gradient clipping's coefficient: what a
                          // scale pass over the gradients would leave in them, bit for bit); 1: none
+                         // (sl_adam_args_make sets 1: a hand-made sl_adam_args must set it too)
 } sl_adam_args;
 
 typedef struct {

@@ -45,10 +45,11 @@ float engine_loss_scale(const sl_engine *e);
 // Under fp16 / bf16: rounds a unit's freshly finished gradients to the training precision.
 void engine_round_grads(sl_engine *e, float *g, size_t n);
 // The overflow decision for this step's gradient slice g (n): local check (and fault injection),
-// agreed across the data-parallel group. *overflow = 1 when any rank saw Inf/NaN. Without a loss scale
-// (bf16) the local check is the sum of squares clipping needs anyway (in double it is finite exactly
-// when every gradient is: a float's square is below 1.2e77), kept in e->step_sumsq for apply_step;
-// with one (fp16) the gradients are unscaled before that sum, so the check is its own pass.
+// agreed across the data-parallel group. *overflow = 1 when any rank saw Inf/NaN. At a loss scale of 1
+// (bf16; fp16 with a static scale of 1) the local check is the sum of squares clipping needs anyway
+// (in double it is finite exactly when every gradient is: a float's square is below 1.2e77), kept in
+// e->step_sumsq for apply_step; at another scale (fp16) the gradients are unscaled before that sum,
+// so the check is its own pass.
 int engine_check_overflow(sl_engine *e, const float *g, size_t n, int *overflow);
 // The update target of the optimizer: the master slice under fp16/bf16, else the parameters.
 float *engine_update_target(sl_engine *e);
