@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
-"""gpu_render.py JSONL RESULTS.md [--section FILE]: renders the GPU section of bench/RESULTS.md from the
-JSON lines bench/gpu.sh wrote (gpu-meta, torch-gemm, shardlm-gemm, shardlm, pytorch-eager,
-pytorch-compile, gpu-skip). The section sits between the markers below and replaces an earlier one; the
-CPU renderer (bench/run.sh) keeps it as it is. --section also writes the section alone to FILE.
+"""gpu_render.py JSONL RESULTS.md [--section FILE] [--sdpa SDPA.jsonl]: renders the GPU section of
+bench/RESULTS.md from the JSON lines bench/gpu.sh wrote (gpu-meta, torch-gemm, shardlm-gemm, shardlm,
+pytorch-eager, pytorch-compile, gpu-skip). The section sits between the markers below and replaces an
+earlier one; the CPU renderer (bench/run.sh) keeps it as it is. --section also writes the section alone
+to FILE. --sdpa adds the attention-alone table: bench/torch_sdpa.py's lines of the same GPU session
+(tests/gpu/session.sh's sdpa.jsonl) beside shardlm's attention ops from the profiled steps.
 
 MFU = tokens/s x FLOPs per token / GEMM rate, with FLOPs per token = 6 N + 6 L T C (llm.c's count: N
 the parameters without the position embeddings, the tied V x C embedding counted once as the head's
@@ -42,7 +44,7 @@ def load(path):
     return rows
 
 
-def render(rows):
+def render(rows, sdpa=()):
     meta = next((r for r in rows if r["impl"] == "gpu-meta"), {})
     tgemm = {r["dtype"]: r for r in rows if r["impl"] == "torch-gemm"}
     # keyed by precision and buffer type; lines from before bench_gemm had --storage measured fp32 buffers
@@ -181,6 +183,7 @@ def render(rows):
     w("")
     render_profiles(w, [r for r in runs if r["impl"] == "shardlm" and "breakdown" in r], rate)
     render_attention(w, runs, att)
+    render_sdpa(w, runs + att, sdpa)
     render_fused(w, runs, split)
     render_autotune(w, runs, tuned, rate)
     render_torch_profiles(w, [r for r in runs if "profile_categories_ms" in r])
@@ -334,6 +337,61 @@ def render_attention(w, runs, att):
     w("")
 
 
+def render_sdpa(w, shardlm_rows, sdpa):
+    """Attention alone, a layer: PyTorch's SDPA backends (bench/torch_sdpa.py) against shardlm's attention
+    ops in the profiled steps, each shardlm row scaled to the SDPA line's batch (the work is linear in B)."""
+    lines = [r for r in sdpa if r.get("kind") == "sdpa"]
+    if not lines:
+        return
+    w("### Attention alone, a layer (bf16, causal, forward and backward)\n")
+    w("PyTorch: `F.scaled_dot_product_attention(is_causal=True)` under one backend at a time, timed alone by "
+      "bench/torch_sdpa.py in the same GPU session (medians of CUDA-event timings; the backward = forward + "
+      "backward - forward). Layouts: `bhsd` contiguous (B, H, T, D) tensors; `bshd` (B, T, H, D) tensors, the "
+      "token stride H·D as shardlm's output; `qkv` views into one packed (B, T, 3, H, D) buffer as shardlm's "
+      "qkv activation, whose backward also gathers the three gradients into it. shardlm: the attention ops of "
+      "the profiled step (its `attention_forward` / `attention_backward` ms ÷ layers, times the line's B ÷ the "
+      "row's B), in the packed layout without copies. TFLOP/s by flash-attention's count (forward 2·B·H·T²·D "
+      "for the causal half, backward 2.5x)." +
+      (f" PyTorch's lines measured {lines[0]['date']}." if lines[0].get("date") else "") + "\n")
+    w("| shape (B, heads, T, head dim) | implementation | forward ms | backward ms | forward + backward ms | "
+      "backward TFLOP/s |")
+    w("|---|---|---|---|---|---|")
+    shapes = []  # each shape once, in the lines' order: its PyTorch lines, then shardlm's rows at it
+    for ln in lines:
+        key = (ln["name"], ln["B"], ln["H"], ln["H_kv"], ln["T"], ln["D"])
+        if key not in shapes:
+            shapes.append(key)
+    for name, B, H, Hkv, T, D in shapes:
+        shape = f"{name} ({B}, {H}{'/' + str(Hkv) if Hkv != H else ''}, {T}, {D})"
+        flops_bwd = 2.5 * 2 * B * H * T * T * D
+        for ln in lines:
+            if (ln["name"], ln["B"], ln["H"], ln["H_kv"], ln["T"], ln["D"]) != (name, B, H, Hkv, T, D):
+                continue
+            what = f"PyTorch {ln['backend']}, {ln['layout']}"
+            if ln["backend"] == "CUDNN_ATTENTION" and ln.get("cudnn"):
+                what += f" (libcudnn {ln['cudnn'] // 10000}.{ln['cudnn'] // 100 % 100})"
+            if "error" in ln:
+                w(f"| {shape} | {what} | n/a | n/a | n/a | {ln['error'][:60]} |")
+                continue
+            w(f"| {shape} | {what} | {ln['fwd_ms']:.3f} | {ln['bwd_ms']:.3f} | {ln['fwd_bwd_ms']:.3f} | "
+              f"{flops_bwd / ln['bwd_ms'] / 1e9:.0f} |")
+        for r in shardlm_rows:
+            b = r.get("breakdown") or {}
+            if (r.get("impl") != "shardlm" or r.get("model") != name or r.get("T") != T or r.get("n_head") != H
+                    or Hkv != H or "attention_forward" not in b or "attention_backward" not in b):
+                continue
+            k = B / r["B"] / r["n_layer"]
+            fwd, bwd = b["attention_forward"] * k, b["attention_backward"] * k
+            what = ATTENTION_KERNELS.get(attention_of(r), attention_of(r))
+            if attention_of(r) == "cudnn":
+                what += ", dQ in fp32" if r.get("attention_dq") == "atomic" else ", deterministic"
+                v = r.get("cudnn_version")
+                what += f", libcudnn {v // 10000}.{v // 100 % 100}" if v else ""
+            w(f"| {shape} | shardlm {what} ({r.get('tag', '').split(':')[0]}, B={r['B']}) | "
+              f"{fwd:.3f} | {bwd:.3f} | {fwd + bwd:.3f} | {flops_bwd / bwd / 1e9:.0f} |")
+    w("")
+
+
 def render_profiles(w, prof, rate):
     if not prof:
         return
@@ -432,9 +490,14 @@ def main():
         i = args.index("--section")
         section_file = args[i + 1]
         del args[i:i + 2]
+    sdpa = []
+    if "--sdpa" in args:
+        i = args.index("--sdpa")
+        sdpa = load(args[i + 1])
+        del args[i:i + 2]
     if len(args) != 2:
-        sys.exit("usage: gpu_render.py RESULTS.jsonl RESULTS.md [--section FILE]")
-    section = render(load(args[0]))
+        sys.exit("usage: gpu_render.py RESULTS.jsonl RESULTS.md [--section FILE] [--sdpa SDPA.jsonl]")
+    section = render(load(args[0]), sdpa)
     replace_section(args[1], BEGIN, END, section)
     if section_file:
         with open(section_file, "w") as f:

@@ -135,7 +135,7 @@ def main():
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     if args.device == "cpu":
         backends = ["MATH"]
-    meta = {"torch": torch.__version__,
+    meta = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "torch": torch.__version__,
             "cudnn": torch.backends.cudnn.version() if args.device == "cuda" else None,
             "gpu": torch.cuda.get_device_name() if args.device == "cuda" else "cpu"}
     for shape in args.shape:

@@ -176,14 +176,22 @@ fi
 # attention rows of the benchmark are read against (bench/torch_sdpa.py), into sdpa.jsonl
 if [ "${SHARDLM_GPU_SUITE_DRY:-0}" != 1 ] && left 60 sdpa; then
   start=$SECONDS
+  # the benchmark's own shapes (B = 64: the attention of a GPT-2 355M step at B = 16 ran below its
+  # B = 64 rate on 2026-11-28, fewer heads x sequences to fill the GPU)
   if timeout -k 10 90 "${PYTHON:-python3}" bench/torch_sdpa.py --shape gpt2:64:12:12:1024:64 \
-       --shape gpt2-medium:16:16:16:1024:64 --shape gqa-hd128:8:32:8:1024:128 \
+       --shape gpt2-medium:64:16:16:1024:64 --shape gqa-hd128:8:32:8:1024:128 \
        >"$logdir/sdpa.jsonl" 2>"$logdir/sdpa.txt"; then
     note "PASS torch_sdpa"; passed=$((passed + 1))
   else
     note "FAIL torch_sdpa: exit $? (sdpa.txt: $(tail -1 "$logdir/sdpa.txt"))"; failed=$((failed + 1))
   fi
   [ -n "${OUT:-}" ] && [ -s "$logdir/sdpa.jsonl" ] && cp "$logdir/sdpa.jsonl" "$OUT/sdpa.jsonl"
+  # the GPU section again with the attention-alone table (PyTorch's lines beside shardlm's profiled ops)
+  if [ -n "${OUT:-}" ] && [ -s "$logdir/sdpa.jsonl" ] && [ -s bench/gpu_results.jsonl ] &&
+     "${PYTHON:-python3}" bench/gpu_render.py bench/gpu_results.jsonl bench/RESULTS.md --section "$OUT/gpu_section.md" \
+       --sdpa "$logdir/sdpa.jsonl" >>"$logdir/sdpa.txt" 2>&1; then
+    cp bench/RESULTS.md "$OUT/RESULTS.md"
+  fi
   note "-- torch_sdpa (flash / cuDNN / efficient attention alone): $((SECONDS - start))s"
 fi
 
