@@ -73,6 +73,8 @@ typedef struct {
     float grad_coef;     // each gradient times this before use (gradient clipping's coefficient: what a
                          // scale pass over the gradients would leave in them, bit for bit); 1: none
                          // (sl_adam_args_make sets 1: a hand-made sl_adam_args must set it too)
+    void *storage_bf16;  // not NULL: every updated parameter p[i] also rounded to bf16 into element i here
+                         // (the model's bf16 weight copy): what a to_storage pass after the step writes
 } sl_adam_args;
 
 typedef struct {

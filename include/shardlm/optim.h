@@ -105,13 +105,15 @@ int sl_optim_step(const sl_optim_config *cfg, double lr, int64_t step, float *pa
                   float *const *state, const sl_decay_mask *mask, size_t begin, size_t end);
 
 // The same step run by a backend's passes (ops->adam_step / sgd_step: one multi-tensor launch on a
-// GPU); params, grads and state are that backend's buffers. With sl_ops_cpu and grad_coef 1 it is
-// sl_optim_step. grad_coef: Adam / AdamW take every gradient times it (gradient clipping's
-// coefficient) inside their pass, the same bits as scaling the gradients first (sl_adam_args); the
-// other optimizers take only 1 (-1 otherwise: their caller scales the gradients).
+// GPU); params, grads and state are that backend's buffers. With sl_ops_cpu, grad_coef 1 and no
+// storage it is sl_optim_step. grad_coef: Adam / AdamW take every gradient times it (gradient
+// clipping's coefficient) inside their pass, the same bits as scaling the gradients first; storage_bf16
+// (NULL: none): Adam / AdamW also write each updated parameter rounded to bf16 there, at the
+// parameter's index, as a to_storage pass after the step would (sl_adam_args). The other optimizers
+// take only 1 and NULL (-1 otherwise: their caller scales the gradients and converts the parameters).
 int sl_optim_step_on(const sl_ops *ops, const sl_optim_config *cfg, double lr, int64_t step, float *params,
-                     const float *grads, float grad_coef, float *const *state, const sl_decay_mask *mask,
-                     size_t begin, size_t end);
+                     const float *grads, float grad_coef, void *storage_bf16, float *const *state,
+                     const sl_decay_mask *mask, size_t begin, size_t end);
 
 // ---- gradient norm and clipping (DeepSpeed "gradient_clipping", torch clip_grad_norm_) ----------
 

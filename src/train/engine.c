@@ -241,8 +241,13 @@ static int apply_step(sl_engine *e, float *g, size_t n, double used_scale) {
         return -1;
     double norm = sqrt(sumsq), coef = sl_clip_coef(norm, e->cfg.gradient_clipping);
     // Adam / AdamW multiply by the coefficient inside their pass (the same bits, one pass over the
-    // gradients fewer); SGD and the 8-bit AdamW take them scaled
+    // gradients fewer); SGD and the 8-bit AdamW take them scaled. When they update the model's own
+    // buffer (no master slice, no ZeRO, no adapters), they also write its bf16 weight copy in that
+    // pass instead of a to_storage pass after it.
     const int coef_in_step = e->cfg.optim.type == SL_OPTIM_ADAM || e->cfg.optim.type == SL_OPTIM_ADAMW;
+    sl_model *m = e->model;
+    void *storage = coef_in_step && !e->master && !e->sharded && !m->lora && m->weights_bf16 && m->params ?
+                    m->weights_bf16 : NULL;
     if (coef != 1.0 && !coef_in_step) ops->scale(g, n, (float)coef);
     e->last_grad_norm = (float)norm;
     int64_t applied = e->step - e->scaler.skipped_steps;
@@ -250,7 +255,7 @@ static int apply_step(sl_engine *e, float *g, size_t n, double used_scale) {
                  ? sl_adam8_step(ops, &e->cfg.optim, &e->adam8_plan, &e->adam8, e->last_lr, applied + 1,
                                  engine_update_target(e), g, e->sharded ? e->cfg.dp : NULL)
                  : sl_optim_step_on(ops, &e->cfg.optim, e->last_lr, applied + 1, engine_update_target(e), g,
-                                    coef_in_step ? (float)coef : 1.0f,
+                                    coef_in_step ? (float)coef : 1.0f, storage,
                                     e->optim_state, &e->decay_mask, e->shard_begin, e->shard_begin + n);
     if (rc) return -1;
     engine_publish_master(e);
@@ -259,7 +264,8 @@ static int apply_step(sl_engine *e, float *g, size_t n, double used_scale) {
     } else {
         sl_model_zero_grad(e->model);
     }
-    return sl_model_params_changed(e->model);  // the GEMMs' bf16 weight copy (bf16 activation storage)
+    // the GEMMs' bf16 weight copy (bf16 activation storage), unless the optimizer's pass wrote it
+    return storage ? 0 : sl_model_params_changed(e->model);
 }
 
 int sl_engine_step(sl_engine *e) {

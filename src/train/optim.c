@@ -287,6 +287,7 @@ void sl_adam_args_make(const sl_optim_config *cfg, double lr, int64_t step, sl_a
         .eps = (float)cfg->eps,
         .neg_step = (float)(-(dlr / bc1)),
         .grad_coef = 1.0f,
+        .storage_bf16 = NULL,
     };
     a->lerp_low = a->w1 < 0.5f;
 }
@@ -302,12 +303,15 @@ void sl_sgd_args_make(const sl_optim_config *cfg, double lr, int64_t step, sl_sg
 }
 
 int sl_optim_step_on(const sl_ops *ops, const sl_optim_config *cfg, double lr, int64_t step, float *params,
-                     const float *grads, float grad_coef, float *const *state, const sl_decay_mask *mask,
-                     size_t begin, size_t end) {
+                     const float *grads, float grad_coef, void *storage_bf16, float *const *state,
+                     const sl_decay_mask *mask, size_t begin, size_t end) {
     if (step < 1) return sl_errorf("optimizer step number must start at 1, got %lld", (long long)step);
     if (grad_coef != 1.0f && cfg->type != SL_OPTIM_ADAM && cfg->type != SL_OPTIM_ADAMW)
         return sl_errorf("%s takes its gradients as they are (scale them first), not times %g",
                          sl_optim_name(cfg->type), (double)grad_coef);
+    if (storage_bf16 && cfg->type != SL_OPTIM_ADAM && cfg->type != SL_OPTIM_ADAMW)
+        return sl_errorf("%s writes no bf16 copy of the parameters (convert them after the step)",
+                         sl_optim_name(cfg->type));
     if (begin > end) return sl_errorf("optimizer range [%zu, %zu) is reversed", begin, end);
     int need = sl_optim_num_state_buffers(cfg);
     for (int i = 0; i < need; i++)
@@ -328,6 +332,7 @@ int sl_optim_step_on(const sl_ops *ops, const sl_optim_config *cfg, double lr, i
         sl_adam_args a;
         sl_adam_args_make(cfg, lr, step, &a);
         a.grad_coef = grad_coef;
+        a.storage_bf16 = storage_bf16;
         ops->adam_step(&a, params, grads, state[0], state[1], segs, n);
     }
     free(segs);
@@ -336,7 +341,7 @@ int sl_optim_step_on(const sl_ops *ops, const sl_optim_config *cfg, double lr, i
 
 int sl_optim_step(const sl_optim_config *cfg, double lr, int64_t step, float *params, const float *grads,
                   float *const *state, const sl_decay_mask *mask, size_t begin, size_t end) {
-    return sl_optim_step_on(&sl_ops_cpu, cfg, lr, step, params, grads, 1.0f, state, mask, begin, end);
+    return sl_optim_step_on(&sl_ops_cpu, cfg, lr, step, params, grads, 1.0f, NULL, state, mask, begin, end);
 }
 
 // ---- gradient norm -----------------------------------------------------------------------------

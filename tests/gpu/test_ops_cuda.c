@@ -407,7 +407,9 @@ static double op_round_to(const sl_ops *o, void **p, const args *a) {
     return 0;
 }
 static double op_adam(const sl_ops *o, void **p, const args *a) {
-    o->adam_step(&a->adam, p[0], p[1], p[2], p[3], a->segs, a->n_segs);
+    sl_adam_args A = a->adam;
+    A.storage_bf16 = p[4];  // the bf16 weight copy written in the pass (NULL: none)
+    o->adam_step(&A, p[0], p[1], p[2], p[3], a->segs, a->n_segs);
     return 0;
 }
 static double op_sgd(const sl_ops *o, void **p, const args *a) {
@@ -1029,6 +1031,7 @@ static void test_optimizer(const char *tag, size_t n) {
     args a = {.n = n, .segs = segs};
     a.n_segs = make_segments(segs, n);
     float *p = frand(n, 0.5f), *g = frand(n, 0.01f), *m = frand(n, 0.005f), *v = fpos(n, 1e-4f);
+    sl_bf16 *bf16_zero = calloc(n, sizeof(sl_bf16));
     for (int step = 1; step <= 7; step += 6) {
         for (int type = 0; type < 4; type++) {  // AdamW (decoupled decay), Adam (L2); each also clipped
             sl_optim_config cfg;
@@ -1039,9 +1042,10 @@ static void test_optimizer(const char *tag, size_t n) {
             sl_adam_args_make(&cfg, 6e-4, step, &a.adam);
             a.adam.grad_coef = type >= 2 ? 0.3712f : 1.0f;  // gradient clipping's coefficient, in the pass
             snprintf(name, sizeof name, "adam_step_%s%s_%s_step%d", type % 2 ? "adam_l2" : "adamw",
-                     type >= 2 ? "_clipped" : "", tag, step);
+                     type >= 2 ? "_clipped_bf16copy" : "", tag, step);
+            // the clipped cases also write the parameters' bf16 copy in the pass (compared bit for bit)
             RUN(name, op_adam, &a, CMP_BITS, 0, {"p", p, F(n), INOUT}, {"g", g, F(n), IN}, {"m", m, F(n), INOUT},
-                {"v", v, F(n), INOUT});
+                {"v", v, F(n), INOUT}, {"copy", type >= 2 ? bf16_zero : NULL, type >= 2 ? H(n) : 0, BOUT});
         }
     }
     const struct { const char *what; double momentum, dampening; int nesterov, step; } sgd[] = {
@@ -1060,7 +1064,7 @@ static void test_optimizer(const char *tag, size_t n) {
         RUN(name, op_sgd, &a, CMP_BITS, 0, {"p", p, F(n), INOUT}, {"g", g, F(n), IN},
             {"buf", a.sgd.has_buf ? m : NULL, a.sgd.has_buf ? F(n) : 0, INOUT});
     }
-    free(p); free(g); free(m); free(v);
+    free(p); free(g); free(m); free(v); free(bf16_zero);
 }
 
 static float from_bits(uint32_t u) {

@@ -9,6 +9,7 @@
 //     fp32 model has none.
 #include "test.h"
 
+#include "shardlm/engine.h"
 #include "shardlm/model.h"
 #include "shardlm/ops.h"
 #include "shardlm/rope.h"
@@ -261,6 +262,44 @@ TEST(weight_shadow_follows_the_parameters) {
     CHECK(sl_model_params_changed(&b) == 0 && shadow_matches(&b));
     sl_model_free(&f);
     sl_model_free(&b);
+}
+
+// bf16 training through the engine: AdamW writes the shadow in its own pass (the model's buffer is the
+// master), SGD through a to_storage pass after the step: either way the shadow is bf16(params) after
+// every step, and AdamW's shadow was written (most of it moved from its first value).
+TEST(engine_steps_keep_the_shadow) {
+    for (int sgd = 0; sgd < 2; sgd++) {
+        sl_model_config cfg;
+        CHECK(sl_config_preset(&cfg, "gpt2-tiny") == 0);
+        sl_model b;
+        sl_engine e;
+        CHECK(sl_model_create(&b, &cfg, &sl_ops_cpu_bf16) == 0 && sl_model_init_weights(&b, 5) == 0);
+        sl_engine_config ec = {.micro_batch = 2, .grad_accum_steps = 1, .gradient_clipping = 0.05f};
+        sl_optim_defaults(&ec.optim);
+        ec.optim.type = sgd ? SL_OPTIM_SGD : SL_OPTIM_ADAMW;
+        ec.optim.lr = 1e-2;
+        sl_schedule_constant(&ec.schedule, ec.optim.lr);
+        sl_loss_scaler_defaults(&ec.precision);
+        ec.precision.precision = SL_PRECISION_BF16;
+        CHECK(sl_engine_init(&e, &b, &ec) == 0 && e.master == NULL);
+        sl_bf16 *first = malloc(b.layout.total * sizeof(sl_bf16));
+        CHECK(first != NULL);
+        if (!first) return;
+        memcpy(first, b.weights_bf16, b.layout.total * sizeof(sl_bf16));
+        int in[32], tg[32];
+        for (int i = 0; i < 32; i++) { in[i] = (i * 37 + 11) % cfg.vocab_size; tg[i] = (i * 53 + 5) % cfg.vocab_size; }
+        for (int s = 0; s < 3; s++) {
+            CHECK(sl_engine_forward_backward(&e, in, tg, 2, 16, NULL) == 0 && sl_engine_step(&e) == 0);
+            CHECK_MSG(shadow_matches(&b), "%s step %d: the bf16 shadow is not bf16(params)", sgd ? "SGD" : "AdamW",
+                      s + 1);
+        }
+        size_t moved = 0;
+        for (size_t i = 0; i < b.layout.total; i++) moved += b.weights_bf16[i] != first[i];
+        CHECK_MSG(sgd || moved > b.layout.total / 4, "AdamW moved %zu of %zu bf16 weights", moved, b.layout.total);
+        free(first);
+        sl_engine_free(&e);
+        sl_model_free(&b);
+    }
 }
 
 // Relative L2 distance of a from b.

@@ -8,6 +8,7 @@
 #include "shardlm/fileio.h"
 #include "shardlm/layout.h"
 #include "shardlm/optim.h"
+#include "shardlm/precision.h"
 #include "shardlm/rng.h"
 
 #include <cjson/cJSON.h>
@@ -305,14 +306,17 @@ TEST(step_argument_errors) {
     CHECK(sl_optim_step(&c, 1e-3f, 1, p, g, NULL, NULL, 0, 4) == 0);
 }
 
-// Gradient clipping's coefficient inside Adam / AdamW's pass (sl_optim_step_on's grad_coef) gives the
-// bits of scaling the gradients first and stepping with them; other optimizers refuse it.
-TEST(grad_coef_is_a_scale_pass_first) {
-    enum { N = 4099 };
+// Gradient clipping's coefficient and the bf16 weight copy inside Adam / AdamW's pass
+// (sl_optim_step_on's grad_coef and storage_bf16) give the bits of scaling the gradients first, stepping
+// with them, then converting the parameters (to_storage); other optimizers refuse both.
+TEST(grad_coef_and_bf16_copy_in_the_pass) {
+    enum { N = 10007 };  // several of the CPU loop's 4096-element blocks and a partial one
     float *p[2], *g[2], *m[2], *v[2];
+    sl_bf16 *copy[2];
     for (int k = 0; k < 2; k++) {
         p[k] = malloc(N * sizeof(float)), g[k] = malloc(N * sizeof(float));
         m[k] = malloc(N * sizeof(float)), v[k] = malloc(N * sizeof(float));
+        copy[k] = calloc(N, sizeof(sl_bf16));
     }
     sl_rng rng;
     for (int type = 0; type < 2; type++) {
@@ -330,21 +334,27 @@ TEST(grad_coef_is_a_scale_pass_first) {
         }
         float *s0[2] = {m[0], v[0]}, *s1[2] = {m[1], v[1]};
         for (int step = 1; step <= 3; step++) {
-            sl_ops_cpu.scale(g[0], N, coef);  // what the engine did before: scale, then step
-            CHECK(sl_optim_step_on(&sl_ops_cpu, &c, 1e-3, step, p[0], g[0], 1.0f, s0, NULL, 0, N) == 0);
-            CHECK(sl_optim_step_on(&sl_ops_cpu, &c, 1e-3, step, p[1], g[1], coef, s1, NULL, 0, N) == 0);
+            // what the engine did before: scale, step, convert
+            sl_ops_cpu.scale(g[0], N, coef);
+            CHECK(sl_optim_step_on(&sl_ops_cpu, &c, 1e-3, step, p[0], g[0], 1.0f, NULL, s0, NULL, 0, N) == 0);
+            sl_ops_cpu.to_storage(copy[0], p[0], N);
+            CHECK(sl_optim_step_on(&sl_ops_cpu, &c, 1e-3, step, p[1], g[1], coef, copy[1], s1, NULL, 0, N) == 0);
             memcpy(g[0], g[1], N * sizeof(float));  // the unscaled gradients again for the next step
         }
         CHECK_MSG(!memcmp(p[0], p[1], N * sizeof(float)) && !memcmp(m[0], m[1], N * sizeof(float)) &&
                       !memcmp(v[0], v[1], N * sizeof(float)),
                   "%s: grad_coef differs from scaling first", sl_optim_name(c.type));
+        CHECK_MSG(!memcmp(copy[0], copy[1], N * sizeof(sl_bf16)), "%s: the bf16 copy differs from to_storage",
+                  sl_optim_name(c.type));
     }
     sl_optim_config c;
     sl_optim_defaults(&c);
     c.type = SL_OPTIM_SGD;
-    CHECK(sl_optim_step_on(&sl_ops_cpu, &c, 1e-3, 1, p[0], g[0], 0.5f, NULL, NULL, 0, N) == -1 &&
+    CHECK(sl_optim_step_on(&sl_ops_cpu, &c, 1e-3, 1, p[0], g[0], 0.5f, NULL, NULL, NULL, 0, N) == -1 &&
           strstr(sl_error(), "scale them first"));
-    for (int k = 0; k < 2; k++) free(p[k]), free(g[k]), free(m[k]), free(v[k]);
+    CHECK(sl_optim_step_on(&sl_ops_cpu, &c, 1e-3, 1, p[0], g[0], 1.0f, copy[0], NULL, NULL, 0, N) == -1 &&
+          strstr(sl_error(), "no bf16 copy"));
+    for (int k = 0; k < 2; k++) free(p[k]), free(g[k]), free(m[k]), free(v[k]), free(copy[k]);
 }
 
 // --optimizer: the type switches as a type-only block would, keeping lr, weight decay and Adam's betas.

@@ -3,6 +3,7 @@
 // float32 operations torch.optim performs (foreach=False) with the step's scalars from optim.c;
 // cpu_sumsq's result depends only on the data, never on the thread count.
 #include "ops/cpu/cpu_ops.h"
+#include "shardlm/precision.h"
 
 #include <math.h>
 #include <omp.h>
@@ -23,6 +24,7 @@
 // With l2 == 0 and decay_factor == 1 the decay operations are exact no-ops for finite parameters.
 typedef struct {
     float *p; const float *g; float *m; float *v;
+    sl_bf16 *storage;  // NULL, or the bf16 copy of p (sl_adam_args.storage_bf16)
     float decay_factor, l2, w1, beta2, omb2, bc2_sqrt, eps, neg_step, grad_coef;
 } adam_args;
 
@@ -46,9 +48,18 @@ static inline __attribute__((always_inline)) void adam_loop(const adam_args *a, 
     }
 }
 
+// With a bf16 copy to write, the range goes in blocks small enough that the rounding reads the block's
+// new parameters back from L1 / L2 rather than from memory.
+#define ADAM_STORAGE_BLOCK 4096
+
 static void adam_range(const adam_args *a, long lo, long hi) {
-    if (a->w1 < 0.5f) adam_loop(a, lo, hi, 1);
-    else adam_loop(a, lo, hi, 0);
+    for (long b = lo; b < hi; b += a->storage ? ADAM_STORAGE_BLOCK : hi - lo) {
+        const long e = a->storage && hi - b > ADAM_STORAGE_BLOCK ? b + ADAM_STORAGE_BLOCK : hi;
+        if (a->w1 < 0.5f) adam_loop(a, b, e, 1);
+        else adam_loop(a, b, e, 0);
+        if (a->storage)
+            for (long i = b; i < e; i++) a->storage[i] = sl_bf16_round(a->p[i]);
+    }
 }
 
 // Splits [0, n) evenly over the threads (elementwise work: the result does not depend on the split).
@@ -68,6 +79,7 @@ void cpu_adam_step(const sl_adam_args *a, float *p, const float *g, float *m, fl
         int decay = segs[s].decay;
         adam_args args = {
             .p = p + off, .g = g + off, .m = m + off, .v = v + off,
+            .storage = a->storage_bf16 ? (sl_bf16 *)a->storage_bf16 + off : NULL,
             .decay_factor = decay ? a->decay_factor : 1.0f, .l2 = decay ? a->l2 : 0.0f,
             .w1 = a->w1, .beta2 = a->beta2, .omb2 = a->one_minus_beta2,
             .bc2_sqrt = a->bc2_sqrt, .eps = a->eps, .neg_step = a->neg_step, .grad_coef = a->grad_coef,

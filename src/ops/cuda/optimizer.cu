@@ -23,8 +23,8 @@
 // between segments are not touched.
 // Invariants: no floating-point atomics (nonfinite uses an integer atomicOr on a flag); every launch
 // on sl_cuda_stream(); sumsq and nonfinite wait for their one value (cuda_ops.h). The scratch is
-// grow-only (one process drives one GPU). Cost: adam reads 16 and writes 12 bytes per element, sgd
-// 8-12 / 4-8, scale and round_to 4 / 4, nonfinite 4.
+// grow-only (one process drives one GPU). Cost: adam reads 16 and writes 12 bytes per element (14 with
+// the bf16 copy), sgd 8-12 / 4-8, scale and round_to 4 / 4, nonfinite 4.
 #include "ops/cuda/cuda_common.cuh"
 
 #include <math.h>
@@ -242,9 +242,12 @@ __global__ void __launch_bounds__(OPT_THREADS)
         float vi = __fmul_rn(v[i], A.beta2);                  // exp_avg_sq.mul_(beta2)
         vi = __fadd_rn(vi, __fmul_rn(__fmul_rn(A.one_minus_beta2, gi), gi));  // .addcmul_(g, g, 1-beta2)
         const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), A.bc2_sqrt), A.eps);  // sqrt(v)/sqrt(bc2)+eps
-        p[i] = __fadd_rn(pi, __fmul_rn(A.neg_step, __fdiv_rn(mi, denom)));  // addcdiv_(m, denom, -step)
+        const float pn = __fadd_rn(pi, __fmul_rn(A.neg_step, __fdiv_rn(mi, denom)));  // addcdiv_(m, denom, -step)
+        p[i] = pn;
         m[i] = mi;
         v[i] = vi;
+        if (A.storage_bf16)  // the bf16 weight copy, as to_storage_kernel writes it
+            ((uint16_t *)A.storage_bf16)[i] = (uint16_t)(__float_as_uint(round_to_bf16(pn)) >> 16);
     }
 }
 
