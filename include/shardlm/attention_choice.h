@@ -29,11 +29,10 @@ int sl_attention_kind(void);
 void sl_attention_note_ran(int kind);
 unsigned sl_attention_ran(void);
 const char *sl_attention_ran_name(void);
-// The libcudnn the GPU's cuDNN path loaded: its version (cudnnGetVersion's: 9.19.0 is 91900) and file,
-// noted once it loads; 0 and "" until then (and on the CPU).
-void sl_attention_note_cudnn(size_t version, const char *file);
+// The libcudnn the GPU's cuDNN path loaded: its version (cudnnGetVersion's: 9.19.0 is 91900), noted
+// once it loads; 0 until then (and on the CPU).
+void sl_attention_note_cudnn(size_t version);
 size_t sl_attention_cudnn_version(void);
-const char *sl_attention_cudnn_file(void);
 
 #ifdef __cplusplus
 }

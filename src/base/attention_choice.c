@@ -2,14 +2,12 @@
 #include "shardlm/attention_choice.h"
 #include "shardlm/settings.h"
 
-#include <stdio.h>
 #include <string.h>
 
 static int training_engines;  // engines alive (sl_attention_training)
 static int cudnn_unusable;    // sl_attention_cudnn_unusable was called
 static unsigned ran;          // bits 1 << SL_ATTENTION_* of the kernels that ran
 static size_t cudnn_version;  // the libcudnn loaded (sl_attention_note_cudnn)
-static char cudnn_file[1024];
 
 void sl_attention_training(int begin) { training_engines += begin ? 1 : (training_engines > 0 ? -1 : 0); }
 
@@ -39,11 +37,6 @@ const char *sl_attention_ran_name(void) {
     return name;
 }
 
-void sl_attention_note_cudnn(size_t version, const char *file) {
-    cudnn_version = version;
-    snprintf(cudnn_file, sizeof cudnn_file, "%s", file ? file : "");
-}
+void sl_attention_note_cudnn(size_t version) { cudnn_version = version; }
 
 size_t sl_attention_cudnn_version(void) { return cudnn_version; }
-
-const char *sl_attention_cudnn_file(void) { return cudnn_file; }

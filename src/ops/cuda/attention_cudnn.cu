@@ -150,8 +150,7 @@ int dnn_load() {
         return -1;
     }
     dnn_version = v;
-    Dl_info at;
-    sl_attention_note_cudnn(v, dladdr((void *)dnn.cudnnGetVersion, &at) && at.dli_fname ? at.dli_fname : "");
+    sl_attention_note_cudnn(v);
     dnn_state = 1;
     return 0;
 }
