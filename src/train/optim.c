@@ -306,10 +306,11 @@ int sl_optim_step_on(const sl_ops *ops, const sl_optim_config *cfg, double lr, i
                      const float *grads, float grad_coef, void *storage_bf16, float *const *state,
                      const sl_decay_mask *mask, size_t begin, size_t end) {
     if (step < 1) return sl_errorf("optimizer step number must start at 1, got %lld", (long long)step);
-    if (grad_coef != 1.0f && cfg->type != SL_OPTIM_ADAM && cfg->type != SL_OPTIM_ADAMW)
+    const int adam = cfg->type == SL_OPTIM_ADAM || cfg->type == SL_OPTIM_ADAMW;
+    if (grad_coef != 1.0f && !adam)
         return sl_errorf("%s takes its gradients as they are (scale them first), not times %g",
                          sl_optim_name(cfg->type), (double)grad_coef);
-    if (storage_bf16 && cfg->type != SL_OPTIM_ADAM && cfg->type != SL_OPTIM_ADAMW)
+    if (storage_bf16 && !adam)
         return sl_errorf("%s writes no bf16 copy of the parameters (convert them after the step)",
                          sl_optim_name(cfg->type));
     if (begin > end) return sl_errorf("optimizer range [%zu, %zu) is reversed", begin, end);

@@ -53,8 +53,9 @@ static inline __attribute__((always_inline)) void adam_loop(const adam_args *a, 
 #define ADAM_STORAGE_BLOCK 4096
 
 static void adam_range(const adam_args *a, long lo, long hi) {
-    for (long b = lo; b < hi; b += a->storage ? ADAM_STORAGE_BLOCK : hi - lo) {
-        const long e = a->storage && hi - b > ADAM_STORAGE_BLOCK ? b + ADAM_STORAGE_BLOCK : hi;
+    const long block = a->storage ? ADAM_STORAGE_BLOCK : hi - lo;
+    for (long b = lo; b < hi; b += block) {
+        const long e = hi - b > block ? b + block : hi;
         if (a->w1 < 0.5f) adam_loop(a, b, e, 1);
         else adam_loop(a, b, e, 0);
         if (a->storage)
